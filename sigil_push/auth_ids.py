@@ -1,0 +1,38 @@
+"""Single use of NIP-98 auth events: an auth event id is accepted once, then remembered.
+
+Ids are kept a little longer than the clock-skew window, after which the timestamp check alone
+rejects the event, so the table stays small.
+"""
+
+from __future__ import annotations
+
+import time
+
+import aiosqlite
+
+from sigil_push.nostr.nip98 import MAX_CLOCK_SKEW_SECONDS
+
+RETENTION_SECONDS = 2 * MAX_CLOCK_SKEW_SECONDS + 60
+
+
+class UsedAuthIds:
+    def __init__(self, connection: aiosqlite.Connection) -> None:
+        self._db = connection
+
+    async def claim(self, event_id: str) -> bool:
+        """Mark the id used; False when it had already been used."""
+        cursor = await self._db.execute(
+            "INSERT INTO nip98_used (event_id, expires_at) VALUES (?, ?) ON CONFLICT DO NOTHING",
+            (event_id, int(time.time()) + RETENTION_SECONDS),
+        )
+        claimed = cursor.rowcount == 1
+        await cursor.close()
+        return claimed
+
+    async def prune(self) -> int:
+        cursor = await self._db.execute(
+            "DELETE FROM nip98_used WHERE expires_at < ?", (int(time.time()),)
+        )
+        removed = cursor.rowcount
+        await cursor.close()
+        return removed

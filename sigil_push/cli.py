@@ -1,0 +1,97 @@
+"""The `sigil-push` command: serve, migrate, analytics.
+
+Exit codes: 0 success, 2 bad usage or invalid configuration (one line on stderr naming the key
+and the problem), 1 any other failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from sigil_push import __version__
+from sigil_push.config import Config, ConfigError, config_path, load_config
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+
+
+def _parse_iso(value: str) -> datetime:
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an ISO 8601 time: {value!r}") from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sigil-push", description="Private push notifications for Nostr direct messages."
+    )
+    parser.add_argument("--version", action="version", version=f"sigil-push {__version__}")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="run the API and the relay bridge")
+    serve.add_argument("--config", help="path to relays.toml (default: $SIGIL_PUSH_CONFIG, ./relays.toml)")
+    migrate = commands.add_parser("migrate", help="apply database migrations and exit")
+    migrate.add_argument("--config", help="path to relays.toml")
+    analytics = commands.add_parser("analytics", help="relay-health reports from the observation log")
+    analytics.add_argument("--input", required=True, help="observation log folder (any Hadoop path)")
+    analytics.add_argument("--output", required=True, help="report folder (any Hadoop path)")
+    analytics.add_argument("--master", default="local[*]", help="Spark master URL")
+    analytics.add_argument("--since", type=_parse_iso, help="ISO 8601 start (inclusive)")
+    analytics.add_argument("--until", type=_parse_iso, help="ISO 8601 end (exclusive)")
+    return parser
+
+
+def _load(path_arg: str | None) -> Config:
+    return load_config(config_path(path_arg))
+
+
+def _serve(config: Config) -> int:
+    from sigil_push.server import run_server
+
+    return run_server(config)
+
+
+def _migrate(config: Config) -> int:
+    from sigil_push.db import migrate
+
+    applied = asyncio.run(migrate(config.resolve(config.server.database)))
+    print(f"applied {len(applied)} migration(s)" + (f": {', '.join(applied)}" if applied else ""))
+    return EXIT_OK
+
+
+def _analytics(args: argparse.Namespace) -> int:
+    from analytics.run import run_all
+
+    summary = run_all(args.input, args.output, args.master, args.since, args.until)
+    print(summary)
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0) and EXIT_USAGE
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        if args.command == "analytics":
+            return _analytics(args)
+        config = _load(args.config)
+        return _serve(config) if args.command == "serve" else _migrate(config)
+    except ConfigError as exc:
+        print(f"sigil-push: invalid config: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return EXIT_OK
+    except Exception as exc:  # noqa: BLE001 - the CLI's last resort: one line, exit 1
+        logging.getLogger("sigil_push").debug("fatal error", exc_info=True)
+        print(f"sigil-push: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_FAILURE

@@ -1,0 +1,260 @@
+"""Typed configuration from `relays.toml`, validated once at start-up.
+
+Every problem is reported as a ConfigError naming the offending key, so the CLI can print one
+clear line and exit 2 instead of failing later in some background task.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+DEFAULT_CONFIG = "relays.toml"
+CONFIG_ENV = "SIGIL_PUSH_CONFIG"
+
+
+class ConfigError(Exception):
+    """An invalid or unreadable configuration; `key` is the dotted name of the culprit."""
+
+    def __init__(self, key: str, problem: str) -> None:
+        super().__init__(f"{key}: {problem}" if key else problem)
+        self.key = key
+        self.problem = problem
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    listen: str = "127.0.0.1:8080"
+    public_url: str = "http://127.0.0.1:8080"
+    database: str = "sigil-push.db"
+    observations: str = "observations"
+    secret_key: str = ""
+    allow_insecure_relays: bool = False
+
+    @property
+    def host(self) -> str:
+        return self.listen.rpartition(":")[0].strip("[]")
+
+    @property
+    def port(self) -> int:
+        return int(self.listen.rpartition(":")[2])
+
+
+@dataclass(frozen=True)
+class RelayConfig:
+    url: str
+    read: bool = True
+
+
+@dataclass(frozen=True)
+class ApnsConfig:
+    team_id: str
+    key_id: str
+    key_file: str
+    topic: str
+    environment: str = "production"
+    endpoint: str = ""
+    ca_file: str = ""
+
+
+@dataclass(frozen=True)
+class FcmConfig:
+    credentials_file: str
+    endpoint: str = ""
+
+
+@dataclass(frozen=True)
+class UnifiedPushConfig:
+    allow_private_endpoints: bool = False
+
+
+@dataclass(frozen=True)
+class LimitsConfig:
+    """Abuse limits; 0 disables a limit."""
+
+    requests_per_minute_per_ip: int = 120
+    requests_per_minute_per_npub: int = 30
+    devices_per_npub: int = 10
+    wakeups_per_minute_per_device: int = 30
+    coalesce_window_ms: int = 2000
+
+
+@dataclass(frozen=True)
+class BridgeConfig:
+    """Relay-side tuning (an addition to the contract's tables)."""
+
+    keys_per_filter: int = 500
+    max_relays: int = 200
+    catchup_seconds: int = 3 * 24 * 3600
+    seen_retention_seconds: int = 3 * 24 * 3600
+
+
+@dataclass(frozen=True)
+class PushConfig:
+    """Delivery tuning (an addition to the contract's tables)."""
+
+    max_wakeup_age_seconds: int = 3600
+    send_timeout_seconds: float = 10.0
+    concurrency_per_provider: int = 256
+
+
+@dataclass(frozen=True)
+class Config:
+    path: Path
+    server: ServerConfig
+    relays: tuple[RelayConfig, ...]
+    apns: ApnsConfig | None = None
+    fcm: FcmConfig | None = None
+    unifiedpush: UnifiedPushConfig | None = None
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    bridge: BridgeConfig = field(default_factory=BridgeConfig)
+    push: PushConfig = field(default_factory=PushConfig)
+
+    @property
+    def dry_run(self) -> bool:
+        """No provider configured: wakeups are logged instead of sent."""
+        return self.apns is None and self.fcm is None and self.unifiedpush is None
+
+    @property
+    def platforms(self) -> list[str]:
+        """Platforms this instance accepts registrations for."""
+        if self.dry_run:
+            return ["ios", "android", "unifiedpush"]
+        enabled = [("ios", self.apns), ("android", self.fcm), ("unifiedpush", self.unifiedpush)]
+        return [name for name, table in enabled if table is not None]
+
+    def resolve(self, relative: str) -> Path:
+        """Paths in the config are relative to the config file's folder."""
+        candidate = Path(relative).expanduser()
+        return candidate if candidate.is_absolute() else self.path.parent / candidate
+
+
+T = TypeVar("T")
+
+
+def _expected_type(annotation: Any) -> type:
+    if isinstance(annotation, str):
+        annotation = {"str": str, "int": int, "bool": bool, "float": float}[annotation]
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        annotation = next(arg for arg in typing.get_args(annotation) if arg is not type(None))
+    return typing.cast(type, annotation)
+
+
+def _table(raw: Any, name: str, cls: type[T]) -> T:
+    """Build dataclass `cls` from TOML table `raw`, rejecting unknown keys and wrong types."""
+    if not isinstance(raw, dict):
+        raise ConfigError(name, "must be a table")
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    for key in raw:
+        if key not in fields:
+            raise ConfigError(f"{name}.{key}", f"unknown key (known: {', '.join(sorted(fields))})")
+    values: dict[str, Any] = {}
+    for key, spec in fields.items():
+        if key not in raw:
+            if spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING:
+                raise ConfigError(f"{name}.{key}", "is required")
+            continue
+        value, expected = raw[key], _expected_type(spec.type)
+        valid = isinstance(value, (int, float)) and not isinstance(value, bool) if expected is float else (
+            type(value) is expected
+        )
+        if not valid:
+            raise ConfigError(f"{name}.{key}", f"must be a {expected.__name__}")
+        if expected in (int, float) and value < 0:
+            raise ConfigError(f"{name}.{key}", "must not be negative")
+        values[key] = float(value) if expected is float else value
+    return cls(**values)
+
+
+def _check_listen(listen: str) -> None:
+    host, sep, port = listen.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError("server.listen", "must be host:port, e.g. 127.0.0.1:8080")
+
+
+def _check_http_url(key: str, url: str) -> None:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(key, "must be an http:// or https:// URL")
+
+
+def _check_relay_url(key: str, url: str) -> None:
+    parts = urlsplit(url)
+    if parts.scheme not in ("ws", "wss") or not parts.hostname:
+        raise ConfigError(key, "must be a ws:// or wss:// URL")
+
+
+def parse_config(document: dict[str, Any], path: Path) -> Config:
+    """Validate a parsed TOML document into a Config."""
+    known = {"server", "relay", "apns", "fcm", "unifiedpush", "limits", "bridge", "push"}
+    for key in document:
+        if key not in known:
+            raise ConfigError(key, f"unknown table (known: {', '.join(sorted(known))})")
+    server = _table(document.get("server", {}), "server", ServerConfig)
+    _check_listen(server.listen)
+    _check_http_url("server.public_url", server.public_url)
+    if server.public_url.endswith("/"):
+        raise ConfigError("server.public_url", "must not end with '/'")
+    raw_relays = document.get("relay", [])
+    if not isinstance(raw_relays, list):
+        raise ConfigError("relay", "must be an array of tables ([[relay]])")
+    relays = tuple(_table(item, f"relay[{i}]", RelayConfig) for i, item in enumerate(raw_relays))
+    for i, relay in enumerate(relays):
+        _check_relay_url(f"relay[{i}].url", relay.url)
+    apns = _table(document["apns"], "apns", ApnsConfig) if "apns" in document else None
+    if apns is not None:
+        if apns.environment not in ("production", "sandbox"):
+            raise ConfigError("apns.environment", "must be 'production' or 'sandbox'")
+        if apns.endpoint:
+            _check_http_url("apns.endpoint", apns.endpoint)
+    fcm = _table(document["fcm"], "fcm", FcmConfig) if "fcm" in document else None
+    if fcm is not None and fcm.endpoint:
+        _check_http_url("fcm.endpoint", fcm.endpoint)
+    unifiedpush = (
+        _table(document["unifiedpush"], "unifiedpush", UnifiedPushConfig)
+        if "unifiedpush" in document
+        else None
+    )
+    config = Config(
+        path=path,
+        server=server,
+        relays=relays,
+        apns=apns,
+        fcm=fcm,
+        unifiedpush=unifiedpush,
+        limits=_table(document.get("limits", {}), "limits", LimitsConfig),
+        bridge=_table(document.get("bridge", {}), "bridge", BridgeConfig),
+        push=_table(document.get("push", {}), "push", PushConfig),
+    )
+    for key, relative in (
+        ("apns.key_file", apns.key_file if apns else ""),
+        ("apns.ca_file", apns.ca_file if apns else ""),
+        ("fcm.credentials_file", fcm.credentials_file if fcm else ""),
+    ):
+        if relative and not config.resolve(relative).is_file():
+            raise ConfigError(key, f"file not found: {config.resolve(relative)}")
+    return config
+
+
+def config_path(cli_value: str | None) -> Path:
+    """`--config`, else $SIGIL_PUSH_CONFIG, else ./relays.toml."""
+    return Path(cli_value or os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG).resolve()
+
+
+def load_config(path: Path) -> Config:
+    try:
+        document = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError("", f"config file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError("", f"cannot read config file {path}: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("", f"{path} is not valid TOML: {exc}") from None
+    return parse_config(document, path)

@@ -1,0 +1,85 @@
+"""The SQLite database: one aiosqlite connection in WAL mode, migrated at start-up.
+
+Migrations are the numbered `.sql` files of `migrations/`, applied in order inside a
+transaction each and recorded in `schema_migrations`; an applied file is never re-run, so a
+migration must never be edited once released (add a new one instead).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from importlib import resources
+from pathlib import Path
+
+import aiosqlite
+
+log = logging.getLogger(__name__)
+
+
+class MigrationError(Exception):
+    """The database is at a schema version this code does not know, or a migration failed."""
+
+
+def migration_files() -> list[tuple[int, str, str]]:
+    """(version, name, sql) for every packaged migration, sorted by version."""
+    found = []
+    for entry in resources.files("sigil_push.migrations").iterdir():
+        name = entry.name
+        if name.endswith(".sql") and name[:4].isdigit():
+            found.append((int(name[:4]), name, entry.read_text(encoding="utf-8")))
+    return sorted(found)
+
+
+async def _apply_migrations(connection: aiosqlite.Connection) -> list[str]:
+    await connection.execute(
+        "CREATE TABLE IF NOT EXISTS schema_migrations"
+        " (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL)"
+    )
+    async with connection.execute("SELECT version FROM schema_migrations") as cursor:
+        applied = {row[0] for row in await cursor.fetchall()}
+    known = migration_files()
+    unknown = applied - {version for version, _, _ in known}
+    if unknown:
+        raise MigrationError(
+            f"database has migrations {sorted(unknown)} unknown to this version of sigil-push"
+        )
+    newly_applied = []
+    for version, name, sql in known:
+        if version in applied:
+            continue
+        try:
+            await connection.executescript(
+                f"BEGIN;\n{sql}\nINSERT INTO schema_migrations VALUES"
+                f" ({version}, '{name}', {int(time.time())});\nCOMMIT;"
+            )
+        except Exception as exc:
+            await connection.rollback()
+            raise MigrationError(f"migration {name} failed: {exc}") from exc
+        log.info("applied migration %s", name)
+        newly_applied.append(name)
+    return newly_applied
+
+
+async def open_database(path: Path) -> aiosqlite.Connection:
+    """Open (creating if needed) and migrate the database at `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    connection = await aiosqlite.connect(path, isolation_level=None)
+    try:
+        await connection.execute("PRAGMA journal_mode=WAL")
+        await connection.execute("PRAGMA synchronous=NORMAL")
+        await connection.execute("PRAGMA foreign_keys=ON")
+        await connection.execute("PRAGMA busy_timeout=5000")
+        await _apply_migrations(connection)
+    except BaseException:
+        await connection.close()
+        raise
+    return connection
+
+
+async def migrate(path: Path) -> list[str]:
+    """Apply pending migrations and close; returns the names applied."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    async with aiosqlite.connect(path, isolation_level=None) as connection:
+        await connection.execute("PRAGMA journal_mode=WAL")
+        return await _apply_migrations(connection)

@@ -1,0 +1,201 @@
+"""Registered devices: who gets woken up, and how.
+
+Only what delivery needs is stored (the recipient's pubkey, the device token, the payload mode,
+the user's DM relays). Whoever must react to a change of registrations (the bridge's
+subscriptions) registers a listener instead of being called by the API directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import aiosqlite
+
+PLATFORMS = ("ios", "android", "unifiedpush")
+PAYLOAD_MODES = ("opaque", "event_id", "event")
+
+_COLUMNS = (
+    "id, pubkey, platform, token, payload, relays, webpush_p256dh, webpush_auth, registered_at"
+)
+
+
+class TooManyDevices(Exception):
+    """The npub already has the maximum number of devices."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"at most {limit} devices per npub")
+        self.limit = limit
+
+
+@dataclass(frozen=True, slots=True)
+class WebPushKeys:
+    """RFC 8291 keys of a UnifiedPush/WebPush subscription (base64url, as clients give them)."""
+
+    p256dh: str
+    auth: str
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    id: int
+    pubkey: str
+    platform: str
+    token: str
+    payload: str
+    relays: tuple[str, ...]
+    webpush_keys: WebPushKeys | None
+    registered_at: int
+
+    @property
+    def token_suffix(self) -> str:
+        """The only part of a token that may appear in logs and API answers."""
+        return self.token[-6:]
+
+    @classmethod
+    def from_row(cls, row: Sequence[object]) -> Device:
+        keys = WebPushKeys(str(row[6]), str(row[7])) if row[6] and row[7] else None
+        relays = tuple(json.loads(str(row[5])))
+        return cls(
+            int(row[0]), str(row[1]), str(row[2]), str(row[3]), str(row[4]), relays, keys,
+            int(row[8]),  # type: ignore[call-overload]
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    device: Device
+    created: bool
+    previous_pubkey: str | None
+
+
+RegistrationListener = Callable[[str], None]
+
+
+class Devices:
+    """Device registrations in SQLite, with listeners told which pubkey changed."""
+
+    def __init__(self, connection: aiosqlite.Connection) -> None:
+        self._db = connection
+        self._write_lock = asyncio.Lock()
+        self._listeners: list[RegistrationListener] = []
+
+    def add_listener(self, listener: RegistrationListener) -> None:
+        self._listeners.append(listener)
+
+    def _changed(self, pubkeys: Iterable[str | None]) -> None:
+        for pubkey in {p for p in pubkeys if p}:
+            for listener in self._listeners:
+                listener(pubkey)
+
+    async def register(
+        self,
+        pubkey: str,
+        platform: str,
+        token: str,
+        payload: str,
+        relays: Sequence[str],
+        webpush_keys: WebPushKeys | None,
+        max_devices: int,
+    ) -> Registration:
+        """Insert or update the device with this token; a token registered by another npub moves."""
+        now = int(time.time())
+        async with self._write_lock:
+            async with self._db.execute(
+                "SELECT pubkey FROM devices WHERE token = ?", (token,)
+            ) as cursor:
+                existing = await cursor.fetchone()
+            previous_pubkey = str(existing[0]) if existing else None
+            if max_devices and previous_pubkey != pubkey:
+                async with self._db.execute(
+                    "SELECT COUNT(*) FROM devices WHERE pubkey = ?", (pubkey,)
+                ) as cursor:
+                    row = await cursor.fetchone()
+                if row is not None and int(row[0]) >= max_devices:
+                    raise TooManyDevices(max_devices)
+            async with self._db.execute(
+                "INSERT INTO devices (pubkey, platform, token, payload, relays, webpush_p256dh,"
+                " webpush_auth, registered_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (token) DO UPDATE SET pubkey = excluded.pubkey,"
+                " platform = excluded.platform, payload = excluded.payload,"
+                " relays = excluded.relays, webpush_p256dh = excluded.webpush_p256dh,"
+                " webpush_auth = excluded.webpush_auth, updated_at = excluded.updated_at,"
+                " registered_at = CASE WHEN devices.pubkey = excluded.pubkey"
+                " THEN devices.registered_at ELSE excluded.registered_at END"
+                f" RETURNING {_COLUMNS}",
+                (
+                    pubkey, platform, token, payload, json.dumps(list(relays)),
+                    webpush_keys.p256dh if webpush_keys else None,
+                    webpush_keys.auth if webpush_keys else None,
+                    now, now,
+                ),
+            ) as cursor:
+                row = await cursor.fetchone()
+        assert row is not None
+        moved_from = previous_pubkey if previous_pubkey not in (None, pubkey) else None
+        self._changed([pubkey, moved_from])
+        return Registration(Device.from_row(row), existing is None, moved_from)
+
+    async def unregister(self, pubkey: str, token: str) -> int:
+        """Remove the device with `token` if `pubkey` owns it; returns how many were removed."""
+        async with self._write_lock:
+            cursor = await self._db.execute(
+                "DELETE FROM devices WHERE pubkey = ? AND token = ?", (pubkey, token)
+            )
+            removed = cursor.rowcount
+            await cursor.close()
+        if removed:
+            self._changed([pubkey])
+        return removed
+
+    async def forget(self, device_id: int) -> Device | None:
+        """Delete a device whose token the provider declared dead."""
+        async with self._write_lock:
+            async with self._db.execute(
+                f"DELETE FROM devices WHERE id = ? RETURNING {_COLUMNS}", (device_id,)
+            ) as cursor:
+                row = await cursor.fetchone()
+        if row is None:
+            return None
+        device = Device.from_row(row)
+        self._changed([device.pubkey])
+        return device
+
+    async def of_pubkey(self, pubkey: str) -> list[Device]:
+        async with self._db.execute(
+            f"SELECT {_COLUMNS} FROM devices WHERE pubkey = ? ORDER BY id", (pubkey,)
+        ) as cursor:
+            return [Device.from_row(row) for row in await cursor.fetchall()]
+
+    async def of_pubkeys(self, pubkeys: Sequence[str]) -> list[Device]:
+        """Devices of any of `pubkeys` (the recipients named by one event's `p` tags)."""
+        if not pubkeys:
+            return []
+        marks = ",".join("?" * len(pubkeys))
+        async with self._db.execute(
+            f"SELECT {_COLUMNS} FROM devices WHERE pubkey IN ({marks}) ORDER BY id", tuple(pubkeys)
+        ) as cursor:
+            return [Device.from_row(row) for row in await cursor.fetchall()]
+
+    async def by_id(self, device_id: int) -> Device | None:
+        async with self._db.execute(
+            f"SELECT {_COLUMNS} FROM devices WHERE id = ?", (device_id,)
+        ) as cursor:
+            row = await cursor.fetchone()
+        return Device.from_row(row) if row else None
+
+    async def watched_keys(self) -> dict[str, tuple[str, ...]]:
+        """Every registered pubkey with the union of its devices' own relays."""
+        watched: dict[str, set[str]] = {}
+        async with self._db.execute("SELECT pubkey, relays FROM devices") as cursor:
+            async for pubkey, relays in cursor:
+                watched.setdefault(str(pubkey), set()).update(json.loads(str(relays)))
+        return {pubkey: tuple(sorted(relays)) for pubkey, relays in watched.items()}
+
+    async def count(self) -> int:
+        async with self._db.execute("SELECT COUNT(*) FROM devices") as cursor:
+            row = await cursor.fetchone()
+        return int(row[0]) if row else 0

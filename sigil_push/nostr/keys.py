@@ -1,0 +1,61 @@
+"""BIP-340 keys: the only place that touches libsecp256k1.
+
+Public keys are parsed once and cached because verification dominates ingest cost and the same
+few thousand authors sign most events.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+
+import secp256k1
+
+HEX_DIGITS = frozenset("0123456789abcdef")
+
+
+def is_hex(value: str, length: int) -> bool:
+    """True for exactly `length` lowercase hex digits (the only form NIP-01 allows)."""
+    return len(value) == length and HEX_DIGITS.issuperset(value)
+
+
+@lru_cache(maxsize=65536)
+def _parsed_public_key(xonly_hex: str) -> secp256k1.PublicKey | None:
+    try:
+        return secp256k1.PublicKey(b"\x02" + bytes.fromhex(xonly_hex), raw=True)
+    except Exception:  # noqa: BLE001 - libsecp256k1 raises bare Exception for off-curve points
+        return None
+
+
+def schnorr_verify(xonly_hex: str, message32: bytes, signature_hex: str) -> bool:
+    """Check a BIP-340 signature; any malformed key or signature is simply invalid."""
+    public_key = _parsed_public_key(xonly_hex)
+    if public_key is None or not is_hex(signature_hex, 128):
+        return False
+    return bool(public_key.schnorr_verify(message32, bytes.fromhex(signature_hex), None, raw=True))
+
+
+class SecretKey:
+    """A secp256k1 secret key that signs Nostr events (the bridge's identity, test clients)."""
+
+    __slots__ = ("_key", "public_key_hex")
+
+    def __init__(self, secret_hex: str) -> None:
+        if not is_hex(secret_hex, 64):
+            raise ValueError("secret key must be 64 lowercase hex characters")
+        self._key = secp256k1.PrivateKey(bytes.fromhex(secret_hex), raw=True)
+        self.public_key_hex: str = self._key.pubkey.serialize()[1:].hex()
+
+    @classmethod
+    def generate(cls) -> SecretKey:
+        return cls(os.urandom(32).hex())
+
+    @property
+    def secret_hex(self) -> str:
+        return bytes(self._key.private_key).hex()
+
+    def sign(self, message32: bytes) -> str:
+        return bytes(self._key.schnorr_sign(message32, None, raw=True)).hex()
+
+    def __repr__(self) -> str:
+        return f"SecretKey(public_key_hex={self.public_key_hex!r})"

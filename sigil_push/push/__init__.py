@@ -1,0 +1,1 @@
+"""Push providers: one sender per provider behind the small interface of `base`."""

@@ -1,0 +1,96 @@
+"""The running service: builds every component from the config and starts and stops them together.
+
+Start order follows the data flow backwards (store, log, delivery, then the bridge that feeds
+them) so nothing produces work before its consumer exists; stop order is the reverse.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import aiosqlite
+
+from sigil_push.auth_ids import UsedAuthIds
+from sigil_push.config import Config
+from sigil_push.db import open_database
+from sigil_push.delivery import Delivery
+from sigil_push.devices import Devices
+from sigil_push.identity import bridge_key
+from sigil_push.nostr.keys import SecretKey
+from sigil_push.observations import ObservationLog
+from sigil_push.outbox import Outbox
+from sigil_push.push.factory import build_senders
+
+log = logging.getLogger(__name__)
+
+
+class State(enum.Enum):
+    STARTING = "starting"
+    SERVING = "serving"
+    STOPPING = "stopping"
+
+
+@dataclass
+class Components:
+    db: aiosqlite.Connection
+    devices: Devices
+    auth_ids: UsedAuthIds
+    outbox: Outbox
+    observations: ObservationLog
+    delivery: Delivery
+    key: SecretKey
+
+
+class Service:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.state = State.STARTING
+        self._components: Components | None = None
+
+    @property
+    def components(self) -> Components:
+        if self._components is None:
+            raise RuntimeError("service not started")
+        return self._components
+
+    async def start(self) -> None:
+        config = self.config
+        db = await open_database(config.resolve(config.server.database))
+        devices = Devices(db)
+        outbox = Outbox(db)
+        observations = ObservationLog(config.resolve(config.server.observations))
+        await observations.start()
+        senders = await build_senders(config)
+        delivery = Delivery(outbox, devices, senders, observations, not config.dry_run)
+        key = await bridge_key(db, config.server.secret_key)
+        self._components = Components(
+            db, devices, UsedAuthIds(db), outbox, observations, delivery, key
+        )
+        await delivery.start()
+        if config.dry_run:
+            log.warning(
+                "dry-run: no [apns], [fcm] or [unifiedpush] configured; wakeups are logged, not sent"
+            )
+        log.info("bridge pubkey %s, %d configured relays", key.public_key_hex, len(config.relays))
+        self.state = State.SERVING
+
+    async def stop(self) -> None:
+        self.state = State.STOPPING
+        if self._components is None:
+            return
+        components = self._components
+        await components.delivery.stop()
+        await components.observations.stop()
+        await components.db.close()
+        self._components = None
+
+    def relay_health(self) -> dict[str, dict[str, Any]]:
+        """Per relay: whether it is connected and when it last delivered an event."""
+        return {
+            relay.url: {"connected": False, "last_event_at": None}
+            for relay in self.config.relays
+            if relay.read
+        }
