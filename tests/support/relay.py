@@ -1,0 +1,126 @@
+"""A real Nostr relay process (the PyPI package `nostr-relay`) on 127.0.0.1 for tests."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for_port(port: int, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout} s")
+
+
+def _relay_command() -> list[str]:
+    found = shutil.which("nostr-relay")
+    if found:
+        return [found]
+    return [sys.executable, "-m", "nostr_relay.cli"]
+
+
+class RelayProcess:
+    """One `nostr-relay` server with its own SQLite file.
+
+    `verify_signatures=False` leaves out the `is_signed` validator: the relay then stores and
+    serves forged events, which makes it a faithful malicious relay.
+    `auth` enables NIP-42 (`{"query": "r"}` makes reading require role r).
+    """
+
+    def __init__(
+        self,
+        folder: Path,
+        port: int | None = None,
+        verify_signatures: bool = True,
+        auth_actions: dict[str, str] | None = None,
+    ) -> None:
+        self.folder = folder
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.port = port or free_port()
+        self.url = f"ws://127.0.0.1:{self.port}"
+        self.config_path = folder / "relay.yaml"
+        self._process: subprocess.Popen[bytes] | None = None
+        self._write_config(verify_signatures, auth_actions)
+
+    def _write_config(self, verify_signatures: bool, auth_actions: dict[str, str] | None) -> None:
+        validators = ["nostr_relay.validators.is_signed"] if verify_signatures else []
+        lines = [
+            "storage:",
+            f'  sqlalchemy.url: "sqlite+aiosqlite:///{(self.folder / "relay.sqlite3").resolve()}"',
+            f"  validators: {validators!r}",
+            "gunicorn:",
+            f"  bind: 127.0.0.1:{self.port}",
+            "  workers: 1",
+            "max_event_size: 131072",
+            "subscription_limit: 256",
+            "message_timeout: 1800",
+            "verification:",
+            "  nip05_verification: disabled",
+            "authentication:",
+            f"  enabled: {'true' if auth_actions else 'false'}",
+        ]
+        if auth_actions:
+            lines.append(f"  relay_urls: [{self.url}]")
+            lines.append("  actions:")
+            lines.extend(f"    {action}: {role}" for action, role in auth_actions.items())
+        self.config_path.write_text("\n".join(lines) + "\n")
+
+    def start(self) -> RelayProcess:
+        log = open(self.folder / "relay.log", "ab")
+        self._process = subprocess.Popen(
+            [*_relay_command(), "-c", str(self.config_path), "serve", "--use-uvicorn"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=self.folder,
+        )
+        try:
+            wait_for_port(self.port)
+        except TimeoutError:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        if self._process is None:
+            return
+        try:
+            os.killpg(self._process.pid, signal.SIGTERM)
+            self._process.wait(timeout=10)
+        except ProcessLookupError:
+            pass
+        except subprocess.TimeoutExpired:
+            os.killpg(self._process.pid, signal.SIGKILL)
+            self._process.wait()
+        self._process = None
+
+    def grant_role(self, pubkey_hex: str, roles: str) -> None:
+        subprocess.run(
+            [*_relay_command(), "-c", str(self.config_path), "role", "set", "-p", pubkey_hex,
+             "-r", roles],
+            check=True, capture_output=True, cwd=self.folder,
+        )
+
+    def __enter__(self) -> RelayProcess:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()

@@ -1,0 +1,103 @@
+"""`sigil-push serve` as a real process with its own config, database and observation log."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tests.support.relay import free_port
+
+
+class ServiceProcess:
+    def __init__(
+        self,
+        folder: Path,
+        relays: Sequence[str] = (),
+        extra_toml: str = "",
+        limits: str = "",
+    ) -> None:
+        self.folder = folder
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.config_path = folder / "relays.toml"
+        self.log_path = folder / "service.log"
+        self.database = folder / "sigil-push.db"
+        self.observations = folder / "observations"
+        self._process: subprocess.Popen[bytes] | None = None
+        relay_tables = "".join(f'\n[[relay]]\nurl = "{url}"\n' for url in relays)
+        self.config_path.write_text(
+            "[server]\n"
+            f'listen = "127.0.0.1:{self.port}"\n'
+            f'public_url = "{self.url}"\n'
+            'database = "sigil-push.db"\n'
+            'observations = "observations"\n'
+            "allow_insecure_relays = true\n"
+            f"{relay_tables}\n"
+            f"[limits]\n{limits or 'requests_per_minute_per_ip = 0\nrequests_per_minute_per_npub = 0'}\n"
+            f"{extra_toml}\n"
+        )
+
+    def start(self, wait: bool = True) -> ServiceProcess:
+        log = open(self.log_path, "ab")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "sigil_push", "--log-level", "DEBUG", "serve", "--config",
+             str(self.config_path)],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
+        )
+        if wait:
+            self.wait_healthy()
+        return self
+
+    def wait_healthy(self, timeout: float = 30.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._process is not None and self._process.poll() is not None:
+                raise RuntimeError(f"service exited with {self._process.returncode}:\n{self.log()}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=1) as response:
+                    return dict(json.load(response))
+            except (OSError, urllib.error.URLError):
+                time.sleep(0.05)
+        raise TimeoutError(f"service not healthy after {timeout} s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:
+        """Signal the service and return its exit code (SIGKILL gives -9)."""
+        if self._process is None:
+            return 0
+        try:
+            os.killpg(self._process.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            code = self._process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self._process.pid, signal.SIGKILL)
+            code = self._process.wait()
+        self._process = None
+        return code
+
+    def observation_records(self) -> list[dict[str, Any]]:
+        records = []
+        for path in sorted(self.observations.glob("observations-*.jsonl")):
+            records.extend(json.loads(line) for line in path.read_text().splitlines() if line)
+        return records
+
+    def __enter__(self) -> ServiceProcess:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
