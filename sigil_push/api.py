@@ -1,0 +1,258 @@
+"""The REST API (CONTRACT section 3): registration of devices, discovery, health and metrics.
+
+Handlers are short: they authenticate, validate into typed requests and call the store. Every
+failure is a typed exception mapped to the contract's JSON error in one place, `_error_response`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from sigil_push import __version__
+from sigil_push.devices import TooManyDevices
+from sigil_push.errors import ApiError, BadRequest, RateLimited
+from sigil_push.http_metrics import MetricsMiddleware
+from sigil_push.nostr.nip19 import encode_npub
+from sigil_push.nostr.nip98 import AuthError, AuthExpired, AuthMissing, verify_http_auth
+from sigil_push.push.endpoint_guard import UnsafeEndpoint, check_endpoint
+from sigil_push.ratelimit import RateLimiter
+from sigil_push.service import Service, State
+from sigil_push.validation import parse_json_object, parse_npub, parse_register
+
+log = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 8 * 1024
+ENDPOINT_CHECK_TIMEOUT_SECONDS = 3.0
+UNLIMITED_ROUTES = ("/health", "/metrics")
+
+
+class Api:
+    """Request handling bound to one running Service."""
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+        limits = service.config.limits
+        self.per_ip = RateLimiter(limits.requests_per_minute_per_ip)
+        self.per_npub = RateLimiter(limits.requests_per_minute_per_npub)
+
+    # -- request plumbing ------------------------------------------------------------------
+
+    def _require_serving(self) -> None:
+        if self.service.state is not State.SERVING:
+            raise ApiError(503, "unavailable", f"service is {self.service.state.value}")
+
+    def _limit_ip(self, request: Request) -> None:
+        client = request.client.host if request.client else "unknown"
+        wait = self.per_ip.check(client)
+        if wait:
+            raise RateLimited(wait)
+
+    async def _read_body(self, request: Request) -> bytes:
+        """Read at most MAX_BODY_BYTES; larger bodies are refused without being buffered."""
+        declared = request.headers.get("content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > MAX_BODY_BYTES):
+            raise ApiError(413, "body_too_large", f"body must be at most {MAX_BODY_BYTES} bytes")
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                raise ApiError(413, "body_too_large", f"body must be at most {MAX_BODY_BYTES} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def _json_body(self, request: Request) -> bytes:
+        media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if media_type != "application/json":
+            raise ApiError(415, "unsupported_media_type", "Content-Type must be application/json")
+        return await self._read_body(request)
+
+    async def _authenticate(self, request: Request, body: bytes) -> str:
+        """Verify NIP-98 for this exact request and spend the auth event; returns its pubkey."""
+        url = self.service.config.server.public_url + request.url.path
+        event = verify_http_auth(
+            request.headers.get("authorization"), url, request.method, body, time.time()
+        )
+        if not await self.service.components.auth_ids.claim(event.id):
+            raise ApiError(401, "auth_replayed", "this auth event has already been used")
+        wait = self.per_npub.check(event.pubkey)
+        if wait:
+            raise RateLimited(wait)
+        return event.pubkey
+
+    async def _check_unifiedpush_endpoint(self, url: str) -> None:
+        allow_private = bool(
+            self.service.config.unifiedpush and self.service.config.unifiedpush.allow_private_endpoints
+        )
+        try:
+            await asyncio.wait_for(check_endpoint(url, allow_private), ENDPOINT_CHECK_TIMEOUT_SECONDS)
+        except TimeoutError:
+            raise BadRequest("invalid_device_token", "endpoint host did not resolve in time") from None
+        except UnsafeEndpoint as exc:
+            raise BadRequest("invalid_device_token", str(exc)) from None
+
+    # -- routes ----------------------------------------------------------------------------
+
+    async def register(self, request: Request) -> Response:
+        self._require_serving()
+        self._limit_ip(request)
+        raw = await self._json_body(request)
+        auth_pubkey = await self._authenticate(request, raw)
+        body = parse_json_object(raw)
+        pubkey = parse_npub(body.get("npub"))
+        if pubkey != auth_pubkey:
+            raise ApiError(403, "npub_mismatch", "the auth event must be signed by the npub's key")
+        config = self.service.config
+        wanted = parse_register(body, pubkey, config.server.allow_insecure_relays)
+        if wanted.platform not in config.platforms:
+            raise BadRequest("platform_disabled", f"this instance does not send to {wanted.platform}")
+        if wanted.platform == "unifiedpush":
+            await self._check_unifiedpush_endpoint(wanted.device_token)
+        registration = await self.service.components.devices.register(
+            pubkey, wanted.platform, wanted.device_token, wanted.payload, wanted.relays,
+            wanted.webpush_keys, config.limits.devices_per_npub,
+        )
+        device = registration.device
+        log.info(
+            "%s %s device …%s", "registered" if registration.created else "updated",
+            device.platform, device.token_suffix,
+        )
+        return JSONResponse(
+            {
+                "npub": encode_npub(pubkey),
+                "platform": device.platform,
+                "payload": device.payload,
+                "relays": list(device.relays),
+                "token_suffix": device.token_suffix,
+                "registered_at": device.registered_at,
+            },
+            status_code=201 if registration.created else 200,
+        )
+
+    async def unregister(self, request: Request) -> Response:
+        self._require_serving()
+        self._limit_ip(request)
+        raw = await self._json_body(request)
+        pubkey = await self._authenticate(request, raw)
+        token = parse_json_object(raw).get("device_token")
+        if not isinstance(token, str) or not token:
+            raise BadRequest("invalid_device_token", "'device_token' must be a non-empty string")
+        removed = await self.service.components.devices.unregister(pubkey, token)
+        if not removed and len(token) >= 64 and all(c in "0123456789ABCDEF" for c in token):
+            removed = await self.service.components.devices.unregister(pubkey, token.lower())
+        return JSONResponse({"removed": removed})
+
+    async def registrations(self, request: Request) -> Response:
+        self._require_serving()
+        self._limit_ip(request)
+        pubkey = await self._authenticate(request, await self._read_body(request))
+        devices = await self.service.components.devices.of_pubkey(pubkey)
+        return JSONResponse(
+            {
+                "devices": [
+                    {
+                        "platform": device.platform,
+                        "payload": device.payload,
+                        "token_suffix": device.token_suffix,
+                        "registered_at": device.registered_at,
+                        "relays": list(device.relays),
+                        "delegated_auth": False,
+                    }
+                    for device in devices
+                ]
+            }
+        )
+
+    async def health(self, request: Request) -> Response:
+        serving = self.service.state is State.SERVING
+        body: dict[str, Any] = {
+            "status": "ok" if serving else self.service.state.value,
+            "relays": self.service.relay_health() if serving else {},
+        }
+        if not serving:
+            body.update(error="unavailable", message=f"service is {self.service.state.value}")
+        return JSONResponse(body, status_code=200 if serving else 503)
+
+    async def metrics(self, request: Request) -> Response:
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    async def info(self, request: Request) -> Response:
+        self._limit_ip(request)
+        config = self.service.config
+        return JSONResponse(
+            {
+                "name": "sigil-push",
+                "version": __version__,
+                "platforms": config.platforms,
+                "relays": [relay.url for relay in config.relays if relay.read],
+                "pubkey": self.service.components.key.public_key_hex
+                if self.service.state is State.SERVING
+                else None,
+                "dry_run": config.dry_run,
+            }
+        )
+
+
+def _error_response(request: Request, exc: Exception) -> Response:
+    """The one place where failures become HTTP answers."""
+    if isinstance(exc, ApiError):
+        status, code, message, headers = exc.status, exc.code, exc.message, exc.headers
+    elif isinstance(exc, AuthError):
+        code = {AuthMissing: "auth_missing", AuthExpired: "auth_expired"}.get(type(exc), "auth_invalid")
+        status, message, headers = 401, exc.detail, {"WWW-Authenticate": "Nostr"}
+    elif isinstance(exc, TooManyDevices):
+        status, code, message, headers = 409, "too_many_devices", str(exc), {}
+    elif isinstance(exc, HTTPException):
+        status, headers = exc.status_code, dict(exc.headers or {})
+        code = {404: "not_found", 405: "method_not_allowed"}.get(status, "http_error")
+        message = str(exc.detail)
+    else:
+        log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+        status, code, message, headers = 500, "internal", "internal error", {}
+    return JSONResponse({"error": code, "message": message}, status_code=status, headers=headers)
+
+
+def create_app(service: Service) -> Starlette:
+    api = Api(service)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await service.start()
+        try:
+            yield
+        finally:
+            await service.stop()
+
+    routes = [
+        Route("/register", api.register, methods=["POST"]),
+        Route("/unregister", api.unregister, methods=["DELETE"]),
+        Route("/registrations", api.registrations, methods=["GET"]),
+        Route("/health", api.health, methods=["GET"]),
+        Route("/metrics", api.metrics, methods=["GET"]),
+        Route("/info", api.info, methods=["GET"]),
+    ]
+    return Starlette(
+        routes=routes,
+        middleware=[Middleware(MetricsMiddleware)],
+        exception_handlers={
+            ApiError: _error_response,
+            AuthError: _error_response,
+            TooManyDevices: _error_response,
+            HTTPException: _error_response,
+            Exception: _error_response,
+        },
+        lifespan=lifespan,
+    )

@@ -1,0 +1,50 @@
+"""Prometheus metrics for the REST API, recorded by a pure ASGI middleware.
+
+Routes are labelled by their template, never by raw paths, so scanners cannot blow up the
+number of series.
+"""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import Counter, Histogram
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+KNOWN_ROUTES = ("/register", "/unregister", "/registrations", "/health", "/metrics", "/info")
+
+REQUESTS = Counter(
+    "sigil_push_http_requests_total", "API requests by route, method and status",
+    ["route", "method", "status"],
+)
+LATENCY = Histogram(
+    "sigil_push_http_request_duration_seconds", "API request latency by route", ["route"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+)
+for _route in KNOWN_ROUTES:
+    LATENCY.labels(_route)
+
+
+class MetricsMiddleware:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        route = scope["path"] if scope["path"] in KNOWN_ROUTES else "other"
+        status = 500
+        started = time.perf_counter()
+
+        async def send_with_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_status)
+        finally:
+            LATENCY.labels(route).observe(time.perf_counter() - started)
+            REQUESTS.labels(route, scope["method"], str(status)).inc()

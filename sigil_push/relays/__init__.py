@@ -1,0 +1,1 @@
+"""Relay connections and subscriptions: one websocket per relay, shared by all keys."""

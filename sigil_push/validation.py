@@ -1,0 +1,143 @@
+"""Turns client JSON into validated, typed requests; every refusal is a contract error code."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from sigil_push.devices import PAYLOAD_MODES, PLATFORMS, WebPushKeys
+from sigil_push.errors import BadRequest
+from sigil_push.nostr.nip19 import InvalidKey, parse_public_key
+
+MAX_USER_RELAYS = 10
+MAX_RELAY_URL_LENGTH = 256
+APNS_TOKEN = re.compile(r"[0-9a-fA-F]{64,200}")
+FCM_TOKEN = re.compile(r"[A-Za-z0-9_:.\-]{20,4096}")
+BASE64URL = re.compile(r"[A-Za-z0-9_\-]+={0,2}")
+
+
+@dataclass(frozen=True, slots=True)
+class RegisterRequest:
+    pubkey: str
+    platform: str
+    device_token: str
+    payload: str
+    relays: tuple[str, ...]
+    webpush_keys: WebPushKeys | None
+    auth_signer: str | None
+
+
+def parse_json_object(body: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        raise BadRequest("invalid_json", "body is not valid JSON") from None
+    if not isinstance(value, dict):
+        raise BadRequest("invalid_json", "body must be a JSON object")
+    return value
+
+
+def parse_npub(value: Any) -> str:
+    if not isinstance(value, str):
+        raise BadRequest("invalid_npub", "'npub' must be an npub1… string or 64 lowercase hex")
+    try:
+        return parse_public_key(value)
+    except InvalidKey as exc:
+        raise BadRequest("invalid_npub", f"'npub' is invalid: {exc}") from None
+
+
+def parse_platform(value: Any) -> str:
+    if value not in PLATFORMS:
+        raise BadRequest("invalid_platform", f"'platform' must be one of {', '.join(PLATFORMS)}")
+    return str(value)
+
+
+def parse_device_token(value: Any, platform: str) -> str:
+    """Syntax only; UnifiedPush endpoints are additionally checked for SSRF by the caller."""
+    if not isinstance(value, str) or not value:
+        raise BadRequest("invalid_device_token", "'device_token' must be a non-empty string")
+    if platform == "ios":
+        if not APNS_TOKEN.fullmatch(value):
+            raise BadRequest("invalid_device_token", "an APNs token is 64 to 200 hex characters")
+        return value.lower()
+    if platform == "android":
+        if not FCM_TOKEN.fullmatch(value):
+            raise BadRequest("invalid_device_token", "not an FCM registration token")
+        return value
+    if not value.startswith(("https://", "http://")):
+        raise BadRequest("invalid_device_token", "a UnifiedPush token is the endpoint's https:// URL")
+    return value
+
+
+def parse_payload_mode(value: Any) -> str:
+    if value is None:
+        return "opaque"
+    if value not in PAYLOAD_MODES:
+        raise BadRequest("invalid_payload", f"'payload' must be one of {', '.join(PAYLOAD_MODES)}")
+    return str(value)
+
+
+def parse_relays(value: Any, allow_insecure: bool) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or len(value) > MAX_USER_RELAYS:
+        raise BadRequest("invalid_relays", f"'relays' must be a list of at most {MAX_USER_RELAYS} URLs")
+    schemes = ("wss", "ws") if allow_insecure else ("wss",)
+    relays: list[str] = []
+    for item in value:
+        if not isinstance(item, str) or len(item) > MAX_RELAY_URL_LENGTH:
+            raise BadRequest("invalid_relays", "each relay must be a wss:// URL string")
+        try:
+            parts = urlsplit(item)
+            parts.port  # noqa: B018 - raises ValueError on a malformed port
+        except ValueError:
+            raise BadRequest("invalid_relays", f"not a relay URL: {item[:80]}") from None
+        if parts.scheme not in schemes or not parts.hostname or parts.username or parts.fragment:
+            raise BadRequest("invalid_relays", f"relays must be {' or '.join(s + '://' for s in schemes)} URLs")
+        normalized = item.rstrip("/") if parts.path in ("", "/") else item
+        if normalized not in relays:
+            relays.append(normalized)
+    return tuple(relays)
+
+
+def parse_webpush_keys(value: Any, platform: str) -> WebPushKeys | None:
+    if value is None:
+        return None
+    valid = (
+        platform == "unifiedpush"
+        and isinstance(value, dict)
+        and all(isinstance(value.get(k), str) and BASE64URL.fullmatch(value[k]) for k in ("p256dh", "auth"))
+        and len(value["p256dh"]) <= 128
+        and len(value["auth"]) <= 64
+    )
+    if not valid:
+        raise BadRequest(
+            "invalid_device_token",
+            "'keys' must be {\"p256dh\", \"auth\"} base64url strings, for unifiedpush only",
+        )
+    return WebPushKeys(value["p256dh"], value["auth"])
+
+
+def parse_auth_signer(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.startswith("bunker://"):
+        raise BadRequest("invalid_auth_signer", "'auth_signer' must be a bunker:// URI")
+    raise BadRequest("invalid_auth_signer", "delegated AUTH (NIP-46) is not enabled on this instance")
+
+
+def parse_register(body: dict[str, Any], pubkey: str, allow_insecure_relays: bool) -> RegisterRequest:
+    """The rest of a registration, once the caller has checked `npub` against the auth key."""
+    platform = parse_platform(body.get("platform"))
+    return RegisterRequest(
+        pubkey=pubkey,
+        platform=platform,
+        device_token=parse_device_token(body.get("device_token"), platform),
+        payload=parse_payload_mode(body.get("payload")),
+        relays=parse_relays(body.get("relays"), allow_insecure_relays),
+        webpush_keys=parse_webpush_keys(body.get("keys"), platform),
+        auth_signer=parse_auth_signer(body.get("auth_signer")),
+    )
