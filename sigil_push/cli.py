@@ -81,6 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    logging.getLogger("aiosqlite").setLevel(logging.INFO)
     try:
         if args.command == "analytics":
             return _analytics(args)

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+from sigil_push.nostr.nip19 import InvalidKey, parse_secret_key
+
 DEFAULT_CONFIG = "relays.toml"
 CONFIG_ENV = "SIGIL_PUSH_CONFIG"
 
@@ -199,6 +201,11 @@ def parse_config(document: dict[str, Any], path: Path) -> Config:
             raise ConfigError(key, f"unknown table (known: {', '.join(sorted(known))})")
     server = _table(document.get("server", {}), "server", ServerConfig)
     _check_listen(server.listen)
+    if server.secret_key:
+        try:
+            parse_secret_key(server.secret_key)
+        except InvalidKey as exc:
+            raise ConfigError("server.secret_key", str(exc)) from None
     _check_http_url("server.public_url", server.public_url)
     if server.public_url.endswith("/"):
         raise ConfigError("server.public_url", "must not end with '/'")

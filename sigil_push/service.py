@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import logging
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +50,7 @@ class Service:
         self.config = config
         self.state = State.STARTING
         self._components: Components | None = None
+        self._running = AsyncExitStack()
 
     @property
     def components(self) -> Components:
@@ -57,34 +59,39 @@ class Service:
         return self._components
 
     async def start(self) -> None:
+        """Start every component; if one fails, those already started are stopped again."""
+        async with AsyncExitStack() as starting:
+            await self._start_components(starting)
+            self._running = starting.pop_all()
+        self.state = State.SERVING
+
+    async def _start_components(self, stack: AsyncExitStack) -> None:
         config = self.config
         db = await open_database(config.resolve(config.server.database))
+        stack.push_async_callback(db.close)
+        key = await bridge_key(db, config.server.secret_key)
         devices = Devices(db)
         outbox = Outbox(db)
         observations = ObservationLog(config.resolve(config.server.observations))
         await observations.start()
+        stack.push_async_callback(observations.stop)
         senders = await build_senders(config)
         delivery = Delivery(outbox, devices, senders, observations, not config.dry_run)
-        key = await bridge_key(db, config.server.secret_key)
+        await delivery.start()
+        stack.push_async_callback(delivery.stop)
         self._components = Components(
             db, devices, UsedAuthIds(db), outbox, observations, delivery, key
         )
-        await delivery.start()
         if config.dry_run:
             log.warning(
                 "dry-run: no [apns], [fcm] or [unifiedpush] configured; wakeups are logged, not sent"
             )
         log.info("bridge pubkey %s, %d configured relays", key.public_key_hex, len(config.relays))
-        self.state = State.SERVING
 
     async def stop(self) -> None:
+        """Stop in reverse start order: the producers first, the store last."""
         self.state = State.STOPPING
-        if self._components is None:
-            return
-        components = self._components
-        await components.delivery.stop()
-        await components.observations.stop()
-        await components.db.close()
+        await self._running.aclose()
         self._components = None
 
     def relay_health(self) -> dict[str, dict[str, Any]]:
