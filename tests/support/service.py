@@ -24,6 +24,7 @@ class ServiceProcess:
         relays: Sequence[str] = (),
         extra_toml: str = "",
         limits: str = "",
+        insecure_relays: bool = True,
     ) -> None:
         self.folder = folder
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -34,6 +35,7 @@ class ServiceProcess:
         self.database = folder / "sigil-push.db"
         self.observations = folder / "observations"
         self._process: subprocess.Popen[bytes] | None = None
+        no_limits = "requests_per_minute_per_ip = 0\nrequests_per_minute_per_npub = 0"
         relay_tables = "".join(f'\n[[relay]]\nurl = "{url}"\n' for url in relays)
         self.config_path.write_text(
             "[server]\n"
@@ -41,9 +43,9 @@ class ServiceProcess:
             f'public_url = "{self.url}"\n'
             'database = "sigil-push.db"\n'
             'observations = "observations"\n'
-            "allow_insecure_relays = true\n"
+            f"allow_insecure_relays = {'true' if insecure_relays else 'false'}\n"
             f"{relay_tables}\n"
-            f"[limits]\n{limits or 'requests_per_minute_per_ip = 0\nrequests_per_minute_per_npub = 0'}\n"
+            f"[limits]\n{limits or no_limits}\n"
             f"{extra_toml}\n"
         )
 

@@ -1,0 +1,64 @@
+"""Fixtures shared by the whole suite: a running sigil-push process and an HTTP client."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support.nip98 import SdkUser
+from tests.support.service import ServiceProcess
+
+
+@pytest.fixture(scope="session")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
+    """A dry-run sigil-push with no relays and no rate limits, shared by API tests."""
+    with ServiceProcess(tmp_path_factory.mktemp("service")) as running:
+        yield running
+
+
+@pytest.fixture
+def client(service: ServiceProcess) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=service.url, timeout=10) as http:
+        yield http
+
+
+class ApiCaller:
+    """Makes correctly authenticated requests as a given user, or deliberately broken ones."""
+
+    def __init__(self, http: httpx.Client, public_url: str) -> None:
+        self.http = http
+        self.public_url = public_url
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        user: SdkUser | None,
+        body: Any = None,
+        raw: bytes | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> httpx.Response:
+        content = raw if raw is not None else (b"" if body is None else json.dumps(body).encode())
+        sent_headers = {"content-type": "application/json"} if content else {}
+        if user is not None:
+            sent_headers["authorization"] = user.header(self.public_url + path, method, content)
+        sent_headers.update(headers or {})
+        return self.http.request(method, path, content=content, headers=sent_headers)
+
+    def register(self, user: SdkUser, **fields: Any) -> httpx.Response:
+        body = {"npub": user.npub, "platform": "ios", "device_token": "ab" * 32, **fields}
+        return self.call("POST", "/register", user, body)
+
+
+@pytest.fixture
+def api(client: httpx.Client, service: ServiceProcess) -> ApiCaller:
+    return ApiCaller(client, service.url)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "slow: starts extra processes")
+

@@ -1,0 +1,110 @@
+"""Registration, listing and removal of devices through the real HTTP API."""
+
+from __future__ import annotations
+
+import secrets
+
+from sigil_push.nostr.keys import SecretKey
+from sigil_push.nostr.nip98 import make_http_auth
+from tests.conftest import ApiCaller
+from tests.support.nip98 import SdkUser
+
+
+def ios_token() -> str:
+    return secrets.token_hex(32)
+
+
+def test_register_creates_then_updates(api: ApiCaller) -> None:
+    """A new token answers 201, the same token again 200, and the body echoes the registration."""
+    user, token = SdkUser(), ios_token()
+    first = api.register(user, device_token=token, payload="event_id")
+    assert first.status_code == 201, first.text
+    assert first.json()["npub"] == user.npub
+    assert first.json()["platform"] == "ios"
+    assert first.json()["payload"] == "event_id"
+    again = api.register(user, device_token=token)
+    assert again.status_code == 200
+    assert again.json()["payload"] == "opaque"
+
+
+def test_hex_npub_is_accepted_and_echoed_as_bech32(api: ApiCaller) -> None:
+    user = SdkUser()
+    response = api.register(user, npub=user.hex, device_token=ios_token())
+    assert response.status_code == 201
+    assert response.json()["npub"] == user.npub
+
+
+def test_registrations_lists_only_own_devices_with_suffixes(api: ApiCaller) -> None:
+    """GET /registrations shows the caller's devices and never a whole token."""
+    user, other = SdkUser(), SdkUser()
+    token = ios_token()
+    api.register(user, device_token=token)
+    api.register(user, platform="android", device_token="fcm-token_" + secrets.token_urlsafe(40))
+    api.register(other, device_token=ios_token())
+    listing = api.call("GET", "/registrations", user)
+    assert listing.status_code == 200
+    devices = listing.json()["devices"]
+    assert sorted(d["platform"] for d in devices) == ["android", "ios"]
+    ios = next(d for d in devices if d["platform"] == "ios")
+    assert ios["token_suffix"] == token[-6:]
+    assert isinstance(ios["registered_at"], int)
+    assert token not in listing.text
+
+
+def test_unregister_removes_only_the_owners_token(api: ApiCaller) -> None:
+    owner, stranger, token = SdkUser(), SdkUser(), ios_token()
+    api.register(owner, device_token=token)
+    refused = api.call("DELETE", "/unregister", stranger, {"device_token": token})
+    assert refused.status_code == 200 and refused.json() == {"removed": 0}
+    removed = api.call("DELETE", "/unregister", owner, {"device_token": token})
+    assert removed.json() == {"removed": 1}
+    assert api.call("GET", "/registrations", owner).json()["devices"] == []
+
+
+def test_token_registered_by_another_npub_moves(api: ApiCaller) -> None:
+    """A device token belongs to one npub at a time (a phone that changed accounts)."""
+    first, second, token = SdkUser(), SdkUser(), ios_token()
+    assert api.register(first, device_token=token).status_code == 201
+    assert api.register(second, device_token=token).status_code == 200
+    assert api.call("GET", "/registrations", first).json()["devices"] == []
+    assert len(api.call("GET", "/registrations", second).json()["devices"]) == 1
+
+
+def test_tokens_from_our_own_signer_are_accepted_too(api: ApiCaller) -> None:
+    """The Python helper clients may use produces tokens the server accepts."""
+    key = SecretKey.generate()
+    body = (
+        '{"npub": "%s", "platform": "ios", "device_token": "%s"}' % (key.public_key_hex, ios_token())
+    ).encode()
+    response = api.http.post(
+        "/register",
+        content=body,
+        headers={
+            "content-type": "application/json",
+            "authorization": make_http_auth(key, api.public_url + "/register", "POST", body),
+        },
+    )
+    assert response.status_code == 201, response.text
+
+
+def test_user_relays_are_normalised_and_stored(api: ApiCaller) -> None:
+    user = SdkUser()
+    response = api.register(
+        user, device_token=ios_token(), relays=["wss://inbox.example/", "wss://inbox.example"]
+    )
+    assert response.status_code == 201
+    assert response.json()["relays"] == ["wss://inbox.example"]
+    assert api.call("GET", "/registrations", user).json()["devices"][0]["relays"] == [
+        "wss://inbox.example"
+    ]
+
+
+def test_unifiedpush_webpush_keys_accepted(api: ApiCaller) -> None:
+    user = SdkUser()
+    response = api.register(
+        user,
+        platform="unifiedpush",
+        device_token="https://93.184.216.34/push/abc",
+        keys={"p256dh": "BCVxsr7N_eNgVRqvHtD0zTZsEc6-VV-JvLexhqUzORcx", "auth": "BTBZMqHH6r4Tts7J_aSIgg"},
+    )
+    assert response.status_code == 201, response.text

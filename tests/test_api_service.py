@@ -1,0 +1,52 @@
+"""Discovery, health and metrics routes, and the answers while the service is not serving."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+
+from sigil_push.api import create_app
+from sigil_push.config import load_config
+from sigil_push.service import Service
+from tests.conftest import ApiCaller
+from tests.support.nip98 import SdkUser
+
+
+def test_info_describes_the_instance(api: ApiCaller) -> None:
+    info = api.http.get("/info").json()
+    assert info["name"] == "sigil-push"
+    assert info["platforms"] == ["ios", "android", "unifiedpush"]
+    assert isinstance(info["relays"], list)
+    assert len(info["pubkey"]) == 64 and int(info["pubkey"], 16) >= 0
+
+
+def test_health_reports_serving(api: ApiCaller) -> None:
+    health = api.http.get("/health")
+    assert health.status_code == 200
+    assert health.json()["status"] == "ok"
+    assert isinstance(health.json()["relays"], dict)
+
+
+def test_metrics_count_requests_by_route_and_status(api: ApiCaller) -> None:
+    api.register(SdkUser(), platform="nope")
+    text = api.http.get("/metrics").text
+    assert 'sigil_push_http_requests_total{method="POST",route="/register",status="400"}' in text
+    assert "sigil_push_http_request_duration_seconds_bucket" in text
+
+
+async def test_not_serving_answers_503(tmp_path: Path) -> None:
+    """Before start-up completes (and while stopping) health and the API say 503 unavailable."""
+    config_file = tmp_path / "relays.toml"
+    config_file.write_text("")
+    service = Service(load_config(config_file))
+    transport = httpx.ASGITransport(app=create_app(service))
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8080") as http:
+        health = await http.get("/health")
+        assert health.status_code == 503
+        assert health.json()["error"] == "unavailable"
+        register = await http.post(
+            "/register", content=b"{}", headers={"content-type": "application/json"}
+        )
+        assert register.status_code == 503
+        assert register.json()["error"] == "unavailable"
