@@ -1,22 +1,47 @@
-"""Delivery: takes due wakeups from the outbox to the providers and acts on their outcomes."""
+"""Delivery: takes due wakeups from the outbox to the providers and acts on their outcomes.
+
+One loop plans, many tasks send. The loop reads due wakeups, drops the stale, holds back what
+a device's coalescing window or rate limit does not allow yet (by rescheduling it in the
+outbox, so the held wakeups are on disk and travel together later), claims the rest and
+starts one task per push. Each task settles its own outcome: complete, retry with backoff,
+or forget a dead device. Deletions are grouped into one statement per round trip to SQLite,
+so the database is never the bottleneck.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import random
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
 
-from sigil_push.devices import Devices
+from sigil_push.config import LimitsConfig, PushConfig
+from sigil_push.devices import Device, Devices
 from sigil_push.observations import ObservationLog, now_ms
 from sigil_push.outbox import Outbox, Wakeup
+from sigil_push.push import metrics
 from sigil_push.push.base import Outcome, Sender, Status, WakeupMessage
+from sigil_push.push.limits import DeviceRateLimiter
+from sigil_push.push.payload import fallback, opaque_data, wakeup_data
 
 log = logging.getLogger(__name__)
 
 BATCH_SIZE = 500
 IDLE_POLL_SECONDS = 1.0
-BASE_RETRY_SECONDS = 2.0
-MAX_RETRY_SECONDS = 300.0
+"""Also picks up wakeups written by another process (e.g. `sigil-push` tools) without a signal."""
+HOUSEKEEPING_SECONDS = 1.0
+STOP_GRACE_SECONDS = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class Push:
+    """One push to one device, standing for one or more outbox rows."""
+
+    device: Device
+    wakeups: tuple[Wakeup, ...]
+    message: WakeupMessage
 
 
 class Delivery:
@@ -27,68 +52,288 @@ class Delivery:
         senders: dict[str, Sender],
         observations: ObservationLog,
         record_outcomes: bool,
+        push: PushConfig | None = None,
+        limits: LimitsConfig | None = None,
     ) -> None:
         self._outbox = outbox
         self._devices = devices
         self._senders = senders
         self._observations = observations
         self._record_outcomes = record_outcomes
-        self._task: asyncio.Task[None] | None = None
+        self._push = push or PushConfig()
+        limits = limits or LimitsConfig()
+        self._coalesce_ms = limits.coalesce_window_ms
+        self._rate = DeviceRateLimiter(limits.wakeups_per_minute_per_device)
+        self._last_push_ms: dict[int, int] = {}
+        self._max_rows_in_flight = max(1, self._push.concurrency_per_provider) * 2 * max(
+            1, len(senders)
+        )
+        self._rows_in_flight = 0
+        # refill in sizeable batches: waking per freed slot would mean one query per push
+        self._refill = max(1, min(BATCH_SIZE, self._max_rows_in_flight // 2))
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._to_complete: list[int] = []
+        self._completion_due = asyncio.Event()
+        self._loop_task: asyncio.Task[None] | None = None
+        self._completer_task: asyncio.Task[None] | None = None
+        self._housekeeping_at = 0.0
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="delivery")
+        """Resume what a previous run left in the outbox, then start sending."""
+        released = await self._outbox.resume(now_ms())
+        if released:
+            log.warning(
+                "%d wakeups were in flight when the service last stopped; sending them again",
+                released,
+            )
+        metrics.OUTBOX_DEPTH.set(await self._outbox.depth())
+        self._completer_task = asyncio.create_task(self._complete_forever(), name="outbox-completer")
+        self._loop_task = asyncio.create_task(self._run(), name="delivery")
 
     async def stop(self) -> None:
-        """Stop sending; whatever is still pending stays on disk for the next start."""
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        """Stop taking wakeups, let pushes in flight finish briefly, keep the rest on disk."""
+        await _cancel(self._loop_task)
+        self._loop_task = None
+        if self._tasks:
+            _, pending = await asyncio.wait(set(self._tasks), timeout=STOP_GRACE_SECONDS)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending)
+        await _cancel(self._completer_task)
+        self._completer_task = None
+        await self._flush_completions()
         for sender in self._senders.values():
             await sender.close()
 
     async def _run(self) -> None:
         while True:
             self._outbox.ready.clear()
-            due = await self._outbox.due(now_ms(), BATCH_SIZE)
-            if due:
-                await asyncio.gather(*(self._deliver(wakeup) for wakeup in due))
-                continue
-            try:
-                await asyncio.wait_for(self._outbox.ready.wait(), IDLE_POLL_SECONDS)
-            except TimeoutError:
-                pass
+            has_room = self._room() >= self._refill
+            if has_room:
+                due = await self._outbox.due(now_ms(), min(self._room(), BATCH_SIZE))
+                if due:
+                    await self._dispatch(due)
+                    continue
+            await self._housekeeping()
+            await self._idle(has_room)
 
-    async def _deliver(self, wakeup: Wakeup) -> None:
-        device = await self._devices.by_id(wakeup.device_id)
-        if device is None:
-            await self._outbox.complete([wakeup.id])
-            return
-        sender = self._senders.get(device.platform)
-        if sender is None:
-            await self._outbox.complete([wakeup.id])
-            return
-        message = WakeupMessage(event_ids=(wakeup.event_id,), data={"type": "wakeup"})
+    def _room(self) -> int:
+        return self._max_rows_in_flight - self._rows_in_flight
+
+    async def _idle(self, has_room: bool) -> None:
+        """Sleep until new wakeups, a freed slot, the next due wakeup or the poll interval."""
+        timeout = IDLE_POLL_SECONDS
+        if has_room:
+            next_due = await self._outbox.next_due_ms()
+            if next_due is not None:
+                timeout = min(timeout, max(0.0, (next_due - now_ms()) / 1000))
         try:
-            outcome = await sender.send(message, device)
-        except Exception:  # noqa: BLE001 - a provider bug must not stop delivery
-            log.exception("sender %s crashed", device.platform)
-            outcome = Outcome(Status.RETRY, detail="sender error")
-        await self._settle(wakeup, device.platform, outcome)
+            await asyncio.wait_for(self._outbox.ready.wait(), timeout)
+        except TimeoutError:
+            pass
 
-    async def _settle(self, wakeup: Wakeup, platform: str, outcome: Outcome) -> None:
-        if self._record_outcomes:
-            self._observations.push(
-                wakeup.event_id, platform, outcome.status.value, now_ms() - wakeup.first_seen_ms
-            )
-        if outcome.status is Status.RETRY:
-            delay = outcome.retry_after_seconds or min(
-                MAX_RETRY_SECONDS, BASE_RETRY_SECONDS * 2**wakeup.attempts
-            )
-            await self._outbox.reschedule([wakeup.id], now_ms() + int(delay * random.uniform(1, 1.5) * 1000))
+    async def _housekeeping(self) -> None:
+        loop_time = asyncio.get_running_loop().time()
+        if loop_time < self._housekeeping_at:
             return
-        if outcome.status is Status.UNREGISTERED:
-            await self._devices.forget(wakeup.device_id)
-        await self._outbox.complete([wakeup.id])
+        self._housekeeping_at = loop_time + HOUSEKEEPING_SECONDS
+        now = now_ms()
+        self._rate.prune(now)
+        horizon = now - max(self._coalesce_ms, 1)
+        self._last_push_ms = {d: t for d, t in self._last_push_ms.items() if t > horizon}
+        metrics.OUTBOX_DEPTH.set(await self._outbox.depth())
+
+    async def _dispatch(self, due: Sequence[Wakeup]) -> None:
+        now = now_ms()
+        by_device: dict[int, list[Wakeup]] = defaultdict(list)
+        expired: list[Wakeup] = []
+        unsendable: list[Wakeup] = []
+        for wakeup in due:
+            if self._expired(wakeup, now):
+                expired.append(wakeup)
+            elif wakeup.device.platform not in self._senders:
+                unsendable.append(wakeup)
+            else:
+                by_device[wakeup.device_id].append(wakeup)
+        pushes: list[Push] = []
+        held: dict[int, list[int]] = defaultdict(list)
+        for wakeups in by_device.values():
+            device = wakeups[0].device
+            gate = self._gate(device, now)
+            if gate > now:
+                held[gate].extend(w.id for w in wakeups)
+            else:
+                pushes.extend(self._plan(device, wakeups, now))
+        claimed = [w.id for push in pushes for w in push.wakeups]
+        await self._outbox.claim(claimed, now)
+        for at_ms, ids in held.items():
+            await self._outbox.reschedule(ids, at_ms)
+        if expired:
+            await self._give_up(expired, "too old or too many attempts")
+        if unsendable:
+            await self._give_up(unsendable, "platform no longer enabled")
+        self._rows_in_flight += len(claimed)
+        for push in pushes:
+            task = asyncio.create_task(self._send(push))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    def _expired(self, wakeup: Wakeup, now: int) -> bool:
+        too_old = now - wakeup.first_seen_ms > self._push.max_wakeup_age_seconds * 1000
+        return too_old or wakeup.attempts >= self._push.max_attempts
+
+    def _gate(self, device: Device, now: int) -> int:
+        """The earliest time the device may get its next push."""
+        gate = self._rate.next_allowed_ms(device.id, now)
+        if device.payload == "opaque" and self._coalesce_ms:
+            last = self._last_push_ms.get(device.id)
+            if last is not None:
+                gate = max(gate, last + self._coalesce_ms)
+        return gate
+
+    def _plan(self, device: Device, wakeups: list[Wakeup], now: int) -> list[Push]:
+        """Opaque devices get one push for all; others one per event, the excess coalesced."""
+        wakeups.sort(key=lambda w: w.id)
+        budget = max(1, self._rate.available(device.id, now))
+        if device.payload == "opaque":
+            singles, coalesced = [], wakeups
+        elif len(wakeups) <= budget:
+            singles, coalesced = wakeups, []
+        else:
+            singles, coalesced = wakeups[: budget - 1], wakeups[budget - 1 :]
+        pushes = [Push(device, (w,), self._message(device, (w,), now)) for w in singles]
+        if coalesced:
+            pushes.append(Push(device, tuple(coalesced), self._message(device, coalesced, now)))
+            provider = self._senders[device.platform].provider
+            metrics.COALESCED.labels(provider).inc(len(coalesced) - 1)
+        self._rate.spend(device.id, now, len(pushes))
+        self._last_push_ms[device.id] = now
+        return pushes
+
+    def _message(self, device: Device, wakeups: Sequence[Wakeup], now: int) -> WakeupMessage:
+        first = wakeups[0]
+        oldest_ms = min(w.first_seen_ms for w in wakeups)
+        ttl = max(1, (self._push.max_wakeup_age_seconds * 1000 - (now - oldest_ms)) // 1000)
+        opaque = device.payload == "opaque" or len(wakeups) > 1
+        data = opaque_data()
+        if not opaque:
+            data = wakeup_data(device.payload, first.event_id, first.relay, first.event_json)
+            fits = self._senders[device.platform].fits
+            if not fits(data):
+                data = fallback(data, first.event_id, first.relay)
+            if not fits(data):
+                data = opaque_data()
+        return WakeupMessage(
+            event_ids=tuple(w.event_id for w in wakeups),
+            data=data,
+            collapse_id=self._outbox.collapse_id(first.id),
+            ttl_seconds=int(ttl),
+            opaque=opaque,
+        )
+
+    async def _send(self, push: Push) -> None:
+        sender = self._senders[push.device.platform]
+        try:
+            try:
+                outcome = await sender.send(push.message, push.device)
+            except Exception:  # noqa: BLE001 - a provider bug must not stop delivery
+                log.exception("%s sender failed unexpectedly", sender.provider)
+                outcome = Outcome(Status.RETRY, detail="sender_error")
+            await self._settle(push, sender.provider, outcome)
+        finally:
+            self._rows_in_flight -= len(push.wakeups)
+            if self._room() >= self._refill:
+                self._outbox.ready.set()
+
+    async def _settle(self, push: Push, provider: str, outcome: Outcome) -> None:
+        answered = now_ms()
+        status = outcome.status
+        ids = [w.id for w in push.wakeups]
+        if status is Status.RETRY:
+            next_ms = self._retry_at(push, outcome, answered)
+            if next_ms is None:
+                self._record(push, provider, Status.RETRY, answered)
+                await self._give_up(push.wakeups, outcome.detail or "retries exhausted")
+                return
+            self._record(push, provider, status, answered)
+            await self._outbox.reschedule(ids, next_ms)
+            log.debug("%s push to …%s deferred: %s", provider, push.device.token_suffix, outcome.detail)
+            return
+        self._record(push, provider, status, answered)
+        if status is Status.UNREGISTERED:
+            if await self._devices.forget(push.device.id) is not None:
+                metrics.PRUNED_TOKENS.labels(provider).inc()
+                log.info("%s token …%s is dead (%s); device forgotten", provider,
+                         push.device.token_suffix, outcome.detail)
+        elif status is not Status.ACCEPTED:
+            log.warning("%s refused push to …%s: %s", provider, push.device.token_suffix,
+                        outcome.detail)
+        self._to_complete.extend(ids)
+        self._completion_due.set()
+
+    def _retry_at(self, push: Push, outcome: Outcome, now: int) -> int | None:
+        """When to try again (backoff with jitter, never before Retry-After), or None to give up."""
+        attempts = max(w.attempts for w in push.wakeups) + 1
+        if attempts >= self._push.max_attempts:
+            return None
+        backoff = min(
+            self._push.retry_max_seconds, self._push.retry_base_seconds * 2 ** (attempts - 1)
+        )
+        delay = backoff * random.uniform(0.5, 1.0)
+        if outcome.retry_after_seconds is not None:
+            delay = max(delay, outcome.retry_after_seconds)
+        next_ms = now + int(delay * 1000)
+        oldest = min(w.first_seen_ms for w in push.wakeups)
+        if next_ms - oldest > self._push.max_wakeup_age_seconds * 1000:
+            return None
+        return next_ms
+
+    async def _give_up(self, wakeups: Sequence[Wakeup], reason: str) -> None:
+        """Drop wakeups that are stale, out of attempts or without a provider: status failed."""
+        answered = now_ms()
+        for wakeup in wakeups:
+            sender = self._senders.get(wakeup.device.platform)
+            provider = sender.provider if sender else "none"
+            if self._record_outcomes:
+                self._observations.push(
+                    wakeup.event_id, wakeup.device.platform, Status.FAILED.value,
+                    answered - wakeup.first_seen_ms,
+                )
+            if sender is not None:
+                metrics.PUSHES.labels(provider, Status.FAILED.value).inc()
+                metrics.STALE_DROPPED.labels(provider).inc()
+        log.warning("gave up %d wakeups (%s)", len(wakeups), reason)
+        await self._outbox.complete([w.id for w in wakeups])
+
+    def _record(self, push: Push, provider: str, status: Status, answered_ms: int) -> None:
+        metrics.PUSHES.labels(provider, status.value).inc()
+        oldest = min(w.first_seen_ms for w in push.wakeups)
+        metrics.LATENCY.labels(provider).observe(max(0, answered_ms - oldest) / 1000)
+        if self._record_outcomes:
+            for wakeup in push.wakeups:
+                self._observations.push(
+                    wakeup.event_id, push.device.platform, status.value,
+                    answered_ms - wakeup.first_seen_ms,
+                )
+
+    async def _complete_forever(self) -> None:
+        while True:
+            await self._completion_due.wait()
+            self._completion_due.clear()
+            await self._flush_completions()
+
+    async def _flush_completions(self) -> None:
+        ids, self._to_complete = self._to_complete, []
+        if ids:
+            await self._outbox.complete(ids)
+
+
+async def _cancel(task: asyncio.Task[None] | None) -> None:
+    if task is None:
+        return
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass

@@ -1,13 +1,21 @@
 """The durable outbox: every (event, device) wakeup is on disk before the first send attempt.
 
 A row leaves the outbox only on a final outcome, so a crash, SIGKILL or provider outage loses
-nothing: on start-up whatever is pending is simply due again.
+nothing. A row is *claimed* while its push is in flight; at start-up `resume` releases the
+claims left by a crash so those wakeups go out again (the only window in which a wakeup can
+be sent twice: between the provider accepting it and the row's deletion).
+
+Every statement is a single SQL statement over many rows (`id IN (...)`), because the
+connection is shared in autocommit mode and a statement is the unit of atomicity there.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import json
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -16,22 +24,38 @@ import aiosqlite
 from sigil_push.devices import Device
 from sigil_push.nostr.event import Event
 
+_DEVICE_COLUMNS = (
+    "d.id, d.pubkey, d.platform, d.token, d.payload, d.relays, d.webpush_p256dh,"
+    " d.webpush_auth, d.registered_at"
+)
+_CHUNK = 500
+_SECRET_KEY = "outbox_collapse_secret"
+
 
 @dataclass(frozen=True, slots=True)
 class Wakeup:
     id: int
-    device_id: int
+    device: Device
     event_id: str
     relay: str
     event_json: str | None
     first_seen_ms: int
     attempts: int
 
+    @property
+    def device_id(self) -> int:
+        return self.device.id
+
+
+def _chunks(ids: Sequence[int]) -> list[Sequence[int]]:
+    return [ids[i : i + _CHUNK] for i in range(0, len(ids), _CHUNK)]
+
 
 class Outbox:
     def __init__(self, connection: aiosqlite.Connection) -> None:
         self._db = connection
         self.ready = asyncio.Event()
+        self._secret = b""
 
     async def enqueue(
         self, event: Event, relay: str, first_seen_ms: int, devices: Sequence[Device]
@@ -39,7 +63,7 @@ class Outbox:
         """Queue one wakeup per device; a repeated (device, event) pair is ignored."""
         if not devices:
             return 0
-        full_event = json.dumps(event.to_json(), separators=(",", ":"))
+        full_event = json.dumps(event.to_json(), separators=(",", ":"), ensure_ascii=False)
         rows = [
             (device.id, event.id, relay, full_event if device.payload == "event" else None,
              first_seen_ms, first_seen_ms)
@@ -55,27 +79,84 @@ class Outbox:
         self.ready.set()
         return added
 
+    async def resume(self, now_ms: int) -> int:
+        """Release the claims a crash left behind; returns how many wakeups were in doubt."""
+        await self._load_secret()
+        cursor = await self._db.execute(
+            "UPDATE outbox SET claimed_ms = NULL, next_attempt_ms = MIN(next_attempt_ms, ?)"
+            " WHERE claimed_ms IS NOT NULL",
+            (now_ms,),
+        )
+        released = cursor.rowcount
+        await cursor.close()
+        return released
+
+    async def _load_secret(self) -> None:
+        await self._db.execute(
+            "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT DO NOTHING",
+            (_SECRET_KEY, secrets.token_hex(32)),
+        )
+        async with self._db.execute("SELECT value FROM meta WHERE key = ?", (_SECRET_KEY,)) as cur:
+            row = await cur.fetchone()
+        assert row is not None
+        self._secret = bytes.fromhex(str(row[0]))
+
+    def collapse_id(self, wakeup_id: int) -> str:
+        """A stable, unlinkable id for the push that starts with this row.
+
+        Stable so a resend after a crash collapses into the first notification; keyed so the
+        provider cannot read a row counter (how busy this instance is) out of it.
+        """
+        digest = hmac.new(self._secret, str(wakeup_id).encode(), hashlib.sha256)
+        return digest.hexdigest()[:32]
+
     async def due(self, now_ms: int, limit: int) -> list[Wakeup]:
+        """Unclaimed wakeups due by `now_ms`, oldest schedule first, with their device."""
         async with self._db.execute(
-            "SELECT id, device_id, event_id, relay, event_json, first_seen_ms, attempts"
-            " FROM outbox WHERE next_attempt_ms <= ? ORDER BY next_attempt_ms, id LIMIT ?",
+            "SELECT o.id, o.event_id, o.relay, o.event_json, o.first_seen_ms, o.attempts,"
+            f" {_DEVICE_COLUMNS} FROM outbox o JOIN devices d ON d.id = o.device_id"
+            " WHERE o.claimed_ms IS NULL AND o.next_attempt_ms <= ?"
+            " ORDER BY o.next_attempt_ms, o.id LIMIT ?",
             (now_ms, limit),
         ) as cursor:
-            return [Wakeup(*row) for row in await cursor.fetchall()]
+            rows = await cursor.fetchall()
+        return [
+            Wakeup(int(r[0]), Device.from_row(r[6:]), str(r[1]), str(r[2]),
+                   None if r[3] is None else str(r[3]), int(r[4]), int(r[5]))
+            for r in rows
+        ]
 
     async def next_due_ms(self) -> int | None:
-        async with self._db.execute("SELECT MIN(next_attempt_ms) FROM outbox") as cursor:
+        async with self._db.execute(
+            "SELECT MIN(next_attempt_ms) FROM outbox WHERE claimed_ms IS NULL"
+        ) as cursor:
             row = await cursor.fetchone()
         return int(row[0]) if row and row[0] is not None else None
 
+    async def claim(self, wakeup_ids: Sequence[int], now_ms: int) -> None:
+        """Mark wakeups as in flight and count the attempt, before anything is sent."""
+        for chunk in _chunks(wakeup_ids):
+            await self._db.execute(
+                "UPDATE outbox SET claimed_ms = ?, attempts = attempts + 1"
+                f" WHERE id IN ({','.join('?' * len(chunk))})",
+                (now_ms, *chunk),
+            )
+
     async def complete(self, wakeup_ids: Sequence[int]) -> None:
-        await self._db.executemany("DELETE FROM outbox WHERE id = ?", [(i,) for i in wakeup_ids])
+        """Remove wakeups that reached a final outcome."""
+        for chunk in _chunks(wakeup_ids):
+            await self._db.execute(
+                f"DELETE FROM outbox WHERE id IN ({','.join('?' * len(chunk))})", tuple(chunk)
+            )
 
     async def reschedule(self, wakeup_ids: Sequence[int], next_attempt_ms: int) -> None:
-        await self._db.executemany(
-            "UPDATE outbox SET attempts = attempts + 1, next_attempt_ms = ? WHERE id = ?",
-            [(next_attempt_ms, i) for i in wakeup_ids],
-        )
+        """Release wakeups (claimed or not) to be due again at `next_attempt_ms`."""
+        for chunk in _chunks(wakeup_ids):
+            await self._db.execute(
+                "UPDATE outbox SET claimed_ms = NULL, next_attempt_ms = ?"
+                f" WHERE id IN ({','.join('?' * len(chunk))})",
+                (next_attempt_ms, *chunk),
+            )
 
     async def depth(self) -> int:
         async with self._db.execute("SELECT COUNT(*) FROM outbox") as cursor:

@@ -11,8 +11,13 @@ log = logging.getLogger("sigil_push.push.dryrun")
 
 
 class DryRunSender:
+    provider = "dryrun"
+
     def __init__(self, platform: str) -> None:
         self.platform = platform
+
+    def fits(self, data: dict[str, str]) -> bool:
+        return True
 
     async def send(self, message: WakeupMessage, device: Device) -> Outcome:
         log.info(

@@ -1,14 +1,51 @@
-"""Builds the sender for each platform the configuration enables."""
+"""Builds the sender for each platform the configuration enables, wrapped in its limits."""
 
 from __future__ import annotations
 
 from sigil_push.config import Config
 from sigil_push.push.base import Sender
 from sigil_push.push.dryrun import DryRunSender
+from sigil_push.push.limits import ConcurrencyLimited
 
 
 async def build_senders(config: Config) -> dict[str, Sender]:
-    """One sender per accepted platform; dry-run instances log instead of sending."""
+    """One sender per accepted platform; dry-run instances log instead of sending.
+
+    Provider modules are imported only when configured: an instance without FCM never loads
+    firebase-admin.
+    """
     if config.dry_run:
-        return {platform: DryRunSender(platform) for platform in config.platforms}
-    raise NotImplementedError("push providers arrive with the push-delivery issue")
+        plain: dict[str, Sender] = {platform: DryRunSender(platform) for platform in config.platforms}
+    else:
+        plain = {}
+        try:
+            await _build_providers(config, plain)
+        except BaseException:
+            for sender in plain.values():
+                await sender.close()
+            raise
+    limit = config.push.concurrency_per_provider
+    return {platform: ConcurrencyLimited(sender, limit) for platform, sender in plain.items()}
+
+
+async def _build_providers(config: Config, senders: dict[str, Sender]) -> None:
+    timeout = config.push.send_timeout_seconds
+    if config.apns is not None:
+        from sigil_push.push.apns import ApnsSender
+
+        ca_file = config.resolve(config.apns.ca_file) if config.apns.ca_file else None
+        senders["ios"] = await ApnsSender.create(
+            config.apns, config.resolve(config.apns.key_file), ca_file, timeout
+        )
+    if config.fcm is not None:
+        from sigil_push.push.fcm import FcmSender
+
+        senders["android"] = await FcmSender.create(
+            config.fcm, config.resolve(config.fcm.credentials_file), timeout
+        )
+    if config.unifiedpush is not None:
+        from sigil_push.push.unifiedpush import UnifiedPushSender
+
+        senders["unifiedpush"] = UnifiedPushSender(
+            config.unifiedpush.allow_private_endpoints, timeout
+        )

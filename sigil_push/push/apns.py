@@ -1,0 +1,128 @@
+"""APNs through aioapns: token (.p8) auth over a pool of HTTP/2 connections.
+
+aioapns has no host option, so `endpoint` (tests, gateways) is honoured by a protocol subclass
+carrying the host and port, and `ca_file` is added to the trusted roots. aioapns waits forever
+for an answer that lacks an `apns-id` header, so every send runs under a timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from pathlib import Path
+from urllib.parse import urlsplit
+from uuid import uuid4
+
+from aioapns import APNs, NotificationRequest, PushType
+from aioapns.common import NotificationResult
+from aioapns.connection import APNsDevelopmentClientProtocol, APNsProductionClientProtocol
+from aioapns.exceptions import ConnectionClosed, ConnectionError, MaxAttemptsExceeded
+from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+from sigil_push.config import ApnsConfig, ConfigError
+from sigil_push.devices import Device
+from sigil_push.push.base import Outcome, Status, WakeupMessage
+from sigil_push.push.payload import MAX_PAYLOAD_BYTES, apns_body, apns_size
+
+PRIORITY_IMMEDIATE = 10
+
+DEAD_TOKEN_REASONS = frozenset({"BadDeviceToken", "Unregistered", "DeviceTokenNotForTopic"})
+"""The token will never work for this app again: forget the device."""
+
+RETRY_STATUSES = frozenset({"403", "429", "500", "503"})
+"""403 is a provider-token problem (expired or bad key): fixable by the operator, so retried."""
+
+
+def _outcome(result: NotificationResult) -> Outcome:
+    if result.is_successful:
+        return Outcome(Status.ACCEPTED)
+    reason = result.description or f"status {result.status}"
+    if result.status == "410" or reason in DEAD_TOKEN_REASONS:
+        return Outcome(Status.UNREGISTERED, detail=reason)
+    if result.status in RETRY_STATUSES:
+        return Outcome(Status.RETRY, detail=reason)
+    return Outcome(Status.REJECTED, detail=reason)
+
+
+async def _ignore_error(request: NotificationRequest, result: NotificationResult) -> None:
+    """aioapns logs failures itself unless given this; the delivery loop logs them instead."""
+
+
+def _ssl_context(ca_file: Path | None) -> ssl.SSLContext:
+    context = ssl.create_default_context()
+    if ca_file is not None:
+        context.load_verify_locations(cafile=str(ca_file))
+    context.set_alpn_protocols(["h2"])
+    return context
+
+
+class ApnsSender:
+    platform = "ios"
+    provider = "apns"
+
+    def __init__(self, client: APNs, timeout_seconds: float) -> None:
+        self._client = client
+        self._timeout = timeout_seconds
+
+    @classmethod
+    async def create(
+        cls, config: ApnsConfig, key_file: Path, ca_file: Path | None, timeout_seconds: float
+    ) -> ApnsSender:
+        key = await asyncio.to_thread(key_file.read_text, encoding="utf-8")
+        try:
+            load_pem_private_key(key.encode(), password=None)
+        except (ValueError, TypeError):
+            raise ConfigError("apns.key_file", "is not a PEM private key (.p8)") from None
+        sandbox = config.environment == "sandbox"
+        client = APNs(
+            key=key,
+            key_id=config.key_id,
+            team_id=config.team_id,
+            topic=config.topic,
+            use_sandbox=sandbox,
+            ssl_context=_ssl_context(ca_file),
+            max_connection_attempts=2,
+            err_func=_ignore_error,
+        )
+        if config.endpoint:
+            parts = urlsplit(config.endpoint)
+            if parts.scheme != "https" or not parts.hostname:
+                raise ConfigError("apns.endpoint", "must be an https:// URL (APNs is HTTP/2 over TLS)")
+            base = APNsDevelopmentClientProtocol if sandbox else APNsProductionClientProtocol
+            client.pool.protocol_class = type(
+                "ApnsEndpointProtocol", (base,),
+                {"APNS_SERVER": parts.hostname, "APNS_PORT": parts.port or 443},
+            )
+        return cls(client, timeout_seconds)
+
+    def fits(self, data: dict[str, str]) -> bool:
+        return apns_size(data) <= MAX_PAYLOAD_BYTES
+
+    async def send(self, message: WakeupMessage, device: Device) -> Outcome:
+        request = NotificationRequest(
+            device_token=device.token,
+            message=apns_body(message.data),
+            notification_id=str(uuid4()),
+            time_to_live=message.ttl_seconds,
+            priority=PRIORITY_IMMEDIATE,
+            collapse_key=message.collapse_id,
+            push_type=PushType.ALERT,
+        )
+        try:
+            async with asyncio.timeout(self._timeout):
+                result = await self._client.send_notification(request)
+        except TimeoutError:
+            self._forget(request.notification_id)
+            return Outcome(Status.RETRY, detail="timeout")
+        except (ConnectionError, ConnectionClosed, MaxAttemptsExceeded, OSError):
+            return Outcome(Status.RETRY, detail="connection failed")
+        return _outcome(result)
+
+    def _forget(self, notification_id: str) -> None:
+        """Drop a timed-out request's pending future, which aioapns would keep (and later fail
+        with InvalidStateError when the connection closes)."""
+        for connection in self._client.pool.connections:
+            connection.requests.pop(notification_id, None)
+
+    async def close(self) -> None:
+        self._client.pool.close()

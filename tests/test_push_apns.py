@@ -1,0 +1,133 @@
+"""APNs delivery: the unmodified aioapns client against a local HTTP/2 APNs over TLS."""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import REGISTRY
+
+from sigil_push.push.payload import APS
+from tests.fakes.fake_apns import FakeApns
+from tests.fakes.harness import (  # noqa: F401 - fixtures
+    apns_token,
+    credentials,
+    eventually,
+    fake_apns,
+    fake_fcm_server,
+    fake_up,
+    make_harness,
+)
+
+
+def _metric(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+async def test_an_accepted_wakeup_is_an_alert_with_the_contract_body(make_harness, fake_apns: FakeApns) -> None:
+    """An opaque wakeup reaches APNs as CONTRACT section 4 says, and leaves the outbox."""
+    harness = await make_harness()
+    token = apns_token()
+    device = await harness.register("ios", token)
+    event = await harness.enqueue([device])
+
+    request = (await eventually(lambda: [r for r in fake_apns.requests if r.token == token]))[0]
+    await eventually(harness.drained, what="outbox drained")
+
+    assert request.body == {"aps": APS}
+    assert request.body["aps"] == {
+        "alert": {"title": "Sigil", "body": "New message"}, "mutable-content": 1, "sound": "default"
+    }
+    headers = request.headers
+    assert headers["apns-push-type"] == "alert"
+    assert headers["apns-priority"] == "10"
+    assert headers["apns-topic"] == "chat.sigil.test"
+    assert len(headers["apns-collapse-id"]) == 32
+    assert 0 < int(headers["apns-expiration"]) - time.time() <= 3600
+    records = await eventually(harness.push_records)
+    assert [(r["event_id"], r["platform"], r["status"]) for r in records] == [(event.id, "ios", "accepted")]
+    assert records[0]["latency_ms"] >= 0
+
+
+async def test_dead_tokens_are_pruned(make_harness, fake_apns: FakeApns) -> None:
+    """410 Unregistered and 400 BadDeviceToken forget the device; the next wakeup is not sent."""
+    harness = await make_harness()
+    gone, bad = apns_token(), apns_token()
+    fake_apns.script.answers[gone] = (410, "Unregistered")
+    fake_apns.script.answers[bad] = (400, "BadDeviceToken")
+    pruned_before = _metric("sigil_push_push_pruned_tokens_total", provider="apns")
+    devices = [await harness.register("ios", gone), await harness.register("ios", bad)]
+    await harness.enqueue(devices)
+
+    await eventually(harness.forgotten, what="devices forgotten")
+    assert await harness.pending() == 0
+    statuses = sorted(r["status"] for r in await eventually(harness.push_records))
+    assert statuses == ["unregistered", "unregistered"]
+    assert _metric("sigil_push_push_pruned_tokens_total", provider="apns") == pruned_before + 2
+
+
+async def test_throttling_and_server_errors_are_retried_until_accepted(make_harness, fake_apns: FakeApns) -> None:
+    """429 and 503 keep the wakeup in the outbox; it goes out once APNs recovers."""
+    harness = await make_harness()
+    token = apns_token()
+    fake_apns.script.answers[token] = (429, "TooManyRequests")
+    device = await harness.register("ios", token)
+    await harness.enqueue([device])
+
+    await eventually(lambda: len([r for r in fake_apns.requests if r.token == token]) >= 2, what="a retry")
+    assert await harness.pending() == 1
+    fake_apns.script.answers[token] = (503, "ServiceUnavailable")
+    await eventually(lambda: len([r for r in fake_apns.requests if r.token == token]) >= 4, what="more retries")
+    del fake_apns.script.answers[token]
+
+    await eventually(harness.drained, what="delivered after recovery")
+    await eventually(lambda: any(r["status"] == "accepted" for r in harness.push_records()))
+    statuses = [r["status"] for r in harness.push_records()]
+    assert statuses[-1] == "accepted" and set(statuses[:-1]) == {"retry"}
+    assert await harness.devices.count() == 1
+
+
+async def test_permanent_refusals_are_rejected_and_keep_the_device(make_harness, fake_apns: FakeApns) -> None:
+    """A refusal that retrying cannot fix (e.g. BadTopic) is final but not a dead token."""
+    harness = await make_harness()
+    token = apns_token()
+    fake_apns.script.answers[token] = (400, "BadTopic")
+    device = await harness.register("ios", token)
+    await harness.enqueue([device])
+
+    records = await eventually(harness.push_records)
+    assert [r["status"] for r in records] == ["rejected"]
+    assert await harness.pending() == 0
+    assert await harness.devices.count() == 1
+
+
+async def test_an_unanswered_send_times_out_and_is_retried(make_harness, fake_apns: FakeApns) -> None:
+    """aioapns would wait forever for an answer; the send timeout turns silence into a retry."""
+    harness = await make_harness(push={"send_timeout_seconds": 0.3})
+    fake_apns.script.silent = True
+    token = apns_token()
+    device = await harness.register("ios", token)
+    await harness.enqueue([device])
+
+    await eventually(lambda: [r for r in harness.push_records() if r["status"] == "retry"], what="timeout")
+    fake_apns.script.silent = False
+    await eventually(harness.drained, what="delivered after silence")
+    await eventually(lambda: harness.push_records()[-1]["status"] == "accepted")
+
+
+async def test_a_wrong_signing_key_is_refused_by_apns_and_retried(make_harness, fake_apns: FakeApns, tmp_path) -> None:
+    """The fake checks the ES256 provider token: a key APNs does not know gets 403 and no push."""
+    from tests.fakes.credentials import make_apns_key
+
+    wrong_key, _ = make_apns_key(tmp_path)
+    harness = await make_harness(start=False)
+    harness.document["apns"]["key_file"] = str(wrong_key)
+    from sigil_push.config import parse_config
+
+    harness.config = parse_config(harness.document, harness.folder / "relays.toml")
+    await harness.start()
+    token = apns_token()
+    await harness.enqueue([await harness.register("ios", token)])
+
+    records = await eventually(harness.push_records)
+    assert records[0]["status"] == "retry"
+    assert await harness.pending() == 1
