@@ -96,6 +96,9 @@ class BridgeConfig:
     max_relays: int = 200
     catchup_seconds: int = 3 * 24 * 3600
     seen_retention_seconds: int = 3 * 24 * 3600
+    seen_cache_size: int = 100_000
+    reconnect_min_seconds: float = 1.0
+    reconnect_max_seconds: float = 300.0
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,9 @@ class PushConfig:
     max_wakeup_age_seconds: int = 3600
     send_timeout_seconds: float = 10.0
     concurrency_per_provider: int = 256
+    max_attempts: int = 12
+    retry_base_seconds: float = 2.0
+    retry_max_seconds: float = 300.0
 
 
 @dataclass(frozen=True)
