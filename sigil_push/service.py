@@ -76,7 +76,9 @@ class Service:
         await observations.start()
         stack.push_async_callback(observations.stop)
         senders = await build_senders(config)
-        delivery = Delivery(outbox, devices, senders, observations, not config.dry_run)
+        delivery = Delivery(
+            outbox, devices, senders, observations, not config.dry_run, config.push, config.limits
+        )
         await delivery.start()
         stack.push_async_callback(delivery.stop)
         self._components = Components(
