@@ -1,0 +1,84 @@
+"""Delivery funnel: per push platform, how wakeups ended and how long they took.
+
+A push record carries no device, and one event may be pushed to several devices of a
+platform and retried, so each (event, platform) gets one *final outcome*: the best of its
+final statuses in the order accepted > unregistered > rejected > failed. A ``retry``
+followed by ``accepted`` is accepted; one device accepted and another unregistered is
+accepted (someone was woken). ``retry`` and unknown statuses are not final: an event with
+nothing else (still in flight when the window ends) counts in ``events`` but in no outcome
+column. The latency of an (event, platform) is that of its final outcome (the smallest if
+several records share it), i.e. first ``seen`` to the provider's answer, retries included.
+
+Runs on its own with ``spark-submit analytics/delivery.py --input LOG --output DIR``.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+if __package__ in (None, ""):
+    # spark-submit runs this file as a script: make the `analytics` package importable.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pyspark.sql import Column, DataFrame  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402
+from pyspark.sql.types import LongType  # noqa: E402
+
+from analytics.jobs import Job, job_main  # noqa: E402
+from analytics.observations import Observations  # noqa: E402
+
+OUTPUT = "delivery"
+# Final statuses, best first; their position is the precedence rank.
+FINAL_STATUSES = ("accepted", "unregistered", "rejected", "failed")
+ACCURACY = 10_000
+
+
+def _rank() -> Column:
+    rank: Column | None = None
+    for position, status in enumerate(FINAL_STATUSES):
+        rank = (F if rank is None else rank).when(F.col("status") == status, position)
+    assert rank is not None
+    return rank
+
+
+def final_outcomes(pushes: DataFrame) -> DataFrame:
+    """``event_id, platform, rank, latency_ms``: one final outcome per (event, platform).
+
+    ``rank`` is null when the event has no final status on that platform yet.
+    """
+    rank = _rank()
+    latency = F.col("latency_ms")
+    # min over (rank, latency missing, latency): best status, then its quickest known answer.
+    order = F.when(rank.isNotNull(), F.struct(rank.alias("rank"), latency.isNull().alias("unknown"), latency))
+    return (
+        pushes.groupBy("event_id", "platform")
+        .agg(F.min(order).alias("final"))
+        .select("event_id", "platform", F.col("final.rank").alias("rank"), F.col("final.latency_ms").alias("latency_ms"))
+    )
+
+
+def compute(obs: Observations) -> dict[str, DataFrame]:
+    """Per platform: events, accepted, unregistered, rejected, failed, p50_ms, p99_ms."""
+    outcomes = final_outcomes(obs.pushes)
+    counts = [
+        F.count(F.when(F.col("rank") == position, 1)).alias(status) for position, status in enumerate(FINAL_STATUSES)
+    ]
+    quantiles = F.percentile_approx(F.when(F.col("rank").isNotNull(), F.col("latency_ms")), [0.5, 0.99], ACCURACY)
+    funnel = outcomes.groupBy("platform").agg(
+        F.count(F.lit(1)).alias("events"), *counts, quantiles.alias("q")
+    )
+    as_ms = [F.round(F.col("q")[i]).cast(LongType()).alias(name) for i, name in enumerate(("p50_ms", "p99_ms"))]
+    return {OUTPUT: funnel.select("platform", "events", *FINAL_STATUSES, *as_ms).orderBy("platform")}
+
+
+JOB = Job(name="delivery", description=__doc__ or "", compute=compute)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return job_main(JOB, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

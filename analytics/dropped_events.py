@@ -1,0 +1,199 @@
+"""Dropped events: which relays silently miss DMs, overall and hour by hour.
+
+An event is *expected* from a relay when its first arrival over all relays falls inside an
+interval in which that relay was connected: from a ``connected`` (or
+``authenticated_as_user``) record until the next ``disconnected``/``error`` of that relay,
+or the end of the window. Other states (``auth_required``, ...) do not change connectivity.
+*Seen* counts the expected events the relay delivered itself, so ``seen <= expected`` and the
+miss rate is a fraction; an event a relay delivered although it was first seen while that
+relay was down (catch-up after a reconnect) is neither expected nor seen.
+
+The connectivity at the start of the window is inferred, since ``--since`` may cut off the
+``connected`` record: a relay is connected from the start if it delivered an event before
+its first state change in the window (or has none), or if that first change is a
+``disconnected`` (only an open connection can close). ``error`` says nothing either way.
+
+Runs on its own with ``spark-submit analytics/dropped_events.py --input LOG --output DIR``.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from itertools import accumulate
+from pathlib import Path
+
+if __package__ in (None, ""):
+    # spark-submit runs this file as a script: make the `analytics` package importable.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pyspark.ml.feature import Bucketizer  # noqa: E402
+from pyspark.sql import Column, DataFrame, Window  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402
+from pyspark.sql.types import (  # noqa: E402
+    DoubleType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+from analytics.jobs import Job, job_main  # noqa: E402
+from analytics.observations import HOUR_MS, Observations  # noqa: E402
+
+OUTPUT = "dropped_events"
+HOURLY_OUTPUT = "dropped_events_hourly"
+CONNECTED_STATES = ("connected", "authenticated_as_user")
+DISCONNECTED_STATES = ("disconnected", "error")
+
+_COUNTS = [
+    StructField("expected", LongType()),
+    StructField("seen", LongType()),
+    StructField("missed", LongType()),
+    StructField("miss_rate", DoubleType()),
+]
+SCHEMA = StructType([StructField("relay", StringType()), *_COUNTS])
+HOURLY_SCHEMA = StructType([StructField("relay", StringType()), StructField("hour", StringType()), *_COUNTS])
+
+
+def _floor_hour(ms: Column) -> Column:
+    return ms - F.pmod(ms, F.lit(HOUR_MS))
+
+
+def _initially_connected(obs: Observations, changes: DataFrame) -> DataFrame:
+    """Relays (all that appear in the window) and whether they were connected at its start."""
+    first_delivery = obs.seen.groupBy("relay").agg(F.min("ts").alias("first_delivery"))
+    first_change = changes.groupBy("relay").agg(
+        F.min("ts").alias("first_change"), F.min_by("state", "ts").alias("first_state")
+    )
+    delivered_first = F.col("first_delivery").isNotNull() & (
+        F.col("first_change").isNull() | (F.col("first_delivery") < F.col("first_change"))
+    )
+    closed_first = F.col("first_state") == "disconnected"
+    connected = delivered_first | F.coalesce(closed_first, F.lit(False))
+    relays = obs.relay_states.select("relay").union(obs.seen.select("relay")).distinct()
+    return (
+        relays.join(first_delivery, "relay", "left")
+        .join(first_change, "relay", "left")
+        .select("relay", connected.alias("connected"))
+    )
+
+
+def connected_intervals(obs: Observations, start_ms: int, end_ms: int) -> DataFrame:
+    """``relay, start, end``: the half-open intervals in which each relay was connected."""
+    conn = F.when(F.col("state").isin(*CONNECTED_STATES), 1).when(F.col("state").isin(*DISCONNECTED_STATES), 0)
+    changes = obs.relay_states.select("relay", "ts", "state", conn.alias("conn")).where(F.col("conn").isNotNull())
+    initial = (
+        _initially_connected(obs, changes)
+        .where("connected")
+        .select("relay", F.lit(start_ms).alias("ts"), F.lit(1).alias("conn"), F.lit(0).alias("seq"))
+    )
+    ordered = Window.partitionBy("relay").orderBy("ts", "seq", "conn")
+    transitions = (
+        changes.select("relay", "ts", "conn", F.lit(1).alias("seq"))
+        .unionByName(initial)
+        .withColumn("previous", F.lag("conn").over(ordered))
+        .where(F.col("previous").isNull() | (F.col("previous") != F.col("conn")))
+        .withColumn("next_ts", F.lead("ts").over(ordered))
+    )
+    return (
+        transitions.where(F.col("conn") == 1)
+        .select("relay", F.col("ts").alias("start"), F.coalesce("next_ts", F.lit(end_ms)).alias("end"))
+        .where(F.col("end") > F.col("start"))
+    )
+
+
+def hour_pieces(intervals: DataFrame) -> DataFrame:
+    """``relay, hour, start, end``: the connected intervals cut at hour boundaries."""
+    hours = F.sequence(_floor_hour(F.col("start")), _floor_hour(F.col("end") - 1), F.lit(HOUR_MS))
+    return intervals.select("relay", "start", "end", F.explode(hours).alias("hour")).select(
+        "relay",
+        "hour",
+        F.greatest("start", "hour").alias("start"),
+        F.least("end", F.col("hour") + HOUR_MS).alias("end"),
+    )
+
+
+def _expected_per_piece(obs: Observations, pieces: DataFrame) -> DataFrame:
+    """``pieces`` plus ``expected``: events whose first arrival lies in the piece.
+
+    Joining every event with every relay's intervals would build events x relays rows.
+    Instead the piece boundaries (a few per relay-hour, collected to the driver) cut the time
+    line into segments; one pass assigns each event its segment (a binary search, by
+    Bucketizer), the per-segment counts are summed into ``before(t)`` = events first seen
+    before t, and a piece expects ``before(end) - before(start)``.
+    """
+    spark = obs.spark
+    bounds = sorted({row[0] for row in pieces.select("start").union(pieces.select("end")).distinct().collect()})
+    if not bounds:
+        return pieces.withColumn("expected", F.lit(0).cast(LongType()))
+    first_seen = obs.deliveries().groupBy("event_id").agg(F.min("first_ts").cast(DoubleType()).alias("first_ts"))
+    bucketizer = Bucketizer(
+        splits=[float("-inf"), *map(float, bounds), float("inf")], inputCol="first_ts", outputCol="segment"
+    )
+    per_segment = dict(bucketizer.transform(first_seen).groupBy("segment").count().collect())
+    # Segment k + 1 starts at bounds[k]; before(bounds[k]) sums segments 0..k.
+    before = list(accumulate(per_segment.get(float(k), 0) for k in range(len(bounds))))
+    table = spark.createDataFrame(list(zip(bounds, before)), "bound long, before long")
+    at_start = table.select(F.col("bound").alias("start"), F.col("before").alias("before_start"))
+    at_end = table.select(F.col("bound").alias("end"), F.col("before").alias("before_end"))
+    return (
+        pieces.join(F.broadcast(at_start), "start")
+        .join(F.broadcast(at_end), "end")
+        .withColumn("expected", F.col("before_end") - F.col("before_start"))
+        .drop("before_start", "before_end")
+    )
+
+
+def _with_rates(counts: DataFrame) -> DataFrame:
+    missed = F.col("expected") - F.col("seen")
+    rate = F.when(F.col("expected") > 0, missed / F.col("expected")).otherwise(F.lit(0.0))
+    return counts.withColumn("missed", missed).withColumn("miss_rate", rate)
+
+
+def compute(obs: Observations) -> dict[str, DataFrame]:
+    """Per relay and per relay-hour: expected, seen, missed and miss rate.
+
+    The hour of an event is that of its first arrival; hourly rows exist for every hour in
+    which the relay was connected at some point.
+    """
+    if obs.start_ms is None or obs.end_ms is None:
+        empty = obs.spark.createDataFrame([], SCHEMA)
+        return {OUTPUT: empty, HOURLY_OUTPUT: obs.spark.createDataFrame([], HOURLY_SCHEMA)}
+    pieces = obs.cache(hour_pieces(connected_intervals(obs, obs.start_ms, obs.end_ms)))
+    expected = _expected_per_piece(obs, pieces).groupBy("relay", "hour").agg(F.sum("expected").alias("expected"))
+    delivered = obs.deliveries().select("relay", "first_ts", _floor_hour(F.col("first_ts")).alias("hour"))
+    in_piece = (F.col("first_ts") >= F.col("start")) & (F.col("first_ts") < F.col("end"))
+    seen = (
+        delivered.join(F.broadcast(pieces), ["relay", "hour"])
+        .where(in_piece)
+        .groupBy("relay", "hour")
+        .agg(F.count(F.lit(1)).alias("seen"))
+    )
+    hourly_counts = expected.join(seen, ["relay", "hour"], "left").fillna(0, subset=["seen"])
+    hour_text = F.date_format(F.timestamp_millis("hour"), "yyyy-MM-dd'T'HH:mm:ss'Z'")
+    hourly = (
+        _with_rates(hourly_counts)
+        .orderBy("relay", "hour")
+        .select("relay", hour_text.alias("hour"), "expected", "seen", "missed", "miss_rate")
+    )
+    relays = obs.relay_states.select("relay").union(obs.seen.select("relay")).distinct()
+    totals = hourly_counts.groupBy("relay").agg(
+        F.sum("expected").alias("expected"), F.sum("seen").alias("seen")
+    )
+    overall = _with_rates(relays.join(totals, "relay", "left").fillna(0, subset=["expected", "seen"]))
+    return {
+        OUTPUT: overall.select("relay", "expected", "seen", "missed", "miss_rate").orderBy("relay"),
+        HOURLY_OUTPUT: hourly,
+    }
+
+
+JOB = Job(name="dropped_events", description=__doc__ or "", compute=compute)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return job_main(JOB, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

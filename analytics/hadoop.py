@@ -1,0 +1,70 @@
+"""Hadoop FileSystem access through the JVM gateway.
+
+Input and output may be any Hadoop path (``file:``, ``hdfs:``, ``s3a:``, ...), so listing the
+log, publishing single-file CSVs and writing the HTML report go through Hadoop's FileSystem
+API rather than Python file I/O, which only sees the driver's local disk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+
+@dataclass(frozen=True)
+class HadoopFS:
+    """A thin, typed wrapper over ``org.apache.hadoop.fs.FileSystem`` for one session."""
+
+    spark: SparkSession
+
+    def _path(self, path: str) -> Any:
+        return self.spark.sparkContext._jvm.org.apache.hadoop.fs.Path(path)  # type: ignore[union-attr]
+
+    def _fs(self, jpath: Any) -> Any:
+        return jpath.getFileSystem(self.spark.sparkContext._jsc.hadoopConfiguration())  # type: ignore[union-attr]
+
+    def exists(self, path: str) -> bool:
+        jpath = self._path(path)
+        return bool(self._fs(jpath).exists(jpath))
+
+    def is_file(self, path: str) -> bool:
+        jpath = self._path(path)
+        return bool(self._fs(jpath).getFileStatus(jpath).isFile())
+
+    def list_files(self, directory: str) -> list[str]:
+        """Fully qualified paths of the plain files directly inside ``directory``."""
+        jpath = self._path(directory)
+        return [str(status.getPath().toString()) for status in self._fs(jpath).listStatus(jpath) if status.isFile()]
+
+    def name(self, path: str) -> str:
+        return str(self._path(path).getName())
+
+    def child(self, directory: str, name: str) -> str:
+        return str(self.spark.sparkContext._jvm.org.apache.hadoop.fs.Path(directory, name).toString())  # type: ignore[union-attr]
+
+    def mkdirs(self, directory: str) -> None:
+        jpath = self._path(directory)
+        self._fs(jpath).mkdirs(jpath)
+
+    def delete(self, path: str) -> None:
+        jpath = self._path(path)
+        self._fs(jpath).delete(jpath, True)
+
+    def move(self, source: str, destination: str) -> None:
+        """Rename ``source`` to ``destination``, replacing it (rename refuses to overwrite)."""
+        src, dst = self._path(source), self._path(destination)
+        fs = self._fs(dst)
+        if fs.exists(dst):
+            fs.delete(dst, True)
+        if not fs.rename(src, dst):
+            raise OSError(f"could not move {source} to {destination}")
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        jpath = self._path(path)
+        stream = self._fs(jpath).create(jpath, True)
+        try:
+            stream.write(data)
+        finally:
+            stream.close()
