@@ -15,6 +15,7 @@ from typing import Any
 import aiosqlite
 
 from sigil_push.auth_ids import UsedAuthIds
+from sigil_push.bridge import Bridge
 from sigil_push.config import Config
 from sigil_push.db import open_database
 from sigil_push.delivery import Delivery
@@ -43,6 +44,7 @@ class Components:
     observations: ObservationLog
     delivery: Delivery
     key: SecretKey
+    bridge: Bridge
 
 
 class Service:
@@ -81,8 +83,12 @@ class Service:
         )
         await delivery.start()
         stack.push_async_callback(delivery.stop)
+        bridge = Bridge(config, db, devices, outbox, observations, key)
+        devices.add_listener(bridge.registration_changed)
+        await bridge.start()
+        stack.push_async_callback(bridge.stop)
         self._components = Components(
-            db, devices, UsedAuthIds(db), outbox, observations, delivery, key
+            db, devices, UsedAuthIds(db), outbox, observations, delivery, key, bridge
         )
         if config.dry_run:
             log.warning(
@@ -97,7 +103,13 @@ class Service:
         self._components = None
 
     def relay_health(self) -> dict[str, dict[str, Any]]:
-        """Per relay: whether it is connected and when it last delivered an event."""
+        """Per relay: whether it is connected and when it last delivered an event.
+
+        Once the bridge runs it answers, adding its own detail per relay (state, gated, keys)
+        and listing the user relays skipped because of `max_relays` with `"state": "skipped"`.
+        """
+        if self._components is not None:
+            return self._components.bridge.health()
         return {
             relay.url: {"connected": False, "last_event_at": None}
             for relay in self.config.relays

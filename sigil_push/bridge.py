@@ -1,0 +1,474 @@
+"""The relay bridge: relay frame → verified event → matched devices → outbox, exactly once.
+
+Frames are parsed, checked and verified synchronously as they arrive (no event is remembered or
+pushed before its id and BIP-340 signature verify), and whether an event is a pre-registration
+baseline is decided right then, from the REQ it answered. Everything that needs the database
+(the restart-proof dedupe, device lookup, outbox, baseline bookkeeping) happens in one committer
+task that works in batches, in arrival order, so the readers never wait on the disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import aiosqlite
+from prometheus_client import Counter, Gauge, Histogram
+
+from sigil_push.config import Config
+from sigil_push.devices import Device, Devices
+from sigil_push.nostr.event import Event, InvalidEvent
+from sigil_push.nostr.keys import SecretKey
+from sigil_push.observations import ObservationLog
+from sigil_push.outbox import Outbox
+from sigil_push.relays.connection import BridgeKeySigner, RelayConnection
+from sigil_push.relays.discovery import LIST_KINDS_SET, RelayLists, normalize_relay_url
+from sigil_push.relays.pool import RelayPlan
+from sigil_push.relays.subscriptions import DM_KINDS, RelaySubscriptions
+from sigil_push.seen import SeenEvents
+
+log = logging.getLogger(__name__)
+
+GIFT_WRAP_SKEW_SECONDS = 2 * 24 * 3600
+CURSOR_MARGIN_SECONDS = 600
+COMMIT_BATCH = 2000
+CONGESTED_AT = 20_000
+DRAINED_AT = 5_000
+HOUSEKEEPING_SECONDS = 60.0
+PRUNE_EVERY_SECONDS = 3600.0
+DROP_REASONS = ("malformed", "wrong_kind", "unknown_recipient", "wrong_id", "forged", "no_device")
+
+RECEIVED = Counter("sigil_push_bridge_events_received_total", "EVENT frames received", ["relay"])
+DROPPED = Counter(
+    "sigil_push_bridge_events_dropped_total", "Events dropped, by reason", ["relay", "reason"]
+)
+DUPLICATES = Counter(
+    "sigil_push_bridge_events_duplicate_total", "Events this relay had already delivered", ["relay"]
+)
+BASELINED = Counter(
+    "sigil_push_bridge_events_baselined_total", "Pre-registration events remembered, not pushed"
+)
+PUSHED = Counter("sigil_push_bridge_events_pushed_total", "Events handed to the outbox")
+LATENCY = Histogram(
+    "sigil_push_bridge_frame_to_outbox_seconds",
+    "From frame received to its wakeups on disk in the outbox",
+    buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0),
+)
+KEYS = Gauge("sigil_push_bridge_watched_keys", "Registered keys the bridge subscribes for")
+QUEUE = Gauge("sigil_push_bridge_commit_queue_events", "Verified events waiting for the committer")
+
+
+@dataclass(slots=True)
+class Arrival:
+    event: Event
+    relay: str
+    received_ms: int
+    push_to: tuple[str, ...]
+
+
+class Bridge:
+    def __init__(
+        self,
+        config: Config,
+        db: aiosqlite.Connection,
+        devices: Devices,
+        outbox: Outbox,
+        observations: ObservationLog,
+        key: SecretKey,
+    ) -> None:
+        self._config = config
+        self._bridge = config.bridge
+        self._db = db
+        self._devices = devices
+        self._outbox = outbox
+        self._observations = observations
+        self._signer = BridgeKeySigner(key)
+        self._insecure = config.server.allow_insecure_relays
+        configured = [
+            url
+            for url in (normalize_relay_url(r.url, True) for r in config.relays if r.read)
+            if url is not None
+        ]
+        self._plan = RelayPlan(configured, self._bridge.max_relays)
+        self._lists = RelayLists(db, self._insecure)
+        # dedupe must remember every id a catch-up can return again
+        retention = max(self._bridge.seen_retention_seconds, self._bridge.catchup_seconds)
+        self._seen = SeenEvents(db, retention, self._bridge.seen_cache_size)
+        self._keys: set[str] = set()
+        self._subs: dict[str, RelaySubscriptions] = {}
+        self._connections: dict[str, RelayConnection] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._baselines: dict[str, set[str]] = {}
+        self._cursors: dict[str, int] = {}
+        self._queue: list[Arrival] = []
+        self._db_ops: list[tuple[str, list[tuple[Any, ...]]]] = []
+        self._work = asyncio.Event()
+        self._drained = asyncio.Event()
+        self._dirty: set[str] = set()
+        self._dirty_event = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
+
+    # life cycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self._seen.load()
+        await self._lists.load()
+        async with self._db.execute("SELECT relay, pubkey FROM relay_baselines") as cursor:
+            async for relay, pubkey in cursor:
+                self._baselines.setdefault(str(relay), set()).add(str(pubkey))
+        async with self._db.execute("SELECT relay, live_until FROM relay_cursors") as cursor:
+            async for relay, live_until in cursor:
+                self._cursors[str(relay)] = int(live_until)
+        for pubkey, relays in (await self._devices.watched_keys()).items():
+            self._set_key(pubkey, relays)
+        self._apply_plan(self._keys)
+        for name, loop in (
+            ("bridge-commit", self._commit_loop),
+            ("bridge-registrations", self._registration_loop),
+            ("bridge-housekeeping", self._housekeeping_loop),
+        ):
+            self._tasks.append(asyncio.create_task(loop(), name=name))
+        log.info("bridge watching %d keys on %d relays", len(self._keys), len(self._subs))
+
+    async def stop(self) -> None:
+        """Close relays first, then finish what was already received, so nothing is lost."""
+        await asyncio.gather(*(c.stop() for c in self._connections.values()))
+        self._stopping = True
+        self._work.set()
+        committer, *others = self._tasks
+        for task in others:
+            task.cancel()
+        for task in others:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await committer
+        await self._save_cursors()
+
+    def registration_changed(self, pubkey: str) -> None:
+        """Devices listener: re-plan this key's subscriptions soon (coalesced)."""
+        self._dirty.add(pubkey)
+        self._dirty_event.set()
+
+    # planning ---------------------------------------------------------------------------
+
+    def _set_key(self, pubkey: str, registration_relays: tuple[str, ...]) -> None:
+        own = {u for u in (normalize_relay_url(r, self._insecure) for r in registration_relays) if u}
+        own.update(self._lists.relays_of(pubkey))
+        self._keys.add(pubkey)
+        self._plan.set_key(pubkey, own)
+
+    async def _registration_loop(self) -> None:
+        while True:
+            await self._dirty_event.wait()
+            self._dirty_event.clear()
+            pubkeys, self._dirty = self._dirty, set()
+            removed = []
+            for pubkey in pubkeys:
+                devices = await self._devices.of_pubkey(pubkey)
+                if devices:
+                    self._set_key(pubkey, tuple(r for d in devices for r in d.relays))
+                else:
+                    self._keys.discard(pubkey)
+                    self._plan.remove_key(pubkey)
+                    removed.append(pubkey)
+            if removed:
+                self._lists.forget(removed)
+                self._db_ops.append(("DELETE FROM relay_baselines WHERE pubkey = ?", [(p,) for p in removed]))
+                self._db_ops.append(("DELETE FROM relay_lists WHERE pubkey = ?", [(p,) for p in removed]))
+                self._work.set()
+            self._apply_plan(pubkeys)
+
+    def _apply_plan(self, changed: set[str]) -> None:
+        """Bring connections and shards in line with the plan for the `changed` keys."""
+        chosen = self._plan.choose()
+        for url in [u for u in self._subs if u not in chosen]:
+            self._drop_relay(url)
+        touched = []
+        for url in chosen:
+            keys_here = self._plan.keys_on(url, self._keys)
+            subs = self._subs.get(url)
+            if subs is None:
+                subs = self._open_relay(url)
+                for pubkey in keys_here:
+                    subs.add(pubkey)
+                touched.append(url)
+                continue
+            before = len(self._db_ops)
+            for pubkey in changed:
+                if pubkey in keys_here:
+                    subs.add(pubkey)
+                elif pubkey in subs.keys:
+                    subs.remove(pubkey)
+                    self._db_ops.append(
+                        ("DELETE FROM relay_baselines WHERE relay = ? AND pubkey = ?", [(url, pubkey)])
+                    )
+            if len(self._db_ops) != before:
+                self._work.set()
+            touched.append(url)
+        KEYS.set(len(self._keys))
+        for url in touched:
+            asyncio.get_running_loop().create_task(self._sync(url))
+
+    def _open_relay(self, url: str) -> RelaySubscriptions:
+        subs = RelaySubscriptions(
+            self._bridge.keys_per_filter,
+            with_lists=self._plan.is_configured(url),
+            baselined=self._baselines.setdefault(url, set()),
+        )
+        self._subs[url] = subs
+        self._locks[url] = asyncio.Lock()
+        connection = RelayConnection(
+            url, self, self._signer, self._observations,
+            self._bridge.reconnect_min_seconds, self._bridge.reconnect_max_seconds,
+        )
+        self._connections[url] = connection
+        for reason in DROP_REASONS:
+            DROPPED.labels(url, reason)
+        RECEIVED.labels(url)
+        DUPLICATES.labels(url)
+        connection.start()
+        return subs
+
+    def _drop_relay(self, url: str) -> None:
+        self._subs.pop(url, None)
+        self._locks.pop(url, None)
+        connection = self._connections.pop(url, None)
+        if connection is not None:
+            asyncio.get_running_loop().create_task(connection.stop())
+
+    def _since(self, url: str) -> tuple[int, int]:
+        """(window for fresh keys, window for a catch-up of baselined keys)."""
+        now = int(time.time())
+        full = now - self._bridge.catchup_seconds
+        cursor = self._cursors.get(url)
+        if cursor is None:
+            return full, full
+        return full, max(full, cursor - GIFT_WRAP_SKEW_SECONDS - CURSOR_MARGIN_SECONDS)
+
+    async def _sync(self, url: str) -> None:
+        """Send the REQ/CLOSE frames that bring the relay's shards up to date."""
+        lock, subs, connection = self._locks.get(url), self._subs.get(url), self._connections.get(url)
+        if lock is None or subs is None or connection is None:
+            return
+        async with lock:
+            if not connection.connected:
+                return
+            for request in subs.due(*self._since(url)):
+                if request.sub_id is not None:
+                    await connection.send(["REQ", request.sub_id, *request.filters])
+                if request.close is not None:
+                    await connection.send(["CLOSE", request.close])
+
+    # connection callbacks (synchronous, on the reader's task) ------------------------------
+
+    def on_open(self, connection: RelayConnection) -> None:
+        subs = self._subs.get(connection.url)
+        if subs is not None and connection.limits is not None:
+            subs.apply_limits(connection.limits)
+        asyncio.get_running_loop().create_task(self._sync(connection.url))
+
+    def on_authenticated(self, connection: RelayConnection) -> None:
+        subs = self._subs.get(connection.url)
+        if subs is not None:
+            subs.refresh()
+            asyncio.get_running_loop().create_task(self._sync(connection.url))
+
+    def on_down(self, connection: RelayConnection) -> None:
+        subs = self._subs.get(connection.url)
+        if subs is not None:
+            if subs.live:
+                self._cursors[connection.url] = int(time.time())
+            subs.connection_lost()
+
+    def on_closed(self, connection: RelayConnection, sub_id: str) -> None:
+        subs = self._subs.get(connection.url)
+        if subs is not None:
+            subs.closed(sub_id)
+
+    def on_eose(self, connection: RelayConnection, sub_id: str) -> None:
+        url = connection.url
+        subs = self._subs.get(url)
+        if subs is None:
+            return
+        newly = subs.eose(sub_id)
+        if newly:
+            now = int(time.time())
+            self._db_ops.append((
+                "INSERT INTO relay_baselines (relay, pubkey, baselined_at) VALUES (?, ?, ?)"
+                " ON CONFLICT DO NOTHING",
+                [(url, pubkey, now) for pubkey in newly],
+            ))
+            self._work.set()
+        if subs.live:
+            self._cursors[url] = int(time.time())
+
+    def on_event(
+        self, connection: RelayConnection, sub_id: str, raw: Any, received_ms: int
+    ) -> None:
+        url = connection.url
+        RECEIVED.labels(url).inc()
+        event_id = raw.get("id") if isinstance(raw, dict) else None
+        if isinstance(event_id, str) and self._seen.delivered_by(event_id, url):
+            DUPLICATES.labels(url).inc()
+            return
+        try:
+            event = Event.from_json(raw)
+        except InvalidEvent:
+            DROPPED.labels(url, "malformed").inc()
+            return
+        if event.kind in DM_KINDS:
+            recipients = tuple(dict.fromkeys(p for p in event.tag_values("p") if p in self._keys))
+            if not recipients:
+                DROPPED.labels(url, "unknown_recipient").inc()
+                return
+        elif event.kind in LIST_KINDS_SET and self._plan.is_configured(url):
+            if event.pubkey not in self._keys:
+                DROPPED.labels(url, "unknown_recipient").inc()
+                return
+            recipients = ()
+        else:
+            DROPPED.labels(url, "wrong_kind").inc()
+            return
+        try:
+            event.verify()
+        except InvalidEvent as exc:
+            DROPPED.labels(url, "wrong_id" if exc.reason == "id_mismatch" else "forged").inc()
+            return
+        if not recipients:
+            if self._lists.offer(event):
+                self.registration_changed(event.pubkey)
+            return
+        subs = self._subs.get(url)
+        push_to = tuple(r for r in recipients if subs is None or not subs.is_baseline(sub_id, r))
+        self._queue.append(Arrival(event, url, received_ms, push_to))
+        self._work.set()
+
+    def congested(self) -> bool:
+        return len(self._queue) >= CONGESTED_AT
+
+    async def drained(self) -> None:
+        self._drained.clear()
+        if len(self._queue) >= DRAINED_AT:
+            await self._drained.wait()
+
+    # committer --------------------------------------------------------------------------
+
+    async def _commit_loop(self) -> None:
+        while True:
+            await self._work.wait()
+            self._work.clear()
+            while self._queue or self._db_ops:
+                await self._commit_pending()
+            if self._stopping:
+                return
+
+    async def _commit_pending(self) -> None:
+        batch, self._queue = self._queue[:COMMIT_BATCH], self._queue[COMMIT_BATCH:]
+        ops, self._db_ops = self._db_ops, []
+        QUEUE.set(len(self._queue))
+        if len(self._queue) < DRAINED_AT:
+            self._drained.set()
+        if batch:
+            await self._commit(batch)
+        for sql, rows in ops:
+            await self._db.executemany(sql, rows)
+        await self._lists.save()
+
+    async def _commit(self, batch: list[Arrival]) -> None:
+        await self._seen.lookup(a.event.id for a in batch if not self._seen.known(a.event.id))
+        new_events: list[tuple[str, int, int]] = []
+        deliveries: list[tuple[str, str, int]] = []
+        to_push: list[Arrival] = []
+        for arrival in batch:
+            event = arrival.event
+            is_new, first_here = self._seen.first_delivery(event.id, arrival.relay)
+            if not first_here:
+                DUPLICATES.labels(arrival.relay).inc()
+                continue
+            self._observations.seen(
+                arrival.relay, event.id, event.kind, event.created_at, arrival.received_ms
+            )
+            deliveries.append((event.id, arrival.relay, event.created_at))
+            if not is_new:
+                continue
+            new_events.append((event.id, arrival.received_ms, event.created_at))
+            if arrival.push_to:
+                to_push.append(arrival)
+            else:
+                BASELINED.inc()
+        if to_push:
+            await self._enqueue(to_push)
+        await self._seen.save(new_events, deliveries)
+
+    async def _enqueue(self, arrivals: list[Arrival]) -> None:
+        recipients = list(dict.fromkeys(r for a in arrivals for r in a.push_to))
+        by_key: dict[str, list[Device]] = {}
+        for device in await self._devices.of_pubkeys(recipients):
+            by_key.setdefault(device.pubkey, []).append(device)
+        for arrival in arrivals:
+            targets = [
+                device
+                for recipient in arrival.push_to
+                for device in by_key.get(recipient, ())
+                if device.registered_at * 1000 <= arrival.received_ms
+            ]
+            if not targets:
+                DROPPED.labels(arrival.relay, "no_device").inc()
+                continue
+            await self._outbox.enqueue(arrival.event, arrival.relay, arrival.received_ms, targets)
+            PUSHED.inc()
+            LATENCY.observe(max(0.0, time.time() - arrival.received_ms / 1000))
+
+    # housekeeping -----------------------------------------------------------------------
+
+    async def _housekeeping_loop(self) -> None:
+        last_prune = 0.0
+        while True:
+            await asyncio.sleep(HOUSEKEEPING_SECONDS)
+            now = int(time.time())
+            for url, subs in self._subs.items():
+                connection = self._connections.get(url)
+                if connection is not None and connection.connected and subs.live:
+                    self._cursors[url] = now
+            await self._save_cursors()
+            if time.monotonic() - last_prune >= PRUNE_EVERY_SECONDS:
+                last_prune = time.monotonic()
+                removed = await self._seen.prune()
+                log.info("forgot %d event ids past retention", removed)
+
+    async def _save_cursors(self) -> None:
+        if self._cursors:
+            await self._db.executemany(
+                "INSERT INTO relay_cursors (relay, live_until) VALUES (?, ?)"
+                " ON CONFLICT (relay) DO UPDATE SET live_until = excluded.live_until",
+                list(self._cursors.items()),
+            )
+
+    # health -----------------------------------------------------------------------------
+
+    def health(self) -> dict[str, dict[str, Any]]:
+        """Per relay: the contract's `connected`/`last_event_at` plus the bridge's own detail."""
+        report: dict[str, dict[str, Any]] = {}
+        for url, connection in self._connections.items():
+            subs = self._subs[url]
+            report[url] = {
+                "connected": connection.connected,
+                "last_event_at": connection.last_event_at,
+                "state": connection.state.value,
+                "live": connection.connected and subs.live,
+                "gated": connection.gated_reason,
+                "configured": self._plan.is_configured(url),
+                "subscriptions": subs.subscription_count,
+                "keys": len(subs.keys),
+            }
+        for url, wanted_by in self._plan.skipped.items():
+            report[url] = {
+                "connected": False, "last_event_at": None, "state": "skipped", "live": False,
+                "gated": None, "configured": False, "subscriptions": 0, "keys": wanted_by,
+            }
+        return report

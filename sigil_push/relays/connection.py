@@ -1,0 +1,333 @@
+"""One websocket to one relay: reconnection, keep-alive, NIP-42 AUTH, and frame parsing.
+
+The connection knows the Nostr wire protocol but nothing about keys or shards: it parses each
+frame once and hands EVENT/EOSE/CLOSED to its handler (the bridge), which decides what to
+subscribe to. Who signs AUTH answers is a parameter (`AuthSigner`), so a later per-user
+connection (NIP-46 delegated AUTH) is the same class with a different signer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import json
+import logging
+import random
+import time
+from typing import Any, Protocol
+
+from prometheus_client import Counter, Gauge
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+
+from sigil_push.nostr.event import Event
+from sigil_push.nostr.keys import SecretKey
+from sigil_push.nostr.nip42 import auth_event
+from sigil_push.observations import ObservationLog
+from sigil_push.relays.nip11 import RelayLimits, fetch_limits
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_INCOMING_BYTES = 4 * 1024 * 1024
+PING_INTERVAL_SECONDS = 30.0
+PING_TIMEOUT_SECONDS = 30.0
+OPEN_TIMEOUT_SECONDS = 10.0
+STABLE_AFTER_SECONDS = 30.0
+MAX_MALFORMED_PER_CONNECTION = 1000
+
+CONNECTED = Gauge("sigil_push_relay_connected_bool", "1 while the relay websocket is open", ["relay"])
+CONNECTS = Counter(
+    "sigil_push_relay_connects_total", "Connection attempts by outcome", ["relay", "outcome"]
+)
+NOTICES = Counter("sigil_push_relay_notices_total", "NOTICE frames received", ["relay"])
+CLOSED_SUBS = Counter(
+    "sigil_push_relay_closed_subscriptions_total", "CLOSED frames received", ["relay"]
+)
+GATED = Gauge(
+    "sigil_push_relay_gated_bool",
+    "1 while the relay refuses the bridge's subscriptions even after NIP-42 AUTH",
+    ["relay"],
+)
+AUTHS = Counter("sigil_push_relay_auth_answers_total", "NIP-42 challenges answered", ["relay"])
+MALFORMED = Counter(
+    "sigil_push_relay_malformed_frames_total", "Frames that are not valid Nostr messages", ["relay"]
+)
+
+
+class State(enum.Enum):
+    IDLE = "idle"
+    CONNECTING = "connecting"
+    CONNECTED = "connected"
+    BACKOFF = "backoff"
+    STOPPED = "stopped"
+
+
+class AuthSigner(Protocol):
+    """Signs the kind 22242 answer to a relay's NIP-42 challenge for one identity."""
+
+    async def sign_auth(self, relay_url: str, challenge: str) -> Event: ...
+
+
+class BridgeKeySigner:
+    """AUTH as the bridge itself (its own key): enough for relays that only want *some* identity."""
+
+    def __init__(self, key: SecretKey) -> None:
+        self._key = key
+
+    async def sign_auth(self, relay_url: str, challenge: str) -> Event:
+        return auth_event(self._key, relay_url, challenge)
+
+
+class ConnectionHandler(Protocol):
+    """What a connection reports to; every callback is synchronous and must not block."""
+
+    def on_open(self, connection: RelayConnection) -> None: ...
+
+    def on_authenticated(self, connection: RelayConnection) -> None: ...
+
+    def on_event(
+        self, connection: RelayConnection, sub_id: str, raw: Any, received_ms: int
+    ) -> None: ...
+
+    def on_eose(self, connection: RelayConnection, sub_id: str) -> None: ...
+
+    def on_closed(self, connection: RelayConnection, sub_id: str) -> None: ...
+
+    def on_down(self, connection: RelayConnection) -> None: ...
+
+    def congested(self) -> bool: ...
+
+    async def drained(self) -> None: ...
+
+
+def _prefix(message: Any) -> str:
+    """The machine-readable prefix of a relay message (`auth-required`, `restricted`, …).
+
+    Only this goes to logs and records: the rest is free text chosen by the relay.
+    """
+    if not isinstance(message, str):
+        return ""
+    head, sep, _ = message.partition(":")
+    return head.strip()[:40] if sep else ""
+
+
+class RelayConnection:
+    def __init__(
+        self,
+        url: str,
+        handler: ConnectionHandler,
+        signer: AuthSigner,
+        observations: ObservationLog,
+        reconnect_min_seconds: float = 1.0,
+        reconnect_max_seconds: float = 300.0,
+    ) -> None:
+        self.url = url
+        self._handler = handler
+        self._signer = signer
+        self._observations = observations
+        self._reconnect_min = reconnect_min_seconds
+        self._reconnect_max = reconnect_max_seconds
+        self.state = State.IDLE
+        self.last_event_at: int | None = None
+        self.limits: RelayLimits | None = None
+        self.gated_reason: str | None = None
+        self._ws: ClientConnection | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._authenticated = False
+        self._subs_after_auth: set[str] = set()
+        self._live_subs = 0
+        self._malformed = 0
+        self._side_tasks: set[asyncio.Task[None]] = set()
+        CONNECTED.labels(url).set(0)
+        GATED.labels(url).set(0)
+        for outcome in ("opened", "failed"):
+            CONNECTS.labels(url, outcome)
+        NOTICES.labels(url)
+        CLOSED_SUBS.labels(url)
+        AUTHS.labels(url)
+        MALFORMED.labels(url)
+
+    @property
+    def connected(self) -> bool:
+        return self.state is State.CONNECTED
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"relay {self.url}")
+
+    async def stop(self) -> None:
+        if self.state is State.CONNECTED:
+            self._observations.relay_state(self.url, "disconnected", "bridge stopped")
+        self.state = State.STOPPED
+        tasks = [t for t in (self._task, *self._side_tasks) if t is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for metric in (CONNECTED, GATED):
+            with contextlib.suppress(KeyError):
+                metric.remove(self.url)
+
+    async def send(self, message: list[Any]) -> bool:
+        """Send one protocol message; False when not connected (it is resent on reconnect)."""
+        ws = self._ws
+        if ws is None or self.state is not State.CONNECTED:
+            return False
+        if message and message[0] == "REQ" and self._authenticated:
+            self._subs_after_auth.add(str(message[1]))
+        try:
+            await ws.send(json.dumps(message, separators=(",", ":")))
+        except ConnectionClosed:
+            return False
+        return True
+
+    async def _run(self) -> None:
+        attempt = 0
+        while self.state is not State.STOPPED:
+            self.state = State.CONNECTING
+            opened_at: float | None = None
+            try:
+                if self.limits is None:
+                    self.limits = await fetch_limits(self.url)
+                max_size = max(self.limits.max_message_length or 0, DEFAULT_MAX_INCOMING_BYTES)
+                async with connect(
+                    self.url,
+                    open_timeout=OPEN_TIMEOUT_SECONDS,
+                    ping_interval=PING_INTERVAL_SECONDS,
+                    ping_timeout=PING_TIMEOUT_SECONDS,
+                    max_size=max_size,
+                    compression=None,
+                    proxy=None,
+                    user_agent_header="sigil-push",
+                ) as ws:
+                    opened_at = time.monotonic()
+                    self._opened(ws)
+                    await self._read(ws)
+                self._down("disconnected", f"closed code={ws.close_code}")
+            except ConnectionClosed as exc:
+                self._down("disconnected", f"closed code={exc.rcvd.code if exc.rcvd else 1006}")
+            except (OSError, TimeoutError, InvalidHandshake, InvalidURI) as exc:
+                CONNECTS.labels(self.url, "failed").inc()
+                self._down("error", f"connect failed: {type(exc).__name__}")
+            except ProtocolViolation as exc:
+                self._down("error", str(exc))
+            if opened_at is not None and (
+                self._live_subs or time.monotonic() - opened_at >= STABLE_AFTER_SECONDS
+            ):
+                attempt = 0
+            delay = min(self._reconnect_max, self._reconnect_min * 2**attempt)
+            attempt = min(attempt + 1, 30)
+            self.state = State.BACKOFF
+            await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+
+    def _opened(self, ws: ClientConnection) -> None:
+        self._ws = ws
+        self._authenticated = False
+        self._subs_after_auth.clear()
+        self._live_subs = 0
+        self._malformed = 0
+        self.state = State.CONNECTED
+        CONNECTED.labels(self.url).set(1)
+        CONNECTS.labels(self.url, "opened").inc()
+        self._observations.relay_state(self.url, "connected")
+        log.info("relay %s connected", self.url)
+        self._handler.on_open(self)
+
+    def _down(self, state: str, detail: str) -> None:
+        was_open = self._ws is not None
+        self._ws = None
+        if self.state is not State.STOPPED:
+            self.state = State.BACKOFF
+        CONNECTED.labels(self.url).set(0)
+        if was_open or state == "error":
+            self._observations.relay_state(self.url, state, detail)
+            log.info("relay %s %s: %s", self.url, state, detail)
+        if was_open:
+            self._handler.on_down(self)
+
+    async def _read(self, ws: ClientConnection) -> None:
+        handler = self._handler
+        async for frame in ws:
+            received_ms = time.time_ns() // 1_000_000
+            self._dispatch(frame, received_ms)
+            if handler.congested():
+                await handler.drained()
+
+    def _dispatch(self, frame: str | bytes, received_ms: int) -> None:
+        try:
+            message = json.loads(frame) if isinstance(frame, str) else None
+        except ValueError:
+            message = None
+        if not isinstance(message, list) or len(message) < 2 or not isinstance(message[0], str):
+            self._malformed_frame()
+            return
+        verb = message[0]
+        if verb == "EVENT" and len(message) >= 3 and isinstance(message[1], str):
+            self.last_event_at = received_ms // 1000
+            self._handler.on_event(self, message[1], message[2], received_ms)
+        elif verb == "EOSE" and isinstance(message[1], str):
+            self._eose(message[1])
+        elif verb == "CLOSED" and isinstance(message[1], str):
+            self._closed(message[1], message[2] if len(message) > 2 else "")
+        elif verb == "NOTICE":
+            self._notice(message[1])
+        elif verb == "AUTH" and isinstance(message[1], str):
+            self._spawn(self._answer_auth(message[1]))
+        elif verb == "OK":
+            return
+        else:
+            self._malformed_frame()
+
+    def _malformed_frame(self) -> None:
+        MALFORMED.labels(self.url).inc()
+        self._malformed += 1
+        if self._malformed > MAX_MALFORMED_PER_CONNECTION:
+            raise ProtocolViolation("protocol: too many malformed frames")
+
+    def _eose(self, sub_id: str) -> None:
+        self._live_subs += 1
+        if sub_id in self._subs_after_auth and self.gated_reason is not None:
+            self._set_gated(None)
+        self._handler.on_eose(self, sub_id)
+
+    def _closed(self, sub_id: str, message: Any) -> None:
+        CLOSED_SUBS.labels(self.url).inc()
+        reason = _prefix(message)
+        log.info("relay %s closed a subscription (%s)", self.url, reason or "no reason")
+        if reason in ("auth-required", "restricted") and self._authenticated:
+            self._set_gated(reason)
+        self._handler.on_closed(self, sub_id)
+
+    def _notice(self, message: Any) -> None:
+        NOTICES.labels(self.url).inc()
+        reason = _prefix(message)
+        log.debug("relay %s notice (%s)", self.url, reason or "free text")
+        if reason in ("auth-required", "restricted") and self._authenticated:
+            self._set_gated(reason)
+
+    def _set_gated(self, reason: str | None) -> None:
+        if reason == self.gated_reason:
+            return
+        self.gated_reason = reason
+        GATED.labels(self.url).set(1 if reason else 0)
+        if reason:
+            self._observations.relay_state(self.url, "connected", f"gated: {reason}")
+            log.warning("relay %s refuses the bridge even after AUTH (%s)", self.url, reason)
+
+    async def _answer_auth(self, challenge: str) -> None:
+        event = await self._signer.sign_auth(self.url, challenge)
+        self._authenticated = True
+        if await self.send(["AUTH", event.to_json()]):
+            AUTHS.labels(self.url).inc()
+            log.info("relay %s: answered NIP-42 AUTH", self.url)
+            self._handler.on_authenticated(self)
+
+    def _spawn(self, coroutine: Any) -> None:
+        task = asyncio.create_task(coroutine)
+        self._side_tasks.add(task)
+        task.add_done_callback(self._side_tasks.discard)
+
+
+class ProtocolViolation(Exception):
+    """The relay broke the protocol badly enough that the connection is dropped."""

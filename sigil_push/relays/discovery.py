@@ -1,0 +1,127 @@
+"""The recipients' own DM relays: NIP-17 kind 10050 lists, else NIP-65 kind 10002 read relays.
+
+Senders of NIP-17 DMs publish to the recipient's kind 10050 list, so the bridge must watch
+those relays too. Lists arrive on the configured relays (the bridge asks for them in the same
+REQ as the DMs) and are replaceable: only the newest per (key, kind) counts. They are kept in
+the database so a restart subscribes to the right relays before any list is fetched again.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from urllib.parse import urlsplit
+
+import aiosqlite
+
+from sigil_push.nostr.event import Event
+
+DM_RELAYS_KIND = 10050
+RELAY_LIST_KIND = 10002
+LIST_KINDS = (DM_RELAYS_KIND, RELAY_LIST_KIND)
+LIST_KINDS_SET = frozenset(LIST_KINDS)
+MAX_RELAYS_PER_LIST = 10
+MAX_URL_LENGTH = 256
+
+
+def normalize_relay_url(url: str, allow_insecure: bool) -> str | None:
+    """A canonical `wss://host[:port][/path]` form, or None for anything not acceptable.
+
+    User-supplied relays (registration, lists) must be wss://; ws:// only when the operator
+    allows insecure relays (tests). Canonical forms make one relay one connection.
+    """
+    if not isinstance(url, str) or len(url) > MAX_URL_LENGTH or any(c.isspace() for c in url):
+        return None
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return None
+    scheme = parts.scheme.lower()
+    if scheme not in ("ws", "wss") or (scheme == "ws" and not allow_insecure):
+        return None
+    if not parts.hostname or parts.username or parts.password or parts.fragment:
+        return None
+    host = parts.hostname.lower()
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = f"{host}:{port}" if port is not None else host
+    path = parts.path.rstrip("/")
+    query = f"?{parts.query}" if parts.query else ""
+    return f"{scheme}://{netloc}{path}{query}"
+
+
+def relays_in_list(event: Event, allow_insecure: bool) -> tuple[str, ...]:
+    """The DM relays a kind 10050 or 10002 event names, normalised, deduplicated, capped."""
+    found: list[str] = []
+    for tag in event.tags:
+        if len(tag) < 2:
+            continue
+        if event.kind == DM_RELAYS_KIND and tag[0] == "relay":
+            wanted = True
+        elif event.kind == RELAY_LIST_KIND and tag[0] == "r":
+            wanted = len(tag) < 3 or tag[2] in ("", "read")
+        else:
+            wanted = False
+        url = normalize_relay_url(tag[1], allow_insecure) if wanted else None
+        if url and url not in found:
+            found.append(url)
+        if len(found) >= MAX_RELAYS_PER_LIST:
+            break
+    return tuple(found)
+
+
+class RelayLists:
+    """The newest 10050/10002 list of each registered key, in memory and in the database."""
+
+    def __init__(self, db: aiosqlite.Connection, allow_insecure: bool) -> None:
+        self._db = db
+        self._allow_insecure = allow_insecure
+        self._lists: dict[tuple[str, int], tuple[int, tuple[str, ...]]] = {}
+        self._unsaved: dict[tuple[str, int], tuple[int, tuple[str, ...]]] = {}
+
+    async def load(self) -> None:
+        async with self._db.execute("SELECT pubkey, kind, created_at, relays FROM relay_lists") as cur:
+            async for pubkey, kind, created_at, relays in cur:
+                self._lists[(str(pubkey), int(kind))] = (int(created_at), tuple(json.loads(relays)))
+
+    def relays_of(self, pubkey: str) -> tuple[str, ...]:
+        """NIP-17 says DMs go to the 10050 relays; NIP-65 read relays are the fallback."""
+        dm = self._lists.get((pubkey, DM_RELAYS_KIND))
+        if dm is not None:
+            return dm[1]
+        general = self._lists.get((pubkey, RELAY_LIST_KIND))
+        return general[1] if general is not None else ()
+
+    def offer(self, event: Event) -> bool:
+        """Take a verified list event; True when the key's DM relays changed."""
+        slot = (event.pubkey, event.kind)
+        current = self._lists.get(slot)
+        if current is not None and current[0] >= event.created_at:
+            return False
+        before = self.relays_of(event.pubkey)
+        entry = (event.created_at, relays_in_list(event, self._allow_insecure))
+        self._lists[slot] = entry
+        self._unsaved[slot] = entry
+        return self.relays_of(event.pubkey) != before
+
+    def forget(self, pubkeys: Iterable[str]) -> list[str]:
+        gone = [p for p in pubkeys if (p, DM_RELAYS_KIND) in self._lists or (p, RELAY_LIST_KIND) in self._lists]
+        for pubkey in gone:
+            for kind in (DM_RELAYS_KIND, RELAY_LIST_KIND):
+                self._lists.pop((pubkey, kind), None)
+                self._unsaved.pop((pubkey, kind), None)
+        return gone
+
+    async def save(self, forgotten: Iterable[str] = ()) -> None:
+        unsaved, self._unsaved = self._unsaved, {}
+        if unsaved:
+            await self._db.executemany(
+                "INSERT INTO relay_lists (pubkey, kind, created_at, relays) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT (pubkey, kind) DO UPDATE SET created_at = excluded.created_at,"
+                " relays = excluded.relays",
+                [(p, k, c, json.dumps(list(r))) for (p, k), (c, r) in unsaved.items()],
+            )
+        gone = [(p,) for p in forgotten]
+        if gone:
+            await self._db.executemany("DELETE FROM relay_lists WHERE pubkey = ?", gone)

@@ -1,0 +1,199 @@
+"""Key sharding and the first-subscription baseline for one relay.
+
+Keys are packed into shards (one REQ each) that stay stable: adding or removing a key changes
+exactly one shard, so only that shard is re-requested and the others keep streaming.
+
+Every REQ gets a fresh subscription id (`<shard>.<generation>`), so frames of a replaced REQ
+can be told apart from frames of its successor. A key is "fresh" on a relay until the relay
+has sent EOSE for a REQ that included it: what the relay returns before that EOSE predates the
+registration and is remembered as seen, not pushed (CONTRACT section 5).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from sigil_push.relays.discovery import LIST_KINDS
+from sigil_push.relays.nip11 import RelayLimits
+
+DM_KINDS = (4, 1059)
+KEY_BYTES_IN_FILTER = 67  # 64 hex digits, two quotes, one comma
+REQ_OVERHEAD_BYTES = 512
+
+
+@dataclass(slots=True)
+class Shard:
+    index: int
+    keys: set[str] = field(default_factory=set)
+    dirty: bool = True
+    sub_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SentReq:
+    """A REQ as it was sent: which shard, and which of its keys were fresh then."""
+
+    sub_id: str
+    shard: int
+    fresh: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """What the caller must send to bring one shard up to date."""
+
+    close: str | None
+    sub_id: str | None
+    filters: list[dict[str, Any]]
+    fresh: bool
+
+
+class RelaySubscriptions:
+    def __init__(
+        self, keys_per_filter: int, with_lists: bool, baselined: set[str] | None = None
+    ) -> None:
+        self._keys_per_filter = max(1, keys_per_filter)
+        self._capacity = self._keys_per_filter
+        self.with_lists = with_lists
+        self.baselined: set[str] = baselined if baselined is not None else set()
+        self.shard_of: dict[str, int] = {}
+        self.shards: list[Shard] = []
+        self._pending: dict[str, SentReq] = {}
+        self._generation = 0
+        self._max_filters: int | None = None
+        self._refused: set[int] = set()
+        self.unsubscribed = 0
+
+    @property
+    def keys(self) -> dict[str, int]:
+        return self.shard_of
+
+    def add(self, key: str) -> None:
+        if key in self.shard_of:
+            return
+        for shard in self.shards:
+            if len(shard.keys) < self._capacity:
+                break
+        else:
+            shard = Shard(len(self.shards))
+            self.shards.append(shard)
+        shard.keys.add(key)
+        shard.dirty = True
+        self.shard_of[key] = shard.index
+
+    def remove(self, key: str) -> None:
+        index = self.shard_of.pop(key, None)
+        self.baselined.discard(key)
+        if index is not None:
+            shard = self.shards[index]
+            shard.keys.discard(key)
+            shard.dirty = True
+
+    def apply_limits(self, limits: RelayLimits) -> None:
+        """Fit shards to a relay's NIP-11 limits; re-packs every shard if the capacity changes."""
+        self._max_filters = limits.max_filters
+        per_key = KEY_BYTES_IN_FILTER * (3 if self.with_lists else 2)
+        capacity = self._keys_per_filter
+        if limits.max_message_length:
+            capacity = min(capacity, (limits.max_message_length - REQ_OVERHEAD_BYTES) // per_key)
+        capacity = max(1, capacity)
+        if limits.max_subscriptions and self.shard_of:
+            needed = math.ceil(len(self.shard_of) / limits.max_subscriptions)
+            if needed > capacity:
+                self.unsubscribed = max(0, len(self.shard_of) - capacity * limits.max_subscriptions)
+        if capacity == self._capacity:
+            return
+        self._capacity = capacity
+        keys = list(self.shard_of)
+        old_subs = [shard.sub_id for shard in self.shards if shard.sub_id]
+        self.shard_of.clear()
+        self.shards = [Shard(i, sub_id=None) for i in range(len(old_subs))]
+        for key in keys:
+            self.add(key)
+        for shard, sub_id in zip(self.shards, old_subs):
+            shard.sub_id = sub_id
+
+    def connection_lost(self) -> None:
+        """The relay forgot every subscription: each shard must be requested again."""
+        self._pending.clear()
+        self._refused.clear()
+        for shard in self.shards:
+            shard.dirty = True
+            shard.sub_id = None
+
+    def refresh(self) -> None:
+        """Re-request every shard (after AUTH), closing the previous REQs."""
+        for shard in self.shards:
+            shard.dirty = True
+
+    def due(self, since_full: int, since_caught_up: int) -> list[Request]:
+        """Requests for every changed shard; marks them clean.
+
+        A shard with fresh keys asks for the whole catch-up window (its pre-EOSE answer is the
+        baseline); one whose keys are all baselined may ask from the relay's cursor.
+        """
+        requests = []
+        for shard in self.shards:
+            if not shard.dirty:
+                continue
+            shard.dirty = False
+            self._refused.discard(shard.index)
+            old = shard.sub_id
+            if not shard.keys:
+                shard.sub_id = None
+                if old:
+                    requests.append(Request(old, None, [], False))
+                continue
+            self._generation += 1
+            sub_id = f"sp{shard.index}.{self._generation}"
+            fresh = frozenset(shard.keys - self.baselined)
+            shard.sub_id = sub_id
+            self._pending[sub_id] = SentReq(sub_id, shard.index, fresh)
+            since = since_full if fresh else since_caught_up
+            requests.append(Request(old, sub_id, self._filters(sorted(shard.keys), since), bool(fresh)))
+        return requests
+
+    def _filters(self, keys: list[str], since: int) -> list[dict[str, Any]]:
+        dm = [{"kinds": [kind], "#p": keys, "since": since} for kind in DM_KINDS]
+        lists = [{"kinds": list(LIST_KINDS), "authors": keys}] if self.with_lists else []
+        if self._max_filters is not None and len(dm) + len(lists) > self._max_filters:
+            dm = [{"kinds": list(DM_KINDS), "#p": keys, "since": since}]
+            if len(dm) + len(lists) > self._max_filters:
+                lists = []
+        return dm + lists
+
+    def eose(self, sub_id: str) -> frozenset[str]:
+        """The relay finished a REQ's stored events; returns the keys baselined by it."""
+        sent = self._pending.pop(sub_id, None)
+        if sent is None:
+            return frozenset()
+        newly = frozenset(key for key in sent.fresh if key in self.shard_of) - self.baselined
+        self.baselined |= newly
+        return newly
+
+    def closed(self, sub_id: str) -> None:
+        """The relay ended a REQ without EOSE; its fresh keys stay fresh."""
+        sent = self._pending.pop(sub_id, None)
+        if sent is not None:
+            self._refused.add(sent.shard)
+
+    def is_baseline(self, sub_id: str, recipient: str) -> bool:
+        """Whether an event for `recipient` on `sub_id` predates the key's first subscription here."""
+        sent = self._pending.get(sub_id)
+        if sent is not None:
+            return recipient in sent.fresh
+        return recipient in self.shard_of and recipient not in self.baselined
+
+    @property
+    def live(self) -> bool:
+        return (
+            not self._pending
+            and not self._refused
+            and not any(shard.dirty for shard in self.shards)
+        )
+
+    @property
+    def subscription_count(self) -> int:
+        return sum(1 for shard in self.shards if shard.sub_id)

@@ -1,0 +1,115 @@
+"""Which events the bridge has handled, and which relays delivered them: exactly once, durably.
+
+An event id in here was either pushed (its wakeups are in the outbox) or deliberately not
+pushed (a pre-registration baseline); either way it is never pushed again. The database keeps
+every id for the retention window (at least the catch-up window plus the two days NIP-59 lets
+a gift wrap's `created_at` lag behind), and memory keeps a bounded LRU of recent ids so the
+replays of a catch-up are dropped without a database round trip or a signature check.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+
+import aiosqlite
+
+LOOKUP_CHUNK = 500
+
+
+class SeenEvents:
+    def __init__(self, db: aiosqlite.Connection, retention_seconds: int, cache_size: int) -> None:
+        self._db = db
+        self._retention = retention_seconds
+        self._cache_size = max(1, cache_size)
+        self._relays: OrderedDict[str, tuple[str, ...]] = OrderedDict()
+        self._interned: dict[str, str] = {}
+
+    async def load(self) -> None:
+        """Warm the cache with the most recent ids, so a restart's catch-up stays cheap."""
+        async with self._db.execute(
+            "SELECT e.event_id, r.relay FROM (SELECT event_id, first_seen_ms FROM seen_events"
+            " ORDER BY first_seen_ms DESC LIMIT ?) e LEFT JOIN seen_on_relay r"
+            " ON r.event_id = e.event_id ORDER BY e.first_seen_ms",
+            (self._cache_size,),
+        ) as cursor:
+            async for event_id, relay in cursor:
+                self._remember(str(event_id), str(relay) if relay else None)
+
+    def delivered_by(self, event_id: str, relay: str) -> bool:
+        """Hot path, memory only: did this relay already deliver this event?"""
+        relays = self._relays.get(event_id)
+        return relays is not None and relay in relays
+
+    def known(self, event_id: str) -> bool:
+        """Memory only: is the event known to be handled? (False may still be in the database.)"""
+        return event_id in self._relays
+
+    async def lookup(self, event_ids: Iterable[str]) -> None:
+        """Bring the database's knowledge of these ids into memory before deciding on them."""
+        missing = [i for i in dict.fromkeys(event_ids) if i not in self._relays]
+        for start in range(0, len(missing), LOOKUP_CHUNK):
+            chunk = missing[start : start + LOOKUP_CHUNK]
+            marks = ",".join("?" * len(chunk))
+            async with self._db.execute(
+                f"SELECT e.event_id, r.relay FROM seen_events e LEFT JOIN seen_on_relay r"
+                f" ON r.event_id = e.event_id WHERE e.event_id IN ({marks})",
+                chunk,
+            ) as cursor:
+                for event_id, relay in await cursor.fetchall():
+                    self._remember(str(event_id), str(relay) if relay else None)
+
+    def first_delivery(self, event_id: str, relay: str) -> tuple[bool, bool]:
+        """Record in memory that `relay` delivered the event (after `lookup`).
+
+        Returns (new_event, new_for_relay).
+        """
+        relays = self._relays.get(event_id)
+        if relays is not None and relay in relays:
+            return False, False
+        self._remember(event_id, relay)
+        return relays is None, True
+
+    def _remember(self, event_id: str, relay: str | None) -> None:
+        relays = self._relays.pop(event_id, ())
+        if relay is not None and relay not in relays:
+            relays = (*relays, self._interned.setdefault(relay, relay))
+        self._relays[event_id] = relays
+        while len(self._relays) > self._cache_size:
+            self._relays.popitem(last=False)
+
+    async def save(
+        self,
+        new_events: Sequence[tuple[str, int, int]],
+        deliveries: Sequence[tuple[str, str, int]],
+    ) -> None:
+        """Persist (event_id, first_seen_ms, created_at) and (event_id, relay, created_at)."""
+        if new_events:
+            await self._db.executemany(
+                "INSERT INTO seen_events (event_id, first_seen_ms, keep_until) VALUES (?, ?, ?)"
+                " ON CONFLICT DO NOTHING",
+                [(i, ms, self._keep_until(ms, c)) for i, ms, c in new_events],
+            )
+        if deliveries:
+            now = time.time_ns() // 1_000_000
+            await self._db.executemany(
+                "INSERT INTO seen_on_relay (event_id, relay, keep_until) VALUES (?, ?, ?)"
+                " ON CONFLICT DO NOTHING",
+                [(i, relay, self._keep_until(now, c)) for i, relay, c in deliveries],
+            )
+
+    def _keep_until(self, seen_ms: int, created_at: int) -> int:
+        return max(seen_ms // 1000, created_at) + self._retention
+
+    async def prune(self, now: int | None = None) -> int:
+        """Forget ids past retention (they can no longer be returned by a catch-up)."""
+        cutoff = int(time.time()) if now is None else now
+        cursor = await self._db.execute("DELETE FROM seen_events WHERE keep_until < ?", (cutoff,))
+        removed = cursor.rowcount
+        await cursor.close()
+        await self._db.execute("DELETE FROM seen_on_relay WHERE keep_until < ?", (cutoff,))
+        return removed
+
+    def __len__(self) -> int:
+        return len(self._relays)

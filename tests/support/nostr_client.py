@@ -1,0 +1,69 @@
+"""Test-side Nostr users: real NIP-04 DMs and NIP-17 gift wraps built with nostr-sdk, and a
+plain websocket publisher that waits for the relay's OK (so a test knows the event is stored).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import nostr_sdk
+from websockets.asyncio.client import connect
+
+
+class PublishRefused(Exception):
+    """The relay answered OK false."""
+
+
+def user() -> nostr_sdk.Keys:
+    return nostr_sdk.Keys.generate()
+
+
+def hex_of(keys: nostr_sdk.Keys) -> str:
+    return str(keys.public_key().to_hex())
+
+
+def npub_of(keys: nostr_sdk.Keys) -> str:
+    return str(keys.public_key().to_bech32())
+
+
+def secret_hex_of(keys: nostr_sdk.Keys) -> str:
+    return str(keys.secret_key().to_hex())
+
+
+def kind4_dm(sender: nostr_sdk.Keys, recipient: nostr_sdk.Keys, text: str) -> dict[str, Any]:
+    """A NIP-04 direct message, encrypted for the recipient and `p`-tagged to them."""
+    content = nostr_sdk.nip04_encrypt(sender.secret_key(), recipient.public_key(), text)
+    event = (
+        nostr_sdk.EventBuilder(nostr_sdk.Kind(4), content)
+        .tags([nostr_sdk.Tag.public_key(recipient.public_key())])
+        .finalize(sender)
+    )
+    return dict(json.loads(event.as_json()))
+
+
+def gift_wrap(sender: nostr_sdk.Keys, recipient: nostr_sdk.Keys, text: str) -> dict[str, Any]:
+    """A NIP-17 private message: kind 1059 wrap with a back-dated created_at."""
+    wrap = nostr_sdk.nip17_make_private_msg(sender, recipient.public_key(), text)
+    return dict(json.loads(wrap.as_json()))
+
+
+def relay_list(owner: nostr_sdk.Keys, kind: int, urls: list[str]) -> dict[str, Any]:
+    """A kind 10050 (`relay` tags) or kind 10002 (`r` tags) list signed by its owner."""
+    tag_name = "relay" if kind == 10050 else "r"
+    tags = [nostr_sdk.Tag.parse([tag_name, url]) for url in urls]
+    event = nostr_sdk.EventBuilder(nostr_sdk.Kind(kind), "").tags(tags).finalize(owner)
+    return dict(json.loads(event.as_json()))
+
+
+async def publish(relay_url: str, *events: dict[str, Any]) -> None:
+    """Send events to a relay and wait until it has accepted every one."""
+    async with connect(relay_url, proxy=None) as ws:
+        for event in events:
+            await ws.send(json.dumps(["EVENT", event]))
+            while True:
+                answer = json.loads(await ws.recv())
+                if answer[0] == "OK" and answer[1] == event["id"]:
+                    if not answer[2] and not str(answer[3]).startswith("duplicate"):
+                        raise PublishRefused(str(answer[3]))
+                    break

@@ -1,0 +1,286 @@
+"""The relay bridge end to end: real `nostr-relay` processes, a real `sigil-push serve` process,
+real NIP-04 DMs and NIP-17 gift wraps built with nostr-sdk. A push is what the dry-run sender
+logs; every wait polls for the outcome with a generous deadline.
+"""
+
+from __future__ import annotations
+
+import copy
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.bridge_harness import (
+    assert_private,
+    eventually,
+    health,
+    metric,
+    new_token,
+    register,
+    relay_live,
+    seen_count,
+    unregister,
+    wakeups,
+)
+from tests.support.nostr_client import (
+    gift_wrap,
+    hex_of,
+    kind4_dm,
+    npub_of,
+    publish,
+    relay_list,
+    user,
+)
+from tests.support.relay import RelayProcess
+from tests.support.service import ServiceProcess
+
+FAST_RECONNECT = "[bridge]\nreconnect_min_seconds = 0.2\nreconnect_max_seconds = 1.0\n"
+
+
+@pytest.fixture
+def start_relay(tmp_path: Path) -> Iterator[Callable[..., RelayProcess]]:
+    started: list[RelayProcess] = []
+
+    def start(name: str, **options: Any) -> RelayProcess:
+        relay = RelayProcess(tmp_path / name, **options).start()
+        started.append(relay)
+        return relay
+
+    yield start
+    for relay in started:
+        relay.stop()
+
+
+@pytest.fixture
+def start_service(tmp_path: Path) -> Iterator[Callable[..., ServiceProcess]]:
+    started: list[ServiceProcess] = []
+
+    def start(relays: list[str], extra_toml: str = FAST_RECONNECT) -> ServiceProcess:
+        service = ServiceProcess(tmp_path / f"service{len(started)}", relays, extra_toml).start()
+        started.append(service)
+        return service
+
+    yield start
+    for service in started:
+        service.stop()
+
+
+async def test_dm_and_gift_wrap_via_two_relays_are_pushed_once(
+    start_relay: Callable[..., RelayProcess], start_service: Callable[..., ServiceProcess]
+) -> None:
+    """A kind 4 DM and a NIP-17 gift wrap published on two relays wake the device once each,
+    while each relay's delivery is still recorded (one `seen` per relay), privately."""
+    first, second = start_relay("a"), start_relay("b")
+    service = start_service([first.url, second.url])
+    alice, bob, token = user(), user(), new_token()
+    register(service, alice, token)
+    await eventually(lambda: relay_live(service, first.url, 1) and relay_live(service, second.url, 1),
+                     "both relays subscribed for the new key")
+
+    dm = kind4_dm(bob, alice, "meet at noon")
+    wrap = gift_wrap(bob, alice, "bring the keys")
+    for relay in (first, second):
+        await publish(relay.url, dm, wrap)
+
+    await eventually(lambda: seen_count(service, dm["id"]) == 2 and seen_count(service, wrap["id"]) == 2,
+                     "both relays delivered both events")
+    await eventually(lambda: wakeups(service)[dm["id"]] >= 1 and wakeups(service)[wrap["id"]] >= 1,
+                     "both events pushed")
+    assert wakeups(service)[dm["id"]] == 1
+    assert wakeups(service)[wrap["id"]] == 1
+    kinds = {r["event_id"]: r["kind"] for r in service.observation_records() if r["type"] == "seen"}
+    assert kinds[dm["id"]] == 4 and kinds[wrap["id"]] == 1059
+    assert {r["state"] for r in service.observation_records() if r["type"] == "relay"} >= {"connected"}
+    assert_private(service, [hex_of(alice), npub_of(alice), hex_of(bob), npub_of(bob), token,
+                             "meet at noon", "bring the keys", dm["content"], wrap["content"]])
+
+
+async def test_forged_and_altered_events_from_a_malicious_relay_are_not_pushed(
+    start_relay: Callable[..., RelayProcess], start_service: Callable[..., ServiceProcess]
+) -> None:
+    """A relay that serves anything cannot trigger a push with a forged signature or an event
+    whose content no longer matches its id; both are dropped and counted by reason."""
+    evil = start_relay("evil", verify_signatures=False)
+    service = start_service([evil.url])
+    alice, bob = user(), user()
+    register(service, alice, new_token())
+    await eventually(lambda: relay_live(service, evil.url, 1), "relay subscribed")
+
+    genuine = kind4_dm(bob, alice, "genuine")
+    forged = kind4_dm(bob, alice, "forged")
+    forged["sig"] = genuine["sig"]
+    altered = copy.deepcopy(kind4_dm(bob, alice, "original"))
+    altered["content"] = genuine["content"]
+    unrelated = kind4_dm(bob, user(), "for someone else")
+    await publish(evil.url, forged, altered, unrelated, genuine)
+
+    await eventually(lambda: wakeups(service)[genuine["id"]] == 1, "the genuine DM pushed")
+    await eventually(
+        lambda: metric(service, "sigil_push_bridge_events_dropped_total", reason="forged") >= 1
+        and metric(service, "sigil_push_bridge_events_dropped_total", reason="wrong_id") >= 1,
+        "drops counted by reason",
+    )
+    pushed = wakeups(service)
+    for bad in (forged, altered, unrelated):
+        assert pushed[bad["id"]] == 0
+        assert seen_count(service, bad["id"]) == 0
+
+
+async def test_events_stored_before_registration_are_remembered_not_pushed(
+    start_relay: Callable[..., RelayProcess], start_service: Callable[..., ServiceProcess]
+) -> None:
+    """What a relay returns before EOSE on the key's first subscription predates the
+    registration: recorded as seen, never pushed. The first DM after it is pushed."""
+    relay = start_relay("r")
+    alice, bob = user(), user()
+    old_dm, old_wrap = kind4_dm(bob, alice, "old"), gift_wrap(bob, alice, "old wrap")
+    await publish(relay.url, old_dm, old_wrap)
+    service = start_service([relay.url])
+    register(service, alice, new_token())
+    await eventually(lambda: relay_live(service, relay.url, 1), "relay subscribed")
+    await eventually(lambda: seen_count(service, old_dm["id"]) == 1 and seen_count(service, old_wrap["id"]) == 1,
+                     "old events remembered")
+
+    fresh = gift_wrap(bob, alice, "new wrap")
+    await publish(relay.url, fresh)
+    await eventually(lambda: wakeups(service)[fresh["id"]] == 1, "the new gift wrap pushed")
+    assert wakeups(service)[old_dm["id"]] == 0
+    assert wakeups(service)[old_wrap["id"]] == 0
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+async def test_restart_catches_up_once_without_duplicates(
+    start_relay: Callable[..., RelayProcess],
+    start_service: Callable[..., ServiceProcess],
+    stop_signal: signal.Signals,
+) -> None:
+    """DMs sent while the service is down are pushed once when it returns; what was pushed
+    before the stop is not pushed again, whether the stop was clean or a kill."""
+    relay = start_relay("r")
+    service = start_service([relay.url])
+    alice, bob = user(), user()
+    register(service, alice, new_token())
+    await eventually(lambda: relay_live(service, relay.url, 1), "relay subscribed")
+    before = kind4_dm(bob, alice, "before")
+    await publish(relay.url, before)
+    await eventually(lambda: wakeups(service)[before["id"]] == 1, "first DM pushed")
+
+    service.stop(stop_signal)
+    while_down = [kind4_dm(bob, alice, "while down"), gift_wrap(bob, alice, "wrapped while down")]
+    await publish(relay.url, *while_down)
+    service.start()
+
+    await eventually(lambda: all(wakeups(service)[e["id"]] == 1 for e in while_down),
+                     "DMs sent while down pushed")
+    await eventually(lambda: relay_live(service, relay.url, 1), "relay caught up")
+    after = kind4_dm(bob, alice, "after")
+    await publish(relay.url, after)
+    await eventually(lambda: wakeups(service)[after["id"]] == 1, "live again")
+    counts = wakeups(service)
+    assert counts[before["id"]] == 1
+    assert all(counts[e["id"]] == 1 for e in while_down)
+
+
+async def test_relay_restart_is_followed_by_reconnect_and_catch_up(
+    start_relay: Callable[..., RelayProcess], start_service: Callable[..., ServiceProcess]
+) -> None:
+    """When the relay goes away the bridge records it, reconnects to the relay's successor on
+    the same port and data, and pushes what was published there meanwhile."""
+    relay = start_relay("r")
+    service = start_service([relay.url])
+    alice, bob = user(), user()
+    register(service, alice, new_token())
+    await eventually(lambda: relay_live(service, relay.url, 1), "relay subscribed")
+    first = kind4_dm(bob, alice, "one")
+    await publish(relay.url, first)
+    await eventually(lambda: wakeups(service)[first["id"]] == 1, "first DM pushed")
+
+    relay.stop()
+    await eventually(lambda: not health(service)["relays"][relay.url]["connected"], "disconnect noticed")
+    successor = start_relay("r", port=relay.port)
+    second = gift_wrap(bob, alice, "two")
+    await publish(successor.url, second)
+
+    await eventually(lambda: wakeups(service)[second["id"]] == 1, "DM on the restarted relay pushed")
+    assert wakeups(service)[first["id"]] == 1
+    states = [r["state"] for r in service.observation_records() if r["type"] == "relay"]
+    assert "disconnected" in states
+    assert states.count("connected") >= 2
+
+
+async def test_kind_10050_dm_relays_are_discovered_and_followed(
+    start_relay: Callable[..., RelayProcess], start_service: Callable[..., ServiceProcess]
+) -> None:
+    """A DM published only on the relay named in the recipient's kind 10050 list (found on a
+    configured relay) is pushed; a kind 10002 read relay is the fallback for another user."""
+    configured, inbox, general = start_relay("c"), start_relay("inbox"), start_relay("general")
+    alice, carol, bob = user(), user(), user()
+    await publish(configured.url, relay_list(alice, 10050, [inbox.url]),
+                  relay_list(carol, 10002, [general.url]))
+    service = start_service([configured.url])
+    register(service, alice, new_token())
+    register(service, carol, new_token())
+    await eventually(lambda: relay_live(service, inbox.url, 1) and relay_live(service, general.url, 1),
+                     "list relays discovered and subscribed")
+
+    to_alice, to_carol = gift_wrap(bob, alice, "inbox only"), kind4_dm(bob, carol, "general only")
+    await publish(inbox.url, to_alice)
+    await publish(general.url, to_carol)
+    await eventually(lambda: wakeups(service)[to_alice["id"]] == 1 and wakeups(service)[to_carol["id"]] == 1,
+                     "DMs on discovered relays pushed")
+    assert health(service)["relays"][inbox.url]["configured"] is False
+
+
+async def test_nip42_auth_is_answered_and_gated_relays_are_reported(
+    start_relay: Callable[..., RelayProcess], start_service: Callable[..., ServiceProcess]
+) -> None:
+    """A relay that challenges gets a kind 22242 answer and serves DMs; one that still refuses
+    the bridge's key after AUTH is reported as gated in /health and metrics."""
+    open_door = start_relay("auth", auth_actions={"save": "a", "query": "a"})
+    gated = start_relay("gated", auth_actions={"save": "a", "query": "r"})
+    service = start_service([open_door.url, gated.url])
+    alice, bob = user(), user()
+    register(service, alice, new_token())
+    await eventually(lambda: relay_live(service, open_door.url, 1), "authenticated relay subscribed")
+    dm = kind4_dm(bob, alice, "behind auth")
+    await publish(open_door.url, dm)
+    await eventually(lambda: wakeups(service)[dm["id"]] == 1, "DM from the AUTH relay pushed")
+    assert metric(service, "sigil_push_relay_auth_answers_total", relay=open_door.url) >= 1
+
+    await eventually(lambda: health(service)["relays"][gated.url]["gated"] == "restricted", "gated relay reported")
+    assert metric(service, "sigil_push_relay_gated_bool", relay=gated.url) == 1
+    assert health(service)["relays"][open_door.url]["gated"] is None
+    details = [r["detail"] for r in service.observation_records() if r["type"] == "relay" and r["relay"] == gated.url]
+    assert "gated: restricted" in details
+
+
+async def test_registration_changes_update_only_their_shard(
+    start_relay: Callable[..., RelayProcess], start_service: Callable[..., ServiceProcess]
+) -> None:
+    """With two keys per filter, registering and unregistering keys re-requests their shard:
+    a removed key stops being pushed, a new key starts, the others keep being pushed."""
+    relay = start_relay("r")
+    service = start_service([relay.url], FAST_RECONNECT + "keys_per_filter = 2\n")
+    bob = user()
+    users = [user() for _ in range(3)]
+    tokens = [new_token() for _ in users]
+    for keys, token in zip(users, tokens):
+        register(service, keys, token)
+    await eventually(lambda: relay_live(service, relay.url, 3), "three keys subscribed")
+    assert health(service)["relays"][relay.url]["subscriptions"] == 2
+
+    unregister(service, users[1], tokens[1])
+    newcomer = user()
+    register(service, newcomer, new_token())
+    await eventually(lambda: relay_live(service, relay.url, 3), "shards updated")
+
+    dms = {name: kind4_dm(bob, keys, name) for name, keys in
+           (("first", users[0]), ("gone", users[1]), ("third", users[2]), ("new", newcomer))}
+    await publish(relay.url, *dms.values())
+    await eventually(lambda: all(wakeups(service)[dms[n]["id"]] == 1 for n in ("first", "third", "new")),
+                     "remaining and new keys pushed")
+    assert wakeups(service)[dms["gone"]["id"]] == 0
+    assert health(service)["relays"][relay.url]["subscriptions"] == 2
