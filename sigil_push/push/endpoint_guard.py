@@ -62,9 +62,17 @@ def is_public_address(address: IpAddress) -> bool:
 
 
 def _parse_address(text: str) -> IpAddress | None:
+    """The address a host string denotes without DNS, including inet_aton shorthands
+    (`127.1`, `2130706433`, `0x7f000001`) that HTTP clients connect to as addresses."""
     try:
         return ipaddress.ip_address(text)
     except ValueError:
+        pass
+    if not text or text.strip("0123456789abcdefxABCDEFX.") or not text[0].isdigit():
+        return None
+    try:
+        return ipaddress.IPv4Address(socket.inet_aton(text))
+    except OSError:
         return None
 
 

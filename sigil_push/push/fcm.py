@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
+import warnings
 from datetime import timedelta
 from pathlib import Path
 from uuid import uuid4
@@ -30,8 +30,6 @@ from sigil_push.config import ConfigError, FcmConfig
 from sigil_push.devices import Device
 from sigil_push.push.base import Outcome, Status, WakeupMessage, parse_retry_after
 from sigil_push.push.payload import MAX_PAYLOAD_BYTES, fcm_size
-
-log = logging.getLogger(__name__)
 
 OPAQUE_COLLAPSE_KEY = "wakeup"
 """One key for every opaque wakeup: an offline phone gets one of them, which is all it needs.
@@ -106,15 +104,15 @@ class FcmSender:
                 await asyncio.to_thread(self._credential.refresh, request)
 
     async def send(self, message: WakeupMessage, device: Device) -> Outcome:
-        fcm_message = messaging.Message(
-            token=device.token,
-            data=message.data,
-            android=messaging.AndroidConfig(
-                priority="high",
-                ttl=timedelta(seconds=message.ttl_seconds),
-                collapse_key=OPAQUE_COLLAPSE_KEY if message.opaque else None,
-            ),
+        android = messaging.AndroidConfig(
+            priority="high",
+            ttl=timedelta(seconds=message.ttl_seconds),
+            collapse_key=OPAQUE_COLLAPSE_KEY if message.opaque else None,
         )
+        with warnings.catch_warnings():
+            # 7.7 steers towards installation ids (`fid`); apps register registration tokens
+            warnings.simplefilter("ignore", DeprecationWarning)
+            fcm_message = messaging.Message(token=device.token, data=message.data, android=android)
         try:
             async with asyncio.timeout(self._timeout):
                 await self._fresh_token()

@@ -23,6 +23,9 @@ import uvicorn
 from tests.fakes.credentials import PROJECT_ID
 from tests.fakes.http_server import Receive, Scope, Send, ServerThread, read_body, respond
 
+GOOGLE_AUDIENCES = ["https://oauth2.googleapis.com/token"]
+"""google-auth signs the assertion for Google's token URL even when posting it to `token_uri`."""
+
 SEND_PATH = re.compile(r"^/v1/projects/([^/]+)/messages:send$")
 
 ERRORS: dict[str, tuple[int, str, str, str]] = {
@@ -82,7 +85,11 @@ class FakeFcm:
         assertion = form.get("assertion", [""])[0]
         try:
             if self.public_key is not None:
-                jwt.decode(assertion, self.public_key, algorithms=["RS256"], audience=self.token_uri)
+                claims = jwt.decode(
+                    assertion, self.public_key, algorithms=["RS256"], audience=GOOGLE_AUDIENCES + [self.token_uri]
+                )
+                if "cloud-platform" not in claims.get("scope", "") and "firebase.messaging" not in claims.get("scope", ""):
+                    raise jwt.InvalidTokenError("scope")
         except jwt.PyJWTError:
             await respond(send, 400, b'{"error": "invalid_grant"}', {"content-type": "application/json"})
             return
