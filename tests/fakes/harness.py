@@ -152,7 +152,9 @@ class Harness:
         )
         return registration.device
 
-    def event(self, content: str = "secret message text", kind: int = 4) -> Event:
+    def event(self, content: str = "", kind: int = 4) -> Event:
+        """A signed DM to the recipient; distinct every call (same-second events would share an id)."""
+        content = content or f"secret message text {os.urandom(8).hex()}"
         return sign_event(
             self.sender_key, kind, content, [["p", self.recipient_key.public_key_hex]]
         )
