@@ -21,13 +21,12 @@ class UsedAuthIds:
 
     async def claim(self, event_id: str) -> bool:
         """Mark the id used; False when it had already been used."""
-        cursor = await self._db.execute(
-            "INSERT INTO nip98_used (event_id, expires_at) VALUES (?, ?) ON CONFLICT DO NOTHING",
+        inserted = await self._db.execute_fetchall(
+            "INSERT INTO nip98_used (event_id, expires_at) VALUES (?, ?) ON CONFLICT DO NOTHING"
+            " RETURNING event_id",
             (event_id, int(time.time()) + RETENTION_SECONDS),
         )
-        claimed = cursor.rowcount == 1
-        await cursor.close()
-        return claimed
+        return bool(inserted)
 
     async def prune(self) -> int:
         cursor = await self._db.execute(

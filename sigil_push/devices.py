@@ -104,19 +104,14 @@ class Devices:
         """Insert or update the device with this token; a token registered by another npub moves."""
         now = int(time.time())
         async with self._write_lock:
-            async with self._db.execute(
-                "SELECT pubkey FROM devices WHERE token = ?", (token,)
-            ) as cursor:
-                existing = await cursor.fetchone()
-            previous_pubkey = str(existing[0]) if existing else None
-            if max_devices and previous_pubkey != pubkey:
-                async with self._db.execute(
-                    "SELECT COUNT(*) FROM devices WHERE pubkey = ?", (pubkey,)
-                ) as cursor:
-                    row = await cursor.fetchone()
-                if row is not None and int(row[0]) >= max_devices:
-                    raise TooManyDevices(max_devices)
-            async with self._db.execute(
+            [(previous_pubkey, owned)] = await self._db.execute_fetchall(
+                "SELECT (SELECT pubkey FROM devices WHERE token = ?),"
+                " (SELECT COUNT(*) FROM devices WHERE pubkey = ?)",
+                (token, pubkey),
+            )
+            if max_devices and previous_pubkey != pubkey and int(owned) >= max_devices:
+                raise TooManyDevices(max_devices)
+            [row] = await self._db.execute_fetchall(
                 "INSERT INTO devices (pubkey, platform, token, payload, relays, webpush_p256dh,"
                 " webpush_auth, registered_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT (token) DO UPDATE SET pubkey = excluded.pubkey,"
@@ -132,21 +127,19 @@ class Devices:
                     webpush_keys.auth if webpush_keys else None,
                     now, now,
                 ),
-            ) as cursor:
-                row = await cursor.fetchone()
-        assert row is not None
+            )
         moved_from = previous_pubkey if previous_pubkey not in (None, pubkey) else None
         self._changed([pubkey, moved_from])
-        return Registration(Device.from_row(row), existing is None, moved_from)
+        return Registration(Device.from_row(row), previous_pubkey is None, moved_from)
 
     async def unregister(self, pubkey: str, token: str) -> int:
         """Remove the device with `token` if `pubkey` owns it; returns how many were removed."""
         async with self._write_lock:
-            cursor = await self._db.execute(
-                "DELETE FROM devices WHERE pubkey = ? AND token = ?", (pubkey, token)
+            removed = len(
+                await self._db.execute_fetchall(
+                    "DELETE FROM devices WHERE pubkey = ? AND token = ? RETURNING id", (pubkey, token)
+                )
             )
-            removed = cursor.rowcount
-            await cursor.close()
         if removed:
             self._changed([pubkey])
         return removed
@@ -154,38 +147,36 @@ class Devices:
     async def forget(self, device_id: int) -> Device | None:
         """Delete a device whose token the provider declared dead."""
         async with self._write_lock:
-            async with self._db.execute(
+            rows = await self._db.execute_fetchall(
                 f"DELETE FROM devices WHERE id = ? RETURNING {_COLUMNS}", (device_id,)
-            ) as cursor:
-                row = await cursor.fetchone()
-        if row is None:
+            )
+        if not rows:
             return None
-        device = Device.from_row(row)
+        device = Device.from_row(next(iter(rows)))
         self._changed([device.pubkey])
         return device
 
     async def of_pubkey(self, pubkey: str) -> list[Device]:
-        async with self._db.execute(
+        rows = await self._db.execute_fetchall(
             f"SELECT {_COLUMNS} FROM devices WHERE pubkey = ? ORDER BY id", (pubkey,)
-        ) as cursor:
-            return [Device.from_row(row) for row in await cursor.fetchall()]
+        )
+        return [Device.from_row(row) for row in rows]
 
     async def of_pubkeys(self, pubkeys: Sequence[str]) -> list[Device]:
         """Devices of any of `pubkeys` (the recipients named by one event's `p` tags)."""
         if not pubkeys:
             return []
         marks = ",".join("?" * len(pubkeys))
-        async with self._db.execute(
+        rows = await self._db.execute_fetchall(
             f"SELECT {_COLUMNS} FROM devices WHERE pubkey IN ({marks}) ORDER BY id", tuple(pubkeys)
-        ) as cursor:
-            return [Device.from_row(row) for row in await cursor.fetchall()]
+        )
+        return [Device.from_row(row) for row in rows]
 
     async def by_id(self, device_id: int) -> Device | None:
-        async with self._db.execute(
+        rows = await self._db.execute_fetchall(
             f"SELECT {_COLUMNS} FROM devices WHERE id = ?", (device_id,)
-        ) as cursor:
-            row = await cursor.fetchone()
-        return Device.from_row(row) if row else None
+        )
+        return Device.from_row(next(iter(rows))) if rows else None
 
     async def watched_keys(self) -> dict[str, tuple[str, ...]]:
         """Every registered pubkey with the union of its devices' own relays."""
@@ -196,6 +187,5 @@ class Devices:
         return {pubkey: tuple(sorted(relays)) for pubkey, relays in watched.items()}
 
     async def count(self) -> int:
-        async with self._db.execute("SELECT COUNT(*) FROM devices") as cursor:
-            row = await cursor.fetchone()
-        return int(row[0]) if row else 0
+        [(count,)] = await self._db.execute_fetchall("SELECT COUNT(*) FROM devices")
+        return int(count)
