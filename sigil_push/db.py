@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 
 import aiosqlite
@@ -21,10 +22,18 @@ class MigrationError(Exception):
     """The database is at a schema version this code does not know, or a migration failed."""
 
 
+def _migrations_folder() -> Traversable:
+    """The checkout's `migrations/` when running from source, else the installed copy."""
+    source_tree = Path(__file__).resolve().parent.parent / "migrations"
+    if source_tree.is_dir():
+        return source_tree
+    return resources.files("sigil_push.migrations")
+
+
 def migration_files() -> list[tuple[int, str, str]]:
-    """(version, name, sql) for every packaged migration, sorted by version."""
+    """(version, name, sql) for every migration, sorted by version."""
     found = []
-    for entry in resources.files("sigil_push.migrations").iterdir():
+    for entry in _migrations_folder().iterdir():
         name = entry.name
         if name.endswith(".sql") and name[:4].isdigit():
             found.append((int(name[:4]), name, entry.read_text(encoding="utf-8")))
