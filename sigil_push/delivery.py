@@ -65,9 +65,8 @@ class Delivery:
         self._coalesce_ms = limits.coalesce_window_ms
         self._rate = DeviceRateLimiter(limits.wakeups_per_minute_per_device)
         self._last_push_ms: dict[int, int] = {}
-        self._max_rows_in_flight = max(1, self._push.concurrency_per_provider) * 2 * max(
-            1, len(senders)
-        )
+        # twice the senders' slots: a batch is claimed while the previous one is still sending
+        self._max_rows_in_flight = 2 * max(1, sum(s.max_concurrency for s in senders.values()))
         self._rows_in_flight = 0
         # refill in sizeable batches: waking per freed slot would mean one query per push
         self._refill = max(1, min(BATCH_SIZE, self._max_rows_in_flight // 2))

@@ -59,6 +59,8 @@ def _ssl_context(ca_file: Path | None) -> ssl.SSLContext:
 class ApnsSender:
     platform = "ios"
     provider = "apns"
+    max_concurrency = 10 * 1000
+    """aioapns' default pool: 10 HTTP/2 connections of up to 1000 streams each."""
 
     def __init__(self, client: APNs, timeout_seconds: float) -> None:
         self._client = client

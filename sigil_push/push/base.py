@@ -53,10 +53,13 @@ class WakeupMessage:
 
 
 class Sender(Protocol):
-    """One push provider. `platform` is the registration's platform, `provider` the metric label."""
+    """One push provider. `platform` is the registration's platform, `provider` the metric label,
+    `max_concurrency` the most sends its client handles well at once (the factory caps
+    `push.concurrency_per_provider` to it). `send` must return within its own timeout."""
 
     platform: str
     provider: str
+    max_concurrency: int
 
     def fits(self, data: dict[str, str]) -> bool:
         """Whether a wakeup carrying `data` is within the provider's payload limit."""

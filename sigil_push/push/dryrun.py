@@ -12,6 +12,7 @@ log = logging.getLogger("sigil_push.push.dryrun")
 
 class DryRunSender:
     provider = "dryrun"
+    max_concurrency = 1 << 16
 
     def __init__(self, platform: str) -> None:
         self.platform = platform

@@ -59,6 +59,9 @@ def _outcome(error: exceptions.FirebaseError) -> Outcome:
 class FcmSender:
     platform = "android"
     provider = "fcm"
+    max_concurrency = 20
+    """httpx's default keep-alive pool: beyond it requests queue inside httpcore, whose
+    scheduling is quadratic in the queue (measured: 256 in flight is 3x slower than 20)."""
 
     def __init__(self, app: firebase_admin.App, timeout_seconds: float) -> None:
         self._app = app

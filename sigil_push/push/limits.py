@@ -15,21 +15,20 @@ from sigil_push.push.metrics import IN_FLIGHT
 
 
 class ConcurrencyLimited:
-    """A Sender that lets at most `limit` sends of the wrapped sender run at once."""
+    """A Sender that lets at most `limit` (0: the provider's own maximum) sends run at once."""
 
     def __init__(self, inner: Sender, limit: int) -> None:
         self.inner = inner
         self.platform = inner.platform
         self.provider = inner.provider
-        self._slots = asyncio.Semaphore(limit) if limit > 0 else None
+        self.max_concurrency = min(limit, inner.max_concurrency) if limit > 0 else inner.max_concurrency
+        self._slots = asyncio.Semaphore(self.max_concurrency)
         self._in_flight = IN_FLIGHT.labels(inner.provider)
 
     def fits(self, data: dict[str, str]) -> bool:
         return self.inner.fits(data)
 
     async def send(self, message: WakeupMessage, device: Device) -> Outcome:
-        if self._slots is None:
-            return await self._send(message, device)
         async with self._slots:
             return await self._send(message, device)
 

@@ -40,6 +40,8 @@ def _outcome(status: int, retry_after: str | None) -> Outcome:
 class UnifiedPushSender:
     platform = "unifiedpush"
     provider = "unifiedpush"
+    max_concurrency = 100
+    """aiohttp's default connection limit."""
 
     def __init__(self, allow_private: bool, timeout_seconds: float) -> None:
         self._allow_private = allow_private

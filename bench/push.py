@@ -1,0 +1,325 @@
+"""Benchmark of push delivery: a full outbox drained to local APNs and FCM servers.
+
+For each provider, in one run:
+1. the fake's ceiling: the bare, unmodified client (aioapns / firebase-admin) sending as fast
+   as it can with the same concurrency, no outbox, no database;
+2. the pipeline: N wakeups already in a real SQLite outbox, drained by the real Delivery loop
+   (claim, send, settle, delete, observation records, metrics); wakeups/s and the ratio to 1;
+3. latency: wakeups enqueued live at a fixed rate below capacity, p50/p99 from enqueue (the
+   outbox) to the provider's answer, as written in the observation log.
+The fakes run in their own processes pinned to the other core; this process is pinned to one
+core, so the figure is one core's worth of delivery. Writes bench/results/push.json.
+
+Usage: python bench/push.py [--wakeups 20000] [--devices 2000] [--rate 1000] [--seconds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import uvloop
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from sigil_push.config import parse_config  # noqa: E402
+from sigil_push.db import open_database  # noqa: E402
+from sigil_push.delivery import Delivery  # noqa: E402
+from sigil_push.devices import Device, Devices  # noqa: E402
+from sigil_push.nostr.event import sign_event  # noqa: E402
+from sigil_push.nostr.keys import SecretKey  # noqa: E402
+from sigil_push.observations import ObservationLog, now_ms  # noqa: E402
+from sigil_push.outbox import Outbox  # noqa: E402
+from sigil_push.push.base import Outcome, Sender, Status, WakeupMessage  # noqa: E402
+from sigil_push.push.factory import build_senders  # noqa: E402
+from tests.fakes.credentials import (  # noqa: E402
+    KEY_ID,
+    TEAM_ID,
+    TOPIC,
+    make_apns_key,
+    make_service_account,
+    make_tls,
+)
+
+RESULTS = Path(__file__).parent / "results" / "push.json"
+CONCURRENCY = 256
+PLATFORM_OF = {"apns": "ios", "fcm": "android"}
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def pin(pid: int, core: int) -> None:
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) > 1:
+        os.sched_setaffinity(pid, {cores[core % len(cores)]})
+
+
+def start_fake(args: list[str], port: int | None) -> subprocess.Popen[str]:
+    process = subprocess.Popen(
+        [sys.executable, "-m", *args], stdout=subprocess.PIPE, text=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    pin(process.pid, 1)
+    if port is None:
+        assert process.stdout is not None
+        process.stdout.readline()
+    else:
+        deadline = time.monotonic() + 20
+        import socket
+
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+    return process
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def bare_apns(document: dict[str, Any]) -> Callable[[Device], Awaitable[bool]]:
+    """The unmodified aioapns client alone, configured as the service configures it."""
+    import ssl
+
+    from aioapns import APNs, NotificationRequest, PushType
+    from aioapns.connection import APNsDevelopmentClientProtocol
+
+    table = document["apns"]
+    host, port = table["endpoint"].removeprefix("https://").split(":")
+    context = ssl.create_default_context()
+    context.load_verify_locations(cafile=table["ca_file"])
+    client = APNs(key=Path(table["key_file"]).read_text(), key_id=table["key_id"],
+                  team_id=table["team_id"], topic=table["topic"], use_sandbox=True, ssl_context=context)
+    client.pool.protocol_class = type(
+        "Local", (APNsDevelopmentClientProtocol,), {"APNS_SERVER": host, "APNS_PORT": int(port)}
+    )
+    body = {"aps": {"alert": {"title": "Sigil", "body": "New message"}, "mutable-content": 1,
+                    "sound": "default"}, "event_id": "0" * 64, "relay": "wss://relay.example.com"}
+
+    async def send(device: Device) -> bool:
+        request = NotificationRequest(device.token, body, time_to_live=3600, priority=10,
+                                      collapse_key="c" * 32, push_type=PushType.ALERT)
+        return (await client.send_notification(request)).is_successful
+
+    return send
+
+
+def bare_sender(sender: Sender) -> Callable[[Device], Awaitable[bool]]:
+    """firebase-admin through our thin FcmSender (its app carries the endpoint and OAuth)."""
+    message = WakeupMessage(("0" * 64,), {"type": "wakeup", "event_id": "0" * 64}, "c" * 32, 3600, False)
+
+    async def send(device: Device) -> bool:
+        return (await sender.send(message, device)).status is Status.ACCEPTED
+
+    return send
+
+
+async def bare_ceiling(
+    send: Callable[[Device], Awaitable[bool]], devices: list[Device], count: int, concurrency: int
+) -> float:
+    """Wakeups/s of the provider client alone, with the same concurrency, no outbox."""
+    slots = asyncio.Semaphore(concurrency)
+    failures = 0
+
+    async def one(i: int) -> None:
+        nonlocal failures
+        async with slots:
+            failures += not await send(devices[i % len(devices)])
+
+    await asyncio.gather(*(one(i) for i in range(min(500, count))))  # warm the connections
+    started = time.perf_counter()
+    await asyncio.gather(*(one(i) for i in range(count)))
+    elapsed = time.perf_counter() - started
+    if failures:
+        raise RuntimeError(f"{failures} bare sends failed")
+    return count / elapsed
+
+
+class Timed:
+    """Wraps a sender to time each send from leaving the outbox to the provider's answer."""
+
+    def __init__(self, inner: Sender) -> None:
+        self.inner, self.platform, self.provider = inner, inner.platform, inner.provider
+        self.max_concurrency = inner.max_concurrency
+        self.durations: list[float] = []
+
+    def fits(self, data: dict[str, str]) -> bool:
+        return self.inner.fits(data)
+
+    async def send(self, message: WakeupMessage, device: Device) -> Outcome:
+        started = time.perf_counter()
+        outcome = await self.inner.send(message, device)
+        self.durations.append(time.perf_counter() - started)
+        return outcome
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+async def run_provider(provider: str, document: dict[str, Any], folder: Path, args: argparse.Namespace) -> dict[str, Any]:
+    platform_name = PLATFORM_OF[provider]
+    config = parse_config(document, folder / "relays.toml")
+    work = folder / provider
+    work.mkdir()
+    db = await open_database(work / "bench.db")
+    devices_store, outbox = Devices(db), Outbox(db)
+    recipient, sender_key = SecretKey.generate(), SecretKey.generate()
+    tokens = [os.urandom(32).hex() if provider == "apns" else f"fcm-{os.urandom(20).hex()}"
+              for _ in range(args.devices)]
+    devices = [
+        (await devices_store.register(recipient.public_key_hex, platform_name, token, "event_id", (), None, 0)).device
+        for token in tokens
+    ]
+
+    senders = await build_senders(config)
+    bare = bare_apns(document) if provider == "apns" else bare_sender(senders[platform_name])
+    concurrency = senders[platform_name].max_concurrency
+    ceiling = await bare_ceiling(bare, devices, args.wakeups, concurrency)
+
+    events = [sign_event(sender_key, 4, f"m{i}", [["p", recipient.public_key_hex]]) for i in range(args.wakeups)]
+    seen = now_ms()
+    for i, event in enumerate(events):
+        await outbox.enqueue(event, "wss://relay.example.com", seen, [devices[i % len(devices)]])
+    observations = ObservationLog(work / "observations")
+    await observations.start()
+    timed = {platform: Timed(sender) for platform, sender in senders.items()}
+    delivery = Delivery(outbox, devices_store, dict(timed), observations, True, config.push, config.limits)
+
+    started = time.perf_counter()
+    await delivery.start()
+    while await outbox.depth():
+        await asyncio.sleep(0.01)
+    drain_seconds = time.perf_counter() - started
+    send_ms = [d * 1000 for d in timed[platform_name].durations]
+
+    live = await live_latency(outbox, devices, sender_key, recipient, args)
+    await delivery.stop()
+    await observations.stop()
+    await db.close()
+    records = [json.loads(line) for path in (work / "observations").glob("*.jsonl")
+               for line in path.read_text().splitlines()]
+    pushes = [r for r in records if r["type"] == "push"]
+    accepted = sum(r["status"] == "accepted" for r in pushes)
+    live_ids = live["event_ids"]
+    live_latency_ms = [float(r["latency_ms"]) for r in pushes if r["event_id"] in live_ids]
+    rate = args.wakeups / drain_seconds
+    return {
+        "bare_client_wakeups_per_second": round(ceiling),
+        "pipeline_wakeups_per_second": round(rate),
+        "ratio_to_bare_client": round(rate / ceiling, 3),
+        "wakeups": args.wakeups,
+        "devices": args.devices,
+        "concurrency": concurrency,
+        "accepted": accepted,
+        "drain_seconds": round(drain_seconds, 3),
+        "send_latency_ms": {"p50": round(percentile(send_ms, 0.5), 2), "p99": round(percentile(send_ms, 0.99), 2)},
+        "live": {
+            "rate_per_second": args.rate,
+            "wakeups": len(live_ids),
+            "outbox_to_answer_ms": {
+                "p50": round(percentile(live_latency_ms, 0.5), 1),
+                "p99": round(percentile(live_latency_ms, 0.99), 1),
+            },
+        },
+    }
+
+
+async def live_latency(outbox: Outbox, devices: list[Device], sender_key: SecretKey,
+                       recipient: SecretKey, args: argparse.Namespace) -> dict[str, Any]:
+    """Open-loop enqueue at a fixed rate; latency is read from the observation log later."""
+    total = args.rate * args.seconds
+    events = [sign_event(sender_key, 4, f"live{i}", [["p", recipient.public_key_hex]]) for i in range(total)]
+    started = time.perf_counter()
+    for i, event in enumerate(events):
+        delay = started + i / args.rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        await outbox.enqueue(event, "wss://relay.example.com", now_ms(), [devices[i % len(devices)]])
+    while await outbox.depth():
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.5)
+    return {"event_ids": {e.id for e in events}}
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    pin(0, 0)
+    folder = Path(tempfile.mkdtemp(prefix="sigil-push-bench-"))
+    tls = make_tls(folder)
+    apns_key, apns_public = make_apns_key(folder)
+    (folder / "apns-public.pem").write_bytes(apns_public)
+    fcm_port = free_port()
+    account, _ = make_service_account(folder, f"http://127.0.0.1:{fcm_port}/token")
+    apns_port = free_port()
+    fakes = [
+        start_fake(["tests.fakes.fake_apns", "--cert", str(tls.cert_file), "--key", str(tls.key_file),
+                    "--public-key", str(folder / "apns-public.pem"), "--port", str(apns_port)], None),
+        start_fake(["tests.fakes.fake_fcm", "--port", str(fcm_port)], fcm_port),
+    ]
+    limits = {"wakeups_per_minute_per_device": 0, "coalesce_window_ms": 0}
+    push = {"concurrency_per_provider": CONCURRENCY}
+    documents = {
+        "apns": {"apns": {"team_id": TEAM_ID, "key_id": KEY_ID, "key_file": str(apns_key), "topic": TOPIC,
+                          "environment": "sandbox", "endpoint": f"https://127.0.0.1:{apns_port}",
+                          "ca_file": str(tls.ca_file)}, "limits": limits, "push": push},
+        "fcm": {"fcm": {"credentials_file": str(account), "endpoint": f"http://127.0.0.1:{fcm_port}"},
+                "limits": limits, "push": push},
+    }
+    try:
+        results = {}
+        for provider in args.providers:
+            results[provider] = await run_provider(provider, documents[provider], folder, args)
+            print(provider, json.dumps(results[provider]), flush=True)
+    finally:
+        for fake in fakes:
+            fake.terminate()
+            fake.wait(10)
+    return {
+        "benchmark": "push delivery from a full outbox",
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
+                    "pinned": "bench on core 0, fakes on core 1", "event_loop": "uvloop (as serve)",
+                    "load_average_at_end": os.getloadavg()[0]},
+        "concurrency_per_provider": CONCURRENCY,
+        "results": results,
+        "targets": {"apns_wakeups_per_second": 3000, "ratio_to_bare_client": 0.7},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--wakeups", type=int, default=20_000)
+    parser.add_argument("--devices", type=int, default=2_000)
+    parser.add_argument("--rate", type=int, default=1_000)
+    parser.add_argument("--seconds", type=int, default=5)
+    parser.add_argument("--providers", nargs="+", default=["apns", "fcm"])
+    args = parser.parse_args()
+    summary = uvloop.run(main_async(args))  # `sigil-push serve` runs on uvloop through uvicorn
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()
