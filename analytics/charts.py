@@ -23,7 +23,9 @@ def to_data_uri(figure: Figure) -> str:
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-def latency_chart(relays: Sequence[str], p50: Sequence[int], p90: Sequence[int], p99: Sequence[int]) -> str:
+def latency_chart(
+    relays: Sequence[str], p50: Sequence[int], p90: Sequence[int], p99: Sequence[int]
+) -> str:
     """Lag percentiles per relay as a range from p50 to p99, p90 marked (symlog: lags can be 0)."""
     figure = Figure(figsize=(9, 0.35 * len(relays) + 1.5))
     axes = figure.subplots()
@@ -35,27 +37,36 @@ def latency_chart(relays: Sequence[str], p50: Sequence[int], p90: Sequence[int],
     axes.set_yticks(list(rows), labels=list(relays))
     axes.invert_yaxis()
     axes.set_xscale("symlog", linthresh=10)
+    axes.set_xlim(left=0)
     axes.set_xlabel("lag behind the first arrival (ms)")
-    axes.legend(loc="lower right")
+    axes.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncols=3, frameon=False)
     axes.grid(axis="x", alpha=0.3)
     return to_data_uri(figure)
 
 
-def miss_rate_chart(relays: Sequence[str], hours: Sequence[str], rates: Sequence[Sequence[float | None]]) -> str:
+def miss_rate_chart(
+    relays: Sequence[str], hours: Sequence[str], rates: Sequence[Sequence[float | None]]
+) -> str:
     """Heat map of the hourly miss rate, one row per relay, so a degrading relay stands out."""
     figure = Figure(figsize=(min(3 + 0.25 * len(hours), 16), 0.35 * len(relays) + 1.8))
     axes = figure.subplots()
     values = [[float("nan") if rate is None else rate for rate in row] for row in rates]
-    image = axes.imshow(values, aspect="auto", cmap="Reds", vmin=0.0, vmax=1.0, interpolation="nearest")
+    image = axes.imshow(
+        values, aspect="auto", cmap="Reds", vmin=0.0, vmax=1.0, interpolation="nearest"
+    )
     axes.set_yticks(range(len(relays)), labels=list(relays))
     step = max(1, len(hours) // 12)
     ticks = list(range(0, len(hours), step))
-    axes.set_xticks(ticks, labels=[hours[i] for i in ticks], rotation=45, ha="right")
+    # "2026-11-21T10:00:00Z" -> "11-21 10h": the year and minutes only crowd the axis.
+    labels = [f"{hours[i][5:10]} {hours[i][11:13]}h" for i in ticks]
+    axes.set_xticks(ticks, labels=labels, rotation=45, ha="right")
     figure.colorbar(image, ax=axes, label="miss rate")
     return to_data_uri(figure)
 
 
-def funnel_chart(platforms: Sequence[str], stages: Sequence[str], counts: Sequence[Sequence[int]]) -> str:
+def funnel_chart(
+    platforms: Sequence[str], stages: Sequence[str], counts: Sequence[Sequence[int]]
+) -> str:
     """Grouped bars per platform: events, then how many ended in each final status."""
     figure = Figure(figsize=(9, 4))
     axes = figure.subplots()

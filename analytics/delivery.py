@@ -22,12 +22,12 @@ if __package__ in (None, ""):
     # spark-submit runs this file as a script: make the `analytics` package importable.
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pyspark.sql import Column, DataFrame  # noqa: E402
-from pyspark.sql import functions as F  # noqa: E402
-from pyspark.sql.types import LongType  # noqa: E402
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import LongType
 
-from analytics.jobs import Job, job_main  # noqa: E402
-from analytics.observations import Observations  # noqa: E402
+from analytics.jobs import Job, job_main
+from analytics.observations import Observations
 
 OUTPUT = "delivery"
 # Final statuses, best first; their position is the precedence rank.
@@ -36,10 +36,9 @@ ACCURACY = 10_000
 
 
 def _rank() -> Column:
-    rank: Column | None = None
-    for position, status in enumerate(FINAL_STATUSES):
-        rank = (F if rank is None else rank).when(F.col("status") == status, position)
-    assert rank is not None
+    rank = F.when(F.col("status") == FINAL_STATUSES[0], 0)
+    for position, status in enumerate(FINAL_STATUSES[1:], start=1):
+        rank = rank.when(F.col("status") == status, position)
     return rank
 
 
@@ -51,11 +50,18 @@ def final_outcomes(pushes: DataFrame) -> DataFrame:
     rank = _rank()
     latency = F.col("latency_ms")
     # min over (rank, latency missing, latency): best status, then its quickest known answer.
-    order = F.when(rank.isNotNull(), F.struct(rank.alias("rank"), latency.isNull().alias("unknown"), latency))
+    order = F.when(
+        rank.isNotNull(), F.struct(rank.alias("rank"), latency.isNull().alias("unknown"), latency)
+    )
     return (
         pushes.groupBy("event_id", "platform")
         .agg(F.min(order).alias("final"))
-        .select("event_id", "platform", F.col("final.rank").alias("rank"), F.col("final.latency_ms").alias("latency_ms"))
+        .select(
+            "event_id",
+            "platform",
+            F.col("final.rank").alias("rank"),
+            F.col("final.latency_ms").alias("latency_ms"),
+        )
     )
 
 
@@ -63,14 +69,22 @@ def compute(obs: Observations) -> dict[str, DataFrame]:
     """Per platform: events, accepted, unregistered, rejected, failed, p50_ms, p99_ms."""
     outcomes = final_outcomes(obs.pushes)
     counts = [
-        F.count(F.when(F.col("rank") == position, 1)).alias(status) for position, status in enumerate(FINAL_STATUSES)
+        F.count(F.when(F.col("rank") == position, 1)).alias(status)
+        for position, status in enumerate(FINAL_STATUSES)
     ]
-    quantiles = F.percentile_approx(F.when(F.col("rank").isNotNull(), F.col("latency_ms")), [0.5, 0.99], ACCURACY)
+    quantiles = F.percentile_approx(
+        F.when(F.col("rank").isNotNull(), F.col("latency_ms")), [0.5, 0.99], ACCURACY
+    )
     funnel = outcomes.groupBy("platform").agg(
         F.count(F.lit(1)).alias("events"), *counts, quantiles.alias("q")
     )
-    as_ms = [F.round(F.col("q")[i]).cast(LongType()).alias(name) for i, name in enumerate(("p50_ms", "p99_ms"))]
-    return {OUTPUT: funnel.select("platform", "events", *FINAL_STATUSES, *as_ms).orderBy("platform")}
+    as_ms = [
+        F.round(F.col("q")[i]).cast(LongType()).alias(name)
+        for i, name in enumerate(("p50_ms", "p99_ms"))
+    ]
+    return {
+        OUTPUT: funnel.select("platform", "events", *FINAL_STATUSES, *as_ms).orderBy("platform")
+    }
 
 
 JOB = Job(name="delivery", description=__doc__ or "", compute=compute)

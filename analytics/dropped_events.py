@@ -27,10 +27,10 @@ if __package__ in (None, ""):
     # spark-submit runs this file as a script: make the `analytics` package importable.
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pyspark.ml.feature import Bucketizer  # noqa: E402
-from pyspark.sql import Column, DataFrame, Window  # noqa: E402
-from pyspark.sql import functions as F  # noqa: E402
-from pyspark.sql.types import (  # noqa: E402
+from pyspark.ml.feature import Bucketizer
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
     DoubleType,
     LongType,
     StringType,
@@ -38,8 +38,8 @@ from pyspark.sql.types import (  # noqa: E402
     StructType,
 )
 
-from analytics.jobs import Job, job_main  # noqa: E402
-from analytics.observations import HOUR_MS, Observations  # noqa: E402
+from analytics.jobs import Job, job_main
+from analytics.observations import HOUR_MS, Observations
 
 OUTPUT = "dropped_events"
 HOURLY_OUTPUT = "dropped_events_hourly"
@@ -53,16 +53,23 @@ _COUNTS = [
     StructField("miss_rate", DoubleType()),
 ]
 SCHEMA = StructType([StructField("relay", StringType()), *_COUNTS])
-HOURLY_SCHEMA = StructType([StructField("relay", StringType()), StructField("hour", StringType()), *_COUNTS])
+HOURLY_SCHEMA = StructType(
+    [StructField("relay", StringType()), StructField("hour", StringType()), *_COUNTS]
+)
 
 
 def _floor_hour(ms: Column) -> Column:
     return ms - F.pmod(ms, F.lit(HOUR_MS))
 
 
+def _relays(obs: Observations) -> DataFrame:
+    """Every relay of the window: those that changed state and those that delivered."""
+    return obs.relay_states.select("relay").union(obs.deliveries().select("relay")).distinct()
+
+
 def _initially_connected(obs: Observations, changes: DataFrame) -> DataFrame:
     """Relays (all that appear in the window) and whether they were connected at its start."""
-    first_delivery = obs.seen.groupBy("relay").agg(F.min("ts").alias("first_delivery"))
+    first_delivery = obs.deliveries().groupBy("relay").agg(F.min("ts").alias("first_delivery"))
     first_change = changes.groupBy("relay").agg(
         F.min("ts").alias("first_change"), F.min_by("state", "ts").alias("first_state")
     )
@@ -71,9 +78,9 @@ def _initially_connected(obs: Observations, changes: DataFrame) -> DataFrame:
     )
     closed_first = F.col("first_state") == "disconnected"
     connected = delivered_first | F.coalesce(closed_first, F.lit(False))
-    relays = obs.relay_states.select("relay").union(obs.seen.select("relay")).distinct()
     return (
-        relays.join(first_delivery, "relay", "left")
+        _relays(obs)
+        .join(first_delivery, "relay", "left")
         .join(first_change, "relay", "left")
         .select("relay", connected.alias("connected"))
     )
@@ -81,8 +88,12 @@ def _initially_connected(obs: Observations, changes: DataFrame) -> DataFrame:
 
 def connected_intervals(obs: Observations, start_ms: int, end_ms: int) -> DataFrame:
     """``relay, start, end``: the half-open intervals in which each relay was connected."""
-    conn = F.when(F.col("state").isin(*CONNECTED_STATES), 1).when(F.col("state").isin(*DISCONNECTED_STATES), 0)
-    changes = obs.relay_states.select("relay", "ts", "state", conn.alias("conn")).where(F.col("conn").isNotNull())
+    conn = F.when(F.col("state").isin(*CONNECTED_STATES), 1).when(
+        F.col("state").isin(*DISCONNECTED_STATES), 0
+    )
+    changes = obs.relay_states.select("relay", "ts", "state", conn.alias("conn")).where(
+        F.col("conn").isNotNull()
+    )
     initial = (
         _initially_connected(obs, changes)
         .where("connected")
@@ -98,7 +109,9 @@ def connected_intervals(obs: Observations, start_ms: int, end_ms: int) -> DataFr
     )
     return (
         transitions.where(F.col("conn") == 1)
-        .select("relay", F.col("ts").alias("start"), F.coalesce("next_ts", F.lit(end_ms)).alias("end"))
+        .select(
+            "relay", F.col("ts").alias("start"), F.coalesce("next_ts", F.lit(end_ms)).alias("end")
+        )
         .where(F.col("end") > F.col("start"))
     )
 
@@ -124,14 +137,19 @@ def _expected_per_piece(obs: Observations, pieces: DataFrame) -> DataFrame:
     before t, and a piece expects ``before(end) - before(start)``.
     """
     spark = obs.spark
-    bounds = sorted({row[0] for row in pieces.select("start").union(pieces.select("end")).distinct().collect()})
+    bounds = sorted(
+        {row[0] for row in pieces.select("start").union(pieces.select("end")).distinct().collect()}
+    )
     if not bounds:
         return pieces.withColumn("expected", F.lit(0).cast(LongType()))
-    first_seen = obs.deliveries().groupBy("event_id").agg(F.min("first_ts").cast(DoubleType()).alias("first_ts"))
+    first_seen = obs.deliveries().where("first").select(F.col("first_ts").cast(DoubleType()))
     bucketizer = Bucketizer(
-        splits=[float("-inf"), *map(float, bounds), float("inf")], inputCol="first_ts", outputCol="segment"
+        splits=[float("-inf"), *map(float, bounds), float("inf")],
+        inputCol="first_ts",
+        outputCol="segment",
     )
-    per_segment = dict(bucketizer.transform(first_seen).groupBy("segment").count().collect())
+    counted = bucketizer.transform(first_seen).groupBy("segment").count().collect()
+    per_segment: dict[float, int] = {row["segment"]: row["count"] for row in counted}
     # Segment k + 1 starts at bounds[k]; before(bounds[k]) sums segments 0..k.
     before = list(accumulate(per_segment.get(float(k), 0) for k in range(len(bounds))))
     table = spark.createDataFrame(list(zip(bounds, before)), "bound long, before long")
@@ -161,8 +179,14 @@ def compute(obs: Observations) -> dict[str, DataFrame]:
         empty = obs.spark.createDataFrame([], SCHEMA)
         return {OUTPUT: empty, HOURLY_OUTPUT: obs.spark.createDataFrame([], HOURLY_SCHEMA)}
     pieces = obs.cache(hour_pieces(connected_intervals(obs, obs.start_ms, obs.end_ms)))
-    expected = _expected_per_piece(obs, pieces).groupBy("relay", "hour").agg(F.sum("expected").alias("expected"))
-    delivered = obs.deliveries().select("relay", "first_ts", _floor_hour(F.col("first_ts")).alias("hour"))
+    expected = (
+        _expected_per_piece(obs, pieces)
+        .groupBy("relay", "hour")
+        .agg(F.sum("expected").alias("expected"))
+    )
+    delivered = obs.deliveries().select(
+        "relay", "first_ts", _floor_hour(F.col("first_ts")).alias("hour")
+    )
     in_piece = (F.col("first_ts") >= F.col("start")) & (F.col("first_ts") < F.col("end"))
     seen = (
         delivered.join(F.broadcast(pieces), ["relay", "hour"])
@@ -170,18 +194,21 @@ def compute(obs: Observations) -> dict[str, DataFrame]:
         .groupBy("relay", "hour")
         .agg(F.count(F.lit(1)).alias("seen"))
     )
-    hourly_counts = expected.join(seen, ["relay", "hour"], "left").fillna(0, subset=["seen"])
+    hourly_counts = obs.cache(
+        expected.join(seen, ["relay", "hour"], "left").fillna(0, subset=["seen"])
+    )
     hour_text = F.date_format(F.timestamp_millis("hour"), "yyyy-MM-dd'T'HH:mm:ss'Z'")
     hourly = (
         _with_rates(hourly_counts)
         .orderBy("relay", "hour")
         .select("relay", hour_text.alias("hour"), "expected", "seen", "missed", "miss_rate")
     )
-    relays = obs.relay_states.select("relay").union(obs.seen.select("relay")).distinct()
     totals = hourly_counts.groupBy("relay").agg(
         F.sum("expected").alias("expected"), F.sum("seen").alias("seen")
     )
-    overall = _with_rates(relays.join(totals, "relay", "left").fillna(0, subset=["expected", "seen"]))
+    overall = _with_rates(
+        _relays(obs).join(totals, "relay", "left").fillna(0, subset=["expected", "seen"])
+    )
     return {
         OUTPUT: overall.select("relay", "expected", "seen", "missed", "miss_rate").orderBy("relay"),
         HOURLY_OUTPUT: hourly,

@@ -19,11 +19,16 @@ class HadoopFS:
 
     spark: SparkSession
 
+    @property
+    def _jvm(self) -> Any:
+        return self.spark.sparkContext._jvm
+
     def _path(self, path: str) -> Any:
-        return self.spark.sparkContext._jvm.org.apache.hadoop.fs.Path(path)  # type: ignore[union-attr]
+        return self._jvm.org.apache.hadoop.fs.Path(path)
 
     def _fs(self, jpath: Any) -> Any:
-        return jpath.getFileSystem(self.spark.sparkContext._jsc.hadoopConfiguration())  # type: ignore[union-attr]
+        conf = self.spark.sparkContext._jsc.hadoopConfiguration()
+        return jpath.getFileSystem(conf)
 
     def exists(self, path: str) -> bool:
         jpath = self._path(path)
@@ -36,13 +41,17 @@ class HadoopFS:
     def list_files(self, directory: str) -> list[str]:
         """Fully qualified paths of the plain files directly inside ``directory``."""
         jpath = self._path(directory)
-        return [str(status.getPath().toString()) for status in self._fs(jpath).listStatus(jpath) if status.isFile()]
+        return [
+            str(status.getPath().toString())
+            for status in self._fs(jpath).listStatus(jpath)
+            if status.isFile()
+        ]
 
     def name(self, path: str) -> str:
         return str(self._path(path).getName())
 
     def child(self, directory: str, name: str) -> str:
-        return str(self.spark.sparkContext._jvm.org.apache.hadoop.fs.Path(directory, name).toString())  # type: ignore[union-attr]
+        return str(self._jvm.org.apache.hadoop.fs.Path(directory, name).toString())
 
     def mkdirs(self, directory: str) -> None:
         jpath = self._path(directory)

@@ -38,17 +38,25 @@ def parse_iso(value: str) -> datetime:
 
 def argument_parser(prog: str, description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=description.strip().splitlines()[0])
-    parser.add_argument("--input", required=True, help="folder (any Hadoop path) of the observation log")
+    parser.add_argument(
+        "--input", required=True, help="folder (any Hadoop path) of the observation log"
+    )
     parser.add_argument("--output", required=True, help="folder (any Hadoop path) for the reports")
     parser.add_argument(
         "--master", default=None, help="Spark master URL (default: spark-submit's, else local[*])"
     )
-    parser.add_argument("--since", type=parse_iso, default=None, help="first instant to include (ISO 8601)")
-    parser.add_argument("--until", type=parse_iso, default=None, help="first instant to exclude (ISO 8601)")
+    parser.add_argument(
+        "--since", type=parse_iso, default=None, help="first instant to include (ISO 8601)"
+    )
+    parser.add_argument(
+        "--until", type=parse_iso, default=None, help="first instant to exclude (ISO 8601)"
+    )
     return parser
 
 
-def run_job(job: Job, obs: Observations, output: str) -> tuple[dict[str, DataFrame], dict[str, int]]:
+def run_job(
+    job: Job, obs: Observations, output: str
+) -> tuple[dict[str, DataFrame], dict[str, int]]:
     """Compute one job and write its results; return them (cached, for the report) and their
     row counts."""
     with step(job.name):

@@ -9,9 +9,11 @@ fatal: the log is written by a long-running service that may be killed mid-line.
 
 from __future__ import annotations
 
+import operator
 import re
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
+from functools import reduce
 
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession, Window
@@ -59,7 +61,7 @@ class InputError(ValueError):
 def to_epoch_ms(moment: datetime) -> int:
     """Milliseconds since the epoch; a naive datetime is taken to be UTC, like the log."""
     if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
+        moment = moment.replace(tzinfo=UTC)
     return int(moment.timestamp() * 1000)
 
 
@@ -68,11 +70,13 @@ def file_hour_ms(name: str) -> int | None:
     match = _FILE_NAME.match(name)
     if match is None:
         return None
-    hour = datetime.strptime(match.group(1), "%Y%m%dT%H").replace(tzinfo=timezone.utc)
+    hour = datetime.strptime(match.group(1), "%Y%m%dT%H").replace(tzinfo=UTC)
     return to_epoch_ms(hour)
 
 
-def select_files(fs: HadoopFS, input_path: str, since_ms: int | None, until_ms: int | None) -> list[str]:
+def select_files(
+    fs: HadoopFS, input_path: str, since_ms: int | None, until_ms: int | None
+) -> list[str]:
     """The log files that may hold records in ``[since, until)``, in time order.
 
     Files whose name carries no hour are kept (they cannot be pruned, the row filter still
@@ -104,15 +108,12 @@ def _validity() -> Column:
     Unknown types are skipped rather than counted as corrupt so that newer record types (a
     canary, say) do not make an older analytics build report a broken log.
     """
-    checks = None
+    unreadable = F.col("type").isNull() | F.col(CORRUPT_COLUMN).isNotNull()
+    validity = F.when(unreadable, F.lit(False))
     for record_type, fields in REQUIRED_FIELDS.items():
-        present = F.col(CORRUPT_COLUMN).isNull()
-        for name in fields:
-            present = present & F.col(name).isNotNull()
-        checks = (F if checks is None else checks).when(F.col("type") == record_type, present)
-    assert checks is not None
-    missing_type = F.col("type").isNull() | F.col(CORRUPT_COLUMN).isNotNull()
-    return checks.when(missing_type, F.lit(False))
+        present = reduce(operator.and_, [F.col(name).isNotNull() for name in fields])
+        validity = validity.when(F.col("type") == record_type, present)
+    return validity
 
 
 @dataclass
@@ -133,6 +134,7 @@ class Observations:
     end_ms: int | None
     _cached: list[DataFrame] = field(default_factory=list, repr=False)
     _deliveries: DataFrame | None = field(default=None, repr=False)
+    _relay_states: DataFrame | None = field(default=None, repr=False)
 
     def of_type(self, record_type: str, *columns: str) -> DataFrame:
         return self.records.where(F.col("type") == record_type).select(*columns)
@@ -143,7 +145,10 @@ class Observations:
 
     @property
     def relay_states(self) -> DataFrame:
-        return self.of_type("relay", "relay", "ts", "state")
+        """The relay state records: few, but read several times, so cached on first use."""
+        if self._relay_states is None:
+            self._relay_states = self.cache(self.of_type("relay", "relay", "ts", "state"))
+        return self._relay_states
 
     @property
     def pushes(self) -> DataFrame:
@@ -152,11 +157,13 @@ class Observations:
     def deliveries(self) -> DataFrame:
         """One row per (relay, event) the relay delivered, with the event's first arrival.
 
-        Columns: relay, event_id, ts (this relay's first delivery), kind, created_at and
-        first_ts (earliest ``ts`` of the event over all relays). Shared by the latency and
-        dropped-events jobs, so it is computed once and cached.
+        Columns: relay, event_id, ts (this relay's first delivery), kind, created_at,
+        first_ts (earliest ``ts`` of the event over all relays) and first (true on exactly
+        one row per event: the earliest delivery, ties broken by relay). Shared by the
+        latency and dropped-events jobs, so it is computed once and cached.
         """
         if self._deliveries is None:
+            # Repartitioning by event first lets the dedup and the window share one shuffle.
             per_relay = (
                 self.seen.repartition("event_id")
                 .groupBy("event_id", "relay")
@@ -166,8 +173,12 @@ class Observations:
                     F.min_by("created_at", "ts").alias("created_at"),
                 )
             )
-            first_ts = F.min("ts").over(Window.partitionBy("event_id"))
-            self._deliveries = self.cache(per_relay.withColumn("first_ts", first_ts))
+            by_arrival = Window.partitionBy("event_id").orderBy("ts", "relay")
+            self._deliveries = self.cache(
+                per_relay.withColumn("first_ts", F.first("ts").over(by_arrival)).withColumn(
+                    "first", F.row_number().over(by_arrival) == 1
+                )
+            )
         return self._deliveries
 
     def cache(self, df: DataFrame) -> DataFrame:
@@ -181,7 +192,7 @@ class Observations:
         for frame in self._cached:
             frame.unpersist()
         self._cached.clear()
-        self._deliveries = None
+        self._deliveries = self._relay_states = None
 
 
 def _read(spark: SparkSession, files: list[str]) -> DataFrame:
@@ -196,7 +207,10 @@ def _read(spark: SparkSession, files: list[str]) -> DataFrame:
 
 
 def load_observations(
-    spark: SparkSession, input_path: str, since: datetime | None = None, until: datetime | None = None
+    spark: SparkSession,
+    input_path: str,
+    since: datetime | None = None,
+    until: datetime | None = None,
 ) -> Observations:
     """Read the log under ``input_path`` for ``[since, until)`` and count what was read.
 
@@ -229,7 +243,11 @@ def load_observations(
     assert stats is not None
     records = marked.where("usable").drop("valid", "usable")
     start_ms = since_ms if since_ms is not None else stats["min_ts"]
-    end_ms = until_ms if until_ms is not None else (None if stats["max_ts"] is None else stats["max_ts"] + 1)
+    end_ms = (
+        until_ms
+        if until_ms is not None
+        else (None if stats["max_ts"] is None else stats["max_ts"] + 1)
+    )
     if stats["usable"] == 0 and (since_ms is None or until_ms is None):
         start_ms = end_ms = None
     return Observations(

@@ -18,11 +18,11 @@ if __package__ in (None, ""):
     # spark-submit runs this file as a script: make the `analytics` package importable.
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pyspark.sql import Column, DataFrame  # noqa: E402
-from pyspark.sql import functions as F  # noqa: E402
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
 
-from analytics.jobs import Job, job_main  # noqa: E402
-from analytics.observations import Observations  # noqa: E402
+from analytics.jobs import Job, job_main
+from analytics.observations import Observations
 
 OUTPUT = "relay_latency"
 CREATED_AT_OUTPUT = "relay_latency_created_at"
@@ -32,31 +32,38 @@ ACCURACY = 10_000
 NIP04_KIND = 4
 
 
-def _quantiles(value: Column, prefix: str) -> list[Column]:
-    """Aggregates for the p50/p90/p99 of ``value`` named ``<prefix>_p50_ms`` etc."""
+def _quantiles(value: Column, prefix: str) -> Column:
+    """A struct of the p50/p90/p99 of ``value``, fields named ``<prefix>_p50_ms`` etc."""
     approx = F.percentile_approx(value, list(QUANTILES), ACCURACY)
-    return [approx[i].alias(f"{prefix}_p{round(q * 100)}_ms") for i, q in enumerate(QUANTILES)]
-
-
-def _summarise(deliveries: DataFrame, value: Column, prefix: str) -> DataFrame:
-    quantiles = _quantiles(value, prefix)
-    summary = deliveries.groupBy("relay").agg(F.count(F.lit(1)).alias("events"), F.struct(*quantiles).alias("q"))
-    return summary.select("relay", "events", "q.*").orderBy("relay")
+    return F.struct(
+        *[approx[i].alias(f"{prefix}_p{round(q * 100)}_ms") for i, q in enumerate(QUANTILES)]
+    )
 
 
 def compute(obs: Observations) -> dict[str, DataFrame]:
     """Per relay: distinct events delivered and lag p50/p90/p99 (ms); kind 4 age separately.
 
-    Relays that delivered nothing in the window have no row here (their misses show in the
-    dropped-events report).
+    Both tables come from one aggregation pass over the deliveries. Relays that delivered
+    nothing in the window have no row here (their misses show in the dropped-events report).
     """
-    deliveries = obs.deliveries()
     lag = F.col("ts") - F.col("first_ts")
-    kind4 = deliveries.where((F.col("kind") == NIP04_KIND) & F.col("created_at").isNotNull())
-    age = F.col("ts") - F.col("created_at") * 1000
+    kind4 = (F.col("kind") == NIP04_KIND) & F.col("created_at").isNotNull()
+    age = F.when(kind4, F.col("ts") - F.col("created_at") * 1000)
+    per_relay = obs.cache(
+        obs.deliveries()
+        .groupBy("relay")
+        .agg(
+            F.count(F.lit(1)).alias("events"),
+            _quantiles(lag, "lag").alias("lag"),
+            F.count(age).alias("kind4_events"),
+            _quantiles(age, "created_at_delay").alias("age"),
+        )
+    )
     return {
-        OUTPUT: _summarise(deliveries, lag, "lag"),
-        CREATED_AT_OUTPUT: _summarise(kind4, age, "created_at_delay"),
+        OUTPUT: per_relay.select("relay", "events", "lag.*").orderBy("relay"),
+        CREATED_AT_OUTPUT: per_relay.where(F.col("kind4_events") > 0)
+        .select("relay", F.col("kind4_events").alias("events"), "age.*")
+        .orderBy("relay"),
     }
 
 

@@ -26,6 +26,10 @@ th { background: #f6f8fa; } p.note { color: #59636e; } img { max-width: 100%; }
 """
 
 NO_DATA = '<p class="note">No data in this window.</p>'
+AGE_NOTE = (
+    '<p class="note">Includes the sender\'s publishing delay and clock skew. Kind 1059 is left '
+    "out: NIP-59 back-dates its created_at by up to two days.</p>"
+)
 
 
 def _cell(value: Any) -> str:
@@ -60,27 +64,29 @@ def _latency_section(results: Mapping[str, DataFrame]) -> str:
     parts = ["<h2>Relay latency</h2>", _table(columns, rows)]
     if rows:
         top = sorted(rows, key=lambda r: (-r[1], r[0]))[: charts.MAX_RELAYS]
-        chart = charts.latency_chart([r[0] for r in top], [r[2] for r in top], [r[3] for r in top], [r[4] for r in top])
+        chart = charts.latency_chart(
+            [r[0] for r in top], [r[2] for r in top], [r[3] for r in top], [r[4] for r in top]
+        )
         parts.append(_image(chart, "lag percentiles per relay"))
-    parts += [
-        "<h3>Kind 4: arrival minus created_at</h3>",
-        '<p class="note">Sender clock and publishing delay included; kind 1059 is left out '
-        "because NIP-59 back-dates its created_at.</p>",
-        _table(age_columns, age_rows),
-    ]
+    parts += ["<h3>Kind 4: arrival minus created_at</h3>", AGE_NOTE, _table(age_columns, age_rows)]
     return "\n".join(parts)
 
 
 def _dropped_section(results: Mapping[str, DataFrame]) -> str:
     columns, rows = _collect(results[dropped_events.OUTPUT])
     parts = ["<h2>Dropped events</h2>", _table(columns, rows)]
-    watched = [r[0] for r in sorted(rows, key=lambda r: (-r[1], r[0])) if r[1] > 0][: charts.MAX_RELAYS]
+    # The relays that matter most are those delivering the most: chart their hours.
+    watched = [r[0] for r in sorted(rows, key=lambda r: (-r[2], -r[1], r[0])) if r[1] > 0][
+        : charts.MAX_RELAYS
+    ]
     if watched:
         hourly = results[dropped_events.HOURLY_OUTPUT].where(F.col("relay").isin(watched))
         cells = {(r["relay"], r["hour"]): r["miss_rate"] for r in hourly.collect()}
         hours = sorted({hour for _, hour in cells})
         rates = [[cells.get((relay, hour)) for hour in hours] for relay in watched]
-        parts.append(_image(charts.miss_rate_chart(watched, hours, rates), "miss rate per relay and hour"))
+        parts.append(
+            _image(charts.miss_rate_chart(watched, hours, rates), "miss rate per relay and hour")
+        )
     return "\n".join(parts)
 
 
@@ -90,13 +96,17 @@ def _delivery_section(results: Mapping[str, DataFrame]) -> str:
     if rows:
         stages = ["events", *delivery.FINAL_STATUSES]
         counts = [[row[columns.index(stage)] for stage in stages] for row in rows]
-        parts.append(_image(charts.funnel_chart([r[0] for r in rows], stages, counts), "delivery funnel"))
+        parts.append(
+            _image(charts.funnel_chart([r[0] for r in rows], stages, counts), "delivery funnel")
+        )
     return "\n".join(parts)
 
 
 def render(summary: Sequence[tuple[str, str]], results: Mapping[str, DataFrame]) -> str:
     """The whole page: a summary of the run, then latency, dropped events and delivery."""
-    facts = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in summary)
+    facts = "".join(
+        f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in summary
+    )
     sections = [_latency_section(results), _dropped_section(results), _delivery_section(results)]
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'

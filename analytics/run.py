@@ -10,21 +10,21 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 if __package__ in (None, ""):
     # spark-submit runs this file as a script: make the `analytics` package importable.
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pyspark.sql import DataFrame  # noqa: E402
+from pyspark.sql import DataFrame
 
-from analytics import delivery, dropped_events, relay_latency, report  # noqa: E402
-from analytics.hadoop import HadoopFS  # noqa: E402
-from analytics.jobs import EXIT_OK, EXIT_USAGE, argument_parser, run_job  # noqa: E402
-from analytics.observations import InputError, Observations, load_observations  # noqa: E402
-from analytics.progress import progress, step  # noqa: E402
-from analytics.session import DEFAULT_MASTER, analytics_session  # noqa: E402
+from analytics import delivery, dropped_events, relay_latency, report
+from analytics.hadoop import HadoopFS
+from analytics.jobs import EXIT_OK, EXIT_USAGE, argument_parser, run_job
+from analytics.observations import InputError, Observations, load_observations
+from analytics.progress import progress, step
+from analytics.session import DEFAULT_MASTER, analytics_session
 
 JOBS = (relay_latency.JOB, dropped_events.JOB, delivery.JOB)
 REPORT_NAME = "report.html"
@@ -44,7 +44,7 @@ class RunSummary:
 def _iso(ms: int | None) -> str:
     if ms is None:
         return "-"
-    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat().replace("+00:00", "Z")
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat().replace("+00:00", "Z")
 
 
 def _facts(obs: Observations) -> list[tuple[str, str]]:

@@ -7,8 +7,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from analytics_logs import ObservationLog
 from pyspark.sql import SparkSession
+
+from tests.analytics.observation_logs import ObservationLog
 
 
 def pytest_configure(config: pytest.Config) -> None:

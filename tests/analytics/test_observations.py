@@ -5,10 +5,10 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from analytics_logs import HOUR, MINUTE, T0, T0_MS, ObservationLog, relay, seen
 from pyspark.sql import SparkSession
 
 from analytics.observations import InputError, file_hour_ms, load_observations
+from tests.analytics.observation_logs import HOUR, MINUTE, T0, T0_MS, ObservationLog, relay, seen
 
 pytestmark = pytest.mark.spark
 
@@ -53,11 +53,16 @@ def test_corrupt_lines_are_counted_not_fatal(spark: SparkSession, log: Observati
     obs.release()
 
 
-def test_since_and_until_open_only_the_hours_needed(spark: SparkSession, log: ObservationLog) -> None:
+def test_since_and_until_open_only_the_hours_needed(
+    spark: SparkSession, log: ObservationLog
+) -> None:
     """A window opens only the files of its hours (the corrupt line of 09:00 is never read)
     and drops rows outside it, such as a straggler written into the 10:00 file after 11:00."""
     log.write("20261121T09", [relay(T0_MS - HOUR, "wss://a", "connected"), "{{{"])
-    log.write("20261121T10", [seen(T0_MS + 10 * MINUTE, "wss://a", "e1"), seen(T0_MS + HOUR + 500, "wss://a", "e9")])
+    log.write(
+        "20261121T10",
+        [seen(T0_MS + 10 * MINUTE, "wss://a", "e1"), seen(T0_MS + HOUR + 500, "wss://a", "e9")],
+    )
     log.write("20261121T11", [seen(T0_MS + HOUR + 10 * MINUTE, "wss://a", "e3")])
 
     obs = load_observations(spark, log.path, since=T0, until=T0 + timedelta(hours=1))
@@ -74,12 +79,19 @@ def test_since_and_until_open_only_the_hours_needed(spark: SparkSession, log: Ob
 def test_empty_folder_is_an_empty_window(spark: SparkSession, log: ObservationLog) -> None:
     obs = load_observations(spark, log.path)
 
-    assert (obs.files_read, obs.records_read, obs.corrupt_lines, obs.records_in_window) == (0, 0, 0, 0)
+    assert (obs.files_read, obs.records_read, obs.corrupt_lines, obs.records_in_window) == (
+        0,
+        0,
+        0,
+        0,
+    )
     assert obs.start_ms is None and obs.end_ms is None
     obs.release()
 
 
-def test_missing_input_and_inverted_window_are_usage_errors(spark: SparkSession, log: ObservationLog) -> None:
+def test_missing_input_and_inverted_window_are_usage_errors(
+    spark: SparkSession, log: ObservationLog
+) -> None:
     with pytest.raises(InputError, match="does not exist"):
         load_observations(spark, log.path + "/nope")
     with pytest.raises(InputError, match="before --until"):

@@ -6,11 +6,21 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from analytics_logs import HOUR, MINUTE, SECOND, T0, T0_MS, ObservationLog, push, relay, seen
 from pyspark.sql import DataFrame, SparkSession
 
 from analytics import delivery, dropped_events, relay_latency
 from analytics.observations import load_observations
+from tests.analytics.observation_logs import (
+    HOUR,
+    MINUTE,
+    SECOND,
+    T0,
+    T0_MS,
+    ObservationLog,
+    push,
+    relay,
+    seen,
+)
 
 pytestmark = pytest.mark.spark
 
@@ -49,7 +59,9 @@ def write_disconnect_story(log: ObservationLog) -> None:
     log.write("20261121T11", [seen(t + HOUR + 10 * SECOND, B, "e6")])
 
 
-def test_relay_that_disconnects_is_not_expected_to_deliver_meanwhile(spark: SparkSession, log: ObservationLog) -> None:
+def test_relay_that_disconnects_is_not_expected_to_deliver_meanwhile(
+    spark: SparkSession, log: ObservationLog
+) -> None:
     """A expects all six events and missed e6: 1/6. B expects e1, e2, e5, e6 (e3 and e4 were
     first seen while it was down): it missed e5, 1/4; its late e3 counts in neither."""
     write_disconnect_story(log)
@@ -67,7 +79,9 @@ def test_relay_that_disconnects_is_not_expected_to_deliver_meanwhile(spark: Spar
     obs.release()
 
 
-def test_lag_is_measured_against_the_first_arrival(spark: SparkSession, log: ObservationLog) -> None:
+def test_lag_is_measured_against_the_first_arrival(
+    spark: SparkSession, log: ObservationLog
+) -> None:
     """A delivered e1-e5 with lags 0, 200, 0, 0, 0; B delivered e1, e2, e3, e6 with lags
     500, 0, 25 000 (late catch-up), 0. Percentiles are nearest-rank on such small sets."""
     write_disconnect_story(log)
@@ -80,11 +94,15 @@ def test_lag_is_measured_against_the_first_arrival(spark: SparkSession, log: Obs
     obs.release()
 
 
-def test_window_start_infers_which_relays_were_connected(spark: SparkSession, log: ObservationLog) -> None:
+def test_window_start_infers_which_relays_were_connected(
+    spark: SparkSession, log: ObservationLog
+) -> None:
     """--since cuts off A's and C's `connected` records. A delivered before any state change,
     so it was up; C's first change is a disconnect at 10:30, so it was up until then and
     should have had e1; D only reports an `error` and delivers nothing: never expected."""
-    log.write("20261121T09", [relay(T0_MS - HOUR, A, "connected"), relay(T0_MS - HOUR, C, "connected")])
+    log.write(
+        "20261121T09", [relay(T0_MS - HOUR, A, "connected"), relay(T0_MS - HOUR, C, "connected")]
+    )
     log.write(
         "20261121T10",
         [
@@ -102,7 +120,9 @@ def test_window_start_infers_which_relays_were_connected(spark: SparkSession, lo
     obs.release()
 
 
-def test_auth_states_and_reconnects_shape_the_connected_intervals(spark: SparkSession, log: ObservationLog) -> None:
+def test_auth_states_and_reconnects_shape_the_connected_intervals(
+    spark: SparkSession, log: ObservationLog
+) -> None:
     """`auth_required` changes nothing, `authenticated_as_user` counts as connected, a repeated
     `connected` does not restart the interval and an `error` ends it."""
     t = T0_MS
@@ -149,11 +169,16 @@ def test_created_at_is_used_for_kind_4_only(spark: SparkSession, log: Observatio
     results = relay_latency.compute(obs)
 
     assert rows(results["relay_latency"]) == [(A, 3, 0, 0, 0), (B, 1, 500, 500, 500)]
-    assert rows(results["relay_latency_created_at"]) == [(A, 2, 2000, 4000, 4000), (B, 1, 2500, 2500, 2500)]
+    assert rows(results["relay_latency_created_at"]) == [
+        (A, 2, 2000, 4000, 4000),
+        (B, 1, 2500, 2500, 2500),
+    ]
     obs.release()
 
 
-def test_delivery_funnel_counts_one_final_outcome_per_event(spark: SparkSession, log: ObservationLog) -> None:
+def test_delivery_funnel_counts_one_final_outcome_per_event(
+    spark: SparkSession, log: ObservationLog
+) -> None:
     """ios: e1 retry then accepted (300 ms), e2 accepted on one device and unregistered on
     another (accepted, 200 ms), e3 only retried so far (no outcome), e4 failed (5000 ms).
     android: e1 rejected (80), e5 unregistered (40), e6 accepted without a latency."""
@@ -176,6 +201,15 @@ def test_delivery_funnel_counts_one_final_outcome_per_event(spark: SparkSession,
 
     funnel = delivery.compute(obs)["delivery"]
 
-    assert funnel.columns == ["platform", "events", "accepted", "unregistered", "rejected", "failed", "p50_ms", "p99_ms"]
+    assert funnel.columns == [
+        "platform",
+        "events",
+        "accepted",
+        "unregistered",
+        "rejected",
+        "failed",
+        "p50_ms",
+        "p99_ms",
+    ]
     assert rows(funnel) == [("android", 3, 1, 1, 1, 0, 40, 80), ("ios", 4, 2, 0, 0, 1, 300, 5000)]
     obs.release()

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import gzip
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-T0 = datetime(2026, 11, 21, 10, tzinfo=timezone.utc)
+T0 = datetime(2026, 11, 21, 10, tzinfo=UTC)
 T0_MS = int(T0.timestamp() * 1000)
 SECOND = 1000
 MINUTE = 60 * SECOND
@@ -27,7 +27,9 @@ class ObservationLog:
 
         ``hour`` is the file name's ``YYYYMMDDTHH``.
         """
-        text = "".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines)
+        text = "".join(
+            (line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines
+        )
         if compress:
             path = self.directory / f"observations-{hour}.jsonl.gz"
             path.write_bytes(gzip.compress(text.encode()))
@@ -42,7 +44,9 @@ class ObservationLog:
         return str(self.directory)
 
 
-def seen(ts: int, relay: str, event_id: str, kind: int = 1059, created_at: int | None = None) -> dict[str, Any]:
+def seen(
+    ts: int, relay: str, event_id: str, kind: int = 1059, created_at: int | None = None
+) -> dict[str, Any]:
     return {
         "type": "seen",
         "ts": ts,
@@ -57,8 +61,16 @@ def relay(ts: int, url: str, state: str) -> dict[str, Any]:
     return {"type": "relay", "ts": ts, "relay": url, "state": state, "detail": ""}
 
 
-def push(ts: int, event_id: str, platform: str, status: str, latency_ms: int | None) -> dict[str, Any]:
-    record: dict[str, Any] = {"type": "push", "ts": ts, "event_id": event_id, "platform": platform, "status": status}
+def push(
+    ts: int, event_id: str, platform: str, status: str, latency_ms: int | None
+) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "type": "push",
+        "ts": ts,
+        "event_id": event_id,
+        "platform": platform,
+        "status": status,
+    }
     if latency_ms is not None:
         record["latency_ms"] = latency_ms
     return record

@@ -9,17 +9,26 @@ import sys
 from pathlib import Path
 
 import pytest
-from analytics_logs import SECOND, T0_MS, ObservationLog, push, relay, seen
 from pyspark.sql import SparkSession
 
 from analytics.run import main, run_all
+from tests.analytics.observation_logs import SECOND, T0_MS, ObservationLog, push, relay, seen
 
 pytestmark = pytest.mark.spark
 
 CONTRACT_COLUMNS = {
     "relay_latency.csv": ["relay", "events", "lag_p50_ms", "lag_p90_ms", "lag_p99_ms"],
     "dropped_events.csv": ["relay", "expected", "seen", "missed", "miss_rate"],
-    "delivery.csv": ["platform", "events", "accepted", "unregistered", "rejected", "failed", "p50_ms", "p99_ms"],
+    "delivery.csv": [
+        "platform",
+        "events",
+        "accepted",
+        "unregistered",
+        "rejected",
+        "failed",
+        "p50_ms",
+        "p99_ms",
+    ],
 }
 EXTRA_FILES = ["relay_latency_created_at.csv", "dropped_events_hourly.csv"]
 REPO = Path(__file__).resolve().parents[2]
@@ -30,7 +39,9 @@ def read_csv(path: Path) -> list[list[str]]:
         return list(csv.reader(handle))
 
 
-def test_run_all_writes_every_report(spark: SparkSession, log: ObservationLog, tmp_path: Path) -> None:
+def test_run_all_writes_every_report(
+    spark: SparkSession, log: ObservationLog, tmp_path: Path
+) -> None:
     """Two relays, one of which misses an event, and pushes on two platforms: the CSVs hold
     exactly the contract's columns and values, the Parquet copies the same rows, and the
     report shows the tables without referencing anything on the network."""
@@ -53,7 +64,12 @@ def test_run_all_writes_every_report(spark: SparkSession, log: ObservationLog, t
 
     summary = run_all(log.path, str(out), master="local[2]")
 
-    assert (summary.files_read, summary.records_read, summary.corrupt_lines, summary.records_in_window) == (1, 9, 1, 8)
+    assert (
+        summary.files_read,
+        summary.records_read,
+        summary.corrupt_lines,
+        summary.records_in_window,
+    ) == (1, 9, 1, 8)
     assert summary.rows == {
         "relay_latency": 2,
         "relay_latency_created_at": 2,
@@ -61,8 +77,14 @@ def test_run_all_writes_every_report(spark: SparkSession, log: ObservationLog, t
         "dropped_events_hourly": 2,
         "delivery": 2,
     }
-    assert read_csv(out / "relay_latency.csv")[1:] == [["wss://a", "2", "0", "0", "0"], ["wss://b", "1", "300", "300", "300"]]
-    assert read_csv(out / "dropped_events.csv")[1:] == [["wss://a", "2", "2", "0", "0.0"], ["wss://b", "2", "1", "1", "0.5"]]
+    assert read_csv(out / "relay_latency.csv")[1:] == [
+        ["wss://a", "2", "0", "0", "0"],
+        ["wss://b", "1", "300", "300", "300"],
+    ]
+    assert read_csv(out / "dropped_events.csv")[1:] == [
+        ["wss://a", "2", "2", "0", "0.0"],
+        ["wss://b", "2", "1", "1", "0.5"],
+    ]
     assert read_csv(out / "delivery.csv")[1:] == [
         ["android", "1", "0", "0", "1", "0", "700", "700"],
         ["ios", "1", "1", "0", "0", "0", "2400", "2400"],
@@ -86,7 +108,9 @@ def test_run_all_writes_every_report(spark: SparkSession, log: ObservationLog, t
     assert page.count('src="data:image/png;base64,') == 3
 
 
-def test_empty_input_gives_headers_and_a_report_saying_so(spark: SparkSession, log: ObservationLog, tmp_path: Path) -> None:
+def test_empty_input_gives_headers_and_a_report_saying_so(
+    spark: SparkSession, log: ObservationLog, tmp_path: Path
+) -> None:
     out = tmp_path / "reports"
 
     summary = run_all(log.path, str(out))
