@@ -1,0 +1,272 @@
+"""Delegated NIP-42 AUTH: reading gated inboxes through each user's own NIP-46 signer.
+
+A user who registers an `auth_signer` grants the bridge a remote-signer session limited to
+kind 22242 AUTH events. This module keeps those sessions (sealed at rest), establishes them
+(`connect`, then `get_public_key`, which must be the user's key), and signs AUTH answers on
+the user's behalf, rate-limited per user so a reconnect storm never floods a signer app.
+Statuses: pending, active, refused (the signer said no, or holds another key: not retried
+until the user registers again), unreachable (retried with growing pauses).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import aiosqlite
+from prometheus_client import Counter, Gauge
+
+from sigil_push.nostr.event import Event
+from sigil_push.nostr.keys import SecretKey
+from sigil_push.nostr.nip46 import (
+    BunkerUri,
+    Response,
+    SignerError,
+    connect_request,
+    get_public_key_request,
+    sign_auth_request,
+    signed_auth_event,
+)
+from sigil_push.ratelimit import RateLimiter
+from sigil_push.relays.signer_link import SignerRelayLink, SignerUnreachable
+from sigil_push.sealed import Sealer, UnreadableSecret
+
+log = logging.getLogger(__name__)
+
+STATUSES = ("pending", "active", "refused", "unreachable")
+REQUEST_TIMEOUT_SECONDS = 15.0
+SIGNS_PER_MINUTE_PER_USER = 6
+RETRY_FIRST_SECONDS = 60.0
+RETRY_MAX_SECONDS = 3600.0
+
+SESSIONS = Gauge("sigil_push_delegated_auth_sessions", "Signer sessions by status", ["status"])
+SIGNER_REQUESTS = Counter(
+    "sigil_push_delegated_auth_signer_requests_total", "Requests sent to users' signers", ["method"]
+)
+SIGNATURES = Counter(
+    "sigil_push_delegated_auth_signatures_total", "AUTH signatures asked of signers, by outcome",
+    ["outcome"],
+)
+for _status in STATUSES:
+    SESSIONS.labels(_status)
+for _method in ("connect", "get_public_key", "sign_event"):
+    SIGNER_REQUESTS.labels(_method)
+for _outcome in ("signed", "throttled", "refused", "unreachable"):
+    SIGNATURES.labels(_outcome)
+
+
+class DelegatedAuthUnavailable(Exception):
+    """No AUTH can be had for this user now (no active session, throttled, or signer failed)."""
+
+
+@dataclass
+class Session:
+    pubkey: str
+    signer_pubkey: str
+    relays: tuple[str, ...]
+    secret: str | None
+    client: SecretKey
+    status: str
+    detail: str
+    retry_after: float = 0.0
+
+
+StatusListener = Callable[[str, str], None]
+
+
+class DelegatedAuth:
+    def __init__(self, db: aiosqlite.Connection, bridge_key: SecretKey) -> None:
+        self._db = db
+        self._sealer = Sealer(bridge_key, "nip46-sessions")
+        self._sessions: dict[str, Session] = {}
+        self._links: dict[str, SignerRelayLink] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._throttle = RateLimiter(SIGNS_PER_MINUTE_PER_USER)
+        self._listeners: list[StatusListener] = []
+
+    def add_listener(self, listener: StatusListener) -> None:
+        """Be told (pubkey, status) whenever a session changes status."""
+        self._listeners.append(listener)
+
+    async def start(self) -> None:
+        rows = await self._db.execute_fetchall(
+            "SELECT pubkey, signer_pubkey, relays, sealed_secret, sealed_client_key, status, detail"
+            " FROM auth_signers"
+        )
+        for pubkey, signer, relays, sealed_secret, sealed_client, status, detail in rows:
+            try:
+                secret = self._sealer.open(sealed_secret) if sealed_secret else None
+                client = SecretKey(self._sealer.open(sealed_client))
+            except UnreadableSecret:
+                log.warning("a signer session was sealed under another bridge key; marked refused")
+                await self._db.execute(
+                    "UPDATE auth_signers SET status = 'refused', detail = ? WHERE pubkey = ?",
+                    ("sealed under another bridge key; register the signer again", pubkey),
+                )
+                continue
+            session = Session(pubkey, signer, tuple(json.loads(relays)), secret, client, status, detail)
+            self._sessions[pubkey] = session
+            if status in ("pending", "unreachable"):
+                self._establish_soon(session)
+        self._count()
+
+    async def stop(self) -> None:
+        for task in self._tasks.values():
+            task.cancel()
+        for task in self._tasks.values():
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        await asyncio.gather(*(link.close() for link in self._links.values()))
+
+    def status(self, pubkey: str) -> str | None:
+        session = self._sessions.get(pubkey)
+        return session.status if session else None
+
+    def active_pubkeys(self) -> set[str]:
+        return {p for p, s in self._sessions.items() if s.status == "active"}
+
+    async def set_signer(self, pubkey: str, bunker: BunkerUri) -> None:
+        """Replace the user's session with a new one for `bunker` and start establishing it."""
+        await self.remove(pubkey)
+        session = Session(
+            pubkey, bunker.signer_pubkey, bunker.relays, bunker.secret, SecretKey.generate(),
+            "pending", "",
+        )
+        await self._db.execute(
+            "INSERT OR REPLACE INTO auth_signers (pubkey, signer_pubkey, relays, sealed_secret,"
+            " sealed_client_key, status, detail, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                pubkey, bunker.signer_pubkey, json.dumps(list(bunker.relays)),
+                self._sealer.seal(bunker.secret) if bunker.secret else None,
+                self._sealer.seal(session.client.secret_hex), "pending", "", int(time.time()),
+            ),
+        )
+        self._sessions[pubkey] = session
+        self._count()
+        self._establish_soon(session)
+
+    async def remove(self, pubkey: str) -> None:
+        session = self._sessions.pop(pubkey, None)
+        task = self._tasks.pop(pubkey, None)
+        if task is not None:
+            task.cancel()
+        await self._db.execute("DELETE FROM auth_signers WHERE pubkey = ?", (pubkey,))
+        if session is not None:
+            for url in session.relays:
+                if url in self._links:
+                    self._links[url].forget(session.client.public_key_hex)
+            self._count()
+            self._notify(pubkey, "removed")
+
+    async def sign_auth(self, pubkey: str, relay_url: str, challenge: str) -> Event:
+        """AUTH as the user for `relay_url`'s challenge; the one thing a signer is asked to sign."""
+        session = self._sessions.get(pubkey)
+        if session is None or session.status != "active":
+            raise DelegatedAuthUnavailable("no active signer session")
+        if self._throttle.check(pubkey):
+            SIGNATURES.labels("throttled").inc()
+            raise DelegatedAuthUnavailable("signer requests for this user are rate-limited")
+        request_id, message = sign_auth_request(
+            session.client, session.signer_pubkey, relay_url, challenge, int(time.time())
+        )
+        try:
+            answer = await self._ask(session, request_id, message, "sign_event")
+            if answer.error or answer.result is None:
+                raise SignerError(answer.error or "empty answer")
+            event = signed_auth_event(answer.result, pubkey, relay_url, challenge)
+        except SignerUnreachable:
+            SIGNATURES.labels("unreachable").inc()
+            raise DelegatedAuthUnavailable("the signer is unreachable") from None
+        except SignerError:
+            SIGNATURES.labels("refused").inc()
+            raise DelegatedAuthUnavailable("the signer refused to sign") from None
+        SIGNATURES.labels("signed").inc()
+        return event
+
+    def signer_for(self, pubkey: str) -> UserAuthSigner:
+        return UserAuthSigner(self, pubkey)
+
+    # -- establishing sessions -----------------------------------------------------------------
+
+    def _establish_soon(self, session: Session) -> None:
+        previous = self._tasks.pop(session.pubkey, None)
+        if previous is not None:
+            previous.cancel()
+        self._tasks[session.pubkey] = asyncio.create_task(
+            self._establish(session), name="nip46-connect"
+        )
+
+    async def _establish(self, session: Session) -> None:
+        pause = RETRY_FIRST_SECONDS
+        while True:
+            await asyncio.sleep(max(0.0, session.retry_after - time.monotonic()))
+            try:
+                status, detail = await self._handshake(session)
+            except SignerUnreachable as exc:
+                status, detail = "unreachable", str(exc)
+            await self._set_status(session, status, detail)
+            if status != "unreachable":
+                return
+            session.retry_after = time.monotonic() + pause
+            pause = min(RETRY_MAX_SECONDS, pause * 2)
+
+    async def _handshake(self, session: Session) -> tuple[str, str]:
+        bunker = BunkerUri(session.signer_pubkey, session.relays, session.secret)
+        request_id, message = connect_request(session.client, bunker)
+        answer = await self._ask(session, request_id, message, "connect")
+        if answer.error:
+            return "refused", "the signer refused the connection"
+        request_id, message = get_public_key_request(session.client, session.signer_pubkey)
+        answer = await self._ask(session, request_id, message, "get_public_key")
+        if answer.error or answer.result is None:
+            return "refused", "the signer did not reveal its key"
+        if answer.result.lower() != session.pubkey:
+            return "refused", "the signer holds another key than the registered npub"
+        return "active", ""
+
+    async def _ask(self, session: Session, request_id: str, message: Event, method: str) -> Response:
+        """Send one request over the first of the signer's relays that answers."""
+        SIGNER_REQUESTS.labels(method).inc()
+        failure: SignerUnreachable | None = None
+        for url in session.relays:
+            link = self._links.setdefault(url, SignerRelayLink(url))
+            try:
+                return await link.request(session.client, request_id, message, REQUEST_TIMEOUT_SECONDS)
+            except SignerUnreachable as exc:
+                failure = exc
+        raise failure or SignerUnreachable("the signer has no relays")
+
+    async def _set_status(self, session: Session, status: str, detail: str) -> None:
+        session.status, session.detail = status, detail
+        await self._db.execute(
+            "UPDATE auth_signers SET status = ?, detail = ?, updated_at = ? WHERE pubkey = ?",
+            (status, detail, int(time.time()), session.pubkey),
+        )
+        log.info("signer session %s%s", status, f": {detail}" if detail else "")
+        self._count()
+        self._notify(session.pubkey, status)
+
+    def _notify(self, pubkey: str, status: str) -> None:
+        for listener in self._listeners:
+            listener(pubkey, status)
+
+    def _count(self) -> None:
+        for status in STATUSES:
+            SESSIONS.labels(status).set(sum(s.status == status for s in self._sessions.values()))
+
+
+class UserAuthSigner:
+    """The AuthSigner a per-user relay connection uses: AUTH as that user via their signer."""
+
+    def __init__(self, delegated: DelegatedAuth, pubkey: str) -> None:
+        self._delegated = delegated
+        self._pubkey = pubkey
+
+    async def sign_auth(self, relay_url: str, challenge: str) -> Event:
+        return await self._delegated.sign_auth(self._pubkey, relay_url, challenge)

@@ -1,0 +1,133 @@
+"""A NIP-46 remote signer ("bunker") built only on nostr-sdk, independent of sigil-push.
+
+It runs in its own thread and event loop, listens for kind 24133 requests on one relay,
+answers `connect`, `get_public_key` and `sign_event` with the user's keys, and records every
+request it receives so tests can prove what the bridge asked for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import nostr_sdk
+
+
+@dataclass
+class Request:
+    method: str
+    params: list[Any]
+    signed_kind: int | None = None
+
+
+@dataclass
+class RemoteSigner:
+    relay_url: str
+    user: nostr_sdk.Keys = field(default_factory=nostr_sdk.Keys.generate)
+    secret: str | None = None
+    refuse: bool = False
+    claims_key: nostr_sdk.Keys | None = None
+    requests: list[Request] = field(default_factory=list)
+    signer_keys: nostr_sdk.Keys = field(default_factory=nostr_sdk.Keys.generate)
+
+    def __post_init__(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+
+    @property
+    def bunker_uri(self) -> str:
+        query = f"relay={self.relay_url}" + (f"&secret={self.secret}" if self.secret else "")
+        return f"bunker://{self.signer_keys.public_key().to_hex()}?{query}"
+
+    @property
+    def user_hex(self) -> str:
+        return str(self.user.public_key().to_hex())
+
+    def start(self) -> RemoteSigner:
+        self._thread.start()
+        serving = asyncio.run_coroutine_threadsafe(self._serve(), self._loop)
+        if not self._ready.wait(15):
+            raise TimeoutError(f"remote signer did not subscribe in time: {serving!r}")
+        return self
+
+    def stop(self) -> None:
+        if self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._loop.call_later(1.0, self._loop.stop)
+        self._thread.join(timeout=5)
+
+    def methods(self) -> list[str]:
+        return [request.method for request in list(self.requests)]
+
+    async def _serve(self) -> None:
+        self._stop = asyncio.Event()
+        client = nostr_sdk.Client()
+        await client.add_relay(nostr_sdk.RelayUrl.parse(self.relay_url))
+        await client.connect()
+        await client.try_connect(timedelta(seconds=5))
+        notifications = client.notifications()
+        listen = (
+            nostr_sdk.Filter()
+            .kind(nostr_sdk.Kind(24133))
+            .pubkey(self.signer_keys.public_key())
+            .since(nostr_sdk.Timestamp.from_secs(nostr_sdk.Timestamp.now().as_secs() - 60))
+        )
+        await client.subscribe(nostr_sdk.ReqTarget.auto([listen]))
+        self._ready.set()
+        while not self._stop.is_set():
+            try:
+                notification = await asyncio.wait_for(notifications.next(), 0.5)
+            except TimeoutError:
+                continue
+            if notification is None or not notification.is_new_event():
+                continue
+            await self._answer(client, notification.event)
+        await client.shutdown()
+
+    async def _answer(self, client: nostr_sdk.Client, event: nostr_sdk.Event) -> None:
+        if event.kind().as_u16() != 24133:
+            return
+        requester = event.author()
+        plaintext = nostr_sdk.nip44_decrypt(self.signer_keys.secret_key(), requester, event.content())
+        request = json.loads(plaintext)
+        method, params = request["method"], request.get("params", [])
+        record = Request(method, params)
+        self.requests.append(record)
+        result: str | None = None
+        error: str | None = None
+        if self.refuse:
+            error = "denied by the user"
+        elif method == "connect":
+            result = "ack"
+            if self.secret and (len(params) < 2 or params[1] != self.secret):
+                result, error = None, "wrong secret"
+        elif method == "get_public_key":
+            result = str((self.claims_key or self.user).public_key().to_hex())
+        elif method == "sign_event":
+            template = json.loads(params[0])
+            record.signed_kind = int(template["kind"])
+            signed = (
+                nostr_sdk.EventBuilder(nostr_sdk.Kind(template["kind"]), template["content"])
+                .tags([nostr_sdk.Tag.parse(tag) for tag in template["tags"]])
+                .custom_created_at(nostr_sdk.Timestamp.from_secs(template["created_at"]))
+                .finalize(self.user)
+            )
+            result = signed.as_json()
+        else:
+            error = f"unsupported method {method}"
+        answer = {"id": request["id"], "result": result, "error": error}
+        content = nostr_sdk.nip44_encrypt(
+            self.signer_keys.secret_key(), requester, json.dumps(answer), nostr_sdk.Nip44Version.V2
+        )
+        response = (
+            nostr_sdk.EventBuilder(nostr_sdk.Kind(24133), content)
+            .tags([nostr_sdk.Tag.public_key(requester)])
+            .finalize(self.signer_keys)
+        )
+        await client.send_event(response)
