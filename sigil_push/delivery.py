@@ -33,6 +33,7 @@ IDLE_POLL_SECONDS = 1.0
 """Also picks up wakeups written by another process (e.g. `sigil-push` tools) without a signal."""
 HOUSEKEEPING_SECONDS = 1.0
 STOP_GRACE_SECONDS = 5.0
+ERROR_PAUSE_SECONDS = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,15 +108,23 @@ class Delivery:
 
     async def _run(self) -> None:
         while True:
-            self._outbox.ready.clear()
-            has_room = self._room() >= self._refill
-            if has_room:
-                due = await self._outbox.due(now_ms(), min(self._room(), BATCH_SIZE))
-                if due:
-                    await self._dispatch(due)
-                    continue
-            await self._housekeeping()
-            await self._idle(has_room)
+            try:
+                await self._step()
+            except Exception:  # noqa: BLE001 - e.g. a locked database: keep delivering
+                log.exception("delivery loop error; retrying in %.0f s", ERROR_PAUSE_SECONDS)
+                await asyncio.sleep(ERROR_PAUSE_SECONDS)
+
+    async def _step(self) -> None:
+        """One round: dispatch a batch of due wakeups, or sleep until there may be some."""
+        self._outbox.ready.clear()
+        await self._housekeeping()
+        has_room = self._room() >= self._refill
+        if has_room:
+            due = await self._outbox.due(now_ms(), min(self._room(), BATCH_SIZE))
+            if due:
+                await self._dispatch(due)
+                return
+        await self._idle(has_room)
 
     def _room(self) -> int:
         return self._max_rows_in_flight - self._rows_in_flight
@@ -320,12 +329,22 @@ class Delivery:
         while True:
             await self._completion_due.wait()
             self._completion_due.clear()
-            await self._flush_completions()
+            try:
+                await self._flush_completions()
+            except Exception:  # noqa: BLE001 - the ids went back to the list: retried next time
+                log.exception("cannot delete answered wakeups; retrying in %.0f s", ERROR_PAUSE_SECONDS)
+                await asyncio.sleep(ERROR_PAUSE_SECONDS)
+                self._completion_due.set()
 
     async def _flush_completions(self) -> None:
         ids, self._to_complete = self._to_complete, []
-        if ids:
+        if not ids:
+            return
+        try:
             await self._outbox.complete(ids)
+        except BaseException:
+            self._to_complete.extend(ids)
+            raise
 
 
 async def _cancel(task: asyncio.Task[None] | None) -> None:
