@@ -214,8 +214,8 @@ def load_observations(
 ) -> Observations:
     """Read the log under ``input_path`` for ``[since, until)`` and count what was read.
 
-    The usable records of the window are cached (one JSON parse serves every job); the
-    counting pass that fills the cache also yields the corrupt-line count and the bounds.
+    The parsed lines are cached (one JSON parse serves every job); the counting pass that
+    fills the cache also yields the corrupt-line count and the bounds of the window.
     """
     since_ms = None if since is None else to_epoch_ms(since)
     until_ms = None if until is None else to_epoch_ms(until)
