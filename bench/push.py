@@ -8,7 +8,9 @@ For each provider, in one run:
 3. latency: wakeups enqueued live at a fixed rate below capacity, p50/p99 from enqueue (the
    outbox) to the provider's answer, as written in the observation log.
 The fakes run in their own processes pinned to the other core; this process is pinned to one
-core, so the figure is one core's worth of delivery. Writes bench/results/push.json.
+core. On a shared machine that core is not all ours, so the CPU time each side actually got is
+recorded too: `wakeups_per_cpu_second` is the rate one fully available core would sustain, and
+`cpu_busy_fraction` shows that the fakes were not saturated. Writes bench/results/push.json.
 
 Usage: python bench/push.py [--wakeups 20000] [--devices 2000] [--rate 1000] [--seconds 5]
 """
@@ -95,6 +97,12 @@ def start_fake(args: list[str], port: int | None) -> subprocess.Popen[str]:
     return process
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (from /proc), to show whether a fake was saturated."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def percentile(values: list[float], fraction: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
@@ -179,7 +187,9 @@ class Timed:
         await self.inner.close()
 
 
-async def run_provider(provider: str, document: dict[str, Any], folder: Path, args: argparse.Namespace) -> dict[str, Any]:
+async def run_provider(
+    provider: str, document: dict[str, Any], folder: Path, args: argparse.Namespace, fake_pid: int
+) -> dict[str, Any]:
     platform_name = PLATFORM_OF[provider]
     config = parse_config(document, folder / "relays.toml")
     work = folder / provider
@@ -197,7 +207,12 @@ async def run_provider(provider: str, document: dict[str, Any], folder: Path, ar
     senders = await build_senders(config)
     bare = bare_apns(document) if provider == "apns" else bare_sender(senders[platform_name])
     concurrency = senders[platform_name].max_concurrency
+    fake_cpu, own_cpu = cpu_seconds(fake_pid), time.process_time()
+    bare_started = time.perf_counter()
     ceiling = await bare_ceiling(bare, devices, args.wakeups, concurrency)
+    bare_seconds = time.perf_counter() - bare_started
+    bare_fake_busy = (cpu_seconds(fake_pid) - fake_cpu) / bare_seconds
+    bare_own_busy = (time.process_time() - own_cpu) / bare_seconds
 
     events = [sign_event(sender_key, 4, f"m{i}", [["p", recipient.public_key_hex]]) for i in range(args.wakeups)]
     seen = now_ms()
@@ -208,14 +223,19 @@ async def run_provider(provider: str, document: dict[str, Any], folder: Path, ar
     timed = {platform: Timed(sender) for platform, sender in senders.items()}
     delivery = Delivery(outbox, devices_store, dict(timed), observations, True, config.push, config.limits)
 
+    fake_cpu, own_cpu = cpu_seconds(fake_pid), time.process_time()
     started = time.perf_counter()
     await delivery.start()
     while await outbox.depth():
         await asyncio.sleep(0.01)
     drain_seconds = time.perf_counter() - started
+    fake_busy = (cpu_seconds(fake_pid) - fake_cpu) / drain_seconds
+    own_busy = (time.process_time() - own_cpu) / drain_seconds
     send_ms = [d * 1000 for d in timed[platform_name].durations]
 
-    live = await live_latency(outbox, devices, sender_key, recipient, args)
+    rate = args.wakeups / drain_seconds
+    live_rate = min(args.rate, int(rate / 2))  # well below capacity, or it measures queueing
+    live = await live_latency(outbox, devices, sender_key, recipient, live_rate, args.seconds)
     await delivery.stop()
     await observations.stop()
     await db.close()
@@ -225,7 +245,6 @@ async def run_provider(provider: str, document: dict[str, Any], folder: Path, ar
     accepted = sum(r["status"] == "accepted" for r in pushes)
     live_ids = live["event_ids"]
     live_latency_ms = [float(r["latency_ms"]) for r in pushes if r["event_id"] in live_ids]
-    rate = args.wakeups / drain_seconds
     return {
         "bare_client_wakeups_per_second": round(ceiling),
         "pipeline_wakeups_per_second": round(rate),
@@ -235,9 +254,16 @@ async def run_provider(provider: str, document: dict[str, Any], folder: Path, ar
         "concurrency": concurrency,
         "accepted": accepted,
         "drain_seconds": round(drain_seconds, 3),
+        "wakeups_per_cpu_second": {"bare_client": round(ceiling / bare_own_busy),
+                                   "pipeline": round(rate / own_busy)},
+        "cpu_busy_fraction": {"fake_during_bare": round(bare_fake_busy, 2),
+                              "bench_process_during_bare": round(bare_own_busy, 2),
+                              "fake_during_pipeline": round(fake_busy, 2),
+                              "bench_process_during_pipeline": round(own_busy, 2)},
         "send_latency_ms": {"p50": round(percentile(send_ms, 0.5), 2), "p99": round(percentile(send_ms, 0.99), 2)},
         "live": {
-            "rate_per_second": args.rate,
+            "rate_per_second": live_rate,
+            "achieved_rate_per_second": round(live["achieved_rate"]),
             "wakeups": len(live_ids),
             "outbox_to_answer_ms": {
                 "p50": round(percentile(live_latency_ms, 0.5), 1),
@@ -248,20 +274,21 @@ async def run_provider(provider: str, document: dict[str, Any], folder: Path, ar
 
 
 async def live_latency(outbox: Outbox, devices: list[Device], sender_key: SecretKey,
-                       recipient: SecretKey, args: argparse.Namespace) -> dict[str, Any]:
+                       recipient: SecretKey, per_second: int, seconds: int) -> dict[str, Any]:
     """Open-loop enqueue at a fixed rate; latency is read from the observation log later."""
-    total = args.rate * args.seconds
+    total = per_second * seconds
     events = [sign_event(sender_key, 4, f"live{i}", [["p", recipient.public_key_hex]]) for i in range(total)]
     started = time.perf_counter()
     for i, event in enumerate(events):
-        delay = started + i / args.rate - time.perf_counter()
+        delay = started + i / per_second - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
         await outbox.enqueue(event, "wss://relay.example.com", now_ms(), [devices[i % len(devices)]])
+    achieved = total / (time.perf_counter() - started)
     while await outbox.depth():
         await asyncio.sleep(0.01)
     await asyncio.sleep(0.5)
-    return {"event_ids": {e.id for e in events}}
+    return {"event_ids": {e.id for e in events}, "achieved_rate": achieved}
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
@@ -290,7 +317,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     try:
         results = {}
         for provider in args.providers:
-            results[provider] = await run_provider(provider, documents[provider], folder, args)
+            fake_pid = fakes[0 if provider == "apns" else 1].pid
+            results[provider] = await run_provider(provider, documents[provider], folder, args, fake_pid)
             print(provider, json.dumps(results[provider]), flush=True)
     finally:
         for fake in fakes:

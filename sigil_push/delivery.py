@@ -77,6 +77,7 @@ class Delivery:
         self._loop_task: asyncio.Task[None] | None = None
         self._completer_task: asyncio.Task[None] | None = None
         self._housekeeping_at = 0.0
+        self._unsettled: list[int] = []
 
     async def start(self) -> None:
         """Resume what a previous run left in the outbox, then start sending."""
@@ -151,6 +152,13 @@ class Delivery:
         horizon = now - max(self._coalesce_ms, 1)
         self._last_push_ms = {d: t for d, t in self._last_push_ms.items() if t > horizon}
         metrics.OUTBOX_DEPTH.set(await self._outbox.depth())
+        if self._unsettled:
+            ids, self._unsettled = self._unsettled, []
+            try:
+                await self._outbox.reschedule(ids, now + int(self._push.retry_base_seconds * 1000))
+            except BaseException:
+                self._unsettled.extend(ids)
+                raise
 
     async def _dispatch(self, due: Sequence[Wakeup]) -> None:
         now = now_ms()
@@ -248,7 +256,11 @@ class Delivery:
             except Exception:  # noqa: BLE001 - a provider bug must not stop delivery
                 log.exception("%s sender failed unexpectedly", sender.provider)
                 outcome = Outcome(Status.RETRY, detail="sender_error")
-            await self._settle(push, sender.provider, outcome)
+            try:
+                await self._settle(push, sender.provider, outcome)
+            except Exception:  # noqa: BLE001 - the rows stay claimed; housekeeping releases them
+                log.exception("cannot record a %s outcome; its wakeups will be retried", sender.provider)
+                self._unsettled.extend(w.id for w in push.wakeups)
         finally:
             self._rows_in_flight -= len(push.wakeups)
             if self._room() >= self._refill:

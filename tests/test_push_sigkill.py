@@ -13,6 +13,7 @@ import asyncio
 import signal
 import sqlite3
 import time
+import urllib.request
 from collections import Counter
 from pathlib import Path
 
@@ -61,6 +62,20 @@ def _outbox_depth(database: Path) -> int:
         return int(connection.execute("SELECT COUNT(*) FROM outbox").fetchone()[0])
 
 
+def _wait_for_metric(url: str, series: str) -> str:
+    """The /metrics text once `series` has counted something (the pushes after the restart)."""
+    deadline = time.monotonic() + 30
+    while True:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=5) as response:
+            text = response.read().decode()
+        line = next((line for line in text.splitlines() if line.startswith(series)), "")
+        if line and float(line.split()[-1]) > 0:
+            return text
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{series} never counted")
+        time.sleep(0.1)
+
+
 def _wait(check, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not check():
@@ -96,6 +111,7 @@ def test_sigkill_mid_delivery_loses_no_wakeup(
         fake_apns.script.delay_seconds = 0.0
         service.start()
         _wait(lambda: _outbox_depth(service.database) == 0, 60, "the outbox to drain after restart")
+        metrics = _wait_for_metric(service.url, 'sigil_push_pushes_total{outcome="accepted",provider="apns"}')
     finally:
         fake_apns.script.delay_seconds = 0.0
         service.stop()
@@ -112,3 +128,5 @@ def test_sigkill_mid_delivery_loses_no_wakeup(
         collapse_ids.setdefault(request.body["event_id"], set()).add(request.headers["apns-collapse-id"])
     assert all(len(ids) == 1 for ids in collapse_ids.values()), "a resend reuses the collapse id"
     assert "in flight when the service last stopped" in service.log()
+    assert 'sigil_push_pushes_total{outcome="unregistered",provider="apns"} 0.0' in metrics
+    assert "sigil_push_outbox_depth" in metrics and "sigil_push_push_latency_seconds_bucket" in metrics
