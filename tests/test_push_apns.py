@@ -131,3 +131,18 @@ async def test_a_wrong_signing_key_is_refused_by_apns_and_retried(make_harness, 
     records = await eventually(harness.push_records)
     assert records[0]["status"] == "retry"
     assert await harness.pending() == 1
+
+
+async def test_environment_picks_apples_production_or_sandbox_host(credentials) -> None:
+    """Without an endpoint override the sender talks to Apple's host for the environment."""
+    from sigil_push.config import ApnsConfig
+    from sigil_push.push.apns import ApnsSender
+
+    hosts = {}
+    for environment in ("production", "sandbox"):
+        config = ApnsConfig("TEAMID1234", "KEYID12345", str(credentials.apns_key), "chat.sigil.test",
+                            environment)
+        sender = await ApnsSender.create(config, credentials.apns_key, None, 5.0)
+        hosts[environment] = sender._client.pool.protocol_class.APNS_SERVER  # noqa: SLF001
+        await sender.close()
+    assert hosts == {"production": "api.push.apple.com", "sandbox": "api.development.push.apple.com"}
