@@ -82,17 +82,14 @@ class Outbox:
     async def resume(self, now_ms: int) -> int:
         """Release the claims a crash left behind; returns how many wakeups were in doubt."""
         await self._load_secret()
-        cursor = await self._db.execute(
+        return await self._run(
             "UPDATE outbox SET claimed_ms = NULL, next_attempt_ms = MIN(next_attempt_ms, ?)"
             " WHERE claimed_ms IS NOT NULL",
             (now_ms,),
         )
-        released = cursor.rowcount
-        await cursor.close()
-        return released
 
     async def _load_secret(self) -> None:
-        await self._db.execute(
+        await self._run(
             "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT DO NOTHING",
             (_SECRET_KEY, secrets.token_hex(32)),
         )
@@ -107,6 +104,8 @@ class Outbox:
         Stable so a resend after a crash collapses into the first notification; keyed so the
         provider cannot read a row counter (how busy this instance is) out of it.
         """
+        if not self._secret:
+            raise RuntimeError("Outbox.resume() must run before collapse ids are made")
         digest = hmac.new(self._secret, str(wakeup_id).encode(), hashlib.sha256)
         return digest.hexdigest()[:32]
 
@@ -136,7 +135,7 @@ class Outbox:
     async def claim(self, wakeup_ids: Sequence[int], now_ms: int) -> None:
         """Mark wakeups as in flight and count the attempt, before anything is sent."""
         for chunk in _chunks(wakeup_ids):
-            await self._db.execute(
+            await self._run(
                 "UPDATE outbox SET claimed_ms = ?, attempts = attempts + 1"
                 f" WHERE id IN ({','.join('?' * len(chunk))})",
                 (now_ms, *chunk),
@@ -145,18 +144,25 @@ class Outbox:
     async def complete(self, wakeup_ids: Sequence[int]) -> None:
         """Remove wakeups that reached a final outcome."""
         for chunk in _chunks(wakeup_ids):
-            await self._db.execute(
+            await self._run(
                 f"DELETE FROM outbox WHERE id IN ({','.join('?' * len(chunk))})", tuple(chunk)
             )
 
     async def reschedule(self, wakeup_ids: Sequence[int], next_attempt_ms: int) -> None:
         """Release wakeups (claimed or not) to be due again at `next_attempt_ms`."""
         for chunk in _chunks(wakeup_ids):
-            await self._db.execute(
+            await self._run(
                 "UPDATE outbox SET claimed_ms = NULL, next_attempt_ms = ?"
                 f" WHERE id IN ({','.join('?' * len(chunk))})",
                 (next_attempt_ms, *chunk),
             )
+
+    async def _run(self, sql: str, parameters: Sequence[object]) -> int:
+        """Execute one write statement; returns the number of rows it changed."""
+        cursor = await self._db.execute(sql, tuple(parameters))
+        changed = cursor.rowcount
+        await cursor.close()
+        return changed
 
     async def depth(self) -> int:
         async with self._db.execute("SELECT COUNT(*) FROM outbox") as cursor:
