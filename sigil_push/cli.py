@@ -66,10 +66,19 @@ def _migrate(config: Config) -> int:
 
 
 def _analytics(args: argparse.Namespace) -> int:
+    from analytics.observations import InputError
     from analytics.run import run_all
 
-    summary = run_all(args.input, args.output, args.master, args.since, args.until)
-    print(summary)
+    try:
+        summary = run_all(args.input, args.output, args.master, args.since, args.until)
+    except InputError as exc:
+        print(f"sigil-push: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(
+        f"read {summary.records_read} records from {summary.files_read} files"
+        f" ({summary.corrupt_lines} corrupt lines, {summary.records_in_window} in the window);"
+        f" wrote {', '.join(f'{name}: {rows} rows' for name, rows in summary.rows.items())}"
+    )
     return EXIT_OK
 
 
