@@ -5,6 +5,11 @@ pushed before its id and BIP-340 signature verify), and whether an event is a pr
 baseline is decided right then, from the REQ it answered. Everything that needs the database
 (the restart-proof dedupe, device lookup, outbox, baseline bookkeeping) happens in one committer
 task that works in batches, in arrival order, so the readers never wait on the disk.
+
+The committer has its own SQLite connection, so each batch's outbox rows and seen ids are one
+transaction: after a crash either both are on disk or neither is, and a catch-up then pushes
+exactly what had not been handed to the outbox. It also makes ingest fast (one commit per
+batch instead of one per event). The shared outbox's `ready` is set after each commit.
 """
 
 from __future__ import annotations
@@ -12,7 +17,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sqlite3
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +27,7 @@ import aiosqlite
 from prometheus_client import Counter, Gauge, Histogram
 
 from sigil_push.config import Config
+from sigil_push.db import open_database
 from sigil_push.devices import Device, Devices
 from sigil_push.nostr.event import Event, InvalidEvent
 from sigil_push.nostr.keys import SecretKey
@@ -40,6 +48,7 @@ CONGESTED_AT = 20_000
 DRAINED_AT = 5_000
 HOUSEKEEPING_SECONDS = 60.0
 PRUNE_EVERY_SECONDS = 3600.0
+COMMIT_ATTEMPTS = 5
 DROP_REASONS = ("malformed", "wrong_kind", "unknown_recipient", "wrong_id", "forged", "no_device")
 
 RECEIVED = Counter("sigil_push_bridge_events_received_total", "EVENT frames received", ["relay"])
@@ -59,7 +68,25 @@ LATENCY = Histogram(
     buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0),
 )
 KEYS = Gauge("sigil_push_bridge_watched_keys", "Registered keys the bridge subscribes for")
+COMMIT_FAILURES = Counter(
+    "sigil_push_bridge_commit_failures_total", "Wakeups lost because the database refused them"
+)
 QUEUE = Gauge("sigil_push_bridge_commit_queue_events", "Verified events waiting for the committer")
+
+
+CommitListener = Callable[[Sequence[tuple[str, int]]], None]
+DEVICE_CACHE_SIZE = 50_000
+
+
+class RelayCounters:
+    """One relay's counters, bound once: label lookups per event would cost more than parsing."""
+
+    __slots__ = ("received", "duplicates", "dropped")
+
+    def __init__(self, url: str) -> None:
+        self.received = RECEIVED.labels(url)
+        self.duplicates = DUPLICATES.labels(url)
+        self.dropped = {reason: DROPPED.labels(url, reason) for reason in DROP_REASONS}
 
 
 @dataclass(slots=True)
@@ -74,7 +101,6 @@ class Bridge:
     def __init__(
         self,
         config: Config,
-        db: aiosqlite.Connection,
         devices: Devices,
         outbox: Outbox,
         observations: ObservationLog,
@@ -82,9 +108,13 @@ class Bridge:
     ) -> None:
         self._config = config
         self._bridge = config.bridge
-        self._db = db
+        self._db_path = config.resolve(config.server.database)
+        self._db: aiosqlite.Connection | None = None
         self._devices = devices
         self._outbox = outbox
+        self._writer: Outbox | None = None
+        self._lists: RelayLists
+        self._seen: SeenEvents
         self._observations = observations
         self._signer = BridgeKeySigner(key)
         self._insecure = config.server.allow_insecure_relays
@@ -94,10 +124,6 @@ class Bridge:
             if url is not None
         ]
         self._plan = RelayPlan(configured, self._bridge.max_relays)
-        self._lists = RelayLists(db, self._insecure)
-        # dedupe must remember every id a catch-up can return again
-        retention = max(self._bridge.seen_retention_seconds, self._bridge.catchup_seconds)
-        self._seen = SeenEvents(db, retention, self._bridge.seen_cache_size)
         self._keys: set[str] = set()
         self._subs: dict[str, RelaySubscriptions] = {}
         self._connections: dict[str, RelayConnection] = {}
@@ -111,17 +137,27 @@ class Bridge:
         self._dirty: set[str] = set()
         self._dirty_event = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._commit_listeners: list[CommitListener] = []
+        self._counters: dict[str, RelayCounters] = {}
+        self._device_cache: dict[str, list[Device]] = {}
+        self._device_generation = 0
         self._stopping = False
 
     # life cycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
+        self._db = db = await open_database(self._db_path)
+        self._writer = Outbox(db)
+        self._lists = RelayLists(db, self._insecure)
+        # dedupe must remember every id a catch-up can return again
+        retention = max(self._bridge.seen_retention_seconds, self._bridge.catchup_seconds)
+        self._seen = SeenEvents(db, retention, self._bridge.seen_cache_size)
         await self._seen.load()
         await self._lists.load()
-        async with self._db.execute("SELECT relay, pubkey FROM relay_baselines") as cursor:
+        async with db.execute("SELECT relay, pubkey FROM relay_baselines") as cursor:
             async for relay, pubkey in cursor:
                 self._baselines.setdefault(str(relay), set()).add(str(pubkey))
-        async with self._db.execute("SELECT relay, live_until FROM relay_cursors") as cursor:
+        async with db.execute("SELECT relay, live_until FROM relay_cursors") as cursor:
             async for relay, live_until in cursor:
                 self._cursors[str(relay)] = int(live_until)
         for pubkey, relays in (await self._devices.watched_keys()).items():
@@ -148,9 +184,17 @@ class Bridge:
                 await task
         await committer
         await self._save_cursors()
+        if self._db is not None:
+            await self._db.close()
+
+    def add_commit_listener(self, listener: CommitListener) -> None:
+        """Be told (event id, frame received ms) of every event whose wakeups reached the outbox."""
+        self._commit_listeners.append(listener)
 
     def registration_changed(self, pubkey: str) -> None:
         """Devices listener: re-plan this key's subscriptions soon (coalesced)."""
+        self._device_cache.pop(pubkey, None)
+        self._device_generation += 1
         self._dirty.add(pubkey)
         self._dirty_event.set()
 
@@ -227,10 +271,7 @@ class Bridge:
             self._bridge.reconnect_min_seconds, self._bridge.reconnect_max_seconds,
         )
         self._connections[url] = connection
-        for reason in DROP_REASONS:
-            DROPPED.labels(url, reason)
-        RECEIVED.labels(url)
-        DUPLICATES.labels(url)
+        self._counters[url] = RelayCounters(url)
         connection.start()
         return subs
 
@@ -311,33 +352,34 @@ class Bridge:
         self, connection: RelayConnection, sub_id: str, raw: Any, received_ms: int
     ) -> None:
         url = connection.url
-        RECEIVED.labels(url).inc()
+        counters = self._counters[url]
+        counters.received.inc()
         event_id = raw.get("id") if isinstance(raw, dict) else None
         if isinstance(event_id, str) and self._seen.delivered_by(event_id, url):
-            DUPLICATES.labels(url).inc()
+            counters.duplicates.inc()
             return
         try:
             event = Event.from_json(raw)
         except InvalidEvent:
-            DROPPED.labels(url, "malformed").inc()
+            counters.dropped["malformed"].inc()
             return
         if event.kind in DM_KINDS:
             recipients = tuple(dict.fromkeys(p for p in event.tag_values("p") if p in self._keys))
             if not recipients:
-                DROPPED.labels(url, "unknown_recipient").inc()
+                counters.dropped["unknown_recipient"].inc()
                 return
         elif event.kind in LIST_KINDS_SET and self._plan.is_configured(url):
             if event.pubkey not in self._keys:
-                DROPPED.labels(url, "unknown_recipient").inc()
+                counters.dropped["unknown_recipient"].inc()
                 return
             recipients = ()
         else:
-            DROPPED.labels(url, "wrong_kind").inc()
+            counters.dropped["wrong_kind"].inc()
             return
         try:
             event.verify()
         except InvalidEvent as exc:
-            DROPPED.labels(url, "wrong_id" if exc.reason == "id_mismatch" else "forged").inc()
+            counters.dropped["wrong_id" if exc.reason == "id_mismatch" else "forged"].inc()
             return
         if not recipients:
             if self._lists.offer(event):
@@ -373,13 +415,34 @@ class Bridge:
         QUEUE.set(len(self._queue))
         if len(self._queue) < DRAINED_AT:
             self._drained.set()
-        if batch:
-            await self._commit(batch)
-        for sql, rows in ops:
-            await self._db.executemany(sql, rows)
+        new_events, deliveries, to_push = await self._decide(batch)
+        writes = await self._targets(to_push)
+        for attempt in range(COMMIT_ATTEMPTS):
+            try:
+                await self._write(writes, new_events, deliveries, ops)
+                break
+            except sqlite3.Error as exc:
+                log.warning("bridge commit failed (%s: %s), attempt %d", type(exc).__name__, exc, attempt + 1)
+                await asyncio.sleep(0.1 * 2**attempt)
+        else:
+            COMMIT_FAILURES.inc(len(writes))
+            log.error("could not store %d wakeups; they are lost", len(writes))
+            return
         await self._lists.save()
+        if writes:
+            self._outbox.ready.set()
+            now = time.time()
+            committed = [(arrival.event.id, arrival.received_ms) for arrival, _ in writes]
+            for arrival, _ in writes:
+                LATENCY.observe(max(0.0, now - arrival.received_ms / 1000))
+            PUSHED.inc(len(writes))
+            for listener in self._commit_listeners:
+                listener(committed)
 
-    async def _commit(self, batch: list[Arrival]) -> None:
+    async def _decide(
+        self, batch: list[Arrival]
+    ) -> tuple[list[tuple[str, int, int]], list[tuple[str, str, int]], list[Arrival]]:
+        """Which arrivals are new events, new deliveries by a relay, and wanted pushes."""
         await self._seen.lookup(a.event.id for a in batch if not self._seen.known(a.event.id))
         new_events: list[tuple[str, int, int]] = []
         deliveries: list[tuple[str, str, int]] = []
@@ -388,7 +451,7 @@ class Bridge:
             event = arrival.event
             is_new, first_here = self._seen.first_delivery(event.id, arrival.relay)
             if not first_here:
-                DUPLICATES.labels(arrival.relay).inc()
+                self._counters[arrival.relay].duplicates.inc()
                 continue
             self._observations.seen(
                 arrival.relay, event.id, event.kind, event.created_at, arrival.received_ms
@@ -401,15 +464,14 @@ class Bridge:
                 to_push.append(arrival)
             else:
                 BASELINED.inc()
-        if to_push:
-            await self._enqueue(to_push)
-        await self._seen.save(new_events, deliveries)
+        return new_events, deliveries, to_push
 
-    async def _enqueue(self, arrivals: list[Arrival]) -> None:
-        recipients = list(dict.fromkeys(r for a in arrivals for r in a.push_to))
-        by_key: dict[str, list[Device]] = {}
-        for device in await self._devices.of_pubkeys(recipients):
-            by_key.setdefault(device.pubkey, []).append(device)
+    async def _targets(self, arrivals: list[Arrival]) -> list[tuple[Arrival, list[Device]]]:
+        """The devices each event wakes: its recipients' devices registered before it arrived."""
+        if not arrivals:
+            return []
+        by_key = await self._devices_of(dict.fromkeys(r for a in arrivals for r in a.push_to))
+        writes = []
         for arrival in arrivals:
             targets = [
                 device
@@ -417,12 +479,54 @@ class Bridge:
                 for device in by_key.get(recipient, ())
                 if device.registered_at * 1000 <= arrival.received_ms
             ]
-            if not targets:
-                DROPPED.labels(arrival.relay, "no_device").inc()
-                continue
-            await self._outbox.enqueue(arrival.event, arrival.relay, arrival.received_ms, targets)
-            PUSHED.inc()
-            LATENCY.observe(max(0.0, time.time() - arrival.received_ms / 1000))
+            if targets:
+                writes.append((arrival, targets))
+            else:
+                self._counters[arrival.relay].dropped["no_device"].inc()
+        return writes
+
+    async def _devices_of(self, recipients: Iterable[str]) -> dict[str, list[Device]]:
+        """Devices by recipient, from a cache that registration changes invalidate."""
+        cache = self._device_cache
+        missing = [r for r in recipients if r not in cache]
+        if missing:
+            generation = self._device_generation
+            found: dict[str, list[Device]] = {r: [] for r in missing}
+            for device in await self._devices.of_pubkeys(missing):
+                found[device.pubkey].append(device)
+            if generation == self._device_generation:
+                if len(cache) + len(found) > DEVICE_CACHE_SIZE:
+                    cache.clear()
+                cache.update(found)
+            else:
+                return found | {r: cache[r] for r in recipients if r in cache}
+        return cache
+
+    async def _write(
+        self,
+        writes: list[tuple[Arrival, list[Device]]],
+        new_events: list[tuple[str, int, int]],
+        deliveries: list[tuple[str, str, int]],
+        ops: list[tuple[str, list[tuple[Any, ...]]]],
+    ) -> None:
+        """One transaction: the batch's wakeups, its seen ids, and the queued bookkeeping."""
+        db, writer = self._db, self._writer
+        assert db is not None and writer is not None
+        await db.execute("BEGIN IMMEDIATE")
+        try:
+            # issued together, the inserts run back to back in the database thread instead of
+            # paying a round trip through the event loop each
+            await asyncio.gather(
+                *(writer.enqueue(a.event, a.relay, a.received_ms, targets) for a, targets in writes)
+            )
+            await self._seen.save(new_events, deliveries)
+            for sql, rows in ops:
+                await db.executemany(sql, rows)
+            await db.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                await db.execute("ROLLBACK")
+            raise
 
     # housekeeping -----------------------------------------------------------------------
 
@@ -442,7 +546,7 @@ class Bridge:
                 log.info("forgot %d event ids past retention", removed)
 
     async def _save_cursors(self) -> None:
-        if self._cursors:
+        if self._cursors and self._db is not None:
             await self._db.executemany(
                 "INSERT INTO relay_cursors (relay, live_until) VALUES (?, ?)"
                 " ON CONFLICT (relay) DO UPDATE SET live_until = excluded.live_until",

@@ -83,7 +83,7 @@ class Service:
         )
         await delivery.start()
         stack.push_async_callback(delivery.stop)
-        bridge = Bridge(config, db, devices, outbox, observations, key)
+        bridge = Bridge(config, devices, outbox, observations, key)
         devices.add_listener(bridge.registration_changed)
         await bridge.start()
         stack.push_async_callback(bridge.stop)

@@ -1,0 +1,371 @@
+"""Benchmark of the relay bridge's ingest path: relay frame → verified event → outbox.
+
+A tiny local relay (a `websockets` server written here, pinned to its own core) streams
+pre-signed kind 4 events to the real `Bridge` (in-process, pinned to one core together with its
+SQLite thread), which verifies, de-duplicates and writes every wakeup to the outbox.
+
+Phases, each in a fresh process so memory figures are not mixed:
+  ingest   — a burst of events as fast as the relay can send: events/s from the first to the last
+             `seen` record, against the bare verification rate of the same events in the same run;
+  latency  — an open-loop 1,000 events/s stream: p50/p99 from frame received to outbox row;
+  keys     — 100,000 registered keys: time from bridge start to every shard past EOSE, peak RSS;
+  sdk      — for the websockets-vs-nostr-sdk decision: nostr-sdk's own pool receiving the same
+             burst (it verifies in Rust), events/s.
+Loopback only. Prints the figures and writes bench/results/ingest.json.
+
+Usage: python bench/ingest.py [--events 30000] [--rate 1000] [--seconds 5] [--keys 100000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from sigil_push.nostr.event import Event, sign_event  # noqa: E402
+from sigil_push.nostr.keys import SecretKey  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results" / "ingest.json"
+BRIDGE_CORE, RELAY_CORE = 0, 1
+
+
+def pin(core: int) -> None:
+    """Pin the calling thread (and the threads it starts later, e.g. aiosqlite's) to one core."""
+    if hasattr(os, "sched_setaffinity") and core < (os.cpu_count() or 1):
+        os.sched_setaffinity(0, {core})
+
+
+# the tiny relay ---------------------------------------------------------------------------
+
+
+async def run_relay(port_file: Path) -> None:
+    """Answer every REQ with EOSE; on a control message, stream a file of events to the others.
+
+    Control: ["BENCH", path, rate] (rate 0: as fast as possible). Events are sent with the
+    subscription id of the latest REQ of each client, which is all the bridge needs.
+    """
+    from websockets.asyncio.server import ServerConnection, serve
+
+    clients: dict[ServerConnection, str] = {}
+
+    async def stream(path: str, rate: float) -> None:
+        lines = Path(path).read_text().splitlines()
+        targets = list(clients.items())
+        start = time.perf_counter()
+        for n, line in enumerate(lines):
+            if rate:
+                delay = start + n / rate - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            for ws, sub_id in targets:
+                await ws.send(f'["EVENT","{sub_id}",{line}]')
+
+    async def handler(ws: ServerConnection) -> None:
+        async for text in ws:
+            message = json.loads(text)
+            if message[0] == "REQ":
+                clients[ws] = message[1]
+                await ws.send(json.dumps(["EOSE", message[1]]))
+            elif message[0] == "BENCH":
+                await stream(message[1], float(message[2]))
+                await ws.send('["DONE"]')
+        clients.pop(ws, None)
+
+    async with serve(handler, "127.0.0.1", 0, max_size=None, compression=None) as server:
+        port = next(iter(server.sockets)).getsockname()[1]
+        port_file.write_text(str(port))
+        await asyncio.Future()
+
+
+class TinyRelay:
+    def __init__(self, folder: Path) -> None:
+        self._port_file = folder / "relay.port"
+        self._process = subprocess.Popen(
+            [sys.executable, __file__, "--phase", "relay", "--port-file", str(self._port_file)]
+        )
+        deadline = time.monotonic() + 20
+        while not self._port_file.exists() or not self._port_file.read_text():
+            if time.monotonic() > deadline:
+                raise TimeoutError("tiny relay did not start")
+            time.sleep(0.05)
+        self.url = f"ws://127.0.0.1:{self._port_file.read_text()}"
+
+    async def stream(self, events_file: Path, rate: float) -> None:
+        from websockets.asyncio.client import connect
+
+        async with connect(self.url, proxy=None, max_size=None) as ws:
+            await ws.send(json.dumps(["BENCH", str(events_file), rate]))
+            await ws.recv()
+
+    def stop(self) -> None:
+        self._process.terminate()
+        self._process.wait()
+
+
+# workload ---------------------------------------------------------------------------------
+
+
+def make_keys(count: int) -> list[str]:
+    """Distinct valid-looking recipient keys (they are only matched, never verified)."""
+    return [os.urandom(32).hex() for _ in range(count)]
+
+
+def make_events(recipients: list[str], count: int, senders: int = 200) -> list[Event]:
+    signing = [SecretKey.generate() for _ in range(senders)]
+    now = int(time.time())
+    return [
+        sign_event(signing[i % senders], 4, os.urandom(48).hex() + "?iv=" + os.urandom(12).hex(),
+                   [["p", recipients[i % len(recipients)]]], now - i % 600)
+        for i in range(count)
+    ]
+
+
+def write_events(events: list[Event], path: Path) -> None:
+    path.write_text("\n".join(json.dumps(e.to_json(), separators=(",", ":")) for e in events))
+
+
+async def register_directly(db: Any, pubkeys: list[str]) -> None:
+    """Bench setup only: insert devices in bulk instead of 100,000 API calls."""
+    now = int(time.time()) - 60
+    await db.executemany(
+        "INSERT INTO devices (pubkey, platform, token, payload, relays, registered_at, updated_at)"
+        " VALUES (?, 'android', ?, 'opaque', '[]', ?, ?)",
+        [(p, f"bench-token-{i:08d}", now, now) for i, p in enumerate(pubkeys)],
+    )
+
+
+# the bridge under test --------------------------------------------------------------------
+
+
+class Harness:
+    """The real Bridge with its real store, outbox and observation log; delivery not started."""
+
+    def __init__(self, folder: Path, relay_url: str) -> None:
+        self.folder = folder
+        self.relay_url = relay_url
+        self.latencies_ms: list[float] = []
+        self.enqueued = 0
+
+    async def start(self, pubkeys: list[str]) -> float:
+        from sigil_push.bridge import Bridge
+        from sigil_push.config import parse_config
+        from sigil_push.db import open_database
+        from sigil_push.devices import Devices
+        from sigil_push.observations import ObservationLog
+        from sigil_push.outbox import Outbox
+
+        config = parse_config({"relay": [{"url": self.relay_url}]}, self.folder / "relays.toml")
+        self.db = await open_database(config.resolve(config.server.database))
+        await register_directly(self.db, pubkeys)
+        devices = Devices(self.db)
+        self.observations = ObservationLog(self.folder / "observations")
+        await self.observations.start()
+        self.bridge = Bridge(config, devices, Outbox(self.db), self.observations, SecretKey.generate())
+        devices.add_listener(self.bridge.registration_changed)
+        self.bridge.add_commit_listener(self._committed)
+        started = time.perf_counter()
+        await self.bridge.start()
+        await self.until(lambda: self.bridge.health()[self.relay_url]["live"])
+        return time.perf_counter() - started
+
+    def _committed(self, events: Any) -> None:
+        now_ms = time.time() * 1000
+        self.latencies_ms.extend(now_ms - received_ms for _, received_ms in events)
+        self.enqueued += len(events)
+
+    @staticmethod
+    async def until(condition: Any, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if time.monotonic() > deadline:
+                raise TimeoutError("benchmark condition not reached")
+            await asyncio.sleep(0.005)
+
+    async def stop(self) -> list[dict[str, Any]]:
+        await self.bridge.stop()
+        await self.observations.stop()
+        await self.db.close()
+        records = []
+        for path in sorted((self.folder / "observations").glob("*.jsonl")):
+            records.extend(json.loads(line) for line in path.read_text().splitlines() if line)
+        return records
+
+
+def bare_verification_rate(events: list[Event]) -> float:
+    """Verify the same events with the same code, nothing else: the ceiling of ingest."""
+    fresh = [Event.from_json(e.to_json()) for e in events]
+    started = time.perf_counter()
+    for event in fresh:
+        event.verify()
+    return len(fresh) / (time.perf_counter() - started)
+
+
+def parse_and_verify_rate(events: list[Event]) -> float:
+    """The same events from their JSON text: what a reader must do at minimum per frame."""
+    texts = [json.dumps(e.to_json(), separators=(",", ":")) for e in events]
+    started = time.perf_counter()
+    for text in texts:
+        Event.from_json(json.loads(text)).verify()
+    return len(texts) / (time.perf_counter() - started)
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+async def phase_ingest(folder: Path, count: int) -> dict[str, Any]:
+    pin(BRIDGE_CORE)
+    recipients = make_keys(1000)
+    events = make_events(recipients, count)
+    write_events(events, folder / "events.jsonl")
+    relay = TinyRelay(folder)
+    try:
+        harness = Harness(folder, relay.url)
+        await harness.start(recipients)
+        await relay.stream(folder / "events.jsonl", 0)
+        await harness.until(lambda: harness.enqueued >= count)
+        last_commit_ms = time.time() * 1000
+        records = await harness.stop()
+    finally:
+        relay.stop()
+    seen = sorted(r["ts"] for r in records if r["type"] == "seen")
+    ingest = (len(seen) - 1) / ((seen[-1] - seen[0]) / 1000)
+    end_to_end = count / ((last_commit_ms - seen[0]) / 1000)
+    bare = bare_verification_rate(events)
+    parse_verify = parse_and_verify_rate(events)
+    return {"events": count, "ingest_events_per_s": round(ingest),
+            "bare_verify_events_per_s": round(bare), "ratio": round(ingest / bare, 3),
+            "end_to_end_events_per_s": round(end_to_end),
+            "parse_and_verify_events_per_s": round(parse_verify)}
+
+
+async def phase_latency(folder: Path, rate: float, seconds: float) -> dict[str, Any]:
+    pin(BRIDGE_CORE)
+    recipients = make_keys(1000)
+    count = int(rate * seconds)
+    write_events(make_events(recipients, count), folder / "events.jsonl")
+    relay = TinyRelay(folder)
+    try:
+        harness = Harness(folder, relay.url)
+        await harness.start(recipients)
+        await relay.stream(folder / "events.jsonl", rate)
+        await harness.until(lambda: harness.enqueued >= count)
+        await harness.stop()
+    finally:
+        relay.stop()
+    values = harness.latencies_ms
+    return {"rate_events_per_s": rate, "events": count, "p50_ms": round(percentile(values, 0.5), 2),
+            "p99_ms": round(percentile(values, 0.99), 2), "max_ms": round(max(values), 2),
+            "mean_ms": round(statistics.fmean(values), 2)}
+
+
+async def phase_keys(folder: Path, keys: int) -> dict[str, Any]:
+    pin(BRIDGE_CORE)
+    pubkeys = make_keys(keys)
+    relay = TinyRelay(folder)
+    try:
+        harness = Harness(folder, relay.url)
+        start_seconds = await harness.start(pubkeys)
+        shards = harness.bridge.health()[relay.url]["subscriptions"]
+        await harness.stop()
+    finally:
+        relay.stop()
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"keys": keys, "shards": shards, "start_to_live_s": round(start_seconds, 2),
+            "peak_rss_mb": round(peak_mb, 1)}
+
+
+async def phase_sdk(folder: Path, count: int) -> dict[str, Any]:
+    """nostr-sdk's pool receiving the same kind of burst (verification in its Rust threads)."""
+    from datetime import timedelta
+
+    import nostr_sdk
+
+    recipients = make_keys(1000)
+    write_events(make_events(recipients, count), folder / "events.jsonl")
+    relay = TinyRelay(folder)
+    try:
+        client = nostr_sdk.Client()
+        await client.add_relay(nostr_sdk.RelayUrl.parse(relay.url))
+        await client.connect(timedelta(seconds=5))
+        notifications = client.notifications()
+        filters = nostr_sdk.Filter().kinds([nostr_sdk.Kind(4)]).pubkeys(
+            [nostr_sdk.PublicKey.parse(p) for p in recipients[:500]])
+        await client.subscribe(nostr_sdk.ReqTarget.auto([filters]))
+        streaming = asyncio.create_task(relay.stream(folder / "events.jsonl", 0))
+        received, first, last = 0, 0.0, 0.0
+        while received < count:
+            try:
+                notification = await asyncio.wait_for(notifications.next(), 10)
+            except Exception:  # noqa: BLE001 - a lagging notification channel ends the count
+                break
+            if notification is not None and notification.is_new_event():
+                received += 1
+                last = time.perf_counter()
+                first = first or last
+        await client.shutdown()
+        streaming.cancel()
+    finally:
+        relay.stop()
+    return {"events": count, "received": received,
+            "sdk_events_per_s": round((received - 1) / (last - first))}
+
+
+def run_phase(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    command = [sys.executable, __file__, "--phase", name, "--events", str(args.events),
+               "--rate", str(args.rate), "--seconds", str(args.seconds), "--keys", str(args.keys)]
+    output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    return dict(json.loads(output.strip().splitlines()[-1]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=30000)
+    parser.add_argument("--rate", type=float, default=1000.0)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--keys", type=int, default=100_000)
+    parser.add_argument("--phase", choices=["relay", "ingest", "latency", "keys", "sdk"])
+    parser.add_argument("--port-file", type=Path)
+    args = parser.parse_args()
+    if args.phase == "relay":
+        pin(RELAY_CORE)
+        asyncio.run(run_relay(args.port_file))
+        return
+    if args.phase is not None:
+        with tempfile.TemporaryDirectory() as folder:
+            phase = {"ingest": lambda: phase_ingest(Path(folder), args.events),
+                     "latency": lambda: phase_latency(Path(folder), args.rate, args.seconds),
+                     "keys": lambda: phase_keys(Path(folder), args.keys),
+                     "sdk": lambda: phase_sdk(Path(folder), args.events)}[args.phase]
+            print(json.dumps(asyncio.run(phase())))
+        return
+    results = {name: run_phase(name, args) for name in ("ingest", "latency", "keys", "sdk")}
+    results["machine"] = {"python": platform.python_version(), "cpus": os.cpu_count(),
+                          "bridge_cores": 1, "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    results["targets_met"] = {
+        "ingest_ratio_at_least_0.5": results["ingest"]["ratio"] >= 0.5,
+        "p99_below_20ms_at_1000_per_s": results["latency"]["p99_ms"] < 20,
+        "100k_keys_start_below_10s": results["keys"]["start_to_live_s"] < 10,
+        "100k_keys_rss_below_300mb": results["keys"]["peak_rss_mb"] < 300,
+    }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
