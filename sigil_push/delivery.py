@@ -238,8 +238,8 @@ class Delivery:
             fits = self._senders[device.platform].fits
             if not fits(data):
                 data = fallback(data, first.event_id, first.relay)
-            if not fits(data):
-                data = opaque_data()
+                if not fits(data):
+                    data = opaque_data()
         return WakeupMessage(
             event_ids=tuple(w.event_id for w in wakeups),
             data=data,

@@ -8,10 +8,11 @@ for an answer that lacks an `apns-id` header, so every send runs under a timeout
 from __future__ import annotations
 
 import asyncio
+import itertools
 import ssl
 from pathlib import Path
 from urllib.parse import urlsplit
-from uuid import uuid4
+from uuid import UUID, uuid4
 
 from aioapns import APNs, NotificationRequest, PushType
 from aioapns.common import NotificationResult
@@ -29,6 +30,7 @@ from sigil_push.push.base import Outcome, Status, WakeupMessage
 from sigil_push.push.payload import MAX_PAYLOAD_BYTES, apns_body, apns_size
 
 PRIORITY_IMMEDIATE = 10
+_UUID_MASK = (1 << 128) - 1
 
 DEAD_TOKEN_REASONS = frozenset({"BadDeviceToken", "Unregistered", "DeviceTokenNotForTopic"})
 """The token will never work for this app again: forget the device."""
@@ -90,6 +92,9 @@ class ApnsSender:
     def __init__(self, client: APNs, timeout_seconds: float) -> None:
         self._client = client
         self._timeout = timeout_seconds
+        # apns-id must be a UUID; a random base plus a counter avoids one urandom call per push
+        self._id_base = uuid4().int
+        self._ids = itertools.count()
 
     @classmethod
     async def create(
@@ -128,7 +133,7 @@ class ApnsSender:
         request = NotificationRequest(
             device_token=device.token,
             message=apns_body(message.data),
-            notification_id=str(uuid4()),
+            notification_id=str(UUID(int=(self._id_base + next(self._ids)) & _UUID_MASK)),
             time_to_live=message.ttl_seconds,
             priority=PRIORITY_IMMEDIATE,
             collapse_key=message.collapse_id,
