@@ -22,3 +22,18 @@ async def test_an_id_is_claimed_once_and_expired_ids_are_pruned(tmp_path: Path) 
         assert not await ids.claim("a" * 64)
     finally:
         await db.close()
+
+
+async def test_concurrent_claims_of_the_same_id_admit_exactly_one(tmp_path: Path) -> None:
+    """Two requests racing with one auth event: one wins, whether batched together or not."""
+    import asyncio
+
+    db = await open_database(tmp_path / "ids.db")
+    try:
+        ids = UsedAuthIds(db)
+        results = await asyncio.gather(*(ids.claim(f"{i % 50:064x}") for i in range(200)))
+        assert sum(results) == 50
+        again = await asyncio.gather(*(ids.claim(f"{i:064x}") for i in range(60)))
+        assert again == [False] * 50 + [True] * 10
+    finally:
+        await db.close()
