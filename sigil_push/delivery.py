@@ -66,8 +66,10 @@ class Delivery:
         self._coalesce_ms = limits.coalesce_window_ms
         self._rate = DeviceRateLimiter(limits.wakeups_per_minute_per_device)
         self._last_push_ms: dict[int, int] = {}
-        # twice the senders' slots: a batch is claimed while the previous one is still sending
-        self._max_rows_in_flight = 2 * max(1, sum(s.max_concurrency for s in senders.values()))
+        # four times the senders' slots, so the next batches wait at the semaphores while the
+        # database round trips for them run (slow when the event loop keeps the GIL busy);
+        # rows waiting there were never sent, so this does not widen the resend-after-crash window
+        self._max_rows_in_flight = 4 * max(1, sum(s.max_concurrency for s in senders.values()))
         self._rows_in_flight = 0
         # refill in sizeable batches: waking per freed slot would mean one query per push
         self._refill = max(1, min(BATCH_SIZE, self._max_rows_in_flight // 2))
