@@ -35,6 +35,7 @@ from tests.support.nostr_client import (
     user,
 )
 from tests.support.relay import RelayProcess
+from tests.support.rogue_relay import RogueRelay
 from tests.support.service import ServiceProcess
 
 FAST_RECONNECT = "[bridge]\nreconnect_min_seconds = 0.2\nreconnect_max_seconds = 1.0\n"
@@ -273,9 +274,10 @@ async def test_registration_changes_update_only_their_shard(
     assert health(service)["relays"][relay.url]["subscriptions"] == 2
 
     unregister(service, users[1], tokens[1])
+    await eventually(lambda: relay_live(service, relay.url, 2), "shard without the removed key")
     newcomer = user()
     register(service, newcomer, new_token())
-    await eventually(lambda: relay_live(service, relay.url, 3), "shards updated")
+    await eventually(lambda: relay_live(service, relay.url, 3), "shard with the new key")
 
     dms = {name: kind4_dm(bob, keys, name) for name, keys in
            (("first", users[0]), ("gone", users[1]), ("third", users[2]), ("new", newcomer))}
@@ -284,3 +286,43 @@ async def test_registration_changes_update_only_their_shard(
                      "remaining and new keys pushed")
     assert wakeups(service)[dms["gone"]["id"]] == 0
     assert health(service)["relays"][relay.url]["subscriptions"] == 2
+
+
+async def test_a_relay_that_breaks_the_protocol_is_survived(
+    start_service: Callable[..., ServiceProcess]
+) -> None:
+    """Junk frames are counted and skipped, an oversized frame drops the connection (recorded as
+    such), the bridge reconnects, and the one genuine DM among it all is pushed exactly once."""
+    alice, bob = user(), user()
+    genuine = kind4_dm(bob, alice, "among the junk")
+    async with RogueRelay([genuine]) as rogue:
+        service = start_service([rogue.url])
+        register(service, alice, new_token())
+        await eventually(lambda: wakeups(service)[genuine["id"]] == 1, "the genuine DM pushed")
+        await eventually(lambda: rogue.connections >= 2, "reconnected after the oversized frame")
+        await eventually(lambda: relay_live(service, rogue.url, 1), "subscribed again")
+        assert metric(service, "sigil_push_relay_malformed_frames_total", relay=rogue.url) >= 8
+        assert metric(service, "sigil_push_bridge_events_dropped_total", reason="malformed") >= 2
+        details = [r["detail"] for r in service.observation_records()
+                   if r["type"] == "relay" and r["state"] == "disconnected"]
+        assert any("1009" in detail for detail in details), details
+        assert wakeups(service)[genuine["id"]] == 1
+
+
+async def test_relays_beyond_the_cap_are_skipped_and_reported(
+    start_relay: Callable[..., RelayProcess], start_service: Callable[..., ServiceProcess]
+) -> None:
+    """With max_relays = 2, the configured relay and the user relay wanted by most keys are
+    watched; the other user relay is listed in /health as skipped with its number of keys."""
+    configured, popular, rare = start_relay("c"), start_relay("popular"), start_relay("rare")
+    service = start_service([configured.url], FAST_RECONNECT + "max_relays = 2\n")
+    alice, carol = user(), user()
+    register(service, alice, new_token(), relays=[popular.url, rare.url])
+    register(service, carol, new_token(), relays=[popular.url])
+    await eventually(lambda: relay_live(service, popular.url, 2), "popular user relay watched")
+    report = health(service)["relays"]
+    assert report[rare.url] == {
+        "connected": False, "last_event_at": None, "state": "skipped", "live": False,
+        "gated": None, "configured": False, "subscriptions": 0, "keys": 1,
+    }
+    assert metric(service, "sigil_push_relay_skipped_relays") == 1

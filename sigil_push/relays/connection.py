@@ -112,6 +112,13 @@ def _prefix(message: Any) -> str:
     return head.strip()[:40] if sep else ""
 
 
+def _close_code(exc: ConnectionClosed) -> int:
+    """Our own close code when we ended it (e.g. 1009 for an oversized frame), else the relay's."""
+    if exc.sent is not None and exc.sent.code != 1000:
+        return exc.sent.code
+    return exc.rcvd.code if exc.rcvd is not None else 1006
+
+
 class RelayConnection:
     def __init__(
         self,
@@ -206,7 +213,7 @@ class RelayConnection:
                     await self._read(ws)
                 self._down("disconnected", f"closed code={ws.close_code}")
             except ConnectionClosed as exc:
-                self._down("disconnected", f"closed code={exc.rcvd.code if exc.rcvd else 1006}")
+                self._down("disconnected", f"closed code={_close_code(exc)}")
             except (OSError, TimeoutError, InvalidHandshake, InvalidURI) as exc:
                 CONNECTS.labels(self.url, "failed").inc()
                 self._down("error", f"connect failed: {type(exc).__name__}")
