@@ -125,6 +125,8 @@ class Api:
             pubkey, wanted.platform, wanted.device_token, wanted.payload, wanted.relays,
             wanted.webpush_keys, config.limits.devices_per_npub,
         )
+        if wanted.auth_signer is not None:
+            await self.service.components.delegated_auth.set_signer(pubkey, wanted.auth_signer)
         device = registration.device
         log.info(
             "%s %s device …%s", "registered" if registration.created else "updated",
@@ -160,6 +162,8 @@ class Api:
         self._limit_ip(request)
         pubkey = await self._authenticate(request, await self._read_body(request))
         devices = await self.service.components.devices.of_pubkey(pubkey)
+        delegated = self.service.components.delegated_auth
+        signer_status = delegated.status(pubkey)
         return JSONResponse(
             {
                 "devices": [
@@ -169,7 +173,9 @@ class Api:
                         "token_suffix": device.token_suffix,
                         "registered_at": device.registered_at,
                         "relays": list(device.relays),
-                        "delegated_auth": False,
+                        "delegated_auth": signer_status == "active",
+                        "auth_signer_status": signer_status,
+                        "auth_signer_detail": delegated.detail(pubkey),
                     }
                     for device in devices
                 ]

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import aiosqlite
 from prometheus_client import Counter, Gauge
 
+from sigil_push.devices import Devices
 from sigil_push.nostr.event import Event
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip46 import (
@@ -80,14 +81,16 @@ StatusListener = Callable[[str, str], None]
 
 
 class DelegatedAuth:
-    def __init__(self, db: aiosqlite.Connection, bridge_key: SecretKey) -> None:
+    def __init__(self, db: aiosqlite.Connection, bridge_key: SecretKey, devices: Devices) -> None:
         self._db = db
+        self._devices = devices
         self._sealer = Sealer(bridge_key, "nip46-sessions")
         self._sessions: dict[str, Session] = {}
         self._links: dict[str, SignerRelayLink] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._throttle = RateLimiter(SIGNS_PER_MINUTE_PER_USER)
         self._listeners: list[StatusListener] = []
+        self._housekeeping: set[asyncio.Task[None]] = set()
 
     def add_listener(self, listener: StatusListener) -> None:
         """Be told (pubkey, status) whenever a session changes status."""
@@ -127,6 +130,21 @@ class DelegatedAuth:
     def status(self, pubkey: str) -> str | None:
         session = self._sessions.get(pubkey)
         return session.status if session else None
+
+    def detail(self, pubkey: str) -> str:
+        session = self._sessions.get(pubkey)
+        return session.detail if session else ""
+
+    def registration_changed(self, pubkey: str) -> None:
+        """Devices listener: the session ends with the npub's last device."""
+        if pubkey in self._sessions:
+            task = asyncio.create_task(self._forget_if_unregistered(pubkey))
+            self._housekeeping.add(task)
+            task.add_done_callback(self._housekeeping.discard)
+
+    async def _forget_if_unregistered(self, pubkey: str) -> None:
+        if not await self._devices.of_pubkey(pubkey):
+            await self.remove(pubkey)
 
     def active_pubkeys(self) -> set[str]:
         return {p for p, s in self._sessions.items() if s.status == "active"}

@@ -18,6 +18,7 @@ from sigil_push.auth_ids import UsedAuthIds
 from sigil_push.bridge import Bridge
 from sigil_push.config import Config
 from sigil_push.db import open_database
+from sigil_push.delegated_auth import DelegatedAuth
 from sigil_push.delivery import Delivery
 from sigil_push.devices import Devices
 from sigil_push.identity import bridge_key
@@ -45,6 +46,7 @@ class Components:
     delivery: Delivery
     key: SecretKey
     bridge: Bridge
+    delegated_auth: DelegatedAuth
 
 
 class Service:
@@ -83,12 +85,17 @@ class Service:
         )
         await delivery.start()
         stack.push_async_callback(delivery.stop)
+        delegated_auth = DelegatedAuth(db, key, devices)
+        devices.add_listener(delegated_auth.registration_changed)
+        await delegated_auth.start()
+        stack.push_async_callback(delegated_auth.stop)
         bridge = Bridge(config, devices, outbox, observations, key)
         devices.add_listener(bridge.registration_changed)
         await bridge.start()
         stack.push_async_callback(bridge.stop)
         self._components = Components(
-            db, devices, UsedAuthIds(db), outbox, observations, delivery, key, bridge
+            db, devices, UsedAuthIds(db), outbox, observations, delivery, key, bridge,
+            delegated_auth,
         )
         if config.dry_run:
             log.warning(

@@ -11,8 +11,10 @@ from urllib.parse import urlsplit
 from sigil_push.devices import PAYLOAD_MODES, PLATFORMS, WebPushKeys
 from sigil_push.errors import BadRequest
 from sigil_push.nostr.nip19 import InvalidKey, parse_public_key
+from sigil_push.nostr.nip46 import BunkerUri, InvalidBunkerUri
 
 MAX_USER_RELAYS = 10
+MAX_BUNKER_URI_LENGTH = 2048
 MAX_RELAY_URL_LENGTH = 256
 APNS_TOKEN = re.compile(r"[0-9a-fA-F]{64,200}")
 FCM_TOKEN = re.compile(r"[A-Za-z0-9_:.\-]{20,4096}")
@@ -27,7 +29,7 @@ class RegisterRequest:
     payload: str
     relays: tuple[str, ...]
     webpush_keys: WebPushKeys | None
-    auth_signer: str | None
+    auth_signer: BunkerUri | None
 
 
 def parse_json_object(body: bytes) -> dict[str, Any]:
@@ -121,12 +123,15 @@ def parse_webpush_keys(value: Any, platform: str) -> WebPushKeys | None:
     return WebPushKeys(value["p256dh"], value["auth"])
 
 
-def parse_auth_signer(value: Any) -> str | None:
+def parse_auth_signer(value: Any, allow_insecure_relays: bool) -> BunkerUri | None:
     if value is None:
         return None
-    if not isinstance(value, str) or not value.startswith("bunker://"):
+    if not isinstance(value, str) or len(value) > MAX_BUNKER_URI_LENGTH:
         raise BadRequest("invalid_auth_signer", "'auth_signer' must be a bunker:// URI")
-    raise BadRequest("invalid_auth_signer", "delegated AUTH (NIP-46) is not enabled on this instance")
+    try:
+        return BunkerUri.parse(value, allow_insecure_relays)
+    except InvalidBunkerUri as exc:
+        raise BadRequest("invalid_auth_signer", f"'auth_signer' is invalid: {exc}") from None
 
 
 def parse_register(body: dict[str, Any], pubkey: str, allow_insecure_relays: bool) -> RegisterRequest:
@@ -139,5 +144,5 @@ def parse_register(body: dict[str, Any], pubkey: str, allow_insecure_relays: boo
         payload=parse_payload_mode(body.get("payload")),
         relays=parse_relays(body.get("relays"), allow_insecure_relays),
         webpush_keys=parse_webpush_keys(body.get("keys"), platform),
-        auth_signer=parse_auth_signer(body.get("auth_signer")),
+        auth_signer=parse_auth_signer(body.get("auth_signer"), allow_insecure_relays),
     )

@@ -202,7 +202,18 @@ def test_invalid_relays(api: ApiCaller, relays: object) -> None:
     assert_error(api.register(SdkUser(), relays=relays), 400, "invalid_relays")
 
 
-@pytest.mark.parametrize("signer", ["nostrconnect://abc", 7, "bunker://" + "ab" * 32])
+@pytest.mark.parametrize(
+    "signer",
+    [
+        "nostrconnect://abc",
+        7,
+        "bunker://" + "ab" * 32,
+        "bunker://npub1abc?relay=wss://r.example",
+        "bunker://" + "ab" * 32 + "?relay=https://r.example",
+        "bunker://" + "ab" * 32 + "".join(f"&relay=wss://r{i}.example" for i in range(6)),
+        "bunker://" + "ab" * 32 + "?relay=wss://r.example&secret=a&secret=b",
+    ],
+)
 def test_invalid_auth_signer(api: ApiCaller, signer: object) -> None:
     assert_error(api.register(SdkUser(), auth_signer=signer), 400, "invalid_auth_signer")
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from sigil_push.db import open_database
+from sigil_push.devices import Devices
 from sigil_push.delegated_auth import DelegatedAuth, DelegatedAuthUnavailable
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip46 import BunkerUri, ForbiddenRequest, _request
@@ -33,7 +34,7 @@ async def wait_for_status(auth: DelegatedAuth, pubkey: str, wanted: str) -> None
 
 async def delegated(tmp_path: Path) -> tuple[DelegatedAuth, object]:
     db = await open_database(tmp_path / "push.db")
-    auth = DelegatedAuth(db, SecretKey.generate())
+    auth = DelegatedAuth(db, SecretKey.generate(), Devices(db))
     await auth.start()
     return auth, db
 
