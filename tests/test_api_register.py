@@ -8,6 +8,7 @@ from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip98 import make_http_auth
 from tests.conftest import ApiCaller
 from tests.support.nip98 import SdkUser
+from tests.support.service import ServiceProcess
 
 
 def ios_token() -> str:
@@ -49,6 +50,17 @@ def test_registrations_lists_only_own_devices_with_suffixes(api: ApiCaller) -> N
     assert ios["token_suffix"] == token[-6:]
     assert isinstance(ios["registered_at"], int)
     assert token not in listing.text
+
+
+def test_service_log_never_holds_tokens_or_keys(api: ApiCaller, service: ServiceProcess) -> None:
+    """Even at DEBUG, the log carries token suffixes only, and no npub or pubkey."""
+    user, token = SdkUser(), ios_token()
+    assert api.register(user, device_token=token).status_code == 201
+    api.call("DELETE", "/unregister", user, {"device_token": token})
+    log = service.log()
+    assert token[-6:] in log
+    for secret in (token, user.hex, user.npub):
+        assert secret not in log
 
 
 def test_unregister_removes_only_the_owners_token(api: ApiCaller) -> None:
