@@ -35,8 +35,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sigil_push.nostr.event import Event, sign_event  # noqa: E402
-from sigil_push.nostr.keys import SecretKey  # noqa: E402
+from sigil_push.nostr.event import Event, sign_event
+from sigil_push.nostr.keys import SecretKey
 
 RESULTS = ROOT / "bench" / "results" / "ingest.json"
 BRIDGE_CORE, RELAY_CORE = 0, 1
@@ -127,8 +127,13 @@ def make_events(recipients: list[str], count: int, senders: int = 200) -> list[E
     signing = [SecretKey.generate() for _ in range(senders)]
     now = int(time.time())
     return [
-        sign_event(signing[i % senders], 4, os.urandom(48).hex() + "?iv=" + os.urandom(12).hex(),
-                   [["p", recipients[i % len(recipients)]]], now - i % 600)
+        sign_event(
+            signing[i % senders],
+            4,
+            os.urandom(48).hex() + "?iv=" + os.urandom(12).hex(),
+            [["p", recipients[i % len(recipients)]]],
+            now - i % 600,
+        )
         for i in range(count)
     ]
 
@@ -173,7 +178,9 @@ class Harness:
         devices = Devices(self.db)
         self.observations = ObservationLog(self.folder / "observations")
         await self.observations.start()
-        self.bridge = Bridge(config, devices, Outbox(self.db), self.observations, SecretKey.generate())
+        self.bridge = Bridge(
+            config, devices, Outbox(self.db), self.observations, SecretKey.generate()
+        )
         devices.add_listener(self.bridge.registration_changed)
         self.bridge.add_commit_listener(self._committed)
         started = time.perf_counter()
@@ -247,10 +254,14 @@ async def phase_ingest(folder: Path, count: int) -> dict[str, Any]:
     end_to_end = count / ((last_commit_ms - seen[0]) / 1000)
     bare = bare_verification_rate(events)
     parse_verify = parse_and_verify_rate(events)
-    return {"events": count, "ingest_events_per_s": round(ingest),
-            "bare_verify_events_per_s": round(bare), "ratio": round(ingest / bare, 3),
-            "end_to_end_events_per_s": round(end_to_end),
-            "parse_and_verify_events_per_s": round(parse_verify)}
+    return {
+        "events": count,
+        "ingest_events_per_s": round(ingest),
+        "bare_verify_events_per_s": round(bare),
+        "ratio": round(ingest / bare, 3),
+        "end_to_end_events_per_s": round(end_to_end),
+        "parse_and_verify_events_per_s": round(parse_verify),
+    }
 
 
 async def phase_latency(folder: Path, rate: float, seconds: float) -> dict[str, Any]:
@@ -268,9 +279,14 @@ async def phase_latency(folder: Path, rate: float, seconds: float) -> dict[str, 
     finally:
         relay.stop()
     values = harness.latencies_ms
-    return {"rate_events_per_s": rate, "events": count, "p50_ms": round(percentile(values, 0.5), 2),
-            "p99_ms": round(percentile(values, 0.99), 2), "max_ms": round(max(values), 2),
-            "mean_ms": round(statistics.fmean(values), 2)}
+    return {
+        "rate_events_per_s": rate,
+        "events": count,
+        "p50_ms": round(percentile(values, 0.5), 2),
+        "p99_ms": round(percentile(values, 0.99), 2),
+        "max_ms": round(max(values), 2),
+        "mean_ms": round(statistics.fmean(values), 2),
+    }
 
 
 async def phase_keys(folder: Path, keys: int) -> dict[str, Any]:
@@ -285,8 +301,12 @@ async def phase_keys(folder: Path, keys: int) -> dict[str, Any]:
     finally:
         relay.stop()
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"keys": keys, "shards": shards, "start_to_live_s": round(start_seconds, 2),
-            "peak_rss_mb": round(peak_mb, 1)}
+    return {
+        "keys": keys,
+        "shards": shards,
+        "start_to_live_s": round(start_seconds, 2),
+        "peak_rss_mb": round(peak_mb, 1),
+    }
 
 
 async def phase_sdk(folder: Path, count: int) -> dict[str, Any]:
@@ -303,8 +323,11 @@ async def phase_sdk(folder: Path, count: int) -> dict[str, Any]:
         await client.add_relay(nostr_sdk.RelayUrl.parse(relay.url))
         await client.connect(timedelta(seconds=5))
         notifications = client.notifications()
-        filters = nostr_sdk.Filter().kinds([nostr_sdk.Kind(4)]).pubkeys(
-            [nostr_sdk.PublicKey.parse(p) for p in recipients[:500]])
+        filters = (
+            nostr_sdk.Filter()
+            .kinds([nostr_sdk.Kind(4)])
+            .pubkeys([nostr_sdk.PublicKey.parse(p) for p in recipients[:500]])
+        )
         await client.subscribe(nostr_sdk.ReqTarget.auto([filters]))
         streaming = asyncio.create_task(relay.stream(folder / "events.jsonl", 0))
         received, first, last = 0, 0.0, 0.0
@@ -321,13 +344,28 @@ async def phase_sdk(folder: Path, count: int) -> dict[str, Any]:
         streaming.cancel()
     finally:
         relay.stop()
-    return {"events": count, "received": received,
-            "sdk_events_per_s": round((received - 1) / (last - first))}
+    return {
+        "events": count,
+        "received": received,
+        "sdk_events_per_s": round((received - 1) / (last - first)),
+    }
 
 
 def run_phase(name: str, args: argparse.Namespace) -> dict[str, Any]:
-    command = [sys.executable, __file__, "--phase", name, "--events", str(args.events),
-               "--rate", str(args.rate), "--seconds", str(args.seconds), "--keys", str(args.keys)]
+    command = [
+        sys.executable,
+        __file__,
+        "--phase",
+        name,
+        "--events",
+        str(args.events),
+        "--rate",
+        str(args.rate),
+        "--seconds",
+        str(args.seconds),
+        "--keys",
+        str(args.keys),
+    ]
     output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
     return dict(json.loads(output.strip().splitlines()[-1]))
 
@@ -347,15 +385,21 @@ def main() -> None:
         return
     if args.phase is not None:
         with tempfile.TemporaryDirectory() as folder:
-            phase = {"ingest": lambda: phase_ingest(Path(folder), args.events),
-                     "latency": lambda: phase_latency(Path(folder), args.rate, args.seconds),
-                     "keys": lambda: phase_keys(Path(folder), args.keys),
-                     "sdk": lambda: phase_sdk(Path(folder), args.events)}[args.phase]
+            phase = {
+                "ingest": lambda: phase_ingest(Path(folder), args.events),
+                "latency": lambda: phase_latency(Path(folder), args.rate, args.seconds),
+                "keys": lambda: phase_keys(Path(folder), args.keys),
+                "sdk": lambda: phase_sdk(Path(folder), args.events),
+            }[args.phase]
             print(json.dumps(asyncio.run(phase())))
         return
     results = {name: run_phase(name, args) for name in ("ingest", "latency", "keys", "sdk")}
-    results["machine"] = {"python": platform.python_version(), "cpus": os.cpu_count(),
-                          "bridge_cores": 1, "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    results["machine"] = {
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "bridge_cores": 1,
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     results["targets_met"] = {
         "ingest_ratio_at_least_0.5": results["ingest"]["ratio"] >= 0.5,
         "p99_below_20ms_at_1000_per_s": results["latency"]["p99_ms"] < 20,

@@ -19,7 +19,7 @@ import contextlib
 import logging
 import sqlite3
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +49,10 @@ DRAINED_AT = 5_000
 HOUSEKEEPING_SECONDS = 60.0
 PRUNE_EVERY_SECONDS = 3600.0
 COMMIT_ATTEMPTS = 5
+INSERT_BASELINES = (
+    "INSERT INTO relay_baselines (relay, pubkey, baselined_at) VALUES (?, ?, ?)"
+    " ON CONFLICT DO NOTHING"
+)
 DROP_REASONS = ("malformed", "wrong_kind", "unknown_recipient", "wrong_id", "forged", "no_device")
 
 RECEIVED = Counter("sigil_push_bridge_events_received_total", "EVENT frames received", ["relay"])
@@ -81,7 +85,7 @@ DEVICE_CACHE_SIZE = 50_000
 class RelayCounters:
     """One relay's counters, bound once: label lookups per event would cost more than parsing."""
 
-    __slots__ = ("received", "duplicates", "dropped")
+    __slots__ = ("dropped", "duplicates", "received")
 
     def __init__(self, url: str) -> None:
         self.received = RECEIVED.labels(url)
@@ -138,6 +142,7 @@ class Bridge:
         self._dirty_event = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._commit_listeners: list[CommitListener] = []
+        self._background: set[asyncio.Task[None]] = set()
         self._counters: dict[str, RelayCounters] = {}
         self._device_cache: dict[str, list[Device]] = {}
         self._device_generation = 0
@@ -146,7 +151,25 @@ class Bridge:
     # life cycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._db = db = await open_database(self._db_path)
+        self._db = await open_database(self._db_path)
+        try:
+            await self._load()
+        except BaseException:
+            await self._db.close()
+            raise
+        for name, loop in (
+            ("bridge-commit", self._commit_loop),
+            ("bridge-registrations", self._registration_loop),
+            ("bridge-housekeeping", self._housekeeping_loop),
+        ):
+            self._tasks.append(asyncio.create_task(loop(), name=name))
+        self._apply_plan(self._keys)
+        log.info("bridge watching %d keys on %d relays", len(self._keys), len(self._subs))
+
+    async def _load(self) -> None:
+        """Everything the bridge remembers, and the keys to watch, before any relay is opened."""
+        db = self._db
+        assert db is not None
         self._writer = Outbox(db)
         self._lists = RelayLists(db, self._insecure)
         # dedupe must remember every id a catch-up can return again
@@ -162,14 +185,6 @@ class Bridge:
                 self._cursors[str(relay)] = int(live_until)
         for pubkey, relays in (await self._devices.watched_keys()).items():
             self._set_key(pubkey, relays)
-        self._apply_plan(self._keys)
-        for name, loop in (
-            ("bridge-commit", self._commit_loop),
-            ("bridge-registrations", self._registration_loop),
-            ("bridge-housekeeping", self._housekeeping_loop),
-        ):
-            self._tasks.append(asyncio.create_task(loop(), name=name))
-        log.info("bridge watching %d keys on %d relays", len(self._keys), len(self._subs))
 
     async def stop(self) -> None:
         """Close relays first, then finish what was already received, so nothing is lost."""
@@ -198,10 +213,18 @@ class Bridge:
         self._dirty.add(pubkey)
         self._dirty_event.set()
 
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        """Run in the background, keeping a reference so the task is not collected mid-way."""
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     # planning ---------------------------------------------------------------------------
 
     def _set_key(self, pubkey: str, registration_relays: tuple[str, ...]) -> None:
-        own = {u for u in (normalize_relay_url(r, self._insecure) for r in registration_relays) if u}
+        own = {
+            u for u in (normalize_relay_url(r, self._insecure) for r in registration_relays) if u
+        }
         own.update(self._lists.relays_of(pubkey))
         self._keys.add(pubkey)
         self._plan.set_key(pubkey, own)
@@ -222,8 +245,12 @@ class Bridge:
                     removed.append(pubkey)
             if removed:
                 self._lists.forget(removed)
-                self._db_ops.append(("DELETE FROM relay_baselines WHERE pubkey = ?", [(p,) for p in removed]))
-                self._db_ops.append(("DELETE FROM relay_lists WHERE pubkey = ?", [(p,) for p in removed]))
+                self._db_ops.append(
+                    ("DELETE FROM relay_baselines WHERE pubkey = ?", [(p,) for p in removed])
+                )
+                self._db_ops.append(
+                    ("DELETE FROM relay_lists WHERE pubkey = ?", [(p,) for p in removed])
+                )
                 self._work.set()
             self._apply_plan(pubkeys)
 
@@ -249,14 +276,17 @@ class Bridge:
                 elif pubkey in subs.keys:
                     subs.remove(pubkey)
                     self._db_ops.append(
-                        ("DELETE FROM relay_baselines WHERE relay = ? AND pubkey = ?", [(url, pubkey)])
+                        (
+                            "DELETE FROM relay_baselines WHERE relay = ? AND pubkey = ?",
+                            [(url, pubkey)],
+                        )
                     )
             if len(self._db_ops) != before:
                 self._work.set()
             touched.append(url)
         KEYS.set(len(self._keys))
         for url in touched:
-            asyncio.get_running_loop().create_task(self._sync(url))
+            self._spawn(self._sync(url))
 
     def _open_relay(self, url: str) -> RelaySubscriptions:
         subs = RelaySubscriptions(
@@ -267,8 +297,12 @@ class Bridge:
         self._subs[url] = subs
         self._locks[url] = asyncio.Lock()
         connection = RelayConnection(
-            url, self, self._signer, self._observations,
-            self._bridge.reconnect_min_seconds, self._bridge.reconnect_max_seconds,
+            url,
+            self,
+            self._signer,
+            self._observations,
+            self._bridge.reconnect_min_seconds,
+            self._bridge.reconnect_max_seconds,
         )
         self._connections[url] = connection
         self._counters[url] = RelayCounters(url)
@@ -280,7 +314,7 @@ class Bridge:
         self._locks.pop(url, None)
         connection = self._connections.pop(url, None)
         if connection is not None:
-            asyncio.get_running_loop().create_task(connection.stop())
+            self._spawn(connection.stop())
 
     def _since(self, url: str) -> tuple[int, int]:
         """(window for fresh keys, window for a catch-up of baselined keys)."""
@@ -293,7 +327,11 @@ class Bridge:
 
     async def _sync(self, url: str) -> None:
         """Send the REQ/CLOSE frames that bring the relay's shards up to date."""
-        lock, subs, connection = self._locks.get(url), self._subs.get(url), self._connections.get(url)
+        lock, subs, connection = (
+            self._locks.get(url),
+            self._subs.get(url),
+            self._connections.get(url),
+        )
         if lock is None or subs is None or connection is None:
             return
         async with lock:
@@ -311,13 +349,13 @@ class Bridge:
         subs = self._subs.get(connection.url)
         if subs is not None and connection.limits is not None:
             subs.apply_limits(connection.limits)
-        asyncio.get_running_loop().create_task(self._sync(connection.url))
+        self._spawn(self._sync(connection.url))
 
     def on_authenticated(self, connection: RelayConnection) -> None:
         subs = self._subs.get(connection.url)
         if subs is not None:
             subs.refresh()
-            asyncio.get_running_loop().create_task(self._sync(connection.url))
+            self._spawn(self._sync(connection.url))
 
     def on_down(self, connection: RelayConnection) -> None:
         subs = self._subs.get(connection.url)
@@ -339,11 +377,12 @@ class Bridge:
         newly = subs.eose(sub_id)
         if newly:
             now = int(time.time())
-            self._db_ops.append((
-                "INSERT INTO relay_baselines (relay, pubkey, baselined_at) VALUES (?, ?, ?)"
-                " ON CONFLICT DO NOTHING",
-                [(url, pubkey, now) for pubkey in newly],
-            ))
+            self._db_ops.append(
+                (
+                    INSERT_BASELINES,
+                    [(url, pubkey, now) for pubkey in newly],
+                )
+            )
             self._work.set()
         if subs.live:
             self._cursors[url] = int(time.time())
@@ -422,7 +461,12 @@ class Bridge:
                 await self._write(writes, new_events, deliveries, ops)
                 break
             except sqlite3.Error as exc:
-                log.warning("bridge commit failed (%s: %s), attempt %d", type(exc).__name__, exc, attempt + 1)
+                log.warning(
+                    "bridge commit failed (%s: %s), attempt %d",
+                    type(exc).__name__,
+                    exc,
+                    attempt + 1,
+                )
                 await asyncio.sleep(0.1 * 2**attempt)
         else:
             COMMIT_FAILURES.inc(len(writes))
@@ -572,7 +616,13 @@ class Bridge:
             }
         for url, wanted_by in self._plan.skipped.items():
             report[url] = {
-                "connected": False, "last_event_at": None, "state": "skipped", "live": False,
-                "gated": None, "configured": False, "subscriptions": 0, "keys": wanted_by,
+                "connected": False,
+                "last_event_at": None,
+                "state": "skipped",
+                "live": False,
+                "gated": None,
+                "configured": False,
+                "subscriptions": 0,
+                "keys": wanted_by,
             }
         return report

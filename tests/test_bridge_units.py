@@ -86,13 +86,16 @@ def test_nip11_limits_shrink_shards_and_merge_filters() -> None:
     assert len(requests) == 4
     assert all(len(r.filters) == 2 for r in requests)
     assert requests[0].filters[0]["kinds"] == [4, 1059]
-    assert requests[0].filters[1] == {"kinds": [10050, 10002], "authors": requests[0].filters[0]["#p"]}
+    assert requests[0].filters[1] == {
+        "kinds": [10050, 10002],
+        "authors": requests[0].filters[0]["#p"],
+    }
 
 
 def test_parse_limits_ignores_malformed_documents() -> None:
-    assert parse_limits({"limitation": {"max_subscriptions": 20, "max_filters": "x"}}) == RelayLimits(
-        max_subscriptions=20
-    )
+    assert parse_limits(
+        {"limitation": {"max_subscriptions": 20, "max_filters": "x"}}
+    ) == RelayLimits(max_subscriptions=20)
     assert parse_limits(["not", "a", "document"]) == RelayLimits()
 
 
@@ -107,8 +110,12 @@ def test_user_relay_urls_are_canonical_and_secure() -> None:
 
 def test_relay_lists_prefer_kind_10050_and_keep_the_newest() -> None:
     owner = SecretKey.generate()
-    general = sign_event(owner, 10002, "", [["r", "wss://read.example"], ["r", "wss://write.example", "write"]], 10)
-    dm = sign_event(owner, 10050, "", [["relay", "wss://inbox.example"], ["relay", "ws://insecure.example"]], 20)
+    general = sign_event(
+        owner, 10002, "", [["r", "wss://read.example"], ["r", "wss://write.example", "write"]], 10
+    )
+    dm = sign_event(
+        owner, 10050, "", [["relay", "wss://inbox.example"], ["relay", "ws://insecure.example"]], 20
+    )
     older_dm = sign_event(owner, 10050, "", [["relay", "wss://old.example"]], 5)
     assert relays_in_list(general, False) == ("wss://read.example",)
 
@@ -142,7 +149,9 @@ async def test_seen_events_survive_a_restart_and_memory_stays_bounded(tmp_path: 
         for key in KEYS[:3]:
             assert seen.first_delivery(key, "wss://a") == (True, True)
         assert len(seen) == 2
-        await seen.save([(k, 1_000_000, 1000) for k in KEYS[:3]], [(k, "wss://a", 1000) for k in KEYS[:3]])
+        await seen.save(
+            [(k, 1_000_000, 1000) for k in KEYS[:3]], [(k, "wss://a", 1000) for k in KEYS[:3]]
+        )
 
         restarted = SeenEvents(db, retention_seconds=1000, cache_size=10)
         await restarted.load()

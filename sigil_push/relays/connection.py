@@ -36,7 +36,9 @@ OPEN_TIMEOUT_SECONDS = 10.0
 STABLE_AFTER_SECONDS = 30.0
 MAX_MALFORMED_PER_CONNECTION = 1000
 
-CONNECTED = Gauge("sigil_push_relay_connected_bool", "1 while the relay websocket is open", ["relay"])
+CONNECTED = Gauge(
+    "sigil_push_relay_connected_bool", "1 while the relay websocket is open", ["relay"]
+)
 CONNECTS = Counter(
     "sigil_push_relay_connects_total", "Connection attempts by outcome", ["relay", "outcome"]
 )

@@ -81,7 +81,9 @@ class RelayLists:
         self._unsaved: dict[tuple[str, int], tuple[int, tuple[str, ...]]] = {}
 
     async def load(self) -> None:
-        async with self._db.execute("SELECT pubkey, kind, created_at, relays FROM relay_lists") as cur:
+        async with self._db.execute(
+            "SELECT pubkey, kind, created_at, relays FROM relay_lists"
+        ) as cur:
             async for pubkey, kind, created_at, relays in cur:
                 self._lists[(str(pubkey), int(kind))] = (int(created_at), tuple(json.loads(relays)))
 
@@ -106,7 +108,11 @@ class RelayLists:
         return self.relays_of(event.pubkey) != before
 
     def forget(self, pubkeys: Iterable[str]) -> list[str]:
-        gone = [p for p in pubkeys if (p, DM_RELAYS_KIND) in self._lists or (p, RELAY_LIST_KIND) in self._lists]
+        gone = [
+            p
+            for p in pubkeys
+            if (p, DM_RELAYS_KIND) in self._lists or (p, RELAY_LIST_KIND) in self._lists
+        ]
         for pubkey in gone:
             for kind in (DM_RELAYS_KIND, RELAY_LIST_KIND):
                 self._lists.pop((pubkey, kind), None)

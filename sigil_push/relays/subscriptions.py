@@ -146,13 +146,19 @@ class RelaySubscriptions:
                 if old:
                     requests.append(Request(old, None, [], False))
                 continue
+            if old:
+                # a replaced REQ that never reached EOSE (refused, or cut short) must not keep
+                # the relay from counting as live; its late frames fall back to `baselined`
+                self._pending.pop(old, None)
             self._generation += 1
             sub_id = f"sp{shard.index}.{self._generation}"
             fresh = frozenset(shard.keys - self.baselined)
             shard.sub_id = sub_id
             self._pending[sub_id] = SentReq(sub_id, shard.index, fresh)
             since = since_full if fresh else since_caught_up
-            requests.append(Request(old, sub_id, self._filters(sorted(shard.keys), since), bool(fresh)))
+            requests.append(
+                Request(old, sub_id, self._filters(sorted(shard.keys), since), bool(fresh))
+            )
         return requests
 
     def _filters(self, keys: list[str], since: int) -> list[dict[str, Any]]:

@@ -38,7 +38,10 @@ def _call(
     raw = json.dumps(body).encode()
     header = make_http_auth(SecretKey(secret_hex_of(keys)), service.url + path, method, raw)
     return httpx.request(
-        method, service.url + path, content=raw, timeout=10,
+        method,
+        service.url + path,
+        content=raw,
+        timeout=10,
         headers={"content-type": "application/json", "authorization": header},
     )
 
@@ -114,7 +117,9 @@ def relay_live(service: ServiceProcess, url: str, keys: int | None = None) -> bo
 
 def seen_count(service: ServiceProcess, event_id: str) -> int:
     return sum(
-        1 for r in service.observation_records() if r["type"] == "seen" and r["event_id"] == event_id
+        1
+        for r in service.observation_records()
+        if r["type"] == "seen" and r["event_id"] == event_id
     )
 
 

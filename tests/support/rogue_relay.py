@@ -8,7 +8,7 @@ It runs in the test's own event loop on 127.0.0.1.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Self
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
@@ -33,13 +33,13 @@ class RogueRelay:
         self._server: Server | None = None
         self.url = ""
 
-    async def __aenter__(self) -> RogueRelay:
+    async def __aenter__(self) -> Self:
         self._server = await serve(self._handle, "127.0.0.1", 0, max_size=None, compression=None)
         port = next(iter(self._server.sockets)).getsockname()[1]
         self.url = f"ws://127.0.0.1:{port}"
         return self
 
-    async def __aexit__(self, *exc: Any) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
