@@ -393,10 +393,13 @@ def main() -> None:
             }[args.phase]
             print(json.dumps(asyncio.run(phase())))
         return
+    load_before = os.getloadavg()[0]
     results = {name: run_phase(name, args) for name in ("ingest", "latency", "keys", "sdk")}
     results["machine"] = {
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
+        "load_1min_before": round(load_before, 2),
+        "load_1min_after": round(os.getloadavg()[0], 2),
         "bridge_cores": 1,
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }

@@ -399,3 +399,26 @@ async def test_relays_beyond_the_cap_are_skipped_and_reported(
         "keys": 1,
     }
     assert metric(service, "sigil_push_relay_skipped_relays") == 1
+
+
+async def test_an_updated_kind_10050_list_is_followed_live(
+    start_relay: Callable[..., RelayProcess], start_service: Callable[..., ServiceProcess]
+) -> None:
+    """When the user publishes a newer kind 10050 list, the bridge moves to the new inbox relay
+    (dropping the old one, which no other key wants) and pushes DMs published there."""
+    configured, old_inbox, new_inbox = start_relay("c"), start_relay("old"), start_relay("new")
+    alice, bob = user(), user()
+    first_list = relay_list(alice, 10050, [old_inbox.url])
+    await publish(configured.url, first_list)
+    service = start_service([configured.url])
+    register(service, alice, new_token())
+    await eventually(lambda: relay_live(service, old_inbox.url, 1), "first inbox followed")
+
+    newer = relay_list(alice, 10050, [new_inbox.url], created_at=first_list["created_at"] + 1)
+    await publish(configured.url, newer)
+    await eventually(lambda: relay_live(service, new_inbox.url, 1), "new inbox followed")
+    await eventually(lambda: old_inbox.url not in health(service)["relays"], "old inbox dropped")
+
+    dm = gift_wrap(bob, alice, "to the new inbox")
+    await publish(new_inbox.url, dm)
+    await eventually(lambda: wakeups(service)[dm["id"]] == 1, "DM on the new inbox pushed")

@@ -48,11 +48,16 @@ def gift_wrap(sender: nostr_sdk.Keys, recipient: nostr_sdk.Keys, text: str) -> d
     return dict(json.loads(wrap.as_json()))
 
 
-def relay_list(owner: nostr_sdk.Keys, kind: int, urls: list[str]) -> dict[str, Any]:
+def relay_list(
+    owner: nostr_sdk.Keys, kind: int, urls: list[str], created_at: int | None = None
+) -> dict[str, Any]:
     """A kind 10050 (`relay` tags) or kind 10002 (`r` tags) list signed by its owner."""
     tag_name = "relay" if kind == 10050 else "r"
     tags = [nostr_sdk.Tag.parse([tag_name, url]) for url in urls]
-    event = nostr_sdk.EventBuilder(nostr_sdk.Kind(kind), "").tags(tags).finalize(owner)
+    builder = nostr_sdk.EventBuilder(nostr_sdk.Kind(kind), "").tags(tags)
+    if created_at is not None:
+        builder = builder.custom_created_at(nostr_sdk.Timestamp.from_secs(created_at))
+    event = builder.finalize(owner)
     return dict(json.loads(event.as_json()))
 
 
