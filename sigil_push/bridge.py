@@ -450,7 +450,11 @@ class Bridge:
 
     async def _commit_pending(self) -> None:
         batch, self._queue = self._queue[:COMMIT_BATCH], self._queue[COMMIT_BATCH:]
-        ops, self._db_ops = self._db_ops, []
+        ops: list[tuple[str, list[tuple[Any, ...]]]] = []
+        if not self._queue:
+            # a baseline (from an EOSE) is stored only with or after every event the relay sent
+            # before that EOSE, or a crash could leave a baseline whose events were never seen
+            ops, self._db_ops = self._db_ops, []
         QUEUE.set(len(self._queue))
         if len(self._queue) < DRAINED_AT:
             self._drained.set()
