@@ -36,7 +36,7 @@ from sigil_push.outbox import Outbox
 from sigil_push.relays.connection import BridgeKeySigner, RelayConnection
 from sigil_push.relays.discovery import LIST_KINDS_SET, RelayLists, normalize_relay_url
 from sigil_push.relays.pool import RelayPlan
-from sigil_push.relays.subscriptions import DM_KINDS, RelaySubscriptions
+from sigil_push.relays.subscriptions import DM_KINDS, RelaySubscriptions, Request
 from sigil_push.seen import SeenEvents
 
 log = logging.getLogger(__name__)
@@ -338,10 +338,21 @@ class Bridge:
             if not connection.connected:
                 return
             for request in subs.due(*self._since(url)):
-                if request.sub_id is not None:
-                    await connection.send(["REQ", request.sub_id, *request.filters])
-                if request.close is not None:
-                    await connection.send(["CLOSE", request.close])
+                await self._send_request(connection, request)
+
+    async def _send(self, url: str, request: Request) -> None:
+        lock, connection = self._locks.get(url), self._connections.get(url)
+        if lock is not None and connection is not None:
+            async with lock:
+                await self._send_request(connection, request)
+
+    @staticmethod
+    async def _send_request(connection: RelayConnection, request: Request) -> None:
+        """The new REQ first, then the CLOSE of the one it replaces: no gap in coverage."""
+        if request.sub_id is not None:
+            await connection.send(["REQ", request.sub_id, *request.filters])
+        if request.close is not None:
+            await connection.send(["CLOSE", request.close])
 
     # connection callbacks (synchronous, on the reader's task) ------------------------------
 
@@ -374,7 +385,9 @@ class Bridge:
         subs = self._subs.get(url)
         if subs is None:
             return
-        newly = subs.eose(sub_id)
+        newly, follow_up = subs.eose(sub_id)
+        if follow_up is not None:
+            self._spawn(self._send(url, follow_up))
         if newly:
             now = int(time.time())
             self._db_ops.append(
@@ -425,6 +438,8 @@ class Bridge:
                 self.registration_changed(event.pubkey)
             return
         subs = self._subs.get(url)
+        if subs is not None:
+            subs.stored(sub_id, event.created_at)
         push_to = tuple(r for r in recipients if subs is None or not subs.is_baseline(sub_id, r))
         self._queue.append(Arrival(event, url, received_ms, push_to))
         self._work.set()

@@ -5,8 +5,10 @@ logs; every wait polls for the outcome with a generous deadline.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import signal
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,7 @@ from tests.support.nostr_client import (
     relay_list,
     user,
 )
+from tests.support.paging_relay import PagingRelay
 from tests.support.relay import RelayProcess
 from tests.support.rogue_relay import RogueRelay
 from tests.support.service import ServiceProcess
@@ -422,3 +425,31 @@ async def test_an_updated_kind_10050_list_is_followed_live(
     dm = gift_wrap(bob, alice, "to the new inbox")
     await publish(new_inbox.url, dm)
     await eventually(lambda: wakeups(service)[dm["id"]] == 1, "DM on the new inbox pushed")
+
+
+async def test_a_relays_max_limit_is_paged_through_before_the_baseline(
+    start_service: Callable[..., ServiceProcess],
+) -> None:
+    """A relay that returns at most 2 stored events per filter (its NIP-11 max_limit) is asked
+    for older pages: all five earlier DMs are remembered, none pushed; a new one is pushed."""
+    alice, bob = user(), user()
+    now = int(time.time())
+    old = [kind4_dm(bob, alice, f"old {n}", created_at=now - 60 * n) for n in range(1, 6)]
+    async with PagingRelay(old, max_limit=2) as relay:
+        service = start_service([relay.url])
+        register(service, alice, new_token())
+        await eventually(lambda: relay_live(service, relay.url, 1), "every page answered")
+        ids = [event["id"] for event in relay.events]
+        await eventually(
+            lambda: all(seen_count(service, i) == 1 for i in ids), "all old DMs remembered"
+        )
+        assert any("until" in query for queries in relay.requests for query in queries)
+        fresh = kind4_dm(bob, alice, "new")
+        relay.events.append(fresh)
+        # the relay lives in this event loop: keep it answering while the service restarts
+        await asyncio.to_thread(service.stop)
+        await asyncio.to_thread(service.start)
+        await eventually(
+            lambda: wakeups(service)[fresh["id"]] == 1, "the new DM pushed on catch-up"
+        )
+        assert all(wakeups(service)[i] == 0 for i in ids)

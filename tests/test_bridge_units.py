@@ -46,7 +46,7 @@ def test_events_before_eose_of_a_keys_first_req_are_baseline() -> None:
     (req,) = subs.due(100, 200)
     assert req.fresh and req.filters[0]["since"] == 100
     assert subs.is_baseline(req.sub_id, KEYS[0])
-    assert subs.eose(req.sub_id) == {KEYS[0]}
+    assert subs.eose(req.sub_id) == ({KEYS[0]}, None)
     assert not subs.is_baseline(req.sub_id, KEYS[0])
 
     subs.add(KEYS[1])
@@ -54,6 +54,29 @@ def test_events_before_eose_of_a_keys_first_req_are_baseline() -> None:
     assert second.close == req.sub_id
     assert subs.is_baseline(second.sub_id, KEYS[1])
     assert not subs.is_baseline(second.sub_id, KEYS[0]), "catch-up of a baselined key is pushed"
+
+
+def test_an_answer_cut_by_the_relays_max_limit_is_paged_before_the_baseline() -> None:
+    """When a relay returns as many stored events as its NIP-11 max_limit, the older ones are
+    asked for with `until`, still as baseline; the key is baselined after the last page only."""
+    subs = RelaySubscriptions(keys_per_filter=10, with_lists=False)
+    subs.apply_limits(RelayLimits(max_limit=2))
+    subs.add(KEYS[0])
+    (req,) = subs.due(100, 200)
+    subs.stored(req.sub_id, 500)
+    subs.stored(req.sub_id, 400)
+    newly, page = subs.eose(req.sub_id)
+    assert newly == frozenset() and page is not None
+    assert page.close is None, "the live REQ stays open"
+    assert page.sub_id is not None and page.filters[0]["until"] == 400
+    assert page.filters[0]["since"] == 100
+    assert subs.is_baseline(page.sub_id, KEYS[0]) and not subs.live
+
+    subs.stored(page.sub_id, 300)
+    newly, last = subs.eose(page.sub_id)
+    assert newly == {KEYS[0]}
+    assert last is not None and last.close == page.sub_id and last.sub_id is None
+    assert subs.live
 
 
 def test_a_reconnect_catches_up_from_the_cursor_when_every_key_is_baselined() -> None:

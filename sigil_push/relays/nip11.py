@@ -24,6 +24,7 @@ class RelayLimits:
     max_message_length: int | None = None
     max_subscriptions: int | None = None
     max_filters: int | None = None
+    max_limit: int | None = None
     auth_required: bool = False
 
 
@@ -40,6 +41,7 @@ def parse_limits(document: Any) -> RelayLimits:
         max_message_length=_positive(limitation.get("max_message_length")),
         max_subscriptions=_positive(limitation.get("max_subscriptions")),
         max_filters=_positive(limitation.get("max_filters")),
+        max_limit=_positive(limitation.get("max_limit")),
         auth_required=limitation.get("auth_required") is True,
     )
 

@@ -31,13 +31,19 @@ class Shard:
     sub_id: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SentReq:
-    """A REQ as it was sent: which shard, and which of its keys were fresh then."""
+    """A REQ as it was sent (which shard, which of its keys were fresh then) and, until its
+    EOSE, how many stored events it returned and the oldest `created_at` among them."""
 
     sub_id: str
     shard: int
     fresh: frozenset[str]
+    keys: list[str]
+    since: int
+    until: int | None = None
+    stored: int = 0
+    oldest: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +69,7 @@ class RelaySubscriptions:
         self._pending: dict[str, SentReq] = {}
         self._generation = 0
         self._max_filters: int | None = None
+        self._max_limit: int | None = None
         self._refused: set[int] = set()
         self.unsubscribed = 0
 
@@ -94,6 +101,7 @@ class RelaySubscriptions:
     def apply_limits(self, limits: RelayLimits) -> None:
         """Fit shards to a relay's NIP-11 limits; re-packs every shard if the capacity changes."""
         self._max_filters = limits.max_filters
+        self._max_limit = limits.max_limit
         per_key = KEY_BYTES_IN_FILTER * (3 if self.with_lists else 2)
         capacity = self._keys_per_filter
         if limits.max_message_length:
@@ -154,30 +162,65 @@ class RelaySubscriptions:
             sub_id = f"sp{shard.index}.{self._generation}"
             fresh = frozenset(shard.keys - self.baselined)
             shard.sub_id = sub_id
-            self._pending[sub_id] = SentReq(sub_id, shard.index, fresh)
             since = since_full if fresh else since_caught_up
-            requests.append(
-                Request(old, sub_id, self._filters(sorted(shard.keys), since), bool(fresh))
-            )
+            keys = sorted(shard.keys)
+            self._pending[sub_id] = SentReq(sub_id, shard.index, fresh, keys, since)
+            requests.append(Request(old, sub_id, self._filters(keys, since), bool(fresh)))
         return requests
 
-    def _filters(self, keys: list[str], since: int) -> list[dict[str, Any]]:
-        dm = [{"kinds": [kind], "#p": keys, "since": since} for kind in DM_KINDS]
+    def _filters(
+        self, keys: list[str], since: int, until: int | None = None
+    ) -> list[dict[str, Any]]:
+        window: dict[str, Any] = (
+            {"since": since} if until is None else {"since": since, "until": until}
+        )
+        dm = [{"kinds": [kind], "#p": keys, **window} for kind in DM_KINDS]
         lists = [{"kinds": list(LIST_KINDS), "authors": keys}] if self.with_lists else []
         if self._max_filters is not None and len(dm) + len(lists) > self._max_filters:
-            dm = [{"kinds": list(DM_KINDS), "#p": keys, "since": since}]
+            dm = [{"kinds": list(DM_KINDS), "#p": keys, **window}]
             if len(dm) + len(lists) > self._max_filters:
                 lists = []
         return dm + lists
 
-    def eose(self, sub_id: str) -> frozenset[str]:
-        """The relay finished a REQ's stored events; returns the keys baselined by it."""
+    def stored(self, sub_id: str, created_at: int) -> None:
+        """Count a DM returned before EOSE, to tell whether the relay's limit cut the answer."""
+        sent = self._pending.get(sub_id)
+        if sent is not None:
+            sent.stored += 1
+            if sent.oldest is None or created_at < sent.oldest:
+                sent.oldest = created_at
+
+    def eose(self, sub_id: str) -> tuple[frozenset[str], Request | None]:
+        """The relay finished a REQ's stored events.
+
+        Returns the keys now baselined, and what to send next: when the relay publishes a
+        `max_limit` and the answer reached it, the older events are asked for page by page
+        (`until` = the oldest so far) and the fresh keys are baselined only after the last page,
+        so a crash can never leave a baseline whose older events were not seen. A finished page
+        is closed.
+        """
         sent = self._pending.pop(sub_id, None)
         if sent is None:
-            return frozenset()
+            return frozenset(), None
+        close = sub_id if sent.until is not None else None
+        limit = self._max_limit
+        if (
+            limit
+            and sent.stored >= limit
+            and sent.oldest is not None
+            and (sent.until is None or sent.oldest < sent.until)
+            and sent.oldest > sent.since
+        ):
+            self._generation += 1
+            page_id = f"sp{sent.shard}.{self._generation}p"
+            self._pending[page_id] = SentReq(
+                page_id, sent.shard, sent.fresh, sent.keys, sent.since, until=sent.oldest
+            )
+            filters = self._filters(sent.keys, sent.since, sent.oldest)
+            return frozenset(), Request(close, page_id, filters, bool(sent.fresh))
         newly = frozenset(key for key in sent.fresh if key in self.shard_of) - self.baselined
         self.baselined |= newly
-        return newly
+        return newly, Request(close, None, [], False) if close else None
 
     def closed(self, sub_id: str) -> None:
         """The relay ended a REQ without EOSE; its fresh keys stay fresh."""

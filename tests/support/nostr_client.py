@@ -31,14 +31,17 @@ def secret_hex_of(keys: nostr_sdk.Keys) -> str:
     return str(keys.secret_key().to_hex())
 
 
-def kind4_dm(sender: nostr_sdk.Keys, recipient: nostr_sdk.Keys, text: str) -> dict[str, Any]:
+def kind4_dm(
+    sender: nostr_sdk.Keys, recipient: nostr_sdk.Keys, text: str, created_at: int | None = None
+) -> dict[str, Any]:
     """A NIP-04 direct message, encrypted for the recipient and `p`-tagged to them."""
     content = nostr_sdk.nip04_encrypt(sender.secret_key(), recipient.public_key(), text)
-    event = (
-        nostr_sdk.EventBuilder(nostr_sdk.Kind(4), content)
-        .tags([nostr_sdk.Tag.public_key(recipient.public_key())])
-        .finalize(sender)
+    builder = nostr_sdk.EventBuilder(nostr_sdk.Kind(4), content).tags(
+        [nostr_sdk.Tag.public_key(recipient.public_key())]
     )
+    if created_at is not None:
+        builder = builder.custom_created_at(nostr_sdk.Timestamp.from_secs(created_at))
+    event = builder.finalize(sender)
     return dict(json.loads(event.as_json()))
 
 
