@@ -75,6 +75,11 @@ KEYS = Gauge("sigil_push_bridge_watched_keys", "Registered keys the bridge subsc
 COMMIT_FAILURES = Counter(
     "sigil_push_bridge_commit_failures_total", "Wakeups lost because the database refused them"
 )
+UNSUBSCRIBED = Gauge(
+    "sigil_push_relay_unsubscribed_keys",
+    "Keys left out on a relay because its NIP-11 limits leave no room for them",
+    ["relay"],
+)
 QUEUE = Gauge("sigil_push_bridge_commit_queue_events", "Verified events waiting for the committer")
 
 
@@ -306,6 +311,7 @@ class Bridge:
         )
         self._connections[url] = connection
         self._counters[url] = RelayCounters(url)
+        UNSUBSCRIBED.labels(url).set(0)
         connection.start()
         return subs
 
@@ -339,6 +345,7 @@ class Bridge:
                 return
             for request in subs.due(*self._since(url)):
                 await self._send_request(connection, request)
+            UNSUBSCRIBED.labels(url).set(len(subs.overflow))
 
     async def _send(self, url: str, request: Request) -> None:
         lock, connection = self._locks.get(url), self._connections.get(url)
@@ -632,6 +639,7 @@ class Bridge:
                 "configured": self._plan.is_configured(url),
                 "subscriptions": subs.subscription_count,
                 "keys": len(subs.keys),
+                "unsubscribed": len(subs.overflow),
             }
         for url, wanted_by in self._plan.skipped.items():
             report[url] = {
@@ -643,5 +651,6 @@ class Bridge:
                 "configured": False,
                 "subscriptions": 0,
                 "keys": wanted_by,
+                "unsubscribed": wanted_by,
             }
         return report

@@ -400,6 +400,7 @@ async def test_relays_beyond_the_cap_are_skipped_and_reported(
         "configured": False,
         "subscriptions": 0,
         "keys": 1,
+        "unsubscribed": 1,
     }
     assert metric(service, "sigil_push_relay_skipped_relays") == 1
 

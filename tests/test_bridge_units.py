@@ -115,6 +115,19 @@ def test_nip11_limits_shrink_shards_and_merge_filters() -> None:
     }
 
 
+def test_a_relays_subscription_limit_grows_shards_then_leaves_keys_out() -> None:
+    """With room for 2 subscriptions (one kept spare), shards grow up to the message size
+    limit; keys beyond that wait unsubscribed and move in when a key leaves."""
+    subs = RelaySubscriptions(keys_per_filter=1, with_lists=False)
+    subs.apply_limits(RelayLimits(max_subscriptions=2, max_message_length=512 + 2 * 67 * 3))
+    for key in KEYS[:5]:
+        subs.add(key)
+    assert len(subs.shards) == 1 and len(subs.keys) == 3
+    assert subs.overflow == set(KEYS[3:5])
+    subs.remove(KEYS[0])
+    assert len(subs.keys) == 3 and len(subs.overflow) == 1
+
+
 def test_parse_limits_ignores_malformed_documents() -> None:
     assert parse_limits(
         {"limitation": {"max_subscriptions": 20, "max_filters": "x"}}

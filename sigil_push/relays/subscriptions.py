@@ -71,52 +71,73 @@ class RelaySubscriptions:
         self._max_filters: int | None = None
         self._max_limit: int | None = None
         self._refused: set[int] = set()
-        self.unsubscribed = 0
+        self._max_shards: int | None = None
+        self._length_cap = 1 << 30
+        self.overflow: set[str] = set()
 
     @property
     def keys(self) -> dict[str, int]:
         return self.shard_of
 
     def add(self, key: str) -> None:
-        if key in self.shard_of:
+        """Put a key into the first shard with room; past the relay's subscription limit, a
+        shard grows up to the message size limit, and beyond that the key waits unsubscribed."""
+        if key in self.shard_of or key in self.overflow:
             return
-        for shard in self.shards:
-            if len(shard.keys) < self._capacity:
-                break
-        else:
-            shard = Shard(len(self.shards))
-            self.shards.append(shard)
+        shard = self._shard_with_room()
+        if shard is None:
+            self.overflow.add(key)
+            return
         shard.keys.add(key)
         shard.dirty = True
         self.shard_of[key] = shard.index
 
+    def _shard_with_room(self) -> Shard | None:
+        for shard in self.shards:
+            if len(shard.keys) < self._capacity:
+                return shard
+        if self._max_shards is None or len(self.shards) < self._max_shards:
+            shard = Shard(len(self.shards))
+            self.shards.append(shard)
+            return shard
+        if self._capacity < self._length_cap:
+            self._capacity = min(self._length_cap, self._capacity + max(1, self._capacity // 2))
+            return self._shard_with_room()
+        return None
+
     def remove(self, key: str) -> None:
+        self.overflow.discard(key)
         index = self.shard_of.pop(key, None)
         self.baselined.discard(key)
         if index is not None:
             shard = self.shards[index]
             shard.keys.discard(key)
             shard.dirty = True
+            if self.overflow:
+                self.add(self.overflow.pop())
 
     def apply_limits(self, limits: RelayLimits) -> None:
-        """Fit shards to a relay's NIP-11 limits; re-packs every shard if the capacity changes."""
+        """Fit shards to a relay's NIP-11 limits; re-packs every shard if the capacity changes.
+
+        One subscription is kept spare for a replacement REQ or a page in flight.
+        """
         self._max_filters = limits.max_filters
         self._max_limit = limits.max_limit
         per_key = KEY_BYTES_IN_FILTER * (3 if self.with_lists else 2)
-        capacity = self._keys_per_filter
         if limits.max_message_length:
-            capacity = min(capacity, (limits.max_message_length - REQ_OVERHEAD_BYTES) // per_key)
-        capacity = max(1, capacity)
-        if limits.max_subscriptions and self.shard_of:
-            needed = math.ceil(len(self.shard_of) / limits.max_subscriptions)
-            if needed > capacity:
-                self.unsubscribed = max(0, len(self.shard_of) - capacity * limits.max_subscriptions)
-        if capacity == self._capacity:
+            self._length_cap = max(1, (limits.max_message_length - REQ_OVERHEAD_BYTES) // per_key)
+        capacity = max(1, min(self._keys_per_filter, self._length_cap))
+        if limits.max_subscriptions:
+            self._max_shards = max(1, limits.max_subscriptions - 1)
+            wanted = len(self.shard_of) + len(self.overflow)
+            capacity = max(capacity, min(self._length_cap, math.ceil(wanted / self._max_shards)))
+        if capacity == self._capacity and not self.overflow:
             return
         self._capacity = capacity
-        keys = list(self.shard_of)
+        keys = [*self.shard_of, *self.overflow]
         old_subs = [shard.sub_id for shard in self.shards if shard.sub_id]
         self.shard_of.clear()
+        self.overflow.clear()
         self.shards = [Shard(i, sub_id=None) for i in range(len(old_subs))]
         for key in keys:
             self.add(key)
