@@ -19,7 +19,7 @@ import contextlib
 import logging
 import sqlite3
 import time
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,16 +33,14 @@ from sigil_push.nostr.event import Event, InvalidEvent
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.observations import ObservationLog
 from sigil_push.outbox import Outbox
-from sigil_push.relays.connection import BridgeKeySigner, RelayConnection
+from sigil_push.relays.connection import BridgeKeySigner
 from sigil_push.relays.discovery import LIST_KINDS_SET, RelayLists, normalize_relay_url
-from sigil_push.relays.pool import RelayPlan
-from sigil_push.relays.subscriptions import DM_KINDS, RelaySubscriptions, Request
+from sigil_push.relays.pool import RelayPool
+from sigil_push.relays.subscriptions import DM_KINDS
 from sigil_push.seen import SeenEvents
 
 log = logging.getLogger(__name__)
 
-GIFT_WRAP_SKEW_SECONDS = 2 * 24 * 3600
-CURSOR_MARGIN_SECONDS = 600
 COMMIT_BATCH = 2000
 CONGESTED_AT = 20_000
 DRAINED_AT = 5_000
@@ -74,11 +72,6 @@ LATENCY = Histogram(
 KEYS = Gauge("sigil_push_bridge_watched_keys", "Registered keys the bridge subscribes for")
 COMMIT_FAILURES = Counter(
     "sigil_push_bridge_commit_failures_total", "Wakeups lost because the database refused them"
-)
-UNSUBSCRIBED = Gauge(
-    "sigil_push_relay_unsubscribed_keys",
-    "Keys left out on a relay because its NIP-11 limits leave no room for them",
-    ["relay"],
 )
 QUEUE = Gauge("sigil_push_bridge_commit_queue_events", "Verified events waiting for the committer")
 
@@ -125,20 +118,14 @@ class Bridge:
         self._lists: RelayLists
         self._seen: SeenEvents
         self._observations = observations
-        self._signer = BridgeKeySigner(key)
         self._insecure = config.server.allow_insecure_relays
         configured = [
             url
             for url in (normalize_relay_url(r.url, True) for r in config.relays if r.read)
             if url is not None
         ]
-        self._plan = RelayPlan(configured, self._bridge.max_relays)
+        self._pool = RelayPool(self._bridge, configured, self, BridgeKeySigner(key), observations)
         self._keys: set[str] = set()
-        self._subs: dict[str, RelaySubscriptions] = {}
-        self._connections: dict[str, RelayConnection] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
-        self._baselines: dict[str, set[str]] = {}
-        self._cursors: dict[str, int] = {}
         self._queue: list[Arrival] = []
         self._db_ops: list[tuple[str, list[tuple[Any, ...]]]] = []
         self._work = asyncio.Event()
@@ -147,7 +134,6 @@ class Bridge:
         self._dirty_event = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._commit_listeners: list[CommitListener] = []
-        self._background: set[asyncio.Task[None]] = set()
         self._counters: dict[str, RelayCounters] = {}
         self._device_cache: dict[str, list[Device]] = {}
         self._device_generation = 0
@@ -168,8 +154,8 @@ class Bridge:
             ("bridge-housekeeping", self._housekeeping_loop),
         ):
             self._tasks.append(asyncio.create_task(loop(), name=name))
-        self._apply_plan(self._keys)
-        log.info("bridge watching %d keys on %d relays", len(self._keys), len(self._subs))
+        self._apply(self._keys)
+        log.info("bridge watching %d keys on %d relays", len(self._keys), len(self._pool.subs))
 
     async def _load(self) -> None:
         """Everything the bridge remembers, and the keys to watch, before any relay is opened."""
@@ -182,18 +168,19 @@ class Bridge:
         self._seen = SeenEvents(db, retention, self._bridge.seen_cache_size)
         await self._seen.load()
         await self._lists.load()
+        baselines: dict[str, set[str]] = {}
         async with db.execute("SELECT relay, pubkey FROM relay_baselines") as cursor:
             async for relay, pubkey in cursor:
-                self._baselines.setdefault(str(relay), set()).add(str(pubkey))
+                baselines.setdefault(str(relay), set()).add(str(pubkey))
         async with db.execute("SELECT relay, live_until FROM relay_cursors") as cursor:
-            async for relay, live_until in cursor:
-                self._cursors[str(relay)] = int(live_until)
+            cursors = {str(relay): int(live_until) async for relay, live_until in cursor}
+        self._pool.load(baselines, cursors)
         for pubkey, relays in (await self._devices.watched_keys()).items():
             self._set_key(pubkey, relays)
 
     async def stop(self) -> None:
         """Close relays first, then finish what was already received, so nothing is lost."""
-        await asyncio.gather(*(c.stop() for c in self._connections.values()))
+        await self._pool.stop()
         self._stopping = True
         self._work.set()
         committer, *others = self._tasks
@@ -218,12 +205,6 @@ class Bridge:
         self._dirty.add(pubkey)
         self._dirty_event.set()
 
-    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
-        """Run in the background, keeping a reference so the task is not collected mid-way."""
-        task = asyncio.get_running_loop().create_task(coroutine)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
     # planning ---------------------------------------------------------------------------
 
     def _set_key(self, pubkey: str, registration_relays: tuple[str, ...]) -> None:
@@ -232,7 +213,7 @@ class Bridge:
         }
         own.update(self._lists.relays_of(pubkey))
         self._keys.add(pubkey)
-        self._plan.set_key(pubkey, own)
+        self._pool.plan.set_key(pubkey, own)
 
     async def _registration_loop(self) -> None:
         while True:
@@ -246,7 +227,7 @@ class Bridge:
                     self._set_key(pubkey, tuple(r for d in devices for r in d.relays))
                 else:
                     self._keys.discard(pubkey)
-                    self._plan.remove_key(pubkey)
+                    self._pool.plan.remove_key(pubkey)
                     removed.append(pubkey)
             if removed:
                 self._lists.forget(removed)
@@ -257,160 +238,29 @@ class Bridge:
                     ("DELETE FROM relay_lists WHERE pubkey = ?", [(p,) for p in removed])
                 )
                 self._work.set()
-            self._apply_plan(pubkeys)
+            self._apply(pubkeys)
 
-    def _apply_plan(self, changed: set[str]) -> None:
+    def _apply(self, changed: set[str]) -> None:
         """Bring connections and shards in line with the plan for the `changed` keys."""
-        chosen = self._plan.choose()
-        for url in [u for u in self._subs if u not in chosen]:
-            self._drop_relay(url)
-        touched = []
-        for url in chosen:
-            keys_here = self._plan.keys_on(url, self._keys)
-            subs = self._subs.get(url)
-            if subs is None:
-                subs = self._open_relay(url)
-                for pubkey in keys_here:
-                    subs.add(pubkey)
-                touched.append(url)
-                continue
-            before = len(self._db_ops)
-            for pubkey in changed:
-                if pubkey in keys_here:
-                    subs.add(pubkey)
-                elif pubkey in subs.keys:
-                    subs.remove(pubkey)
-                    self._db_ops.append(
-                        (
-                            "DELETE FROM relay_baselines WHERE relay = ? AND pubkey = ?",
-                            [(url, pubkey)],
-                        )
-                    )
-            if len(self._db_ops) != before:
-                self._work.set()
-            touched.append(url)
-        KEYS.set(len(self._keys))
-        for url in touched:
-            self._spawn(self._sync(url))
-
-    def _open_relay(self, url: str) -> RelaySubscriptions:
-        subs = RelaySubscriptions(
-            self._bridge.keys_per_filter,
-            with_lists=self._plan.is_configured(url),
-            baselined=self._baselines.setdefault(url, set()),
-        )
-        self._subs[url] = subs
-        self._locks[url] = asyncio.Lock()
-        connection = RelayConnection(
-            url,
-            self,
-            self._signer,
-            self._observations,
-            self._bridge.reconnect_min_seconds,
-            self._bridge.reconnect_max_seconds,
-        )
-        self._connections[url] = connection
-        self._counters[url] = RelayCounters(url)
-        UNSUBSCRIBED.labels(url).set(0)
-        connection.start()
-        return subs
-
-    def _drop_relay(self, url: str) -> None:
-        self._subs.pop(url, None)
-        self._locks.pop(url, None)
-        connection = self._connections.pop(url, None)
-        if connection is not None:
-            self._spawn(connection.stop())
-
-    def _since(self, url: str) -> tuple[int, int]:
-        """(window for fresh keys, window for a catch-up of baselined keys)."""
-        now = int(time.time())
-        full = now - self._bridge.catchup_seconds
-        cursor = self._cursors.get(url)
-        if cursor is None:
-            return full, full
-        return full, max(full, cursor - GIFT_WRAP_SKEW_SECONDS - CURSOR_MARGIN_SECONDS)
-
-    async def _sync(self, url: str) -> None:
-        """Send the REQ/CLOSE frames that bring the relay's shards up to date."""
-        lock, subs, connection = (
-            self._locks.get(url),
-            self._subs.get(url),
-            self._connections.get(url),
-        )
-        if lock is None or subs is None or connection is None:
-            return
-        async with lock:
-            if not connection.connected:
-                return
-            for request in subs.due(*self._since(url)):
-                await self._send_request(connection, request)
-            UNSUBSCRIBED.labels(url).set(len(subs.overflow))
-
-    async def _send(self, url: str, request: Request) -> None:
-        lock, connection = self._locks.get(url), self._connections.get(url)
-        if lock is not None and connection is not None:
-            async with lock:
-                await self._send_request(connection, request)
-
-    @staticmethod
-    async def _send_request(connection: RelayConnection, request: Request) -> None:
-        """The new REQ first, then the CLOSE of the one it replaces: no gap in coverage."""
-        if request.sub_id is not None:
-            await connection.send(["REQ", request.sub_id, *request.filters])
-        if request.close is not None:
-            await connection.send(["CLOSE", request.close])
-
-    # connection callbacks (synchronous, on the reader's task) ------------------------------
-
-    def on_open(self, connection: RelayConnection) -> None:
-        subs = self._subs.get(connection.url)
-        if subs is not None and connection.limits is not None:
-            subs.apply_limits(connection.limits)
-        self._spawn(self._sync(connection.url))
-
-    def on_authenticated(self, connection: RelayConnection) -> None:
-        subs = self._subs.get(connection.url)
-        if subs is not None:
-            subs.refresh()
-            self._spawn(self._sync(connection.url))
-
-    def on_down(self, connection: RelayConnection) -> None:
-        subs = self._subs.get(connection.url)
-        if subs is not None:
-            if subs.live:
-                self._cursors[connection.url] = int(time.time())
-            subs.connection_lost()
-
-    def on_closed(self, connection: RelayConnection, sub_id: str) -> None:
-        subs = self._subs.get(connection.url)
-        if subs is not None:
-            subs.closed(sub_id)
-
-    def on_eose(self, connection: RelayConnection, sub_id: str) -> None:
-        url = connection.url
-        subs = self._subs.get(url)
-        if subs is None:
-            return
-        newly, follow_up = subs.eose(sub_id)
-        if follow_up is not None:
-            self._spawn(self._send(url, follow_up))
-        if newly:
-            now = int(time.time())
+        left = self._pool.apply(self._keys, changed)
+        if left:
             self._db_ops.append(
-                (
-                    INSERT_BASELINES,
-                    [(url, pubkey, now) for pubkey in newly],
-                )
+                ("DELETE FROM relay_baselines WHERE relay = ? AND pubkey = ?", left)
             )
             self._work.set()
-        if subs.live:
-            self._cursors[url] = int(time.time())
+        KEYS.set(len(self._keys))
 
-    def on_event(
-        self, connection: RelayConnection, sub_id: str, raw: Any, received_ms: int
-    ) -> None:
-        url = connection.url
+    # pool callbacks (synchronous, on the readers' tasks) ----------------------------------
+
+    def relay_added(self, url: str) -> None:
+        self._counters[url] = RelayCounters(url)
+
+    def baselined(self, url: str, keys: frozenset[str]) -> None:
+        now = int(time.time())
+        self._db_ops.append((INSERT_BASELINES, [(url, pubkey, now) for pubkey in keys]))
+        self._work.set()
+
+    def on_event(self, url: str, sub_id: str, raw: Any, received_ms: int) -> None:
         counters = self._counters[url]
         counters.received.inc()
         event_id = raw.get("id") if isinstance(raw, dict) else None
@@ -427,7 +277,7 @@ class Bridge:
             if not recipients:
                 counters.dropped["unknown_recipient"].inc()
                 return
-        elif event.kind in LIST_KINDS_SET and self._plan.is_configured(url):
+        elif event.kind in LIST_KINDS_SET and self._pool.plan.is_configured(url):
             if event.pubkey not in self._keys:
                 counters.dropped["unknown_recipient"].inc()
                 return
@@ -444,7 +294,7 @@ class Bridge:
             if self._lists.offer(event):
                 self.registration_changed(event.pubkey)
             return
-        subs = self._subs.get(url)
+        subs = self._pool.subs.get(url)
         if subs is not None:
             subs.stored(sub_id, event.created_at)
         push_to = tuple(r for r in recipients if subs is None or not subs.is_baseline(sub_id, r))
@@ -604,11 +454,7 @@ class Bridge:
         last_prune = 0.0
         while True:
             await asyncio.sleep(HOUSEKEEPING_SECONDS)
-            now = int(time.time())
-            for url, subs in self._subs.items():
-                connection = self._connections.get(url)
-                if connection is not None and connection.connected and subs.live:
-                    self._cursors[url] = now
+            self._pool.note_live()
             await self._save_cursors()
             if time.monotonic() - last_prune >= PRUNE_EVERY_SECONDS:
                 last_prune = time.monotonic()
@@ -616,41 +462,13 @@ class Bridge:
                 log.info("forgot %d event ids past retention", removed)
 
     async def _save_cursors(self) -> None:
-        if self._cursors and self._db is not None:
+        if self._pool.cursors and self._db is not None:
             await self._db.executemany(
                 "INSERT INTO relay_cursors (relay, live_until) VALUES (?, ?)"
                 " ON CONFLICT (relay) DO UPDATE SET live_until = excluded.live_until",
-                list(self._cursors.items()),
+                list(self._pool.cursors.items()),
             )
-
-    # health -----------------------------------------------------------------------------
 
     def health(self) -> dict[str, dict[str, Any]]:
         """Per relay: the contract's `connected`/`last_event_at` plus the bridge's own detail."""
-        report: dict[str, dict[str, Any]] = {}
-        for url, connection in self._connections.items():
-            subs = self._subs[url]
-            report[url] = {
-                "connected": connection.connected,
-                "last_event_at": connection.last_event_at,
-                "state": connection.state.value,
-                "live": connection.connected and subs.live,
-                "gated": connection.gated_reason,
-                "configured": self._plan.is_configured(url),
-                "subscriptions": subs.subscription_count,
-                "keys": len(subs.keys),
-                "unsubscribed": len(subs.overflow),
-            }
-        for url, wanted_by in self._plan.skipped.items():
-            report[url] = {
-                "connected": False,
-                "last_event_at": None,
-                "state": "skipped",
-                "live": False,
-                "gated": None,
-                "configured": False,
-                "subscriptions": 0,
-                "keys": wanted_by,
-                "unsubscribed": wanted_by,
-            }
-        return report
+        return self._pool.health()

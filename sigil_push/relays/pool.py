@@ -1,4 +1,5 @@
-"""Which relays to watch for which keys, within the cap on connections.
+"""Which relays to watch for which keys, within the cap on connections, and the pool of
+connections that carries them.
 
 Configured relays carry every key. A user's own relays (registration `relays`, kind 10050 or
 10002 lists) carry only that user's keys; one connection per relay is shared by all keys that
@@ -8,12 +9,28 @@ keys win and the rest are reported as skipped instead of silently ignored.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import asyncio
+import time
+from collections.abc import Coroutine, Iterable, Sequence
+from typing import Any, Protocol
 
 from prometheus_client import Gauge
 
+from sigil_push.config import BridgeConfig
+from sigil_push.observations import ObservationLog
+from sigil_push.relays.connection import AuthSigner, RelayConnection
+from sigil_push.relays.subscriptions import RelaySubscriptions, Request
+
+GIFT_WRAP_SKEW_SECONDS = 2 * 24 * 3600
+CURSOR_MARGIN_SECONDS = 600
+
 SKIPPED = Gauge("sigil_push_relay_skipped_relays", "User relays not watched because of max_relays")
 WATCHED = Gauge("sigil_push_relay_watched_relays", "Relays the bridge keeps a connection to")
+UNSUBSCRIBED = Gauge(
+    "sigil_push_relay_unsubscribed_keys",
+    "Keys left out on a relay because its NIP-11 limits leave no room for them",
+    ["relay"],
+)
 
 
 class RelayPlan:
@@ -61,3 +78,239 @@ class RelayPlan:
 
     def keys_on(self, url: str, all_keys: set[str]) -> set[str]:
         return all_keys if url in self._configured_set else self.demand.get(url, set())
+
+
+class PoolOwner(Protocol):
+    """What the pool reports to (the bridge): events, finished baselines, backpressure."""
+
+    def relay_added(self, url: str) -> None: ...
+
+    def on_event(self, url: str, sub_id: str, raw: Any, received_ms: int) -> None: ...
+
+    def baselined(self, url: str, keys: frozenset[str]) -> None: ...
+
+    def congested(self) -> bool: ...
+
+    async def drained(self) -> None: ...
+
+
+class RelayPool:
+    """The open connections and their shards, kept in line with a RelayPlan.
+
+    It is every connection's handler: it (re)sends REQs when a connection opens, after AUTH and
+    when keys change, pages and baselines at EOSE, and passes events on to its owner.
+    """
+
+    def __init__(
+        self,
+        settings: BridgeConfig,
+        configured: Sequence[str],
+        owner: PoolOwner,
+        signer: AuthSigner,
+        observations: ObservationLog,
+    ) -> None:
+        self._settings = settings
+        self.plan = RelayPlan(configured, settings.max_relays)
+        self._owner = owner
+        self._signer = signer
+        self._observations = observations
+        self.subs: dict[str, RelaySubscriptions] = {}
+        self._connections: dict[str, RelayConnection] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._baselines: dict[str, set[str]] = {}
+        self.cursors: dict[str, int] = {}
+        self._background: set[asyncio.Task[None]] = set()
+
+    def load(self, baselines: dict[str, set[str]], cursors: dict[str, int]) -> None:
+        self._baselines = baselines
+        self.cursors = cursors
+
+    def apply(self, keys: set[str], changed: Iterable[str]) -> list[tuple[str, str]]:
+        """Open, close and re-shard after `changed` keys moved; returns the (relay, key) pairs
+        whose baseline is void because the key left that relay."""
+        chosen = self.plan.choose()
+        for url in [u for u in self.subs if u not in chosen]:
+            self._drop(url)
+        left: list[tuple[str, str]] = []
+        for url in chosen:
+            keys_here = self.plan.keys_on(url, keys)
+            subs = self.subs.get(url)
+            if subs is None:
+                subs = self._open(url)
+                for pubkey in keys_here:
+                    subs.add(pubkey)
+            else:
+                for pubkey in changed:
+                    if pubkey in keys_here:
+                        subs.add(pubkey)
+                    elif pubkey in subs.keys or pubkey in subs.overflow:
+                        subs.remove(pubkey)
+                        left.append((url, pubkey))
+            self._spawn(self._sync(url))
+        return left
+
+    def _open(self, url: str) -> RelaySubscriptions:
+        subs = RelaySubscriptions(
+            self._settings.keys_per_filter,
+            with_lists=self.plan.is_configured(url),
+            baselined=self._baselines.setdefault(url, set()),
+        )
+        self.subs[url] = subs
+        self._locks[url] = asyncio.Lock()
+        connection = RelayConnection(
+            url,
+            self,
+            self._signer,
+            self._observations,
+            self._settings.reconnect_min_seconds,
+            self._settings.reconnect_max_seconds,
+        )
+        self._connections[url] = connection
+        UNSUBSCRIBED.labels(url).set(0)
+        self._owner.relay_added(url)
+        connection.start()
+        return subs
+
+    def _drop(self, url: str) -> None:
+        self.subs.pop(url, None)
+        self._locks.pop(url, None)
+        connection = self._connections.pop(url, None)
+        if connection is not None:
+            self._spawn(connection.stop())
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(c.stop() for c in self._connections.values()))
+        for task in list(self._background):
+            task.cancel()
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        """Run in the background, keeping a reference so the task is not collected mid-way."""
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _since(self, url: str) -> tuple[int, int]:
+        """(window for fresh keys, window for a catch-up of baselined keys)."""
+        now = int(time.time())
+        full = now - self._settings.catchup_seconds
+        cursor = self.cursors.get(url)
+        if cursor is None:
+            return full, full
+        return full, max(full, cursor - GIFT_WRAP_SKEW_SECONDS - CURSOR_MARGIN_SECONDS)
+
+    async def _sync(self, url: str) -> None:
+        """Send the REQ/CLOSE frames that bring the relay's shards up to date."""
+        lock, subs = self._locks.get(url), self.subs.get(url)
+        connection = self._connections.get(url)
+        if lock is None or subs is None or connection is None:
+            return
+        async with lock:
+            if not connection.connected:
+                return
+            for request in subs.due(*self._since(url)):
+                await _send_request(connection, request)
+            UNSUBSCRIBED.labels(url).set(len(subs.overflow))
+
+    async def _send(self, url: str, request: Request) -> None:
+        lock, connection = self._locks.get(url), self._connections.get(url)
+        if lock is not None and connection is not None:
+            async with lock:
+                await _send_request(connection, request)
+
+    def note_live(self) -> None:
+        """Advance the cursor of every relay whose subscriptions are all past EOSE."""
+        now = int(time.time())
+        for url, subs in self.subs.items():
+            connection = self._connections.get(url)
+            if connection is not None and connection.connected and subs.live:
+                self.cursors[url] = now
+
+    # connection callbacks (synchronous, on the reader's task) ---------------------------
+
+    def on_open(self, connection: RelayConnection) -> None:
+        subs = self.subs.get(connection.url)
+        if subs is not None and connection.limits is not None:
+            subs.apply_limits(connection.limits)
+        self._spawn(self._sync(connection.url))
+
+    def on_authenticated(self, connection: RelayConnection) -> None:
+        subs = self.subs.get(connection.url)
+        if subs is not None:
+            subs.refresh()
+            self._spawn(self._sync(connection.url))
+
+    def on_down(self, connection: RelayConnection) -> None:
+        subs = self.subs.get(connection.url)
+        if subs is not None:
+            if subs.live:
+                self.cursors[connection.url] = int(time.time())
+            subs.connection_lost()
+
+    def on_closed(self, connection: RelayConnection, sub_id: str) -> None:
+        subs = self.subs.get(connection.url)
+        if subs is not None:
+            subs.closed(sub_id)
+
+    def on_eose(self, connection: RelayConnection, sub_id: str) -> None:
+        url = connection.url
+        subs = self.subs.get(url)
+        if subs is None:
+            return
+        newly, follow_up = subs.eose(sub_id)
+        if follow_up is not None:
+            self._spawn(self._send(url, follow_up))
+        if newly:
+            self._owner.baselined(url, newly)
+        if subs.live:
+            self.cursors[url] = int(time.time())
+
+    def on_event(
+        self, connection: RelayConnection, sub_id: str, raw: Any, received_ms: int
+    ) -> None:
+        self._owner.on_event(connection.url, sub_id, raw, received_ms)
+
+    def congested(self) -> bool:
+        return self._owner.congested()
+
+    async def drained(self) -> None:
+        await self._owner.drained()
+
+    # health -----------------------------------------------------------------------------
+
+    def health(self) -> dict[str, dict[str, Any]]:
+        """Per relay: the contract's `connected`/`last_event_at` plus the bridge's own detail."""
+        report: dict[str, dict[str, Any]] = {}
+        for url, connection in self._connections.items():
+            subs = self.subs[url]
+            report[url] = {
+                "connected": connection.connected,
+                "last_event_at": connection.last_event_at,
+                "state": connection.state.value,
+                "live": connection.connected and subs.live,
+                "gated": connection.gated_reason,
+                "configured": self.plan.is_configured(url),
+                "subscriptions": subs.subscription_count,
+                "keys": len(subs.keys),
+                "unsubscribed": len(subs.overflow),
+            }
+        for url, wanted_by in self.plan.skipped.items():
+            report[url] = {
+                "connected": False,
+                "last_event_at": None,
+                "state": "skipped",
+                "live": False,
+                "gated": None,
+                "configured": False,
+                "subscriptions": 0,
+                "keys": wanted_by,
+                "unsubscribed": wanted_by,
+            }
+        return report
+
+
+async def _send_request(connection: RelayConnection, request: Request) -> None:
+    """The new REQ first, then the CLOSE of the one it replaces: no gap in coverage."""
+    if request.sub_id is not None:
+        await connection.send(["REQ", request.sub_id, *request.filters])
+    if request.close is not None:
+        await connection.send(["CLOSE", request.close])
