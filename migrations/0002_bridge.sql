@@ -3,11 +3,13 @@
 -- (relay, key) pairs are past their first-subscription baseline, per-relay catch-up cursors,
 -- and the latest kind 10050 / 10002 relay list of each registered key.
 
+-- `relay` is the first relay that delivered the event; every further one gets a row in
+-- seen_on_relay (one row per event in the common single-relay case keeps ingest cheap).
+-- Retention is measured from the later of arrival and created_at, so an event whose
+-- created_at is ahead of the clock is still remembered while a catch-up may return it.
 CREATE TABLE IF NOT EXISTS seen_events (
     event_id TEXT PRIMARY KEY,
-    first_seen_ms INTEGER NOT NULL,
-    -- retention is measured from the later of arrival and created_at, so an event whose
-    -- created_at is ahead of the clock is still remembered while a catch-up may return it
+    relay TEXT NOT NULL,
     keep_until INTEGER NOT NULL
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS seen_events_by_expiry ON seen_events (keep_until);

@@ -330,11 +330,11 @@ class Bridge:
         QUEUE.set(len(self._queue))
         if len(self._queue) < DRAINED_AT:
             self._drained.set()
-        new_events, deliveries, to_push = await self._decide(batch)
+        new_events, further, to_push = await self._decide(batch)
         writes = await self._targets(to_push)
         for attempt in range(COMMIT_ATTEMPTS):
             try:
-                await self._write(writes, new_events, deliveries, ops)
+                await self._write(writes, new_events, further, ops)
                 break
             except sqlite3.Error as exc:
                 log.warning(
@@ -361,11 +361,11 @@ class Bridge:
 
     async def _decide(
         self, batch: list[Arrival]
-    ) -> tuple[list[tuple[str, int, int]], list[tuple[str, str, int]], list[Arrival]]:
-        """Which arrivals are new events, new deliveries by a relay, and wanted pushes."""
+    ) -> tuple[list[tuple[str, str, int, int]], list[tuple[str, str, int]], list[Arrival]]:
+        """Which arrivals are new events, deliveries by a further relay, and wanted pushes."""
         await self._seen.lookup(a.event.id for a in batch if not self._seen.known(a.event.id))
-        new_events: list[tuple[str, int, int]] = []
-        deliveries: list[tuple[str, str, int]] = []
+        new_events: list[tuple[str, str, int, int]] = []
+        further: list[tuple[str, str, int]] = []
         to_push: list[Arrival] = []
         for arrival in batch:
             event = arrival.event
@@ -376,15 +376,15 @@ class Bridge:
             self._observations.seen(
                 arrival.relay, event.id, event.kind, event.created_at, arrival.received_ms
             )
-            deliveries.append((event.id, arrival.relay, event.created_at))
             if not is_new:
+                further.append((event.id, arrival.relay, event.created_at))
                 continue
-            new_events.append((event.id, arrival.received_ms, event.created_at))
+            new_events.append((event.id, arrival.relay, arrival.received_ms, event.created_at))
             if arrival.push_to:
                 to_push.append(arrival)
             else:
                 BASELINED.inc()
-        return new_events, deliveries, to_push
+        return new_events, further, to_push
 
     async def _targets(self, arrivals: list[Arrival]) -> list[tuple[Arrival, list[Device]]]:
         """The devices each event wakes: its recipients' devices registered before it arrived."""
@@ -425,8 +425,8 @@ class Bridge:
     async def _write(
         self,
         writes: list[tuple[Arrival, list[Device]]],
-        new_events: list[tuple[str, int, int]],
-        deliveries: list[tuple[str, str, int]],
+        new_events: list[tuple[str, str, int, int]],
+        further: list[tuple[str, str, int]],
         ops: list[tuple[str, list[tuple[Any, ...]]]],
     ) -> None:
         """One transaction: the batch's wakeups, its seen ids, and the queued bookkeeping."""
@@ -439,7 +439,7 @@ class Bridge:
             await asyncio.gather(
                 *(writer.enqueue(a.event, a.relay, a.received_ms, targets) for a, targets in writes)
             )
-            await self._seen.save(new_events, deliveries)
+            await self._seen.save(new_events, further)
             for sql, rows in ops:
                 await db.executemany(sql, rows)
             await db.execute("COMMIT")

@@ -29,13 +29,13 @@ class SeenEvents:
     async def load(self) -> None:
         """Warm the cache with the most recent ids, so a restart's catch-up stays cheap."""
         async with self._db.execute(
-            "SELECT e.event_id, r.relay FROM (SELECT event_id, first_seen_ms FROM seen_events"
-            " ORDER BY first_seen_ms DESC LIMIT ?) e LEFT JOIN seen_on_relay r"
-            " ON r.event_id = e.event_id ORDER BY e.first_seen_ms",
+            "SELECT e.event_id, e.relay, r.relay FROM (SELECT event_id, relay, keep_until"
+            " FROM seen_events ORDER BY keep_until DESC LIMIT ?) e LEFT JOIN seen_on_relay r"
+            " ON r.event_id = e.event_id ORDER BY e.keep_until",
             (self._cache_size,),
         ) as cursor:
-            async for event_id, relay in cursor:
-                self._remember(str(event_id), str(relay) if relay else None)
+            async for event_id, first, further in cursor:
+                self._remember_row(str(event_id), str(first), further)
 
     def delivered_by(self, event_id: str, relay: str) -> bool:
         """Hot path, memory only: did this relay already deliver this event?"""
@@ -53,12 +53,12 @@ class SeenEvents:
             chunk = missing[start : start + LOOKUP_CHUNK]
             marks = ",".join("?" * len(chunk))
             async with self._db.execute(
-                f"SELECT e.event_id, r.relay FROM seen_events e LEFT JOIN seen_on_relay r"
+                f"SELECT e.event_id, e.relay, r.relay FROM seen_events e LEFT JOIN seen_on_relay r"
                 f" ON r.event_id = e.event_id WHERE e.event_id IN ({marks})",
                 chunk,
             ) as cursor:
-                for event_id, relay in await cursor.fetchall():
-                    self._remember(str(event_id), str(relay) if relay else None)
+                for event_id, first, further in await cursor.fetchall():
+                    self._remember_row(str(event_id), str(first), further)
 
     def first_delivery(self, event_id: str, relay: str) -> tuple[bool, bool]:
         """Record in memory that `relay` delivered the event (after `lookup`).
@@ -71,6 +71,11 @@ class SeenEvents:
         self._remember(event_id, relay)
         return relays is None, True
 
+    def _remember_row(self, event_id: str, first: str, further: object) -> None:
+        self._remember(event_id, first)
+        if further is not None:
+            self._remember(event_id, str(further))
+
     def _remember(self, event_id: str, relay: str | None) -> None:
         relays = self._relays.pop(event_id, ())
         if relay is not None and relay not in relays:
@@ -81,22 +86,23 @@ class SeenEvents:
 
     async def save(
         self,
-        new_events: Sequence[tuple[str, int, int]],
-        deliveries: Sequence[tuple[str, str, int]],
+        new_events: Sequence[tuple[str, str, int, int]],
+        further: Sequence[tuple[str, str, int]],
     ) -> None:
-        """Persist (event_id, first_seen_ms, created_at) and (event_id, relay, created_at)."""
+        """Persist new events as (event_id, first relay, first_seen_ms, created_at) and the
+        deliveries by further relays as (event_id, relay, created_at)."""
         if new_events:
             await self._db.executemany(
-                "INSERT INTO seen_events (event_id, first_seen_ms, keep_until) VALUES (?, ?, ?)"
+                "INSERT INTO seen_events (event_id, relay, keep_until) VALUES (?, ?, ?)"
                 " ON CONFLICT DO NOTHING",
-                [(i, ms, self._keep_until(ms, c)) for i, ms, c in new_events],
+                [(i, relay, self._keep_until(ms, c)) for i, relay, ms, c in new_events],
             )
-        if deliveries:
+        if further:
             now = time.time_ns() // 1_000_000
             await self._db.executemany(
                 "INSERT INTO seen_on_relay (event_id, relay, keep_until) VALUES (?, ?, ?)"
                 " ON CONFLICT DO NOTHING",
-                [(i, relay, self._keep_until(now, c)) for i, relay, c in deliveries],
+                [(i, relay, self._keep_until(now, c)) for i, relay, c in further],
             )
 
     def _keep_until(self, seen_ms: int, created_at: int) -> int:

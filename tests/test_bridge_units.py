@@ -185,14 +185,16 @@ async def test_seen_events_survive_a_restart_and_memory_stays_bounded(tmp_path: 
         for key in KEYS[:3]:
             assert seen.first_delivery(key, "wss://a") == (True, True)
         assert len(seen) == 2
-        await seen.save(
-            [(k, 1_000_000, 1000) for k in KEYS[:3]], [(k, "wss://a", 1000) for k in KEYS[:3]]
-        )
+        await seen.save([(k, "wss://a", 1_000_000, 1000) for k in KEYS[:3]], [])
 
         restarted = SeenEvents(db, retention_seconds=1000, cache_size=10)
         await restarted.load()
         assert restarted.delivered_by(KEYS[0], "wss://a")
         assert restarted.first_delivery(KEYS[0], "wss://b") == (False, True)
+        await restarted.save([], [(KEYS[0], "wss://b", 1000)])
+        again = SeenEvents(db, retention_seconds=1000, cache_size=10)
+        await again.lookup([KEYS[0]])
+        assert again.delivered_by(KEYS[0], "wss://a") and again.delivered_by(KEYS[0], "wss://b")
         assert await restarted.prune(now=1999) == 0
         assert await restarted.prune(now=2001) == 3
     finally:
