@@ -214,6 +214,7 @@ async def test_restart_catches_up_once_without_duplicates(
     counts = wakeups(service)
     assert counts[before["id"]] == 1
     assert all(counts[e["id"]] == 1 for e in while_down)
+    assert_private(service, [hex_of(alice), npub_of(alice), hex_of(bob), npub_of(bob)])
 
 
 async def test_relay_restart_is_followed_by_reconnect_and_catch_up(

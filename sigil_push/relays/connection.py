@@ -28,6 +28,10 @@ from sigil_push.observations import ObservationLog
 from sigil_push.relays.nip11 import RelayLimits, fetch_limits
 
 log = logging.getLogger(__name__)
+# websockets logs every frame, truncated, at DEBUG: REQ filters would put pieces of users'
+# pubkeys in the service log. Its logger for our connections never goes below INFO.
+wire_log = logging.getLogger("sigil_push.relays.wire")
+wire_log.setLevel(logging.INFO)
 
 DEFAULT_MAX_INCOMING_BYTES = 4 * 1024 * 1024
 PING_INTERVAL_SECONDS = 30.0
@@ -209,6 +213,7 @@ class RelayConnection:
                     compression=None,
                     proxy=None,
                     user_agent_header="sigil-push",
+                    logger=wire_log,
                 ) as ws:
                     opened_at = time.monotonic()
                     self._opened(ws)
