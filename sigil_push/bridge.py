@@ -131,6 +131,8 @@ class Bridge:
         self._work = asyncio.Event()
         self._drained = asyncio.Event()
         self._dirty: set[str] = set()
+        self._lists_dirty: set[str] = set()
+        self._registration_relays: dict[str, tuple[str, ...]] = {}
         self._dirty_event = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._commit_listeners: list[CommitListener] = []
@@ -213,13 +215,17 @@ class Bridge:
         }
         own.update(self._lists.relays_of(pubkey))
         self._keys.add(pubkey)
+        self._registration_relays[pubkey] = registration_relays
         self._pool.plan.set_key(pubkey, own)
 
     async def _registration_loop(self) -> None:
+        """Apply registration changes (re-reading the key's devices) and relay list changes
+        (which need no database: a start-up with many keys brings many lists at once)."""
         while True:
             await self._dirty_event.wait()
             self._dirty_event.clear()
             pubkeys, self._dirty = self._dirty, set()
+            new_lists, self._lists_dirty = self._lists_dirty - pubkeys, set()
             removed = []
             for pubkey in pubkeys:
                 devices = await self._devices.of_pubkey(pubkey)
@@ -227,8 +233,13 @@ class Bridge:
                     self._set_key(pubkey, tuple(r for d in devices for r in d.relays))
                 else:
                     self._keys.discard(pubkey)
+                    self._registration_relays.pop(pubkey, None)
                     self._pool.plan.remove_key(pubkey)
                     removed.append(pubkey)
+            for pubkey in new_lists:
+                if pubkey in self._keys:
+                    self._set_key(pubkey, self._registration_relays.get(pubkey, ()))
+            pubkeys |= new_lists
             if removed:
                 self._lists.forget(removed)
                 self._db_ops.append(
@@ -292,7 +303,8 @@ class Bridge:
             return
         if not recipients:
             if self._lists.offer(event):
-                self.registration_changed(event.pubkey)
+                self._lists_dirty.add(event.pubkey)
+                self._dirty_event.set()
             return
         subs = self._pool.subs.get(url)
         if subs is not None:
