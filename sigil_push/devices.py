@@ -7,7 +7,6 @@ subscriptions) registers a listener instead of being called by the API directly.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -80,7 +79,6 @@ class Devices:
 
     def __init__(self, connection: aiosqlite.Connection) -> None:
         self._db = connection
-        self._write_lock = asyncio.Lock()
         self._listeners: list[RegistrationListener] = []
 
     def add_listener(self, listener: RegistrationListener) -> None:
@@ -101,55 +99,58 @@ class Devices:
         webpush_keys: WebPushKeys | None,
         max_devices: int,
     ) -> Registration:
-        """Insert or update the device with this token; a token registered by another npub moves."""
+        """Insert or update the device with this token; a token registered by another npub moves.
+
+        The device limit is enforced inside the writing statement itself, so registrations need
+        no lock and concurrent ones pipeline through SQLite instead of queueing behind each other.
+        The preceding read only tells 201 from 200 and which previous owner to notify.
+        """
         now = int(time.time())
-        async with self._write_lock:
-            [(previous_pubkey, owned)] = await self._db.execute_fetchall(
-                "SELECT (SELECT pubkey FROM devices WHERE token = ?),"
-                " (SELECT COUNT(*) FROM devices WHERE pubkey = ?)",
-                (token, pubkey),
-            )
-            if max_devices and previous_pubkey != pubkey and int(owned) >= max_devices:
-                raise TooManyDevices(max_devices)
-            [row] = await self._db.execute_fetchall(
-                "INSERT INTO devices (pubkey, platform, token, payload, relays, webpush_p256dh,"
-                " webpush_auth, registered_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
-                " ON CONFLICT (token) DO UPDATE SET pubkey = excluded.pubkey,"
-                " platform = excluded.platform, payload = excluded.payload,"
-                " relays = excluded.relays, webpush_p256dh = excluded.webpush_p256dh,"
-                " webpush_auth = excluded.webpush_auth, updated_at = excluded.updated_at,"
-                " registered_at = CASE WHEN devices.pubkey = excluded.pubkey"
-                " THEN devices.registered_at ELSE excluded.registered_at END"
-                f" RETURNING {_COLUMNS}",
-                (
-                    pubkey, platform, token, payload, json.dumps(list(relays)),
-                    webpush_keys.p256dh if webpush_keys else None,
-                    webpush_keys.auth if webpush_keys else None,
-                    now, now,
-                ),
-            )
+        [(previous_pubkey,)] = await self._db.execute_fetchall(
+            "SELECT (SELECT pubkey FROM devices WHERE token = ?)", (token,)
+        )
+        rows = await self._db.execute_fetchall(
+            "INSERT INTO devices (pubkey, platform, token, payload, relays, webpush_p256dh,"
+            " webpush_auth, registered_at, updated_at) SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?"
+            " WHERE ? = 0 OR (SELECT COUNT(*) FROM devices WHERE pubkey = ? AND token != ?) < ?"
+            " ON CONFLICT (token) DO UPDATE SET pubkey = excluded.pubkey,"
+            " platform = excluded.platform, payload = excluded.payload,"
+            " relays = excluded.relays, webpush_p256dh = excluded.webpush_p256dh,"
+            " webpush_auth = excluded.webpush_auth, updated_at = excluded.updated_at,"
+            " registered_at = CASE WHEN devices.pubkey = excluded.pubkey"
+            " THEN devices.registered_at ELSE excluded.registered_at END"
+            f" RETURNING {_COLUMNS}",
+            (
+                pubkey, platform, token, payload, json.dumps(list(relays)),
+                webpush_keys.p256dh if webpush_keys else None,
+                webpush_keys.auth if webpush_keys else None,
+                now, now,
+                max_devices, pubkey, token, max_devices,
+            ),
+        )
+        if not rows:
+            raise TooManyDevices(max_devices)
+        row = next(iter(rows))
         moved_from = previous_pubkey if previous_pubkey not in (None, pubkey) else None
         self._changed([pubkey, moved_from])
         return Registration(Device.from_row(row), previous_pubkey is None, moved_from)
 
     async def unregister(self, pubkey: str, token: str) -> int:
         """Remove the device with `token` if `pubkey` owns it; returns how many were removed."""
-        async with self._write_lock:
-            removed = len(
-                await self._db.execute_fetchall(
-                    "DELETE FROM devices WHERE pubkey = ? AND token = ? RETURNING id", (pubkey, token)
-                )
+        removed = len(
+            await self._db.execute_fetchall(
+                "DELETE FROM devices WHERE pubkey = ? AND token = ? RETURNING id", (pubkey, token)
             )
+        )
         if removed:
             self._changed([pubkey])
         return removed
 
     async def forget(self, device_id: int) -> Device | None:
         """Delete a device whose token the provider declared dead."""
-        async with self._write_lock:
-            rows = await self._db.execute_fetchall(
-                f"DELETE FROM devices WHERE id = ? RETURNING {_COLUMNS}", (device_id,)
-            )
+        rows = await self._db.execute_fetchall(
+            f"DELETE FROM devices WHERE id = ? RETURNING {_COLUMNS}", (device_id,)
+        )
         if not rows:
             return None
         device = Device.from_row(next(iter(rows)))
