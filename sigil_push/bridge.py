@@ -100,6 +100,12 @@ class Arrival:
 
 
 class Bridge:
+    """Watches every relay that may carry a registered key's DMs and feeds the outbox.
+
+    A Devices listener (`registration_changed`) and the owner of the relay pool (`on_event`,
+    `baselined`); `health()` is what the API shows per relay.
+    """
+
     def __init__(
         self,
         config: Config,
@@ -108,7 +114,6 @@ class Bridge:
         observations: ObservationLog,
         key: SecretKey,
     ) -> None:
-        self._config = config
         self._bridge = config.bridge
         self._db_path = config.resolve(config.server.database)
         self._db: aiosqlite.Connection | None = None

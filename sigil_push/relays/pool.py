@@ -139,14 +139,19 @@ class RelayPool:
                 subs = self._open(url)
                 for pubkey in keys_here:
                     subs.add(pubkey)
-            else:
-                for pubkey in changed:
-                    if pubkey in keys_here:
+                continue
+            touched = False
+            for pubkey in changed:
+                if pubkey in keys_here:
+                    if pubkey not in subs.keys and pubkey not in subs.overflow:
                         subs.add(pubkey)
-                    elif pubkey in subs.keys or pubkey in subs.overflow:
-                        subs.remove(pubkey)
-                        left.append((url, pubkey))
-            self._spawn(self._sync(url))
+                        touched = True
+                elif pubkey in subs.keys or pubkey in subs.overflow:
+                    subs.remove(pubkey)
+                    left.append((url, pubkey))
+                    touched = True
+            if touched:
+                self._spawn(self._sync(url))
         return left
 
     def _open(self, url: str) -> RelaySubscriptions:
