@@ -69,8 +69,15 @@ class State(enum.Enum):
     STOPPED = "stopped"
 
 
+class AuthUnavailable(Exception):
+    """The signer cannot answer a challenge now (e.g. a remote NIP-46 signer is unreachable)."""
+
+
 class AuthSigner(Protocol):
-    """Signs the kind 22242 answer to a relay's NIP-42 challenge for one identity."""
+    """Signs the kind 22242 answer to a relay's NIP-42 challenge for one identity.
+
+    Raises AuthUnavailable when it cannot; the connection then stays unauthenticated.
+    """
 
     async def sign_auth(self, relay_url: str, challenge: str) -> Event: ...
 
@@ -330,7 +337,11 @@ class RelayConnection:
             log.warning("relay %s refuses the bridge even after AUTH (%s)", self.url, reason)
 
     async def _answer_auth(self, challenge: str) -> None:
-        event = await self._signer.sign_auth(self.url, challenge)
+        try:
+            event = await self._signer.sign_auth(self.url, challenge)
+        except AuthUnavailable as exc:
+            log.warning("relay %s: cannot answer NIP-42 AUTH (%s)", self.url, type(exc).__name__)
+            return
         self._authenticated = True
         if await self.send(["AUTH", event.to_json()]):
             AUTHS.labels(self.url).inc()
