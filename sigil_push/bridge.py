@@ -451,10 +451,8 @@ class Bridge:
         assert db is not None and writer is not None
         await db.execute("BEGIN IMMEDIATE")
         try:
-            # issued together, the inserts run back to back in the database thread instead of
-            # paying a round trip through the event loop each
-            await asyncio.gather(
-                *(writer.enqueue(a.event, a.relay, a.received_ms, targets) for a, targets in writes)
+            await writer.enqueue_many(
+                [(a.event, a.relay, a.received_ms, targets) for a, targets in writes]
             )
             await self._seen.save(new_events, further)
             for sql, rows in ops:

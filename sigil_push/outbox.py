@@ -61,14 +61,27 @@ class Outbox:
         self, event: Event, relay: str, first_seen_ms: int, devices: Sequence[Device]
     ) -> int:
         """Queue one wakeup per device; a repeated (device, event) pair is ignored."""
-        if not devices:
+        return await self.enqueue_many([(event, relay, first_seen_ms, devices)])
+
+    async def enqueue_many(
+        self, batch: Sequence[tuple[Event, str, int, Sequence[Device]]]
+    ) -> int:
+        """Queue the wakeups of many events in one statement (the bridge commits per batch).
+
+        The full event JSON is built only for devices that asked for payload mode `event`.
+        """
+        rows = []
+        for event, relay, first_seen_ms, devices in batch:
+            full_event: str | None = None
+            for device in devices:
+                if device.payload == "event" and full_event is None:
+                    full_event = json.dumps(event.to_json(), separators=(",", ":"), ensure_ascii=False)
+                rows.append(
+                    (device.id, event.id, relay, full_event if device.payload == "event" else None,
+                     first_seen_ms, first_seen_ms)
+                )
+        if not rows:
             return 0
-        full_event = json.dumps(event.to_json(), separators=(",", ":"), ensure_ascii=False)
-        rows = [
-            (device.id, event.id, relay, full_event if device.payload == "event" else None,
-             first_seen_ms, first_seen_ms)
-            for device in devices
-        ]
         cursor = await self._db.executemany(
             "INSERT INTO outbox (device_id, event_id, relay, event_json, first_seen_ms,"
             " next_attempt_ms) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
