@@ -20,6 +20,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from sigil_push.nostr.event import Event, InvalidEvent
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip46 import REQUEST_KIND, Response, SignerError, read_response
+from sigil_push.relays.connection import wire_log
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,10 @@ class SignerRelayLink:
                 return self._socket
             try:
                 self._socket = await asyncio.wait_for(
-                    connect(self.url, max_size=MAX_FRAME_BYTES, open_timeout=OPEN_TIMEOUT_SECONDS),
+                    connect(
+                        self.url, max_size=MAX_FRAME_BYTES, open_timeout=OPEN_TIMEOUT_SECONDS,
+                        logger=wire_log, proxy=None,
+                    ),
                     OPEN_TIMEOUT_SECONDS,
                 )
             except (OSError, TimeoutError, InvalidHandshake, InvalidURI) as exc:
