@@ -35,8 +35,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import uvloop
+
 from sigil_push.nostr.event import Event, sign_event
 from sigil_push.nostr.keys import SecretKey
+from sigil_push.server import tune_gc
 
 RESULTS = ROOT / "bench" / "results" / "ingest.json"
 BRIDGE_CORE, RELAY_CORE = 0, 1
@@ -391,7 +394,9 @@ def main() -> None:
                 "keys": lambda: phase_keys(Path(folder), args.keys),
                 "sdk": lambda: phase_sdk(Path(folder), args.events),
             }[args.phase]
-            print(json.dumps(asyncio.run(phase())))
+            # the bridge runs here as under `sigil-push serve`: same GC tuning, same event loop
+            tune_gc()
+            print(json.dumps(uvloop.run(phase())))
         return
     load_before = os.getloadavg()[0]
     results = {name: run_phase(name, args) for name in ("ingest", "latency", "keys", "sdk")}
