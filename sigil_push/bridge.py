@@ -21,7 +21,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiosqlite
 from prometheus_client import Counter, Gauge, Histogram
@@ -37,7 +37,11 @@ from sigil_push.relays.connection import BridgeKeySigner
 from sigil_push.relays.discovery import LIST_KINDS_SET, RelayLists, normalize_relay_url
 from sigil_push.relays.pool import RelayPool
 from sigil_push.relays.subscriptions import DM_KINDS
+from sigil_push.relays.user_inbox import UserInboxes
 from sigil_push.seen import SeenEvents
+
+if TYPE_CHECKING:
+    from sigil_push.delegated_auth import DelegatedAuth
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +107,8 @@ class Bridge:
     """Watches every relay that may carry a registered key's DMs and feeds the outbox.
 
     A Devices listener (`registration_changed`) and the owner of the relay pool (`on_event`,
-    `baselined`); `health()` is what the API shows per relay.
+    `baselined`); `health()` is what the API shows per relay. With `delegated_auth`, it also
+    reads gated inboxes through per-user connections (`UserInboxes`, `on_user_event`).
     """
 
     def __init__(
@@ -113,6 +118,7 @@ class Bridge:
         outbox: Outbox,
         observations: ObservationLog,
         key: SecretKey,
+        delegated_auth: DelegatedAuth | None = None,
     ) -> None:
         self._bridge = config.bridge
         self._db_path = config.resolve(config.server.database)
@@ -138,6 +144,11 @@ class Bridge:
         self._dirty: set[str] = set()
         self._lists_dirty: set[str] = set()
         self._registration_relays: dict[str, tuple[str, ...]] = {}
+        self._user_relays: dict[str, frozenset[str]] = {}
+        self._inboxes: UserInboxes | None = None
+        if delegated_auth is not None:
+            self._inboxes = UserInboxes(self, delegated_auth, observations, self._bridge)
+            delegated_auth.add_listener(self._inboxes.session_changed)
         self._dirty_event = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._commit_listeners: list[CommitListener] = []
@@ -162,6 +173,8 @@ class Bridge:
         ):
             self._tasks.append(asyncio.create_task(loop(), name=name))
         self._apply(self._keys)
+        if self._inboxes is not None:
+            self._inboxes.start()
         log.info("bridge watching %d keys on %d relays", len(self._keys), len(self._pool.subs))
 
     async def _load(self) -> None:
@@ -187,6 +200,8 @@ class Bridge:
 
     async def stop(self) -> None:
         """Close relays first, then finish what was already received, so nothing is lost."""
+        if self._inboxes is not None:
+            await self._inboxes.stop()
         await self._pool.stop()
         self._stopping = True
         self._work.set()
@@ -220,6 +235,7 @@ class Bridge:
         }
         own.update(self._lists.relays_of(pubkey))
         self._keys.add(pubkey)
+        self._user_relays[pubkey] = frozenset(own)
         self._registration_relays[pubkey] = registration_relays
         self._pool.plan.set_key(pubkey, own)
 
@@ -239,6 +255,7 @@ class Bridge:
                 else:
                     self._keys.discard(pubkey)
                     self._registration_relays.pop(pubkey, None)
+                    self._user_relays.pop(pubkey, None)
                     self._pool.plan.remove_key(pubkey)
                     removed.append(pubkey)
             for pubkey in new_lists:
@@ -265,6 +282,8 @@ class Bridge:
             )
             self._work.set()
         KEYS.set(len(self._keys))
+        if self._inboxes is not None:
+            self._inboxes.changed()
 
     # pool callbacks (synchronous, on the readers' tasks) ----------------------------------
 
@@ -274,6 +293,56 @@ class Bridge:
     def baselined(self, url: str, keys: frozenset[str]) -> None:
         now = int(time.time())
         self._db_ops.append((INSERT_BASELINES, [(url, pubkey, now) for pubkey in keys]))
+        self._work.set()
+
+    def relay_gated(self, url: str) -> None:
+        if self._inboxes is not None:
+            self._inboxes.changed()
+
+    # per-user connections (delegated AUTH) ------------------------------------------------
+
+    def gated_relays(self) -> set[str]:
+        return set(self._pool.gated())
+
+    def user_relays(self, pubkey: str) -> frozenset[str]:
+        """The user's own DM relays (registration, kind 10050/10002), configured ones included
+        only when the user lists them too: the only relays where the bridge may AUTH as them."""
+        return self._user_relays.get(pubkey, frozenset())
+
+    def baselines_of(self, url: str) -> set[str]:
+        return self._pool.baselines_of(url)
+
+    def on_user_event(
+        self, url: str, pubkey: str, raw: Any, received_ms: int, baseline: bool
+    ) -> None:
+        """An event from `pubkey`'s own connection to a gated relay: the same checks, dedupe
+        and commit path as `on_event`, pushed to that user only (it answered their REQ) and
+        not at all when it predates their first subscription there (`baseline`)."""
+        counters = self._counters.get(url)
+        if counters is None:
+            counters = self._counters[url] = RelayCounters(url)
+        counters.received.inc()
+        event_id = raw.get("id") if isinstance(raw, dict) else None
+        if isinstance(event_id, str) and self._seen.delivered_by(event_id, url):
+            counters.duplicates.inc()
+            return
+        try:
+            event = Event.from_json(raw)
+        except InvalidEvent:
+            counters.dropped["malformed"].inc()
+            return
+        if event.kind not in DM_KINDS:
+            counters.dropped["wrong_kind"].inc()
+            return
+        if pubkey not in self._keys or pubkey not in event.tag_values("p"):
+            counters.dropped["unknown_recipient"].inc()
+            return
+        try:
+            event.verify()
+        except InvalidEvent as exc:
+            counters.dropped["wrong_id" if exc.reason == "id_mismatch" else "forged"].inc()
+            return
+        self._queue.append(Arrival(event, url, received_ms, () if baseline else (pubkey,)))
         self._work.set()
 
     def on_event(self, url: str, sub_id: str, raw: Any, received_ms: int) -> None:
@@ -485,5 +554,10 @@ class Bridge:
             )
 
     def health(self) -> dict[str, dict[str, Any]]:
-        """Per relay: the contract's `connected`/`last_event_at` plus the bridge's own detail."""
-        return self._pool.health()
+        """Per relay: the contract's `connected`/`last_event_at` plus the bridge's own detail,
+        including, for gated relays, how many users' delegated AUTH works or fails there."""
+        report = self._pool.health()
+        users = self._inboxes.health() if self._inboxes is not None else {}
+        for url, entry in report.items():
+            entry.update(users.get(url, {"users_authenticated": 0, "users_failed": 0}))
+        return report

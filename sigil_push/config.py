@@ -99,6 +99,8 @@ class BridgeConfig:
     seen_cache_size: int = 100_000
     reconnect_min_seconds: float = 1.0
     reconnect_max_seconds: float = 300.0
+    # per-user connections to gated inboxes (delegated NIP-42 AUTH), one per (relay, user)
+    max_user_connections: int = 1000
 
 
 @dataclass(frozen=True)

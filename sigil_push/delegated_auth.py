@@ -34,6 +34,7 @@ from sigil_push.nostr.nip46 import (
     signed_auth_event,
 )
 from sigil_push.ratelimit import RateLimiter
+from sigil_push.relays.connection import AuthUnavailable
 from sigil_push.relays.signer_link import SignerRelayLink, SignerUnreachable
 from sigil_push.sealed import Sealer, UnreadableSecret
 
@@ -61,8 +62,10 @@ for _outcome in ("signed", "throttled", "refused", "unreachable"):
     SIGNATURES.labels(_outcome)
 
 
-class DelegatedAuthUnavailable(Exception):
-    """No AUTH can be had for this user now (no active session, throttled, or signer failed)."""
+class DelegatedAuthUnavailable(AuthUnavailable):
+    """No AUTH can be had for this user now (no active session, throttled, or signer failed).
+
+    An AuthUnavailable, so a per-user relay connection backs off instead of failing its task."""
 
 
 @dataclass

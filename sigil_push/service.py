@@ -89,7 +89,7 @@ class Service:
         devices.add_listener(delegated_auth.registration_changed)
         await delegated_auth.start()
         stack.push_async_callback(delegated_auth.stop)
-        bridge = Bridge(config, devices, outbox, observations, key)
+        bridge = Bridge(config, devices, outbox, observations, key, delegated_auth)
         devices.add_listener(bridge.registration_changed)
         await bridge.start()
         stack.push_async_callback(bridge.stop)

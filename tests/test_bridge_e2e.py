@@ -309,7 +309,10 @@ async def test_nip42_auth_is_answered_and_gated_relays_are_reported(
     assert health(service)["relays"][open_door.url]["gated"] is None
     await eventually(
         lambda: any(
-            r["type"] == "relay" and r["relay"] == gated.url and r["detail"] == "gated: restricted"
+            r["type"] == "relay"
+            and r["relay"] == gated.url
+            and r["state"] == "auth_required"
+            and r["detail"] == "restricted"
             for r in service.observation_records()
         ),
         "gating recorded in the observation log",
@@ -402,6 +405,8 @@ async def test_relays_beyond_the_cap_are_skipped_and_reported(
         "subscriptions": 0,
         "keys": 1,
         "unsubscribed": 1,
+        "users_authenticated": 0,
+        "users_failed": 0,
     }
     assert metric(service, "sigil_push_relay_skipped_relays") == 1
 

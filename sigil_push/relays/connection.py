@@ -109,6 +109,14 @@ class ConnectionHandler(Protocol):
 
     def on_down(self, connection: RelayConnection) -> None: ...
 
+    def on_gated(self, connection: RelayConnection) -> None:
+        """`connection.gated_reason` changed: the relay refuses (or again accepts) after AUTH."""
+        ...
+
+    def on_auth_failed(self, connection: RelayConnection) -> None:
+        """The signer could not answer the relay's challenge (AuthUnavailable)."""
+        ...
+
     def congested(self) -> bool: ...
 
     async def drained(self) -> None: ...
@@ -141,8 +149,15 @@ class RelayConnection:
         observations: ObservationLog,
         reconnect_min_seconds: float = 1.0,
         reconnect_max_seconds: float = 300.0,
+        per_user: bool = False,
     ) -> None:
+        """`per_user`: a connection that authenticates as one user (delegated AUTH) beside the
+        shared connection to the same URL. The URL-labelled gauges and the `relay` records of
+        the observation log describe the shared connection, so a per-user one leaves them alone;
+        and when its signer cannot answer, it closes and reconnects with backoff instead of
+        idling unauthenticated (the relay would never challenge that socket again)."""
         self.url = url
+        self.per_user = per_user
         self._handler = handler
         self._signer = signer
         self._observations = observations
@@ -159,8 +174,9 @@ class RelayConnection:
         self._live_subs = 0
         self._malformed = 0
         self._side_tasks: set[asyncio.Task[None]] = set()
-        CONNECTED.labels(url).set(0)
-        GATED.labels(url).set(0)
+        if not per_user:
+            CONNECTED.labels(url).set(0)
+            GATED.labels(url).set(0)
         for outcome in ("opened", "failed"):
             CONNECTS.labels(url, outcome)
         NOTICES.labels(url)
@@ -176,7 +192,7 @@ class RelayConnection:
         self._task = asyncio.create_task(self._run(), name=f"relay {self.url}")
 
     async def stop(self) -> None:
-        if self.state is State.CONNECTED:
+        if self.state is State.CONNECTED and not self.per_user:
             self._observations.relay_state(self.url, "disconnected", "bridge stopped")
         self.state = State.STOPPED
         tasks = [t for t in (self._task, *self._side_tasks) if t is not None]
@@ -185,6 +201,8 @@ class RelayConnection:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self.per_user:
+            return
         for metric in (CONNECTED, GATED):
             with contextlib.suppress(KeyError):
                 metric.remove(self.url)
@@ -249,10 +267,11 @@ class RelayConnection:
         self._live_subs = 0
         self._malformed = 0
         self.state = State.CONNECTED
-        CONNECTED.labels(self.url).set(1)
         CONNECTS.labels(self.url, "opened").inc()
-        self._observations.relay_state(self.url, "connected")
-        log.info("relay %s connected", self.url)
+        if not self.per_user:
+            CONNECTED.labels(self.url).set(1)
+            self._observations.relay_state(self.url, "connected")
+            log.info("relay %s connected", self.url)
         self._handler.on_open(self)
 
     def _down(self, state: str, detail: str) -> None:
@@ -260,6 +279,10 @@ class RelayConnection:
         self._ws = None
         if self.state is not State.STOPPED:
             self.state = State.BACKOFF
+        if self.per_user:
+            if was_open:
+                self._handler.on_down(self)
+            return
         CONNECTED.labels(self.url).set(0)
         if was_open or state == "error":
             self._observations.relay_state(self.url, state, detail)
@@ -331,21 +354,27 @@ class RelayConnection:
         if reason == self.gated_reason:
             return
         self.gated_reason = reason
-        GATED.labels(self.url).set(1 if reason else 0)
-        if reason:
-            self._observations.relay_state(self.url, "connected", f"gated: {reason}")
-            log.warning("relay %s refuses the bridge even after AUTH (%s)", self.url, reason)
+        if not self.per_user:
+            GATED.labels(self.url).set(1 if reason else 0)
+            if reason:
+                self._observations.relay_state(self.url, "auth_required", reason)
+                log.warning("relay %s refuses the bridge even after AUTH (%s)", self.url, reason)
+        self._handler.on_gated(self)
 
     async def _answer_auth(self, challenge: str) -> None:
         try:
             event = await self._signer.sign_auth(self.url, challenge)
         except AuthUnavailable as exc:
             log.warning("relay %s: cannot answer NIP-42 AUTH (%s)", self.url, type(exc).__name__)
+            self._handler.on_auth_failed(self)
+            if self.per_user and self._ws is not None:
+                await self._ws.close()
             return
         self._authenticated = True
         if await self.send(["AUTH", event.to_json()]):
             AUTHS.labels(self.url).inc()
-            log.info("relay %s: answered NIP-42 AUTH", self.url)
+            if not self.per_user:
+                log.info("relay %s: answered NIP-42 AUTH", self.url)
             self._handler.on_authenticated(self)
 
     def _spawn(self, coroutine: Any) -> None:

@@ -89,6 +89,8 @@ class PoolOwner(Protocol):
 
     def baselined(self, url: str, keys: frozenset[str]) -> None: ...
 
+    def relay_gated(self, url: str) -> None: ...
+
     def congested(self) -> bool: ...
 
     async def drained(self) -> None: ...
@@ -222,6 +224,17 @@ class RelayPool:
             async with lock:
                 await _send_request(connection, request)
 
+    def gated(self) -> dict[str, str]:
+        """The relays whose shared connection is refused even after AUTH, with the reason."""
+        return {
+            url: c.gated_reason for url, c in self._connections.items() if c.gated_reason
+        }
+
+    def baselines_of(self, url: str) -> set[str]:
+        """The live set of keys baselined on `url` (shared with its RelaySubscriptions), so a
+        per-user connection and the shared one agree on which events predate a registration."""
+        return self._baselines.setdefault(url, set())
+
     def note_live(self) -> None:
         """Advance the cursor of every relay whose subscriptions are all past EOSE."""
         now = int(time.time())
@@ -250,6 +263,12 @@ class RelayPool:
             if subs.live:
                 self.cursors[connection.url] = int(time.time())
             subs.connection_lost()
+
+    def on_gated(self, connection: RelayConnection) -> None:
+        self._owner.relay_gated(connection.url)
+
+    def on_auth_failed(self, connection: RelayConnection) -> None:
+        """The bridge's own key always signs; nothing to do."""
 
     def on_closed(self, connection: RelayConnection, sub_id: str) -> None:
         subs = self.subs.get(connection.url)

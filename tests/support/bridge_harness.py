@@ -47,11 +47,17 @@ def _call(
 
 
 def register(
-    service: ServiceProcess, keys: nostr_sdk.Keys, token: str, relays: list[str] | None = None
+    service: ServiceProcess,
+    keys: nostr_sdk.Keys,
+    token: str,
+    relays: list[str] | None = None,
+    auth_signer: str | None = None,
 ) -> None:
     body: dict[str, Any] = {"npub": npub_of(keys), "platform": "android", "device_token": token}
     if relays is not None:
         body["relays"] = relays
+    if auth_signer is not None:
+        body["auth_signer"] = auth_signer
     response = _call(service, keys, "POST", "/register", body)
     assert response.status_code in (200, 201), response.text
 

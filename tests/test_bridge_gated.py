@@ -1,0 +1,178 @@
+"""Gated inboxes read through the user's own NIP-46 signer (issue 6), end to end.
+
+Real parts only: a `nostr-relay` that serves reads only to keys granted role `r` (NIP-42), an
+independent nostr-sdk remote signer on another, open relay, and `sigil-push serve`. A push is
+what the dry-run sender logs; every wait polls with a generous deadline.
+"""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import nostr_sdk
+import pytest
+
+from sigil_push.nostr.keys import SecretKey
+from sigil_push.nostr.nip98 import make_http_auth
+from tests.support.bridge_harness import (
+    assert_private,
+    eventually,
+    health,
+    metric,
+    new_token,
+    register,
+    wakeups,
+)
+from tests.support.nostr_client import gift_wrap, hex_of, npub_of, publish, secret_hex_of, user
+from tests.support.relay import RelayProcess, free_port
+from tests.support.remote_signer import RemoteSigner
+from tests.support.service import ServiceProcess
+
+FAST_RECONNECT = "[bridge]\nreconnect_min_seconds = 0.2\nreconnect_max_seconds = 1.0\n"
+GATED = {"save": "a", "query": "r"}
+_clock_offsets = itertools.count()
+
+
+def registrations(service: ServiceProcess, keys: nostr_sdk.Keys) -> list[dict[str, Any]]:
+    """The owner's view; each call's NIP-98 event gets its own created_at so none is a replay."""
+    created_at = int(time.time()) - next(_clock_offsets) % 50
+    path = "/registrations"
+    header = make_http_auth(
+        SecretKey(secret_hex_of(keys)), service.url + path, "GET", b"", created_at
+    )
+    response = httpx.get(service.url + path, headers={"authorization": header}, timeout=5)
+    assert response.status_code == 200, response.text
+    return list(response.json()["devices"])
+
+
+def users_on(service: ServiceProcess, url: str) -> tuple[int, int]:
+    entry = health(service)["relays"].get(url, {})
+    return entry.get("users_authenticated", 0), entry.get("users_failed", 0)
+
+
+def sign_requests(signer: RemoteSigner) -> int:
+    return signer.methods().count("sign_event")
+
+
+@pytest.fixture
+def parts(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """An open relay for the signers (also the operator's configured relay) and a gated inbox."""
+    started: list[Any] = []
+    open_relay = RelayProcess(tmp_path / "open").start()
+    started.append(open_relay)
+    gated = RelayProcess(tmp_path / "gated", auth_actions=GATED).start()
+    started.append(gated)
+    service = ServiceProcess(tmp_path / "service", [open_relay.url], FAST_RECONNECT)
+    yield {"open": open_relay, "gated": gated, "service": service, "started": started}
+    service.stop()
+    for part in reversed(started):
+        part.stop()
+
+
+async def test_gift_wraps_on_a_gated_inbox_are_pushed_only_through_delegated_auth(
+    parts: dict[str, Any],
+) -> None:
+    open_relay, gated, service = parts["open"], parts["gated"], parts["service"]
+    secret = "bunker-secret-" + secrets.token_hex(12)
+    alice_signer = RemoteSigner(open_relay.url, secret=secret).start()
+    carol_signer = RemoteSigner(open_relay.url, refuse=True).start()
+    dana_signer = RemoteSigner(f"ws://127.0.0.1:{free_port()}")  # never started: unreachable
+    parts["started"] += [alice_signer, carol_signer]
+    alice, carol = alice_signer.user, carol_signer.user
+    bob, dana, sender = user(), user(), user()
+    # every recipient may read the inbox once authenticated as themselves: only delegated
+    # AUTH (which alice alone has working) decides who gets pushed
+    for recipient in (alice, bob, carol, dana):
+        gated.grant_role(hex_of(recipient), "r")
+    service.start()
+    register(service, alice, new_token(), [gated.url], alice_signer.bunker_uri)
+    register(service, bob, new_token(), [gated.url])
+    register(service, carol, new_token(), [gated.url], carol_signer.bunker_uri)
+    register(service, dana, new_token(), [gated.url], dana_signer.bunker_uri)
+
+    await eventually(lambda: users_on(service, gated.url) == (1, 0), "alice authenticated", 45)
+    report = health(service)["relays"][gated.url]
+    assert report["gated"] == "restricted"
+    assert metric(service, "sigil_push_relay_gated_relays") == 1
+    assert (
+        metric(
+            service,
+            "sigil_push_delegated_auth_relay_total",
+            relay=gated.url,
+            outcome="authenticated",
+        )
+        == 1
+    )
+
+    to_alice = gift_wrap(sender, alice, "only alice's signer opens this door")
+    to_bob = gift_wrap(sender, bob, "bob has no signer")
+    to_carol = gift_wrap(sender, carol, "carol's signer refuses")
+    to_dana = gift_wrap(sender, dana, "dana's signer is unreachable")
+    await publish(gated.url, to_bob, to_carol, to_dana, to_alice)
+    await eventually(lambda: wakeups(service)[to_alice["id"]] == 1, "alice's gift wrap pushed")
+
+    # a refused and an unreachable signer are reported to their owners, not retried in a storm
+    statuses = {
+        "carol": registrations(service, carol)[0],
+        "dana": registrations(service, dana)[0],
+        "bob": registrations(service, bob)[0],
+    }
+    assert statuses["carol"]["auth_signer_status"] == "refused"
+    assert statuses["dana"]["auth_signer_status"] in ("pending", "unreachable")
+    assert statuses["bob"]["delegated_auth"] is False
+    assert registrations(service, alice)[0]["auth_signer_status"] == "active"
+
+    # the relay restarts: alice's connection authenticates again, with exactly one more request
+    assert sign_requests(alice_signer) == 1
+    gated.stop()
+    gated.start()
+    await eventually(lambda: sign_requests(alice_signer) == 2, "re-authenticated once", 45)
+    await eventually(lambda: users_on(service, gated.url) == (1, 0), "alice back", 45)
+    after_restart = gift_wrap(sender, alice, "still reachable")
+    await publish(gated.url, after_restart)
+    await eventually(lambda: wakeups(service)[after_restart["id"]] == 1, "pushed after restart")
+
+    pushed = wakeups(service)
+    assert pushed[to_alice["id"]] == 1
+    for other in (to_bob, to_carol, to_dana):
+        assert pushed[other["id"]] == 0, "only delegated AUTH may open a gated inbox"
+    assert sign_requests(alice_signer) == 2, "exactly one signer request per connection"
+    # the bridge asked alice's signer for the handshake and AUTH events, and nothing else
+    assert alice_signer.methods() == ["connect", "get_public_key", "sign_event", "sign_event"]
+    assert {r.signed_kind for r in alice_signer.requests if r.method == "sign_event"} == {22242}
+    assert carol_signer.methods() == ["connect"], "a refused signer is not asked again"
+
+    # what the operator sees: the shared connection is gated, a user connection authenticated
+    relay_records = [
+        r for r in service.observation_records() if r["type"] == "relay" and r["relay"] == gated.url
+    ]
+    states = [r["state"] for r in relay_records]
+    assert "auth_required" in states and "authenticated_as_user" in states
+    # the per-user connection writes no connected/disconnected records of its own: the shared
+    # connection's two connects (start, relay restart) are all there is
+    assert states.count("connected") == 2
+
+    # the secret never reaches the database in clear, nor any log
+    service.stop()
+    database = service.database.read_bytes()
+    for path in service.database.parent.glob("sigil-push.db-*"):
+        database += path.read_bytes()
+    assert secret.encode() not in database
+    with sqlite3.connect(service.database) as db:
+        dump = "\n".join(db.iterdump())
+    assert secret not in dump
+    assert_private(
+        service,
+        [
+            secret,
+            *(hex_of(k) for k in (alice, bob, carol, dana)),
+            *(npub_of(k) for k in (alice, bob, carol, dana)),
+        ],
+    )
