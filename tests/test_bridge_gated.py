@@ -176,3 +176,56 @@ async def test_gift_wraps_on_a_gated_inbox_are_pushed_only_through_delegated_aut
             *(npub_of(k) for k in (alice, bob, carol, dana)),
         ],
     )
+
+
+async def test_a_signer_that_will_not_sign_is_not_asked_in_a_storm(parts: dict[str, Any]) -> None:
+    """The session is active but the signer refuses every AUTH signature: the per-user
+    connection backs off (default 1 s doubling), the per-user rate limit caps what reaches the
+    signer, the failure is counted and the gated DM is not pushed."""
+    open_relay, gated = parts["open"], parts["gated"]
+    service = ServiceProcess(parts["service"].folder.parent / "service-default", [open_relay.url])
+    parts["started"].append(service)
+    signer = RemoteSigner(open_relay.url, refuse_signing=True).start()
+    parts["started"].append(signer)
+    gated.grant_role(signer.user_hex, "r")
+    service.start()
+    register(service, signer.user, new_token(), [gated.url], signer.bunker_uri)
+
+    await eventually(lambda: users_on(service, gated.url) == (0, 1), "failure reported", 45)
+    wrap = gift_wrap(user(), signer.user, "unreadable without AUTH")
+    await publish(gated.url, wrap)
+    started = time.monotonic()
+    await eventually(lambda: time.monotonic() - started > 10, "ten seconds of backoff")
+    asked = sign_requests(signer)
+    assert 1 <= asked <= 6, f"{asked} signature requests in the first minute"
+    assert {r.signed_kind for r in signer.requests if r.method == "sign_event"} == {22242}
+    assert (
+        metric(service, "sigil_push_delegated_auth_relay_total", relay=gated.url, outcome="failed")
+        >= 1
+    )
+    assert users_on(service, gated.url) == (0, 1)
+    assert wakeups(service)[wrap["id"]] == 0
+
+
+async def test_user_connections_respect_their_cap(parts: dict[str, Any]) -> None:
+    """With max_user_connections = 0 an active session opens no connection: it is counted as
+    skipped, and the gated relay stays unread."""
+    open_relay, gated = parts["open"], parts["gated"]
+    service = ServiceProcess(
+        parts["service"].folder.parent / "service-capped",
+        [open_relay.url],
+        FAST_RECONNECT + "max_user_connections = 0\n",
+    )
+    parts["started"].append(service)
+    signer = RemoteSigner(open_relay.url).start()
+    parts["started"].append(signer)
+    gated.grant_role(signer.user_hex, "r")
+    service.start()
+    register(service, signer.user, new_token(), [gated.url], signer.bunker_uri)
+    await eventually(
+        lambda: metric(service, "sigil_push_delegated_auth_connections_skipped") == 1,
+        "the wanted connection counted as skipped",
+        45,
+    )
+    assert users_on(service, gated.url) == (0, 0)
+    assert sign_requests(signer) == 0

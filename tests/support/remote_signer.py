@@ -30,6 +30,7 @@ class RemoteSigner:
     user: nostr_sdk.Keys = field(default_factory=nostr_sdk.Keys.generate)
     secret: str | None = None
     refuse: bool = False
+    refuse_signing: bool = False
     claims_key: nostr_sdk.Keys | None = None
     requests: list[Request] = field(default_factory=list)
     signer_keys: nostr_sdk.Keys = field(default_factory=nostr_sdk.Keys.generate)
@@ -94,7 +95,9 @@ class RemoteSigner:
         if event.kind().as_u16() != 24133:
             return
         requester = event.author()
-        plaintext = nostr_sdk.nip44_decrypt(self.signer_keys.secret_key(), requester, event.content())
+        plaintext = nostr_sdk.nip44_decrypt(
+            self.signer_keys.secret_key(), requester, event.content()
+        )
         request = json.loads(plaintext)
         method, params = request["method"], request.get("params", [])
         record = Request(method, params)
@@ -109,6 +112,9 @@ class RemoteSigner:
                 result, error = None, "wrong secret"
         elif method == "get_public_key":
             result = str((self.claims_key or self.user).public_key().to_hex())
+        elif method == "sign_event" and self.refuse_signing:
+            record.signed_kind = int(json.loads(params[0])["kind"])
+            error = "signing denied by the user"
         elif method == "sign_event":
             template = json.loads(params[0])
             record.signed_kind = int(template["kind"])
