@@ -49,6 +49,7 @@ from sigil_push.observations import ObservationLog, now_ms  # noqa: E402
 from sigil_push.outbox import Outbox  # noqa: E402
 from sigil_push.push.base import Outcome, Sender, Status, WakeupMessage  # noqa: E402
 from sigil_push.push.factory import build_senders  # noqa: E402
+from sigil_push.server import tune_gc  # noqa: E402
 from tests.fakes.credentials import (  # noqa: E402
     KEY_ID,
     TEAM_ID,
@@ -381,6 +382,7 @@ def main() -> None:
                         help="pin this process and the fakes to separate cores (slower under gVisor)")
     parser.add_argument("--providers", nargs="+", default=["apns", "fcm"])
     args = parser.parse_args()
+    tune_gc()  # as `sigil-push serve` does
     summary = uvloop.run(main_async(args))  # `sigil-push serve` runs on uvloop through uvicorn
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(summary, indent=2) + "\n")
