@@ -12,6 +12,9 @@ import pytest
 from tests.support.nip98 import SdkUser
 from tests.support.service import ServiceProcess
 
+# the provider fakes' fixtures (fake APNs, FCM and UnifiedPush servers), for every test module
+pytest_plugins = ("tests.fakes.harness",)
+
 
 @pytest.fixture(scope="session")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:

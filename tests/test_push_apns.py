@@ -8,13 +8,9 @@ from prometheus_client import REGISTRY
 
 from sigil_push.push.payload import APS
 from tests.fakes.fake_apns import FakeApns
-from tests.fakes.harness import (  # noqa: F401 - fixtures
+from tests.fakes.harness import (
     apns_token,
-    credentials,
     eventually,
-    fake_apns,
-    fake_fcm_server,
-    fake_up,
     make_harness,
 )
 

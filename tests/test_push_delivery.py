@@ -11,15 +11,10 @@ from sigil_push.observations import now_ms
 from tests.fakes.fake_apns import FakeApns
 from tests.fakes.fake_fcm import FakeFcm
 from tests.fakes.fake_unifiedpush import FakeUnifiedPush
-from tests.fakes.harness import (  # noqa: F401 - fixtures
+from tests.fakes.harness import (
     RELAY,
     apns_token,
-    credentials,
     eventually,
-    fake_apns,
-    fake_fcm,
-    fake_fcm_server,
-    fake_up,
     fcm_token,
     make_harness,
 )

@@ -6,13 +6,8 @@ import json
 
 from sigil_push.observations import now_ms
 from tests.fakes.fake_fcm import FakeFcm
-from tests.fakes.harness import (  # noqa: F401 - fixtures
-    credentials,
+from tests.fakes.harness import (
     eventually,
-    fake_apns,
-    fake_fcm,
-    fake_fcm_server,
-    fake_up,
     fcm_token,
     make_harness,
 )

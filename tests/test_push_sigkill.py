@@ -24,11 +24,8 @@ from sigil_push.nostr.keys import SecretKey
 from sigil_push.observations import now_ms
 from sigil_push.outbox import Outbox
 from tests.fakes.fake_apns import FakeApns
-from tests.fakes.harness import (  # noqa: F401 - fixtures
+from tests.fakes.harness import (
     Credentials,
-    credentials,
-    fake_apns,
-    fake_fcm_server,
     provider_tables,
     toml_tables,
 )

@@ -17,12 +17,8 @@ from sigil_push.push.endpoint_guard import (
 )
 from tests.fakes.credentials import WebPushSubscriber
 from tests.fakes.fake_unifiedpush import FakeUnifiedPush
-from tests.fakes.harness import (  # noqa: F401 - fixtures
-    credentials,
+from tests.fakes.harness import (
     eventually,
-    fake_apns,
-    fake_fcm_server,
-    fake_up,
     make_harness,
 )
 

@@ -14,6 +14,23 @@ SECOND = 1000
 MINUTE = 60 * SECOND
 HOUR = 60 * MINUTE
 
+# The output columns CONTRACT.md section 6 fixes, written out here rather than imported from
+# the jobs, so a change in the code cannot silently change what the tests expect.
+CONTRACT_COLUMNS = {
+    "relay_latency.csv": ["relay", "events", "lag_p50_ms", "lag_p90_ms", "lag_p99_ms"],
+    "dropped_events.csv": ["relay", "expected", "seen", "missed", "miss_rate"],
+    "delivery.csv": [
+        "platform",
+        "events",
+        "accepted",
+        "unregistered",
+        "rejected",
+        "failed",
+        "p50_ms",
+        "p99_ms",
+    ],
+}
+
 
 class ObservationLog:
     """Writes records the way the bridge does: one JSON object per line, a file per UTC hour."""

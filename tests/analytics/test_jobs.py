@@ -11,6 +11,7 @@ from pyspark.sql import DataFrame, SparkSession
 from analytics import delivery, dropped_events, relay_latency
 from analytics.observations import load_observations
 from tests.analytics.observation_logs import (
+    CONTRACT_COLUMNS,
     HOUR,
     MINUTE,
     SECOND,
@@ -89,7 +90,7 @@ def test_lag_is_measured_against_the_first_arrival(
 
     latency = relay_latency.compute(obs)["relay_latency"]
 
-    assert latency.columns == ["relay", "events", "lag_p50_ms", "lag_p90_ms", "lag_p99_ms"]
+    assert latency.columns == CONTRACT_COLUMNS["relay_latency.csv"]
     assert rows(latency) == [(A, 5, 0, 200, 200), (B, 4, 0, 25_000, 25_000)]
     obs.release()
 
@@ -201,15 +202,6 @@ def test_delivery_funnel_counts_one_final_outcome_per_event(
 
     funnel = delivery.compute(obs)["delivery"]
 
-    assert funnel.columns == [
-        "platform",
-        "events",
-        "accepted",
-        "unregistered",
-        "rejected",
-        "failed",
-        "p50_ms",
-        "p99_ms",
-    ]
+    assert funnel.columns == CONTRACT_COLUMNS["delivery.csv"]
     assert rows(funnel) == [("android", 3, 1, 1, 1, 0, 40, 80), ("ios", 4, 2, 0, 0, 1, 300, 5000)]
     obs.release()

@@ -12,24 +12,10 @@ import pytest
 from pyspark.sql import SparkSession
 
 from analytics.run import main, run_all
-from tests.analytics.observation_logs import SECOND, T0_MS, ObservationLog, push, relay, seen
+from tests.analytics.observation_logs import CONTRACT_COLUMNS, SECOND, T0_MS, ObservationLog, push, relay, seen
 
 pytestmark = pytest.mark.spark
 
-CONTRACT_COLUMNS = {
-    "relay_latency.csv": ["relay", "events", "lag_p50_ms", "lag_p90_ms", "lag_p99_ms"],
-    "dropped_events.csv": ["relay", "expected", "seen", "missed", "miss_rate"],
-    "delivery.csv": [
-        "platform",
-        "events",
-        "accepted",
-        "unregistered",
-        "rejected",
-        "failed",
-        "p50_ms",
-        "p99_ms",
-    ],
-}
 EXTRA_FILES = ["relay_latency_created_at.csv", "dropped_events_hourly.csv"]
 REPO = Path(__file__).resolve().parents[2]
 
