@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 from http import HTTPStatus
-from typing import Any, Self
+from typing import Any
 
-from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.asyncio.server import ServerConnection
 from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
+
+from tests.support.loopback_relay import LoopbackRelay
 
 
 def _matches(event: dict[str, Any], query: dict[str, Any]) -> bool:
@@ -27,26 +29,14 @@ def _matches(event: dict[str, Any], query: dict[str, Any]) -> bool:
     return not ("until" in query and event["created_at"] > query["until"])
 
 
-class PagingRelay:
+class PagingRelay(LoopbackRelay):
     def __init__(self, events: list[dict[str, Any]], max_limit: int) -> None:
         self.events = events
         self.max_limit = max_limit
         self.requests: list[list[dict[str, Any]]] = []
-        self._server: Server | None = None
-        self.url = ""
 
-    async def __aenter__(self) -> Self:
-        self._server = await serve(
-            self._handle, "127.0.0.1", 0, process_request=self._information, compression=None
-        )
-        port = next(iter(self._server.sockets)).getsockname()[1]
-        self.url = f"ws://127.0.0.1:{port}"
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
+    def _serve_options(self) -> dict[str, Any]:
+        return {"process_request": self._information}
 
     def _information(self, connection: ServerConnection, request: Request) -> Response | None:
         if request.headers.get("Upgrade", "").lower() == "websocket":

@@ -8,10 +8,12 @@ It runs in the test's own event loop on 127.0.0.1.
 from __future__ import annotations
 
 import json
-from typing import Any, Self
+from typing import Any
 
-from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
+
+from tests.support.loopback_relay import LoopbackRelay
 
 JUNK_FRAMES: list[str | bytes] = [
     "not json at all",
@@ -26,23 +28,13 @@ JUNK_FRAMES: list[str | bytes] = [
 OVERSIZED_BYTES = 5 * 1024 * 1024
 
 
-class RogueRelay:
+class RogueRelay(LoopbackRelay):
     def __init__(self, events: list[dict[str, Any]]) -> None:
         self.events = events
         self.connections = 0
-        self._server: Server | None = None
-        self.url = ""
 
-    async def __aenter__(self) -> Self:
-        self._server = await serve(self._handle, "127.0.0.1", 0, max_size=None, compression=None)
-        port = next(iter(self._server.sockets)).getsockname()[1]
-        self.url = f"ws://127.0.0.1:{port}"
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
+    def _serve_options(self) -> dict[str, Any]:
+        return {"max_size": None}
 
     async def _handle(self, ws: ServerConnection) -> None:
         self.connections += 1
