@@ -2,8 +2,9 @@
 
 The connection knows the Nostr wire protocol but nothing about keys or shards: it parses each
 frame once and hands EVENT/EOSE/CLOSED to its handler (the bridge), which decides what to
-subscribe to. Who signs AUTH answers is a parameter (`AuthSigner`), so a later per-user
-connection (NIP-46 delegated AUTH) is the same class with a different signer.
+subscribe to. Who signs AUTH answers is a parameter (`AuthSigner`), so a per-user connection
+(NIP-46 delegated AUTH, relays/user_inbox.py) is the same class with the user's signer and
+`per_user=True`.
 """
 
 from __future__ import annotations

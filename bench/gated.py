@@ -1,0 +1,317 @@
+"""Benchmark of delegated AUTH on a gated inbox (issue 6) with real processes.
+
+N users each register a device with the gated relay as their DM relay and a NIP-46
+`auth_signer`. The relay (`nostr-relay`, reads only for role `r`, granted to every user) refuses
+the bridge's own key, so the bridge opens one per-user connection per user and has the user's
+signer sign the AUTH event. The signer side is one nostr-sdk responder holding every user's key
+(bunker pubkey = user pubkey) on a separate, open relay.
+
+Measured: time from registration to all users authenticated; then, after a restart of the
+gated relay, time from relay start to all per-user subscriptions authenticated again and the
+signer requests per user during that restart (target: all within 60 s, exactly one each);
+and the wakeup latency of a gift wrap published on the gated relay (from sending it to the
+relay to the dry-run wakeup line in the service log, polled every 10 ms).
+Writes bench/results/gated.json.
+
+Usage: python bench/gated.py [--users 1000] [--dms 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import sqlite3
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import httpx
+import nostr_sdk
+
+from sigil_push.nostr.keys import SecretKey
+from sigil_push.nostr.nip98 import make_http_auth
+from tests.support.bridge_harness import health, metric, wakeups
+from tests.support.nostr_client import gift_wrap, npub_of, publish, user
+from tests.support.relay import RelayProcess
+from tests.support.service import ServiceProcess
+
+RESULTS = ROOT / "bench" / "results" / "gated.json"
+BRIDGE = "[bridge]\nreconnect_min_seconds = 0.5\nreconnect_max_seconds = 5.0\n"
+
+
+class MultiSigner:
+    """One NIP-46 responder for many users (each user's key is its own bunker key); counts
+    the requests per user and method, and the kinds it was asked to sign."""
+
+    def __init__(self, relay_url: str, users: list[nostr_sdk.Keys]) -> None:
+        self.relay_url = relay_url
+        self._keys = {k.public_key().to_hex(): k for k in users}
+        self.requests: Counter[tuple[str, str]] = Counter()
+        self.kinds: Counter[int] = Counter()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._ready = threading.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def bunker_uri(self, keys: nostr_sdk.Keys) -> str:
+        return f"bunker://{keys.public_key().to_hex()}?relay={self.relay_url}"
+
+    def start(self) -> MultiSigner:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._serve(), self._loop)
+        if not self._ready.wait(30):
+            raise TimeoutError("signer did not subscribe")
+        return self
+
+    def stop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+
+    async def _serve(self) -> None:
+        client = nostr_sdk.Client()
+        await client.add_relay(nostr_sdk.RelayUrl.parse(self.relay_url))
+        await client.connect()
+        await client.try_connect(timedelta(seconds=5))
+        notifications = client.notifications()
+        listen = (
+            nostr_sdk.Filter()
+            .kind(nostr_sdk.Kind(24133))
+            .pubkeys([nostr_sdk.PublicKey.parse(p) for p in self._keys])
+            .since(nostr_sdk.Timestamp.from_secs(nostr_sdk.Timestamp.now().as_secs() - 60))
+        )
+        await client.subscribe(nostr_sdk.ReqTarget.auto([listen]))
+        self._ready.set()
+        while True:
+            notification = await notifications.next()
+            if notification is None or not notification.is_new_event():
+                continue
+            task = asyncio.create_task(self._answer(client, notification.event))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _answer(self, client: nostr_sdk.Client, event: nostr_sdk.Event) -> None:
+        tagged = [t[1] for t in json.loads(event.as_json())["tags"] if t[:1] == ["p"]]
+        keys = self._keys.get(tagged[0]) if tagged else None
+        if keys is None:
+            return
+        requester = event.author()
+        request = json.loads(nostr_sdk.nip44_decrypt(keys.secret_key(), requester, event.content()))
+        method, params = request["method"], request.get("params", [])
+        self.requests[(keys.public_key().to_hex(), method)] += 1
+        result: str | None = None
+        if method == "connect":
+            result = "ack"
+        elif method == "get_public_key":
+            result = keys.public_key().to_hex()
+        elif method == "sign_event":
+            template = json.loads(params[0])
+            self.kinds[int(template["kind"])] += 1
+            result = (
+                nostr_sdk.EventBuilder(nostr_sdk.Kind(template["kind"]), template["content"])
+                .tags([nostr_sdk.Tag.parse(tag) for tag in template["tags"]])
+                .custom_created_at(nostr_sdk.Timestamp.from_secs(template["created_at"]))
+                .finalize(keys)
+                .as_json()
+            )
+        answer = {"id": request["id"], "result": result, "error": None if result else "no"}
+        content = nostr_sdk.nip44_encrypt(
+            keys.secret_key(), requester, json.dumps(answer), nostr_sdk.Nip44Version.V2
+        )
+        response = (
+            nostr_sdk.EventBuilder(nostr_sdk.Kind(24133), content)
+            .tags([nostr_sdk.Tag.public_key(requester)])
+            .finalize(keys)
+        )
+        await client.send_event(response)
+
+    def sign_requests(self) -> Counter[str]:
+        return Counter({p: n for (p, m), n in self.requests.items() if m == "sign_event"})
+
+
+def grant_read(relay: RelayProcess, pubkeys: list[str]) -> None:
+    """`nostr-relay role set` for every user at once (one CLI process per key would take
+    minutes): the same row the CLI writes, in the relay's own table."""
+    with sqlite3.connect(relay.folder / "relay.sqlite3") as db:
+        db.executemany(
+            "INSERT OR REPLACE INTO auth (pubkey, roles, created) VALUES (?, 'r', ?)",
+            [(p, datetime.now().isoformat(sep=" ")) for p in pubkeys],
+        )
+
+
+async def register_all(
+    service: ServiceProcess, users: list[nostr_sdk.Keys], signer: MultiSigner, relay: str
+) -> Counter[str]:
+    """Register every user (4 at a time); returns the statuses of failed attempts, retried."""
+    failures: Counter[str] = Counter()
+    semaphore = asyncio.Semaphore(4)
+    async with httpx.AsyncClient(base_url=service.url, timeout=30) as http:
+
+        async def one(keys: nostr_sdk.Keys) -> None:
+            body = json.dumps(
+                {
+                    "npub": npub_of(keys),
+                    "platform": "android",
+                    "device_token": "fcm-" + os.urandom(16).hex(),
+                    "relays": [relay],
+                    "auth_signer": signer.bunker_uri(keys),
+                }
+            ).encode()
+            secret = SecretKey(keys.secret_key().to_hex())
+            for _ in range(10):
+                async with semaphore:
+                    header = make_http_auth(secret, service.url + "/register", "POST", body)
+                    try:
+                        response = await http.post(
+                            "/register",
+                            content=body,
+                            headers={"content-type": "application/json", "authorization": header},
+                        )
+                    except httpx.TransportError as exc:
+                        failures[type(exc).__name__] += 1
+                        continue
+                if response.status_code in (200, 201):
+                    return
+                # seen here under load: 500 "database is locked" (reported, not hidden)
+                failures[str(response.status_code)] += 1
+                await asyncio.sleep(1.0)
+            raise AssertionError(f"registration kept failing: {dict(failures)}")
+
+        await asyncio.gather(*(one(k) for k in users))
+    return failures
+
+
+def authenticated(service: ServiceProcess, url: str) -> int:
+    try:
+        return int(health(service)["relays"].get(url, {}).get("users_authenticated", 0))
+    except (httpx.HTTPError, ValueError):
+        return -1
+
+
+async def wait_for(condition: Any, what: str, timeout: float) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        if condition():
+            return time.monotonic() - started
+        await asyncio.sleep(0.2)
+    raise TimeoutError(f"{what} not reached within {timeout} s")
+
+
+async def run(users_count: int, dms: int) -> dict[str, Any]:
+    folder = Path(tempfile.mkdtemp(prefix="sigil-gated-"))
+    signer_relay = RelayProcess(folder / "signer-relay").start()
+    gated = RelayProcess(folder / "gated", auth_actions={"save": "a", "query": "r"}).start()
+    users = [user() for _ in range(users_count)]
+    grant_read(gated, [k.public_key().to_hex() for k in users])
+    signer = MultiSigner(signer_relay.url, users).start()
+    service = ServiceProcess(folder / "service", [signer_relay.url], BRIDGE).start()
+    try:
+        started = time.monotonic()
+        register_failures = await register_all(service, users, signer, gated.url)
+        registered = time.monotonic() - started
+        await wait_for(
+            lambda: (
+                metric(service, "sigil_push_delegated_auth_sessions", status="active")
+                == users_count
+            ),
+            "all signer sessions active",
+            600,
+        )
+        sessions_active = time.monotonic() - started
+        await wait_for(
+            lambda: authenticated(service, gated.url) == users_count, "first authentication", 600
+        )
+        first_all_authenticated = time.monotonic() - started
+        first_signs = signer.sign_requests()
+
+        gated.stop()
+        await wait_for(lambda: authenticated(service, gated.url) == 0, "connections down", 60)
+        before = signer.sign_requests()
+        restart = time.monotonic()
+        gated.start()
+        port_open = time.monotonic() - restart
+        await wait_for(
+            lambda: authenticated(service, gated.url) == users_count, "re-authentication", 600
+        )
+        restart_all_authenticated = time.monotonic() - restart
+        await asyncio.sleep(2.0)  # any late duplicate request would show up here
+        per_user = signer.sign_requests()
+        restart_signs = [
+            per_user[k.public_key().to_hex()] - before[k.public_key().to_hex()] for k in users
+        ]
+
+        latencies = []
+        sender = user()
+        for recipient in random.sample(users, min(dms, users_count)):
+            wrap = gift_wrap(sender, recipient, "bench")
+            sent = time.monotonic()
+            await publish(gated.url, wrap)
+            while not wakeups(service)[wrap["id"]]:
+                if time.monotonic() - sent > 60:
+                    raise TimeoutError("no wakeup within 60 s")
+                await asyncio.sleep(0.01)
+            latencies.append((time.monotonic() - sent) * 1000)
+        failed = metric(service, "sigil_push_delegated_auth_relay_total", outcome="failed")
+    finally:
+        service.stop()
+        signer.stop()
+        gated.stop()
+        signer_relay.stop()
+    latencies.sort()
+    return {
+        "benchmark": "gated",
+        "when": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "setup": (
+            "real nostr-relay gated inbox (query: r, role r granted to every user), one "
+            "nostr-sdk NIP-46 responder for all users on a second nostr-relay, one sigil-push "
+            "serve process (dry-run), reconnect 0.5-5 s"
+        ),
+        "users": users_count,
+        "registration_seconds": round(registered, 2),
+        "registration_failed_attempts_retried": dict(register_failures),
+        "sessions_active_seconds": round(sessions_active, 2),
+        "first_all_authenticated_seconds": round(first_all_authenticated, 2),
+        "first_sign_requests_per_user": sorted(set(first_signs.values())),
+        "restart": {
+            "relay_port_open_seconds": round(port_open, 2),
+            "all_authenticated_seconds": round(restart_all_authenticated, 2),
+            "sign_requests_per_user_min": min(restart_signs),
+            "sign_requests_per_user_max": max(restart_signs),
+        },
+        "kinds_signed": {str(k): n for k, n in signer.kinds.items()},
+        "delegated_auth_failures": failed,
+        "wakeup_latency_ms": {
+            "dms": len(latencies),
+            "p50": round(statistics.median(latencies), 1),
+            "max": round(latencies[-1], 1),
+        },
+        "targets": {"all_authenticated_seconds": 60, "sign_requests_per_user": 1},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--users", type=int, default=1000)
+    parser.add_argument("--dms", type=int, default=20)
+    args = parser.parse_args()
+    result = asyncio.run(run(args.users, args.dms))
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
