@@ -28,6 +28,7 @@ from tests.support.bridge_harness import (
     metric,
     new_token,
     register,
+    unregister,
     wakeups,
 )
 from tests.support.nostr_client import gift_wrap, hex_of, npub_of, publish, secret_hex_of, user
@@ -92,7 +93,8 @@ async def test_gift_wraps_on_a_gated_inbox_are_pushed_only_through_delegated_aut
     for recipient in (alice, bob, carol, dana):
         gated.grant_role(hex_of(recipient), "r")
     service.start()
-    register(service, alice, new_token(), [gated.url], alice_signer.bunker_uri)
+    alice_token = new_token()
+    register(service, alice, alice_token, [gated.url], alice_signer.bunker_uri)
     register(service, bob, new_token(), [gated.url])
     register(service, carol, new_token(), [gated.url], carol_signer.bunker_uri)
     register(service, dana, new_token(), [gated.url], dana_signer.bunker_uri)
@@ -158,6 +160,15 @@ async def test_gift_wraps_on_a_gated_inbox_are_pushed_only_through_delegated_aut
     # the per-user connection writes no connected/disconnected records of its own: the shared
     # connection's two connects (start, relay restart) are all there is
     assert states.count("connected") == 2
+
+    # the user leaves: their connection to the gated relay closes with their last device
+    unregister(service, alice, alice_token)
+    await eventually(
+        lambda: metric(service, "sigil_push_delegated_auth_connections") == 0,
+        "per-user connection closed",
+    )
+    assert users_on(service, gated.url) == (0, 0)
+    assert sign_requests(alice_signer) == 2
 
     # the secret never reaches the database in clear, nor any log
     service.stop()
