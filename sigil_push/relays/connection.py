@@ -363,13 +363,17 @@ class RelayConnection:
         self._handler.on_gated(self)
 
     async def _answer_auth(self, challenge: str) -> None:
+        ws = self._ws
         try:
             event = await self._signer.sign_auth(self.url, challenge)
         except AuthUnavailable as exc:
             log.warning("relay %s: cannot answer NIP-42 AUTH (%s)", self.url, type(exc).__name__)
             self._handler.on_auth_failed(self)
-            if self.per_user and self._ws is not None:
-                await self._ws.close()
+            if self.per_user and ws is not None and ws is self._ws:
+                await ws.close()
+            return
+        if ws is not self._ws:
+            # a remote signer can take seconds: the socket that sent this challenge is gone
             return
         self._authenticated = True
         if await self.send(["AUTH", event.to_json()]):
