@@ -182,9 +182,10 @@ class Devices:
     async def watched_keys(self) -> dict[str, tuple[str, ...]]:
         """Every registered pubkey with the union of its devices' own relays."""
         watched: dict[str, set[str]] = {}
-        async with self._db.execute("SELECT pubkey, relays FROM devices") as cursor:
-            async for pubkey, relays in cursor:
-                watched.setdefault(str(pubkey), set()).update(json.loads(str(relays)))
+        # one call, not a cursor iterated across awaits: an open SELECT on the shared connection
+        # makes writes queued meanwhile fail with SQLITE_BUSY without waiting (see Outbox.due)
+        for pubkey, relays in await self._db.execute_fetchall("SELECT pubkey, relays FROM devices"):
+            watched.setdefault(str(pubkey), set()).update(json.loads(str(relays)))
         return {pubkey: tuple(sorted(relays)) for pubkey, relays in watched.items()}
 
     async def count(self) -> int:

@@ -106,9 +106,9 @@ class Outbox:
             "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT DO NOTHING",
             (_SECRET_KEY, secrets.token_hex(32)),
         )
-        async with self._db.execute("SELECT value FROM meta WHERE key = ?", (_SECRET_KEY,)) as cur:
-            row = await cur.fetchone()
-        assert row is not None
+        [row] = await self._db.execute_fetchall(
+            "SELECT value FROM meta WHERE key = ?", (_SECRET_KEY,)
+        )
         self._secret = bytes.fromhex(str(row[0]))
 
     def collapse_id(self, wakeup_id: int) -> str:
@@ -124,14 +124,16 @@ class Outbox:
 
     async def due(self, now_ms: int, limit: int) -> list[Wakeup]:
         """Unclaimed wakeups due by `now_ms`, oldest schedule first, with their device."""
-        async with self._db.execute(
+        # reads on the shared connection are one call (execute + fetch in its thread): a SELECT
+        # left open between two calls makes any write queued in between fail with SQLITE_BUSY
+        # at once, without the busy timeout, whenever the bridge's connection holds the lock
+        rows = await self._db.execute_fetchall(
             "SELECT o.id, o.event_id, o.relay, o.event_json, o.first_seen_ms, o.attempts,"
             f" {_DEVICE_COLUMNS} FROM outbox o JOIN devices d ON d.id = o.device_id"
             " WHERE o.claimed_ms IS NULL AND o.next_attempt_ms <= ?"
             " ORDER BY o.next_attempt_ms, o.id LIMIT ?",
             (now_ms, limit),
-        ) as cursor:
-            rows = await cursor.fetchall()
+        )
         return [
             Wakeup(int(r[0]), Device.from_row(r[6:]), str(r[1]), str(r[2]),
                    None if r[3] is None else str(r[3]), int(r[4]), int(r[5]))
@@ -139,11 +141,10 @@ class Outbox:
         ]
 
     async def next_due_ms(self) -> int | None:
-        async with self._db.execute(
+        [(due,)] = await self._db.execute_fetchall(
             "SELECT MIN(next_attempt_ms) FROM outbox WHERE claimed_ms IS NULL"
-        ) as cursor:
-            row = await cursor.fetchone()
-        return int(row[0]) if row and row[0] is not None else None
+        )
+        return None if due is None else int(due)
 
     async def claim(self, wakeup_ids: Sequence[int], now_ms: int) -> None:
         """Mark wakeups as in flight and count the attempt, before anything is sent."""
@@ -178,6 +179,5 @@ class Outbox:
         return changed
 
     async def depth(self) -> int:
-        async with self._db.execute("SELECT COUNT(*) FROM outbox") as cursor:
-            row = await cursor.fetchone()
-        return int(row[0]) if row else 0
+        [(count,)] = await self._db.execute_fetchall("SELECT COUNT(*) FROM outbox")
+        return int(count)
