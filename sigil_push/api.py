@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -221,6 +222,10 @@ def _error_response(request: Request, exc: Exception) -> Response:
         status, message, headers = 401, exc.detail, {"WWW-Authenticate": "Nostr"}
     elif isinstance(exc, TooManyDevices):
         status, code, message, headers = 409, "too_many_devices", str(exc), {}
+    elif isinstance(exc, sqlite3.OperationalError):
+        log.warning("storage busy on %s %s: %s", request.method, request.url.path, exc)
+        status, code, headers = 503, "unavailable", {"Retry-After": "1"}
+        message = "storage is busy; retry shortly"
     elif isinstance(exc, HTTPException):
         status, headers = exc.status_code, dict(exc.headers or {})
         code = {404: "not_found", 405: "method_not_allowed"}.get(status, "http_error")
@@ -257,6 +262,7 @@ def create_app(service: Service) -> Starlette:
             ApiError: _error_response,
             AuthError: _error_response,
             TooManyDevices: _error_response,
+            sqlite3.OperationalError: _error_response,
             HTTPException: _error_response,
             Exception: _error_response,
         },

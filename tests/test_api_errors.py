@@ -280,3 +280,20 @@ def test_per_ip_limit_spares_health_and_metrics(strict_api: ApiCaller) -> None:
     assert int(limited.headers["retry-after"]) >= 1
     assert strict_api.http.get("/health").status_code == 200
     assert strict_api.http.get("/metrics").status_code == 200
+
+
+def test_busy_storage_answers_503_with_retry_after(api: ApiCaller, service: ServiceProcess) -> None:
+    """A database locked beyond the busy timeout is a temporary 503, never a 500."""
+    import sqlite3
+
+    user = SdkUser()
+    locker = sqlite3.connect(service.database, timeout=10, isolation_level=None)
+    try:
+        locker.execute("BEGIN EXCLUSIVE")
+        response = api.register(user)
+        assert_error(response, 503, "unavailable")
+        assert response.headers["retry-after"] == "1"
+    finally:
+        locker.execute("ROLLBACK")
+        locker.close()
+    assert api.register(user).status_code == 201
