@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -264,11 +265,16 @@ class DelegatedAuth:
         raise failure or SignerUnreachable("the signer has no relays")
 
     async def _set_status(self, session: Session, status: str, detail: str) -> None:
+        """The in-memory status is what the bridge acts on; storing it is for the next start,
+        which re-establishes whatever it finds pending, so a busy database only logs."""
         session.status, session.detail = status, detail
-        await self._db.execute(
-            "UPDATE auth_signers SET status = ?, detail = ?, updated_at = ? WHERE pubkey = ?",
-            (status, detail, int(time.time()), session.pubkey),
-        )
+        try:
+            await self._db.execute(
+                "UPDATE auth_signers SET status = ?, detail = ?, updated_at = ? WHERE pubkey = ?",
+                (status, detail, int(time.time()), session.pubkey),
+            )
+        except sqlite3.Error as exc:
+            log.warning("could not store a signer session's status (%s)", exc)
         log.info("signer session %s%s", status, f": {detail}" if detail else "")
         self._count()
         self._notify(session.pubkey, status)
