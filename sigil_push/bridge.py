@@ -321,15 +321,8 @@ class Bridge:
         counters = self._counters.get(url)
         if counters is None:
             counters = self._counters[url] = RelayCounters(url)
-        counters.received.inc()
-        event_id = raw.get("id") if isinstance(raw, dict) else None
-        if isinstance(event_id, str) and self._seen.delivered_by(event_id, url):
-            counters.duplicates.inc()
-            return
-        try:
-            event = Event.from_json(raw)
-        except InvalidEvent:
-            counters.dropped["malformed"].inc()
+        event = self._parse_new(counters, url, raw)
+        if event is None:
             return
         if event.kind not in DM_KINDS:
             counters.dropped["wrong_kind"].inc()
@@ -337,25 +330,15 @@ class Bridge:
         if pubkey not in self._keys or pubkey not in event.tag_values("p"):
             counters.dropped["unknown_recipient"].inc()
             return
-        try:
-            event.verify()
-        except InvalidEvent as exc:
-            counters.dropped["wrong_id" if exc.reason == "id_mismatch" else "forged"].inc()
+        if not self._verified(counters, event):
             return
         self._queue.append(Arrival(event, url, received_ms, () if baseline else (pubkey,)))
         self._work.set()
 
     def on_event(self, url: str, sub_id: str, raw: Any, received_ms: int) -> None:
         counters = self._counters[url]
-        counters.received.inc()
-        event_id = raw.get("id") if isinstance(raw, dict) else None
-        if isinstance(event_id, str) and self._seen.delivered_by(event_id, url):
-            counters.duplicates.inc()
-            return
-        try:
-            event = Event.from_json(raw)
-        except InvalidEvent:
-            counters.dropped["malformed"].inc()
+        event = self._parse_new(counters, url, raw)
+        if event is None:
             return
         if event.kind in DM_KINDS:
             recipients = tuple(dict.fromkeys(p for p in event.tag_values("p") if p in self._keys))
@@ -370,10 +353,7 @@ class Bridge:
         else:
             counters.dropped["wrong_kind"].inc()
             return
-        try:
-            event.verify()
-        except InvalidEvent as exc:
-            counters.dropped["wrong_id" if exc.reason == "id_mismatch" else "forged"].inc()
+        if not self._verified(counters, event):
             return
         if not recipients:
             if self._lists.offer(event):
@@ -386,6 +366,29 @@ class Bridge:
         push_to = tuple(r for r in recipients if subs is None or not subs.is_baseline(sub_id, r))
         self._queue.append(Arrival(event, url, received_ms, push_to))
         self._work.set()
+
+    def _parse_new(self, counters: RelayCounters, url: str, raw: Any) -> Event | None:
+        """Count the frame; None for a copy this relay already delivered or malformed JSON."""
+        counters.received.inc()
+        event_id = raw.get("id") if isinstance(raw, dict) else None
+        if isinstance(event_id, str) and self._seen.delivered_by(event_id, url):
+            counters.duplicates.inc()
+            return None
+        try:
+            return Event.from_json(raw)
+        except InvalidEvent:
+            counters.dropped["malformed"].inc()
+            return None
+
+    @staticmethod
+    def _verified(counters: RelayCounters, event: Event) -> bool:
+        """Id and signature check, last because it is the costliest; failures counted by kind."""
+        try:
+            event.verify()
+        except InvalidEvent as exc:
+            counters.dropped["wrong_id" if exc.reason == "id_mismatch" else "forged"].inc()
+            return False
+        return True
 
     def congested(self) -> bool:
         return len(self._queue) >= CONGESTED_AT
