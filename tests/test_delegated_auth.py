@@ -137,3 +137,18 @@ async def test_secret_is_sealed_at_rest(
     with sqlite3.connect(tmp_path / "push.db") as plain:
         [(sealed,)] = plain.execute("SELECT sealed_secret FROM auth_signers")
     assert sealed.startswith("v1:")
+
+
+async def test_sessions_beyond_one_subscription_chunk_are_answered(
+    auth: DelegatedAuth, start_signer: Callable[..., RemoteSigner], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Client keys spread over several subscriptions on one signer relay all get their answers."""
+    from sigil_push.relays import signer_link
+
+    monkeypatch.setattr(signer_link, "KEYS_PER_SUBSCRIPTION", 1)
+    signers = [start_signer() for _ in range(3)]
+    for signer in signers:
+        await connect(auth, signer, "active")
+    for signer in signers:
+        event = await auth.sign_auth(signer.user_hex, "wss://inbox.example", "c")
+        assert event.pubkey == signer.user_hex

@@ -1,7 +1,9 @@
 """The websocket to a NIP-46 signer's relay, shared by every session whose signer listens there.
 
-One subscription carries the answers for all of our client keys on that relay; answers are
-matched to pending requests by their JSON-RPC id. A dropped connection fails what is pending
+A few subscriptions carry the answers for all of our client keys on that relay, each for a
+chunk of keys: adding a key re-requests only its chunk, so a burst of new sessions does not make
+the relay replay every recent answer for every key each time. Answers are matched to pending
+requests by their JSON-RPC id. A dropped connection fails what is pending
 (the caller decides about retrying) and the next request reconnects.
 """
 
@@ -24,7 +26,8 @@ from sigil_push.relays.connection import wire_log
 
 log = logging.getLogger(__name__)
 
-SUBSCRIPTION_ID = "nip46"
+SUBSCRIPTION_PREFIX = "nip46-"
+KEYS_PER_SUBSCRIPTION = 100
 OPEN_TIMEOUT_SECONDS = 10.0
 LOOKBACK_SECONDS = 60
 MAX_FRAME_BYTES = 256 * 1024
@@ -38,6 +41,7 @@ class SignerRelayLink:
     def __init__(self, url: str) -> None:
         self.url = url
         self._clients: dict[str, SecretKey] = {}
+        self._chunks: list[list[str]] = []
         self._pending: dict[str, asyncio.Future[Response]] = {}
         self._socket: ClientConnection | None = None
         self._reader: asyncio.Task[None] | None = None
@@ -48,7 +52,10 @@ class SignerRelayLink:
         socket = await self._ensure_open()
         if client.public_key_hex not in self._clients:
             self._clients[client.public_key_hex] = client
-            await self._subscribe(socket)
+            if not self._chunks or len(self._chunks[-1]) >= KEYS_PER_SUBSCRIPTION:
+                self._chunks.append([])
+            self._chunks[-1].append(client.public_key_hex)
+            await self._subscribe(socket, len(self._chunks) - 1)
         future: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
         try:
@@ -62,7 +69,11 @@ class SignerRelayLink:
             self._pending.pop(request_id, None)
 
     def forget(self, client_pubkey: str) -> None:
-        self._clients.pop(client_pubkey, None)
+        """Stop routing answers to this key; its chunk's filter shrinks at the next re-request."""
+        if self._clients.pop(client_pubkey, None) is not None:
+            for chunk in self._chunks:
+                if client_pubkey in chunk:
+                    chunk.remove(client_pubkey)
 
     async def close(self) -> None:
         if self._reader is not None:
@@ -88,18 +99,22 @@ class SignerRelayLink:
             except (OSError, TimeoutError, InvalidHandshake, InvalidURI) as exc:
                 raise SignerUnreachable(f"cannot connect to the signer relay: {type(exc).__name__}") from None
             self._reader = asyncio.create_task(self._read(self._socket), name="nip46-link")
-            if self._clients:
-                await self._subscribe(self._socket)
+            for index, chunk in enumerate(self._chunks):
+                if chunk:
+                    await self._subscribe(self._socket, index)
             return self._socket
 
-    async def _subscribe(self, socket: ClientConnection) -> None:
-        """(Re)place the one subscription with all current client keys (NIP-01 replace by id)."""
+    async def _subscribe(self, socket: ClientConnection, index: int) -> None:
+        """(Re)place one chunk's subscription (NIP-01: a REQ replaces the one with its id).
+
+        The look-back tolerates a signer whose clock runs behind ours.
+        """
         subscription = {
             "kinds": [REQUEST_KIND],
-            "#p": sorted(self._clients),
+            "#p": self._chunks[index],
             "since": int(time.time()) - LOOKBACK_SECONDS,
         }
-        await socket.send(json.dumps(["REQ", SUBSCRIPTION_ID, subscription]))
+        await socket.send(json.dumps(["REQ", f"{SUBSCRIPTION_PREFIX}{index}", subscription]))
 
     async def _read(self, socket: ClientConnection) -> None:
         try:
