@@ -107,7 +107,7 @@ async def test_an_unanswered_send_times_out_and_is_retried(make_harness, fake_ap
     await eventually(lambda: [r for r in harness.push_records() if r["status"] == "retry"], what="timeout")
     fake_apns.script.silent = False
     await eventually(harness.drained, what="delivered after silence")
-    await eventually(lambda: harness.push_records()[-1]["status"] == "accepted")
+    await eventually(lambda: [r["status"] for r in harness.push_records()][-1:] == ["accepted"])
 
 
 async def test_a_wrong_signing_key_is_refused_by_apns_and_retried(make_harness, fake_apns: FakeApns, tmp_path) -> None:

@@ -101,7 +101,7 @@ async def test_server_errors_are_retried(make_harness, fake_up: FakeUnifiedPush)
     await eventually(lambda: len(fake_up.received("flaky")) >= 2, what="retries")
     del fake_up.script.answers["flaky"]
     await eventually(harness.drained)
-    await eventually(lambda: harness.push_records()[-1]["status"] == "accepted")
+    await eventually(lambda: [r["status"] for r in harness.push_records()][-1:] == ["accepted"])
 
 
 async def test_redirects_are_not_followed(make_harness, fake_up: FakeUnifiedPush) -> None:
