@@ -31,7 +31,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,7 @@ from sigil_push.nostr.nip98 import make_http_auth
 from tests.support.bridge_harness import health, metric, wakeups
 from tests.support.nostr_client import gift_wrap, npub_of, publish, user
 from tests.support.relay import RelayProcess
+from tests.support.remote_signer import listen_as_signer, send_answer, sign_template
 from tests.support.service import ServiceProcess
 
 RESULTS = ROOT / "bench" / "results" / "gated.json"
@@ -81,18 +82,9 @@ class MultiSigner:
         self._thread.join(timeout=5)
 
     async def _serve(self) -> None:
-        client = nostr_sdk.Client()
-        await client.add_relay(nostr_sdk.RelayUrl.parse(self.relay_url))
-        await client.connect()
-        await client.try_connect(timedelta(seconds=5))
-        notifications = client.notifications()
-        listen = (
-            nostr_sdk.Filter()
-            .kind(nostr_sdk.Kind(24133))
-            .pubkeys([nostr_sdk.PublicKey.parse(p) for p in self._keys])
-            .since(nostr_sdk.Timestamp.from_secs(nostr_sdk.Timestamp.now().as_secs() - 60))
+        client, notifications = await listen_as_signer(
+            self.relay_url, [nostr_sdk.PublicKey.parse(p) for p in self._keys]
         )
-        await client.subscribe(nostr_sdk.ReqTarget.auto([listen]))
         self._ready.set()
         while True:
             notification = await notifications.next()
@@ -119,23 +111,9 @@ class MultiSigner:
         elif method == "sign_event":
             template = json.loads(params[0])
             self.kinds[int(template["kind"])] += 1
-            result = (
-                nostr_sdk.EventBuilder(nostr_sdk.Kind(template["kind"]), template["content"])
-                .tags([nostr_sdk.Tag.parse(tag) for tag in template["tags"]])
-                .custom_created_at(nostr_sdk.Timestamp.from_secs(template["created_at"]))
-                .finalize(keys)
-                .as_json()
-            )
+            result = sign_template(template, keys)
         answer = {"id": request["id"], "result": result, "error": None if result else "no"}
-        content = nostr_sdk.nip44_encrypt(
-            keys.secret_key(), requester, json.dumps(answer), nostr_sdk.Nip44Version.V2
-        )
-        response = (
-            nostr_sdk.EventBuilder(nostr_sdk.Kind(24133), content)
-            .tags([nostr_sdk.Tag.public_key(requester)])
-            .finalize(keys)
-        )
-        await client.send_event(response)
+        await send_answer(client, keys, requester, answer)
 
     def sign_requests(self) -> Counter[str]:
         return Counter({p: n for (p, m), n in self.requests.items() if m == "sign_event"})

@@ -17,6 +17,54 @@ from typing import Any
 import nostr_sdk
 
 
+async def listen_as_signer(
+    relay_url: str, signer_keys: list[nostr_sdk.PublicKey]
+) -> tuple[nostr_sdk.Client, nostr_sdk.ClientNotificationStream]:
+    """A nostr-sdk client subscribed to the NIP-46 requests addressed to `signer_keys`."""
+    client = nostr_sdk.Client()
+    await client.add_relay(nostr_sdk.RelayUrl.parse(relay_url))
+    await client.connect()
+    await client.try_connect(timedelta(seconds=5))
+    notifications = client.notifications()
+    listen = (
+        nostr_sdk.Filter()
+        .kind(nostr_sdk.Kind(24133))
+        .pubkeys(signer_keys)
+        .since(nostr_sdk.Timestamp.from_secs(nostr_sdk.Timestamp.now().as_secs() - 60))
+    )
+    await client.subscribe(nostr_sdk.ReqTarget.auto([listen]))
+    return client, notifications
+
+
+def sign_template(template: dict[str, Any], user: nostr_sdk.Keys) -> str:
+    """What a signer returns for `sign_event`: the template signed by the user, as JSON."""
+    return str(
+        nostr_sdk.EventBuilder(nostr_sdk.Kind(template["kind"]), template["content"])
+        .tags([nostr_sdk.Tag.parse(tag) for tag in template["tags"]])
+        .custom_created_at(nostr_sdk.Timestamp.from_secs(template["created_at"]))
+        .finalize(user)
+        .as_json()
+    )
+
+
+async def send_answer(
+    client: nostr_sdk.Client,
+    signer: nostr_sdk.Keys,
+    requester: nostr_sdk.PublicKey,
+    answer: dict[str, Any],
+) -> None:
+    """Encrypt (NIP-44) and publish a NIP-46 answer to the requesting client key."""
+    content = nostr_sdk.nip44_encrypt(
+        signer.secret_key(), requester, json.dumps(answer), nostr_sdk.Nip44Version.V2
+    )
+    response = (
+        nostr_sdk.EventBuilder(nostr_sdk.Kind(24133), content)
+        .tags([nostr_sdk.Tag.public_key(requester)])
+        .finalize(signer)
+    )
+    await client.send_event(response)
+
+
 @dataclass
 class Request:
     method: str
@@ -68,18 +116,9 @@ class RemoteSigner:
 
     async def _serve(self) -> None:
         self._stop = asyncio.Event()
-        client = nostr_sdk.Client()
-        await client.add_relay(nostr_sdk.RelayUrl.parse(self.relay_url))
-        await client.connect()
-        await client.try_connect(timedelta(seconds=5))
-        notifications = client.notifications()
-        listen = (
-            nostr_sdk.Filter()
-            .kind(nostr_sdk.Kind(24133))
-            .pubkey(self.signer_keys.public_key())
-            .since(nostr_sdk.Timestamp.from_secs(nostr_sdk.Timestamp.now().as_secs() - 60))
+        client, notifications = await listen_as_signer(
+            self.relay_url, [self.signer_keys.public_key()]
         )
-        await client.subscribe(nostr_sdk.ReqTarget.auto([listen]))
         self._ready.set()
         while not self._stop.is_set():
             try:
@@ -118,22 +157,8 @@ class RemoteSigner:
         elif method == "sign_event":
             template = json.loads(params[0])
             record.signed_kind = int(template["kind"])
-            signed = (
-                nostr_sdk.EventBuilder(nostr_sdk.Kind(template["kind"]), template["content"])
-                .tags([nostr_sdk.Tag.parse(tag) for tag in template["tags"]])
-                .custom_created_at(nostr_sdk.Timestamp.from_secs(template["created_at"]))
-                .finalize(self.user)
-            )
-            result = signed.as_json()
+            result = sign_template(template, self.user)
         else:
             error = f"unsupported method {method}"
         answer = {"id": request["id"], "result": result, "error": error}
-        content = nostr_sdk.nip44_encrypt(
-            self.signer_keys.secret_key(), requester, json.dumps(answer), nostr_sdk.Nip44Version.V2
-        )
-        response = (
-            nostr_sdk.EventBuilder(nostr_sdk.Kind(24133), content)
-            .tags([nostr_sdk.Tag.public_key(requester)])
-            .finalize(self.signer_keys)
-        )
-        await client.send_event(response)
+        await send_answer(client, self.signer_keys, requester, answer)
