@@ -11,7 +11,6 @@ from tests.fakes.fake_apns import FakeApns
 from tests.fakes.harness import (
     apns_token,
     eventually,
-    make_harness,
 )
 
 

@@ -16,7 +16,6 @@ from tests.fakes.harness import (
     apns_token,
     eventually,
     fcm_token,
-    make_harness,
 )
 
 

@@ -9,7 +9,6 @@ from tests.fakes.fake_fcm import FakeFcm
 from tests.fakes.harness import (
     eventually,
     fcm_token,
-    make_harness,
 )
 
 

@@ -19,7 +19,6 @@ from tests.fakes.credentials import WebPushSubscriber
 from tests.fakes.fake_unifiedpush import FakeUnifiedPush
 from tests.fakes.harness import (
     eventually,
-    make_harness,
 )
 
 
