@@ -201,6 +201,27 @@ def _check_relay_url(key: str, url: str) -> None:
         raise ConfigError(key, "must be a ws:// or wss:// URL")
 
 
+POSTGRES_SCHEMES = ("postgresql", "postgres")
+
+
+def is_postgres_url(database: str) -> bool:
+    """True when `server.database` names a PostgreSQL server rather than a SQLite file."""
+    return urlsplit(database).scheme in POSTGRES_SCHEMES
+
+
+def _check_database(database: str) -> None:
+    """A path (SQLite) or a postgresql:// URL; any other scheme is refused, never taken as a
+    file name (a Windows drive letter such as C:\\ is a path, not a scheme)."""
+    if not database:
+        raise ConfigError("server.database", "must not be empty")
+    scheme = urlsplit(database).scheme
+    if "://" in database and scheme not in POSTGRES_SCHEMES:
+        raise ConfigError(
+            "server.database",
+            f"unsupported URL scheme {scheme!r}: use a SQLite file path or a postgresql:// URL",
+        )
+
+
 def parse_config(document: dict[str, Any], path: Path) -> Config:
     """Validate a parsed TOML document into a Config."""
     known = {"server", "relay", "apns", "fcm", "unifiedpush", "limits", "bridge", "push"}
@@ -209,6 +230,7 @@ def parse_config(document: dict[str, Any], path: Path) -> Config:
             raise ConfigError(key, f"unknown table (known: {', '.join(sorted(known))})")
     server = _table(document.get("server", {}), "server", ServerConfig)
     _check_listen(server.listen)
+    _check_database(server.database)
     if server.secret_key:
         try:
             parse_secret_key(server.secret_key)

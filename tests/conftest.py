@@ -13,7 +13,7 @@ from tests.support.nip98 import SdkUser
 from tests.support.service import ServiceProcess
 
 # the provider fakes' fixtures (fake APNs, FCM and UnifiedPush servers), for every test module
-pytest_plugins = ("tests.fakes.harness",)
+pytest_plugins = ("tests.fakes.harness", "tests.support.postgres")
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,1 @@
+"""The PostgreSQL backend (asyncpg): migrations, shard leases and outbox claims."""
