@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from sigil_push import __version__
-from sigil_push.config import Config, ConfigError, config_path, load_config
+from sigil_push.config import Config, ConfigError, config_path, is_postgres_url, load_config
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
@@ -52,15 +52,27 @@ def _load(path_arg: str | None) -> Config:
 
 
 def _serve(config: Config) -> int:
+    if is_postgres_url(config.server.database):
+        # never let a postgresql:// URL fall through to SQLite as a file name
+        raise ConfigError(
+            "server.database",
+            "the PostgreSQL backend is not wired into serve yet (only `migrate` supports it);"
+            " use a SQLite file path",
+        )
     from sigil_push.server import run_server
 
     return run_server(config)
 
 
 def _migrate(config: Config) -> int:
-    from sigil_push.db import migrate
+    if is_postgres_url(config.server.database):
+        from sigil_push.store.postgres.migrate import migrate as migrate_postgres
 
-    applied = asyncio.run(migrate(config.resolve(config.server.database)))
+        applied = asyncio.run(migrate_postgres(config.server.database))
+    else:
+        from sigil_push.db import migrate
+
+        applied = asyncio.run(migrate(config.resolve(config.server.database)))
     print(f"applied {len(applied)} migration(s)" + (f": {', '.join(applied)}" if applied else ""))
     return EXIT_OK
 
