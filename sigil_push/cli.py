@@ -113,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         return EXIT_OK
-    except Exception as exc:  # noqa: BLE001 - the CLI's last resort: one line, exit 1
+    except Exception as exc:
         logging.getLogger("sigil_push").debug("fatal error", exc_info=True)
         print(f"sigil-push: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_FAILURE

@@ -18,7 +18,7 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Self
 
 import pytest
 
@@ -42,9 +42,7 @@ def _ensure_user() -> None:
     try:
         pwd.getpwnam(SERVICE_USER)
     except KeyError:
-        subprocess.run(
-            ["useradd", "--system", "--no-create-home", SERVICE_USER], check=True
-        )
+        subprocess.run(["useradd", "--system", "--no-create-home", SERVICE_USER], check=True)
 
 
 class PostgresServer:
@@ -62,12 +60,12 @@ class PostgresServer:
         command = [str(self.binaries / args[0]), *args[1:]]
         if self._as_root:
             command = ["runuser", "-u", SERVICE_USER, "--", *command]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
             log = self.log.read_text() if self.log.exists() else ""
             raise RuntimeError(f"{args[0]} failed: {done.stderr.strip()}\n{log[-2000:]}")
 
-    def start(self) -> PostgresServer:
+    def start(self) -> Self:
         if self._as_root:
             _ensure_user()
             user = pwd.getpwnam(SERVICE_USER)
@@ -93,14 +91,25 @@ class PostgresServer:
     def create_database(self) -> str:
         """A fresh, empty database (its URL), so tests never see each other's rows."""
         name = f"t_{uuid.uuid4().hex[:16]}"
-        self._run("psql", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres",
-                  "-d", "postgres", "-c", f"CREATE DATABASE {name}")
+        self._run(
+            "psql",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(self.port),
+            "-U",
+            "postgres",
+            "-d",
+            "postgres",
+            "-c",
+            f"CREATE DATABASE {name}",
+        )
         return self.url(name)
 
-    def __enter__(self) -> PostgresServer:
+    def __enter__(self) -> Self:
         return self.start()
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
 

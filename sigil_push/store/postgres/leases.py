@@ -1,0 +1,166 @@
+"""Shard leases in PostgreSQL: which worker does the bridge work for which shard of keys.
+
+Each worker heartbeats its row in `workers` and renews its leases every lease_seconds / 3.
+A lease not renewed for lease_seconds is expired and may be taken by any worker, which
+increments its epoch. Balancing is cooperative: every worker computes the fair share from the
+number of live workers; one above it gives shards back (they become free at once), one below
+it takes free or expired shards. Nobody takes a live lease from its owner, so a hand-over never
+has two owners at one epoch, and a stalled owner's late writes fail the epoch check
+(`check_lease`) inside their own transaction.
+
+Times come from the database's clock (`now()`), so workers' clocks need not agree. The local
+view of what is held lapses a full lease period after the renewal began, never later than the
+database's expiry, so two workers never both believe they hold one shard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+import asyncpg
+
+from sigil_push.shards import DEFAULT_SHARDS, Lease, StaleLease, fair_share
+
+log = logging.getLogger(__name__)
+
+
+async def check_lease(connection: asyncpg.Connection, worker_id: str, lease: Lease) -> None:
+    """Fail the current transaction unless `worker_id` still holds `lease` at its epoch.
+
+    Call it inside the transaction that writes on behalf of the shard. The row lock (FOR
+    SHARE) keeps any other worker from taking the shard until this transaction ends, so the
+    check and the write are one atomic step.
+    """
+    if not connection.is_in_transaction():
+        raise RuntimeError("check_lease must run inside the writing transaction")
+    held = await connection.fetchval(
+        "SELECT 1 FROM shard_leases WHERE shard = $1 AND owner = $2 AND epoch = $3 FOR SHARE",
+        lease.shard,
+        worker_id,
+        lease.epoch,
+    )
+    if held is None:
+        raise StaleLease(lease.shard, lease.epoch)
+
+
+class ShardLeaser:
+    """One worker's side of the lease table: acquire, renew, balance and release."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        worker_id: str,
+        lease_seconds: float = 15.0,
+        shards: int = DEFAULT_SHARDS,
+    ) -> None:
+        if lease_seconds <= 0:
+            raise ValueError("lease_seconds must be positive")
+        self.pool = pool
+        self.worker_id = worker_id
+        self.lease_seconds = lease_seconds
+        self.shards = shards
+        self._held: dict[int, int] = {}
+        self._valid_until = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    def held(self) -> dict[int, int]:
+        """Shard -> epoch currently held; empty once the last renewal is a lease period old."""
+        return dict(self._held) if time.monotonic() < self._valid_until else {}
+
+    async def tick(self) -> dict[int, int]:
+        """One heartbeat: renew, give back excess, take free or expired shards, in one
+        transaction. Returns what is held afterwards."""
+        started = time.monotonic()
+        lease = self.lease_seconds
+        async with self.pool.acquire() as connection, connection.transaction():
+            await connection.execute(
+                "INSERT INTO shard_leases (shard) SELECT generate_series(0, $1 - 1)"
+                " ON CONFLICT DO NOTHING",
+                self.shards,
+            )
+            await connection.execute(
+                "INSERT INTO workers (worker_id) VALUES ($1) ON CONFLICT (worker_id)"
+                " DO UPDATE SET heartbeat_at = now()",
+                self.worker_id,
+            )
+            rows = await connection.fetch(
+                "UPDATE shard_leases SET expires_at = now() + make_interval(secs => $2)"
+                " WHERE owner = $1 RETURNING shard, epoch",
+                self.worker_id,
+                lease,
+            )
+            held = {int(row["shard"]): int(row["epoch"]) for row in rows}
+            live = await connection.fetchval(
+                "SELECT count(*) FROM workers"
+                " WHERE heartbeat_at > now() - make_interval(secs => $1)",
+                lease,
+            )
+            share = fair_share(self.shards, int(live))
+            if len(held) > share:
+                give_back = sorted(held)[share:]
+                await connection.execute(
+                    "UPDATE shard_leases SET owner = NULL, expires_at = '-infinity'"
+                    " WHERE owner = $1 AND shard = ANY($2::int[])",
+                    self.worker_id,
+                    give_back,
+                )
+                for shard in give_back:
+                    del held[shard]
+            elif len(held) < share:
+                taken = await connection.fetch(
+                    "UPDATE shard_leases SET owner = $1, epoch = epoch + 1,"
+                    " expires_at = now() + make_interval(secs => $2)"
+                    " WHERE shard IN (SELECT shard FROM shard_leases"
+                    "  WHERE shard < $4 AND (owner IS NULL OR expires_at <= now())"
+                    "  ORDER BY shard LIMIT $3 FOR UPDATE SKIP LOCKED)"
+                    " RETURNING shard, epoch",
+                    self.worker_id,
+                    lease,
+                    share - len(held),
+                    self.shards,
+                )
+                held.update({int(row["shard"]): int(row["epoch"]) for row in taken})
+            await connection.execute(
+                "DELETE FROM workers WHERE heartbeat_at < now() - make_interval(secs => $1)",
+                lease * 10,
+            )
+        self._held = held
+        self._valid_until = started + lease
+        return dict(held)
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.tick()
+            except (asyncpg.PostgresError, OSError) as exc:
+                # keep trying: the local view lapses by itself if renewals keep failing
+                log.warning("shard lease heartbeat failed: %s", type(exc).__name__)
+            await asyncio.sleep(self.lease_seconds / 3)
+
+    def start(self) -> None:
+        """Heartbeat in the background every lease_seconds / 3."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=f"leases-{self.worker_id}")
+
+    async def halt(self) -> None:
+        """Stop heartbeating without giving anything back (what a crash or stall looks like:
+        the leases expire after lease_seconds)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def stop(self) -> None:
+        """Clean shutdown: stop heartbeating and give every shard back for others to take."""
+        await self.halt()
+        self._held = {}
+        async with self.pool.acquire() as connection, connection.transaction():
+            await connection.execute(
+                "UPDATE shard_leases SET owner = NULL, expires_at = '-infinity' WHERE owner = $1",
+                self.worker_id,
+            )
+            await connection.execute("DELETE FROM workers WHERE worker_id = $1", self.worker_id)
