@@ -1,0 +1,170 @@
+"""Shard leases on a real PostgreSQL server: three workers join, leave and die.
+
+A monitor samples every worker's local view throughout: no shard is ever believed held by two
+workers at once, and no (shard, epoch) ever has two owners. Waits poll with generous deadlines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+
+import asyncpg
+import pytest
+
+from sigil_push.shards import DEFAULT_SHARDS, Lease, StaleLease, fair_share, shard_of
+from sigil_push.store.postgres.leases import ShardLeaser, check_lease
+from sigil_push.store.postgres.migrate import migrate
+
+LEASE_SECONDS = 2.0
+
+
+class Monitor:
+    """Samples the leasers' local views and records every (shard, epoch) -> owner it sees."""
+
+    def __init__(self, leasers: list[ShardLeaser]) -> None:
+        self.leasers = leasers
+        self.owners: dict[tuple[int, int], str] = {}
+        self.violations: list[str] = []
+        self._task = asyncio.create_task(self._run())
+
+    def sample(self) -> None:
+        seen: dict[int, str] = {}
+        for leaser in self.leasers:
+            for shard, epoch in leaser.held().items():
+                if shard in seen:
+                    self.violations.append(
+                        f"shard {shard} held by {seen[shard]} and {leaser.worker_id}"
+                    )
+                seen[shard] = leaser.worker_id
+                owner = self.owners.setdefault((shard, epoch), leaser.worker_id)
+                if owner != leaser.worker_id:
+                    self.violations.append(
+                        f"shard {shard} epoch {epoch}: {owner} and {leaser.worker_id}"
+                    )
+
+    async def _run(self) -> None:
+        while True:
+            self.sample()
+            await asyncio.sleep(0.01)
+
+    async def close(self) -> None:
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        assert not self.violations, self.violations[:5]
+
+
+async def until(condition: Callable[[], bool], timeout: float = 60.0) -> float:
+    """Poll until `condition` holds; returns how long it took."""
+    started = time.monotonic()
+    while not condition():
+        if time.monotonic() - started > timeout:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.02)
+    return time.monotonic() - started
+
+
+def covered(leasers: list[ShardLeaser], each_at_most: int) -> bool:
+    views = [leaser.held() for leaser in leasers]
+    shards = set().union(*views)
+    return shards == set(range(DEFAULT_SHARDS)) and all(len(view) <= each_at_most for view in views)
+
+
+@pytest.fixture
+async def pool(postgres_url: str) -> AsyncIterator[asyncpg.Pool]:
+    await migrate(postgres_url)
+    async with asyncpg.create_pool(postgres_url, min_size=1, max_size=8) as created:
+        yield created
+
+
+def test_shard_of_is_stable_and_spreads() -> None:
+    assert shard_of("00" * 32) == 0
+    assert shard_of("ff" * 32) == 255
+    assert shard_of("0000000a" + "00" * 28) == 10
+    assert fair_share(256, 3) == 86 and fair_share(256, 0) == 256
+    with pytest.raises(ValueError):
+        shard_of("abc")
+
+
+async def test_join_leave_and_die(pool: asyncpg.Pool) -> None:
+    workers = [ShardLeaser(pool, f"w{i}", LEASE_SECONDS) for i in range(3)]
+    monitor = Monitor(workers)
+    try:
+        workers[0].start()
+        await until(lambda: covered(workers[:1], DEFAULT_SHARDS))
+        workers[1].start()
+        await until(lambda: covered(workers[:2], fair_share(DEFAULT_SHARDS, 2)))
+        workers[2].start()
+        await until(lambda: covered(workers, fair_share(DEFAULT_SHARDS, 3)))
+
+        # a clean leave: the shards are given back and taken by the other two
+        await workers[0].stop()
+        await until(lambda: covered(workers[1:], fair_share(DEFAULT_SHARDS, 2)))
+
+        # a death: w1 stops heartbeating without giving anything back
+        orphans = workers[1].held()
+        assert orphans
+        died = time.monotonic()
+        await workers[1].halt()
+        await until(lambda: set(orphans) <= set(workers[2].held()))
+        handover = time.monotonic() - died
+        # design bound: the lease runs out, then the next heartbeat (lease/3) takes it
+        assert handover < 2 * LEASE_SECONDS, handover
+        for shard, epoch in orphans.items():
+            assert workers[2].held()[shard] > epoch  # every change of owner bumps the epoch
+
+        # the stalled worker wakes up: its late write on an old lease is refused and rolled back
+        shard = next(iter(orphans))
+        async with pool.acquire() as connection:
+            await connection.execute("CREATE TABLE probe (shard INT)")
+            with pytest.raises(StaleLease):
+                async with connection.transaction():
+                    await connection.execute("INSERT INTO probe VALUES ($1)", shard)
+                    await check_lease(connection, "w1", Lease(shard, orphans[shard]))
+            async with connection.transaction():
+                current = Lease(shard, workers[2].held()[shard])
+                await check_lease(connection, "w2", current)
+                await connection.execute("INSERT INTO probe VALUES ($1)", shard)
+            assert await connection.fetchval("SELECT count(*) FROM probe") == 1
+    finally:
+        for worker in workers:
+            await worker.halt()
+        await monitor.close()
+    assert len(monitor.owners) >= DEFAULT_SHARDS
+
+
+async def test_a_held_lease_blocks_takeover_until_the_write_commits(pool: asyncpg.Pool) -> None:
+    """check_lease locks the lease row: a competing take waits for the writer's commit."""
+    first = ShardLeaser(pool, "a", LEASE_SECONDS, shards=4)
+    await first.tick()
+    lease = Lease(0, first.held()[0])
+    async with pool.acquire() as writer, pool.acquire() as thief, pool.acquire() as observer:
+        thief_pid = thief.get_server_pid()
+        async with writer.transaction():
+            await check_lease(writer, "a", lease)
+            take = asyncio.create_task(
+                thief.execute(
+                    "UPDATE shard_leases SET owner = 'b', epoch = epoch + 1 WHERE shard = 0"
+                )
+            )
+            waiting = await observer.fetchval(
+                "SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'",
+                thief_pid,
+            )
+            while not waiting and not take.done():
+                waiting = await observer.fetchval(
+                    "SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'",
+                    thief_pid,
+                )
+            assert not take.done()  # the take is blocked on the lease row, not finished
+        await take
+    async with pool.acquire() as connection, connection.transaction():
+        with pytest.raises(StaleLease):
+            await check_lease(connection, "a", lease)
+
+
+async def test_check_lease_outside_a_transaction_is_a_bug(pool: asyncpg.Pool) -> None:
+    async with pool.acquire() as connection:
+        with pytest.raises(RuntimeError):
+            await check_lease(connection, "a", Lease(0, 1))
