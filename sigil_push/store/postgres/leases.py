@@ -21,13 +21,16 @@ import logging
 import time
 
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
 
 from sigil_push.shards import DEFAULT_SHARDS, Lease, StaleLease, fair_share
 
 log = logging.getLogger(__name__)
 
 
-async def check_lease(connection: asyncpg.Connection, worker_id: str, lease: Lease) -> None:
+async def check_lease(
+    connection: asyncpg.Connection | PoolConnectionProxy, worker_id: str, lease: Lease
+) -> None:
     """Fail the current transaction unless `worker_id` still holds `lease` at its epoch.
 
     Call it inside the transaction that writes on behalf of the shard. The row lock (FOR
