@@ -68,6 +68,7 @@ class ShardLeaser:
         self._held: dict[int, int] = {}
         self._valid_until = 0.0
         self._task: asyncio.Task[None] | None = None
+        self._seeded = False
 
     def held(self) -> dict[int, int]:
         """Shard -> epoch currently held; empty once the last renewal is a lease period old."""
@@ -79,11 +80,12 @@ class ShardLeaser:
         started = time.monotonic()
         lease = self.lease_seconds
         async with self.pool.acquire() as connection, connection.transaction():
-            await connection.execute(
-                "INSERT INTO shard_leases (shard) SELECT generate_series(0, $1 - 1)"
-                " ON CONFLICT DO NOTHING",
-                self.shards,
-            )
+            if not self._seeded:  # every shard needs its row before anyone can take it
+                await connection.execute(
+                    "INSERT INTO shard_leases (shard) SELECT generate_series(0, $1 - 1)"
+                    " ON CONFLICT DO NOTHING",
+                    self.shards,
+                )
             await connection.execute(
                 "INSERT INTO workers (worker_id) VALUES ($1) ON CONFLICT (worker_id)"
                 " DO UPDATE SET heartbeat_at = now()",
@@ -130,6 +132,7 @@ class ShardLeaser:
                 "DELETE FROM workers WHERE heartbeat_at < now() - make_interval(secs => $1)",
                 lease * 10,
             )
+        self._seeded = True
         self._held = held
         self._valid_until = started + lease
         return dict(held)
@@ -138,7 +141,7 @@ class ShardLeaser:
         while True:
             try:
                 await self.tick()
-            except (asyncpg.PostgresError, OSError) as exc:
+            except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
                 # keep trying: the local view lapses by itself if renewals keep failing
                 log.warning("shard lease heartbeat failed: %s", type(exc).__name__)
             await asyncio.sleep(self.lease_seconds / 3)
