@@ -16,6 +16,7 @@ import pytest
 from sigil_push.shards import DEFAULT_SHARDS, Lease, StaleLease, fair_share, shard_of
 from sigil_push.store.postgres.leases import ShardLeaser, check_lease
 from sigil_push.store.postgres.migrate import migrate
+from tests.support.postgres import PostgresServer
 
 LEASE_SECONDS = 2.0
 
@@ -168,3 +169,25 @@ async def test_check_lease_outside_a_transaction_is_a_bug(pool: asyncpg.Pool) ->
     async with pool.acquire() as connection:
         with pytest.raises(RuntimeError):
             await check_lease(connection, "a", Lease(0, 1))
+
+
+async def test_heartbeat_survives_a_lost_database_and_the_view_lapses(
+    pool: asyncpg.Pool, postgres_server: PostgresServer, postgres_url: str
+) -> None:
+    """Cut the worker off: its belief in its leases lapses; reconnected, it takes them back."""
+    name = postgres_url.rsplit("/", 1)[1]
+    worker = ShardLeaser(pool, "lonely", LEASE_SECONDS, shards=8)
+    admin = await asyncpg.connect(postgres_server.url())
+    try:
+        worker.start()
+        await until(lambda: len(worker.held()) == 8)
+        await admin.execute(f"ALTER DATABASE {name} ALLOW_CONNECTIONS false")
+        await admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1", name
+        )
+        await until(lambda: worker.held() == {})
+        await admin.execute(f"ALTER DATABASE {name} ALLOW_CONNECTIONS true")
+        await until(lambda: len(worker.held()) == 8)
+    finally:
+        await worker.halt()
+        await admin.close()
