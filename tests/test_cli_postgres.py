@@ -63,3 +63,10 @@ def test_unreachable_postgres_exits_1_with_one_line(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert len(result.stderr.strip().splitlines()) == 1
     assert "hunter2" not in result.stderr
+
+
+def test_empty_database_exits_2(tmp_path: Path) -> None:
+    config = tmp_path / "relays.toml"
+    config.write_text('[server]\ndatabase = ""\n')
+    result = run_cli("migrate", "--config", str(config))
+    assert result.returncode == 2 and "server.database" in result.stderr
