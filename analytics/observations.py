@@ -157,7 +157,7 @@ class Observations:
     _deliveries: DataFrame | None = field(default=None, repr=False)
     _relay_states: DataFrame | None = field(default=None, repr=False)
 
-    def of_type(self, record_type: str, *columns: str) -> DataFrame:
+    def of_type(self, record_type: str, *columns: str | Column) -> DataFrame:
         return self.records.where(F.col("type") == record_type).select(*columns)
 
     @property

@@ -20,9 +20,9 @@ if __package__ in (None, ""):
 from pyspark.sql import DataFrame
 
 from analytics import canary, delivery, dropped_events, relay_latency, report
+from analytics.duration import DEFAULT_GRACE_MS
 from analytics.hadoop import HadoopFS
 from analytics.jobs import EXIT_OK, EXIT_USAGE, argument_parser, run_job
-from analytics.duration import DEFAULT_GRACE_MS
 from analytics.observations import InputError, Observations, load_observations
 from analytics.progress import progress, step
 from analytics.session import DEFAULT_MASTER, analytics_session

@@ -13,8 +13,8 @@ import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from sigil_push import __version__
 from analytics.duration import DEFAULT_GRACE_MS, parse_duration_ms
+from sigil_push import __version__
 from sigil_push.config import Config, ConfigError, config_path, load_config
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
@@ -123,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         return EXIT_OK
-    except Exception as exc:  # noqa: BLE001 - the CLI's last resort: one line, exit 1
+    except Exception as exc:  # the CLI's last resort: one line, exit 1
         logging.getLogger("sigil_push").debug("fatal error", exc_info=True)
         print(f"sigil-push: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_FAILURE

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from analytics.duration import parse_duration_ms
-
 from tests.analytics.observation_logs import SECOND, T0_MS, ObservationLog, relay, seen
 
 pytestmark = pytest.mark.spark
@@ -35,7 +34,7 @@ def test_cli_writes_the_contract_reports(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "sigil_push", "analytics", "--master", "local[1]",
          "--input", log.path, "--output", str(out)],
-        capture_output=True, text=True, timeout=300,
+        check=False, capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "1 corrupt lines" in result.stdout
@@ -50,7 +49,7 @@ def test_cli_missing_input_exits_2(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "sigil_push", "analytics", "--master", "local[1]",
          "--input", str(tmp_path / "absent"), "--output", str(tmp_path / "out")],
-        capture_output=True, text=True, timeout=300,
+        check=False, capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 2
     assert result.stderr.strip()
@@ -80,7 +79,7 @@ def test_cli_without_the_analytics_extra_exits_2_naming_the_install(tmp_path: Pa
     result = subprocess.run(
         [sys.executable, "-m", "sigil_push", "analytics",
          "--input", str(tmp_path), "--output", str(tmp_path / "out")],
-        capture_output=True, text=True, timeout=120, env=env,
+        check=False, capture_output=True, text=True, timeout=120, env=env,
     )
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
@@ -89,7 +88,7 @@ def test_cli_without_the_analytics_extra_exits_2_naming_the_install(tmp_path: Pa
     # The bridge's own commands still work without the extra.
     version = subprocess.run(
         [sys.executable, "-m", "sigil_push", "--version"],
-        capture_output=True, text=True, timeout=120, env=env,
+        check=False, capture_output=True, text=True, timeout=120, env=env,
     )
     assert version.returncode == 0 and version.stdout.startswith("sigil-push")
 
@@ -98,7 +97,7 @@ def test_cli_rejects_a_bad_grace_with_exit_2(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "sigil_push", "analytics", "--grace", "soon",
          "--input", str(tmp_path), "--output", str(tmp_path / "out")],
-        capture_output=True, text=True, timeout=120,
+        check=False, capture_output=True, text=True, timeout=120,
     )
     assert result.returncode == 2
     assert "--grace" in result.stderr and "soon" in result.stderr

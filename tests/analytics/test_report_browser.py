@@ -58,11 +58,13 @@ class DevTools:
 
     def wait_for(self, method: str) -> dict[str, Any]:
         deadline = time.monotonic() + DEADLINE_SECONDS
-        for event in self.events:
-            if event.get("method") == method:
-                return event
+        for seen in self.events:
+            if seen.get("method") == method:
+                return seen
         while True:
-            event = json.loads(self.socket.recv(timeout=max(0.1, deadline - time.monotonic())))
+            event: dict[str, Any] = json.loads(
+                self.socket.recv(timeout=max(0.1, deadline - time.monotonic()))
+            )
             self.events.append(event)
             if event.get("method") == method:
                 return event
