@@ -204,7 +204,7 @@ class Observations:
             # were a bridge to log their `seen` records, they must not count as DMs that
             # every other relay missed.
             probes = self.canaries.select("event_id").distinct()
-            dms = self.seen.join(F.broadcast(probes), "event_id", "left_anti")
+            dms = self.seen.join(probes, "event_id", "left_anti")
             # Repartitioning by event first lets the dedup and the window share one shuffle.
             per_relay = (
                 dms.repartition("event_id")

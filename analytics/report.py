@@ -195,9 +195,7 @@ def _pick(columns: Sequence[str], rows: Sequence[Row], names: Sequence[str]) -> 
 # --- sections ---------------------------------------------------------------------------
 
 
-def _summary(
-    facts: Sequence[tuple[str, str]], results: Mapping[str, DataFrame], tables: dict[str, Any]
-) -> str:
+def _summary(facts: Sequence[tuple[str, str]], tables: dict[str, Any]) -> str:
     fact_rows = "".join(
         f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in facts
     )
@@ -290,9 +288,13 @@ def _dropped_section(results: Mapping[str, DataFrame], tables: dict[str, Any]) -
     expected = _by(columns, "inbox_expected" if has_inbox else "expected")
     watched = [_by(columns, "relay")(r) for r in ranked if expected(r) > 0][: charts.MAX_RELAYS]
     if watched:
-        rate_column = "inbox_miss_rate" if has_inbox else "miss_rate"
+        prefix = "inbox_" if has_inbox else ""
         hourly = results[dropped_events.HOURLY_OUTPUT].where(F.col("relay").isin(watched))
-        cells = {(r["relay"], r["hour"]): r[rate_column] for r in hourly.collect()}
+        # An hour in which nothing was expected has no rate: blank, not a reassuring 0.
+        cells = {
+            (r["relay"], r["hour"]): r[f"{prefix}miss_rate"] if r[f"{prefix}expected"] else None
+            for r in hourly.collect()
+        }
         hours = sorted({hour for _, hour in cells})
         rates = [[cells.get((relay, hour)) for hour in hours] for relay in watched]
         label = "inbox miss rate" if has_inbox else "miss rate"
@@ -349,7 +351,7 @@ def render(facts: Sequence[tuple[str, str]], results: Mapping[str, DataFrame]) -
         "delivery": _collect(results[delivery.OUTPUT]),
     }
     sections = [
-        _summary(facts, results, tables),
+        _summary(facts, tables),
         _canary_section(tables),
         _dropped_section(results, tables),
         _latency_section(results),
