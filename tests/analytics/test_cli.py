@@ -85,12 +85,20 @@ def test_cli_without_the_analytics_extra_exits_2_naming_the_install(tmp_path: Pa
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "pip install '.[analytics]'" in lines[0], result.stderr
     assert not (tmp_path / "out").exists()
-    # The bridge's own commands still work without the extra.
-    version = subprocess.run(
-        [sys.executable, "-m", "sigil_push", "--version"],
+    # The bridge never needs the extra: every module of sigil_push imports without it.
+    every_module = (
+        "import importlib, pkgutil, sigil_push\n"
+        "for m in pkgutil.walk_packages(sigil_push.__path__, 'sigil_push.'):\n"
+        "    if not m.name.endswith('__main__'):\n"
+        "        importlib.import_module(m.name)\n"
+        "import pyspark"
+    )
+    imported = subprocess.run(
+        [sys.executable, "-c", every_module],
         check=False, capture_output=True, text=True, timeout=120, env=env,
     )
-    assert version.returncode == 0 and version.stdout.startswith("sigil-push")
+    assert imported.returncode == 1
+    assert imported.stderr.strip().splitlines()[-1] == "ModuleNotFoundError: No module named 'pyspark'"
 
 
 def test_cli_rejects_a_bad_grace_with_exit_2(tmp_path: Path) -> None:
