@@ -42,7 +42,8 @@ SPAN_HOURS = 24
 RELAYS = 300
 MASTER = "local[2]"
 RESULTS = Path(__file__).resolve().parent / "results" / "analytics.json"
-WARM_UP_RECORDS = 20_000
+# Above the day's 86 400 canary records, so the warm-up also has DMs to join.
+WARM_UP_RECORDS = 150_000
 TARGET_RECORDS = 10_000_000
 TARGET_SECONDS = 180.0
 TARGET_TIME_RATIO = 12.0
