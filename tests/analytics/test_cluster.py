@@ -30,9 +30,10 @@ def test_standalone_cluster_matches_local(spark: SparkSession, tmp_path: Path) -
     (conf / "spark-defaults.conf").write_text(
         "spark.sql.shuffle.partitions 4\nspark.ui.enabled false\nspark.executor.memory 512m\n"
     )
-    with StandaloneCluster(tmp_path / "spark", cores=1, memory="512m") as master:
+    cluster = StandaloneCluster(tmp_path / "spark", cores=1, memory="512m")
+    with cluster as master:
         env = {
-            **StandaloneCluster(tmp_path / "spark").env(),
+            **cluster.env(),
             "PYTHONPATH": str(REPO),
             "SPARK_CONF_DIR": str(conf),
         }
@@ -61,3 +62,9 @@ def test_standalone_cluster_matches_local(spark: SparkSession, tmp_path: Path) -
         assert (cluster_out / name).read_bytes() == (local_out / name).read_bytes(), name
     canary_rows = (local_out / "canary.csv").read_text().splitlines()
     assert len(canary_rows) == 13
+    for name in local_files:
+        if name.endswith(".csv"):
+            table = name.replace(".csv", ".parquet")
+            assert spark.read.parquet(str(cluster_out / table)).collect() == spark.read.parquet(
+                str(local_out / table)
+            ).collect(), table
