@@ -25,6 +25,9 @@ from pyspark.sql import functions as F
 from analytics import canary, charts, delivery, dropped_events, relay_latency
 
 SUMMARY_ROWS = 5
+# The summary's worst relays by miss rate are drawn from relays with at least this many
+# expected DMs (when there are any), so one miss out of three does not top the list.
+SUMMARY_MIN_EXPECTED = 10
 # Tables with more rows than this start collapsed.
 OPEN_TABLE_ROWS = 12
 
@@ -203,14 +206,21 @@ def _summary(facts: Sequence[tuple[str, str]], tables: dict[str, Any]) -> str:
     ranked, has_inbox = _inbox_ranked(d_cols, d_rows)
     if has_inbox:
         names = ["relay", "inbox_expected", "inbox_missed", "inbox_miss_rate"]
-        worst = [r for r in ranked if _by(d_cols, "inbox_expected")(r) > 0]
         labels = ["relay", "inbox DMs", "missed", "miss rate"]
         inbox_note = ""
     else:
         names = ["relay", "expected", "missed", "miss_rate"]
-        worst = [r for r in ranked if _by(d_cols, "expected")(r) > 0]
         labels = ["relay", "expected", "missed", "miss rate"]
         inbox_note = NO_EXPECT
+    expected = _by(d_cols, names[1])
+    worst = [r for r in ranked if expected(r) >= SUMMARY_MIN_EXPECTED]
+    if worst:
+        inbox_note += (
+            f'<p class="note">Relays with at least {SUMMARY_MIN_EXPECTED} '
+            f"{labels[1]}; the table below ranks all.</p>"
+        )
+    else:
+        worst = [r for r in ranked if expected(r) > 0]
     inbox_card = (
         "<h3>Worst relays by inbox miss rate</h3>"
         + inbox_note

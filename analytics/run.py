@@ -45,7 +45,9 @@ class RunSummary:
 def _iso(ms: int | None) -> str:
     if ms is None:
         return "-"
-    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat().replace("+00:00", "Z")
+    moment = datetime.fromtimestamp(ms / 1000, tz=UTC)
+    spec = "seconds" if ms % 1000 == 0 else "milliseconds"
+    return moment.isoformat(timespec=spec).replace("+00:00", "Z")
 
 
 def _facts(obs: Observations) -> list[tuple[str, str]]:
