@@ -15,6 +15,15 @@ from matplotlib.figure import Figure
 
 DPI = 100
 MAX_RELAYS = 20
+MAX_LABEL = 48
+
+
+def relay_labels(relays: Sequence[str]) -> list[str]:
+    """Relay URLs as axis labels. They come from the network: a ``$`` would switch matplotlib
+    to math mode (and a malformed formula would fail the whole report), and a very long URL
+    would squeeze the chart, so dollars are escaped and long URLs shortened."""
+    shortened = [r if len(r) <= MAX_LABEL else r[: MAX_LABEL - 1] + "\u2026" for r in relays]
+    return [r.replace("$", r"\$") for r in shortened]
 
 
 def to_data_uri(figure: Figure) -> str:
@@ -34,7 +43,7 @@ def latency_chart(
     axes.scatter(p50, rows, color="#1f6feb", label="p50", zorder=3)
     axes.scatter(p90, rows, color="#d29922", label="p90", zorder=3)
     axes.scatter(p99, rows, color="#cf222e", label="p99", zorder=3)
-    axes.set_yticks(list(rows), labels=list(relays))
+    axes.set_yticks(list(rows), labels=relay_labels(relays))
     axes.invert_yaxis()
     axes.set_xscale("symlog", linthresh=10)
     axes.set_xlim(left=0)
@@ -57,7 +66,7 @@ def miss_rate_chart(
     image = axes.imshow(
         values, aspect="auto", cmap="Reds", vmin=0.0, vmax=1.0, interpolation="nearest"
     )
-    axes.set_yticks(range(len(relays)), labels=list(relays))
+    axes.set_yticks(range(len(relays)), labels=relay_labels(relays))
     step = max(1, len(hours) // 12)
     ticks = list(range(0, len(hours), step))
     # "2026-11-21T10:00:00Z" -> "11-21 10h": the year and minutes only crowd the axis.
@@ -81,7 +90,7 @@ def canary_chart(
     colours = ["#cf222e" if rate < 0.9 else "#2da44e" for rate in rates]
     rate_axes.barh(list(rows), rates, color=colours)
     rate_axes.set_xlim(0, 1)
-    rate_axes.set_yticks(list(rows), labels=list(relays))
+    rate_axes.set_yticks(list(rows), labels=relay_labels(relays))
     rate_axes.invert_yaxis()
     rate_axes.set_xlabel("delivery rate")
     rate_axes.axvline(0.9, color="#59636e", linestyle="--", linewidth=1)
