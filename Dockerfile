@@ -1,6 +1,8 @@
-# sigil-push: the API and the relay bridge in one process; config, database and observation
-# log live on the /data volume.
-FROM python:3.11-slim
+# sigil-push images. `docker build .` builds the last stage, the slim bridge: the API and the
+# relay bridge in one process; config, database and observation log live on the /data volume.
+# `docker build --target analytics .` adds the analytics extra (PySpark, matplotlib) and a
+# Java runtime for `sigil-push analytics`, which the bridge never needs.
+FROM python:3.11-slim AS base
 
 RUN useradd --system --create-home --home-dir /home/sigil --uid 10001 sigil
 
@@ -13,6 +15,25 @@ RUN pip install --no-cache-dir . \
     && mkdir -p /data \
     && sed -e 's/^listen = .*/listen = "0.0.0.0:8080"/' relays.toml > /data/relays.toml \
     && chown -R sigil /data
+
+
+# Batch reports over an observation log:
+#   docker run --rm -v obs:/obs:ro -v reports:/reports sigil-push-analytics \
+#       --input /obs --output /reports [--master spark://host:7077]
+FROM base AS analytics
+
+# default-jre-headless is the Java that Debian release supports (17 or 21; Spark 4 runs on both).
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends default-jre-headless \
+    && rm -rf /var/lib/apt/lists/* \
+    && pip install --no-cache-dir '.[analytics]'
+
+USER sigil
+ENTRYPOINT ["sigil-push", "analytics"]
+CMD ["--help"]
+
+
+FROM base AS bridge
 
 USER sigil
 # A named volume starts as a copy of /data above; a bind mount must bring its own relays.toml.

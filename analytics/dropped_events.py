@@ -13,6 +13,16 @@ The connectivity at the start of the window is inferred, since ``--since`` may c
 its first state change in the window (or has none), or if that first change is a
 ``disconnected`` (only an open connection can close). ``error`` says nothing either way.
 
+A relay has *seen* an event only if it delivered it within ``--grace`` (default two minutes)
+of the event's first arrival anywhere; a later delivery counts as a miss.
+
+The overall columns treat every relay as a place every DM should reach, which on Nostr it is
+not: a NIP-17 sender publishes only to the recipient's inbox relays. The *inbox* columns use
+the bridge's ``expect`` records (which inbox relays of the recipient were connected when the
+DM was handled): ``inbox_expected`` counts the expected events whose ``expect`` record lists
+this relay, ``inbox_seen`` those of them it delivered within the grace. That rate is the one
+to rank relays by.
+
 Runs on its own with ``spark-submit analytics/dropped_events.py --input LOG --output DIR``.
 """
 
@@ -47,11 +57,11 @@ CONNECTED_STATES = ("connected", "authenticated_as_user")
 DISCONNECTED_STATES = ("disconnected", "error")
 
 _COUNTS = [
-    StructField("expected", LongType()),
-    StructField("seen", LongType()),
-    StructField("missed", LongType()),
-    StructField("miss_rate", DoubleType()),
+    StructField(f"{prefix}{name}", LongType() if name != "miss_rate" else DoubleType())
+    for prefix in ("", "inbox_")
+    for name in ("expected", "seen", "missed", "miss_rate")
 ]
+COUNT_COLUMNS = [f.name for f in _COUNTS]
 SCHEMA = StructType([StructField("relay", StringType()), *_COUNTS])
 HOURLY_SCHEMA = StructType(
     [StructField("relay", StringType()), StructField("hour", StringType()), *_COUNTS]
@@ -164,13 +174,57 @@ def _expected_per_piece(obs: Observations, pieces: DataFrame) -> DataFrame:
 
 
 def _with_rates(counts: DataFrame) -> DataFrame:
-    missed = F.col("expected") - F.col("seen")
-    rate = F.when(F.col("expected") > 0, missed / F.col("expected")).otherwise(F.lit(0.0))
-    return counts.withColumn("missed", missed).withColumn("miss_rate", rate)
+    """Add ``missed`` and ``miss_rate`` (0 when nothing was expected), overall and inbox."""
+    for prefix in ("", "inbox_"):
+        expected, seen = F.col(f"{prefix}expected"), F.col(f"{prefix}seen")
+        rate = F.when(expected > 0, (expected - seen) / expected).otherwise(F.lit(0.0))
+        counts = counts.withColumn(f"{prefix}missed", expected - seen).withColumn(
+            f"{prefix}miss_rate", rate
+        )
+    return counts
+
+
+def _in_time(obs: Observations) -> Column:
+    """The relay's own delivery (``ts``) came within the grace after the first arrival."""
+    return F.col("ts") - F.col("first_ts") <= F.lit(obs.grace_ms)
+
+
+def _in_piece() -> Column:
+    return (F.col("first_ts") >= F.col("start")) & (F.col("first_ts") < F.col("end"))
+
+
+def _inbox_counts(obs: Observations, pieces: DataFrame) -> DataFrame:
+    """``relay, hour, inbox_expected, inbox_seen`` from the ``expect`` records.
+
+    An (event, inbox relay) pair is expected when the event's first arrival anywhere lies in
+    one of that relay's connected pieces; it is seen when the relay delivered it in time.
+    """
+    first = (
+        obs.deliveries()
+        .where("first")
+        .select("event_id", "first_ts", _floor_hour(F.col("first_ts")).alias("hour"))
+    )
+    expected = (
+        obs.expects.join(first, "event_id")
+        .join(F.broadcast(pieces), ["relay", "hour"])
+        .where(_in_piece())
+        .select("event_id", "relay", "hour", "first_ts")
+    )
+    own = obs.deliveries().select("event_id", "relay", "ts")
+    delivered = F.col("ts").isNotNull() & _in_time(obs)
+    return (
+        expected.join(own, ["event_id", "relay"], "left")
+        .groupBy("relay", "hour")
+        .agg(
+            F.count(F.lit(1)).alias("inbox_expected"),
+            F.count(F.when(delivered, 1)).alias("inbox_seen"),
+        )
+    )
 
 
 def compute(obs: Observations) -> dict[str, DataFrame]:
-    """Per relay and per relay-hour: expected, seen, missed and miss rate.
+    """Per relay and per relay-hour: expected, seen, missed and miss rate, overall and for
+    the DMs whose recipient lists the relay as an inbox.
 
     The hour of an event is that of its first arrival; hourly rows exist for every hour in
     which the relay was connected at some point.
@@ -184,33 +238,33 @@ def compute(obs: Observations) -> dict[str, DataFrame]:
         .groupBy("relay", "hour")
         .agg(F.sum("expected").alias("expected"))
     )
-    delivered = obs.deliveries().select(
-        "relay", "first_ts", _floor_hour(F.col("first_ts")).alias("hour")
+    delivered = (
+        obs.deliveries()
+        .where(_in_time(obs))
+        .select("relay", "first_ts", _floor_hour(F.col("first_ts")).alias("hour"))
     )
-    in_piece = (F.col("first_ts") >= F.col("start")) & (F.col("first_ts") < F.col("end"))
     seen = (
         delivered.join(F.broadcast(pieces), ["relay", "hour"])
-        .where(in_piece)
+        .where(_in_piece())
         .groupBy("relay", "hour")
         .agg(F.count(F.lit(1)).alias("seen"))
     )
+    sums = ["expected", "seen", "inbox_expected", "inbox_seen"]
     hourly_counts = obs.cache(
-        expected.join(seen, ["relay", "hour"], "left").fillna(0, subset=["seen"])
+        expected.join(seen, ["relay", "hour"], "left")
+        .join(_inbox_counts(obs, pieces), ["relay", "hour"], "left")
+        .fillna(0, subset=sums[1:])
     )
     hour_text = F.date_format(F.timestamp_millis("hour"), "yyyy-MM-dd'T'HH:mm:ss'Z'")
     hourly = (
         _with_rates(hourly_counts)
         .orderBy("relay", "hour")
-        .select("relay", hour_text.alias("hour"), "expected", "seen", "missed", "miss_rate")
+        .select("relay", hour_text.alias("hour"), *COUNT_COLUMNS)
     )
-    totals = hourly_counts.groupBy("relay").agg(
-        F.sum("expected").alias("expected"), F.sum("seen").alias("seen")
-    )
-    overall = _with_rates(
-        _relays(obs).join(totals, "relay", "left").fillna(0, subset=["expected", "seen"])
-    )
+    totals = hourly_counts.groupBy("relay").agg(*[F.sum(c).alias(c) for c in sums])
+    overall = _with_rates(_relays(obs).join(totals, "relay", "left").fillna(0, subset=sums))
     return {
-        OUTPUT: overall.select("relay", "expected", "seen", "missed", "miss_rate").orderBy("relay"),
+        OUTPUT: overall.select("relay", *COUNT_COLUMNS).orderBy("relay"),
         HOURLY_OUTPUT: hourly,
     }
 

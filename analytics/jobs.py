@@ -10,6 +10,7 @@ from datetime import datetime
 
 from pyspark.sql import DataFrame
 
+from analytics.duration import DEFAULT_GRACE_MS, parse_duration_ms
 from analytics.observations import InputError, Observations, load_observations
 from analytics.outputs import write_outputs
 from analytics.progress import progress, step
@@ -51,6 +52,13 @@ def argument_parser(prog: str, description: str) -> argparse.ArgumentParser:
     parser.add_argument(
         "--until", type=parse_iso, default=None, help="first instant to exclude (ISO 8601)"
     )
+    parser.add_argument(
+        "--grace",
+        type=parse_duration_ms,
+        default=DEFAULT_GRACE_MS,
+        help="how late after its first arrival a relay may deliver an event and not have "
+        "missed it (e.g. 90s, 2m; default 2m)",
+    )
     return parser
 
 
@@ -71,7 +79,7 @@ def job_main(job: Job, argv: Sequence[str] | None) -> int:
     args = argument_parser(f"analytics/{job.name}.py", job.description).parse_args(argv)
     try:
         with analytics_session(args.master) as spark:
-            obs = load_observations(spark, args.input, args.since, args.until)
+            obs = load_observations(spark, args.input, args.since, args.until, args.grace)
             try:
                 results, _ = run_job(job, obs, args.output)
                 for df in results.values():

@@ -18,8 +18,17 @@ from functools import reduce
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
-from pyspark.sql.types import DoubleType, LongType, StringType, StructField, StructType
+from pyspark.sql.types import (
+    ArrayType,
+    BooleanType,
+    DoubleType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+)
 
+from analytics.duration import DEFAULT_GRACE_MS
 from analytics.hadoop import HadoopFS
 
 HOUR_MS = 3_600_000
@@ -39,6 +48,13 @@ SCHEMA = StructType(
         # Double, not long: a writer that reports fractional milliseconds must not turn
         # otherwise good push records into corrupt lines.
         StructField("latency_ms", DoubleType()),
+        # expect: the recipient's inbox relays that were connected when the DM was handled.
+        StructField("relays", ArrayType(StringType())),
+        # canary: whether the probe was accepted, the relay's OK message, and when it came
+        # back through the bridge's own subscription (ms after publishing; null if never).
+        StructField("published", BooleanType()),
+        StructField("ok_message", StringType()),
+        StructField("received_ms", DoubleType()),
         StructField(CORRUPT_COLUMN, StringType()),
     ]
 )
@@ -48,6 +64,8 @@ REQUIRED_FIELDS: dict[str, tuple[str, ...]] = {
     "seen": ("ts", "relay", "event_id"),
     "relay": ("ts", "relay", "state"),
     "push": ("ts", "event_id", "platform", "status"),
+    "expect": ("ts", "event_id", "relays"),
+    "canary": ("ts", "relay", "event_id", "published"),
 }
 
 _FILE_NAME = re.compile(r"^observations-(\d{8}T\d{2})\.jsonl(?:\.gz)?$")
@@ -105,8 +123,8 @@ def select_files(
 def _validity() -> Column:
     """True for a usable record, False for a corrupt one, null for a type we do not know.
 
-    Unknown types are skipped rather than counted as corrupt so that newer record types (a
-    canary, say) do not make an older analytics build report a broken log.
+    Unknown types are skipped rather than counted as corrupt so that newer record types do not
+    make an older analytics build report a broken log.
     """
     unreadable = F.col("type").isNull() | F.col(CORRUPT_COLUMN).isNotNull()
     validity = F.when(unreadable, F.lit(False))
@@ -122,6 +140,8 @@ class Observations:
 
     ``start_ms``/``end_ms`` bound the window: ``--since``/``--until`` when given, else the
     first record and just after the last one. They are None only when there is no data.
+    ``grace_ms`` is ``--grace``: how long after an event's first arrival a relay may deliver
+    it and still count as having delivered it.
     """
 
     spark: SparkSession
@@ -132,11 +152,12 @@ class Observations:
     records_in_window: int
     start_ms: int | None
     end_ms: int | None
+    grace_ms: int = DEFAULT_GRACE_MS
     _cached: list[DataFrame] = field(default_factory=list, repr=False)
     _deliveries: DataFrame | None = field(default=None, repr=False)
     _relay_states: DataFrame | None = field(default=None, repr=False)
 
-    def of_type(self, record_type: str, *columns: str) -> DataFrame:
+    def of_type(self, record_type: str, *columns: str | Column) -> DataFrame:
         return self.records.where(F.col("type") == record_type).select(*columns)
 
     @property
@@ -154,6 +175,22 @@ class Observations:
     def pushes(self) -> DataFrame:
         return self.of_type("push", "event_id", "platform", "status", "ts", "latency_ms")
 
+    @property
+    def expects(self) -> DataFrame:
+        """``event_id, relay``: each relay some ``expect`` record lists as an inbox of the DM.
+
+        A DM handled twice (a restart, a second worker) may have several records; a relay
+        counts once per event. Blank entries are dropped.
+        """
+        relays = self.of_type("expect", "event_id", F.explode("relays").alias("relay"))
+        return relays.where(F.col("relay").isNotNull() & (F.col("relay") != "")).distinct()
+
+    @property
+    def canaries(self) -> DataFrame:
+        return self.of_type(
+            "canary", "relay", "event_id", "ts", "published", "ok_message", "received_ms"
+        )
+
     def deliveries(self) -> DataFrame:
         """One row per (relay, event) the relay delivered, with the event's first arrival.
 
@@ -163,9 +200,14 @@ class Observations:
         latency and dropped-events jobs, so it is computed once and cached.
         """
         if self._deliveries is None:
+            # Canary probes are the bridge's own test messages, measured by the canary job:
+            # were a bridge to log their `seen` records, they must not count as DMs that
+            # every other relay missed.
+            probes = self.canaries.select("event_id").distinct()
+            dms = self.seen.join(probes, "event_id", "left_anti")
             # Repartitioning by event first lets the dedup and the window share one shuffle.
             per_relay = (
-                self.seen.repartition("event_id")
+                dms.repartition("event_id")
                 .groupBy("event_id", "relay")
                 .agg(
                     F.min("ts").alias("ts"),
@@ -211,6 +253,7 @@ def load_observations(
     input_path: str,
     since: datetime | None = None,
     until: datetime | None = None,
+    grace_ms: int = DEFAULT_GRACE_MS,
 ) -> Observations:
     """Read the log under ``input_path`` for ``[since, until)`` and count what was read.
 
@@ -259,5 +302,6 @@ def load_observations(
         records_in_window=int(stats["usable"]),
         start_ms=start_ms,
         end_ms=end_ms,
+        grace_ms=grace_ms,
         _cached=[marked],
     )

@@ -19,14 +19,15 @@ if __package__ in (None, ""):
 
 from pyspark.sql import DataFrame
 
-from analytics import delivery, dropped_events, relay_latency, report
+from analytics import canary, delivery, dropped_events, relay_latency, report
+from analytics.duration import DEFAULT_GRACE_MS
 from analytics.hadoop import HadoopFS
 from analytics.jobs import EXIT_OK, EXIT_USAGE, argument_parser, run_job
 from analytics.observations import InputError, Observations, load_observations
 from analytics.progress import progress, step
 from analytics.session import DEFAULT_MASTER, analytics_session
 
-JOBS = (relay_latency.JOB, dropped_events.JOB, delivery.JOB)
+JOBS = (canary.JOB, relay_latency.JOB, dropped_events.JOB, delivery.JOB)
 REPORT_NAME = "report.html"
 
 
@@ -44,7 +45,9 @@ class RunSummary:
 def _iso(ms: int | None) -> str:
     if ms is None:
         return "-"
-    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat().replace("+00:00", "Z")
+    moment = datetime.fromtimestamp(ms / 1000, tz=UTC)
+    spec = "seconds" if ms % 1000 == 0 else "milliseconds"
+    return moment.isoformat(timespec=spec).replace("+00:00", "Z")
 
 
 def _facts(obs: Observations) -> list[tuple[str, str]]:
@@ -54,6 +57,7 @@ def _facts(obs: Observations) -> list[tuple[str, str]]:
         ("lines read", str(obs.records_read)),
         ("corrupt lines", str(obs.corrupt_lines)),
         ("records in window", str(obs.records_in_window)),
+        ("grace", f"{obs.grace_ms / 1000:g} s"),
     ]
 
 
@@ -63,8 +67,11 @@ def run_all(
     master: str | None = DEFAULT_MASTER,
     since: datetime | None = None,
     until: datetime | None = None,
+    grace_ms: int = DEFAULT_GRACE_MS,
 ) -> RunSummary:
     """Run all jobs on ``[since, until)`` of the log at ``input_path`` into ``output_path``.
+
+    ``grace_ms`` (``--grace``) is how late a relay may deliver an event and not have missed it.
 
     ``master`` None leaves the choice to spark-submit; an active SparkSession is reused.
     Raises ``InputError`` for an unusable input path or window.
@@ -72,7 +79,7 @@ def run_all(
     rows: dict[str, int] = {}
     with analytics_session(master) as spark:
         with step("reading observations"):
-            obs = load_observations(spark, input_path, since, until)
+            obs = load_observations(spark, input_path, since, until, grace_ms)
         progress(
             f"{obs.files_read} files, {obs.records_read} lines, {obs.corrupt_lines} corrupt, "
             f"{obs.records_in_window} records in the window"
@@ -105,7 +112,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     [--until ISO]``; returns the exit code (0 success, 2 bad usage)."""
     args = argument_parser("analytics/run.py", __doc__ or "").parse_args(argv)
     try:
-        summary = run_all(args.input, args.output, args.master, args.since, args.until)
+        summary = run_all(
+            args.input, args.output, args.master, args.since, args.until, args.grace
+        )
     except InputError as error:
         print(f"analytics: {error}", file=sys.stderr)
         return EXIT_USAGE

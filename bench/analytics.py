@@ -1,11 +1,15 @@
 """Benchmark of the analytics jobs on synthetic observation logs of 1M and 10M records.
 
 Generates logs shaped like a busy instance's (hundreds of relays, a few big ones delivering
-most events, long-tailed lags, outages, a push funnel), runs ``run_all`` on ``local[2]`` over
-each, and writes ``bench/results/analytics.json``. Targets (issue 5): 10M records in under
-3 minutes on a 2-core machine, and 10x the data in at most 12x the time.
+most events, long-tailed lags, outages, a push funnel, an ``expect`` record per DM naming the
+inbox relays it was sent to, a canary probe per relay every 5 minutes), runs ``run_all`` on
+``local[2]`` over each, and writes ``bench/results/analytics.json``. With ``--standalone`` the
+largest size also runs as ``sigil-push analytics --master spark://...`` on a standalone
+cluster (a master and a 2-core worker started from the PySpark distribution on 127.0.0.1).
+Targets (issues 5 and 12): 10M records in under 3 minutes on a 2-core machine, and 10x the
+data in at most 12x the time.
 
-    python bench/analytics.py [--sizes 1000000 10000000] [--workdir DIR] [--keep]
+    python bench/analytics.py [--sizes 1000000 10000000] [--standalone] [--workdir DIR] [--keep]
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import json
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -37,13 +42,17 @@ SPAN_HOURS = 24
 RELAYS = 300
 MASTER = "local[2]"
 RESULTS = Path(__file__).resolve().parent / "results" / "analytics.json"
-WARM_UP_RECORDS = 20_000
+# Above the day's 86 400 canary records, so the warm-up also has DMs to join.
+WARM_UP_RECORDS = 150_000
 TARGET_RECORDS = 10_000_000
 TARGET_SECONDS = 180.0
 TARGET_TIME_RATIO = 12.0
 
 # Shape of the synthetic traffic.
-EVENTS_PER_RECORD = 0.318  # so that seen + push + relay records come close to the target
+# So that seen + expect + push + relay + canary records come close to the target.
+EVENTS_PER_RECORD = 0.238
+CANARY_INTERVAL_MS = 5 * 60_000
+CANARY_REFUSED = 0.02  # probes a relay does not accept (paid relays, rate limits)
 MEAN_EXTRA_RELAYS = 2.0  # an event reaches 1 + Poisson(2) relays
 PUSHED_FRACTION = 0.45
 PLATFORMS = (("ios", 0.55), ("android", 0.40), ("unifiedpush", 0.05))
@@ -86,8 +95,10 @@ def _outages(rng: np.random.Generator, span_ms: int) -> tuple[np.ndarray, np.nda
 
 def _seen(
     rng: np.random.Generator, events: int, ids: list[str], span_ms: int
-) -> tuple[Columns, np.ndarray, Columns]:
-    """Deliveries of every event, and the relay state records of the outages they avoid."""
+) -> tuple[Columns, np.ndarray, Columns, Columns, Columns]:
+    """Deliveries of every event, the relay state records of the outages they avoid, the
+    ``expect`` record of every delivered event (the relays it was sent to that were up) and
+    the canary probes."""
     urls = _relay_urls()
     popularity = 1.0 / np.arange(1, RELAYS + 1) ** 1.1
     popularity /= popularity.sum()
@@ -105,10 +116,14 @@ def _seen(
     lag[late] += rng.exponential(5 * 60_000, late.sum())
     arrival = published[event] + lag.astype(np.int64)
 
-    keep = (rng.random(event.size) >= missing[relay]) & (arrival < START_MS + span_ms)
     out_relay, out_start, out_end = _outages(rng, span_ms)
+    up = np.ones(event.size, dtype=bool)
     for r, s, e in zip(out_relay, out_start, out_end, strict=True):
-        keep &= ~((relay == r) & (arrival >= s) & (arrival < e))
+        up &= ~((relay == r) & (arrival >= s) & (arrival < e))
+    in_span = arrival < START_MS + span_ms
+    keep = (rng.random(event.size) >= missing[relay]) & in_span & up
+    # The bridge expects a DM from each inbox relay (every relay it was sent to) that was up.
+    inbox_event, inbox_relay = event[up & in_span], relay[up & in_span]
     event, relay, arrival = event[keep], relay[keep], arrival[keep]
 
     kind = np.where(rng.random(events) < 0.3, 4, 1059)
@@ -140,7 +155,68 @@ def _seen(
         f'{{"type":"relay","ts":{ts},"relay":"{urls[r]}","state":"{s}","detail":""}}'
         for ts, r, s in zip(state_ts.tolist(), state_relay.tolist(), states, strict=True)
     ]
-    return Columns(arrival, lines), first, Columns(state_ts, state_lines)
+    expects = _expects(rng, first, inbox_event, inbox_relay, ids)
+    probes = _canaries(rng, missing, out_relay, out_start, out_end, span_ms)
+    return Columns(arrival, lines), first, Columns(state_ts, state_lines), expects, probes
+
+
+def _expects(
+    rng: np.random.Generator,
+    first: np.ndarray,
+    event: np.ndarray,
+    relay: np.ndarray,
+    ids: list[str],
+) -> Columns:
+    """One ``expect`` record per delivered event, written just after its first arrival."""
+    urls = _relay_urls()
+    delivered = first[event] < np.iinfo(np.int64).max
+    event, relay = event[delivered], relay[delivered]
+    order = np.argsort(event, kind="stable")
+    event, relay = event[order], relay[order]
+    starts = np.flatnonzero(np.r_[True, event[1:] != event[:-1]])
+    owners = event[starts]
+    ts = first[owners] + rng.integers(1, 20, owners.size)
+    groups = np.split(relay, starts[1:])
+    lines = [
+        f'{{"type":"expect","ts":{t},"event_id":"{ids[e]}","relays":['
+        + ",".join(f'"{urls[r]}"' for r in group.tolist())
+        + "]}"
+        for t, e, group in zip(ts.tolist(), owners.tolist(), groups, strict=True)
+    ]
+    return Columns(ts, lines)
+
+
+def _canaries(
+    rng: np.random.Generator,
+    missing: np.ndarray,
+    out_relay: np.ndarray,
+    out_start: np.ndarray,
+    out_end: np.ndarray,
+    span_ms: int,
+) -> Columns:
+    """A probe per relay every 5 minutes; refused while the relay is down, lost like its DMs."""
+    urls = _relay_urls()
+    times = np.arange(START_MS + 30_000, START_MS + span_ms, CANARY_INTERVAL_MS)
+    relay = np.repeat(np.arange(RELAYS), times.size)
+    ts = np.tile(times, RELAYS)
+    up = np.ones(ts.size, dtype=bool)
+    for r, s, e in zip(out_relay, out_start, out_end, strict=True):
+        up &= ~((relay == r) & (ts >= s) & (ts < e))
+    published = up & (rng.random(ts.size) >= CANARY_REFUSED)
+    delivered = published & (rng.random(ts.size) >= missing[relay])
+    received = rng.lognormal(np.log(600.0), 0.7, ts.size).astype(np.int64)
+    ids = _event_ids(rng, ts.size)
+    lines = [
+        f'{{"type":"canary","ts":{t},"relay":"{urls[r]}","event_id":"{i}",'
+        f'"published":{"true" if p else "false"},'
+        f'"ok_message":"{"" if p else "error: could not publish"}",'
+        f'"received_ms":{ms if d else "null"}}}'
+        for t, r, i, p, d, ms in zip(
+            ts.tolist(), relay.tolist(), ids, published.tolist(), delivered.tolist(),
+            received.tolist(), strict=True,
+        )
+    ]
+    return Columns(ts, lines)
 
 
 def _pushes(rng: np.random.Generator, first: np.ndarray, ids: list[str], span_ms: int) -> Columns:
@@ -180,12 +256,14 @@ def generate(directory: Path, records: int, seed: int = 5) -> int:
     """Write a day of hourly log files with about ``records`` records; return the exact count."""
     rng = np.random.default_rng(seed)
     span_ms = SPAN_HOURS * HOUR_MS
-    events = max(1, int(records * EVENTS_PER_RECORD))
+    # The canary's records do not grow with traffic: a probe per relay per interval.
+    probe_records = RELAYS * len(range(30_000, span_ms, CANARY_INTERVAL_MS))
+    events = max(1, int((records - probe_records) * EVENTS_PER_RECORD))
     ids = _event_ids(rng, events)
-    seen, first, states = _seen(rng, events, ids, span_ms)
+    seen, first, states, expects, probes = _seen(rng, events, ids, span_ms)
     pushes = _pushes(rng, first, ids, span_ms)
-    ts = np.concatenate([seen.ts, states.ts, pushes.ts])
-    lines = seen.lines + states.lines + pushes.lines
+    ts = np.concatenate([seen.ts, states.ts, pushes.ts, expects.ts, probes.ts])
+    lines = seen.lines + states.lines + pushes.lines + expects.lines + probes.lines
     order = np.argsort(ts, kind="stable")
     hours = (ts[order] - START_MS) // HOUR_MS
     directory.mkdir(parents=True, exist_ok=True)
@@ -238,6 +316,46 @@ def bench_one(workdir: Path, records: int, keep: bool) -> dict[str, float | int]
     }
 
 
+def bench_standalone(workdir: Path, records: int) -> dict[str, float | int | str]:
+    """The same log through ``sigil-push analytics --master spark://...`` on a standalone
+    cluster: a master and a worker offering both cores, started from the PySpark
+    distribution. Wall time of the whole command, so it includes the driver's start (compare
+    with ``session_start_seconds`` + ``seconds`` of the local run)."""
+    from tests.support.spark_cluster import StandaloneCluster
+
+    log_dir = workdir / f"log-{records}"
+    conf = workdir / "standalone-conf"
+    conf.mkdir(exist_ok=True)
+    # Sized like the local run: the executor gets what local[2]'s driver gets.
+    (conf / "spark-defaults.conf").write_text(
+        "spark.executor.memory 4g\nspark.sql.shuffle.partitions 8\nspark.ui.enabled false\n"
+    )
+    cluster = StandaloneCluster(workdir / "standalone", cores=os.cpu_count() or 2, memory="5g")
+    load_before = os.getloadavg()[0]
+    with cluster as master:
+        env = {**cluster.env(), "SPARK_CONF_DIR": str(conf)}
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")]
+        )
+        started = time.monotonic()
+        subprocess.run(
+            [sys.executable, "-m", "sigil_push", "analytics", "--master", master,
+             "--input", str(log_dir), "--output", str(workdir / f"out-standalone-{records}")],
+            check=True, env=env, timeout=3600,
+        )
+        seconds = time.monotonic() - started
+    print(f"bench: standalone cluster analysed {records} records in {seconds:.1f} s",
+          file=sys.stderr)
+    return {
+        "target_records": records,
+        "master": "spark://127.0.0.1 (standalone, 1 worker)",
+        "worker_cores": cluster.cores,
+        "seconds_including_driver_start": round(seconds, 2),
+        "load_average_1m_before": round(load_before, 2),
+        "load_average_1m_after": round(os.getloadavg()[0], 2),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.strip().splitlines()[0] if __doc__ else None
@@ -247,6 +365,11 @@ def main(argv: list[str] | None = None) -> int:
         "--workdir", type=Path, default=None, help="where logs go (default: a temp dir)"
     )
     parser.add_argument("--keep", action="store_true", help="reuse logs already in --workdir")
+    parser.add_argument(
+        "--standalone",
+        action="store_true",
+        help="also run the largest size on a standalone Spark cluster on this machine",
+    )
     parser.add_argument("--results", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="sigil-analytics-bench-"))
@@ -257,6 +380,7 @@ def main(argv: list[str] | None = None) -> int:
         # A small run first, so JIT and class loading do not flatter or burden either size.
         bench_one(workdir, WARM_UP_RECORDS, args.keep)
         runs = [bench_one(workdir, size, args.keep) for size in args.sizes]
+    standalone = bench_standalone(workdir, max(args.sizes)) if args.standalone else None
     result: dict[str, object] = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "master": MASTER},
         "session_start_seconds": round(session_seconds, 1),
@@ -264,6 +388,8 @@ def main(argv: list[str] | None = None) -> int:
         "relays": RELAYS,
         "runs": runs,
     }
+    if standalone is not None:
+        result["standalone"] = standalone
     if len(runs) >= 2:
         small, large = runs[0], runs[-1]
         data_ratio = float(large["records"]) / float(small["records"])

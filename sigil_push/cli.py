@@ -13,10 +13,14 @@ import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
+from analytics.duration import DEFAULT_GRACE_MS, parse_duration_ms
 from sigil_push import __version__
 from sigil_push.config import Config, ConfigError, config_path, is_postgres_url, load_config
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+# The `analytics` extra: what `pip install .` leaves out because the bridge never needs it.
+ANALYTICS_MODULES = ("pyspark", "matplotlib", "numpy")
+ANALYTICS_INSTALL = "pip install '.[analytics]'"
 
 
 def _parse_iso(value: str) -> datetime:
@@ -44,6 +48,12 @@ def _parser() -> argparse.ArgumentParser:
     analytics.add_argument("--master", default="local[*]", help="Spark master URL")
     analytics.add_argument("--since", type=_parse_iso, help="ISO 8601 start (inclusive)")
     analytics.add_argument("--until", type=_parse_iso, help="ISO 8601 end (exclusive)")
+    analytics.add_argument(
+        "--grace",
+        type=parse_duration_ms,
+        default=DEFAULT_GRACE_MS,
+        help="how late a relay may deliver a DM and not have missed it (e.g. 90s, 2m; default 2m)",
+    )
     return parser
 
 
@@ -78,11 +88,23 @@ def _migrate(config: Config) -> int:
 
 
 def _analytics(args: argparse.Namespace) -> int:
-    from analytics.observations import InputError
-    from analytics.run import run_all
+    try:
+        from analytics.observations import InputError
+        from analytics.run import run_all
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] not in ANALYTICS_MODULES:
+            raise
+        print(
+            f"sigil-push: analytics needs the analytics extra ({exc.name} is missing): "
+            f"{ANALYTICS_INSTALL}",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
 
     try:
-        summary = run_all(args.input, args.output, args.master, args.since, args.until)
+        summary = run_all(
+            args.input, args.output, args.master, args.since, args.until, args.grace
+        )
     except InputError as exc:
         print(f"sigil-push: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -113,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         return EXIT_OK
-    except Exception as exc:
+    except Exception as exc:  # the CLI's last resort: one line, exit 1
         logging.getLogger("sigil_push").debug("fatal error", exc_info=True)
         print(f"sigil-push: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_FAILURE

@@ -26,6 +26,8 @@ from tests.analytics.observation_logs import (
 pytestmark = pytest.mark.spark
 
 A, B, C, D = "wss://a.example", "wss://b.example", "wss://c.example", "wss://d.example"
+OVERALL = ["relay", "expected", "seen", "missed", "miss_rate"]
+INBOX = ["relay", "inbox_expected", "inbox_seen", "inbox_missed", "inbox_miss_rate"]
 
 
 def rows(df: DataFrame) -> list[tuple[Any, ...]]:
@@ -70,8 +72,11 @@ def test_relay_that_disconnects_is_not_expected_to_deliver_meanwhile(
 
     results = dropped_events.compute(obs)
 
-    assert rows(results["dropped_events"]) == [(A, 6, 5, 1, 1 / 6), (B, 4, 3, 1, 0.25)]
-    assert rows(results["dropped_events_hourly"]) == [
+    assert rows(results["dropped_events"].select(OVERALL)) == [
+        (A, 6, 5, 1, 1 / 6),
+        (B, 4, 3, 1, 0.25),
+    ]
+    assert rows(results["dropped_events_hourly"].select(OVERALL[:1] + ["hour"] + OVERALL[1:])) == [
         (A, "2026-11-21T10:00:00Z", 5, 5, 0, 0.0),
         (A, "2026-11-21T11:00:00Z", 1, 0, 1, 1.0),
         (B, "2026-11-21T10:00:00Z", 3, 2, 1, 1 / 3),
@@ -117,7 +122,11 @@ def test_window_start_infers_which_relays_were_connected(
 
     dropped = dropped_events.compute(obs)["dropped_events"]
 
-    assert rows(dropped) == [(A, 2, 2, 0, 0.0), (C, 1, 0, 1, 1.0), (D, 0, 0, 0, 0.0)]
+    assert rows(dropped.select(OVERALL)) == [
+        (A, 2, 2, 0, 0.0),
+        (C, 1, 0, 1, 1.0),
+        (D, 0, 0, 0, 0.0),
+    ]
     obs.release()
 
 
@@ -146,7 +155,7 @@ def test_auth_states_and_reconnects_shape_the_connected_intervals(
 
     dropped = dropped_events.compute(obs)["dropped_events"]
 
-    assert rows(dropped) == [(A, 4, 4, 0, 0.0), (B, 1, 0, 1, 1.0)]
+    assert rows(dropped.select(OVERALL)) == [(A, 4, 4, 0, 0.0), (B, 1, 0, 1, 1.0)]
     obs.release()
 
 

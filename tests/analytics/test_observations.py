@@ -32,7 +32,7 @@ def test_corrupt_lines_are_counted_not_fatal(spark: SparkSession, log: Observati
             '{"type": "seen", "ts": "yesterday", "relay": "wss://a", "event_id": "e2"}',
             {"type": "seen", "ts": T0_MS + 2, "event_id": "e3"},
             {"relay": "wss://a", "ts": T0_MS + 3},
-            {"type": "canary", "ts": T0_MS + 4, "relay": "wss://a"},
+            {"type": "from_a_newer_bridge", "ts": T0_MS + 4, "relay": "wss://a"},
             {**relay(T0_MS, "wss://a", "connected"), "extra": {"nested": [1, 2]}},
             "",
         ],

@@ -12,7 +12,17 @@ import pytest
 from pyspark.sql import SparkSession
 
 from analytics.run import main, run_all
-from tests.analytics.observation_logs import CONTRACT_COLUMNS, SECOND, T0_MS, ObservationLog, push, relay, seen
+from tests.analytics.observation_logs import (
+    CONTRACT_COLUMNS,
+    SECOND,
+    T0_MS,
+    ObservationLog,
+    canary,
+    expect,
+    push,
+    relay,
+    seen,
+)
 
 pytestmark = pytest.mark.spark
 
@@ -28,9 +38,10 @@ def read_csv(path: Path) -> list[list[str]]:
 def test_run_all_writes_every_report(
     spark: SparkSession, log: ObservationLog, tmp_path: Path
 ) -> None:
-    """Two relays, one of which misses an event, and pushes on two platforms: the CSVs hold
-    exactly the contract's columns and values, the Parquet copies the same rows, and the
-    report shows the tables without referencing anything on the network."""
+    """Two relays, one of which misses an event sent to its inbox, a canary probe, and pushes
+    on two platforms: the CSVs hold exactly the contract's columns and values, the Parquet
+    copies the same rows, and the report opens with the summary, shows the canary first and
+    references nothing on the network."""
     t = T0_MS
     log.write(
         "20261121T10",
@@ -39,7 +50,10 @@ def test_run_all_writes_every_report(
             relay(t, "wss://b", "connected"),
             seen(t + 1 * SECOND, "wss://a", "e1", kind=4, created_at=t // 1000),
             seen(t + 1 * SECOND + 300, "wss://b", "e1", kind=4, created_at=t // 1000),
+            expect(t + 1 * SECOND + 5, "e1", ["wss://a", "wss://b"]),
             seen(t + 2 * SECOND, "wss://a", "e2"),
+            expect(t + 2 * SECOND + 5, "e2", ["wss://b"]),
+            canary(t + 2 * SECOND, "wss://a", "k1", received_ms=250),
             push(t + 3 * SECOND, "e1", "ios", "retry", 900),
             push(t + 4 * SECOND, "e1", "ios", "accepted", 2400),
             push(t + 4 * SECOND, "e2", "android", "rejected", 700),
@@ -55,8 +69,9 @@ def test_run_all_writes_every_report(
         summary.records_read,
         summary.corrupt_lines,
         summary.records_in_window,
-    ) == (1, 9, 1, 8)
+    ) == (1, 12, 1, 11)
     assert summary.rows == {
+        "canary": 1,
         "relay_latency": 2,
         "relay_latency_created_at": 2,
         "dropped_events": 2,
@@ -68,9 +83,10 @@ def test_run_all_writes_every_report(
         ["wss://b", "1", "300", "300", "300"],
     ]
     assert read_csv(out / "dropped_events.csv")[1:] == [
-        ["wss://a", "2", "2", "0", "0.0"],
-        ["wss://b", "2", "1", "1", "0.5"],
+        ["wss://a", "2", "2", "0", "0.0", "1", "1", "0", "0.0"],
+        ["wss://b", "2", "1", "1", "0.5", "2", "1", "1", "0.5"],
     ]
+    assert read_csv(out / "canary.csv")[1:] == [["wss://a", "1", "1", "1", "1.0", "250", "250"]]
     assert read_csv(out / "delivery.csv")[1:] == [
         ["android", "1", "0", "0", "1", "0", "700", "700"],
         ["ios", "1", "1", "0", "0", "0", "2400", "2400"],
@@ -88,10 +104,24 @@ def test_run_all_writes_every_report(
 
     page = (out / "report.html").read_text()
     assert not re.search(r"https?://", page)
-    assert page.count("<table>") == 5
-    for text in ("wss://a", "wss://b", "lag_p99_ms", "miss_rate", "p99_ms", "android"):
+    assert "2026-11-21T10:00:00Z to 2026-11-21T10:00:04.001Z" in page
+    assert re.findall(r'src="([a-z]+):', page) == ["data"] * 4
+    for text in ("wss://a", "wss://b", "lag_p99_ms", "inbox_miss_rate", "delivery_rate", "android"):
         assert text in page
-    assert page.count('src="data:image/png;base64,') == 3
+    headings = [
+        "Worst relays by inbox miss rate",
+        "Worst relays by canary delivery",
+        "Wakeups per platform",
+        "Canary probes",
+        "Missed DMs",
+        "Relay latency",
+        "Delivery funnel",
+    ]
+    positions = [page.index(h) for h in headings]
+    assert positions == sorted(positions)
+    # The summary ranks wss://b (inbox 1 of 2 missed) above wss://a.
+    summary_part = page[positions[0] : positions[1]]
+    assert summary_part.index("wss://b") < summary_part.index("wss://a")
 
 
 def test_empty_input_gives_headers_and_a_report_saying_so(
@@ -115,7 +145,7 @@ def test_main_reports_a_missing_input_as_bad_usage(spark: SparkSession, tmp_path
 
 def test_job_modules_run_as_scripts() -> None:
     """spark-submit runs analytics/<job>.py as a plain script: the package must still import."""
-    for script in ("run", "relay_latency", "dropped_events", "delivery"):
+    for script in ("run", "canary", "relay_latency", "dropped_events", "delivery"):
         result = subprocess.run(
             [sys.executable, str(REPO / "analytics" / f"{script}.py"), "--help"],
             capture_output=True,
