@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import signal
@@ -93,9 +94,16 @@ class ServiceProcess:
         return code
 
     def observation_records(self) -> list[dict[str, Any]]:
+        """Every record so far, from the hourly files, compressed (finished hours) or not."""
         records = []
-        for path in sorted(self.observations.glob("observations-*.jsonl")):
-            records.extend(json.loads(line) for line in path.read_text().splitlines() if line)
+        for path in sorted(self.observations.glob("observations-*.jsonl*")):
+            if path.name.endswith(".jsonl.gz"):
+                text = gzip.decompress(path.read_bytes()).decode()
+            elif path.name.endswith(".jsonl"):
+                text = path.read_text()
+            else:
+                continue
+            records.extend(json.loads(line) for line in text.splitlines() if line)
         return records
 
     def __enter__(self) -> ServiceProcess:
