@@ -74,6 +74,12 @@ class ServiceProcess:
                 time.sleep(0.05)
         raise TimeoutError(f"service not healthy after {timeout} s:\n{self.log()}")
 
+    def wait_exit(self, timeout: float = 30.0) -> int:
+        """The exit code of a service expected to stop by itself (e.g. failing at start)."""
+        if self._process is None:
+            raise RuntimeError("service not started")
+        return self._process.wait(timeout=timeout)
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
