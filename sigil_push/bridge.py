@@ -349,6 +349,7 @@ class Bridge:
         counters = self._counters[url]
         event = self._parse_new(counters, url, raw)
         if event is None:
+            self._stored_anyway(url, sub_id, raw)
             return
         if event.kind in DM_KINDS:
             recipients = tuple(dict.fromkeys(p for p in event.tag_values("p") if p in self._keys))
@@ -378,6 +379,15 @@ class Bridge:
         push_to = tuple(r for r in recipients if subs is None or not subs.is_baseline(sub_id, r))
         self._queue.append(Arrival(event, url, received_ms, push_to))
         self._work.set()
+
+    def _stored_anyway(self, url: str, sub_id: str, raw: Any) -> None:
+        """A DM this relay already delivered still took a place in its answer to a REQ: count
+        it, or a page that the relay's limit cut short looks complete whenever the committer
+        has already marked the copy from the previous page (they overlap at `until`)."""
+        subs = self._pool.subs.get(url)
+        created_at = raw.get("created_at") if isinstance(raw, dict) else None
+        if subs is not None and type(created_at) is int and raw.get("kind") in DM_KINDS:
+            subs.stored(sub_id, created_at)
 
     def _parse_new(self, counters: RelayCounters, url: str, raw: Any) -> Event | None:
         """Count the frame; None for a copy this relay already delivered or malformed JSON."""

@@ -9,6 +9,7 @@ reason to use must not count as having missed the DM.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import lru_cache
 
 from sigil_push.relays.discovery import RelayLists, normalize_relay_url
 
@@ -20,6 +21,12 @@ def inbox_relays(
     listed = lists.relays_of(pubkey)
     if listed:
         return listed
+    return _normalized(tuple(registration), allow_insecure)
+
+
+@lru_cache(maxsize=4096)
+def _normalized(registration: tuple[str, ...], allow_insecure: bool) -> tuple[str, ...]:
+    """Cached: this runs for every DM handled, and most users name the same few relays."""
     normalized = (normalize_relay_url(url, allow_insecure) for url in registration)
     return tuple(dict.fromkeys(url for url in normalized if url))
 
