@@ -63,7 +63,8 @@ DELIVERY = Histogram(
     ["relay"],
     buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0),
 )
-PROBES = Counter("sigil_push_canary_probes_total", "Canary probes started", ["relay"])
+# counted when settled, like deliveries and failures, so delivered / probes is a clean ratio
+PROBES = Counter("sigil_push_canary_probes_total", "Canary probes settled", ["relay"])
 FAILURES = Counter(
     "sigil_push_canary_failures_total",
     "Canary probes that did not come back, by reason",
@@ -204,10 +205,10 @@ class Canary:
             now=now,
         )
         probe = self._pending[event.id] = _Probe(relay)
-        PROBES.labels(relay).inc()
         try:
             result = await publish(relay, event, self._signer, self._interval)
             if not result.accepted or result.sent_ms is None:
+                PROBES.labels(relay).inc()
                 FAILURES.labels(relay, result.reason).inc()
                 log.info("canary %s: not published (%s)", relay, result.reason)
                 self._observations.canary(started_ms, relay, event.id, False, result.message, None)
@@ -216,6 +217,7 @@ class Canary:
                 await asyncio.wait_for(probe.received.wait(), max(0.0, deadline - time.monotonic()))
             except TimeoutError:
                 pass
+            PROBES.labels(relay).inc()
             received_ms = None
             if probe.received_at_ms is not None:
                 received_ms = max(0, probe.received_at_ms - result.sent_ms)
