@@ -7,9 +7,10 @@ no parameter through which a pubkey, token or content could reach the log.
 
 Housekeeping keeps the folder bounded: a finished hour is gzip-compressed to
 `observations-YYYYMMDDTHH.jsonl.gz` (which analytics reads as is), hours older than the
-retention are deleted, and the folder's size is a gauge. It runs in a worker thread, under the
-same lock as the writer, so a late record for a finished hour is never lost to a compression:
-it lands in a fresh `.jsonl` that the next round merges into the hour's `.gz`.
+retention are deleted, and the folder's size is a gauge. It runs in a worker thread. The writer's
+lock is held only while a finished hour is moved aside for compression, so the writer never
+waits on gzip and a late record for that hour is never lost: it lands in a fresh `.jsonl` that
+the next round merges into the hour's `.gz`.
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ def hour_of(name: str) -> int | None:
     match = FILE_NAME.match(name)
     if match is None:
         return None
-    return int(datetime.strptime(match.group(1), "%Y%m%dT%H").replace(tzinfo=UTC).timestamp()) * 1000
+    hour = datetime.strptime(match.group(1), "%Y%m%dT%H").replace(tzinfo=UTC)
+    return int(hour.timestamp()) * 1000
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,6 @@ class ObservationLog:
         self._folder = folder
         self._retention_days = retention_days
         self._buffer: list[dict[str, Any]] = []
-        self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._files = threading.Lock()
         self.dropped = 0
