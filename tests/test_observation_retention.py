@@ -4,7 +4,9 @@ a late record for a compressed hour is merged in, and the folder's size is on /m
 
 from __future__ import annotations
 
+import asyncio
 import gzip
+import json
 import os
 import time
 from pathlib import Path
@@ -115,3 +117,37 @@ async def test_the_running_service_tidies_its_log_and_reports_its_size(tmp_path:
             "the folder's size on /metrics",
         )
     assert read_hour(service.observations, recent) == lines(10, "recent")
+
+
+async def test_records_for_an_hour_being_compressed_are_never_lost(tmp_path: Path) -> None:
+    """Late records for the last hour keep arriving through the real writer while housekeeping
+    compresses that hour over and over in a worker thread: every record ends up in the hour's
+    `.gz`, exactly once."""
+    log = ObservationLog(tmp_path)
+    await log.start()
+    now = int(time.time() * 1000)
+    last_hour = now - HOUR_MS
+    done = False
+
+    async def tidy_repeatedly() -> int:
+        rounds = 0
+        while not done:
+            await asyncio.to_thread(log.tidy, now)
+            rounds += 1
+        return rounds
+
+    tidying = asyncio.create_task(tidy_repeatedly())
+    ids = [f"{i:064x}" for i in range(3000)]
+    for i, event_id in enumerate(ids):
+        log.expect(last_hour, event_id, ["wss://r.example"])
+        if i % 100 == 99:
+            await asyncio.sleep(0.05)  # let the writer's flushes interleave with compressions
+    done = True
+    assert await tidying > 1
+    await log.stop()
+    log.tidy(now)
+
+    name = file_name_for(last_hour)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name + ".gz"]
+    written = [json.loads(line)["event_id"] for line in read_hour(tmp_path, name).splitlines()]
+    assert sorted(written) == ids
