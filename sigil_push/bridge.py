@@ -35,12 +35,14 @@ from sigil_push.observations import ObservationLog
 from sigil_push.outbox import Outbox
 from sigil_push.relays.connection import BridgeKeySigner
 from sigil_push.relays.discovery import LIST_KINDS_SET, RelayLists, normalize_relay_url
+from sigil_push.relays.inbox import connected_inboxes
 from sigil_push.relays.pool import RelayPool
 from sigil_push.relays.subscriptions import DM_KINDS
 from sigil_push.relays.user_inbox import UserInboxes
 from sigil_push.seen import SeenEvents
 
 if TYPE_CHECKING:
+    from sigil_push.canary import Canary
     from sigil_push.delegated_auth import DelegatedAuth
 
 log = logging.getLogger(__name__)
@@ -156,6 +158,7 @@ class Bridge:
         self._device_cache: dict[str, list[Device]] = {}
         self._device_generation = 0
         self._stopping = False
+        self._probe: Canary | None = None
 
     # life cycle -------------------------------------------------------------------------
 
@@ -215,6 +218,13 @@ class Bridge:
         await self._save_cursors()
         if self._db is not None:
             await self._db.close()
+
+    def add_probe(self, probe: Canary) -> None:
+        """Watch the canary key on its relays (before `start`). Events addressed to it alone are
+        handed to `probe.take` after verification: never pushed, never recorded as seen."""
+        self._probe = probe
+        self._keys.add(probe.pubkey)
+        self._pool.plan.set_key(probe.pubkey, probe.relays)
 
     def add_commit_listener(self, listener: CommitListener) -> None:
         """Be told (event id, frame received ms) of every event whose wakeups reached the outbox."""
@@ -339,6 +349,7 @@ class Bridge:
         counters = self._counters[url]
         event = self._parse_new(counters, url, raw)
         if event is None:
+            self._stored_anyway(url, sub_id, raw)
             return
         if event.kind in DM_KINDS:
             recipients = tuple(dict.fromkeys(p for p in event.tag_values("p") if p in self._keys))
@@ -363,9 +374,20 @@ class Bridge:
         subs = self._pool.subs.get(url)
         if subs is not None:
             subs.stored(sub_id, event.created_at)
+        if self._probe is not None and self._probe.take(url, event):
+            return
         push_to = tuple(r for r in recipients if subs is None or not subs.is_baseline(sub_id, r))
         self._queue.append(Arrival(event, url, received_ms, push_to))
         self._work.set()
+
+    def _stored_anyway(self, url: str, sub_id: str, raw: Any) -> None:
+        """A DM this relay already delivered still took a place in its answer to a REQ: count
+        it, or a page that the relay's limit cut short looks complete whenever the committer
+        has already marked the copy from the previous page (they overlap at `until`)."""
+        subs = self._pool.subs.get(url)
+        created_at = raw.get("created_at") if isinstance(raw, dict) else None
+        if subs is not None and type(created_at) is int and raw.get("kind") in DM_KINDS:
+            subs.stored(sub_id, created_at)
 
     def _parse_new(self, counters: RelayCounters, url: str, raw: Any) -> Event | None:
         """Count the frame; None for a copy this relay already delivered or malformed JSON."""
@@ -471,9 +493,18 @@ class Bridge:
             new_events.append((event.id, arrival.relay, arrival.received_ms, event.created_at))
             if arrival.push_to:
                 to_push.append(arrival)
+                self._expect(arrival)
             else:
                 BASELINED.inc()
         return new_events, further, to_push
+
+    def _expect(self, arrival: Arrival) -> None:
+        """Observation: the recipients' inbox relays that were connected as their DM arrived."""
+        relays = connected_inboxes(
+            arrival.push_to, self._lists, self._registration_relays, self._insecure,
+            self._pool.connected,
+        )
+        self._observations.expect(arrival.received_ms, arrival.event.id, relays)
 
     async def _targets(self, arrivals: list[Arrival]) -> list[tuple[Arrival, list[Device]]]:
         """The devices each event wakes: its recipients' devices registered before it arrived."""

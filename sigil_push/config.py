@@ -39,6 +39,8 @@ class ServerConfig:
     observations: str = "observations"
     secret_key: str = ""
     allow_insecure_relays: bool = False
+    # hourly observation files older than this are deleted; 0 keeps them forever
+    observations_retention_days: int = 30
 
     @property
     def host(self) -> str:
@@ -116,6 +118,17 @@ class PushConfig:
 
 
 @dataclass(frozen=True)
+class CanaryConfig:
+    """Relay probes (sigil_push/canary.py). `relays` empty: the configured read relays."""
+
+    enabled: bool = True
+    interval_seconds: float = 300.0
+    relays: tuple[str, ...] = ()
+    # 0600 file holding the canary's secret key, generated on first start
+    key_file: str = "canary.key"
+
+
+@dataclass(frozen=True)
 class Config:
     path: Path
     server: ServerConfig
@@ -126,6 +139,7 @@ class Config:
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     bridge: BridgeConfig = field(default_factory=BridgeConfig)
     push: PushConfig = field(default_factory=PushConfig)
+    canary: CanaryConfig | None = None
 
     @property
     def dry_run(self) -> bool:
@@ -221,10 +235,29 @@ def _check_database(database: str) -> None:
             f"unsupported URL scheme {scheme!r}: use a SQLite file path or a postgresql:// URL",
         )
 
+MIN_CANARY_INTERVAL_SECONDS = 1.0
+
+
+def _canary(raw: Any) -> CanaryConfig:
+    """The `[canary]` table; `relays` is a list, which `_table`'s scalar checks do not cover."""
+    if not isinstance(raw, dict):
+        raise ConfigError("canary", "must be a table")
+    relays = raw.get("relays", [])
+    if not isinstance(relays, list) or not all(isinstance(url, str) for url in relays):
+        raise ConfigError("canary.relays", "must be a list of ws:// or wss:// URLs")
+    for url in relays:
+        _check_relay_url("canary.relays", url)
+    canary = _table({k: v for k, v in raw.items() if k != "relays"}, "canary", CanaryConfig)
+    if canary.interval_seconds < MIN_CANARY_INTERVAL_SECONDS:
+        raise ConfigError("canary.interval_seconds", "must be at least 1")
+    if not canary.key_file:
+        raise ConfigError("canary.key_file", "must not be empty")
+    return dataclasses.replace(canary, relays=tuple(dict.fromkeys(relays)))
+
 
 def parse_config(document: dict[str, Any], path: Path) -> Config:
     """Validate a parsed TOML document into a Config."""
-    known = {"server", "relay", "apns", "fcm", "unifiedpush", "limits", "bridge", "push"}
+    known = {"server", "relay", "apns", "fcm", "unifiedpush", "limits", "bridge", "push", "canary"}
     for key in document:
         if key not in known:
             raise ConfigError(key, f"unknown table (known: {', '.join(sorted(known))})")
@@ -269,6 +302,7 @@ def parse_config(document: dict[str, Any], path: Path) -> Config:
         limits=_table(document.get("limits", {}), "limits", LimitsConfig),
         bridge=_table(document.get("bridge", {}), "bridge", BridgeConfig),
         push=_table(document.get("push", {}), "push", PushConfig),
+        canary=_canary(document["canary"]) if "canary" in document else None,
     )
     for key, relative in (
         ("apns.key_file", apns.key_file if apns else ""),

@@ -90,6 +90,7 @@ class Delivery:
                 released,
             )
         metrics.OUTBOX_DEPTH.set(await self._outbox.depth())
+        await self._measure_outbox_age()
         self._completer_task = asyncio.create_task(self._complete_forever(), name="outbox-completer")
         self._loop_task = asyncio.create_task(self._run(), name="delivery")
 
@@ -144,6 +145,11 @@ class Delivery:
         except TimeoutError:
             pass
 
+    async def _measure_outbox_age(self) -> None:
+        """A stuck outbox shows as age, not depth: a quiet instance may have few rows."""
+        oldest = await self._outbox.oldest_first_seen_ms()
+        metrics.OUTBOX_AGE.set(0.0 if oldest is None else max(0, now_ms() - oldest) / 1000)
+
     async def _housekeeping(self) -> None:
         loop_time = asyncio.get_running_loop().time()
         if loop_time < self._housekeeping_at:
@@ -154,6 +160,7 @@ class Delivery:
         horizon = now - max(self._coalesce_ms, 1)
         self._last_push_ms = {d: t for d, t in self._last_push_ms.items() if t > horizon}
         metrics.OUTBOX_DEPTH.set(await self._outbox.depth())
+        await self._measure_outbox_age()
         if self._unsettled:
             ids, self._unsettled = self._unsettled, []
             try:

@@ -4,22 +4,48 @@ Records are queued in memory and written by a background task, so the bridge's h
 waits on the disk. Files rotate every UTC hour and are named `observations-YYYYMMDDTHH.jsonl`,
 which sorts by time. Callers pass only relay URLs, event ids, kinds and timings: this module has
 no parameter through which a pubkey, token or content could reach the log.
+
+Housekeeping keeps the folder bounded: a finished hour is gzip-compressed to
+`observations-YYYYMMDDTHH.jsonl.gz` (which analytics reads as is), hours older than the
+retention are deleted, and the folder's size is a gauge. It runs in a worker thread. The writer's
+lock is held only while a finished hour is moved aside for compression, so the writer never
+waits on gzip and a late record for that hour is never lost: it lands in a fresh `.jsonl` that
+the next round merges into the hour's `.gz`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import logging
+import os
+import re
+import shutil
+import threading
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from prometheus_client import Gauge
 
 log = logging.getLogger(__name__)
 
 FLUSH_INTERVAL_SECONDS = 0.25
 MAX_BUFFERED_RECORDS = 100_000
+HOUSEKEEPING_SECONDS = 300.0
+HOUR_MS = 3_600_000
+DAY_MS = 24 * HOUR_MS
+STAGED_SUFFIX = ".compressing"
+FILE_NAME = re.compile(r"^observations-(\d{8}T\d{2})\.jsonl(\.gz)?$")
+
+LOG_BYTES = Gauge(
+    "sigil_push_observations_bytes", "Size on disk of the observation log folder's hourly files"
+)
+LOG_FILES = Gauge("sigil_push_observations_files", "Hourly files in the observation log folder")
 
 
 def now_ms() -> int:
@@ -31,26 +57,51 @@ def file_name_for(ts_ms: int) -> str:
     return f"observations-{hour}.jsonl"
 
 
+def hour_of(name: str) -> int | None:
+    """Start (ms) of the UTC hour an observation file holds, from its name; None if not ours."""
+    match = FILE_NAME.match(name)
+    if match is None:
+        return None
+    hour = datetime.strptime(match.group(1), "%Y%m%dT%H").replace(tzinfo=UTC)
+    return int(hour.timestamp()) * 1000
+
+
+@dataclass(frozen=True)
+class Tidied:
+    """What one housekeeping round did, and the folder's size after it."""
+
+    compressed: int
+    deleted: int
+    files: int
+    size_bytes: int
+
+
 class ObservationLog:
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, retention_days: int = 30) -> None:
+        """`retention_days` 0 keeps every hour forever (compression still applies)."""
         self._folder = folder
+        self._retention_days = retention_days
         self._buffer: list[dict[str, Any]] = []
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._files = threading.Lock()
         self.dropped = 0
 
     async def start(self) -> None:
         self._folder.mkdir(parents=True, exist_ok=True)
-        self._task = asyncio.create_task(self._run(), name="observation-log")
+        self._tasks = [
+            asyncio.create_task(self._run(), name="observation-log"),
+            asyncio.create_task(self._housekeeping_loop(), name="observation-housekeeping"),
+        ]
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
             try:
-                await self._task
+                await task
             except asyncio.CancelledError:
                 pass
-            self._task = None
+        self._tasks = []
         await asyncio.to_thread(self._write, self._take())
 
     def seen(self, relay: str, event_id: str, kind: int, created_at: int, ts_ms: int) -> None:
@@ -68,6 +119,25 @@ class ObservationLog:
         self._append(
             {"type": "push", "ts": now_ms(), "event_id": event_id, "platform": platform,
              "status": status, "latency_ms": latency_ms}
+        )
+
+    def expect(self, ts_ms: int, event_id: str, relays: Sequence[str]) -> None:
+        """The recipient's inbox relays that were connected when the bridge handled a DM."""
+        self._append({"type": "expect", "ts": ts_ms, "event_id": event_id, "relays": list(relays)})
+
+    def canary(
+        self,
+        ts_ms: int,
+        relay: str,
+        event_id: str,
+        published: bool,
+        ok_message: str,
+        received_ms: int | None,
+    ) -> None:
+        """One canary probe: `ts_ms` when it was published, `received_ms` after that or None."""
+        self._append(
+            {"type": "canary", "ts": ts_ms, "relay": relay, "event_id": event_id,
+             "published": published, "ok_message": ok_message, "received_ms": received_ms}
         )
 
     def _append(self, record: dict[str, Any]) -> None:
@@ -96,6 +166,77 @@ class ObservationLog:
             by_file.setdefault(file_name_for(record["ts"]), []).append(
                 json.dumps(record, separators=(",", ":"))
             )
-        for name, lines in by_file.items():
-            with open(self._folder / name, "a", encoding="utf-8") as handle:
-                handle.write("\n".join(lines) + "\n")
+        with self._files:
+            for name, lines in by_file.items():
+                with open(self._folder / name, "a", encoding="utf-8") as handle:
+                    handle.write("\n".join(lines) + "\n")
+
+    # housekeeping -----------------------------------------------------------------------
+
+    async def _housekeeping_loop(self) -> None:
+        while True:
+            try:
+                done = await asyncio.to_thread(self.tidy, now_ms())
+            except OSError:
+                log.exception("observation log housekeeping failed; retrying later")
+            else:
+                if done.compressed or done.deleted:
+                    log.info(
+                        "observation log: %d hours compressed, %d deleted, %d bytes in %d files",
+                        done.compressed, done.deleted, done.size_bytes, done.files,
+                    )
+            await asyncio.sleep(HOUSEKEEPING_SECONDS)
+
+    def tidy(self, at_ms: int) -> Tidied:
+        """Compress every finished hour, delete hours past retention, measure the folder.
+
+        An hour is past retention when it ended more than `retention_days` before `at_ms`.
+        Blocking file work: call it in a worker thread.
+        """
+        current_hour = at_ms - at_ms % HOUR_MS
+        cutoff = at_ms - self._retention_days * DAY_MS if self._retention_days else None
+        compressed = deleted = 0
+        for path in sorted(self._folder.iterdir()):
+            if path.name.endswith(STAGED_SUFFIX) and hour_of(path.name.removesuffix(STAGED_SUFFIX)):
+                self._gzip_staged(path)  # left by a crash mid-compression
+                continue
+            hour = hour_of(path.name)
+            if hour is None:
+                continue
+            if cutoff is not None and hour + HOUR_MS <= cutoff:
+                path.unlink(missing_ok=True)
+                deleted += 1
+            elif hour < current_hour and path.suffix == ".jsonl":
+                self._compress(path)
+                compressed += 1
+        files = size = 0
+        for path in self._folder.iterdir():
+            if hour_of(path.name) is not None:
+                files += 1
+                size += path.stat().st_size
+        LOG_BYTES.set(size)
+        LOG_FILES.set(files)
+        return Tidied(compressed, deleted, files, size)
+
+    def _compress(self, path: Path) -> None:
+        """`x.jsonl` → `x.jsonl.gz`. The writer's lock is held only to move the file aside, so
+        a large hour never stalls the log; a late record then starts a new `x.jsonl`."""
+        staged = path.with_name(path.name + STAGED_SUFFIX)
+        with self._files:
+            os.replace(path, staged)
+        self._gzip_staged(staged)
+
+    @staticmethod
+    def _gzip_staged(staged: Path) -> None:
+        """Append a staged hour to that hour's `.gz` (rewritten under a temporary name and
+        renamed, so a reader sees the old or the new file, never half of one)."""
+        target = staged.with_name(staged.name.removesuffix(STAGED_SUFFIX) + ".gz")
+        partial = target.with_name(target.name + ".partial")
+        with gzip.open(partial, "wb") as out:
+            if target.exists():
+                with gzip.open(target, "rb") as earlier:
+                    shutil.copyfileobj(earlier, out)
+            with open(staged, "rb") as source:
+                shutil.copyfileobj(source, out)
+        os.replace(partial, target)
+        staged.unlink()

@@ -178,6 +178,11 @@ class Outbox:
         await cursor.close()
         return changed
 
+    async def oldest_first_seen_ms(self) -> int | None:
+        """When the event of the oldest waiting wakeup was first seen (None: outbox empty)."""
+        [(oldest,)] = await self._db.execute_fetchall("SELECT MIN(first_seen_ms) FROM outbox")
+        return None if oldest is None else int(oldest)
+
     async def depth(self) -> int:
         [(count,)] = await self._db.execute_fetchall("SELECT COUNT(*) FROM outbox")
         return int(count)

@@ -16,6 +16,7 @@ import aiosqlite
 
 from sigil_push.auth_ids import UsedAuthIds
 from sigil_push.bridge import Bridge
+from sigil_push.canary import canary_from_config
 from sigil_push.config import Config
 from sigil_push.db import open_database
 from sigil_push.delegated_auth import DelegatedAuth
@@ -76,7 +77,9 @@ class Service:
         key = await bridge_key(db, config.server.secret_key)
         devices = Devices(db)
         outbox = Outbox(db)
-        observations = ObservationLog(config.resolve(config.server.observations))
+        observations = ObservationLog(
+            config.resolve(config.server.observations), config.server.observations_retention_days
+        )
         await observations.start()
         stack.push_async_callback(observations.stop)
         senders = await build_senders(config)
@@ -91,8 +94,14 @@ class Service:
         stack.push_async_callback(delegated_auth.stop)
         bridge = Bridge(config, devices, outbox, observations, key, delegated_auth)
         devices.add_listener(bridge.registration_changed)
+        canary = canary_from_config(config, key, observations)
+        if canary is not None:
+            bridge.add_probe(canary)
         await bridge.start()
         stack.push_async_callback(bridge.stop)
+        if canary is not None:
+            canary.start()
+            stack.push_async_callback(canary.stop)
         self._components = Components(
             db, devices, UsedAuthIds(db), outbox, observations, delivery, key, bridge,
             delegated_auth,

@@ -31,6 +31,10 @@ COALESCED = Counter(
     ["provider"],
 )
 OUTBOX_DEPTH = Gauge("sigil_push_outbox_depth", "Wakeups waiting in the outbox")
+OUTBOX_AGE = Gauge(
+    "sigil_push_outbox_oldest_age_seconds",
+    "Age of the oldest wakeup in the outbox (from its event's first sighting); 0 when empty",
+)
 IN_FLIGHT = Gauge("sigil_push_push_in_flight", "Pushes sent and not yet answered", ["provider"])
 
 for _provider in PROVIDERS:

@@ -224,6 +224,11 @@ class RelayPool:
             async with lock:
                 await _send_request(connection, request)
 
+    def connected(self, url: str) -> bool:
+        """Whether the shared connection to `url` is open right now."""
+        connection = self._connections.get(url)
+        return connection is not None and connection.connected
+
     def gated(self) -> dict[str, str]:
         """The relays whose shared connection is refused even after AUTH, with the reason."""
         return {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import signal
@@ -73,6 +74,12 @@ class ServiceProcess:
                 time.sleep(0.05)
         raise TimeoutError(f"service not healthy after {timeout} s:\n{self.log()}")
 
+    def wait_exit(self, timeout: float = 30.0) -> int:
+        """The exit code of a service expected to stop by itself (e.g. failing at start)."""
+        if self._process is None:
+            raise RuntimeError("service not started")
+        return self._process.wait(timeout=timeout)
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
@@ -93,9 +100,16 @@ class ServiceProcess:
         return code
 
     def observation_records(self) -> list[dict[str, Any]]:
+        """Every record so far, from the hourly files, compressed (finished hours) or not."""
         records = []
-        for path in sorted(self.observations.glob("observations-*.jsonl")):
-            records.extend(json.loads(line) for line in path.read_text().splitlines() if line)
+        for path in sorted(self.observations.glob("observations-*.jsonl*")):
+            if path.name.endswith(".jsonl.gz"):
+                text = gzip.decompress(path.read_bytes()).decode()
+            elif path.name.endswith(".jsonl"):
+                text = path.read_text()
+            else:
+                continue
+            records.extend(json.loads(line) for line in text.splitlines() if line)
         return records
 
     def __enter__(self) -> ServiceProcess:

@@ -1,0 +1,232 @@
+"""Canary probes: is each relay delivering DMs right now, and how fast?
+
+Every `interval_seconds` the bridge publishes a NIP-17 gift wrap addressed to its own canary key
+to each probed relay, the way any sender would (sigil_push/relays/publish.py: a client
+connection, NIP-42 AUTH when refused), and waits for it to come back through the bridge's normal
+subscription to that relay. The canary key is one of the bridge's watched keys, so the probe
+takes the very path a user's DM takes: the relay's write path, its `#p` filter match, a
+`created_at` two days in the past, the bridge's verification. `Bridge.on_event` hands anything
+addressed to the canary key alone to `take` instead of the outbox: no device, no wakeup, no
+`seen` record (a probe is sent to one relay only and would look like a miss everywhere else).
+
+Each probe leaves one `canary` record (CONTRACT section 6) when it is settled: refused, or
+received, or not received within the interval. Metrics feed alerts without Spark:
+`sigil_push_canary_delivery_seconds{relay}` (publish to receipt) and
+`sigil_push_canary_failures_total{relay,reason}`.
+
+The canary key lives in its own 0600 file next to the config, generated on first start, so the
+relays keep seeing the same recipient (and its old probes, which carry a NIP-40 expiration so
+relays that honour it drop them) across restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prometheus_client import Counter, Histogram
+
+from sigil_push.config import CanaryConfig, Config, ConfigError
+from sigil_push.nostr.event import Event
+from sigil_push.nostr.keys import SecretKey, is_hex
+from sigil_push.nostr.nip59 import gift_wrap
+from sigil_push.observations import ObservationLog, now_ms
+from sigil_push.relays.connection import AuthSigner, BridgeKeySigner
+from sigil_push.relays.discovery import normalize_relay_url
+from sigil_push.relays.publish import publish
+from sigil_push.relays.subscriptions import DM_KINDS
+
+log = logging.getLogger(__name__)
+
+NOT_RECEIVED = "not_received"
+FAILURE_REASONS = (
+    NOT_RECEIVED,  # accepted, but never came back through the bridge's subscription
+    "rejected",  # OK false
+    "auth_required",  # refused for lack of AUTH, and no challenge to answer came
+    "auth_refused",  # the relay refused our AUTH answer
+    "connect",
+    "timeout",
+    "closed",
+    "protocol",
+)
+EXPIRATION_INTERVALS = 2
+
+DELIVERY = Histogram(
+    "sigil_push_canary_delivery_seconds",
+    "Canary probes: from publishing to receipt through the bridge's own subscription",
+    ["relay"],
+    buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0),
+)
+# counted when settled, like deliveries and failures, so delivered / probes is a clean ratio
+PROBES = Counter("sigil_push_canary_probes_total", "Canary probes settled", ["relay"])
+FAILURES = Counter(
+    "sigil_push_canary_failures_total",
+    "Canary probes that did not come back, by reason",
+    ["relay", "reason"],
+)
+
+
+def load_canary_key(path: Path) -> SecretKey:
+    """The canary key from its file, created (0600, hex) on first start."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise ConfigError("canary.key_file", f"cannot create {path}: {exc.strerror}") from None
+    else:
+        key = SecretKey.generate()
+        with os.fdopen(fd, "w", encoding="ascii") as handle:
+            handle.write(key.secret_hex + "\n")
+        log.info("generated a canary key in %s", path)
+        return key
+    try:
+        text = path.read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError("canary.key_file", f"cannot read {path}: {exc}") from None
+    if not is_hex(text, 64):
+        raise ConfigError("canary.key_file", f"{path} must hold 64 lowercase hex digits")
+    if path.stat().st_mode & 0o077:
+        log.warning("canary key file %s is readable by others; chmod 600 it", path)
+    return SecretKey(text)
+
+
+def canary_from_config(
+    config: Config, bridge_key: SecretKey, observations: ObservationLog
+) -> Canary | None:
+    """The configured canary, or None when `[canary]` is absent, disabled or has no relays.
+
+    Probes go to `canary.relays`, else to every configured read relay; they are published
+    with the bridge key answering AUTH, since a relay may admit writers by identity."""
+    settings = config.canary
+    if settings is None or not settings.enabled:
+        return None
+    wanted = settings.relays or tuple(relay.url for relay in config.relays if relay.read)
+    relays = [url for url in (normalize_relay_url(u, True) for u in wanted) if url]
+    if not relays:
+        log.warning("canary enabled but there is no relay to probe")
+        return None
+    key = load_canary_key(config.resolve(settings.key_file))
+    return Canary(settings, relays, key, BridgeKeySigner(bridge_key), observations)
+
+
+@dataclass(slots=True)
+class _Probe:
+    relay: str
+    received: asyncio.Event = field(default_factory=asyncio.Event)
+    received_at_ms: int | None = None
+
+
+class Canary:
+    """Publishes the probes and settles them; `take` is the bridge's hook for their arrival."""
+
+    def __init__(
+        self,
+        settings: CanaryConfig,
+        relays: Sequence[str],
+        key: SecretKey,
+        signer: AuthSigner,
+        observations: ObservationLog,
+    ) -> None:
+        self.pubkey = key.public_key_hex
+        self.relays = tuple(dict.fromkeys(relays))
+        self._key = key
+        self._signer = signer
+        self._observations = observations
+        self._interval = settings.interval_seconds
+        self._pending: dict[str, _Probe] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._probes: set[asyncio.Task[None]] = set()
+        for relay in self.relays:
+            DELIVERY.labels(relay)
+            PROBES.labels(relay)
+            for reason in FAILURE_REASONS:
+                FAILURES.labels(relay, reason)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="canary")
+        log.info("canary probing %d relays every %g s", len(self.relays), self._interval)
+
+    async def stop(self) -> None:
+        """Cancel the schedule and the probes under way; unsettled probes leave no record."""
+        tasks = [t for t in (self._task, *self._probes) if t is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+        self._task = None
+
+    def take(self, relay: str, event: Event) -> bool:
+        """Bridge hook, for a verified DM from `relay`: True when it is addressed to the canary
+        key alone (then it is ours, whether a probe under way or an old one a catch-up brings
+        back) and must go no further. A probe counts as delivered only from its own relay."""
+        if event.kind not in DM_KINDS:
+            return False
+        if set(event.tag_values("p")) != {self.pubkey}:
+            return False
+        probe = self._pending.get(event.id)
+        if probe is not None and probe.relay == relay and probe.received_at_ms is None:
+            probe.received_at_ms = now_ms()
+            probe.received.set()
+        return True
+
+    async def _run(self) -> None:
+        # the first round waits one interval, so it finds the subscriptions in place
+        while True:
+            await asyncio.sleep(self._interval)
+            for relay in self.relays:
+                task = asyncio.create_task(self._probe(relay), name=f"canary {relay}")
+                self._probes.add(task)
+                task.add_done_callback(self._settled)
+
+    def _settled(self, task: asyncio.Task[None]) -> None:
+        self._probes.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("canary probe failed", exc_info=task.exception())
+
+    async def _probe(self, relay: str) -> None:
+        started_ms = now_ms()
+        deadline = time.monotonic() + self._interval
+        now = started_ms // 1000
+        event = gift_wrap(
+            self._key,
+            self.pubkey,
+            f"sigil-push canary {secrets.token_hex(16)}",
+            expiration=now + int(EXPIRATION_INTERVALS * self._interval) + 60,
+            now=now,
+        )
+        probe = self._pending[event.id] = _Probe(relay)
+        try:
+            result = await publish(relay, event, self._signer, self._interval)
+            if not result.accepted or result.sent_ms is None:
+                PROBES.labels(relay).inc()
+                FAILURES.labels(relay, result.reason).inc()
+                log.info("canary %s: not published (%s)", relay, result.reason)
+                self._observations.canary(started_ms, relay, event.id, False, result.message, None)
+                return
+            try:
+                await asyncio.wait_for(probe.received.wait(), max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                pass
+            PROBES.labels(relay).inc()
+            received_ms = None
+            if probe.received_at_ms is not None:
+                received_ms = max(0, probe.received_at_ms - result.sent_ms)
+                DELIVERY.labels(relay).observe(received_ms / 1000)
+            else:
+                FAILURES.labels(relay, NOT_RECEIVED).inc()
+                log.info("canary %s: published but not received within %g s", relay, self._interval)
+            self._observations.canary(
+                started_ms, relay, event.id, True, result.message, received_ms
+            )
+        finally:
+            del self._pending[event.id]

@@ -1,0 +1,153 @@
+"""Observation log housekeeping on real files: finished hours are gzip-compressed under the name
+analytics reads (`observations-YYYYMMDDTHH.jsonl.gz`), hours past the retention are deleted,
+a late record for a compressed hour is merged in, and the folder's size is on /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import os
+import time
+from pathlib import Path
+
+from sigil_push.observations import ObservationLog, file_name_for
+from tests.support.bridge_harness import eventually, metric
+from tests.support.service import ServiceProcess
+
+HOUR_MS = 3_600_000
+DAY_MS = 24 * HOUR_MS
+
+
+def lines(count: int, tag: str) -> bytes:
+    return b"".join(
+        b'{"type":"relay","ts":%d,"relay":"ws://r","state":"connected","detail":"%s"}\n'
+        % (i, tag.encode())
+        for i in range(count)
+    )
+
+
+def read_hour(folder: Path, name: str) -> bytes:
+    return gzip.decompress((folder / (name + ".gz")).read_bytes())
+
+
+def backdate(path: Path, days: float) -> None:
+    moment = time.time() - days * 86400
+    os.utime(path, (moment, moment))
+
+
+def test_tidy_compresses_finished_hours_and_deletes_expired_ones(tmp_path: Path) -> None:
+    """With 30 days' retention: an hour 40 days old goes (plain or compressed), an hour two
+    days old and the last hour are compressed with their content intact (the last one merged
+    into its existing `.gz`, as after a late record), the current hour stays plain even with
+    an old mtime (names decide, not mtimes), and unrelated files are left alone."""
+    now = int(time.time() * 1000)
+    expired = file_name_for(now - 40 * DAY_MS)
+    expired_gz = file_name_for(now - 41 * DAY_MS) + ".gz"
+    kept_old = file_name_for(now - 2 * DAY_MS)
+    last_hour = file_name_for(now - HOUR_MS)
+    current = file_name_for(now)
+    (tmp_path / expired).write_bytes(lines(3, "expired"))
+    (tmp_path / expired_gz).write_bytes(gzip.compress(lines(3, "expired-gz")))
+    (tmp_path / kept_old).write_bytes(lines(500, "two-days"))
+    (tmp_path / (last_hour + ".gz")).write_bytes(gzip.compress(lines(2, "early")))
+    (tmp_path / last_hour).write_bytes(lines(1, "late"))
+    (tmp_path / current).write_bytes(lines(4, "current"))
+    (tmp_path / "notes.txt").write_text("an operator's file")
+    for name in (expired, kept_old, current, "notes.txt"):
+        backdate(tmp_path / name, 45)
+
+    done = ObservationLog(tmp_path, retention_days=30).tidy(now)
+
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == sorted(
+        [kept_old + ".gz", last_hour + ".gz", current, "notes.txt"]
+    )
+    assert read_hour(tmp_path, kept_old) == lines(500, "two-days")
+    assert read_hour(tmp_path, last_hour) == lines(2, "early") + lines(1, "late")
+    assert (tmp_path / current).read_bytes() == lines(4, "current")
+    assert (done.compressed, done.deleted, done.files) == (2, 2, 3)
+    sizes = sum((tmp_path / n).stat().st_size for n in names if n != "notes.txt")
+    assert done.size_bytes == sizes
+
+
+def test_retention_zero_keeps_everything_and_a_crash_leftover_is_finished(tmp_path: Path) -> None:
+    """`observations_retention_days = 0` deletes nothing; a `.compressing` file left by a crash
+    in the middle of a compression is compressed on the next round."""
+    now = int(time.time() * 1000)
+    ancient = file_name_for(now - 400 * DAY_MS)
+    interrupted = file_name_for(now - 3 * HOUR_MS)
+    (tmp_path / ancient).write_bytes(lines(2, "ancient"))
+    (tmp_path / (interrupted + ".compressing")).write_bytes(lines(2, "interrupted"))
+
+    ObservationLog(tmp_path, retention_days=0).tidy(now)
+
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [ancient + ".gz", interrupted + ".gz"]
+    )
+    assert read_hour(tmp_path, interrupted) == lines(2, "interrupted")
+
+
+async def test_the_running_service_tidies_its_log_and_reports_its_size(tmp_path: Path) -> None:
+    """A real `sigil-push serve` with `observations_retention_days = 7`: an old hour put in its
+    folder is deleted, a recent finished one compressed, off the event loop while the API
+    answers, and `sigil_push_observations_bytes` reports the folder's size."""
+    service = ServiceProcess(tmp_path / "service")
+    text = service.config_path.read_text()
+    service.config_path.write_text(
+        text.replace("[server]\n", "[server]\nobservations_retention_days = 7\n", 1)
+    )
+    now = int(time.time() * 1000)
+    old, recent = file_name_for(now - 8 * DAY_MS), file_name_for(now - 5 * HOUR_MS)
+    service.observations.mkdir(parents=True)
+    (service.observations / old).write_bytes(lines(10, "old"))
+    (service.observations / recent).write_bytes(lines(10, "recent"))
+
+    def folder_size() -> int:
+        return sum(p.stat().st_size for p in service.observations.glob("observations-*"))
+
+    with service:
+        await eventually(
+            lambda: {p.name for p in service.observations.iterdir()} & {old, recent, recent + ".gz"}
+            == {recent + ".gz"},
+            "the old hour deleted and the recent one compressed",
+        )
+        await eventually(
+            lambda: metric(service, "sigil_push_observations_bytes") == folder_size() > 0,
+            "the folder's size on /metrics",
+        )
+    assert read_hour(service.observations, recent) == lines(10, "recent")
+
+
+async def test_records_for_an_hour_being_compressed_are_never_lost(tmp_path: Path) -> None:
+    """Late records for the last hour keep arriving through the real writer while housekeeping
+    compresses that hour over and over in a worker thread: every record ends up in the hour's
+    `.gz`, exactly once."""
+    log = ObservationLog(tmp_path)
+    await log.start()
+    now = int(time.time() * 1000)
+    last_hour = now - HOUR_MS
+    done = False
+
+    async def tidy_repeatedly() -> int:
+        rounds = 0
+        while not done:
+            await asyncio.to_thread(log.tidy, now)
+            rounds += 1
+        return rounds
+
+    tidying = asyncio.create_task(tidy_repeatedly())
+    ids = [f"{i:064x}" for i in range(3000)]
+    for i, event_id in enumerate(ids):
+        log.expect(last_hour, event_id, ["wss://r.example"])
+        if i % 100 == 99:
+            await asyncio.sleep(0.05)  # let the writer's flushes interleave with compressions
+    done = True
+    assert await tidying > 1
+    await log.stop()
+    log.tidy(now)
+
+    name = file_name_for(last_hour)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name + ".gz"]
+    written = [json.loads(line)["event_id"] for line in read_hour(tmp_path, name).splitlines()]
+    assert sorted(written) == ids

@@ -1,0 +1,58 @@
+"""Config of the operator features: `[canary]` and `server.observations_retention_days` are
+validated like the rest of relays.toml (exit 2, one line naming the key), and a canary key file
+that cannot be used stops the service without being replaced."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.service import ServiceProcess
+
+
+@pytest.mark.parametrize(
+    ("toml", "key"),
+    [
+        ("canary = 5\n", "canary"),
+        ("[canary]\ninterval_seconds = 0\n", "canary.interval_seconds"),
+        ('[canary]\ninterval_seconds = "5m"\n', "canary.interval_seconds"),
+        ('[canary]\nenabled = "yes"\n', "canary.enabled"),
+        ('[canary]\nrelays = "wss://r.example"\n', "canary.relays"),
+        ('[canary]\nrelays = ["https://r.example"]\n', "canary.relays"),
+        ("[canary]\nrelays = [1]\n", "canary.relays"),
+        ('[canary]\nkey_file = ""\n', "canary.key_file"),
+        ("[canary]\ncolour = 1\n", "canary.colour"),
+        ("[server]\nobservations_retention_days = -1\n", "server.observations_retention_days"),
+        ("[server]\nobservations_retention_days = 1.5\n", "server.observations_retention_days"),
+    ],
+)
+def test_invalid_ops_config_exits_2_naming_the_key(tmp_path: Path, toml: str, key: str) -> None:
+    config = tmp_path / "relays.toml"
+    config.write_text(toml)
+    result = subprocess.run(
+        [sys.executable, "-m", "sigil_push", "migrate", "--config", str(config)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and key in lines[0], result.stderr
+
+
+def test_an_unusable_canary_key_file_stops_the_service_and_is_kept(tmp_path: Path) -> None:
+    """A key file that holds no key is an operator's problem to fix, never a reason to make a
+    new identity: the service refuses to start, names the key, and leaves the file as it was."""
+    service = ServiceProcess(
+        tmp_path / "service", ["ws://127.0.0.1:9"], "[canary]\ninterval_seconds = 60\n"
+    )
+    key_file = service.folder / "canary.key"
+    key_file.write_text("not a key\n")
+    service.start(wait=False)
+    try:
+        assert service.wait_exit(timeout=30) != 0
+    finally:
+        service.stop()
+    assert "canary.key_file" in service.log()
+    assert key_file.read_text() == "not a key\n"
