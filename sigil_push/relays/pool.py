@@ -10,6 +10,7 @@ keys win and the rest are reported as skipped instead of silently ignored.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Coroutine, Iterable, Sequence
 from typing import Any, Protocol
@@ -171,6 +172,7 @@ class RelayPool:
             self._observations,
             self._settings.reconnect_min_seconds,
             self._settings.reconnect_max_seconds,
+            max_frame_bytes=self._settings.max_frame_bytes,
         )
         self._connections[url] = connection
         UNSUBSCRIBED.labels(url).set(0)
@@ -182,6 +184,10 @@ class RelayPool:
         self.subs.pop(url, None)
         self._locks.pop(url, None)
         connection = self._connections.pop(url, None)
+        # per-relay state goes with the relay (URLs churn); baselines and cursors stay, so a
+        # relay that comes back catches up from where it was
+        with contextlib.suppress(KeyError):
+            UNSUBSCRIBED.remove(url)
         if connection is not None:
             self._spawn(connection.stop())
 
@@ -316,6 +322,7 @@ class RelayPool:
                 "subscriptions": subs.subscription_count,
                 "keys": len(subs.keys),
                 "unsubscribed": len(subs.overflow),
+                "maybe_gated": self._maybe_gated(url, connection, subs),
             }
         for url, wanted_by in self.plan.skipped.items():
             report[url] = {
@@ -328,8 +335,22 @@ class RelayPool:
                 "subscriptions": 0,
                 "keys": wanted_by,
                 "unsubscribed": wanted_by,
+                "maybe_gated": False,
             }
         return report
+
+    def _maybe_gated(self, url: str, connection: RelayConnection, subs: RelaySubscriptions) -> bool:
+        """A user's DM relay that answers every REQ with EOSE and has never sent a DM: not an
+        error, but what nostr-rs-relay's `nip42_dms` looks like (it omits DMs for anyone not
+        authenticated as a party, without a CLOSED). Only the flag is reported, never whose."""
+        return (
+            not self.plan.is_configured(url)
+            and bool(self.plan.demand.get(url))
+            and connection.connected
+            and subs.live
+            and connection.gated_reason is None
+            and connection.last_event_at is None
+        )
 
 
 async def _send_request(connection: RelayConnection, request: Request) -> None:
