@@ -8,6 +8,7 @@ layer over a real `nostr-relay` (tests/support/auth_relay.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -229,3 +230,35 @@ async def test_a_lazy_auth_relay_is_read_after_auth_and_its_late_closed_is_not_a
         ]
         assert "auth_required" not in states
     assert_private(service, [hex_of(alice), npub_of(alice)])
+
+
+class NeverChallenges(LoopbackRelay):
+    """Refuses every REQ with CLOSED auth-required and never sends a challenge."""
+
+    async def _handle(self, ws: ServerConnection) -> None:
+        with contextlib.suppress(ConnectionClosed):
+            async for text in ws:
+                message = json.loads(text)
+                if message[0] == "REQ":
+                    await ws.send(json.dumps(["CLOSED", message[1], "auth-required: no"]))
+
+
+async def test_a_relay_that_refuses_and_never_challenges_is_gated(
+    observations: ObservationLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(relay_connection, "AUTH_WAIT_SECONDS", 0.5)
+    async with NeverChallenges() as relay:
+        handler = Recorder()
+        connection = RelayConnection(
+            relay.url, handler, BridgeKeySigner(SecretKey.generate()), observations
+        )
+        connection.start()
+        try:
+            for _ in range(400):
+                if connection.gated_reason:
+                    break
+                await asyncio.sleep(0.05)
+            assert connection.gated_reason == "auth-required"
+            assert handler.gated == 1
+        finally:
+            await connection.stop()

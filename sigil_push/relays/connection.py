@@ -215,6 +215,7 @@ class RelayConnection:
         self._challenges: set[str] = set()
         self._reqs: OrderedDict[str, SentReq] = OrderedDict()
         self._auth_answers: deque[float] = deque()
+        self._awaiting_challenge: ClientConnection | None = None
         self._live_subs = 0
         self._malformed = 0
         self._side_tasks: set[asyncio.Task[None]] = set()
@@ -275,6 +276,11 @@ class RelayConnection:
             return False
         if message and message[0] == "REQ":
             self._track(str(message[1]))
+        elif message and message[0] == "CLOSE":
+            sent = self._reqs.get(str(message[1]))
+            # an unanswered REQ stays tracked: its late refusal must still find it
+            if sent is not None and sent.answered:
+                del self._reqs[str(message[1])]
         try:
             await ws.send(json.dumps(message, separators=(",", ":")))
         except ConnectionClosed:
@@ -443,7 +449,8 @@ class RelayConnection:
         # not authenticated yet: the challenge may come with or after this refusal
         STALE_REFUSALS.labels(self.url).inc()
         ws = self._ws
-        if ws is not None:
+        if ws is not None and self._awaiting_challenge is not ws:
+            self._awaiting_challenge = ws
             self._spawn(self._await_challenge(ws, reason))
 
     async def _await_challenge(self, ws: ClientConnection, reason: str) -> None:
