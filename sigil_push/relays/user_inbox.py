@@ -246,6 +246,7 @@ class UserInboxes:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopping: set[asyncio.Task[None]] = set()
+        self._labelled: set[str] = set()
         GATED_RELAYS.set(0)
         USER_CONNECTIONS.set(0)
         USER_CONNECTIONS_SKIPPED.set(0)
@@ -298,6 +299,13 @@ class UserInboxes:
         keep_set = set(keep)
         for key in [k for k in self._inboxes if k not in keep_set]:
             self._spawn_stop(self._inboxes.pop(key).stop())
+        # a relay with no user connection left drops its labelled series (URLs churn)
+        remaining = {url for url, _ in keep}
+        for url in self._labelled - remaining:
+            for outcome in ("authenticated", "failed"):
+                with contextlib.suppress(KeyError):
+                    USER_AUTHS.remove(url, outcome)
+        self._labelled = remaining
         for url, pubkey in keep:
             if (url, pubkey) not in self._inboxes:
                 inbox = UserInbox(
