@@ -103,6 +103,8 @@ class BridgeConfig:
     reconnect_max_seconds: float = 300.0
     # per-user connections to gated inboxes (delegated NIP-42 AUTH), one per (relay, user)
     max_user_connections: int = 1000
+    # our own websocket receive limit per frame; a relay's NIP-11 never raises it
+    max_frame_bytes: int = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True)

@@ -405,6 +405,7 @@ async def test_relays_beyond_the_cap_are_skipped_and_reported(
         "subscriptions": 0,
         "keys": 1,
         "unsubscribed": 1,
+        "maybe_gated": False,
         "users_authenticated": 0,
         "users_failed": 0,
     }

@@ -5,6 +5,12 @@ frame once and hands EVENT/EOSE/CLOSED to its handler (the bridge), which decide
 subscribe to. Who signs AUTH answers is a parameter (`AuthSigner`), so a per-user connection
 (NIP-46 delegated AUTH, relays/user_inbox.py) is the same class with the user's signer and
 `per_user=True`.
+
+NIP-42 may come at any time: on connect, or only in answer to a refused REQ (khatru, strfry),
+before or after the CLOSED that refuses it. Every REQ is remembered with the *AUTH epoch* it
+was sent in (how many AUTH answers this socket had sent then), so an answer (EOSE, CLOSED, a
+`restricted:` NOTICE) is judged against the identity the REQ was sent with: a refusal of a REQ
+sent before our AUTH only means "authenticate and ask again", never "gated".
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ import json
 import logging
 import random
 import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from prometheus_client import Counter, Gauge
@@ -40,6 +48,16 @@ PING_TIMEOUT_SECONDS = 30.0
 OPEN_TIMEOUT_SECONDS = 10.0
 STABLE_AFTER_SECONDS = 30.0
 MAX_MALFORMED_PER_CONNECTION = 1000
+# a relay may ask for AUTH at any time, but an AUTH storm gets at most this many answers per
+# window on one connection (each answer is a signature, and for delegated AUTH a signer request)
+AUTH_ANSWERS_PER_WINDOW = 4
+AUTH_WINDOW_SECONDS = 60.0
+# a REQ refused with auth-required before any challenge: how long to wait for the challenge
+# before the refusal counts as final ("the relay never authenticates the key it needs")
+AUTH_WAIT_SECONDS = 10.0
+# REQs remembered per socket to attribute late answers (oldest forgotten first)
+MAX_TRACKED_REQS = 4096
+REFUSALS = ("auth-required", "restricted")
 
 CONNECTED = Gauge(
     "sigil_push_relay_connected_bool", "1 while the relay websocket is open", ["relay"]
@@ -60,6 +78,26 @@ AUTHS = Counter("sigil_push_relay_auth_answers_total", "NIP-42 challenges answer
 MALFORMED = Counter(
     "sigil_push_relay_malformed_frames_total", "Frames that are not valid Nostr messages", ["relay"]
 )
+AUTH_THROTTLED = Counter(
+    "sigil_push_relay_auth_throttled_total",
+    "NIP-42 challenges left unanswered: a repeated challenge, or past the per-connection budget",
+    ["relay"],
+)
+STALE_REFUSALS = Counter(
+    "sigil_push_relay_pre_auth_refusals_total",
+    "REQs refused before the bridge's AUTH (then re-sent after it), not counted as gated",
+    ["relay"],
+)
+URL_METRICS = (CONNECTS, NOTICES, CLOSED_SUBS, AUTHS, MALFORMED, AUTH_THROTTLED, STALE_REFUSALS)
+
+
+@dataclass(slots=True)
+class SentReq:
+    """A REQ as sent on the current socket: the AUTH epoch it went out in, and whether the
+    relay has answered it (EOSE, CLOSED or a refusal NOTICE) yet."""
+
+    epoch: int
+    answered: bool = False
 
 
 class State(enum.Enum):
@@ -151,6 +189,7 @@ class RelayConnection:
         reconnect_min_seconds: float = 1.0,
         reconnect_max_seconds: float = 300.0,
         per_user: bool = False,
+        max_frame_bytes: int = DEFAULT_MAX_INCOMING_BYTES,
     ) -> None:
         """`per_user`: a connection that authenticates as one user (delegated AUTH) beside the
         shared connection to the same URL. The URL-labelled gauges and the `relay` records of
@@ -170,8 +209,13 @@ class RelayConnection:
         self.gated_reason: str | None = None
         self._ws: ClientConnection | None = None
         self._task: asyncio.Task[None] | None = None
-        self._authenticated = False
-        self._subs_after_auth: set[str] = set()
+        self._max_frame_bytes = max_frame_bytes
+        self.auth_epoch = 0
+        self.challenged = False
+        self._challenges: set[str] = set()
+        self._reqs: OrderedDict[str, SentReq] = OrderedDict()
+        self._auth_answers: deque[float] = deque()
+        self._awaiting_challenge: ClientConnection | None = None
         self._live_subs = 0
         self._malformed = 0
         self._side_tasks: set[asyncio.Task[None]] = set()
@@ -181,9 +225,8 @@ class RelayConnection:
         for outcome in ("opened", "failed"):
             CONNECTS.labels(url, outcome)
         NOTICES.labels(url)
-        CLOSED_SUBS.labels(url)
-        AUTHS.labels(url)
-        MALFORMED.labels(url)
+        for metric in URL_METRICS[1:]:
+            metric.labels(url)
 
     @property
     def connected(self) -> bool:
@@ -204,17 +247,40 @@ class RelayConnection:
                 await task
         if self.per_user:
             return
+        # the relay left the plan: its labelled series go with it (URLs churn)
         for metric in (CONNECTED, GATED):
             with contextlib.suppress(KeyError):
                 metric.remove(self.url)
+        for outcome in ("opened", "failed"):
+            with contextlib.suppress(KeyError):
+                CONNECTS.remove(self.url, outcome)
+        for counter in URL_METRICS[1:]:
+            with contextlib.suppress(KeyError):
+                counter.remove(self.url)
+
+    def req_epoch(self, sub_id: str) -> int | None:
+        """The AUTH epoch a REQ still tracked on this socket was sent in (None if unknown)."""
+        sent = self._reqs.get(sub_id)
+        return None if sent is None else sent.epoch
+
+    def counts_as_read(self, sub_id: str) -> bool:
+        """Whether the relay's answer to `sub_id` reflects the identity it serves us as: the REQ
+        went out after an AUTH, or no challenge ever came on this socket."""
+        epoch = self.req_epoch(sub_id)
+        return epoch is not None and (epoch > 0 or not self.challenged)
 
     async def send(self, message: list[Any]) -> bool:
         """Send one protocol message; False when not connected (it is resent on reconnect)."""
         ws = self._ws
         if ws is None or self.state is not State.CONNECTED:
             return False
-        if message and message[0] == "REQ" and self._authenticated:
-            self._subs_after_auth.add(str(message[1]))
+        if message and message[0] == "REQ":
+            self._track(str(message[1]))
+        elif message and message[0] == "CLOSE":
+            sent = self._reqs.get(str(message[1]))
+            # an unanswered REQ stays tracked: its late refusal must still find it
+            if sent is not None and sent.answered:
+                del self._reqs[str(message[1])]
         try:
             await ws.send(json.dumps(message, separators=(",", ":")))
         except ConnectionClosed:
@@ -229,7 +295,8 @@ class RelayConnection:
             try:
                 if self.limits is None:
                     self.limits = await fetch_limits(self.url)
-                max_size = max(self.limits.max_message_length or 0, DEFAULT_MAX_INCOMING_BYTES)
+                # our own receive limit: a relay's max_message_length only shrinks our REQs
+                max_size = self._max_frame_bytes
                 async with connect(
                     self.url,
                     open_timeout=OPEN_TIMEOUT_SECONDS,
@@ -263,8 +330,10 @@ class RelayConnection:
 
     def _opened(self, ws: ClientConnection) -> None:
         self._ws = ws
-        self._authenticated = False
-        self._subs_after_auth.clear()
+        self.auth_epoch = 0
+        self.challenged = False
+        self._challenges.clear()
+        self._reqs.clear()
         self._live_subs = 0
         self._malformed = 0
         self.state = State.CONNECTED
@@ -299,10 +368,17 @@ class RelayConnection:
             if handler.congested():
                 await handler.drained()
 
+    def _track(self, sub_id: str) -> None:
+        self._reqs.pop(sub_id, None)
+        self._reqs[sub_id] = SentReq(self.auth_epoch)
+        while len(self._reqs) > MAX_TRACKED_REQS:
+            self._reqs.popitem(last=False)
+
     def _dispatch(self, frame: str | bytes, received_ms: int) -> None:
         try:
             message = json.loads(frame) if isinstance(frame, str) else None
-        except ValueError:
+        except (ValueError, RecursionError):
+            # deeply nested JSON raises RecursionError: junk like any other, never fatal
             message = None
         if not isinstance(message, list) or len(message) < 2 or not isinstance(message[0], str):
             self._malformed_frame()
@@ -318,7 +394,7 @@ class RelayConnection:
         elif verb == "NOTICE":
             self._notice(message[1])
         elif verb == "AUTH" and isinstance(message[1], str):
-            self._spawn(self._answer_auth(message[1]))
+            self._challenge(message[1])
         elif verb == "OK":
             return
         else:
@@ -332,24 +408,70 @@ class RelayConnection:
 
     def _eose(self, sub_id: str) -> None:
         self._live_subs += 1
-        if sub_id in self._subs_after_auth and self.gated_reason is not None:
-            self._set_gated(None)
+        sent = self._reqs.get(sub_id)
+        if sent is not None:
+            sent.answered = True
+            if sent.epoch > 0 and sent.epoch == self.auth_epoch and self.gated_reason is not None:
+                self._set_gated(None)
         self._handler.on_eose(self, sub_id)
 
     def _closed(self, sub_id: str, message: Any) -> None:
         CLOSED_SUBS.labels(self.url).inc()
         reason = _prefix(message)
         log.info("relay %s closed a subscription (%s)", self.url, reason or "no reason")
-        if reason in ("auth-required", "restricted") and self._authenticated:
-            self._set_gated(reason)
+        sent = self._reqs.get(sub_id)
+        if reason in REFUSALS:
+            self._refusal(reason, sent.epoch if sent is not None else None)
         self._handler.on_closed(self, sub_id)
+        self._reqs.pop(sub_id, None)
 
     def _notice(self, message: Any) -> None:
         NOTICES.labels(self.url).inc()
         reason = _prefix(message)
         log.debug("relay %s notice (%s)", self.url, reason or "free text")
-        if reason in ("auth-required", "restricted") and self._authenticated:
+        if reason in REFUSALS:
+            # a NOTICE names no subscription (nostr-relay refuses a REQ this way): it answers
+            # the oldest REQ still unanswered, the relay handles them in order
+            pending = next((s for s in self._reqs.values() if not s.answered), None)
+            if pending is not None:
+                pending.answered = True
+            self._refusal(reason, pending.epoch if pending is not None else self.auth_epoch)
+
+    def _refusal(self, reason: str, epoch: int | None) -> None:
+        """A REQ sent in AUTH epoch `epoch` was refused for want of (the right) AUTH."""
+        if epoch is not None and epoch < self.auth_epoch:
+            # it answers a REQ from before our latest AUTH: that REQ has been sent again
+            STALE_REFUSALS.labels(self.url).inc()
+            return
+        if self.auth_epoch > 0:
             self._set_gated(reason)
+            return
+        # not authenticated yet: the challenge may come with or after this refusal
+        STALE_REFUSALS.labels(self.url).inc()
+        ws = self._ws
+        if ws is not None and self._awaiting_challenge is not ws:
+            self._awaiting_challenge = ws
+            self._spawn(self._await_challenge(ws, reason))
+
+    async def _await_challenge(self, ws: ClientConnection, reason: str) -> None:
+        """A relay that refuses without ever challenging is gated: it never lets us read."""
+        await asyncio.sleep(AUTH_WAIT_SECONDS)
+        if ws is self._ws and self.auth_epoch == 0 and not self.challenged:
+            self._set_gated(reason)
+
+    def _challenge(self, challenge: str) -> None:
+        """Answer each distinct challenge once, within the per-connection budget."""
+        self.challenged = True
+        now = time.monotonic()
+        while self._auth_answers and now - self._auth_answers[0] > AUTH_WINDOW_SECONDS:
+            self._auth_answers.popleft()
+        if challenge in self._challenges or len(self._auth_answers) >= AUTH_ANSWERS_PER_WINDOW:
+            AUTH_THROTTLED.labels(self.url).inc()
+            return
+        if len(self._challenges) < MAX_TRACKED_REQS:
+            self._challenges.add(challenge)
+        self._auth_answers.append(now)
+        self._spawn(self._answer_auth(challenge))
 
     def _set_gated(self, reason: str | None) -> None:
         if reason == self.gated_reason:
@@ -375,7 +497,8 @@ class RelayConnection:
         if ws is not self._ws:
             # a remote signer can take seconds: the socket that sent this challenge is gone
             return
-        self._authenticated = True
+        # REQs sent from here on go out after this AUTH (the relay handles frames in order)
+        self.auth_epoch += 1
         if await self.send(["AUTH", event.to_json()]):
             AUTHS.labels(self.url).inc()
             if not self.per_user:

@@ -10,6 +10,7 @@ keys win and the rest are reported as skipped instead of silently ignored.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Coroutine, Iterable, Sequence
 from typing import Any, Protocol
@@ -122,6 +123,7 @@ class RelayPool:
         self._baselines: dict[str, set[str]] = {}
         self.cursors: dict[str, int] = {}
         self._background: set[asyncio.Task[None]] = set()
+        self._maybe_gated: set[str] = set()
 
     def load(self, baselines: dict[str, set[str]], cursors: dict[str, int]) -> None:
         self._baselines = baselines
@@ -171,6 +173,7 @@ class RelayPool:
             self._observations,
             self._settings.reconnect_min_seconds,
             self._settings.reconnect_max_seconds,
+            max_frame_bytes=self._settings.max_frame_bytes,
         )
         self._connections[url] = connection
         UNSUBSCRIBED.labels(url).set(0)
@@ -181,7 +184,12 @@ class RelayPool:
     def _drop(self, url: str) -> None:
         self.subs.pop(url, None)
         self._locks.pop(url, None)
+        self._maybe_gated.discard(url)
         connection = self._connections.pop(url, None)
+        # per-relay state goes with the relay (URLs churn); baselines and cursors stay, so a
+        # relay that comes back catches up from where it was
+        with contextlib.suppress(KeyError):
+            UNSUBSCRIBED.remove(url)
         if connection is not None:
             self._spawn(connection.stop())
 
@@ -230,10 +238,13 @@ class RelayPool:
         return connection is not None and connection.connected
 
     def gated(self) -> dict[str, str]:
-        """The relays whose shared connection is refused even after AUTH, with the reason."""
-        return {
-            url: c.gated_reason for url, c in self._connections.items() if c.gated_reason
-        }
+        """The relays where the shared connection cannot read users' DMs, with the reason:
+        refused even after AUTH, or `maybe_gated` (served nothing, as nip42_dms relays do);
+        delegated AUTH opens per-user connections on both."""
+        gated = {url: c.gated_reason for url, c in self._connections.items() if c.gated_reason}
+        for url in self._maybe_gated:
+            gated.setdefault(url, "maybe_gated")
+        return gated
 
     def baselines_of(self, url: str) -> set[str]:
         """The live set of keys baselined on `url` (shared with its RelaySubscriptions), so a
@@ -270,6 +281,8 @@ class RelayPool:
             subs.connection_lost()
 
     def on_gated(self, connection: RelayConnection) -> None:
+        if connection.gated_reason:
+            self._maybe_gated.discard(connection.url)
         self._owner.relay_gated(connection.url)
 
     def on_auth_failed(self, connection: RelayConnection) -> None:
@@ -292,10 +305,14 @@ class RelayPool:
             self._owner.baselined(url, newly)
         if subs.live:
             self.cursors[url] = int(time.time())
+            self._note_maybe_gated(url, self._maybe_gated_now(url, connection, subs))
 
     def on_event(
         self, connection: RelayConnection, sub_id: str, raw: Any, received_ms: int
     ) -> None:
+        if connection.url in self._maybe_gated:
+            # a DM came through the shared connection after all
+            self._note_maybe_gated(connection.url, False)
         self._owner.on_event(connection.url, sub_id, raw, received_ms)
 
     def congested(self) -> bool:
@@ -321,6 +338,7 @@ class RelayPool:
                 "subscriptions": subs.subscription_count,
                 "keys": len(subs.keys),
                 "unsubscribed": len(subs.overflow),
+                "maybe_gated": url in self._maybe_gated,
             }
         for url, wanted_by in self.plan.skipped.items():
             report[url] = {
@@ -333,8 +351,35 @@ class RelayPool:
                 "subscriptions": 0,
                 "keys": wanted_by,
                 "unsubscribed": wanted_by,
+                "maybe_gated": False,
             }
         return report
+
+    def _note_maybe_gated(self, url: str, flag: bool) -> None:
+        """The flag is sticky across reconnects (so per-user connections do not churn); it
+        clears when a DM arrives on the shared connection, the relay is gated or dropped."""
+        if flag == (url in self._maybe_gated):
+            return
+        if flag:
+            self._maybe_gated.add(url)
+        else:
+            self._maybe_gated.discard(url)
+        self._owner.relay_gated(url)
+
+    def _maybe_gated_now(
+        self, url: str, connection: RelayConnection, subs: RelaySubscriptions
+    ) -> bool:
+        """A user's DM relay that answers every REQ with EOSE and has never sent a DM: not an
+        error, but what nostr-rs-relay's `nip42_dms` looks like (it omits DMs for anyone not
+        authenticated as a party, without a CLOSED). Only the flag is reported, never whose."""
+        return (
+            not self.plan.is_configured(url)
+            and bool(self.plan.demand.get(url))
+            and connection.connected
+            and subs.live
+            and connection.gated_reason is None
+            and connection.last_event_at is None
+        )
 
 
 async def _send_request(connection: RelayConnection, request: Request) -> None:

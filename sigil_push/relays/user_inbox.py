@@ -7,6 +7,13 @@ AUTH session is active, and only on the gated relays that are that user's own DM
 answers the relay's challenge with the user's signer and subscribes to that user's DMs alone.
 Events go into the bridge's normal ingest (verification, dedupe, the baseline rule, outbox).
 
+A per-user connection sends its REQ as soon as it opens: many inboxes (khatru, strfry) never
+challenge on connect and only answer a refused REQ with `["AUTH", challenge]`, before or after
+the CLOSED. Each challenge is answered once by the user's signer, and the REQ is then sent again
+under a new subscription id; only an answer to a REQ sent after that AUTH (or on a socket that
+was never challenged) counts as reading, so a pre-AUTH EOSE with nothing in it, or the late
+CLOSED of the pre-AUTH REQ, neither baselines the user nor marks the relay as refusing them.
+
 The set of connections is recomputed from scratch whenever an input changes (a relay becomes
 gated or not, a session's status, a user's relays, an unregistration): one coalesced pass over
 the active sessions, cheap even for thousands of users, and never out of step with its inputs.
@@ -31,7 +38,7 @@ from sigil_push.relays.subscriptions import DM_KINDS
 
 log = logging.getLogger(__name__)
 
-SUB_ID = "dm"
+SUB_PREFIX = "dm."
 
 GATED_RELAYS = Gauge(
     "sigil_push_relay_gated_relays",
@@ -82,8 +89,8 @@ class SessionSource(Protocol):
 class UserInbox:
     """One user's connection to one gated relay: the handler of a per-user RelayConnection.
 
-    It subscribes only after the relay's challenge was answered by the user's signer, and
-    applies the baseline rule for (relay, user) with the same set the shared connection uses.
+    It subscribes at once and again after each AUTH the user's signer answered, and applies the
+    baseline rule for (relay, user) with the same set the shared connection uses.
     """
 
     def __init__(
@@ -104,6 +111,8 @@ class UserInbox:
         self.failed = False
         self._fresh = False
         self._eosed = False
+        self._generation = 0
+        self._sub_id: str | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.connection = RelayConnection(
             url,
@@ -113,6 +122,7 @@ class UserInbox:
             settings.reconnect_min_seconds,
             settings.reconnect_max_seconds,
             per_user=True,
+            max_frame_bytes=settings.max_frame_bytes,
         )
 
     def start(self) -> None:
@@ -127,29 +137,42 @@ class UserInbox:
     # connection callbacks ---------------------------------------------------------------
 
     def on_open(self, connection: RelayConnection) -> None:
-        """Nothing to ask before AUTH: the relay would refuse it."""
+        """Ask straight away: the relay may never challenge until it has a REQ to refuse."""
+        self._sub_id = None
+        self._eosed = False
+        self._subscribe()
 
     def on_authenticated(self, connection: RelayConnection) -> None:
+        """The user's AUTH went out: send the REQ again, now under the user's identity."""
+        self._subscribe()
+
+    def _subscribe(self) -> None:
         self._fresh = self.pubkey not in self._owner.baselines_of(self.url)
-        self._eosed = False
+        old, self._generation = self._sub_id, self._generation + 1
+        self._sub_id = f"{SUB_PREFIX}{self._generation}"
         since = int(time.time()) - self._catchup
-        request = ["REQ", SUB_ID, {"kinds": list(DM_KINDS), "#p": [self.pubkey], "since": since}]
-        task = asyncio.create_task(self._send(request))
+        dm_filter = {"kinds": list(DM_KINDS), "#p": [self.pubkey], "since": since}
+        task = asyncio.create_task(self._send(["REQ", self._sub_id, dm_filter], old))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _send(self, request: list[Any]) -> None:
+    async def _send(self, request: list[Any], replaces: str | None) -> None:
+        """The new REQ first, then the CLOSE of the one it replaces (no gap)."""
         await self.connection.send(request)
+        if replaces is not None:
+            await self.connection.send(["CLOSE", replaces])
 
     def on_event(
         self, connection: RelayConnection, sub_id: str, raw: Any, received_ms: int
     ) -> None:
-        if sub_id == SUB_ID:
+        if sub_id.startswith(SUB_PREFIX):
+            # until a REQ that counts reached EOSE, what a fresh user gets predates them
             baseline = self._fresh and not self._eosed
             self._owner.on_user_event(self.url, self.pubkey, raw, received_ms, baseline)
 
     def on_eose(self, connection: RelayConnection, sub_id: str) -> None:
-        if sub_id != SUB_ID or self._eosed:
+        if sub_id != self._sub_id or self._eosed or not connection.counts_as_read(sub_id):
+            # a pre-AUTH answer (nostr-rs-relay leaves the DMs out silently) proves nothing
             return
         self._eosed = True
         if self._fresh:
@@ -161,7 +184,10 @@ class UserInbox:
         self._set_authenticated(True)
 
     def on_closed(self, connection: RelayConnection, sub_id: str) -> None:
-        if sub_id == SUB_ID:
+        """Only a CLOSED of the REQ sent after the user's AUTH is a refusal of the user; one for
+        an earlier REQ is the relay asking for AUTH (or its late answer to a replaced REQ)."""
+        epoch = connection.req_epoch(sub_id)
+        if sub_id == self._sub_id and epoch is not None and epoch > 0:
             self._refused()
 
     def on_gated(self, connection: RelayConnection) -> None:
@@ -173,6 +199,7 @@ class UserInbox:
         self._fail()
 
     def on_down(self, connection: RelayConnection) -> None:
+        self._sub_id = None
         self._set_authenticated(False)
 
     def congested(self) -> bool:
@@ -219,6 +246,7 @@ class UserInboxes:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopping: set[asyncio.Task[None]] = set()
+        self._labelled: set[str] = set()
         GATED_RELAYS.set(0)
         USER_CONNECTIONS.set(0)
         USER_CONNECTIONS_SKIPPED.set(0)
@@ -271,6 +299,13 @@ class UserInboxes:
         keep_set = set(keep)
         for key in [k for k in self._inboxes if k not in keep_set]:
             self._spawn_stop(self._inboxes.pop(key).stop())
+        # a relay with no user connection left drops its labelled series (URLs churn)
+        remaining = {url for url, _ in keep}
+        for url in self._labelled - remaining:
+            for outcome in ("authenticated", "failed"):
+                with contextlib.suppress(KeyError):
+                    USER_AUTHS.remove(url, outcome)
+        self._labelled = remaining
         for url, pubkey in keep:
             if (url, pubkey) not in self._inboxes:
                 inbox = UserInbox(

@@ -1,0 +1,225 @@
+"""Relays that do NIP-42 the way real inbox relays do, as a thin layer over a real `nostr-relay`.
+
+The storage, subscriptions and event validation are the real `nostr-relay` process (started
+without AUTH); this layer only adds each implementation's AUTH policy for DM reads (kinds 4 and
+1059), as read from their sources (see FIELD-NOTES "How real relays do NIP-42"):
+
+- `lazy` (khatru): no challenge on connect. A DM REQ from an unauthenticated connection, or for
+  a `#p` that is not the authenticated key, gets `["AUTH", challenge]` then
+  `["CLOSED", sub, "auth-required: ..."]`. One key per connection.
+- `strfry` (restrictReadToInvolvedPubkey): a DM REQ must name only the authenticated key in
+  `#p`, else AUTH then CLOSED auth-required; `closed_first=True` sends the CLOSED first.
+  One key per connection.
+- `multi` (chorus): AUTH on connect; DM REQs refused (CLOSED auth-required) unless every `#p`
+  is authenticated; several keys may authenticate on one connection.
+- `silent` (nostr-rs-relay with nip42_dms): AUTH on connect; DMs for anyone not authenticated
+  as a party are left out without a word, so a REQ gets only EOSE.
+
+A second key's AUTH on a one-key relay is answered `OK false "restricted: ..."`.
+`late_closed=True` holds the CLOSED of a refused REQ back until the connection authenticated,
+the order that made the bridge mistake its pre-AUTH REQ's answer for a refusal after AUTH.
+`any_key_reads=True` lets any authenticated key read every DM (so the bridge's own key can).
+
+It runs in its own thread and event loop (tests call the service synchronously), on a fixed
+port so a restart keeps its URL. AUTH events are checked with nostr-sdk, not our own code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import secrets
+import threading
+from pathlib import Path
+from typing import Any
+
+import nostr_sdk
+from websockets.asyncio.client import connect
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
+
+from tests.support.relay import RelayProcess, free_port
+
+DM_KINDS = {4, 1059}
+MODES = ("lazy", "strfry", "multi", "silent")
+
+
+class AuthRelay:
+    def __init__(
+        self,
+        folder: Path,
+        mode: str,
+        closed_first: bool = False,
+        late_closed: bool = False,
+        any_key_reads: bool = False,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode}")
+        self.mode = mode
+        self.closed_first = closed_first
+        self.late_closed = late_closed
+        self.any_key_reads = any_key_reads
+        self.upstream = RelayProcess(folder / "upstream")
+        self.port = free_port()
+        self.url = f"ws://127.0.0.1:{self.port}"
+        # what the relay saw, for assertions (read from the test's thread)
+        self.connections = 0
+        self.authenticated: list[str] = []
+        self.refused_second_auth = 0
+        self.refused_reqs = 0
+        self.served_reqs = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._server: Server | None = None
+
+    # lifecycle (test thread) ---------------------------------------------------------------
+
+    def start(self) -> AuthRelay:
+        self.upstream.start()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._serve(), self._loop).result(10)
+        return self
+
+    def stop(self) -> None:
+        loop, thread = self._loop, self._thread
+        if loop is not None and thread is not None:
+            asyncio.run_coroutine_threadsafe(self._close(), loop).result(10)
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(10)
+            loop.close()
+        self._loop = self._thread = None
+        self.upstream.stop()
+
+    def grant_role(self, pubkey_hex: str, roles: str) -> None:
+        """Every style here lets an authenticated recipient read their own DMs: nothing to do."""
+
+    async def _serve(self) -> None:
+        self._server = await serve(
+            self._handle, "127.0.0.1", self.port, compression=None, max_size=None
+        )
+
+    async def _close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+
+    # one client connection -------------------------------------------------------------
+
+    async def _handle(self, ws: ServerConnection) -> None:
+        self.connections += 1
+        session = _Session(self, ws, secrets.token_hex(16))
+        try:
+            async with connect(self.upstream.url, proxy=None, max_size=None) as upstream:
+                session.upstream = upstream
+                pump = asyncio.create_task(session.pump())
+                try:
+                    await session.run()
+                finally:
+                    pump.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, ConnectionClosed):
+                        await pump
+        except (ConnectionClosed, OSError):
+            return
+
+
+class _Session:
+    def __init__(self, relay: AuthRelay, ws: ServerConnection, challenge: str) -> None:
+        self.relay = relay
+        self.ws = ws
+        self.challenge = challenge
+        self.keys: list[str] = []
+        self.held_closed: list[str] = []
+        self.upstream: Any = None
+
+    async def send(self, message: list[Any]) -> None:
+        await self.ws.send(json.dumps(message))
+
+    async def pump(self) -> None:
+        """Upstream frames to the client; `silent` leaves out DMs to non-parties."""
+        async for frame in self.upstream:
+            if self.relay.mode == "silent" and not self._party_to(frame):
+                continue
+            await self.ws.send(frame)
+
+    def _party_to(self, frame: str | bytes) -> bool:
+        message = json.loads(frame)
+        if message[0] != "EVENT":
+            return True
+        event = message[2]
+        if event.get("kind") not in DM_KINDS:
+            return True
+        parties = {t[1] for t in event.get("tags", []) if len(t) > 1 and t[0] == "p"}
+        parties.add(event.get("pubkey"))
+        return bool(parties & set(self.keys))
+
+    async def run(self) -> None:
+        if self.relay.mode in ("multi", "silent"):
+            await self.send(["AUTH", self.challenge])
+        async for frame in self.ws:
+            message = json.loads(frame)
+            verb = message[0]
+            if verb == "AUTH":
+                await self._auth(message[1])
+            elif verb == "REQ" and not self._allowed(message[2:]):
+                await self._refuse(message[1])
+            else:
+                if verb == "REQ":
+                    self.relay.served_reqs += 1
+                await self.upstream.send(frame)
+
+    async def _auth(self, raw: dict[str, Any]) -> None:
+        event = nostr_sdk.Event.from_json(json.dumps(raw))
+        tags = {t[0]: t[1] for t in raw.get("tags", []) if len(t) > 1}
+        pubkey = event.author().to_hex()
+        if not event.verify() or raw.get("kind") != 22242 or tags.get("challenge") != self.challenge:
+            await self.send(["OK", raw.get("id", ""), False, "auth-required: bad AUTH event"])
+            return
+        if self.keys and pubkey not in self.keys and self.relay.mode != "multi":
+            self.relay.refused_second_auth += 1
+            await self.send(["OK", raw["id"], False, "restricted: one key per connection"])
+            return
+        if pubkey not in self.keys:
+            self.keys.append(pubkey)
+            self.relay.authenticated.append(pubkey)
+        await self.send(["OK", raw["id"], True, ""])
+        held, self.held_closed = self.held_closed, []
+        for sub_id in held:
+            await self.send(["CLOSED", sub_id, "auth-required: this REQ came before AUTH"])
+
+    def _allowed(self, filters: list[Any]) -> bool:
+        if self.relay.mode == "silent":
+            return True
+        for query in filters:
+            if not isinstance(query, dict) or not DM_KINDS & set(query.get("kinds", [])):
+                continue
+            if not self.keys:
+                return False
+            if self.relay.any_key_reads:
+                continue
+            wanted = query.get("#p", [])
+            if self.relay.mode == "strfry":
+                if list(wanted) != [self.keys[0]]:
+                    return False
+            elif not wanted or not set(wanted) <= set(self.keys):
+                return False
+        return True
+
+    async def _refuse(self, sub_id: str) -> None:
+        self.relay.refused_reqs += 1
+        closed = ["CLOSED", sub_id, "auth-required: DMs only for their recipient"]
+        if self.relay.mode == "multi":
+            await self.send(closed)
+            return
+        if self.relay.closed_first:
+            await self.send(closed)
+            await self.send(["AUTH", self.challenge])
+            return
+        await self.send(["AUTH", self.challenge])
+        if self.relay.late_closed and not self.keys:
+            self.held_closed.append(sub_id)
+        else:
+            await self.send(closed)
