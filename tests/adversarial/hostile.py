@@ -22,6 +22,7 @@ class HostileRelay:
     connections: int = 0
     open_now: int = 0
     sockets: list[ServerConnection] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
 
     @property
     def url(self) -> str:
@@ -54,8 +55,8 @@ async def hostile_relay(on_frame: OnFrame = _ignore, on_open: Callable[[ServerCo
                 frame = json.loads(raw)
                 relay.frames.append(frame)
                 await on_frame(relay, ws, frame)
-        except Exception:  # noqa: BLE001 - a hostile peer just stops
-            pass
+        except Exception as exc:  # noqa: BLE001 - a hostile peer just stops, noting why
+            relay.errors.append(repr(exc))
         finally:
             relay.open_now -= 1
 
