@@ -22,6 +22,7 @@ import os
 import signal
 from collections.abc import Iterator
 from types import FrameType
+from typing import Literal
 
 import uvicorn
 from uvicorn._compat import asyncio_run
@@ -66,7 +67,7 @@ class _Server(uvicorn.Server):
             self.admin.should_exit = True
 
 
-def _uvicorn_config(app: object, listen: str, lifespan: str) -> uvicorn.Config:
+def _uvicorn_config(app: object, listen: str, lifespan: Literal["on", "off"]) -> uvicorn.Config:
     host, _, port = listen.rpartition(":")
     return uvicorn.Config(
         app,  # type: ignore[arg-type]

@@ -11,6 +11,7 @@ import json
 
 import pytest
 from aiohttp import web
+from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
 from sigil_push import outbound
@@ -83,11 +84,11 @@ def test_query_variants_of_one_relay_are_one_url() -> None:
 async def test_our_frame_limit_holds_whatever_the_peer_advertises() -> None:
     """A relay advertising max_message_length 10^12 in NIP-11 cannot raise what we accept."""
 
-    async def flood(ws: object) -> None:
-        await ws.send("x" * (64 * 1024))  # type: ignore[attr-defined]
+    async def flood(ws: ServerConnection) -> None:
+        await ws.send("x" * (64 * 1024))
 
     guard = OutboundGuard(allow_private=True, max_frame_bytes=16 * 1024)
-    async with hostile_relay(on_open=flood) as relay:  # type: ignore[arg-type]
+    async with hostile_relay(on_open=flood) as relay:
         async with open_relay_socket(relay.url, guard, max_size=10**12) as ws:
             with pytest.raises(ConnectionClosed) as closed:
                 await ws.recv()
