@@ -28,9 +28,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import ipaddress
 import socket
 from collections.abc import AsyncIterator, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -45,6 +47,12 @@ IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 _NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
 _IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
 LOCAL_SUFFIXES = ("localhost", ".local", ".internal", ".home.arpa", ".localdomain", ".onion")
+
+DNS_THREADS = 8
+"""Name lookups for user-chosen hosts run in their own small pool: an attacker's slow DNS
+server can hold these threads until the caller's deadline, never the loop's default executor
+(observation log writes, FCM token refresh)."""
+_dns_pool = ThreadPoolExecutor(max_workers=DNS_THREADS, thread_name_prefix="sigil-dns")
 
 DEFAULT_MAX_FRAME_BYTES = 4 * 1024 * 1024
 DEFAULT_PER_HOST = 16
@@ -112,6 +120,13 @@ def is_local_name(host: str) -> bool:
     return "." not in name or name.endswith(LOCAL_SUFFIXES)
 
 
+async def getaddrinfo(host: str, port: int, family: int = 0) -> list[Any]:
+    """`socket.getaddrinfo` for a user-chosen name, in the DNS pool (see DNS_THREADS)."""
+    return await asyncio.get_running_loop().run_in_executor(
+        _dns_pool, functools.partial(socket.getaddrinfo, host, port, family, socket.SOCK_STREAM)
+    )
+
+
 async def resolve_public(host: str, port: int) -> list[str]:
     """Every address `host` resolves to, all of which must be public (all-or-nothing: one
     private address among public ones is as suspicious as only private ones)."""
@@ -123,7 +138,7 @@ async def resolve_public(host: str, port: int) -> list[str]:
     if is_local_name(host):
         raise BlockedDestination("local name")
     try:
-        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        infos = await getaddrinfo(host, port)
     except OSError:
         raise BlockedDestination("does not resolve") from None
     addresses: list[str] = []

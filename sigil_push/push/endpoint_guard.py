@@ -14,16 +14,14 @@ user-chosen destination (relays, bunker relays, NIP-11, UnifiedPush).
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 import socket
 from urllib.parse import urlsplit
 
 from aiohttp.abc import AbstractResolver, ResolveResult
-from aiohttp.resolver import DefaultResolver
 
 from sigil_push.outbound import LOCAL_SUFFIXES as _LOCAL_SUFFIXES
-from sigil_push.outbound import is_public_address, parse_address
+from sigil_push.outbound import getaddrinfo, is_public_address, parse_address
 
 MAX_ENDPOINT_LENGTH = 2048
 
@@ -68,7 +66,7 @@ async def check_endpoint(url: str, allow_private: bool) -> None:
     if allow_private or _parse_address(host) is not None:
         return
     try:
-        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        infos = await getaddrinfo(host, port)
     except OSError:
         raise UnsafeEndpoint("endpoint host does not resolve") from None
     for info in infos:
@@ -80,20 +78,27 @@ class PublicResolver(AbstractResolver):
     """An aiohttp resolver that refuses names resolving to any non-public address.
 
     All-or-nothing like `check_endpoint`: a name with one private address among public ones is
-    as suspicious as one with only private addresses.
+    as suspicious as one with only private addresses. Lookups run in the outbound guard's own
+    DNS pool, so endpoints on slow name servers never hold the loop's default executor.
     """
-
-    def __init__(self) -> None:
-        self._inner = DefaultResolver()
 
     async def resolve(
         self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
     ) -> list[ResolveResult]:
-        results = await self._inner.resolve(host, port, family)
-        for result in results:
-            if not is_public_address(ipaddress.ip_address(result["host"])):
+        try:
+            infos = await getaddrinfo(host, port, family)
+        except OSError as exc:
+            raise OSError(f"endpoint host does not resolve: {type(exc).__name__}") from None
+        results: list[ResolveResult] = []
+        for family_found, _, proto, _, sockaddr in infos:
+            address = str(sockaddr[0])
+            if not is_public_address(ipaddress.ip_address(address)):
                 raise UnsafeResolution("endpoint host resolves to a non-public address")
+            results.append(ResolveResult(
+                hostname=host, host=address, port=int(sockaddr[1]), family=family_found,
+                proto=proto, flags=socket.AI_NUMERICHOST,
+            ))
         return results
 
     async def close(self) -> None:
-        await self._inner.close()
+        return None

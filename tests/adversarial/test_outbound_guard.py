@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import threading
 
 import pytest
 from aiohttp import web
@@ -184,3 +186,25 @@ async def test_nip11_slow_dribble_and_huge_body_are_cut_off() -> None:
 
 def test_the_default_guard_is_strict_outside_tests() -> None:
     assert outbound.OutboundGuard().allow_private is False
+
+
+async def test_names_are_resolved_once_in_the_dns_pool_and_pinned(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The name's addresses are checked all-or-nothing and the one checked is the one used;
+    the lookup runs in the guard's own pool, not the loop's default executor. (The system
+    resolver is the only thing replaced: a test cannot own public DNS.)"""
+    answers = {
+        "relay.test": ["93.184.216.34"],
+        "rebind.test": ["93.184.216.34", "127.0.0.1"],
+    }
+    threads: list[str] = []
+
+    def fake_getaddrinfo(host: str, port: int, *args: object) -> list[tuple[object, ...]]:
+        threads.append(threading.current_thread().name)
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (a, port)) for a in answers[host]]
+
+    monkeypatch.setattr(socket, "getaddrinfo", fake_getaddrinfo)
+    target, pinned = await STRICT.check("wss://relay.test/", "relay")
+    assert (target.host, target.port, pinned) == ("relay.test", 443, "93.184.216.34")
+    with pytest.raises(BlockedDestination):
+        await STRICT.check("wss://rebind.test/", "relay")
+    assert threads and all(name.startswith("sigil-dns") for name in threads)
