@@ -7,6 +7,8 @@ import asyncio
 import socket
 import sqlite3
 import stat
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -20,7 +22,7 @@ from sigil_push.nostr.keys import SecretKey
 from sigil_push.ratelimit import client_address, trusted_networks
 from tests.conftest import ApiCaller
 from tests.support.nip98 import SdkUser
-from tests.support.relay import free_port
+from tests.support.relay import RelayProcess, free_port
 from tests.support.service import ServiceProcess
 
 
@@ -69,7 +71,11 @@ def test_per_ip_limit_uses_the_forwarded_address_behind_a_trusted_proxy(tmp_path
 
 def test_key_file_and_database_files_are_private(tmp_path: Path) -> None:
     folder = tmp_path / "svc"
-    with ServiceProcess(folder) as service:
+    with RelayProcess(tmp_path / "relay") as relay, ServiceProcess(folder, relays=[relay.url]) as service:
+        deadline = time.monotonic() + 30
+        while not list((folder / "observations").glob("*.jsonl")):
+            assert time.monotonic() < deadline, "no observation record written"
+            time.sleep(0.1)
         pubkey = httpx.get(service.url + "/info", timeout=10).json()["pubkey"]
         key_file = folder / "bridge.key"
         assert mode(key_file) == 0o600
@@ -79,8 +85,8 @@ def test_key_file_and_database_files_are_private(tmp_path: Path) -> None:
         with sqlite3.connect(folder / "sigil-push.db") as db:
             assert db.execute("SELECT COUNT(*) FROM meta WHERE key = 'bridge_secret_key'").fetchone()[0] == 0
         service.stop()
-        for path in (folder / "observations").glob("*.jsonl"):
-            assert mode(path) == 0o600, path.name
+        records = list((folder / "observations").glob("*.jsonl"))
+        assert records and all(mode(path) == 0o600 for path in records)
         # the same identity after a restart
         service.start()
         assert httpx.get(service.url + "/info", timeout=10).json()["pubkey"] == pubkey
@@ -159,3 +165,36 @@ def blocked_total(service: ServiceProcess) -> float:
         for line in httpx.get(service.admin_url + "/metrics", timeout=10).text.splitlines()
         if line.startswith("sigil_push_outbound_blocked_total{")
     )
+
+
+@pytest.mark.parametrize(("server", "key"), [
+    ('admin_listen = "nowhere"', "server.admin_listen"),
+    ('trusted_proxies = ["10.0.0.0/33"]', "server.trusted_proxies"),
+    ('trusted_proxies = "127.0.0.1"', "server.trusted_proxies"),
+    ("secret_key_file = 7", "server.secret_key_file"),
+])
+def test_bad_operator_keys_exit_2_naming_the_key(tmp_path: Path, server: str, key: str) -> None:
+    config = tmp_path / "relays.toml"
+    config.write_text(f"[server]\n{server}\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "sigil_push", "migrate", "--config", str(config)],
+        check=False, capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert key in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_admin_port_taken_fails_the_start_cleanly(tmp_path: Path) -> None:
+    service = ServiceProcess(tmp_path / "svc")
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", service.admin_port))
+        squatter.listen(1)
+        service.start(wait=False)
+        try:
+            deadline = time.monotonic() + 30
+            while service._process is not None and service._process.poll() is None:
+                assert time.monotonic() < deadline, "the service kept running without its admin listener"
+                time.sleep(0.1)
+        finally:
+            code = service.stop()
+        assert code not in (0, -9)
