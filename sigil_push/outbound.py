@@ -236,6 +236,13 @@ class OutboundGuard:
                 del self._open[key]
 
 
+class _NoRedirectConnect(connect):
+    """websockets follows up to 10 redirects; a relay's 3xx must end the attempt instead."""
+
+    def process_redirect(self, exc: Exception) -> Exception | str:
+        return exc
+
+
 class GuardedSocket:
     """`async with open_relay_socket(...) as ws:` — a websockets ClientConnection opened
     through the guard; the host slot is held until the block exits."""
@@ -258,7 +265,7 @@ class GuardedSocket:
                 pinned: dict[str, Any] = {} if address is None else {"host": address, "port": target.port}
                 options = {**self._kwargs, "open_timeout": self._timeout, "max_size": self._max_size,
                            "proxy": None, **pinned}
-                ws = await connect(self._url, **options)
+                ws = await _NoRedirectConnect(self._url, **options)
             stack.push_async_callback(ws.close)
             self._stack = stack.pop_all()
             return ws

@@ -10,11 +10,13 @@ import asyncio
 import json
 import socket
 import threading
+from http import HTTPStatus
 
 import pytest
 from aiohttp import web
-from websockets.asyncio.server import ServerConnection
-from websockets.exceptions import ConnectionClosed
+from websockets.asyncio.server import ServerConnection, serve
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.http11 import Request, Response
 
 from sigil_push import outbound
 from sigil_push.outbound import BlockedDestination, OutboundGuard, open_relay_socket
@@ -208,3 +210,20 @@ async def test_names_are_resolved_once_in_the_dns_pool_and_pinned(monkeypatch: p
     with pytest.raises(BlockedDestination):
         await STRICT.check("wss://rebind.test/", "relay")
     assert threads and all(name.startswith("sigil-dns") for name in threads)
+
+
+async def test_websocket_redirect_is_not_followed() -> None:
+    """Even under the test switch (where nothing is pinned), a relay's 302 ends the attempt."""
+    async with hostile_relay() as target:
+
+        def redirect(connection: ServerConnection, request: Request) -> Response:
+            response = connection.respond(HTTPStatus.FOUND, "")
+            response.headers["Location"] = target.url
+            return response
+
+        async with serve(lambda ws: ws.close(), "127.0.0.1", 0, process_request=redirect) as server:
+            port = next(iter(server.sockets)).getsockname()[1]
+            with pytest.raises(InvalidStatus):
+                async with open_relay_socket(f"ws://127.0.0.1:{port}", OutboundGuard(allow_private=True)):
+                    pass
+        assert target.connections == 0
