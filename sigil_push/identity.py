@@ -61,7 +61,7 @@ def make_private(database: Path) -> None:
 
 async def bridge_key(connection: aiosqlite.Connection, configured: str, key_file: Path) -> SecretKey:
     if configured:
-        await connection.execute("DELETE FROM meta WHERE key = ?", (META_KEY,))
+        await _forget_stored_key(connection)
         return SecretKey(parse_secret_key(configured))
     async with connection.execute("SELECT value FROM meta WHERE key = ?", (META_KEY,)) as cursor:
         row = await cursor.fetchone()
@@ -73,7 +73,14 @@ async def bridge_key(connection: aiosqlite.Connection, configured: str, key_file
         except OSError as exc:
             raise KeyFileError(f"cannot create {key_file}: {exc}") from None
     if row is not None:
-        # overwrite the freed page too, not just unlink the row
-        await connection.execute("PRAGMA secure_delete = ON")
-        await connection.execute("DELETE FROM meta WHERE key = ?", (META_KEY,))
+        await _forget_stored_key(connection)
     return key
+
+
+async def _forget_stored_key(connection: aiosqlite.Connection) -> None:
+    """Delete a key an older version kept in the database, overwriting the freed page too."""
+    await connection.execute("PRAGMA secure_delete = ON")
+    try:
+        await connection.execute("DELETE FROM meta WHERE key = ?", (META_KEY,))
+    finally:  # zeroing every later delete (outbox, seen ids) would cost I/O for nothing
+        await connection.execute("PRAGMA secure_delete = OFF")
