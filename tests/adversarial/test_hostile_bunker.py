@@ -5,6 +5,8 @@ websocket server on 127.0.0.1 that records every frame the bridge sends it."""
 from __future__ import annotations
 
 import json
+from contextlib import AsyncExitStack
+from pathlib import Path
 from typing import Any
 
 import nostr_sdk
@@ -12,8 +14,11 @@ import pytest
 from prometheus_client import REGISTRY
 from websockets.asyncio.server import ServerConnection
 
+from sigil_push.db import open_database
+from sigil_push.delegated_auth import DelegatedAuth
+from sigil_push.devices import Devices
 from sigil_push.nostr.keys import SecretKey
-from sigil_push.nostr.nip46 import get_public_key_request
+from sigil_push.nostr.nip46 import BunkerUri, get_public_key_request
 from sigil_push.relays.signer_link import SignerLinks, SignerRelayLink, SignerUnreachable
 from tests.adversarial.hostile import HostileRelay, eventually, hostile_relay
 
@@ -128,3 +133,27 @@ async def test_links_are_capped_in_total() -> None:
         await links.release(first.url, busy.public_key_hex)
         assert (await links.get(third.url)).url == third.url
         await links.close()
+
+
+async def test_a_user_cycling_bunker_relays_leaves_no_sockets_behind(tmp_path: Path) -> None:
+    """One npub re-registers its auth_signer over and over, each time naming five fresh (silent)
+    bunker relays: the previous session's links close, so the server holds at most five."""
+    db = await open_database(tmp_path / "push.db")
+    delegated = DelegatedAuth(db, SecretKey.generate(), Devices(db))
+    await delegated.start()
+    user = SecretKey.generate().public_key_hex
+    signer = SecretKey.generate().public_key_hex
+    try:
+        async with AsyncExitStack() as stack:
+            relays = [await stack.enter_async_context(hostile_relay()) for _ in range(15)]
+            for round_ in range(3):
+                batch = relays[round_ * 5:(round_ + 1) * 5]
+                query = "&".join(f"relay={r.url}" for r in batch)
+                await delegated.set_signer(user, BunkerUri.parse(f"bunker://{signer}?{query}", True))
+                await eventually(lambda b=batch: all(r.sent("EVENT") for r in b[:1]), "connect request sent")
+            await delegated.remove(user)
+            await eventually(lambda: sum(r.open_now for r in relays) == 0, "every bunker socket closed")
+            assert len(delegated._links) == 0
+    finally:
+        await delegated.stop()
+        await db.close()
