@@ -72,13 +72,18 @@ class SignerRelayLink:
 
     async def request(self, client: SecretKey, request_id: str, message: Event, timeout: float) -> Response:
         """Publish `message` and wait for the answer to `request_id`."""
-        socket = await self._ensure_open()
-        if client.public_key_hex not in self._clients:
+        # the key is registered before connecting, so a link is never "unused" while a
+        # session is still opening it (SignerLinks closes links without clients)
+        new_key = client.public_key_hex not in self._clients
+        if new_key:
             self._clients[client.public_key_hex] = client
             if not self._chunks or len(self._chunks[-1]) >= KEYS_PER_SUBSCRIPTION:
                 self._chunks.append([])
             self._chunks[-1].append(client.public_key_hex)
-            await self._subscribe(socket, len(self._chunks) - 1)
+        socket = await self._ensure_open()
+        if new_key:
+            chunk = next(i for i, keys in enumerate(self._chunks) if client.public_key_hex in keys)
+            await self._subscribe(socket, chunk)
         future: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
         signer = next(iter(message.tag_values("p")), "")
         self._pending[request_id] = (signer, future)
@@ -94,7 +99,8 @@ class SignerRelayLink:
 
     @property
     def idle(self) -> bool:
-        return not self._clients and not self._pending
+        """No session uses the link (a request still pending belongs to a session that left)."""
+        return not self._clients
 
     def subscription_count(self) -> int:
         return sum(1 for chunk in self._chunks if chunk)
