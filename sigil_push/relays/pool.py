@@ -48,6 +48,7 @@ class RelayPlan:
         self.own_relays: dict[str, frozenset[str]] = {}
         self.demand: dict[str, set[str]] = {}
         self.inbox: dict[str, tuple[str, ...]] = {}
+        self._inbox_demand: dict[str, int] = {}
         self.skipped: dict[str, int] = {}
         SKIPPED.set(0)
         WATCHED.set(0)
@@ -73,7 +74,15 @@ class RelayPlan:
         for url in wanted - before:
             self.demand.setdefault(url, set()).add(pubkey)
         self.own_relays[pubkey] = wanted
+        for url in self.inbox.get(pubkey, ()):
+            left = self._inbox_demand[url] - 1
+            if left:
+                self._inbox_demand[url] = left
+            else:
+                del self._inbox_demand[url]
         self.inbox[pubkey] = tuple(u for u in inbox_list if u in wanted)
+        for url in self.inbox[pubkey]:
+            self._inbox_demand[url] = self._inbox_demand.get(url, 0) + 1
 
     def remove_key(self, pubkey: str) -> None:
         self.set_key(pubkey, ())
@@ -91,10 +100,7 @@ class RelayPlan:
         2. The other inbox relays, by how many keys list them as inbox.
         3. Every other relay, by how many keys want it.
         """
-        inbox_demand: dict[str, int] = {}
-        for urls in self.inbox.values():
-            for url in urls:
-                inbox_demand[url] = inbox_demand.get(url, 0) + 1
+        inbox_demand = self._inbox_demand
         votes: dict[str, int] = {}
         tightest: dict[str, int] = {}
         for urls in self.inbox.values():
