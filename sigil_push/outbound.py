@@ -196,7 +196,10 @@ class OutboundGuard:
         return cls(allow_private, frozenset(u.rstrip("/") for u in trusted), **kwargs)
 
     def is_trusted(self, url: str) -> bool:
-        return url.rstrip("/") in self.trusted
+        """A configured relay, also when asked for its NIP-11 document over http(s)."""
+        scheme, sep, rest = url.partition("://")
+        websocket = {"http": "ws", "https": "wss"}.get(scheme, scheme) + sep + rest
+        return websocket.rstrip("/") in self.trusted
 
     def open_count(self, host: str, purpose: str) -> int:
         return self._open.get((host, purpose), 0)

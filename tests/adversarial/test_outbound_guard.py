@@ -227,3 +227,17 @@ async def test_websocket_redirect_is_not_followed() -> None:
                 async with open_relay_socket(f"ws://127.0.0.1:{port}", OutboundGuard(allow_private=True)):
                     pass
         assert target.connections == 0
+
+
+async def test_configured_relay_nip11_is_fetched_under_a_strict_guard() -> None:
+    async def document(request: web.Request) -> web.Response:
+        return web.json_response({"limitation": {"max_filters": 3}})
+
+    app = web.Application()
+    app.router.add_get("/", document)
+    runner, port = await _http_server(app)
+    try:
+        guard = OutboundGuard.for_urls(False, [f"ws://127.0.0.1:{port}"])
+        assert await fetch_limits(f"ws://127.0.0.1:{port}", guard) == RelayLimits(max_filters=3)
+    finally:
+        await runner.cleanup()
