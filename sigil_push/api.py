@@ -29,7 +29,7 @@ from sigil_push.http_metrics import MetricsMiddleware
 from sigil_push.nostr.nip19 import encode_npub
 from sigil_push.nostr.nip98 import AuthError, AuthExpired, AuthMissing, verify_http_auth
 from sigil_push.push.endpoint_guard import UnsafeEndpoint, check_endpoint
-from sigil_push.ratelimit import RateLimiter
+from sigil_push.ratelimit import RateLimiter, client_address, trusted_networks
 from sigil_push.service import Service, State
 from sigil_push.validation import parse_json_object, parse_npub, parse_register
 
@@ -48,6 +48,8 @@ class Api:
         limits = service.config.limits
         self.per_ip = RateLimiter(limits.requests_per_minute_per_ip)
         self.per_npub = RateLimiter(limits.requests_per_minute_per_npub)
+        self.trusted_proxies = trusted_networks(service.config.server.trusted_proxies)
+        self.admin_split = bool(service.config.server.admin_listen)
 
     # -- request plumbing ------------------------------------------------------------------
 
@@ -56,7 +58,8 @@ class Api:
             raise ApiError(503, "unavailable", f"service is {self.service.state.value}")
 
     def _limit_ip(self, request: Request) -> None:
-        client = request.client.host if request.client else "unknown"
+        peer = request.client.host if request.client else "unknown"
+        client = client_address(peer, request.headers.get("x-forwarded-for"), self.trusted_proxies)
         wait = self.per_ip.check(client)
         if wait:
             raise RateLimited(wait)
@@ -184,16 +187,33 @@ class Api:
         )
 
     async def health(self, request: Request) -> Response:
+        """Public: the status, plus (without an admin listener) the operator's configured
+        relays only: user-named relay URLs are other users' data and, listed with their
+        state, would make /health a port scanner."""
+        return self._health(detail=False)
+
+    async def admin_health(self, request: Request) -> Response:
+        return self._health(detail=True)
+
+    def _health(self, detail: bool) -> Response:
         serving = self.service.state is State.SERVING
-        body: dict[str, Any] = {
-            "status": "ok" if serving else self.service.state.value,
-            "relays": self.service.relay_health() if serving else {},
-        }
+        body: dict[str, Any] = {"status": "ok" if serving else self.service.state.value}
+        if detail or not self.admin_split:
+            relays = self.service.relay_health() if serving else {}
+            if not detail:
+                configured = {relay.url for relay in self.service.config.relays}
+                relays = {url: state for url, state in relays.items() if url in configured}
+            body["relays"] = relays
         if not serving:
             body.update(error="unavailable", message=f"service is {self.service.state.value}")
         return JSONResponse(body, status_code=200 if serving else 503)
 
     async def metrics(self, request: Request) -> Response:
+        if self.admin_split:
+            raise ApiError(404, "not_found", "metrics are served on the admin listener")
+        return await self.admin_metrics(request)
+
+    async def admin_metrics(self, request: Request) -> Response:
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
     async def info(self, request: Request) -> Response:
@@ -234,6 +254,21 @@ def _error_response(request: Request, exc: Exception) -> Response:
         log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
         status, code, message, headers = 500, "internal", "internal error", {}
     return JSONResponse({"error": code, "message": message}, status_code=status, headers=headers)
+
+
+def create_admin_app(service: Service) -> Starlette:
+    """The operator listener (`server.admin_listen`): metrics and per-relay health detail.
+
+    It shares the public app's Service but not its lifespan, which the public app owns.
+    """
+    api = Api(service)
+    return Starlette(
+        routes=[
+            Route("/health", api.admin_health, methods=["GET"]),
+            Route("/metrics", api.admin_metrics, methods=["GET"]),
+        ],
+        exception_handlers={HTTPException: _error_response, Exception: _error_response},
+    )
 
 
 def create_app(service: Service) -> Starlette:

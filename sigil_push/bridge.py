@@ -243,11 +243,13 @@ class Bridge:
         own = {
             u for u in (normalize_relay_url(r, self._insecure) for r in registration_relays) if u
         }
-        own.update(self._lists.relays_of(pubkey))
+        listed = self._lists.relays_of(pubkey)
+        inbox = listed or tuple(sorted(own))
+        own.update(listed)
         self._keys.add(pubkey)
         self._user_relays[pubkey] = frozenset(own)
         self._registration_relays[pubkey] = registration_relays
-        self._pool.plan.set_key(pubkey, own)
+        self._pool.plan.set_key(pubkey, own, inbox)
 
     async def _registration_loop(self) -> None:
         """Apply registration changes (re-reading the key's devices) and relay list changes

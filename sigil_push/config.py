@@ -7,6 +7,7 @@ clear line and exit 2 instead of failing later in some background task.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import tomllib
 import types
@@ -41,6 +42,10 @@ class ServerConfig:
     allow_insecure_relays: bool = False
     # hourly observation files older than this are deleted; 0 keeps them forever
     observations_retention_days: int = 30
+
+    admin_listen: str = ""
+    trusted_proxies: tuple[str, ...] = ()
+    secret_key_file: str = "bridge.key"
 
     @property
     def host(self) -> str:
@@ -167,7 +172,9 @@ T = TypeVar("T")
 
 def _expected_type(annotation: Any) -> type:
     if isinstance(annotation, str):
-        annotation = {"str": str, "int": int, "bool": bool, "float": float}[annotation]
+        annotation = {
+            "str": str, "int": int, "bool": bool, "float": float, "tuple[str, ...]": list,
+        }[annotation]
     if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
         annotation = next(arg for arg in typing.get_args(annotation) if arg is not type(None))
     return typing.cast(type, annotation)
@@ -195,14 +202,18 @@ def _table(raw: Any, name: str, cls: type[T]) -> T:
             raise ConfigError(f"{name}.{key}", f"must be a {expected.__name__}")
         if expected in (int, float) and value < 0:
             raise ConfigError(f"{name}.{key}", "must not be negative")
+        if expected is list:
+            if not all(isinstance(item, str) for item in value):
+                raise ConfigError(f"{name}.{key}", "must be a list of strings")
+            value = tuple(value)
         values[key] = float(value) if expected is float else value
     return cls(**values)
 
 
-def _check_listen(listen: str) -> None:
+def _check_listen(listen: str, key: str = "server.listen") -> None:
     host, sep, port = listen.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError("server.listen", "must be host:port, e.g. 127.0.0.1:8080")
+        raise ConfigError(key, "must be host:port, e.g. 127.0.0.1:8080")
 
 
 def _check_http_url(key: str, url: str) -> None:
@@ -266,6 +277,16 @@ def parse_config(document: dict[str, Any], path: Path) -> Config:
     server = _table(document.get("server", {}), "server", ServerConfig)
     _check_listen(server.listen)
     _check_database(server.database)
+
+    if server.admin_listen:
+        _check_listen(server.admin_listen, "server.admin_listen")
+        if server.admin_listen == server.listen:
+            raise ConfigError("server.admin_listen", "must differ from server.listen")
+    for proxy in server.trusted_proxies:
+        try:
+            ipaddress.ip_network(proxy, strict=False)
+        except ValueError:
+            raise ConfigError("server.trusted_proxies", f"not an address or CIDR: {proxy[:60]}") from None
     if server.secret_key:
         try:
             parse_secret_key(server.secret_key)

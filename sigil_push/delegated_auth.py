@@ -36,7 +36,7 @@ from sigil_push.nostr.nip46 import (
 )
 from sigil_push.ratelimit import RateLimiter
 from sigil_push.relays.connection import AuthUnavailable
-from sigil_push.relays.signer_link import SignerRelayLink, SignerUnreachable
+from sigil_push.relays.signer_link import SignerLinks, SignerUnreachable
 from sigil_push.sealed import Sealer, UnreadableSecret
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ class DelegatedAuth:
         self._devices = devices
         self._sealer = Sealer(bridge_key, "nip46-sessions")
         self._sessions: dict[str, Session] = {}
-        self._links: dict[str, SignerRelayLink] = {}
+        self._links = SignerLinks()
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._throttle = RateLimiter(SIGNS_PER_MINUTE_PER_USER)
         self._listeners: list[StatusListener] = []
@@ -129,7 +129,7 @@ class DelegatedAuth:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
-        await asyncio.gather(*(link.close() for link in self._links.values()))
+        await self._links.close()
 
     def status(self, pubkey: str) -> str | None:
         session = self._sessions.get(pubkey)
@@ -181,8 +181,7 @@ class DelegatedAuth:
         await self._db.execute("DELETE FROM auth_signers WHERE pubkey = ?", (pubkey,))
         if session is not None:
             for url in session.relays:
-                if url in self._links:
-                    self._links[url].forget(session.client.public_key_hex)
+                await self._links.release(url, session.client.public_key_hex)
             self._count()
             self._notify(pubkey, "removed")
 
@@ -257,8 +256,8 @@ class DelegatedAuth:
         SIGNER_REQUESTS.labels(method).inc()
         failure: SignerUnreachable | None = None
         for url in session.relays:
-            link = self._links.setdefault(url, SignerRelayLink(url))
             try:
+                link = await self._links.get(url)
                 return await link.request(session.client, request_id, message, REQUEST_TIMEOUT_SECONDS)
             except SignerUnreachable as exc:
                 failure = exc

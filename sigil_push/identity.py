@@ -1,28 +1,86 @@
 """The bridge's own Nostr key, used to answer NIP-42 AUTH challenges.
 
-Taken from `server.secret_key` when set (the config has validated it); otherwise generated once and kept in the database so
-relays see the same identity across restarts.
+Taken from `server.secret_key` when set (the config has validated it); otherwise read from
+`server.secret_key_file` (default `bridge.key` next to the config), which is generated with mode
+0600 on first start. The key is never kept in the database: a database copy (backup, support
+dump) must not carry the bridge's identity. Instances from before this rule kept it in the
+`meta` table; the first start moves it into the file and deletes the row, so relays keep seeing
+the same identity and signer sessions sealed under it still open (the sealing key of
+sigil_push/sealed.py is derived from the bridge key, so losing the key means users register
+their signer again).
 """
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import aiosqlite
 
 from sigil_push.nostr.keys import SecretKey
-from sigil_push.nostr.nip19 import parse_secret_key
+from sigil_push.nostr.nip19 import InvalidKey, parse_secret_key
 
 META_KEY = "bridge_secret_key"
 
 
-async def bridge_key(connection: aiosqlite.Connection, configured: str) -> SecretKey:
+class KeyFileError(Exception):
+    """The key file exists but cannot be read as a key, or cannot be written."""
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Create `path` 0600 (exclusively: never overwrite a key someone else just wrote)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w", encoding="ascii") as handle:
+        handle.write(text + "\n")
+
+
+def _read_key_file(path: Path) -> SecretKey | None:
+    try:
+        text = path.read_text(encoding="ascii").strip()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise KeyFileError(f"cannot read {path}: {exc}") from None
+    try:
+        return SecretKey(parse_secret_key(text))
+    except InvalidKey as exc:
+        raise KeyFileError(f"{path} does not hold a key: {exc}") from None
+
+
+def make_private(database: Path) -> None:
+    """Tighten an existing database (and its WAL/SHM) to 0600: files created before the
+    process umask was 077 (sigil_push/server.py) kept whatever umask made them."""
+    for path in (database, database.with_name(database.name + "-wal"),
+                 database.with_name(database.name + "-shm")):
+        try:
+            os.chmod(path, 0o600)
+        except FileNotFoundError:
+            continue
+
+
+async def bridge_key(connection: aiosqlite.Connection, configured: str, key_file: Path) -> SecretKey:
     if configured:
+        await _forget_stored_key(connection)
         return SecretKey(parse_secret_key(configured))
     async with connection.execute("SELECT value FROM meta WHERE key = ?", (META_KEY,)) as cursor:
         row = await cursor.fetchone()
+    key = _read_key_file(key_file)
+    if key is None:
+        key = SecretKey(str(row[0])) if row is not None else SecretKey.generate()
+        try:
+            _write_private(key_file, key.secret_hex)
+        except OSError as exc:
+            raise KeyFileError(f"cannot create {key_file}: {exc}") from None
     if row is not None:
-        return SecretKey(str(row[0]))
-    key = SecretKey.generate()
-    await connection.execute(
-        "INSERT INTO meta (key, value) VALUES (?, ?)", (META_KEY, key.secret_hex)
-    )
+        await _forget_stored_key(connection)
     return key
+
+
+async def _forget_stored_key(connection: aiosqlite.Connection) -> None:
+    """Delete a key an older version kept in the database, overwriting the freed page too."""
+    await connection.execute("PRAGMA secure_delete = ON")
+    try:
+        await connection.execute("DELETE FROM meta WHERE key = ?", (META_KEY,))
+    finally:  # zeroing every later delete (outbox, seen ids) would cost I/O for nothing
+        await connection.execute("PRAGMA secure_delete = OFF")

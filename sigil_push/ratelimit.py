@@ -7,10 +7,14 @@ periodically, which bounds memory by the number of currently active clients.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import time
+from collections.abc import Sequence
 
 PRUNE_EVERY = 10_000
+
+IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 class RateLimiter:
@@ -47,3 +51,37 @@ class RateLimiter:
             for key, (tokens, last) in self._buckets.items()
             if now - last < full_after
         }
+
+
+def client_address(peer: str, forwarded_for: str | None, trusted: Sequence[IpNetwork]) -> str:
+    """The address a request is rate-limited under.
+
+    Only a peer in `server.trusted_proxies` is believed about `X-Forwarded-For`, and of that
+    header only the rightmost address that is not itself a trusted proxy: everything to its
+    left was written by the client and can be anything. Without trusted proxies, or from an
+    untrusted peer, the peer address itself.
+    """
+    if not trusted or not forwarded_for or not _is_trusted(peer, trusted):
+        return peer
+    for hop in reversed(forwarded_for.split(",")):
+        candidate = hop.strip()
+        try:
+            ipaddress.ip_address(candidate)
+        except ValueError:
+            return peer
+        if not _is_trusted(candidate, trusted):
+            return candidate
+    return peer
+
+
+def _is_trusted(address: str, trusted: Sequence[IpNetwork]) -> bool:
+    try:
+        parsed = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return any(parsed in network for network in trusted)
+
+
+def trusted_networks(entries: Sequence[str]) -> tuple[IpNetwork, ...]:
+    """`server.trusted_proxies` as networks (the config has validated each entry)."""
+    return tuple(ipaddress.ip_network(entry, strict=False) for entry in entries)

@@ -2,18 +2,32 @@
 
 uvicorn re-raises a captured signal after its graceful shutdown, which would turn a clean
 stop into death by signal; `_Server` keeps the graceful part and exits normally.
+
+With `server.admin_listen` a second uvicorn listener in the same process and event loop serves
+the operator surface (`/metrics`, `/health` with per-relay detail); the public listener then
+answers `/metrics` with 404 and `/health` with the status alone. The public server owns the
+signals and the service's lifespan, and stops the admin listener with it.
+
+Every file the process creates (database, WAL/SHM, observation log, keys) is private to the
+service user: the umask is 077 before anything is opened.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import gc
 import logging
+import os
 import signal
+from collections.abc import Iterator
 from types import FrameType
+from typing import Literal
 
 import uvicorn
+from uvicorn._compat import asyncio_run
 
-from sigil_push.api import create_app
+from sigil_push.api import create_admin_app, create_app
 from sigil_push.config import Config
 from sigil_push.service import Service
 
@@ -34,30 +48,63 @@ def tune_gc() -> None:
     gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
 
 
+class _AdminServer(uvicorn.Server):
+    """The admin listener: stopped by the public server, never by signals of its own."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
 class _Server(uvicorn.Server):
+    admin: _AdminServer | None = None
+
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.should_exit and sig == signal.SIGINT:
             self.force_exit = True
         self.should_exit = True
+        if self.admin is not None:
+            self.admin.should_exit = True
+
+
+def _uvicorn_config(app: object, listen: str, lifespan: Literal["on", "off"]) -> uvicorn.Config:
+    host, _, port = listen.rpartition(":")
+    return uvicorn.Config(
+        app,  # type: ignore[arg-type]
+        host=host.strip("[]"),
+        port=int(port),
+        lifespan=lifespan,
+        access_log=False,
+        log_config=None,
+        server_header=False,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
+    )
+
+
+async def _serve(server: _Server, admin: _AdminServer | None) -> None:
+    if admin is None:
+        await server.serve()
+        return
+    admin_task = asyncio.create_task(admin.serve(), name="admin listener")
+    try:
+        await server.serve()
+    finally:
+        admin.should_exit = True
+        await admin_task
 
 
 def run_server(config: Config) -> int:
+    os.umask(0o077)
     tune_gc()
     service = Service(config)
-    server = _Server(
-        uvicorn.Config(
-            create_app(service),
-            host=config.server.host,
-            port=config.server.port,
-            lifespan="on",
-            access_log=False,
-            log_config=None,
-            server_header=False,
-            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
+    server = _Server(_uvicorn_config(create_app(service), config.server.listen, "on"))
+    if config.server.admin_listen:
+        server.admin = _AdminServer(
+            _uvicorn_config(create_admin_app(service), config.server.admin_listen, "off")
         )
-    )
+        log.info("admin listener (metrics, relay detail) on %s", config.server.admin_listen)
     log.info("sigil-push listening on %s (public URL %s)", config.server.listen, config.server.public_url)
-    server.run()
+    asyncio_run(_serve(server, server.admin), loop_factory=server.config.get_loop_factory())
     if not server.started:
         log.error("sigil-push did not start")
         return 1

@@ -14,6 +14,7 @@ from typing import Any
 
 import aiosqlite
 
+from sigil_push import outbound
 from sigil_push.auth_ids import UsedAuthIds
 from sigil_push.bridge import Bridge
 from sigil_push.canary import canary_from_config
@@ -22,9 +23,10 @@ from sigil_push.db import open_database
 from sigil_push.delegated_auth import DelegatedAuth
 from sigil_push.delivery import Delivery
 from sigil_push.devices import Devices
-from sigil_push.identity import bridge_key
+from sigil_push.identity import bridge_key, make_private
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.observations import ObservationLog
+from sigil_push.outbound import OutboundGuard
 from sigil_push.outbox import Outbox
 from sigil_push.push.factory import build_senders
 
@@ -72,9 +74,14 @@ class Service:
 
     async def _start_components(self, stack: AsyncExitStack) -> None:
         config = self.config
+        outbound.configure(OutboundGuard.for_urls(
+            config.server.allow_insecure_relays, [relay.url for relay in config.relays]
+        ))
         db = await open_database(config.resolve(config.server.database))
         stack.push_async_callback(db.close)
-        key = await bridge_key(db, config.server.secret_key)
+        if not config.server.database.startswith("postgresql://"):
+            make_private(config.resolve(config.server.database))
+        key = await bridge_key(db, config.server.secret_key, config.resolve(config.server.secret_key_file))
         devices = Devices(db)
         outbox = Outbox(db)
         observations = ObservationLog(

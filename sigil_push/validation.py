@@ -12,6 +12,7 @@ from sigil_push.devices import PAYLOAD_MODES, PLATFORMS, WebPushKeys
 from sigil_push.errors import BadRequest
 from sigil_push.nostr.nip19 import InvalidKey, parse_public_key
 from sigil_push.nostr.nip46 import BunkerUri, InvalidBunkerUri
+from sigil_push.relays.discovery import normalize_relay_url
 
 MAX_USER_RELAYS = 10
 MAX_BUNKER_URI_LENGTH = 2048
@@ -99,7 +100,9 @@ def parse_relays(value: Any, allow_insecure: bool) -> tuple[str, ...]:
             raise BadRequest("invalid_relays", f"not a relay URL: {item[:80]}") from None
         if parts.scheme not in schemes or not parts.hostname or parts.username or parts.fragment:
             raise BadRequest("invalid_relays", f"relays must be {' or '.join(s + '://' for s in schemes)} URLs")
-        normalized = item.rstrip("/") if parts.path in ("", "/") else item
+        normalized = normalize_relay_url(item, allow_insecure)
+        if normalized is None:
+            raise BadRequest("invalid_relays", f"not a relay URL: {item[:80]}")
         if normalized not in relays:
             relays.append(normalized)
     return tuple(relays)

@@ -9,11 +9,22 @@ from typing import Any
 import httpx
 import pytest
 
+from sigil_push import outbound
 from tests.support.nip98 import SdkUser
 from tests.support.service import ServiceProcess
 
 # the provider fakes' fixtures (fake APNs, FCM and UnifiedPush servers), for every test module
 pytest_plugins = ("tests.fakes.harness", "tests.support.postgres")
+
+
+@pytest.fixture(autouse=True)
+def loopback_outbound() -> Iterator[None]:
+    """In-process components reach the test relays on 127.0.0.1, as service processes do
+    under `allow_insecure_relays = true`; tests of the guard itself install a strict one."""
+    previous = outbound.current_guard()
+    outbound.configure(outbound.OutboundGuard(allow_private=True))
+    yield
+    outbound.configure(previous)
 
 
 @pytest.fixture(scope="session")

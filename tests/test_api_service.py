@@ -11,6 +11,7 @@ from sigil_push.config import load_config
 from sigil_push.service import Service
 from tests.conftest import ApiCaller
 from tests.support.nip98 import SdkUser
+from tests.support.service import ServiceProcess
 
 
 def test_info_describes_the_instance(api: ApiCaller) -> None:
@@ -21,16 +22,19 @@ def test_info_describes_the_instance(api: ApiCaller) -> None:
     assert len(info["pubkey"]) == 64 and int(info["pubkey"], 16) >= 0
 
 
-def test_health_reports_serving(api: ApiCaller) -> None:
+def test_health_reports_serving(api: ApiCaller, service: ServiceProcess) -> None:
+    """With admin_listen set, the public /health says the status alone; detail is on admin."""
     health = api.http.get("/health")
     assert health.status_code == 200
-    assert health.json()["status"] == "ok"
-    assert isinstance(health.json()["relays"], dict)
+    assert health.json() == {"status": "ok"}
+    detail = httpx.get(service.admin_url + "/health", timeout=10)
+    assert detail.status_code == 200 and isinstance(detail.json()["relays"], dict)
 
 
-def test_metrics_count_requests_by_route_and_status(api: ApiCaller) -> None:
+def test_metrics_count_requests_by_route_and_status(api: ApiCaller, service: ServiceProcess) -> None:
     api.register(SdkUser(), platform="nope")
-    text = api.http.get("/metrics").text
+    assert api.http.get("/metrics").status_code == 404
+    text = httpx.get(service.admin_url + "/metrics", timeout=10).text
     assert 'sigil_push_http_requests_total{method="POST",route="/register",status="400"}' in text
     assert "sigil_push_http_request_duration_seconds_bucket" in text
 

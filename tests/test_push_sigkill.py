@@ -108,7 +108,7 @@ def test_sigkill_mid_delivery_loses_no_wakeup(
         fake_apns.script.delay_seconds = 0.0
         service.start()
         _wait(lambda: _outbox_depth(service.database) == 0, 60, "the outbox to drain after restart")
-        metrics = _wait_for_metric(service.url, 'sigil_push_pushes_total{outcome="accepted",provider="apns"}')
+        metrics = _wait_for_metric(service.admin_url, 'sigil_push_pushes_total{outcome="accepted",provider="apns"}')
     finally:
         fake_apns.script.delay_seconds = 0.0
         service.stop()

@@ -7,25 +7,25 @@ compatible, 6to4, Teredo, NAT64). `check_endpoint` runs at registration. At send
 same rule is enforced where it cannot be raced: `PublicResolver` filters the addresses the
 HTTP client is about to connect to, so a name that re-points to 127.0.0.1 after registration
 (DNS rebinding) is refused, and redirects are never followed.
+
+The address rules themselves live in sigil_push/outbound.py, the one guard for every
+user-chosen destination (relays, bunker relays, NIP-11, UnifiedPush).
 """
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 import socket
 from urllib.parse import urlsplit
 
 from aiohttp.abc import AbstractResolver, ResolveResult
-from aiohttp.resolver import DefaultResolver
+
+from sigil_push.outbound import LOCAL_SUFFIXES as _LOCAL_SUFFIXES
+from sigil_push.outbound import getaddrinfo, is_public_address, parse_address
 
 MAX_ENDPOINT_LENGTH = 2048
 
-IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
-
-_NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
-_IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
-_LOCAL_SUFFIXES = ("localhost", ".local", ".internal", ".home.arpa", ".localdomain")
+_parse_address = parse_address
 
 
 class UnsafeEndpoint(ValueError):
@@ -34,46 +34,6 @@ class UnsafeEndpoint(ValueError):
 
 class UnsafeResolution(OSError):
     """A name resolved only to non-public addresses (raised inside the HTTP client's resolver)."""
-
-
-def _embedded_ipv4(address: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
-    """IPv4 addresses an IPv6 address can carry traffic to."""
-    embedded: list[ipaddress.IPv4Address] = []
-    if address.ipv4_mapped is not None:
-        embedded.append(address.ipv4_mapped)
-    if address.sixtofour is not None:
-        embedded.append(address.sixtofour)
-    if address.teredo is not None:
-        embedded.extend(address.teredo)
-    if any(address in network for network in _NAT64) or address in _IPV4_COMPATIBLE:
-        embedded.append(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
-    return embedded
-
-
-def is_public_address(address: IpAddress) -> bool:
-    """True for a globally routable unicast address that embeds no non-public IPv4 address."""
-    if isinstance(address, ipaddress.IPv6Address):
-        if address.scope_id is not None:
-            return False
-        embedded = _embedded_ipv4(address)
-        if embedded:
-            return all(is_public_address(inner) for inner in embedded)
-    return address.is_global and not address.is_multicast
-
-
-def _parse_address(text: str) -> IpAddress | None:
-    """The address a host string denotes without DNS, including inet_aton shorthands
-    (`127.1`, `2130706433`, `0x7f000001`) that HTTP clients connect to as addresses."""
-    try:
-        return ipaddress.ip_address(text)
-    except ValueError:
-        pass
-    if not text or text.strip("0123456789abcdefxABCDEFX.") or not text[0].isdigit():
-        return None
-    try:
-        return ipaddress.IPv4Address(socket.inet_aton(text))
-    except OSError:
-        return None
 
 
 def parse_endpoint(url: str, allow_private: bool) -> tuple[str, int]:
@@ -106,7 +66,7 @@ async def check_endpoint(url: str, allow_private: bool) -> None:
     if allow_private or _parse_address(host) is not None:
         return
     try:
-        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        infos = await getaddrinfo(host, port)
     except OSError:
         raise UnsafeEndpoint("endpoint host does not resolve") from None
     for info in infos:
@@ -118,20 +78,27 @@ class PublicResolver(AbstractResolver):
     """An aiohttp resolver that refuses names resolving to any non-public address.
 
     All-or-nothing like `check_endpoint`: a name with one private address among public ones is
-    as suspicious as one with only private addresses.
+    as suspicious as one with only private addresses. Lookups run in the outbound guard's own
+    DNS pool, so endpoints on slow name servers never hold the loop's default executor.
     """
-
-    def __init__(self) -> None:
-        self._inner = DefaultResolver()
 
     async def resolve(
         self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
     ) -> list[ResolveResult]:
-        results = await self._inner.resolve(host, port, family)
-        for result in results:
-            if not is_public_address(ipaddress.ip_address(result["host"])):
+        try:
+            infos = await getaddrinfo(host, port, family)
+        except OSError as exc:
+            raise OSError(f"endpoint host does not resolve: {type(exc).__name__}") from None
+        results: list[ResolveResult] = []
+        for family_found, _, proto, _, sockaddr in infos:
+            address = str(sockaddr[0])
+            if not is_public_address(ipaddress.ip_address(address)):
                 raise UnsafeResolution("endpoint host resolves to a non-public address")
+            results.append(ResolveResult(
+                hostname=host, host=address, port=int(sockaddr[1]), family=family_found,
+                proto=proto, flags=socket.AI_NUMERICHOST,
+            ))
         return results
 
     async def close(self) -> None:
-        await self._inner.close()
+        return None

@@ -27,13 +27,14 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from prometheus_client import Counter, Gauge
-from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
 from sigil_push.nostr.event import Event
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip42 import auth_event
 from sigil_push.observations import ObservationLog
+from sigil_push.outbound import open_relay_socket
 from sigil_push.relays.nip11 import RelayLimits, fetch_limits
 
 log = logging.getLogger(__name__)
@@ -297,8 +298,8 @@ class RelayConnection:
                     self.limits = await fetch_limits(self.url)
                 # our own receive limit: a relay's max_message_length only shrinks our REQs
                 max_size = self._max_frame_bytes
-                async with connect(
-                    self.url,
+                async with open_relay_socket(
+                    self.url, purpose="user" if self.per_user else "relay",
                     open_timeout=OPEN_TIMEOUT_SECONDS,
                     ping_interval=PING_INTERVAL_SECONDS,
                     ping_timeout=PING_TIMEOUT_SECONDS,

@@ -28,7 +28,10 @@ def normalize_relay_url(url: str, allow_insecure: bool) -> str | None:
     """A canonical `wss://host[:port][/path]` form, or None for anything not acceptable.
 
     User-supplied relays (registration, lists) must be wss://; ws:// only when the operator
-    allows insecure relays (tests). Canonical forms make one relay one connection.
+    allows insecure relays (tests). Canonical forms make one relay one connection: the query
+    is dropped (and a default port too), so `?x=1` variants of one relay are one URL, not a way
+    to open `max_relays` connections to one server; the outbound guard also caps connections
+    per host for what differs by path.
     """
     if not isinstance(url, str) or len(url) > MAX_URL_LENGTH or any(c.isspace() for c in url):
         return None
@@ -45,10 +48,10 @@ def normalize_relay_url(url: str, allow_insecure: bool) -> str | None:
     host = parts.hostname.lower()
     if ":" in host:
         host = f"[{host}]"
-    netloc = f"{host}:{port}" if port is not None else host
+    default_port = 443 if scheme == "wss" else 80
+    netloc = f"{host}:{port}" if port is not None and port != default_port else host
     path = parts.path.rstrip("/")
-    query = f"?{parts.query}" if parts.query else ""
-    return f"{scheme}://{netloc}{path}{query}"
+    return f"{scheme}://{netloc}{path}"
 
 
 def relays_in_list(event: Event, allow_insecure: bool) -> tuple[str, ...]:

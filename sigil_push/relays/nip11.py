@@ -1,17 +1,23 @@
 """NIP-11 relay information: the limits a relay publishes, so subscriptions never exceed them.
 
-Fetched once per connection object over plain HTTP(S) (the websocket URL with its scheme
-swapped); any failure simply means "no published limits" and the defaults apply.
+Fetched once per connection object over HTTP(S) (the websocket URL with its scheme swapped),
+through the outbound guard (sigil_push/outbound.py): public addresses only, pinned against DNS
+rebinding, no redirects, one overall deadline and a bounded body, all on the event loop (no
+thread is ever parked on a slow relay). Any failure simply means "no published limits" and the
+defaults apply. Published limits can only lower ours: `max_message_length` bounds what we send,
+and what we accept stays capped by the guard's frame ceiling whatever the relay advertises.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from typing import Any
+
+import aiohttp
+
+from sigil_push.outbound import BlockedDestination, OutboundGuard, PinnedResolver, guarded_http
 
 FETCH_TIMEOUT_SECONDS = 5.0
 MAX_DOCUMENT_BYTES = 64 * 1024
@@ -51,23 +57,38 @@ def _http_url(relay_url: str) -> str:
     return ("https://" if scheme == "wss" else "http://") + rest
 
 
-def _fetch_blocking(relay_url: str) -> RelayLimits:
-    request = urllib.request.Request(
-        _http_url(relay_url), headers={"Accept": "application/nostr+json"}
-    )
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+async def _fetch_document(url: str, guard: OutboundGuard | None) -> bytes | None:
+    async with guarded_http(url, guard, "nip11") as address:
+        connector = aiohttp.TCPConnector(
+            resolver=PinnedResolver(address) if address is not None else None,
+            limit=1, force_close=True,
+        )
+        async with aiohttp.ClientSession(
+            connector=connector, trust_env=False,
+            timeout=aiohttp.ClientTimeout(total=FETCH_TIMEOUT_SECONDS),
+        ) as session, session.get(
+            url, headers={"Accept": "application/nostr+json"}, allow_redirects=False,
+        ) as response:
+            if response.status != 200:
+                return None
+            body = bytearray()
+            async for chunk in response.content.iter_chunked(16 * 1024):
+                body += chunk
+                if len(body) > MAX_DOCUMENT_BYTES:
+                    return None
+            return bytes(body)
+
+
+async def fetch_limits(relay_url: str, guard: OutboundGuard | None = None) -> RelayLimits:
+    """The relay's published limits, or none on any failure, within FETCH_TIMEOUT_SECONDS."""
     try:
-        with opener.open(request, timeout=FETCH_TIMEOUT_SECONDS) as response:
-            body = response.read(MAX_DOCUMENT_BYTES + 1)
-    except (OSError, urllib.error.URLError, ValueError):
+        async with asyncio.timeout(FETCH_TIMEOUT_SECONDS):
+            body = await _fetch_document(_http_url(relay_url), guard)
+    except (aiohttp.ClientError, OSError, TimeoutError, ValueError, BlockedDestination):
         return RelayLimits()
-    if len(body) > MAX_DOCUMENT_BYTES:
+    if body is None:
         return RelayLimits()
     try:
         return parse_limits(json.loads(body))
     except ValueError:
         return RelayLimits()
-
-
-async def fetch_limits(relay_url: str) -> RelayLimits:
-    return await asyncio.to_thread(_fetch_blocking, relay_url)

@@ -3,8 +3,11 @@ connections that carries them.
 
 Configured relays carry every key. A user's own relays (registration `relays`, kind 10050 or
 10002 lists) carry only that user's keys; one connection per relay is shared by all keys that
-want it. When more relays are wanted than `max_relays` allows, the relays wanted by the most
-keys win and the rest are reported as skipped instead of silently ignored.
+want it. When more relays are wanted than `max_relays` allows, the rest are reported as skipped
+instead of silently ignored, and the choice is fair rather than first come, first served
+(`RelayPlan.choose`): each key counts for at most MAX_RELAYS_PER_KEY relays, every key's inbox
+is served before any extra relay, and a key contributes one vote to the first tier, so throwaway
+keys naming many URLs cannot push a real user's only inbox relay out.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from sigil_push.relays.subscriptions import RelaySubscriptions, Request
 
 GIFT_WRAP_SKEW_SECONDS = 2 * 24 * 3600
 CURSOR_MARGIN_SECONDS = 600
+MAX_RELAYS_PER_KEY = 20
+"""User relays one npub can make the bridge watch, across all its devices and lists."""
 
 SKIPPED = Gauge("sigil_push_relay_skipped_relays", "User relays not watched because of max_relays")
 WATCHED = Gauge("sigil_push_relay_watched_relays", "Relays the bridge keeps a connection to")
@@ -43,6 +48,8 @@ class RelayPlan:
         self._max_relays = max_relays
         self.own_relays: dict[str, frozenset[str]] = {}
         self.demand: dict[str, set[str]] = {}
+        self.inbox: dict[str, tuple[str, ...]] = {}
+        self._inbox_demand: dict[str, int] = {}
         self.skipped: dict[str, int] = {}
         SKIPPED.set(0)
         WATCHED.set(0)
@@ -50,8 +57,14 @@ class RelayPlan:
     def is_configured(self, url: str) -> bool:
         return url in self._configured_set
 
-    def set_key(self, pubkey: str, relays: Iterable[str]) -> None:
-        wanted = frozenset(relays) - self._configured_set
+    def set_key(self, pubkey: str, relays: Iterable[str], inbox: Iterable[str] = ()) -> None:
+        """`relays`: every relay the key wants watched; `inbox`: those of them where its DMs
+        arrive (kind 10050 list, else registration relays), ranked first and kept first when
+        the key names more than MAX_RELAYS_PER_KEY."""
+        inbox_list = [u for u in dict.fromkeys(inbox) if u not in self._configured_set]
+        rest = sorted(set(relays) - self._configured_set - set(inbox_list))
+        kept = (inbox_list + rest)[:MAX_RELAYS_PER_KEY]
+        wanted = frozenset(kept)
         before = self.own_relays.get(pubkey, frozenset())
         for url in before - wanted:
             holders = self.demand.get(url)
@@ -62,15 +75,54 @@ class RelayPlan:
         for url in wanted - before:
             self.demand.setdefault(url, set()).add(pubkey)
         self.own_relays[pubkey] = wanted
+        for url in self.inbox.get(pubkey, ()):
+            left = self._inbox_demand[url] - 1
+            if left:
+                self._inbox_demand[url] = left
+            else:
+                del self._inbox_demand[url]
+        self.inbox[pubkey] = tuple(u for u in inbox_list if u in wanted)
+        for url in self.inbox[pubkey]:
+            self._inbox_demand[url] = self._inbox_demand.get(url, 0) + 1
 
     def remove_key(self, pubkey: str) -> None:
         self.set_key(pubkey, ())
         self.own_relays.pop(pubkey, None)
+        self.inbox.pop(pubkey, None)
+
+    def _ranked(self) -> list[str]:
+        """User relays in the order they get slots.
+
+        1. One relay per key with an inbox: its inbox relay wanted by the most keys. Relays
+           are ordered by how many keys they cover this way, then by how few inbox relays
+           those keys have (a key with a single inbox has no other way in), then by URL. A key
+           casts one vote here however many URLs it names, so it cannot outvote another key's
+           only inbox with its own extra URLs.
+        2. The other inbox relays, by how many keys list them as inbox.
+        3. Every other relay, by how many keys want it.
+        """
+        inbox_demand = self._inbox_demand
+        votes: dict[str, int] = {}
+        tightest: dict[str, int] = {}
+        for urls in self.inbox.values():
+            if not urls:
+                continue
+            pick = min(urls, key=lambda u: (-inbox_demand[u], u))
+            votes[pick] = votes.get(pick, 0) + 1
+            tightest[pick] = min(tightest.get(pick, len(urls)), len(urls))
+        first = sorted(votes, key=lambda u: (-votes[u], tightest[u], u))
+        chosen = set(first)
+        second = sorted((u for u in inbox_demand if u not in chosen),
+                        key=lambda u: (-inbox_demand[u], u))
+        chosen.update(second)
+        third = sorted((u for u in self.demand if u not in chosen),
+                       key=lambda u: (-len(self.demand[u]), u))
+        return first + second + third
 
     def choose(self) -> list[str]:
-        """Configured relays first, then user relays by how many keys want them."""
+        """Configured relays first, then user relays in `_ranked` order up to `max_relays`."""
         room = max(0, self._max_relays - len(self.configured))
-        ranked = sorted(self.demand, key=lambda url: (-len(self.demand[url]), url))
+        ranked = self._ranked()
         chosen = list(self.configured) + ranked[:room]
         self.skipped = {url: len(self.demand[url]) for url in ranked[room:]}
         SKIPPED.set(len(self.skipped))

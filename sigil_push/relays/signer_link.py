@@ -3,8 +3,15 @@
 A few subscriptions carry the answers for all of our client keys on that relay, each for a
 chunk of keys: adding a key re-requests only its chunk, so a burst of new sessions does not make
 the relay replay every recent answer for every key each time. Answers are matched to pending
-requests by their JSON-RPC id. A dropped connection fails what is pending
-(the caller decides about retrying) and the next request reconnects.
+requests by their JSON-RPC id and must come from the signer the request was addressed to. A
+dropped connection fails what is pending (the caller decides about retrying) and the next
+request reconnects.
+
+Bunker relays are user-chosen addresses: every link is opened through the outbound guard
+(sigil_push/outbound.py), `SignerLinks` caps links in total (and the guard per host), and a
+link whose last client key leaves is closed, so user churn never accumulates sockets. When a key
+leaves, its chunk's subscription is replaced by the smaller filter, or CLOSEd once empty, so a
+shared bunker relay never accumulates our subscriptions.
 """
 
 from __future__ import annotations
@@ -16,12 +23,14 @@ import logging
 import time
 from typing import Any
 
-from websockets.asyncio.client import ClientConnection, connect
+from prometheus_client import Counter
+from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
 from sigil_push.nostr.event import Event, InvalidEvent
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip46 import REQUEST_KIND, Response, SignerError, read_response
+from sigil_push.outbound import GuardedSocket, open_relay_socket
 from sigil_push.relays.connection import wire_log
 
 log = logging.getLogger(__name__)
@@ -31,6 +40,19 @@ KEYS_PER_SUBSCRIPTION = 100
 OPEN_TIMEOUT_SECONDS = 10.0
 LOOKBACK_SECONDS = 60
 MAX_FRAME_BYTES = 256 * 1024
+MAX_LINKS = 500
+"""Bunker relay sockets in total; with MAX_SIGNER_RELAYS per bunker and the guard's per-host cap
+this bounds what registrations can make the server hold open."""
+
+FRAMES = Counter(
+    "sigil_push_signer_link_frames_total",
+    "Frames from signer relays by outcome (answer, ignored, garbage, foreign, unmatched)",
+    ["outcome"],
+)
+LINKS = Counter(
+    "sigil_push_signer_links_total", "Signer relay links opened, closed idle or refused at the cap",
+    ["outcome"],
+)
 
 
 class SignerUnreachable(Exception):
@@ -42,22 +64,29 @@ class SignerRelayLink:
         self.url = url
         self._clients: dict[str, SecretKey] = {}
         self._chunks: list[list[str]] = []
-        self._pending: dict[str, asyncio.Future[Response]] = {}
+        self._pending: dict[str, tuple[str, asyncio.Future[Response]]] = {}
+        self._opener: GuardedSocket | None = None
         self._socket: ClientConnection | None = None
         self._reader: asyncio.Task[None] | None = None
         self._connecting = asyncio.Lock()
 
     async def request(self, client: SecretKey, request_id: str, message: Event, timeout: float) -> Response:
         """Publish `message` and wait for the answer to `request_id`."""
-        socket = await self._ensure_open()
-        if client.public_key_hex not in self._clients:
+        # the key is registered before connecting, so a link is never "unused" while a
+        # session is still opening it (SignerLinks closes links without clients)
+        new_key = client.public_key_hex not in self._clients
+        if new_key:
             self._clients[client.public_key_hex] = client
             if not self._chunks or len(self._chunks[-1]) >= KEYS_PER_SUBSCRIPTION:
                 self._chunks.append([])
             self._chunks[-1].append(client.public_key_hex)
-            await self._subscribe(socket, len(self._chunks) - 1)
+        socket = await self._ensure_open()
+        if new_key:
+            chunk = next(i for i, keys in enumerate(self._chunks) if client.public_key_hex in keys)
+            await self._subscribe(socket, chunk)
         future: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
-        self._pending[request_id] = future
+        signer = next(iter(message.tag_values("p")), "")
+        self._pending[request_id] = (signer, future)
         try:
             await socket.send(json.dumps(["EVENT", message.to_json()]))
             return await asyncio.wait_for(future, timeout)
@@ -68,34 +97,58 @@ class SignerRelayLink:
         finally:
             self._pending.pop(request_id, None)
 
-    def forget(self, client_pubkey: str) -> None:
-        """Stop routing answers to this key; its chunk's filter shrinks at the next re-request."""
-        if self._clients.pop(client_pubkey, None) is not None:
-            for chunk in self._chunks:
-                if client_pubkey in chunk:
-                    chunk.remove(client_pubkey)
+    @property
+    def idle(self) -> bool:
+        """No session uses the link (a request still pending belongs to a session that left)."""
+        return not self._clients
+
+    def subscription_count(self) -> int:
+        return sum(1 for chunk in self._chunks if chunk)
+
+    async def forget(self, client_pubkey: str) -> None:
+        """Stop routing answers to this key and shrink (or CLOSE) its chunk's subscription now."""
+        if self._clients.pop(client_pubkey, None) is None:
+            return
+        for index, chunk in enumerate(self._chunks):
+            if client_pubkey not in chunk:
+                continue
+            chunk.remove(client_pubkey)
+            socket = self._socket
+            if socket is None or self._reader is None or self._reader.done():
+                break
+            with contextlib.suppress(ConnectionClosed, OSError):
+                if chunk:
+                    await self._subscribe(socket, index)
+                else:
+                    await socket.send(json.dumps(["CLOSE", f"{SUBSCRIPTION_PREFIX}{index}"]))
+            break
+        while self._chunks and not self._chunks[-1]:
+            self._chunks.pop()
 
     async def close(self) -> None:
         if self._reader is not None:
             self._reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reader
-        if self._socket is not None:
-            await self._socket.close()
+        if self._opener is not None:
+            with contextlib.suppress(ConnectionClosed, OSError):
+                await self._opener.__aexit__(None, None, None)
+        self._opener = None
         self._socket = None
 
     async def _ensure_open(self) -> ClientConnection:
         async with self._connecting:
             if self._socket is not None and self._reader is not None and not self._reader.done():
                 return self._socket
+            if self._opener is not None:
+                await self.close()
+            opener = open_relay_socket(
+                self.url, purpose="signer", max_size=MAX_FRAME_BYTES,
+                open_timeout=OPEN_TIMEOUT_SECONDS, logger=wire_log,
+            )
             try:
-                self._socket = await asyncio.wait_for(
-                    connect(
-                        self.url, max_size=MAX_FRAME_BYTES, open_timeout=OPEN_TIMEOUT_SECONDS,
-                        logger=wire_log, proxy=None,
-                    ),
-                    OPEN_TIMEOUT_SECONDS,
-                )
+                self._socket = await opener.__aenter__()
+                self._opener = opener
             except (OSError, TimeoutError, InvalidHandshake, InvalidURI) as exc:
                 raise SignerUnreachable(f"cannot connect to the signer relay: {type(exc).__name__}") from None
             self._reader = asyncio.create_task(self._read(self._socket), name="nip46-link")
@@ -123,7 +176,7 @@ class SignerRelayLink:
         except ConnectionClosed:
             pass
         finally:
-            for future in self._pending.values():
+            for _, future in self._pending.values():
                 if not future.done():
                     future.set_exception(SignerUnreachable("the signer relay closed the connection"))
 
@@ -131,18 +184,73 @@ class SignerRelayLink:
         try:
             message: Any = json.loads(frame)
             if not (isinstance(message, list) and message[:1] == ["EVENT"] and len(message) == 3):
+                FRAMES.labels("ignored").inc()
                 return
             event = Event.from_json(message[2])
             event.verify()
-        except (ValueError, InvalidEvent):
+        except (ValueError, InvalidEvent, RecursionError):
+            FRAMES.labels("garbage").inc()
             return
         client = next((self._clients[p] for p in event.tag_values("p") if p in self._clients), None)
         if client is None:
+            FRAMES.labels("unmatched").inc()
             return
         try:
             response = read_response(client, event)
         except SignerError:
+            FRAMES.labels("garbage").inc()
             return
-        future = self._pending.get(response.request_id)
-        if future is not None and not future.done():
-            future.set_result(response)
+        pending = self._pending.get(response.request_id)
+        if pending is None or pending[1].done():
+            FRAMES.labels("unmatched").inc()
+            return
+        if event.pubkey != pending[0]:
+            FRAMES.labels("foreign").inc()
+            return
+        FRAMES.labels("answer").inc()
+        pending[1].set_result(response)
+
+
+class SignerLinks:
+    """Every signer relay link, capped in total and closed when no session uses it."""
+
+    def __init__(self, max_links: int = MAX_LINKS) -> None:
+        self._links: dict[str, SignerRelayLink] = {}
+        self._max = max_links
+
+    def __len__(self) -> int:
+        return len(self._links)
+
+    async def get(self, url: str) -> SignerRelayLink:
+        """The link to `url`, created if there is room; SignerUnreachable at the cap."""
+        link = self._links.get(url)
+        if link is None:
+            if len(self._links) >= self._max:
+                await self._drop_idle()
+            if len(self._links) >= self._max:
+                LINKS.labels("refused").inc()
+                raise SignerUnreachable("too many signer relays on this instance")
+            link = self._links[url] = SignerRelayLink(url)
+            LINKS.labels("opened").inc()
+        return link
+
+    async def release(self, url: str, client_pubkey: str) -> None:
+        """A session stopped using `url`: forget its key there and close the link if idle."""
+        link = self._links.get(url)
+        if link is None:
+            return
+        await link.forget(client_pubkey)
+        if link.idle and self._links.get(url) is link:
+            del self._links[url]
+            LINKS.labels("closed_idle").inc()
+            await link.close()
+
+    async def _drop_idle(self) -> None:
+        for url in [u for u, link in self._links.items() if link.idle]:
+            link = self._links.pop(url)
+            LINKS.labels("closed_idle").inc()
+            await link.close()
+
+    async def close(self) -> None:
+        links, self._links = list(self._links.values()), {}
+        await asyncio.gather(*(link.close() for link in links))

@@ -278,12 +278,17 @@ class UserInboxes:
             self._reconcile()
 
     def _wanted(self, gated: set[str]) -> list[tuple[str, str]]:
+        """Round-robin over keys: every key's first gated relay before any key's second, so a
+        key naming many gated relays cannot spend `max_user_connections` on itself alone."""
         if not gated:
             return []
-        return [
-            (url, pubkey)
+        per_key = [
+            [(url, pubkey) for url in sorted(self.owner.user_relays(pubkey) & gated)]
             for pubkey in sorted(self._sessions.active_pubkeys())
-            for url in sorted(self.owner.user_relays(pubkey) & gated)
+        ]
+        return [
+            pairs[rank] for rank in range(max(map(len, per_key), default=0))
+            for pairs in per_key if rank < len(pairs)
         ]
 
     def _reconcile(self) -> None:

@@ -76,13 +76,13 @@ def wakeups(service: ServiceProcess) -> Counter[str]:
 
 
 def health(service: ServiceProcess) -> dict[str, Any]:
-    return dict(httpx.get(service.url + "/health", timeout=5).json())
+    return dict(httpx.get(service.admin_url + "/health", timeout=5).json())
 
 
 def metric(service: ServiceProcess, name: str, **labels: str) -> float:
     """Sum of the samples of `name` whose labels include `labels`."""
     total = 0.0
-    for line in httpx.get(service.url + "/metrics", timeout=5).text.splitlines():
+    for line in httpx.get(service.admin_url + "/metrics", timeout=5).text.splitlines():
         if not line.startswith(name + "{") and not line.startswith(name + " "):
             continue
         if all(f'{key}="{value}"' in line for key, value in labels.items()):

@@ -31,6 +31,9 @@ class ServiceProcess:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.admin_port = free_port()
+        self.admin_url = f"http://127.0.0.1:{self.admin_port}"
+        """The operator listener: /metrics and /health with per-relay detail."""
         self.config_path = folder / "relays.toml"
         self.log_path = folder / "service.log"
         self.database = folder / "sigil-push.db"
@@ -42,6 +45,7 @@ class ServiceProcess:
             "[server]\n"
             f'listen = "127.0.0.1:{self.port}"\n'
             f'public_url = "{self.url}"\n'
+            f'admin_listen = "127.0.0.1:{self.admin_port}"\n'
             'database = "sigil-push.db"\n'
             'observations = "observations"\n'
             f"allow_insecure_relays = {'true' if insecure_relays else 'false'}\n"

@@ -1,0 +1,164 @@
+"""Hostile NIP-46 bunker relays (issue 9, item 3): never answers, answers garbage, answers for
+another key; links are capped, compacted and closed when unused. The bunker relay is a real
+websocket server on 127.0.0.1 that records every frame the bridge sends it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+import nostr_sdk
+import pytest
+from prometheus_client import REGISTRY
+from websockets.asyncio.server import ServerConnection
+
+from sigil_push.db import open_database
+from sigil_push.delegated_auth import DelegatedAuth
+from sigil_push.devices import Devices
+from sigil_push.nostr.keys import SecretKey
+from sigil_push.nostr.nip46 import BunkerUri, get_public_key_request
+from sigil_push.relays.signer_link import SignerLinks, SignerRelayLink, SignerUnreachable
+from tests.adversarial.hostile import HostileRelay, eventually, hostile_relay
+
+
+def frames_counted(outcome: str) -> float:
+    return REGISTRY.get_sample_value("sigil_push_signer_link_frames_total", {"outcome": outcome}) or 0.0
+
+
+async def test_bunker_that_never_answers_is_bounded() -> None:
+    async with hostile_relay() as relay:
+        link = SignerRelayLink(relay.url)
+        client = SecretKey.generate()
+        request_id, message = get_public_key_request(client, SecretKey.generate().public_key_hex)
+        with pytest.raises(SignerUnreachable):
+            await link.request(client, request_id, message, timeout=0.5)
+        assert link.idle is False  # the key stays subscribed until its session goes
+        await link.forget(client.public_key_hex)
+        assert link.idle
+        await link.close()
+
+
+async def test_garbage_frames_are_counted_and_survived() -> None:
+    async def spew(relay: HostileRelay, ws: ServerConnection, frame: Any) -> None:
+        if frame[0] == "EVENT":
+            for junk in ('{"not": "a list"}', '["EVENT","s",{"id":"zz"}]', "[" * 5000 + "]" * 5000,
+                         '["EVENT","s",{"kind":24133}]', "not json"):
+                await ws.send(junk)
+
+    garbage_before = frames_counted("garbage")
+    async with hostile_relay(spew) as relay:
+        link = SignerRelayLink(relay.url)
+        client = SecretKey.generate()
+        request_id, message = get_public_key_request(client, SecretKey.generate().public_key_hex)
+        with pytest.raises(SignerUnreachable):
+            await link.request(client, request_id, message, timeout=1.0)
+        assert frames_counted("garbage") >= garbage_before + 3
+        # the link still works after the garbage: a second request is sent on the same socket
+        request_id, message = get_public_key_request(client, SecretKey.generate().public_key_hex)
+        with pytest.raises(SignerUnreachable):
+            await link.request(client, request_id, message, timeout=0.3)
+        assert relay.connections == 1 and len(relay.sent("EVENT")) == 2
+        await link.close()
+
+
+async def test_answer_from_another_key_is_not_taken() -> None:
+    """Whoever learns a request id and signs an answer with another key than the bunker's
+    cannot answer for the bunker."""
+    impostor = nostr_sdk.Keys.generate()
+    signer = SecretKey.generate()
+    client = SecretKey.generate()
+    request_id, message = get_public_key_request(client, signer.public_key_hex)
+
+    async def impersonate(relay: HostileRelay, ws: ServerConnection, frame: Any) -> None:
+        if frame[0] != "EVENT":
+            return
+        requester = nostr_sdk.PublicKey.parse(client.public_key_hex)
+        content = nostr_sdk.nip44_encrypt(
+            impostor.secret_key(), requester, json.dumps({"id": request_id, "result": "ab" * 32}),
+            nostr_sdk.Nip44Version.V2,
+        )
+        answer = (
+            nostr_sdk.EventBuilder(nostr_sdk.Kind(24133), content)
+            .tags([nostr_sdk.Tag.public_key(requester)]).finalize(impostor)
+        )
+        await ws.send(json.dumps(["EVENT", "nip46-0", json.loads(answer.as_json())]))
+
+    foreign_before = frames_counted("foreign")
+    async with hostile_relay(impersonate) as relay:
+        link = SignerRelayLink(relay.url)
+        with pytest.raises(SignerUnreachable):
+            await link.request(client, request_id, message, timeout=1.5)
+        assert frames_counted("foreign") == foreign_before + 1
+        await link.close()
+
+
+async def test_subscriptions_shrink_and_close_as_keys_leave_and_idle_links_close() -> None:
+    async with hostile_relay() as relay:
+        links = SignerLinks()
+        signer = SecretKey.generate().public_key_hex
+        clients = [SecretKey.generate() for _ in range(3)]
+        for client in clients:
+            link = await links.get(relay.url)
+            request_id, message = get_public_key_request(client, signer)
+            with pytest.raises(SignerUnreachable):
+                await link.request(client, request_id, message, timeout=0.1)
+        reqs = relay.sent("REQ")
+        assert reqs[-1][2]["#p"] == [c.public_key_hex for c in clients]
+
+        await links.release(relay.url, clients[0].public_key_hex)
+        await eventually(lambda: relay.sent("REQ")[-1][2]["#p"] == [c.public_key_hex for c in clients[1:]],
+                         "the chunk's filter shrinks at once")
+        await links.release(relay.url, clients[1].public_key_hex)
+        await links.release(relay.url, clients[2].public_key_hex)
+        await eventually(lambda: relay.sent("CLOSE") == [["CLOSE", "nip46-0"]], "the empty chunk is CLOSEd")
+        await eventually(lambda: relay.open_now == 0, "the unused link is closed")
+        assert len(links) == 0
+        await links.close()
+
+
+async def test_links_are_capped_in_total() -> None:
+    async with hostile_relay() as first, hostile_relay() as second, hostile_relay() as third:
+        links = SignerLinks(max_links=2)
+        busy = SecretKey.generate()
+        for relay in (first, second):
+            link = await links.get(relay.url)
+            request_id, message = get_public_key_request(busy, SecretKey.generate().public_key_hex)
+            with pytest.raises(SignerUnreachable):
+                await link.request(busy, request_id, message, timeout=0.1)
+        with pytest.raises(SignerUnreachable):
+            await links.get(third.url)
+        # once a link is unused it makes room
+        await links.release(first.url, busy.public_key_hex)
+        assert (await links.get(third.url)).url == third.url
+        await links.close()
+
+
+def _asked(relay: HostileRelay) -> Callable[[], bool]:
+    return lambda: bool(relay.sent("EVENT"))
+
+
+async def test_a_user_cycling_bunker_relays_leaves_no_sockets_behind(tmp_path: Path) -> None:
+    """One npub re-registers its auth_signer over and over, each time naming five fresh (silent)
+    bunker relays: the previous session's links close, so the server holds at most five."""
+    db = await open_database(tmp_path / "push.db")
+    delegated = DelegatedAuth(db, SecretKey.generate(), Devices(db))
+    await delegated.start()
+    user = SecretKey.generate().public_key_hex
+    signer = SecretKey.generate().public_key_hex
+    try:
+        async with AsyncExitStack() as stack:
+            relays = [await stack.enter_async_context(hostile_relay()) for _ in range(15)]
+            for round_ in range(3):
+                batch = relays[round_ * 5:(round_ + 1) * 5]
+                query = "&".join(f"relay={r.url}" for r in batch)
+                await delegated.set_signer(user, BunkerUri.parse(f"bunker://{signer}?{query}", True))
+                await eventually(_asked(batch[0]), "connect request sent to the new bunker relays")
+            await delegated.remove(user)
+            await eventually(lambda: sum(r.open_now for r in relays) == 0, "every bunker socket closed")
+            assert len(delegated._links) == 0
+    finally:
+        await delegated.stop()
+        await db.close()

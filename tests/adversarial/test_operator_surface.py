@@ -1,0 +1,200 @@
+"""Operator surface and secrets against the real service process (issue 9: admin_listen,
+trusted_proxies, secret_key_file, file modes, and user relay URLs that point inside)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sqlite3
+import stat
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from sigil_push.db import open_database
+from sigil_push.nostr.keys import SecretKey
+from sigil_push.ratelimit import client_address, trusted_networks
+from tests.conftest import ApiCaller
+from tests.support.nip98 import SdkUser
+from tests.support.relay import RelayProcess, free_port
+from tests.support.service import ServiceProcess
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_public_listener_hides_metrics_and_relay_detail(tmp_path: Path) -> None:
+    with ServiceProcess(tmp_path / "svc", relays=["ws://127.0.0.1:1"]) as service:
+        public = httpx.get(service.url + "/health", timeout=10)
+        assert public.status_code == 200 and public.json() == {"status": "ok"}
+        assert httpx.get(service.url + "/metrics", timeout=10).status_code == 404
+        admin = httpx.get(service.admin_url + "/health", timeout=10).json()
+        assert "ws://127.0.0.1:1" in admin["relays"]
+        assert "sigil_push_" in httpx.get(service.admin_url + "/metrics", timeout=10).text
+        # the admin listener is only the operator surface
+        assert httpx.get(service.admin_url + "/info", timeout=10).status_code == 404
+
+
+def test_forwarded_for_is_believed_only_from_trusted_proxies() -> None:
+    trusted = trusted_networks(["127.0.0.1", "10.0.0.0/8"])
+    assert client_address("127.0.0.1", "6.6.6.6, 1.2.3.4", trusted) == "1.2.3.4"
+    assert client_address("127.0.0.1", "1.2.3.4, 10.1.1.1", trusted) == "1.2.3.4"
+    assert client_address("9.9.9.9", "1.2.3.4", trusted) == "9.9.9.9"
+    assert client_address("127.0.0.1", "1.2.3.4", ()) == "127.0.0.1"
+    assert client_address("127.0.0.1", "not-an-ip", trusted) == "127.0.0.1"
+
+
+def test_per_ip_limit_uses_the_forwarded_address_behind_a_trusted_proxy(tmp_path: Path) -> None:
+    service = ServiceProcess(
+        tmp_path / "svc", limits="requests_per_minute_per_ip = 3\nrequests_per_minute_per_npub = 0",
+    )
+    text = service.config_path.read_text().replace("[server]\n", '[server]\ntrusted_proxies = ["127.0.0.1"]\n', 1)
+    service.config_path.write_text(text)
+    with service:
+        def info(forwarded: str) -> int:
+            return httpx.get(service.url + "/info", headers={"X-Forwarded-For": forwarded}, timeout=10).status_code
+
+        assert [info("203.0.113.7") for _ in range(3)] == [200, 200, 200]
+        assert info("203.0.113.7") == 429
+        # another client behind the same proxy keeps its own budget
+        assert info("203.0.113.8") == 200
+        # a client cannot escape its budget by writing the header itself: the proxy appends
+        assert info("198.51.100.1, 203.0.113.7") == 429
+
+
+def test_key_file_and_database_files_are_private(tmp_path: Path) -> None:
+    folder = tmp_path / "svc"
+    with RelayProcess(tmp_path / "relay") as relay, ServiceProcess(folder, relays=[relay.url]) as service:
+        deadline = time.monotonic() + 30
+        while not list((folder / "observations").glob("*.jsonl")):
+            assert time.monotonic() < deadline, "no observation record written"
+            time.sleep(0.1)
+        pubkey = httpx.get(service.url + "/info", timeout=10).json()["pubkey"]
+        key_file = folder / "bridge.key"
+        assert mode(key_file) == 0o600
+        assert SecretKey(key_file.read_text().strip()).public_key_hex == pubkey
+        for name in ("sigil-push.db", "sigil-push.db-wal", "sigil-push.db-shm"):
+            assert mode(folder / name) == 0o600, name
+        with sqlite3.connect(folder / "sigil-push.db") as db:
+            assert db.execute("SELECT COUNT(*) FROM meta WHERE key = 'bridge_secret_key'").fetchone()[0] == 0
+        service.stop()
+        records = list((folder / "observations").glob("*.jsonl"))
+        assert records and all(mode(path) == 0o600 for path in records)
+        # the same identity after a restart
+        service.start()
+        assert httpx.get(service.url + "/info", timeout=10).json()["pubkey"] == pubkey
+
+
+def test_key_in_an_old_database_moves_to_the_key_file(tmp_path: Path) -> None:
+    folder = tmp_path / "svc"
+    folder.mkdir()
+    old = SecretKey.generate()
+
+    async def old_instance() -> None:
+        db = await open_database(folder / "sigil-push.db")
+        await db.execute("INSERT INTO meta (key, value) VALUES ('bridge_secret_key', ?)", (old.secret_hex,))
+        await db.close()
+
+    asyncio.run(old_instance())
+    (folder / "sigil-push.db").chmod(0o644)
+    with ServiceProcess(folder) as service:
+        assert httpx.get(service.url + "/info", timeout=10).json()["pubkey"] == old.public_key_hex
+        assert SecretKey((folder / "bridge.key").read_text().strip()).secret_hex == old.secret_hex
+        assert mode(folder / "sigil-push.db") == 0o600
+        with sqlite3.connect(folder / "sigil-push.db") as db:
+            assert db.execute("SELECT COUNT(*) FROM meta WHERE key = 'bridge_secret_key'").fetchone()[0] == 0
+
+
+@pytest.fixture
+def internal_listener() -> Iterator[tuple[int, list[str]]]:
+    """A loopback TCP service standing in for something internal; records every connection."""
+    accepted: list[str] = []
+    server = socket.socket()
+    server.bind(("127.0.0.1", free_port()))
+    server.listen(16)
+    server.settimeout(0.2)
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn, peer = server.accept()
+            except TimeoutError:
+                continue
+            accepted.append(str(peer))
+            conn.close()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield server.getsockname()[1], accepted
+    stop.set()
+    thread.join()
+    server.close()
+
+
+def test_user_relays_pointing_inside_are_never_contacted(
+    tmp_path: Path, internal_listener: tuple[int, list[str]]
+) -> None:
+    """A user registers wss:// URLs for loopback (the service runs without the test switch):
+    neither the relay nor its NIP-11 document is fetched, and /health reveals nothing."""
+    port, accepted = internal_listener
+    with ServiceProcess(tmp_path / "svc", insecure_relays=False) as service, httpx.Client(
+        base_url=service.url, timeout=10
+    ) as http:
+        relays = [f"wss://127.0.0.1:{port}", f"wss://localhost:{port}", f"wss://127.1:{port}/?x=1"]
+        answer = ApiCaller(http, service.url).register(SdkUser(), relays=relays)
+        assert answer.status_code == 201, answer.text
+        deadline = time.monotonic() + 30
+        while blocked_total(service) < 3:
+            assert time.monotonic() < deadline, "the guard never refused the user relays"
+            time.sleep(0.1)
+        assert accepted == []
+        assert str(port) not in http.get("/health").text
+
+
+def blocked_total(service: ServiceProcess) -> float:
+    return sum(
+        float(line.split()[-1])
+        for line in httpx.get(service.admin_url + "/metrics", timeout=10).text.splitlines()
+        if line.startswith("sigil_push_outbound_blocked_total{")
+    )
+
+
+@pytest.mark.parametrize(("server", "key"), [
+    ('admin_listen = "nowhere"', "server.admin_listen"),
+    ('trusted_proxies = ["10.0.0.0/33"]', "server.trusted_proxies"),
+    ('trusted_proxies = "127.0.0.1"', "server.trusted_proxies"),
+    ("secret_key_file = 7", "server.secret_key_file"),
+])
+def test_bad_operator_keys_exit_2_naming_the_key(tmp_path: Path, server: str, key: str) -> None:
+    config = tmp_path / "relays.toml"
+    config.write_text(f"[server]\n{server}\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "sigil_push", "migrate", "--config", str(config)],
+        check=False, capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert key in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_admin_port_taken_fails_the_start_cleanly(tmp_path: Path) -> None:
+    service = ServiceProcess(tmp_path / "svc")
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", service.admin_port))
+        squatter.listen(1)
+        service.start(wait=False)
+        try:
+            deadline = time.monotonic() + 30
+            while service._process is not None and service._process.poll() is None:
+                assert time.monotonic() < deadline, "the service kept running without its admin listener"
+                time.sleep(0.1)
+        finally:
+            code = service.stop()
+        assert code not in (0, -9)
