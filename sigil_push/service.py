@@ -26,6 +26,7 @@ from sigil_push.nostr.keys import SecretKey
 from sigil_push.observations import ObservationLog
 from sigil_push.outbox import Outbox
 from sigil_push.push.factory import build_senders
+from sigil_push.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,7 @@ class Service:
         self.state = State.STARTING
         self._components: Components | None = None
         self._running = AsyncExitStack()
+        self.supervisor = Supervisor()
 
     @property
     def components(self) -> Components:
@@ -89,7 +91,9 @@ class Service:
         devices.add_listener(delegated_auth.registration_changed)
         await delegated_auth.start()
         stack.push_async_callback(delegated_auth.stop)
-        bridge = Bridge(config, devices, outbox, observations, key, delegated_auth)
+        bridge = Bridge(
+            config, devices, outbox, observations, key, delegated_auth, self.supervisor
+        )
         devices.add_listener(bridge.registration_changed)
         await bridge.start()
         stack.push_async_callback(bridge.stop)
@@ -108,6 +112,10 @@ class Service:
         self.state = State.STOPPING
         await self._running.aclose()
         self._components = None
+
+    def tasks_down(self) -> list[str]:
+        """Core tasks (e.g. `bridge-commit`) waiting to be restarted after an exception."""
+        return self.supervisor.down()
 
     def relay_health(self) -> dict[str, dict[str, Any]]:
         """Per relay: whether it is connected and when it last delivered an event.

@@ -118,9 +118,9 @@ class ConnectionHandler(Protocol):
         """The signer could not answer the relay's challenge (AuthUnavailable)."""
         ...
 
-    def congested(self) -> bool: ...
+    def congested(self, connection: RelayConnection) -> bool: ...
 
-    async def drained(self) -> None: ...
+    async def drained(self, connection: RelayConnection) -> None: ...
 
 
 def _prefix(message: Any) -> str:
@@ -296,8 +296,8 @@ class RelayConnection:
         async for frame in ws:
             received_ms = time.time_ns() // 1_000_000
             self._dispatch(frame, received_ms)
-            if handler.congested():
-                await handler.drained()
+            if handler.congested(self):
+                await handler.drained(self)
 
     def _dispatch(self, frame: str | bytes, received_ms: int) -> None:
         try:

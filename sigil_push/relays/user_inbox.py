@@ -66,9 +66,9 @@ class InboxOwner(Protocol):
         self, url: str, pubkey: str, raw: Any, received_ms: int, baseline: bool
     ) -> None: ...
 
-    def congested(self) -> bool: ...
+    def congested(self, url: str) -> bool: ...
 
-    async def drained(self) -> None: ...
+    async def drained(self, url: str) -> None: ...
 
 
 class SessionSource(Protocol):
@@ -175,11 +175,11 @@ class UserInbox:
     def on_down(self, connection: RelayConnection) -> None:
         self._set_authenticated(False)
 
-    def congested(self) -> bool:
-        return self._owner.congested()
+    def congested(self, connection: RelayConnection) -> bool:
+        return self._owner.congested(connection.url)
 
-    async def drained(self) -> None:
-        await self._owner.drained()
+    async def drained(self, connection: RelayConnection) -> None:
+        await self._owner.drained(connection.url)
 
     # state ------------------------------------------------------------------------------
 
