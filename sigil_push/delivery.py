@@ -26,6 +26,7 @@ from sigil_push.push import metrics
 from sigil_push.push.base import Outcome, Sender, Status, WakeupMessage
 from sigil_push.push.limits import DeviceRateLimiter
 from sigil_push.push.payload import fallback, opaque_data, wakeup_data
+from sigil_push.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,9 @@ class Delivery:
         record_outcomes: bool,
         push: PushConfig | None = None,
         limits: LimitsConfig | None = None,
+        supervisor: Supervisor | None = None,
     ) -> None:
+        self._supervisor = supervisor if supervisor is not None else Supervisor()
         self._outbox = outbox
         self._devices = devices
         self._senders = senders
@@ -101,8 +104,10 @@ class Delivery:
                 released,
             )
         metrics.OUTBOX_DEPTH.set(await self._outbox.depth())
-        self._completer_task = asyncio.create_task(self._complete_forever(), name="outbox-completer")
-        self._loop_task = asyncio.create_task(self._run(), name="delivery")
+        self._completer_task = self._supervisor.spawn(
+            "outbox-completer", self._complete_forever, core=True
+        )
+        self._loop_task = self._supervisor.spawn("delivery", self._run, core=True)
 
     async def stop(self) -> None:
         """Stop taking wakeups, let pushes in flight finish briefly, keep the rest on disk."""

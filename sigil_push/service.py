@@ -83,7 +83,8 @@ class Service:
         stack.push_async_callback(observations.stop)
         senders = await build_senders(config)
         delivery = Delivery(
-            outbox, devices, senders, observations, not config.dry_run, config.push, config.limits
+            outbox, devices, senders, observations, not config.dry_run, config.push, config.limits,
+            self.supervisor,
         )
         await delivery.start()
         stack.push_async_callback(delivery.stop)

@@ -51,26 +51,7 @@ class Supervisor:
         self._down.discard(name)
 
     async def _supervise(self, name: str, run: Callable[[], Awaitable[None]], core: bool) -> None:
-        delay = BACKOFF_FIRST_SECONDS
-        while True:
-            started = time.monotonic()
-            try:
-                await run()
-                return
-            except Exception as exc:  # noqa: BLE001 - the point: nothing may end the task
-                RESTARTS.labels(name).inc()
-                if time.monotonic() - started >= HEALTHY_AFTER_SECONDS:
-                    delay = BACKOFF_FIRST_SECONDS
-                # the exception's type only: its message may carry event data or a pubkey
-                log.error("task %s failed (%s); restarting in %.1f s",
-                          name, type(exc).__name__, delay)
-            if core:
-                self._down.add(name)
-            try:
-                await asyncio.sleep(delay)
-            finally:
-                self._down.discard(name)
-            delay = min(BACKOFF_MAX_SECONDS, delay * 2)
+        await _restarting(name, run, self._down if core else None)
 
     def down(self) -> list[str]:
         """Core tasks currently down (between a failure and their restart), sorted."""
@@ -92,3 +73,37 @@ class Supervisor:
         """Cancel every task and wait for them all."""
         for name in list(self._tasks):
             await self.cancel(name)
+
+
+def supervise(
+    task: str, run: Callable[[], Awaitable[None]], name: str | None = None
+) -> asyncio.Task[None]:
+    """Start `run()` restarted with backoff after any exception, for tasks that are not core
+    loops (one per relay or signer link): counted under the fixed label `task` (never a URL),
+    with `name` (default `task`) as the asyncio task's name. Cancel the task to stop it."""
+    return asyncio.create_task(_restarting(task, run, None), name=name or task)
+
+
+async def _restarting(
+    name: str, run: Callable[[], Awaitable[None]], down: set[str] | None
+) -> None:
+    delay = BACKOFF_FIRST_SECONDS
+    while True:
+        started = time.monotonic()
+        try:
+            await run()
+            return
+        except Exception as exc:  # noqa: BLE001 - the point: nothing may end the task
+            RESTARTS.labels(name).inc()
+            if time.monotonic() - started >= HEALTHY_AFTER_SECONDS:
+                delay = BACKOFF_FIRST_SECONDS
+            # the exception's type only: its message may carry event data or a pubkey
+            log.error("task %s failed (%s); restarting in %.1f s", name, type(exc).__name__, delay)
+        if down is not None:
+            down.add(name)
+        try:
+            await asyncio.sleep(delay)
+        finally:
+            if down is not None:
+                down.discard(name)
+        delay = min(BACKOFF_MAX_SECONDS, delay * 2)

@@ -27,6 +27,7 @@ from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip42 import auth_event
 from sigil_push.observations import ObservationLog
 from sigil_push.relays.nip11 import RelayLimits, fetch_limits
+from sigil_push.supervisor import supervise
 
 log = logging.getLogger(__name__)
 # websockets logs every frame, truncated, at DEBUG: REQ filters would put pieces of users'
@@ -190,7 +191,7 @@ class RelayConnection:
         return self.state is State.CONNECTED
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name=f"relay {self.url}")
+        self._task = supervise("relay-reader", self._run, name=f"relay {self.url}")
 
     async def stop(self) -> None:
         if self.state is State.CONNECTED and not self.per_user:

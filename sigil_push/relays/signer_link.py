@@ -14,6 +14,7 @@ import contextlib
 import json
 import logging
 import time
+from functools import partial
 from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
@@ -23,6 +24,7 @@ from sigil_push.nostr.event import Event, InvalidEvent
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip46 import REQUEST_KIND, Response, SignerError, read_response
 from sigil_push.relays.connection import wire_log
+from sigil_push.supervisor import supervise
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +100,7 @@ class SignerRelayLink:
                 )
             except (OSError, TimeoutError, InvalidHandshake, InvalidURI) as exc:
                 raise SignerUnreachable(f"cannot connect to the signer relay: {type(exc).__name__}") from None
-            self._reader = asyncio.create_task(self._read(self._socket), name="nip46-link")
+            self._reader = supervise("signer-link", partial(self._read, self._socket))
             for index, chunk in enumerate(self._chunks):
                 if chunk:
                     await self._subscribe(self._socket, index)
