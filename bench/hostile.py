@@ -166,8 +166,8 @@ async def run(folder: Path, hostile: bool, samples: int, burst: int) -> dict[str
             victim, friend = user(), user()
             register(service, victim, recorder.endpoint("victim"), [])
             senders = [user() for _ in range(50)]
-            for sender in senders:
-                register(service, sender, recorder.endpoint("burst"), [])
+            for index, sender in enumerate(senders):
+                register(service, sender, recorder.endpoint(f"burst{index}"), [])
             await wait_for(lambda: metric(service, "sigil_push_bridge_watched_keys") >= 51 + (TARPITS if hostile else 0))
             await asyncio.sleep(2.0)  # the new keys' REQs answered
             latencies = []
