@@ -1,7 +1,8 @@
 """Benchmark: a victim's wakeup and the good relays' ingest while one relay is hostile.
 
 Two runs of a real `sigil-push serve` process, each with a real `nostr-relay` as the good
-relay, a victim whose UnifiedPush endpoint is a small recorder here, and 50 keys publishing a
+relay, a victim whose UnifiedPush endpoint is a small recorder here (another host than the
+tarpits: `localhost`, not `127.0.0.1`), and 50 keys publishing a
 burst of DMs on the good relay (the ingest figure):
   quiet   — nothing else;
   hostile — plus one hostile relay (a websockets server here) that, on every REQ, streams
@@ -79,25 +80,35 @@ class Recorder:
 
 
 class FloodRelay:
-    """On every REQ: EOSE, then the given frames in a loop as fast as the socket takes them."""
+    """On every REQ: EOSE, then the given frames in a loop as fast as the socket takes them,
+    on that subscription until it is closed or replaced (as a relay would)."""
 
     def __init__(self, frames: list[str]) -> None:
         self.frames = frames
         self.sent = 0
+        self.armed = asyncio.Event()
+        """Set once every attacker key is subscribed, so the flood's events are live DMs."""
         self.url = ""
 
     async def _handle(self, ws: ServerConnection) -> None:
+        floods: dict[str, asyncio.Task[None]] = {}
         try:
             async for text in ws:
                 message = json.loads(text)
+                if message[0] in ("REQ", "CLOSE") and message[1] in floods:
+                    floods.pop(message[1]).cancel()
                 if message[0] == "REQ":
                     await ws.send(json.dumps(["EOSE", message[1]]))
-                    asyncio.create_task(self._flood(ws, message[1]))
+                    floods[message[1]] = asyncio.create_task(self._flood(ws, message[1]))
         except ConnectionClosed:
             return
+        finally:
+            for task in floods.values():
+                task.cancel()
 
     async def _flood(self, ws: ServerConnection, sub_id: str) -> None:
         prefix = f'["EVENT","{sub_id}",'
+        await self.armed.wait()
         try:
             while True:
                 for frame in self.frames:
@@ -154,7 +165,7 @@ async def run(folder: Path, hostile: bool, samples: int, burst: int) -> dict[str
             if hostile:
                 attackers = [user() for _ in range(TARPITS)]
                 frames = [json.dumps(kind4_dm(a, a, f"flood {i}"), separators=(",", ":"))
-                          for i in range(100) for a in attackers]
+                          for i in range(300) for a in attackers]
                 flood = FloodRelay(frames)
                 flood_server = await flood.start()
                 for attacker in attackers:
@@ -162,6 +173,9 @@ async def run(folder: Path, hostile: bool, samples: int, burst: int) -> dict[str
                     await tarpit.__aenter__()
                     tarpits.append(tarpit)
                     register(service, attacker, tarpit.endpoint("x"), [flood.url])
+                await wait_for(lambda: metric(service, "sigil_push_bridge_watched_keys") >= TARPITS)
+                await asyncio.sleep(2.0)  # the last REQs answered
+                flood.armed.set()
                 await wait_for(lambda: flood is not None and flood.sent > 10_000)
             victim, friend = user(), user()
             register(service, victim, recorder.endpoint("victim"), [])

@@ -37,7 +37,8 @@ HOUSEKEEPING_SECONDS = 1.0
 STOP_GRACE_SECONDS = 5.0
 ERROR_PAUSE_SECONDS = 1.0
 HOST_SHARE = 8
-"""A UnifiedPush endpoint host may hold at most 1/HOST_SHARE of the provider's send slots."""
+"""A UnifiedPush endpoint host may hold at most 1/HOST_SHARE of its platform's window (a push
+to a host with nothing in flight always may go, however many wakeups it carries)."""
 HOST_HOLD_MS = 1000
 """How long a wakeup for a host at its cap waits on disk before it is looked at again."""
 
@@ -83,9 +84,9 @@ class Delivery:
         self._rows_in_flight: dict[str, int] = defaultdict(int)
         # refill in sizeable batches: waking per freed slot would mean one query per push
         self._refill = {p: max(1, min(BATCH_SIZE, w // 2)) for p, w in self._max_rows_in_flight.items()}
-        # UnifiedPush endpoints are user-chosen hosts: each may hold only a share of the slots
-        self._host_cap = {p: max(1, s.max_concurrency // HOST_SHARE) for p, s in senders.items()}
-        self._host_pushes: dict[tuple[str, str], int] = defaultdict(int)
+        # UnifiedPush endpoints are user-chosen hosts: each may hold only a share of the window
+        self._host_cap = {p: max(1, w // HOST_SHARE) for p, w in self._max_rows_in_flight.items()}
+        self._host_rows: dict[tuple[str, str], int] = defaultdict(int)
         self._live_ids: set[int] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._to_complete: list[int] = []
@@ -218,16 +219,16 @@ class Delivery:
             device = wakeups[0].device
             gate = self._gate(device, now)
             host = self._host_of(device)
-            if host is not None and (
-                self._host_pushes[host] + planned_per_host[host] >= self._host_cap[device.platform]
-            ):
-                gate = max(gate, now + HOST_HOLD_MS)
+            if host is not None:
+                busy = self._host_rows[host] + planned_per_host[host]
+                if busy and busy + len(wakeups) > self._host_cap[device.platform]:
+                    gate = max(gate, now + HOST_HOLD_MS)
             if gate > now:
                 held[gate].extend(w.id for w in wakeups)
             else:
                 planned = self._plan(device, wakeups, now)
                 if host is not None:
-                    planned_per_host[host] += len(planned)
+                    planned_per_host[host] += sum(len(p.wakeups) for p in planned)
                 pushes.extend(planned)
         claimed = [w.id for push in pushes for w in push.wakeups]
         await self._outbox.claim(claimed, now)
@@ -238,7 +239,7 @@ class Delivery:
             self._rows_in_flight[push.device.platform] += len(push.wakeups)
             host = self._host_of(push.device)
             if host is not None:
-                self._host_pushes[host] += 1
+                self._host_rows[host] += len(push.wakeups)
             task = asyncio.create_task(self._send(push))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -321,9 +322,9 @@ class Delivery:
             self._live_ids.difference_update(w.id for w in push.wakeups)
             host = self._host_of(push.device)
             if host is not None:
-                self._host_pushes[host] -= 1
-                if not self._host_pushes[host]:
-                    del self._host_pushes[host]
+                self._host_rows[host] -= len(push.wakeups)
+                if not self._host_rows[host]:
+                    del self._host_rows[host]
             if self._room(platform) >= self._refill[platform]:
                 self._outbox.ready.set()
 
