@@ -62,10 +62,11 @@ GIFT_WRAP_LAG_SECONDS = 2 * 24 * 3600
 PAST_SLACK_SECONDS = GIFT_WRAP_LAG_SECONDS + 15 * 60
 RELAY_QUEUE_CAP = 2 * COMMIT_BATCH
 """A relay whose events fill this much of the commit queue waits (its reader only)."""
-RECIPIENT_EVENTS_PER_SECOND = 2.0
-RECIPIENT_BURST = 200.0
+RECIPIENT_EVENTS_PER_SECOND = 1.0
+RECIPIENT_BURST = 60.0
 """Per recipient key, across relays: a DM flood to one key (e.g. to oneself) stays that key's
-cost; wakeups past it would coalesce into the same "new message" anyway."""
+cost. Twice the default per-device push rate (30 a minute): wakeups past it would only
+coalesce into the same "new message" anyway."""
 POISON_ATTEMPTS = 2
 DROP_REASONS = (
     "malformed", "wrong_kind", "unknown_recipient", "wrong_id", "forged", "no_device",

@@ -39,8 +39,10 @@ ERROR_PAUSE_SECONDS = 1.0
 HOST_SHARE = 8
 """A UnifiedPush endpoint host may hold at most 1/HOST_SHARE of its platform's window (a push
 to a host with nothing in flight always may go, however many wakeups it carries)."""
-HOST_HOLD_MS = 1000
-"""How long a wakeup for a host at its cap waits on disk before it is looked at again."""
+HOST_HOLD_SECONDS = 1.0
+"""How long a wakeup for a host at its cap waits on disk before it is looked at again, at
+least: a quarter of the send timeout, so a tarpit's backlog is not re-read (in front of
+everyone else's due wakeups) every second while its pushes hang."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +89,9 @@ class Delivery:
         # UnifiedPush endpoints are user-chosen hosts: each may hold only a share of the window
         self._host_cap = {p: max(1, w // HOST_SHARE) for p, w in self._max_rows_in_flight.items()}
         self._host_rows: dict[tuple[str, str], int] = defaultdict(int)
+        self._host_hold_ms = int(
+            1000 * max(HOST_HOLD_SECONDS, self._push.send_timeout_seconds / 4)
+        )
         self._live_ids: set[int] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._to_complete: list[int] = []
@@ -222,7 +227,7 @@ class Delivery:
             if host is not None:
                 busy = self._host_rows[host] + planned_per_host[host]
                 if busy and busy + len(wakeups) > self._host_cap[device.platform]:
-                    gate = max(gate, now + HOST_HOLD_MS)
+                    gate = max(gate, now + self._host_hold_ms)
             if gate > now:
                 held[gate].extend(w.id for w in wakeups)
             else:
