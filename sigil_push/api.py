@@ -206,7 +206,10 @@ class Api:
             body["relays"] = relays
         if not serving:
             body.update(error="unavailable", message=f"service is {self.service.state.value}")
-        return JSONResponse(body, status_code=200 if serving else 503)
+        down = self.service.tasks_down() if serving else []
+        if down:
+            body.update(status="degraded", down=down)
+        return JSONResponse(body, status_code=200 if serving and not down else 503)
 
     async def metrics(self, request: Request) -> Response:
         if self.admin_split:

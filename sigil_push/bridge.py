@@ -40,6 +40,7 @@ from sigil_push.relays.pool import RelayPool
 from sigil_push.relays.subscriptions import DM_KINDS
 from sigil_push.relays.user_inbox import UserInboxes
 from sigil_push.seen import SeenEvents
+from sigil_push.supervisor import Supervisor
 
 if TYPE_CHECKING:
     from sigil_push.canary import Canary
@@ -57,7 +58,22 @@ INSERT_BASELINES = (
     "INSERT INTO relay_baselines (relay, pubkey, baselined_at) VALUES (?, ?, ?)"
     " ON CONFLICT DO NOTHING"
 )
-DROP_REASONS = ("malformed", "wrong_kind", "unknown_recipient", "wrong_id", "forged", "no_device")
+MAX_FUTURE_SECONDS = 15 * 60
+GIFT_WRAP_LAG_SECONDS = 2 * 24 * 3600
+"""NIP-59 lets a gift wrap's `created_at` lag up to two days behind its real time."""
+PAST_SLACK_SECONDS = GIFT_WRAP_LAG_SECONDS + 15 * 60
+RELAY_QUEUE_CAP = 2 * COMMIT_BATCH
+"""A relay whose events fill this much of the commit queue waits (its reader only)."""
+RECIPIENT_EVENTS_PER_SECOND = 1.0
+RECIPIENT_BURST = 60.0
+"""Per recipient key, across relays: a DM flood to one key (e.g. to oneself) stays that key's
+cost. Twice the default per-device push rate (30 a minute): wakeups past it would only
+coalesce into the same "new message" anyway."""
+POISON_ATTEMPTS = 2
+DROP_REASONS = (
+    "malformed", "wrong_kind", "unknown_recipient", "wrong_id", "forged", "no_device",
+    "too_old", "too_new", "recipient_quota", "poison",
+)
 
 RECEIVED = Counter("sigil_push_bridge_events_received_total", "EVENT frames received", ["relay"])
 DROPPED = Counter(
@@ -80,6 +96,9 @@ COMMIT_FAILURES = Counter(
     "sigil_push_bridge_commit_failures_total", "Wakeups lost because the database refused them"
 )
 QUEUE = Gauge("sigil_push_bridge_commit_queue_events", "Verified events waiting for the committer")
+POISON = Counter(
+    "sigil_push_bridge_poison_events_total", "Events skipped after failing to commit twice"
+)
 
 
 CommitListener = Callable[[Sequence[tuple[str, int]]], None]
@@ -95,6 +114,35 @@ class RelayCounters:
         self.received = RECEIVED.labels(url)
         self.duplicates = DUPLICATES.labels(url)
         self.dropped = {reason: DROPPED.labels(url, reason) for reason in DROP_REASONS}
+
+
+class DatabaseUnavailable(Exception):
+    """The database stayed busy or locked through every retry (not the batch's fault)."""
+
+
+class TokenBucket:
+    """`rate` tokens a second up to `burst`; `take()` spends one if there is one."""
+
+    __slots__ = ("_burst", "_rate", "_stamp", "_tokens")
+
+    def __init__(self, rate: float, burst: float) -> None:
+        self._rate, self._burst = rate, burst
+        self._tokens = burst
+        self._stamp = time.monotonic()
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self._tokens = min(self._burst, self._tokens + (now - self._stamp) * self._rate)
+        self._stamp = now
+        if self._tokens < 1.0:
+            return False
+        self._tokens -= 1.0
+        return True
+
+    def full(self) -> bool:
+        """Refilled completely (so forgetting the bucket changes nothing)."""
+        elapsed = time.monotonic() - self._stamp
+        return self._tokens + elapsed * self._rate >= self._burst
 
 
 @dataclass(slots=True)
@@ -121,8 +169,13 @@ class Bridge:
         observations: ObservationLog,
         key: SecretKey,
         delegated_auth: DelegatedAuth | None = None,
+        supervisor: Supervisor | None = None,
     ) -> None:
         self._bridge = config.bridge
+        self.supervisor = supervisor if supervisor is not None else Supervisor()
+        self._queued_by_relay: dict[str, int] = {}
+        self._relay_drained: dict[str, asyncio.Event] = {}
+        self._recipient_buckets: dict[str, TokenBucket] = {}
         self._db_path = config.resolve(config.server.database)
         self._db: aiosqlite.Connection | None = None
         self._devices = devices
@@ -174,7 +227,7 @@ class Bridge:
             ("bridge-registrations", self._registration_loop),
             ("bridge-housekeeping", self._housekeeping_loop),
         ):
-            self._tasks.append(asyncio.create_task(loop(), name=name))
+            self._tasks.append(self.supervisor.spawn(name, loop, core=True))
         self._apply(self._keys)
         if self._inboxes is not None:
             self._inboxes.start()
@@ -339,47 +392,92 @@ class Bridge:
         if event.kind not in DM_KINDS:
             counters.dropped["wrong_kind"].inc()
             return
-        if pubkey not in self._keys or pubkey not in event.tag_values("p"):
-            counters.dropped["unknown_recipient"].inc()
+        if not self._in_window(counters, event, is_list=False):
             return
         if not self._verified(counters, event):
             return
-        self._queue.append(Arrival(event, url, received_ms, () if baseline else (pubkey,)))
-        self._work.set()
+        if pubkey not in self._keys or pubkey not in event.tag_values("p"):
+            counters.dropped["unknown_recipient"].inc()
+            return
+        push_to: tuple[str, ...] = () if baseline else (pubkey,)
+        if push_to and not self._within_quota(counters, push_to):
+            return
+        self._enqueue(Arrival(event, url, received_ms, push_to))
 
     def on_event(self, url: str, sub_id: str, raw: Any, received_ms: int) -> None:
+        """An event from the pool's connection to `url`. It may wake only keys subscribed on
+        that relay (a relay cannot push keys it was never asked about). The signature is
+        checked before any recipient lookup, so a forged event counts as `forged` whether or
+        not its recipient is registered: public counters do not tell who is."""
         counters = self._counters[url]
         event = self._parse_new(counters, url, raw)
         if event is None:
             self._stored_anyway(url, sub_id, raw)
             return
+        subs = self._pool.subs.get(url)
+        subscribed = subs.keys if subs is not None else {}
         if event.kind in DM_KINDS:
-            recipients = tuple(dict.fromkeys(p for p in event.tag_values("p") if p in self._keys))
+            if not (self._in_window(counters, event, is_list=False)
+                    and self._verified(counters, event)):
+                return
+            recipients = tuple(dict.fromkeys(p for p in event.tag_values("p") if p in subscribed))
             if not recipients:
                 counters.dropped["unknown_recipient"].inc()
                 return
         elif event.kind in LIST_KINDS_SET and self._pool.plan.is_configured(url):
-            if event.pubkey not in self._keys:
+            if not (self._in_window(counters, event, is_list=True)
+                    and self._verified(counters, event)):
+                return
+            if event.pubkey not in subscribed:
                 counters.dropped["unknown_recipient"].inc()
                 return
-            recipients = ()
-        else:
-            counters.dropped["wrong_kind"].inc()
-            return
-        if not self._verified(counters, event):
-            return
-        if not recipients:
             if self._lists.offer(event):
                 self._lists_dirty.add(event.pubkey)
                 self._dirty_event.set()
             return
-        subs = self._pool.subs.get(url)
+        else:
+            counters.dropped["wrong_kind"].inc()
+            return
         if subs is not None:
             subs.stored(sub_id, event.created_at)
         if self._probe is not None and self._probe.take(url, event):
             return
         push_to = tuple(r for r in recipients if subs is None or not subs.is_baseline(sub_id, r))
-        self._queue.append(Arrival(event, url, received_ms, push_to))
+        if push_to and not self._within_quota(counters, push_to):
+            return
+        self._enqueue(Arrival(event, url, received_ms, push_to))
+
+    def _in_window(self, counters: RelayCounters, event: Event, is_list: bool) -> bool:
+        """`created_at` within [now - catch-up - slack, now + 15 min], checked before anything
+        is stored: a far-future time would overflow the database's integers or pin a relay
+        list forever, an old one is a replay from past the dedupe window. Relay lists are
+        long-lived replaceable events, so only their upper bound applies."""
+        now = int(time.time())
+        if event.created_at > now + MAX_FUTURE_SECONDS:
+            counters.dropped["too_new"].inc()
+            return False
+        if not is_list and event.created_at < now - self._bridge.catchup_seconds - PAST_SLACK_SECONDS:
+            counters.dropped["too_old"].inc()
+            return False
+        return True
+
+    def _within_quota(self, counters: RelayCounters, push_to: tuple[str, ...]) -> bool:
+        """Spend one token of each recipient's bucket; False (counted) when none had one."""
+        allowed = False
+        for recipient in push_to:
+            bucket = self._recipient_buckets.get(recipient)
+            if bucket is None:
+                bucket = self._recipient_buckets[recipient] = TokenBucket(
+                    RECIPIENT_EVENTS_PER_SECOND, RECIPIENT_BURST
+                )
+            allowed = bucket.take() or allowed
+        if not allowed:
+            counters.dropped["recipient_quota"].inc()
+        return allowed
+
+    def _enqueue(self, arrival: Arrival) -> None:
+        self._queue.append(arrival)
+        self._queued_by_relay[arrival.relay] = self._queued_by_relay.get(arrival.relay, 0) + 1
         self._work.set()
 
     def _stored_anyway(self, url: str, sub_id: str, raw: Any) -> None:
@@ -414,12 +512,20 @@ class Bridge:
             return False
         return True
 
-    def congested(self) -> bool:
-        return len(self._queue) >= CONGESTED_AT
+    def congested(self, url: str) -> bool:
+        """Back-pressure per relay: a relay with many events waiting pauses only its own reader
+        (and every reader only when the whole queue is full)."""
+        return (
+            self._queued_by_relay.get(url, 0) >= RELAY_QUEUE_CAP
+            or len(self._queue) >= CONGESTED_AT
+        )
 
-    async def drained(self) -> None:
-        self._drained.clear()
-        if len(self._queue) >= DRAINED_AT:
+    async def drained(self, url: str) -> None:
+        while (
+            self._queued_by_relay.get(url, 0) >= RELAY_QUEUE_CAP // 2
+            or len(self._queue) >= DRAINED_AT
+        ):
+            self._drained.clear()
             await self._drained.wait()
 
     # committer --------------------------------------------------------------------------
@@ -434,33 +540,76 @@ class Bridge:
                 return
 
     async def _commit_pending(self) -> None:
+        """Commit the next batch. A batch that raises is retried once, then committed event
+        by event, and an event that fails twice on its own is skipped and counted (`poison`):
+        one bad input never stops the loop nor comes back forever."""
         batch, self._queue = self._queue[:COMMIT_BATCH], self._queue[COMMIT_BATCH:]
+        for arrival in batch:
+            left = self._queued_by_relay.get(arrival.relay, 0) - 1
+            if left > 0:
+                self._queued_by_relay[arrival.relay] = left
+            else:
+                self._queued_by_relay.pop(arrival.relay, None)
         ops: list[tuple[str, list[tuple[Any, ...]]]] = []
         if not self._queue:
             # a baseline (from an EOSE) is stored only with or after every event the relay sent
             # before that EOSE, or a crash could leave a baseline whose events were never seen
             ops, self._db_ops = self._db_ops, []
         QUEUE.set(len(self._queue))
-        if len(self._queue) < DRAINED_AT:
-            self._drained.set()
-        new_events, further, to_push = await self._decide(batch)
-        writes = await self._targets(to_push)
+        self._drained.set()
+        try:
+            for attempt in range(POISON_ATTEMPTS):
+                try:
+                    await self._commit_retrying(batch, ops)
+                    return
+                except DatabaseUnavailable:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - a poison input: find and skip it
+                    log.warning("bridge commit of %d events failed (%s), attempt %d",
+                                len(batch), type(exc).__name__, attempt + 1)
+            for arrival in batch:
+                await self._commit_alone(arrival)
+            if ops:
+                await self._commit_retrying([], ops)
+        except DatabaseUnavailable:
+            COMMIT_FAILURES.inc(len(batch))
+            log.error("could not store %d events; their wakeups are lost", len(batch))
+
+    async def _commit_alone(self, arrival: Arrival) -> None:
+        for _ in range(POISON_ATTEMPTS):
+            try:
+                await self._commit_retrying([arrival], [])
+                return
+            except DatabaseUnavailable:
+                raise
+            except Exception:  # noqa: BLE001, S112 - counted below once it failed twice
+                continue
+        POISON.inc()
+        self._counters[arrival.relay].dropped["poison"].inc()
+        log.error("skipped an event that failed to commit %d times", POISON_ATTEMPTS)
+
+    async def _commit_retrying(
+        self, batch: list[Arrival], ops: list[tuple[str, list[tuple[Any, ...]]]]
+    ) -> None:
+        """`_commit`, retried with backoff while the database is busy or locked."""
         for attempt in range(COMMIT_ATTEMPTS):
             try:
-                await self._write(writes, new_events, further, ops)
-                break
-            except sqlite3.Error as exc:
-                log.warning(
-                    "bridge commit failed (%s: %s), attempt %d",
-                    type(exc).__name__,
-                    exc,
-                    attempt + 1,
-                )
+                await self._commit(batch, ops)
+                return
+            except sqlite3.OperationalError as exc:
+                log.warning("bridge commit failed (%s: %s), attempt %d",
+                            type(exc).__name__, exc, attempt + 1)
                 await asyncio.sleep(0.1 * 2**attempt)
-        else:
-            COMMIT_FAILURES.inc(len(writes))
-            log.error("could not store %d wakeups; they are lost", len(writes))
-            return
+        raise DatabaseUnavailable
+
+    async def _commit(
+        self, batch: list[Arrival], ops: list[tuple[str, list[tuple[Any, ...]]]]
+    ) -> None:
+        """Decide, write, and only then remember the batch's ids as seen."""
+        new_events, further, to_push, decided = await self._decide(batch)
+        writes = await self._targets(to_push)
+        await self._write(writes, new_events, further, ops)
+        self._seen.remember(decided)
         await self._lists.save()
         if writes:
             self._outbox.ready.set()
@@ -472,17 +621,21 @@ class Bridge:
             for listener in self._commit_listeners:
                 listener(committed)
 
-    async def _decide(
-        self, batch: list[Arrival]
-    ) -> tuple[list[tuple[str, str, int, int]], list[tuple[str, str, int]], list[Arrival]]:
-        """Which arrivals are new events, deliveries by a further relay, and wanted pushes."""
+    async def _decide(self, batch: list[Arrival]) -> tuple[
+        list[tuple[str, str, int, int]], list[tuple[str, str, int]], list[Arrival],
+        dict[str, tuple[str, ...]],
+    ]:
+        """Which arrivals are new events, deliveries by a further relay, and wanted pushes;
+        and the deliveries to remember once they are on disk (not before: a failed write
+        must not make them look handled)."""
         await self._seen.lookup(a.event.id for a in batch if not self._seen.known(a.event.id))
         new_events: list[tuple[str, str, int, int]] = []
         further: list[tuple[str, str, int]] = []
         to_push: list[Arrival] = []
+        decided: dict[str, tuple[str, ...]] = {}
         for arrival in batch:
             event = arrival.event
-            is_new, first_here = self._seen.first_delivery(event.id, arrival.relay)
+            is_new, first_here = self._seen.first_delivery(event.id, arrival.relay, decided)
             if not first_here:
                 self._counters[arrival.relay].duplicates.inc()
                 continue
@@ -498,7 +651,7 @@ class Bridge:
                 self._expect(arrival)
             else:
                 BASELINED.inc()
-        return new_events, further, to_push
+        return new_events, further, to_push, decided
 
     def _expect(self, arrival: Arrival) -> None:
         """Observation: the recipients' inbox relays that were connected as their DM arrived."""
@@ -576,6 +729,9 @@ class Bridge:
             await asyncio.sleep(HOUSEKEEPING_SECONDS)
             self._pool.note_live()
             await self._save_cursors()
+            self._recipient_buckets = {
+                key: bucket for key, bucket in self._recipient_buckets.items() if not bucket.full()
+            }
             if time.monotonic() - last_prune >= PRUNE_EVERY_SECONDS:
                 last_prune = time.monotonic()
                 removed = await self._seen.prune()

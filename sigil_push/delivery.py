@@ -16,6 +16,7 @@ import random
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from sigil_push.config import LimitsConfig, PushConfig
 from sigil_push.devices import Device, Devices
@@ -25,6 +26,7 @@ from sigil_push.push import metrics
 from sigil_push.push.base import Outcome, Sender, Status, WakeupMessage
 from sigil_push.push.limits import DeviceRateLimiter
 from sigil_push.push.payload import fallback, opaque_data, wakeup_data
+from sigil_push.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +36,13 @@ IDLE_POLL_SECONDS = 1.0
 HOUSEKEEPING_SECONDS = 1.0
 STOP_GRACE_SECONDS = 5.0
 ERROR_PAUSE_SECONDS = 1.0
+HOST_SHARE = 8
+"""A UnifiedPush endpoint host may hold at most 1/HOST_SHARE of its platform's window (a push
+to a host with nothing in flight always may go, however many wakeups it carries)."""
+HOST_HOLD_SECONDS = 1.0
+"""How long a wakeup for a host at its cap waits on disk before it is looked at again, at
+least: a quarter of the send timeout, so a tarpit's backlog is not re-read (in front of
+everyone else's due wakeups) every second while its pushes hang."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +64,9 @@ class Delivery:
         record_outcomes: bool,
         push: PushConfig | None = None,
         limits: LimitsConfig | None = None,
+        supervisor: Supervisor | None = None,
     ) -> None:
+        self._supervisor = supervisor if supervisor is not None else Supervisor()
         self._outbox = outbox
         self._devices = devices
         self._senders = senders
@@ -66,13 +77,22 @@ class Delivery:
         self._coalesce_ms = limits.coalesce_window_ms
         self._rate = DeviceRateLimiter(limits.wakeups_per_minute_per_device)
         self._last_push_ms: dict[int, int] = {}
-        # four times the senders' slots, so the next batches wait at the semaphores while the
-        # database round trips for them run (slow when the event loop keeps the GIL busy);
-        # rows waiting there were never sent, so this does not widen the resend-after-crash window
-        self._max_rows_in_flight = 4 * max(1, sum(s.max_concurrency for s in senders.values()))
-        self._rows_in_flight = 0
+        # per platform, four times its sender's slots, so the next batches wait at the semaphore
+        # while the database round trips for them run (slow when the event loop keeps the GIL
+        # busy); rows waiting there were never sent, so this does not widen the
+        # resend-after-crash window. One window per platform: a slow provider (or endpoints
+        # that never answer) fills its own window, never another provider's.
+        self._max_rows_in_flight = {p: 4 * max(1, s.max_concurrency) for p, s in senders.items()}
+        self._rows_in_flight: dict[str, int] = defaultdict(int)
         # refill in sizeable batches: waking per freed slot would mean one query per push
-        self._refill = max(1, min(BATCH_SIZE, self._max_rows_in_flight // 2))
+        self._refill = {p: max(1, min(BATCH_SIZE, w // 2)) for p, w in self._max_rows_in_flight.items()}
+        # UnifiedPush endpoints are user-chosen hosts: each may hold only a share of the window
+        self._host_cap = {p: max(1, w // HOST_SHARE) for p, w in self._max_rows_in_flight.items()}
+        self._host_rows: dict[tuple[str, str], int] = defaultdict(int)
+        self._host_hold_ms = int(
+            1000 * max(HOST_HOLD_SECONDS, self._push.send_timeout_seconds / 4)
+        )
+        self._live_ids: set[int] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._to_complete: list[int] = []
         self._completion_due = asyncio.Event()
@@ -91,8 +111,10 @@ class Delivery:
             )
         metrics.OUTBOX_DEPTH.set(await self._outbox.depth())
         await self._measure_outbox_age()
-        self._completer_task = asyncio.create_task(self._complete_forever(), name="outbox-completer")
-        self._loop_task = asyncio.create_task(self._run(), name="delivery")
+        self._completer_task = self._supervisor.spawn(
+            "outbox-completer", self._complete_forever, core=True
+        )
+        self._loop_task = self._supervisor.spawn("delivery", self._run, core=True)
 
     async def stop(self) -> None:
         """Stop taking wakeups, let pushes in flight finish briefly, keep the rest on disk."""
@@ -122,16 +144,31 @@ class Delivery:
         """One round: dispatch a batch of due wakeups, or sleep until there may be some."""
         self._outbox.ready.clear()
         await self._housekeeping()
-        has_room = self._room() >= self._refill
-        if has_room:
-            due = await self._outbox.due(now_ms(), min(self._room(), BATCH_SIZE))
-            if due:
-                await self._dispatch(due)
-                return
-        await self._idle(has_room)
+        open_platforms = [p for p in self._senders if self._room(p) >= self._refill[p]]
+        # a platform with no room is left out of the query, so its due rows can never stand
+        # in front of another platform's
+        if open_platforms and len(open_platforms) == len(self._senders):
+            due = await self._outbox.due(now_ms(), BATCH_SIZE)
+        elif open_platforms:
+            due = await self._outbox.due(now_ms(), BATCH_SIZE, open_platforms)
+        else:
+            due = []
+        if due:
+            await self._dispatch(due)
+            return
+        await self._idle(bool(open_platforms))
 
-    def _room(self) -> int:
-        return self._max_rows_in_flight - self._rows_in_flight
+    def _room(self, platform: str) -> int:
+        return self._max_rows_in_flight[platform] - self._rows_in_flight[platform]
+
+    def _host_of(self, device: Device) -> tuple[str, str] | None:
+        """The endpoint host a UnifiedPush push goes to (None for the big providers)."""
+        if self._senders[device.platform].provider != "unifiedpush":
+            return None
+        try:
+            return device.platform, urlsplit(device.token).hostname or ""
+        except ValueError:
+            return device.platform, ""
 
     async def _idle(self, has_room: bool) -> None:
         """Sleep until new wakeups, a freed slot, the next due wakeup or the poll interval."""
@@ -160,6 +197,12 @@ class Delivery:
         horizon = now - max(self._coalesce_ms, 1)
         self._last_push_ms = {d: t for d, t in self._last_push_ms.items() if t > horizon}
         metrics.OUTBOX_DEPTH.set(await self._outbox.depth())
+        # a claim no push task holds any more (its outcome could not be written, or a
+        # reschedule failed) comes back once it is older than a send could take
+        claim_horizon = now - int((2 * self._push.send_timeout_seconds + STOP_GRACE_SECONDS) * 1000)
+        released = await self._outbox.release_claims(claim_horizon, self._live_ids)
+        if released:
+            log.warning("%d wakeups had stale claims; they are due again", released)
         await self._measure_outbox_age()
         if self._unsettled:
             ids, self._unsettled = self._unsettled, []
@@ -183,26 +226,41 @@ class Delivery:
                 by_device[wakeup.device_id].append(wakeup)
         pushes: list[Push] = []
         held: dict[int, list[int]] = defaultdict(list)
+        planned_per_host: dict[tuple[str, str], int] = defaultdict(int)
         for wakeups in by_device.values():
             device = wakeups[0].device
             gate = self._gate(device, now)
+            host = self._host_of(device)
+            if host is not None:
+                busy = self._host_rows[host] + planned_per_host[host]
+                if busy and busy + len(wakeups) > self._host_cap[device.platform]:
+                    gate = max(gate, now + self._host_hold_ms)
             if gate > now:
                 held[gate].extend(w.id for w in wakeups)
             else:
-                pushes.extend(self._plan(device, wakeups, now))
+                planned = self._plan(device, wakeups, now)
+                if host is not None:
+                    planned_per_host[host] += sum(len(p.wakeups) for p in planned)
+                pushes.extend(planned)
         claimed = [w.id for push in pushes for w in push.wakeups]
         await self._outbox.claim(claimed, now)
+        # from here on the rows are claimed: start every push before anything else can fail,
+        # so no claim is left without a task that settles it
+        self._live_ids.update(claimed)
+        for push in pushes:
+            self._rows_in_flight[push.device.platform] += len(push.wakeups)
+            host = self._host_of(push.device)
+            if host is not None:
+                self._host_rows[host] += len(push.wakeups)
+            task = asyncio.create_task(self._send(push))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
         for at_ms, ids in held.items():
             await self._outbox.reschedule(ids, at_ms)
         if expired:
             await self._give_up(expired, "too old or too many attempts")
         if unsendable:
             await self._give_up(unsendable, "platform no longer enabled")
-        self._rows_in_flight += len(claimed)
-        for push in pushes:
-            task = asyncio.create_task(self._send(push))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
 
     def _expired(self, wakeup: Wakeup, now: int) -> bool:
         too_old = now - wakeup.first_seen_ms > self._push.max_wakeup_age_seconds * 1000
@@ -271,8 +329,15 @@ class Delivery:
                 log.exception("cannot record a %s outcome; its wakeups will be retried", sender.provider)
                 self._unsettled.extend(w.id for w in push.wakeups)
         finally:
-            self._rows_in_flight -= len(push.wakeups)
-            if self._room() >= self._refill:
+            platform = push.device.platform
+            self._rows_in_flight[platform] -= len(push.wakeups)
+            self._live_ids.difference_update(w.id for w in push.wakeups)
+            host = self._host_of(push.device)
+            if host is not None:
+                self._host_rows[host] -= len(push.wakeups)
+                if not self._host_rows[host]:
+                    del self._host_rows[host]
+            if self._room(platform) >= self._refill[platform]:
                 self._outbox.ready.set()
 
     async def _settle(self, push: Push, provider: str, outcome: Outcome) -> None:

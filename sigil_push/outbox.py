@@ -16,7 +16,7 @@ import hashlib
 import hmac
 import json
 import secrets
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import aiosqlite
@@ -122,17 +122,23 @@ class Outbox:
         digest = hmac.new(self._secret, str(wakeup_id).encode(), hashlib.sha256)
         return digest.hexdigest()[:32]
 
-    async def due(self, now_ms: int, limit: int) -> list[Wakeup]:
-        """Unclaimed wakeups due by `now_ms`, oldest schedule first, with their device."""
+    async def due(
+        self, now_ms: int, limit: int, platforms: Sequence[str] | None = None
+    ) -> list[Wakeup]:
+        """Unclaimed wakeups due by `now_ms`, oldest schedule first, with their device; only
+        for devices on `platforms` when given (those with room in their in-flight window)."""
+        only = ""
+        if platforms is not None:
+            only = f" AND d.platform IN ({','.join('?' * len(platforms))})"
         # reads on the shared connection are one call (execute + fetch in its thread): a SELECT
         # left open between two calls makes any write queued in between fail with SQLITE_BUSY
         # at once, without the busy timeout, whenever the bridge's connection holds the lock
         rows = await self._db.execute_fetchall(
             "SELECT o.id, o.event_id, o.relay, o.event_json, o.first_seen_ms, o.attempts,"
             f" {_DEVICE_COLUMNS} FROM outbox o JOIN devices d ON d.id = o.device_id"
-            " WHERE o.claimed_ms IS NULL AND o.next_attempt_ms <= ?"
+            f" WHERE o.claimed_ms IS NULL AND o.next_attempt_ms <= ?{only}"
             " ORDER BY o.next_attempt_ms, o.id LIMIT ?",
-            (now_ms, limit),
+            (now_ms, *(platforms or ()), limit),
         )
         return [
             Wakeup(int(r[0]), Device.from_row(r[6:]), str(r[1]), str(r[2]),
@@ -170,6 +176,21 @@ class Outbox:
                 f" WHERE id IN ({','.join('?' * len(chunk))})",
                 (next_attempt_ms, *chunk),
             )
+
+    async def release_claims(self, claimed_before_ms: int, live: Collection[int]) -> int:
+        """Release claims older than `claimed_before_ms` that no push in flight (`live`) holds:
+        a claim whose outcome was never written must not keep its wakeup forever."""
+        rows = await self._db.execute_fetchall(
+            "SELECT id FROM outbox WHERE claimed_ms IS NOT NULL AND claimed_ms < ?",
+            (claimed_before_ms,),
+        )
+        stale = [int(r[0]) for r in rows if int(r[0]) not in live]
+        for chunk in _chunks(stale):
+            await self._run(
+                f"UPDATE outbox SET claimed_ms = NULL WHERE id IN ({','.join('?' * len(chunk))})",
+                tuple(chunk),
+            )
+        return len(stale)
 
     async def _run(self, sql: str, parameters: Sequence[object]) -> int:
         """Execute one write statement; returns the number of rows it changed."""

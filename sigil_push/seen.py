@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 import aiosqlite
 
 LOOKUP_CHUNK = 500
+MAX_KEEP_UNTIL = 2**62
 
 
 class SeenEvents:
@@ -60,16 +61,23 @@ class SeenEvents:
                 for event_id, first, further in await cursor.fetchall():
                     self._remember_row(str(event_id), str(first), further)
 
-    def first_delivery(self, event_id: str, relay: str) -> tuple[bool, bool]:
-        """Record in memory that `relay` delivered the event (after `lookup`).
-
-        Returns (new_event, new_for_relay).
+    def first_delivery(
+        self, event_id: str, relay: str, pending: dict[str, tuple[str, ...]]
+    ) -> tuple[bool, bool]:
+        """Note in `pending` (one batch's decisions, not yet on disk) that `relay` delivered
+        the event (after `lookup`). Returns (new_event, new_for_relay).
         """
-        relays = self._relays.get(event_id)
+        relays = pending.get(event_id, self._relays.get(event_id))
         if relays is not None and relay in relays:
             return False, False
-        self._remember(event_id, relay)
+        pending[event_id] = (*(relays or ()), relay)
         return relays is None, True
+
+    def remember(self, pending: dict[str, tuple[str, ...]]) -> None:
+        """Keep in memory the deliveries `first_delivery` noted, once their write succeeded."""
+        for event_id, relays in pending.items():
+            for relay in relays:
+                self._remember(event_id, relay)
 
     def _remember_row(self, event_id: str, first: str, further: object) -> None:
         self._remember(event_id, first)
@@ -106,7 +114,8 @@ class SeenEvents:
             )
 
     def _keep_until(self, seen_ms: int, created_at: int) -> int:
-        return max(seen_ms // 1000, created_at) + self._retention
+        # the bridge drops far-future events; this bound keeps any caller within SQLite's int64
+        return min(max(seen_ms // 1000, created_at) + self._retention, MAX_KEEP_UNTIL)
 
     async def prune(self, now: int | None = None) -> int:
         """Forget ids past retention (they can no longer be returned by a catch-up)."""

@@ -29,6 +29,7 @@ from sigil_push.observations import ObservationLog
 from sigil_push.outbound import OutboundGuard
 from sigil_push.outbox import Outbox
 from sigil_push.push.factory import build_senders
+from sigil_push.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,7 @@ class Service:
         self.state = State.STARTING
         self._components: Components | None = None
         self._running = AsyncExitStack()
+        self.supervisor = Supervisor()
 
     @property
     def components(self) -> Components:
@@ -91,7 +93,8 @@ class Service:
         stack.push_async_callback(observations.stop)
         senders = await build_senders(config)
         delivery = Delivery(
-            outbox, devices, senders, observations, not config.dry_run, config.push, config.limits
+            outbox, devices, senders, observations, not config.dry_run, config.push, config.limits,
+            self.supervisor,
         )
         await delivery.start()
         stack.push_async_callback(delivery.stop)
@@ -99,7 +102,9 @@ class Service:
         devices.add_listener(delegated_auth.registration_changed)
         await delegated_auth.start()
         stack.push_async_callback(delegated_auth.stop)
-        bridge = Bridge(config, devices, outbox, observations, key, delegated_auth)
+        bridge = Bridge(
+            config, devices, outbox, observations, key, delegated_auth, self.supervisor
+        )
         devices.add_listener(bridge.registration_changed)
         canary = canary_from_config(config, key, observations)
         if canary is not None:
@@ -124,6 +129,10 @@ class Service:
         self.state = State.STOPPING
         await self._running.aclose()
         self._components = None
+
+    def tasks_down(self) -> list[str]:
+        """Core tasks (e.g. `bridge-commit`) waiting to be restarted after an exception."""
+        return self.supervisor.down()
 
     def relay_health(self) -> dict[str, dict[str, Any]]:
         """Per relay: whether it is connected and when it last delivered an event.

@@ -182,15 +182,18 @@ async def test_seen_events_survive_a_restart_and_memory_stays_bounded(tmp_path: 
     try:
         seen = SeenEvents(db, retention_seconds=1000, cache_size=2)
         await seen.lookup(KEYS[:3])
+        pending: dict[str, tuple[str, ...]] = {}
         for key in KEYS[:3]:
-            assert seen.first_delivery(key, "wss://a") == (True, True)
+            assert seen.first_delivery(key, "wss://a", pending) == (True, True)
+        assert len(seen) == 0, "nothing is remembered before its write succeeds"
+        seen.remember(pending)
         assert len(seen) == 2
         await seen.save([(k, "wss://a", 1_000_000, 1000) for k in KEYS[:3]], [])
 
         restarted = SeenEvents(db, retention_seconds=1000, cache_size=10)
         await restarted.load()
         assert restarted.delivered_by(KEYS[0], "wss://a")
-        assert restarted.first_delivery(KEYS[0], "wss://b") == (False, True)
+        assert restarted.first_delivery(KEYS[0], "wss://b", {}) == (False, True)
         await restarted.save([], [(KEYS[0], "wss://b", 1000)])
         again = SeenEvents(db, retention_seconds=1000, cache_size=10)
         await again.lookup([KEYS[0]])

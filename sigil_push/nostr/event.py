@@ -12,6 +12,9 @@ from typing import Any
 from sigil_push.nostr.keys import SecretKey, is_hex, schnorr_verify
 
 Tags = tuple[tuple[str, ...], ...]
+MAX_CREATED_AT = 2**53 - 1
+"""JSON's largest exact integer: beyond it clients disagree on the value, and a time that large
+would overflow the database's int64 arithmetic. Callers apply their own, much tighter window."""
 
 
 class InvalidEvent(ValueError):
@@ -60,7 +63,7 @@ class Event:
             raise InvalidEvent("bad_pubkey")
         if not (isinstance(sig, str) and is_hex(sig, 128)):
             raise InvalidEvent("bad_sig")
-        if type(created_at) is not int or created_at < 0:
+        if type(created_at) is not int or not 0 <= created_at <= MAX_CREATED_AT:
             raise InvalidEvent("bad_created_at")
         if type(kind) is not int or not 0 <= kind <= 65535:
             raise InvalidEvent("bad_kind")

@@ -36,6 +36,7 @@ from sigil_push.nostr.nip42 import auth_event
 from sigil_push.observations import ObservationLog
 from sigil_push.outbound import open_relay_socket
 from sigil_push.relays.nip11 import RelayLimits, fetch_limits
+from sigil_push.supervisor import supervise
 
 log = logging.getLogger(__name__)
 # websockets logs every frame, truncated, at DEBUG: REQ filters would put pieces of users'
@@ -157,9 +158,9 @@ class ConnectionHandler(Protocol):
         """The signer could not answer the relay's challenge (AuthUnavailable)."""
         ...
 
-    def congested(self) -> bool: ...
+    def congested(self, connection: RelayConnection) -> bool: ...
 
-    async def drained(self) -> None: ...
+    async def drained(self, connection: RelayConnection) -> None: ...
 
 
 def _prefix(message: Any) -> str:
@@ -234,7 +235,7 @@ class RelayConnection:
         return self.state is State.CONNECTED
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name=f"relay {self.url}")
+        self._task = supervise("relay-reader", self._run, name=f"relay {self.url}")
 
     async def stop(self) -> None:
         if self.state is State.CONNECTED and not self.per_user:
@@ -366,8 +367,8 @@ class RelayConnection:
         async for frame in ws:
             received_ms = time.time_ns() // 1_000_000
             self._dispatch(frame, received_ms)
-            if handler.congested():
-                await handler.drained()
+            if handler.congested(self):
+                await handler.drained(self)
 
     def _track(self, sub_id: str) -> None:
         self._reqs.pop(sub_id, None)

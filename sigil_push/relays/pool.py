@@ -144,9 +144,9 @@ class PoolOwner(Protocol):
 
     def relay_gated(self, url: str) -> None: ...
 
-    def congested(self) -> bool: ...
+    def congested(self, url: str) -> bool: ...
 
-    async def drained(self) -> None: ...
+    async def drained(self, url: str) -> None: ...
 
 
 class RelayPool:
@@ -367,11 +367,11 @@ class RelayPool:
             self._note_maybe_gated(connection.url, False)
         self._owner.on_event(connection.url, sub_id, raw, received_ms)
 
-    def congested(self) -> bool:
-        return self._owner.congested()
+    def congested(self, connection: RelayConnection) -> bool:
+        return self._owner.congested(connection.url)
 
-    async def drained(self) -> None:
-        await self._owner.drained()
+    async def drained(self, connection: RelayConnection) -> None:
+        await self._owner.drained(connection.url)
 
     # health -----------------------------------------------------------------------------
 

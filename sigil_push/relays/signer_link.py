@@ -21,6 +21,7 @@ import contextlib
 import json
 import logging
 import time
+from functools import partial
 from typing import Any
 
 from prometheus_client import Counter
@@ -32,6 +33,7 @@ from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip46 import REQUEST_KIND, Response, SignerError, read_response
 from sigil_push.outbound import GuardedSocket, open_relay_socket
 from sigil_push.relays.connection import wire_log
+from sigil_push.supervisor import supervise
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +153,7 @@ class SignerRelayLink:
                 self._opener = opener
             except (OSError, TimeoutError, InvalidHandshake, InvalidURI) as exc:
                 raise SignerUnreachable(f"cannot connect to the signer relay: {type(exc).__name__}") from None
-            self._reader = asyncio.create_task(self._read(self._socket), name="nip46-link")
+            self._reader = supervise("signer-link", partial(self._read, self._socket))
             for index, chunk in enumerate(self._chunks):
                 if chunk:
                     await self._subscribe(self._socket, index)

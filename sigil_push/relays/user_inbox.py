@@ -73,9 +73,9 @@ class InboxOwner(Protocol):
         self, url: str, pubkey: str, raw: Any, received_ms: int, baseline: bool
     ) -> None: ...
 
-    def congested(self) -> bool: ...
+    def congested(self, url: str) -> bool: ...
 
-    async def drained(self) -> None: ...
+    async def drained(self, url: str) -> None: ...
 
 
 class SessionSource(Protocol):
@@ -202,11 +202,11 @@ class UserInbox:
         self._sub_id = None
         self._set_authenticated(False)
 
-    def congested(self) -> bool:
-        return self._owner.congested()
+    def congested(self, connection: RelayConnection) -> bool:
+        return self._owner.congested(connection.url)
 
-    async def drained(self) -> None:
-        await self._owner.drained()
+    async def drained(self, connection: RelayConnection) -> None:
+        await self._owner.drained(connection.url)
 
     # state ------------------------------------------------------------------------------
 

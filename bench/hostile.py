@@ -1,0 +1,254 @@
+"""Benchmark: a victim's wakeup and the good relays' ingest while one relay is hostile.
+
+Two runs of a real `sigil-push serve` process, each with a real `nostr-relay` as the good
+relay, a victim whose UnifiedPush endpoint is a small recorder here (another host than the
+tarpits: `localhost`, not `127.0.0.1`), and 50 keys publishing a
+burst of DMs on the good relay (the ingest figure):
+  quiet   — nothing else;
+  hostile — plus one hostile relay (a websockets server here) that, on every REQ, streams
+            valid self-addressed DMs as fast as it can for 50 attacker keys, whose devices'
+            UnifiedPush endpoints are 50 tarpits (accept TCP, never answer).
+Victim latency: a DM published on the good relay → the push at the victim's endpoint, one at a
+time, `--samples` of them; p50/p99. Ingest: events/s from the first publish of the burst until
+the service's reader has received all of it (publishing one event at a time to a Python relay
+bounds this figure as much as the service does). Loopback only; the machine may be shared: figures are noisy.
+
+Usage: python bench/hostile.py [--samples 30] [--burst 500]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import httpx
+import nostr_sdk
+from websockets.asyncio.server import ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
+
+from sigil_push.nostr.keys import SecretKey
+from sigil_push.nostr.nip98 import make_http_auth
+from tests.adversarial.tarpit import Tarpit
+from tests.support.bridge_harness import metric
+from tests.support.nostr_client import kind4_dm, npub_of, publish, secret_hex_of, user
+from tests.support.relay import RelayProcess
+from tests.support.service import ServiceProcess
+
+RESULTS = ROOT / "bench" / "results" / "hostile.json"
+TARPITS = 50
+
+
+class Recorder:
+    """A UnifiedPush endpoint that answers 201 at once and notes when each push arrived."""
+
+    def __init__(self) -> None:
+        self.arrivals: list[float] = []
+        self.port = 0
+        self._server: asyncio.Server | None = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.decode("latin-1").split("\r\n"):
+                    if line.lower().startswith("content-length:"):
+                        length = int(line.split(":", 1)[1])
+                await reader.readexactly(length)
+                self.arrivals.append(time.monotonic())
+                writer.write(b"HTTP/1.1 201 Created\r\nContent-Length: 0\r\n\r\n")
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    def endpoint(self, name: str) -> str:
+        return f"http://localhost:{self.port}/up/{name}"
+
+
+class FloodRelay:
+    """On every REQ: EOSE, then the given frames in a loop as fast as the socket takes them,
+    on that subscription until it is closed or replaced (as a relay would)."""
+
+    def __init__(self, frames: list[str]) -> None:
+        self.frames = frames
+        self.sent = 0
+        self.armed = asyncio.Event()
+        """Set once every attacker key is subscribed, so the flood's events are live DMs."""
+        self.url = ""
+
+    async def _handle(self, ws: ServerConnection) -> None:
+        floods: dict[str, asyncio.Task[None]] = {}
+        try:
+            async for text in ws:
+                message = json.loads(text)
+                if message[0] in ("REQ", "CLOSE") and message[1] in floods:
+                    floods.pop(message[1]).cancel()
+                if message[0] == "REQ":
+                    await ws.send(json.dumps(["EOSE", message[1]]))
+                    floods[message[1]] = asyncio.create_task(self._flood(ws, message[1]))
+        except ConnectionClosed:
+            return
+        finally:
+            for task in floods.values():
+                task.cancel()
+
+    async def _flood(self, ws: ServerConnection, sub_id: str) -> None:
+        prefix = f'["EVENT","{sub_id}",'
+        await self.armed.wait()
+        try:
+            while True:
+                for frame in self.frames:
+                    await ws.send(prefix + frame + "]")
+                    self.sent += 1
+        except ConnectionClosed:
+            return
+
+    async def start(self) -> Any:
+        server = await serve(self._handle, "127.0.0.1", 0, compression=None)
+        self.url = f"ws://127.0.0.1:{next(iter(server.sockets)).getsockname()[1]}"
+        return server
+
+
+def register(service: ServiceProcess, keys: nostr_sdk.Keys, endpoint: str, relays: list[str]) -> None:
+    body = {"npub": npub_of(keys), "platform": "unifiedpush", "device_token": endpoint,
+            "relays": relays}
+    raw = json.dumps(body).encode()
+    header = make_http_auth(SecretKey(secret_hex_of(keys)), service.url + "/register", "POST", raw)
+    response = httpx.post(service.url + "/register", content=raw, timeout=30,
+                          headers={"content-type": "application/json", "authorization": header})
+    assert response.status_code in (200, 201), response.text
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+async def wait_for(check: Any, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise TimeoutError("benchmark condition not reached")
+        await asyncio.sleep(0.02)
+
+
+async def run(folder: Path, hostile: bool, samples: int, burst: int) -> dict[str, Any]:
+    good = RelayProcess(folder / "good").start()
+    recorder = Recorder()
+    await recorder.start()
+    flood_server = None
+    tarpits: list[Tarpit] = []
+    flood: FloodRelay | None = None
+    try:
+        config = (
+            "[bridge]\nreconnect_min_seconds = 0.2\nreconnect_max_seconds = 1.0\n"
+            "[unifiedpush]\nallow_private_endpoints = true\n"
+        )
+        limits = ("requests_per_minute_per_ip = 0\nrequests_per_minute_per_npub = 0\n"
+                  "coalesce_window_ms = 0\nwakeups_per_minute_per_device = 0\n")
+        service = ServiceProcess(folder / "service", [good.url], config, limits).start()
+        try:
+            if hostile:
+                attackers = [user() for _ in range(TARPITS)]
+                frames = [json.dumps(kind4_dm(a, a, f"flood {i}"), separators=(",", ":"))
+                          for i in range(300) for a in attackers]
+                flood = FloodRelay(frames)
+                flood_server = await flood.start()
+                for attacker in attackers:
+                    tarpit = Tarpit()
+                    await tarpit.__aenter__()
+                    tarpits.append(tarpit)
+                    register(service, attacker, tarpit.endpoint("x"), [flood.url])
+                await wait_for(lambda: metric(service, "sigil_push_bridge_watched_keys") >= TARPITS)
+                await asyncio.sleep(2.0)  # the last REQs answered
+                flood.armed.set()
+                await wait_for(lambda: flood is not None and flood.sent > 10_000)
+            victim, friend = user(), user()
+            register(service, victim, recorder.endpoint("victim"), [])
+            senders = [user() for _ in range(50)]
+            for index, sender in enumerate(senders):
+                register(service, sender, recorder.endpoint(f"burst{index}"), [])
+            await wait_for(lambda: metric(service, "sigil_push_bridge_watched_keys") >= 51 + (TARPITS if hostile else 0))
+            await asyncio.sleep(2.0)  # the new keys' REQs answered
+            latencies = []
+            for i in range(samples):
+                before = len(recorder.arrivals)
+                started = time.monotonic()
+                await publish(good.url, kind4_dm(friend, victim, f"hello {i}"))
+                await wait_for(lambda before=before: len(recorder.arrivals) > before, 60.0)
+                latencies.append(recorder.arrivals[before] - started)
+            received_before = metric(service, "sigil_push_bridge_events_received_total", relay=good.url)
+            events = [kind4_dm(senders[(i + 1) % 50], senders[i % 50], f"burst {i}") for i in range(burst)]
+            started = time.monotonic()
+            await publish(good.url, *events)
+            await wait_for(lambda: metric(service, "sigil_push_bridge_events_received_total",
+                                          relay=good.url) - received_before >= burst)
+            ingest_seconds = time.monotonic() - started
+            result: dict[str, Any] = {
+                "victim_p50_seconds": round(percentile(latencies, 0.5), 4),
+                "victim_p99_seconds": round(percentile(latencies, 0.99), 4),
+                "good_ingest_events_per_second": round(burst / ingest_seconds, 1),
+            }
+            if hostile and flood is not None:
+                result["flood_frames_sent"] = flood.sent
+                result["flood_dropped_recipient_quota"] = metric(
+                    service, "sigil_push_bridge_events_dropped_total", relay=flood.url,
+                    reason="recipient_quota")
+                result["tarpit_connections"] = sum(t.connections for t in tarpits)
+            return result
+        finally:
+            service.stop()
+    finally:
+        if flood_server is not None:
+            flood_server.close()
+        for tarpit in tarpits:
+            await tarpit.__aexit__()
+        good.stop()
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        quiet = await run(Path(tmp) / "quiet", False, args.samples, args.burst)
+        hostile = await run(Path(tmp) / "hostile", True, args.samples, args.burst)
+    return {
+        "machine": {"platform": platform.platform(), "note": "2 cores shared with other work"},
+        "samples": args.samples,
+        "burst": args.burst,
+        "quiet": quiet,
+        "hostile": hostile,
+        "ingest_ratio": round(
+            hostile["good_ingest_events_per_second"] / quiet["good_ingest_events_per_second"], 3
+        ),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=30)
+    parser.add_argument("--burst", type=int, default=500)
+    results = asyncio.run(main_async(parser.parse_args()))
+    quiet, hostile = results["quiet"], results["hostile"]
+    print(f"victim wakeup p99: quiet {quiet['victim_p99_seconds']} s, "
+          f"hostile {hostile['victim_p99_seconds']} s (target < 2 s)")
+    print(f"good relay ingest: quiet {quiet['good_ingest_events_per_second']}/s, "
+          f"hostile {hostile['good_ingest_events_per_second']}/s, "
+          f"ratio {results['ingest_ratio']} (target >= 0.8)")
+    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""Long-running tasks that cannot die unnoticed: every exception is logged, counted and the task
+restarted with backoff.
+
+A loop that dies silently (the commit loop on one hostile event) stops wakeups for every user
+while `/health` still says ok. Under a Supervisor such a loop comes back, each restart shows in
+`sigil_push_task_restarts_total{task}`, and while a *core* task waits out its backoff it is
+listed by `down()`, which `/health` reports with a 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from prometheus_client import Counter
+
+log = logging.getLogger(__name__)
+
+RESTARTS = Counter(
+    "sigil_push_task_restarts_total", "Long-running tasks restarted after an exception", ["task"]
+)
+BACKOFF_FIRST_SECONDS = 0.1
+BACKOFF_MAX_SECONDS = 30.0
+HEALTHY_AFTER_SECONDS = 60.0
+"""A task that ran this long before failing starts its backoff from the beginning again."""
+
+
+class Supervisor:
+    """Runs named tasks, restarting each after an exception; `down()` lists core tasks that are
+    currently waiting to be restarted."""
+
+    def __init__(self) -> None:
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._down: set[str] = set()
+
+    def spawn(
+        self, name: str, run: Callable[[], Awaitable[None]], core: bool = False
+    ) -> asyncio.Task[None]:
+        """Start `run()` as task `name`; it ends only when `run` returns or it is cancelled."""
+        task = asyncio.create_task(self._supervise(name, run, core), name=name)
+        self._tasks[name] = task
+        task.add_done_callback(lambda done: self._forget(name, done))
+        return task
+
+    def _forget(self, name: str, task: asyncio.Task[None]) -> None:
+        if self._tasks.get(name) is task:
+            del self._tasks[name]
+        self._down.discard(name)
+
+    async def _supervise(self, name: str, run: Callable[[], Awaitable[None]], core: bool) -> None:
+        await _restarting(name, run, self._down if core else None)
+
+    def down(self) -> list[str]:
+        """Core tasks currently down (between a failure and their restart), sorted."""
+        return sorted(self._down)
+
+    def running(self, name: str) -> bool:
+        return name in self._tasks
+
+    async def cancel(self, name: str) -> None:
+        """Cancel one task and wait for it to end."""
+        task = self._tasks.get(name)
+        if task is None:
+            return
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    async def stop(self) -> None:
+        """Cancel every task and wait for them all."""
+        for name in list(self._tasks):
+            await self.cancel(name)
+
+
+def supervise(
+    task: str, run: Callable[[], Awaitable[None]], name: str | None = None
+) -> asyncio.Task[None]:
+    """Start `run()` restarted with backoff after any exception, for tasks that are not core
+    loops (one per relay or signer link): counted under the fixed label `task` (never a URL),
+    with `name` (default `task`) as the asyncio task's name. Cancel the task to stop it."""
+    return asyncio.create_task(_restarting(task, run, None), name=name or task)
+
+
+async def _restarting(
+    name: str, run: Callable[[], Awaitable[None]], down: set[str] | None
+) -> None:
+    delay = BACKOFF_FIRST_SECONDS
+    while True:
+        started = time.monotonic()
+        try:
+            await run()
+            return
+        except Exception as exc:  # noqa: BLE001 - the point: nothing may end the task
+            RESTARTS.labels(name).inc()
+            if time.monotonic() - started >= HEALTHY_AFTER_SECONDS:
+                delay = BACKOFF_FIRST_SECONDS
+            # the exception's type only: its message may carry event data or a pubkey
+            log.error("task %s failed (%s); restarting in %.1f s", name, type(exc).__name__, delay)
+        if down is not None:
+            down.add(name)
+        try:
+            await asyncio.sleep(delay)
+        finally:
+            if down is not None:
+                down.discard(name)
+        delay = min(BACKOFF_MAX_SECONDS, delay * 2)

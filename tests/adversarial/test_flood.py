@@ -1,0 +1,83 @@
+"""Flood fairness in the bridge: a relay that floods fills only its own share of the commit
+queue and pauses only its own reader; a flood of DMs to one key (e.g. to oneself) is capped by
+that key's quota, dropped and counted, and cannot fill the queue for everyone."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from prometheus_client import REGISTRY
+
+from sigil_push.bridge import RECIPIENT_BURST, RELAY_QUEUE_CAP, Bridge
+from sigil_push.config import parse_config
+from sigil_push.db import open_database
+from sigil_push.devices import Devices
+from sigil_push.nostr.event import sign_event
+from sigil_push.nostr.keys import SecretKey
+from sigil_push.observations import ObservationLog
+from sigil_push.outbox import Outbox
+from tests.fakes.harness import eventually
+
+FLOODER = "wss://flood.example"
+QUIET = "wss://quiet.example"
+
+
+def _dropped(relay: str, reason: str) -> float:
+    return REGISTRY.get_sample_value(
+        "sigil_push_bridge_events_dropped_total", {"relay": relay, "reason": reason}
+    ) or 0.0
+
+
+async def test_one_relays_flood_pauses_only_that_relay_and_one_keys_flood_is_capped(
+    tmp_path: Path,
+) -> None:
+    config = parse_config({"server": {"database": "push.db"}}, tmp_path / "relays.toml")
+    db = await open_database(tmp_path / "push.db")
+    observations = ObservationLog(tmp_path / "observations")
+    await observations.start()
+    devices = Devices(db)
+    outbox = Outbox(db)
+    bridge = Bridge(config, devices, outbox, observations, SecretKey.generate())
+    devices.add_listener(bridge.registration_changed)
+    await bridge.start()
+    try:
+        mallory, victim = SecretKey.generate(), SecretKey.generate()
+        for key, token in ((mallory, "fcm-mallory"), (victim, "fcm-victim")):
+            await devices.register(key.public_key_hex, "android", token, "opaque", (), None, 0)
+        await eventually(
+            lambda: {mallory.public_key_hex, victim.public_key_hex} <= bridge._keys,
+            what="both keys watched",
+        )
+        me = mallory.public_key_hex
+        now_ms = int(time.time() * 1000)
+        # a flood the committer has not seen yet: nothing yields while it arrives
+        for i in range(RELAY_QUEUE_CAP):
+            event = sign_event(mallory, 4, f"old {i}", [["p", me]])
+            bridge.on_user_event(FLOODER, me, event.to_json(), now_ms, True)
+        assert bridge.congested(FLOODER)
+        assert not bridge.congested(QUIET), "another relay's reader must not wait"
+
+        before = _dropped(FLOODER, "recipient_quota")
+        flood = [sign_event(mallory, 4, f"to myself {i}", [["p", me]]) for i in range(300)]
+        for event in flood:
+            bridge.on_user_event(FLOODER, me, event.to_json(), now_ms, False)
+        dropped = _dropped(FLOODER, "recipient_quota") - before
+        assert 300 - RECIPIENT_BURST - 5 <= dropped <= 300 - RECIPIENT_BURST
+
+        wanted = sign_event(SecretKey.generate(), 4, "hi", [["p", victim.public_key_hex]])
+        bridge.on_user_event(QUIET, victim.public_key_hex, wanted.to_json(), now_ms, False)
+        await asyncio.wait_for(bridge.drained(FLOODER), timeout=60)
+
+        async def victim_queued() -> bool:
+            rows = await db.execute_fetchall(
+                "SELECT 1 FROM outbox WHERE event_id = ?", (wanted.id,)
+            )
+            return bool(rows)
+
+        await eventually(victim_queued, timeout=60.0, what="the victim's wakeup in the outbox")
+    finally:
+        await bridge.stop()
+        await observations.stop()
+        await db.close()

@@ -1,0 +1,108 @@
+"""Supervision: a task that raises is logged, counted and restarted with backoff, reported as
+down meanwhile; a commit batch holding a poison event is retried once, then committed event
+by event, the poison skipped and counted, and nothing is remembered as seen before its write."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import REGISTRY
+
+from sigil_push.bridge import Arrival, Bridge
+from sigil_push.config import parse_config
+from sigil_push.db import open_database
+from sigil_push.devices import Device, Devices
+from sigil_push.nostr.event import sign_event
+from sigil_push.nostr.keys import SecretKey
+from sigil_push.observations import ObservationLog
+from sigil_push.outbox import Outbox
+from sigil_push.supervisor import Supervisor
+from tests.fakes.harness import eventually
+
+RELAY = "wss://relay.example"
+
+
+def _restarts(task: str) -> float:
+    return REGISTRY.get_sample_value("sigil_push_task_restarts_total", {"task": task}) or 0.0
+
+
+async def test_a_failing_task_is_restarted_counted_and_reported_down() -> None:
+    supervisor = Supervisor()
+    runs: list[float] = []
+    before = _restarts("flaky")
+    seen_down: list[list[str]] = []
+
+    async def flaky() -> None:
+        runs.append(time.monotonic())
+        if len(runs) < 3:
+            raise OverflowError("boom")
+
+    task = supervisor.spawn("flaky", flaky, core=True)
+    while not task.done():
+        if supervisor.down():
+            seen_down.append(supervisor.down())
+        await asyncio.sleep(0.005)
+    assert len(runs) == 3
+    assert _restarts("flaky") - before == 2
+    assert ["flaky"] in seen_down
+    assert supervisor.down() == []
+    assert runs[2] - runs[1] > runs[1] - runs[0] > 0, "backoff grows"
+
+
+class PoisonedBridge(Bridge):
+    """A database that refuses one event's write (as an unforeseen value would)."""
+
+    poison = ""
+
+    async def _write(self, writes: list[tuple[Arrival, list[Device]]], *rest: Any) -> None:
+        if any(arrival.event.id == self.poison for arrival, _ in writes):
+            raise OverflowError("Python int too large to convert to SQLite INTEGER")
+        await super()._write(writes, *rest)
+
+
+async def test_a_poison_event_is_skipped_after_two_failures_and_the_rest_is_committed(
+    tmp_path: Path,
+) -> None:
+    config = parse_config({"server": {"database": "push.db"}}, tmp_path / "relays.toml")
+    db = await open_database(tmp_path / "push.db")
+    observations = ObservationLog(tmp_path / "observations")
+    await observations.start()
+    devices = Devices(db)
+    outbox = Outbox(db)
+    recipient, sender = SecretKey.generate(), SecretKey.generate()
+    bridge = PoisonedBridge(config, devices, outbox, observations, SecretKey.generate())
+    devices.add_listener(bridge.registration_changed)
+    await bridge.start()
+    try:
+        pubkey = recipient.public_key_hex
+        await devices.register(pubkey, "android", "fcm-token", "opaque", (), None, 0)
+        await eventually(lambda: pubkey in bridge._keys, what="the key watched")
+        events = [sign_event(sender, 4, f"m{i}", [["p", pubkey]]) for i in range(3)]
+        PoisonedBridge.poison = events[1].id
+        before = REGISTRY.get_sample_value("sigil_push_bridge_poison_events_total") or 0.0
+        for event in events:  # one batch: nothing yields in between
+            bridge.on_user_event(RELAY, pubkey, event.to_json(), int(time.time() * 1000), False)
+
+        async def committed() -> bool:
+            return await outbox.depth() == 2
+
+        await eventually(committed, what="the good events committed")
+        assert (REGISTRY.get_sample_value("sigil_push_bridge_poison_events_total") or 0) - before == 1
+        rows = await db.execute_fetchall("SELECT event_id FROM outbox")
+        assert {r[0] for r in rows} == {events[0].id, events[2].id}
+        assert not bridge._seen.known(events[1].id), "a failed write leaves nothing seen"
+        later = sign_event(sender, 4, "later", [["p", pubkey]])
+        bridge.on_user_event(RELAY, pubkey, later.to_json(), int(time.time() * 1000), False)
+
+        async def loop_alive() -> bool:
+            return await outbox.depth() == 3
+
+        await eventually(loop_alive, what="the commit loop still running")
+        assert bridge.supervisor.down() == []
+    finally:
+        await bridge.stop()
+        await observations.stop()
+        await db.close()
