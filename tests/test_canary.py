@@ -52,7 +52,7 @@ def relays(tmp_path: Path) -> Iterator[Callable[..., RelayProcess]]:
 
 
 def metrics_text(service: ServiceProcess) -> str:
-    return httpx.get(service.url + "/metrics", timeout=5).text
+    return httpx.get(service.admin_url + "/metrics", timeout=5).text
 
 
 def sample(scrape: str, name: str, relay: str) -> float:
