@@ -87,6 +87,7 @@ def supervise(
 async def _restarting(
     name: str, run: Callable[[], Awaitable[None]], down: set[str] | None
 ) -> None:
+    RESTARTS.labels(name)  # pre-bound: the series exists at zero, so alerts and dashboards see it
     delay = BACKOFF_FIRST_SECONDS
     while True:
         started = time.monotonic()

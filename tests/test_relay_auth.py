@@ -74,10 +74,10 @@ class Recorder:
 
     def on_auth_failed(self, connection: RelayConnection) -> None: ...
 
-    def congested(self) -> bool:
+    def congested(self, connection: RelayConnection) -> bool:
         return False
 
-    async def drained(self) -> None: ...
+    async def drained(self, connection: RelayConnection) -> None: ...
 
 
 class HostileRelay(LoopbackRelay):
