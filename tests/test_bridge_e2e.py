@@ -9,9 +9,7 @@ import asyncio
 import copy
 import signal
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable
 
 import pytest
 
@@ -37,39 +35,10 @@ from tests.support.nostr_client import (
     user,
 )
 from tests.support.paging_relay import PagingRelay
+from tests.support.processes import FAST_RECONNECT
 from tests.support.relay import RelayProcess
 from tests.support.rogue_relay import RogueRelay
 from tests.support.service import ServiceProcess
-
-FAST_RECONNECT = "[bridge]\nreconnect_min_seconds = 0.2\nreconnect_max_seconds = 1.0\n"
-
-
-@pytest.fixture
-def start_relay(tmp_path: Path) -> Iterator[Callable[..., RelayProcess]]:
-    started: list[RelayProcess] = []
-
-    def start(name: str, **options: Any) -> RelayProcess:
-        relay = RelayProcess(tmp_path / name, **options).start()
-        started.append(relay)
-        return relay
-
-    yield start
-    for relay in started:
-        relay.stop()
-
-
-@pytest.fixture
-def start_service(tmp_path: Path) -> Iterator[Callable[..., ServiceProcess]]:
-    started: list[ServiceProcess] = []
-
-    def start(relays: list[str], extra_toml: str = FAST_RECONNECT) -> ServiceProcess:
-        service = ServiceProcess(tmp_path / f"service{len(started)}", relays, extra_toml).start()
-        started.append(service)
-        return service
-
-    yield start
-    for service in started:
-        service.stop()
 
 
 async def test_dm_and_gift_wrap_via_two_relays_are_pushed_once(

@@ -35,11 +35,11 @@ from tests.support.bridge_harness import (
     wakeups,
 )
 from tests.support.nostr_client import gift_wrap, hex_of, npub_of, publish, secret_hex_of, user
+from tests.support.processes import FAST_RECONNECT
 from tests.support.relay import RelayProcess, free_port
 from tests.support.remote_signer import RemoteSigner
 from tests.support.service import ServiceProcess
 
-FAST_RECONNECT = "[bridge]\nreconnect_min_seconds = 0.2\nreconnect_max_seconds = 1.0\n"
 GATED = {"save": "a", "query": "r"}
 # how each style reports the shared connection: refused after AUTH, or silently served nothing
 STYLES = {

@@ -29,10 +29,9 @@ from tests.support.nostr_client import (
     relay_list,
     user,
 )
+from tests.support.processes import FAST_RECONNECT
 from tests.support.relay import RelayProcess, free_port
 from tests.support.service import ServiceProcess
-
-FAST_RECONNECT = "[bridge]\nreconnect_min_seconds = 0.2\nreconnect_max_seconds = 1.0\n"
 
 
 @pytest.fixture

@@ -37,9 +37,8 @@ from tests.support.bridge_harness import (
 )
 from tests.support.loopback_relay import LoopbackRelay
 from tests.support.nostr_client import hex_of, kind4_dm, npub_of, publish, user
+from tests.support.processes import FAST_RECONNECT
 from tests.support.service import ServiceProcess
-
-FAST_RECONNECT = "[bridge]\nreconnect_min_seconds = 0.2\nreconnect_max_seconds = 1.0\n"
 
 
 def counter(name: str, relay: str) -> float:

@@ -1,4 +1,4 @@
-"""Fixtures of the hostile-input suite: real relays and real service processes, stopped after."""
+"""Fixtures that start real relay and service processes for a test and stop them after it."""
 
 from __future__ import annotations
 
