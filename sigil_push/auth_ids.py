@@ -65,4 +65,4 @@ class UsedAuthIds:
         removed = await self._db.execute_fetchall(
             "DELETE FROM nip98_used WHERE expires_at < ? RETURNING event_id", (int(time.time()),)
         )
-        return len(removed)
+        return len(list(removed))

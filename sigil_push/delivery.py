@@ -136,7 +136,7 @@ class Delivery:
         while True:
             try:
                 await self._step()
-            except Exception:  # noqa: BLE001 - e.g. a locked database: keep delivering
+            except Exception:
                 log.exception("delivery loop error; retrying in %.0f s", ERROR_PAUSE_SECONDS)
                 await asyncio.sleep(ERROR_PAUSE_SECONDS)
 
@@ -320,12 +320,12 @@ class Delivery:
         try:
             try:
                 outcome = await sender.send(push.message, push.device)
-            except Exception:  # noqa: BLE001 - a provider bug must not stop delivery
+            except Exception:
                 log.exception("%s sender failed unexpectedly", sender.provider)
                 outcome = Outcome(Status.RETRY, detail="sender_error")
             try:
                 await self._settle(push, sender.provider, outcome)
-            except Exception:  # noqa: BLE001 - the rows stay claimed; housekeeping releases them
+            except Exception:
                 log.exception("cannot record a %s outcome; its wakeups will be retried", sender.provider)
                 self._unsettled.extend(w.id for w in push.wakeups)
         finally:
@@ -417,7 +417,7 @@ class Delivery:
             self._completion_due.clear()
             try:
                 await self._flush_completions()
-            except Exception:  # noqa: BLE001 - the ids went back to the list: retried next time
+            except Exception:
                 log.exception("cannot delete answered wakeups; retrying in %.0f s", ERROR_PAUSE_SECONDS)
                 await asyncio.sleep(ERROR_PAUSE_SECONDS)
                 self._completion_due.set()

@@ -59,8 +59,8 @@ class Device:
         keys = WebPushKeys(str(row[6]), str(row[7])) if row[6] and row[7] else None
         relays = tuple(json.loads(str(row[5])))
         return cls(
-            int(row[0]), str(row[1]), str(row[2]), str(row[3]), str(row[4]), relays, keys,
-            int(row[8]),  # type: ignore[call-overload]
+            int(str(row[0])), str(row[1]), str(row[2]), str(row[3]), str(row[4]), relays, keys,
+            int(str(row[8])),
         )
 
 
@@ -137,11 +137,11 @@ class Devices:
 
     async def unregister(self, pubkey: str, token: str) -> int:
         """Remove the device with `token` if `pubkey` owns it; returns how many were removed."""
-        removed = len(
+        removed = len(list(
             await self._db.execute_fetchall(
                 "DELETE FROM devices WHERE pubkey = ? AND token = ? RETURNING id", (pubkey, token)
             )
-        )
+        ))
         if removed:
             self._changed([pubkey])
         return removed

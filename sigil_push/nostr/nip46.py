@@ -121,7 +121,7 @@ def read_response(client: SecretKey, event: Event) -> Response:
     secret, public = _sdk_keys(client, event.pubkey)
     try:
         payload: Any = json.loads(nostr_sdk.nip44_decrypt(secret, public, event.content))
-    except Exception as exc:  # noqa: BLE001 - nostr-sdk raises its own error types
+    except Exception as exc:
         raise SignerError("undecryptable NIP-46 message") from exc
     if not isinstance(payload, dict) or not isinstance(payload.get("id"), str):
         raise SignerError("malformed NIP-46 response")

@@ -13,7 +13,7 @@ import json
 import secrets
 import time
 
-import nostr_sdk  # type: ignore[import-untyped]
+import nostr_sdk
 
 from sigil_push.nostr.event import Event, compute_id, sign_event
 from sigil_push.nostr.keys import SecretKey

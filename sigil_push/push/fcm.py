@@ -22,9 +22,13 @@ from uuid import uuid4
 import firebase_admin
 import google.auth.exceptions
 import google.auth.transport.requests
-from firebase_admin import credentials, exceptions, messaging
-from firebase_admin import _http_client  # noqa: PLC2701 - see module docstring
-from firebase_admin._retry import HttpxRetry  # noqa: PLC2701 - see module docstring
+from firebase_admin import (
+    _http_client,
+    credentials,
+    exceptions,
+    messaging,
+)
+from firebase_admin._retry import HttpxRetry
 
 from sigil_push.config import ConfigError, FcmConfig
 from sigil_push.devices import Device
@@ -79,15 +83,15 @@ class FcmSender:
         app = firebase_admin.initialize_app(
             credential, {"httpTimeout": timeout_seconds}, name=f"sigil-push-{uuid4().hex}"
         )
-        service_class = messaging._MessagingService  # noqa: SLF001 - see module docstring
+        service_class = messaging._MessagingService
         default_url = service_class.FCM_URL
         if config.endpoint:
             service_class.FCM_URL = config.endpoint.rstrip("/") + "/v1/projects/{0}/messages:send"
         try:
-            service = messaging._get_messaging_service(app)  # noqa: SLF001
+            service = messaging._get_messaging_service(app)
         finally:
             service_class.FCM_URL = default_url
-        service._async_client = _http_client.HttpxAsyncClient(  # noqa: SLF001
+        service._async_client = _http_client.HttpxAsyncClient(
             credential=app.credential.get_credential(),
             timeout=timeout_seconds,
             retry_config=HttpxRetry(max_retries=0),
@@ -132,7 +136,7 @@ class FcmSender:
         return _outcome(response.exception)
 
     async def close(self) -> None:
-        service = messaging._get_messaging_service(self._app)  # noqa: SLF001
-        await service._async_client.aclose()  # noqa: SLF001
+        service = messaging._get_messaging_service(self._app)
+        await service._async_client.aclose()
         # delete_app closes the async client with asyncio.run, which needs a thread of its own
         await asyncio.to_thread(firebase_admin.delete_app, self._app)
