@@ -1,6 +1,7 @@
 -- Many accounts per device (issue 10): a registration is an (npub, device token) pair, so one
 -- token may be registered by several npubs. The UNIQUE constraint moves from `token` to
--- (token, pubkey); every existing row becomes a pair, unchanged, ids included.
+-- (token, pubkey); every existing row becomes a pair, unchanged, ids included. The PostgreSQL
+-- schema makes the same change in migrations/postgres/0003_device_pairs.sql.
 --
 -- SQLite cannot alter a UNIQUE constraint: `devices` is rebuilt. The outbox references device
 -- ids (ON DELETE CASCADE), so dropping the old `devices` while the outbox still pointed at it

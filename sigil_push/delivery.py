@@ -394,11 +394,11 @@ class Delivery:
             return
         self._record(push, provider, status, answered)
         if status is Status.UNREGISTERED:
-            forgotten = await self._devices.forget_token(push.device.platform, push.device.token)
-            if forgotten:
+            # every account's registration of the token goes, not only this push's
+            if await self._devices.forget(push.device.id) is not None:
                 metrics.PRUNED_TOKENS.labels(provider).inc()
-                log.info("%s token …%s is dead (%s); %d registrations forgotten", provider,
-                         push.device.token_suffix, outcome.detail, len(forgotten))
+                log.info("%s token …%s is dead (%s); its registrations are forgotten", provider,
+                         push.device.token_suffix, outcome.detail)
         elif status is not Status.ACCEPTED:
             log.warning("%s refused push to …%s: %s", provider, push.device.token_suffix,
                         outcome.detail)

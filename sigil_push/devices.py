@@ -168,19 +168,21 @@ class Devices:
             self._changed([pubkey])
         return removed
 
-    async def forget_token(self, platform: str, token: str) -> list[Device]:
-        """Delete every pair with a token the provider declared dead; returns them.
+    async def forget(self, device_id: int) -> Device | None:
+        """The provider declared this registration's token dead: delete every pair with that
+        token (all accounts on the phone); returns the named registration, if still there.
 
         Only pairs on the platform that answered: a token string registered under another
         platform was never asked, and must not be removable by whoever registered it there.
         """
         rows = await self._db.execute_fetchall(
-            f"DELETE FROM devices WHERE platform = ? AND token = ? RETURNING {_COLUMNS}",
-            (platform, token),
+            "DELETE FROM devices WHERE (platform, token) ="
+            f" (SELECT platform, token FROM devices WHERE id = ?) RETURNING {_COLUMNS}",
+            (device_id,),
         )
         forgotten = [Device.from_row(row) for row in rows]
         self._changed(device.pubkey for device in forgotten)
-        return forgotten
+        return next((device for device in forgotten if device.id == device_id), None)
 
     async def of_pubkey(self, pubkey: str) -> list[Device]:
         rows = await self._db.execute_fetchall(

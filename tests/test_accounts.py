@@ -364,7 +364,7 @@ async def test_the_postgres_schema_takes_pairs_too(postgres_url: str) -> None:
             " VALUES (41, $1, 'wss://r', 1, 1)", "e" * 64,
         )
         applied = await migrate_connection(connection)
-        assert any("accounts" in name for name in applied)
+        assert applied == [m.name for m in migrations if m.version >= 3]
         await connection.execute(
             "INSERT INTO devices (pubkey, platform, token, registered_at, updated_at)"
             " VALUES ($1, 'ios', $2, 2, 2)", "b" * 64, "ab" * 32,

@@ -128,10 +128,12 @@ async def test_unregister_and_dead_tokens(tmp_path: Path) -> None:
         await devices.register(bob, "ios", token, "opaque", (), None, 0)
         changed: list[str] = []
         devices.add_listener(changed.append)
-        forgotten = await devices.forget_token("ios", token)
-        assert sorted(d.pubkey for d in forgotten) == sorted([alice, bob])
+        [named] = await devices.of_pubkey(bob)
+        forgotten = await devices.forget(named.id)
+        assert forgotten is not None and forgotten.pubkey == bob
+        assert await devices.of_pubkeys([alice, bob]) == []
         assert sorted(changed) == sorted([alice, bob])
         assert [d.platform for d in await devices.of_pubkey(carol)] == ["android"]
-        assert await devices.forget_token("ios", token) == []
+        assert await devices.forget(named.id) is None
     finally:
         await db.close()
