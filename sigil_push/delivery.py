@@ -394,8 +394,7 @@ class Delivery:
             return
         self._record(push, provider, status, answered)
         if status is Status.UNREGISTERED:
-            # every account's registration of the token goes, not only this push's
-            if await self._devices.forget(push.device.id) is not None:
+            if await self._forget_token(push):
                 metrics.PRUNED_TOKENS.labels(provider).inc()
                 log.info("%s token …%s is dead (%s); its registrations are forgotten", provider,
                          push.device.token_suffix, outcome.detail)
@@ -404,6 +403,15 @@ class Delivery:
                         outcome.detail)
         self._to_complete.extend(ids)
         self._completion_due.set()
+
+    async def _forget_token(self, push: Push) -> bool:
+        """Forget every account's registration of the push's dead token. Any registration the
+        push carries names the token; one that was unregistered meanwhile names nothing, so
+        the next is tried (the others on the phone must not outlive the token)."""
+        for device_id in dict.fromkeys(w.device_id for w in push.wakeups):
+            if await self._devices.forget(device_id) is not None:
+                return True
+        return False
 
     def _retry_at(self, push: Push, outcome: Outcome, now: int) -> int | None:
         """When to try again (backoff with jitter, never before Retry-After), or None to give up."""

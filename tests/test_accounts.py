@@ -273,6 +273,29 @@ async def test_a_batch_boundary_never_splits_one_phones_wakeups(
     assert len([r for r in fake_apns.requests if r.token in wanted]) == len(tokens)
 
 
+async def test_a_dead_token_is_forgotten_even_if_the_push_named_a_signed_out_account(
+    make_harness, fake_apns: FakeApns
+) -> None:
+    """The push for two accounts goes out under the first account's registration; that
+    account signs out while APNs thinks. APNs then says 410: the other account's pair on the
+    dead token is forgotten all the same."""
+    harness = await make_harness(start=False)
+    token = apns_token()
+    first, second = SecretKey.generate().public_key_hex, SecretKey.generate().public_key_hex
+    for pubkey in (first, second):
+        device = (await harness.devices.register(pubkey, "ios", token, "opaque", (), None, 0)).device
+        event = sign_event(harness.sender_key, 4, "hello", [["p", pubkey]])
+        await harness.enqueue([device], event)
+    fake_apns.script.answers[token] = (410, "Unregistered")
+    fake_apns.script.delay_seconds = 1.0  # under the harness send timeout (3 s)
+    await harness.start()
+
+    await eventually(lambda: _apns_to(fake_apns, token), what="the push in flight")
+    assert await harness.devices.unregister(first, token) == 1
+    await eventually(harness.forgotten, what="the second account's pair forgotten")
+    assert len(_apns_to(fake_apns, token)) == 1
+
+
 # -- migrations ------------------------------------------------------------------------------
 
 
