@@ -252,10 +252,10 @@ def _error_response(request: Request, exc: Exception) -> Response:
     elif isinstance(exc, AuthError):
         code = {AuthMissing: "auth_missing", AuthExpired: "auth_expired"}.get(type(exc), "auth_invalid")
         status, message, headers = 401, exc.detail, {"WWW-Authenticate": "Nostr"}
-    elif isinstance(exc, TooManyDevices):
-        status, code, message, headers = 409, "too_many_devices", str(exc), {}
     elif isinstance(exc, TooManyAccounts):
         status, code, message, headers = 409, "too_many_accounts", str(exc), {}
+    elif isinstance(exc, TooManyDevices):
+        status, code, message, headers = 409, "too_many_devices", str(exc), {}
     elif isinstance(exc, sqlite3.OperationalError):
         log.warning("storage busy on %s %s: %s", request.method, request.url.path, exc)
         status, code, headers = 503, "unavailable", {"Retry-After": "1"}
