@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from sigil_push import __version__
-from sigil_push.devices import TooManyDevices
+from sigil_push.devices import Device, TooManyAccounts, TooManyDevices
 from sigil_push.errors import ApiError, BadRequest, RateLimited
 from sigil_push.http_metrics import MetricsMiddleware
 from sigil_push.nostr.nip19 import encode_npub
@@ -127,7 +127,7 @@ class Api:
             await self._check_unifiedpush_endpoint(wanted.device_token)
         registration = await self.service.components.devices.register(
             pubkey, wanted.platform, wanted.device_token, wanted.payload, wanted.relays,
-            wanted.webpush_keys, config.limits.devices_per_npub,
+            wanted.webpush_keys, config.limits.devices_per_npub, config.limits.accounts_per_device,
         )
         if wanted.auth_signer is not None:
             await self.service.components.delegated_auth.set_signer(pubkey, wanted.auth_signer)
@@ -180,6 +180,7 @@ class Api:
                         "delegated_auth": signer_status == "active",
                         "auth_signer_status": signer_status,
                         "auth_signer_detail": delegated.detail(pubkey),
+                        **_encryption(device),
                     }
                     for device in devices
                 ]
@@ -236,6 +237,14 @@ class Api:
         )
 
 
+def _encryption(device: Device) -> dict[str, bool]:
+    """UnifiedPush only: whether wakeups are RFC 8291-encrypted (the registration gave WebPush
+    keys), so an app can see that it still registers the way older distributors allowed."""
+    if device.platform != "unifiedpush":
+        return {}
+    return {"encrypted": device.webpush_keys is not None}
+
+
 def _error_response(request: Request, exc: Exception) -> Response:
     """The one place where failures become HTTP answers."""
     if isinstance(exc, ApiError):
@@ -243,6 +252,8 @@ def _error_response(request: Request, exc: Exception) -> Response:
     elif isinstance(exc, AuthError):
         code = {AuthMissing: "auth_missing", AuthExpired: "auth_expired"}.get(type(exc), "auth_invalid")
         status, message, headers = 401, exc.detail, {"WWW-Authenticate": "Nostr"}
+    elif isinstance(exc, TooManyAccounts):
+        status, code, message, headers = 409, "too_many_accounts", str(exc), {}
     elif isinstance(exc, TooManyDevices):
         status, code, message, headers = 409, "too_many_devices", str(exc), {}
     elif isinstance(exc, sqlite3.OperationalError):
@@ -300,6 +311,7 @@ def create_app(service: Service) -> Starlette:
             ApiError: _error_response,
             AuthError: _error_response,
             TooManyDevices: _error_response,
+            TooManyAccounts: _error_response,
             sqlite3.OperationalError: _error_response,
             HTTPException: _error_response,
             Exception: _error_response,

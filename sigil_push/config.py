@@ -91,6 +91,8 @@ class LimitsConfig:
     requests_per_minute_per_ip: int = 120
     requests_per_minute_per_npub: int = 30
     devices_per_npub: int = 10
+    # npubs that may register one device token (several accounts on one phone)
+    accounts_per_device: int = 20
     wakeups_per_minute_per_device: int = 30
     coalesce_window_ms: int = 2000
 
