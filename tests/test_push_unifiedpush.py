@@ -131,7 +131,7 @@ async def test_send_time_check_refuses_names_resolving_to_private_addresses(
 ) -> None:
     """A registration whose name resolves (now) to a private address is refused at send time,
     at connection time inside the HTTP client, so nothing reaches the fake."""
-    harness = await make_harness(providers={"unifiedpush": {}})
+    harness = await make_harness(providers={"unifiedpush": {"vapid_subject": "mailto:ops@example.org"}})
     port = fake_up.endpoint("x").split(":")[2].split("/")[0]
     device = await harness.register("unifiedpush", f"https://{_private_hostname()}:{port}/up/rebound")
     await harness.enqueue([device])

@@ -45,7 +45,10 @@ async def _build_providers(config: Config, senders: dict[str, Sender]) -> None:
         )
     if config.unifiedpush is not None:
         from sigil_push.push.unifiedpush import UnifiedPushSender
+        from sigil_push.push.vapid import VapidSigner, load_or_create_key
 
+        vapid = load_or_create_key(config.resolve(config.unifiedpush.vapid_private_key_file))
         senders["unifiedpush"] = UnifiedPushSender(
-            config.unifiedpush.allow_private_endpoints, timeout
+            config.unifiedpush.allow_private_endpoints, timeout,
+            VapidSigner(vapid, config.unifiedpush.vapid_subject),
         )
