@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+
 from sigil_push.config import Config
 from sigil_push.push.base import Sender
 from sigil_push.push.dryrun import DryRunSender
 from sigil_push.push.limits import ConcurrencyLimited
+
+log = logging.getLogger(__name__)
 
 
 async def build_senders(config: Config) -> dict[str, Sender]:
@@ -47,8 +51,12 @@ async def _build_providers(config: Config, senders: dict[str, Sender]) -> None:
         from sigil_push.push.unifiedpush import UnifiedPushSender
         from sigil_push.push.vapid import VapidSigner, load_or_create_key
 
-        vapid = load_or_create_key(config.resolve(config.unifiedpush.vapid_private_key_file))
+        vapid = VapidSigner(
+            load_or_create_key(config.resolve(config.unifiedpush.vapid_private_key_file)),
+            config.unifiedpush.vapid_subject,
+        )
+        log.info("UnifiedPush VAPID public key %s (sub %s)", vapid.public_key,
+                 config.unifiedpush.vapid_subject)
         senders["unifiedpush"] = UnifiedPushSender(
-            config.unifiedpush.allow_private_endpoints, timeout,
-            VapidSigner(vapid, config.unifiedpush.vapid_subject),
+            config.unifiedpush.allow_private_endpoints, timeout, vapid
         )
