@@ -27,7 +27,7 @@ from sigil_push.push.endpoint_guard import (
     parse_endpoint,
 )
 from sigil_push.push.payload import MAX_PAYLOAD_BYTES, compact_json, unifiedpush_size
-from sigil_push.push.vapid import UnsignableEndpoint, VapidSigner
+from sigil_push.push.vapid import VapidSigner
 
 OPAQUE_TOPIC = "wakeup"
 """RFC 8030 Topic: a distributor keeps only the latest opaque wakeup for an offline device."""
@@ -90,8 +90,6 @@ class UnifiedPushSender:
             body, headers = self._request(message, device)
         except UnsafeEndpoint:
             return Outcome(Status.REJECTED, detail="unsafe endpoint")
-        except UnsignableEndpoint:
-            return Outcome(Status.REJECTED, detail="endpoint origin cannot be signed")
         except (WebPushException, ValueError):
             return Outcome(Status.REJECTED, detail="invalid webpush keys")
         try:
