@@ -472,6 +472,22 @@ def test_a_key_file_that_holds_no_p256_key_stops_start_up(tmp_path: Path, conten
     assert path.read_text() == content, "a bad key file is reported, never replaced"
 
 
+def test_a_bad_key_file_stops_the_service_naming_the_key(tmp_path: Path) -> None:
+    """The real service refuses to start rather than sign with a new key that no endpoint
+    bound to the old one would accept; the file is left for the operator."""
+    extra = toml_tables({"unifiedpush": {"vapid_subject": VAPID_SUBJECT}})
+    service = ServiceProcess(tmp_path / "service", extra_toml=extra)
+    key_file = service.folder / "vapid.pem"
+    key_file.write_text("not a key\n")
+    service.start(wait=False)
+    try:
+        assert service.wait_exit(timeout=30) != 0
+    finally:
+        service.stop()
+    assert "unifiedpush.vapid_private_key_file" in service.log()
+    assert key_file.read_text() == "not a key\n"
+
+
 def _unifiedpush_config(tmp_path: Path, table: dict[str, Any], public_url: str) -> Config:
     return parse_config({"server": {"public_url": public_url}, "unifiedpush": table}, tmp_path / "relays.toml")
 

@@ -35,7 +35,6 @@ MAX_CACHED_ORIGINS = 1024
 
 _DEFAULT_PORTS = {"https": 443, "http": 80}
 
-
 _loaded_public_keys: dict[Path, str] = {}
 
 
