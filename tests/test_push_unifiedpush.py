@@ -25,7 +25,7 @@ from sigil_push import cli
 from sigil_push.config import Config, parse_config
 from sigil_push.db import open_database
 from sigil_push.devices import Devices, WebPushKeys
-from sigil_push.identity import KeyFileError
+from sigil_push.identity import KeyFileError, create_private_file
 from sigil_push.nostr.event import sign_event
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip19 import encode_npub
@@ -449,6 +449,17 @@ def test_the_vapid_key_file_is_generated_0600_and_reused(tmp_path: Path) -> None
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert public_key_b64(load_or_create_key(path)) == first == _public_key_of(path)
     assert loaded_public_key(path) == first
+
+
+def test_a_key_file_created_meanwhile_by_another_worker_wins(tmp_path: Path) -> None:
+    """Workers sharing a config folder end up with one key, whichever wrote it first."""
+    path = tmp_path / "vapid.pem"
+    first = load_or_create_key(path)
+    theirs = path.read_text()
+
+    assert create_private_file(path, "our candidate") == theirs.strip()
+    assert path.read_text() == theirs
+    assert public_key_b64(load_or_create_key(path)) == public_key_b64(first)
 
 
 def test_an_operator_may_bring_a_raw_base64url_key(tmp_path: Path) -> None:
