@@ -29,6 +29,7 @@ from sigil_push.http_metrics import MetricsMiddleware
 from sigil_push.nostr.nip19 import encode_npub
 from sigil_push.nostr.nip98 import AuthError, AuthExpired, AuthMissing, verify_http_auth
 from sigil_push.push.endpoint_guard import UnsafeEndpoint, check_endpoint
+from sigil_push.push.vapid import loaded_public_key
 from sigil_push.ratelimit import RateLimiter, client_address, trusted_networks
 from sigil_push.service import Service, State
 from sigil_push.validation import parse_json_object, parse_npub, parse_register
@@ -233,8 +234,18 @@ class Api:
                 if self.service.state is State.SERVING
                 else None,
                 "dry_run": config.dry_run,
+                **self._vapid_info(),
             }
         )
+
+    def _vapid_info(self) -> dict[str, str | None]:
+        """`vapid_public_key` when UnifiedPush is on: apps hand it to their distributor."""
+        unifiedpush = self.service.config.unifiedpush
+        if unifiedpush is None:
+            return {}
+        key_file = self.service.config.resolve(unifiedpush.vapid_private_key_file)
+        serving = self.service.state is State.SERVING
+        return {"vapid_public_key": loaded_public_key(key_file) if serving else None}
 
 
 def _encryption(device: Device) -> dict[str, bool]:

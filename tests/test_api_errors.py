@@ -237,7 +237,7 @@ def strict_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service
     limits = "requests_per_minute_per_ip = 8\nrequests_per_minute_per_npub = 5\ndevices_per_npub = 2"
     with ServiceProcess(
         tmp_path_factory.mktemp("strict"),
-        extra_toml="[unifiedpush]\nallow_private_endpoints = true\n",
+        extra_toml='[unifiedpush]\nallow_private_endpoints = true\nvapid_subject = "mailto:ops@example.org"\n',
         limits=limits,
         insecure_relays=False,
     ) as running:

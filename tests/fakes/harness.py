@@ -40,6 +40,7 @@ from tests.fakes.fake_fcm import FakeFcm
 from tests.fakes.fake_unifiedpush import FakeUnifiedPush
 
 RELAY = "wss://relay.example.com"
+VAPID_SUBJECT = "mailto:ops@example.org"
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ def provider_tables(credentials: Credentials, apns: FakeApns, fcm: tuple[FakeFcm
             "ca_file": str(credentials.tls.ca_file),
         },
         "fcm": {"credentials_file": str(fcm[1]), "endpoint": fcm[0].url},
-        "unifiedpush": {"allow_private_endpoints": True},
+        "unifiedpush": {"allow_private_endpoints": True, "vapid_subject": VAPID_SUBJECT},
     }
 
 
