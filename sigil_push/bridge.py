@@ -17,22 +17,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import sqlite3
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import aiosqlite
 from prometheus_client import Counter, Gauge, Histogram
 
 from sigil_push.config import Config
-from sigil_push.db import open_database
-from sigil_push.devices import Device, Devices
+from sigil_push.devices import Device
 from sigil_push.nostr.event import Event, InvalidEvent
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.observations import ObservationLog
-from sigil_push.outbox import Outbox
 from sigil_push.relays.connection import BridgeKeySigner
 from sigil_push.relays.discovery import LIST_KINDS_SET, RelayLists, normalize_relay_url
 from sigil_push.relays.inbox import connected_inboxes
@@ -40,6 +36,8 @@ from sigil_push.relays.pool import RelayPool
 from sigil_push.relays.subscriptions import DM_KINDS
 from sigil_push.relays.user_inbox import UserInboxes
 from sigil_push.seen import SeenEvents
+from sigil_push.store.factory import TRANSIENT_ERRORS, BridgeLink, connect_bridge
+from sigil_push.store.interface import Database, DeviceStore, OutboxStore
 from sigil_push.supervisor import Supervisor
 
 if TYPE_CHECKING:
@@ -164,8 +162,8 @@ class Bridge:
     def __init__(
         self,
         config: Config,
-        devices: Devices,
-        outbox: Outbox,
+        devices: DeviceStore,
+        outbox: OutboxStore,
         observations: ObservationLog,
         key: SecretKey,
         delegated_auth: DelegatedAuth | None = None,
@@ -176,11 +174,12 @@ class Bridge:
         self._queued_by_relay: dict[str, int] = {}
         self._relay_drained: dict[str, asyncio.Event] = {}
         self._recipient_buckets: dict[str, TokenBucket] = {}
-        self._db_path = config.resolve(config.server.database)
-        self._db: aiosqlite.Connection | None = None
+        self._config = config
+        self._link: BridgeLink | None = None
+        self._db: Database | None = None
         self._devices = devices
         self._outbox = outbox
-        self._writer: Outbox | None = None
+        self._writer: OutboxStore | None = None
         self._lists: RelayLists
         self._seen: SeenEvents
         self._observations = observations
@@ -216,11 +215,12 @@ class Bridge:
     # life cycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._db = await open_database(self._db_path)
+        self._link = await connect_bridge(self._config)
+        self._db = self._link.db
         try:
             await self._load()
         except BaseException:
-            await self._db.close()
+            await self._link.close()
             raise
         for name, loop in (
             ("bridge-commit", self._commit_loop),
@@ -236,8 +236,8 @@ class Bridge:
     async def _load(self) -> None:
         """Everything the bridge remembers, and the keys to watch, before any relay is opened."""
         db = self._db
-        assert db is not None
-        self._writer = Outbox(db)
+        assert db is not None and self._link is not None
+        self._writer = self._link.outbox
         self._lists = RelayLists(db, self._insecure)
         # dedupe must remember every id a catch-up can return again
         retention = max(self._bridge.seen_retention_seconds, self._bridge.catchup_seconds)
@@ -269,8 +269,8 @@ class Bridge:
                 await task
         await committer
         await self._save_cursors()
-        if self._db is not None:
-            await self._db.close()
+        if self._link is not None:
+            await self._link.close()
 
     def add_probe(self, probe: Canary) -> None:
         """Watch the canary key on its relays (before `start`). Events addressed to it alone are
@@ -596,7 +596,7 @@ class Bridge:
             try:
                 await self._commit(batch, ops)
                 return
-            except sqlite3.OperationalError as exc:
+            except TRANSIENT_ERRORS as exc:
                 log.warning("bridge commit failed (%s: %s), attempt %d",
                             type(exc).__name__, exc, attempt + 1)
                 await asyncio.sleep(0.1 * 2**attempt)
@@ -717,7 +717,7 @@ class Bridge:
                 await db.executemany(sql, rows)
             await db.execute("COMMIT")
         except BaseException:
-            with contextlib.suppress(sqlite3.Error):
+            with contextlib.suppress(*TRANSIENT_ERRORS):
                 await db.execute("ROLLBACK")
             raise
 

@@ -62,13 +62,6 @@ def _load(path_arg: str | None) -> Config:
 
 
 def _serve(config: Config) -> int:
-    if is_postgres_url(config.server.database):
-        # never let a postgresql:// URL fall through to SQLite as a file name
-        raise ConfigError(
-            "server.database",
-            "the PostgreSQL backend is not wired into serve yet (only `migrate` supports it);"
-            " use a SQLite file path",
-        )
     from sigil_push.server import run_server
 
     return run_server(config)

@@ -12,23 +12,19 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
-import aiosqlite
-
 from sigil_push import outbound
-from sigil_push.auth_ids import UsedAuthIds
 from sigil_push.bridge import Bridge
 from sigil_push.canary import canary_from_config
 from sigil_push.config import Config
-from sigil_push.db import open_database
 from sigil_push.delegated_auth import DelegatedAuth
 from sigil_push.delivery import Delivery
-from sigil_push.devices import Devices
-from sigil_push.identity import bridge_key, make_private
+from sigil_push.identity import bridge_key
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.observations import ObservationLog
 from sigil_push.outbound import OutboundGuard
-from sigil_push.outbox import Outbox
 from sigil_push.push.factory import build_senders
+from sigil_push.store.factory import open_store
+from sigil_push.store.interface import AuthIdStore, Database, DeviceStore, OutboxStore
 from sigil_push.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
@@ -42,10 +38,10 @@ class State(enum.Enum):
 
 @dataclass
 class Components:
-    db: aiosqlite.Connection
-    devices: Devices
-    auth_ids: UsedAuthIds
-    outbox: Outbox
+    db: Database
+    devices: DeviceStore
+    auth_ids: AuthIdStore
+    outbox: OutboxStore
     observations: ObservationLog
     delivery: Delivery
     key: SecretKey
@@ -79,13 +75,10 @@ class Service:
         outbound.configure(OutboundGuard.for_urls(
             config.server.allow_insecure_relays, [relay.url for relay in config.relays]
         ))
-        db = await open_database(config.resolve(config.server.database))
-        stack.push_async_callback(db.close)
-        if not config.server.database.startswith("postgresql://"):
-            make_private(config.resolve(config.server.database))
+        store = await open_store(config)
+        stack.push_async_callback(store.close)
+        db, devices, outbox = store.db, store.devices, store.outbox
         key = await bridge_key(db, config.server.secret_key, config.resolve(config.server.secret_key_file))
-        devices = Devices(db)
-        outbox = Outbox(db)
         observations = ObservationLog(
             config.resolve(config.server.observations), config.server.observations_retention_days
         )
@@ -115,7 +108,7 @@ class Service:
             canary.start()
             stack.push_async_callback(canary.stop)
         self._components = Components(
-            db, devices, UsedAuthIds(db), outbox, observations, delivery, key, bridge,
+            db, devices, store.auth_ids, outbox, observations, delivery, key, bridge,
             delegated_auth,
         )
         if config.dry_run:

@@ -14,7 +14,10 @@ from tests.support.nip98 import SdkUser
 from tests.support.service import ServiceProcess
 
 # the provider fakes' fixtures (fake APNs, FCM and UnifiedPush servers), for every test module
-pytest_plugins = ("tests.fakes.harness", "tests.support.postgres", "tests.support.processes")
+pytest_plugins = (
+    "tests.fakes.harness", "tests.support.postgres", "tests.support.processes",
+    "tests.support.stores",
+)
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,137 @@
+"""`open_store(config)`: the one place that knows which engine `server.database` names.
+
+A path opens the SQLite file (created and migrated); a `postgresql://` URL opens an asyncpg
+pool after applying `migrations/postgres/` under the advisory lock, so workers starting
+together migrate once. The rest of the service receives a `Store` and never asks which.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import sqlite3
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiosqlite
+import asyncpg
+
+from sigil_push.auth_ids import UsedAuthIds
+from sigil_push.config import Config, is_postgres_url
+from sigil_push.db import open_database
+from sigil_push.devices import Devices
+from sigil_push.identity import make_private
+from sigil_push.outbox import Outbox
+from sigil_push.store.interface import AuthIdStore, Database, DeviceStore, OutboxStore
+from sigil_push.store.postgres.database import PostgresDatabase
+from sigil_push.store.postgres.devices import PostgresDevices
+from sigil_push.store.postgres.migrate import migrate_connection
+from sigil_push.store.postgres.outbox import PostgresOutbox
+
+POOL_MAX = 10
+STOP_GRACE_SECONDS = 5.0
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
+    sqlite3.OperationalError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.SerializationError,
+    asyncpg.DeadlockDetectedError,
+    OSError,
+)
+"""Errors after which the same write may succeed if tried again (busy, locked, reconnecting)."""
+
+
+def new_worker_id() -> str:
+    """Unique per process: host, pid and a random part (a pid is reused after a restart)."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+def claim_ms_for(config: Config) -> int:
+    """An outbox claim outlives any send (two timeouts plus the stop grace), so only a dead
+    worker's claims lapse."""
+    return int((2 * config.push.send_timeout_seconds + STOP_GRACE_SECONDS) * 1000) + 60_000
+
+
+@dataclass
+class BridgeLink:
+    """`BridgeConnection`: the committer's own connection and an outbox writer on it."""
+
+    db: Database
+    outbox: OutboxStore
+
+    async def close(self) -> None:
+        await self.db.close()
+
+
+@dataclass
+class SqliteStore:
+    """`Store` on one SQLite file."""
+
+    path: Path
+    db: aiosqlite.Connection
+    devices: DeviceStore
+    outbox: OutboxStore
+    auth_ids: AuthIdStore
+    engine: str = "sqlite"
+    worker_id: str = field(default_factory=new_worker_id)
+
+    async def close(self) -> None:
+        await self.db.close()
+
+
+@dataclass
+class PostgresStore:
+    """`Store` on a PostgreSQL database shared by any number of workers."""
+
+    url: str
+    db: PostgresDatabase
+    devices: DeviceStore
+    outbox: OutboxStore
+    auth_ids: AuthIdStore
+    worker_id: str
+    claim_ms: int
+    engine: str = "postgres"
+
+    async def close(self) -> None:
+        await self.db.close()
+
+
+async def open_postgres(url: str, worker_id: str, claim_ms: int) -> PostgresStore:
+    """Migrate (under the advisory lock), then open the pool."""
+    connection = await asyncpg.connect(url)
+    try:
+        await migrate_connection(connection)
+    finally:
+        await connection.close()
+    pool = await asyncpg.create_pool(url, min_size=1, max_size=POOL_MAX)
+    db = PostgresDatabase(pool)
+    return PostgresStore(
+        url, db, PostgresDevices(db), PostgresOutbox(db, worker_id, claim_ms),
+        UsedAuthIds(db), worker_id, claim_ms,
+    )
+
+
+async def open_sqlite(path: Path) -> SqliteStore:
+    db = await open_database(path)
+    make_private(path)
+    return SqliteStore(path, db, Devices(db), Outbox(db), UsedAuthIds(db))
+
+
+async def open_store(config: Config) -> SqliteStore | PostgresStore:
+    """The store `server.database` names, open and migrated."""
+    database = config.server.database
+    if is_postgres_url(database):
+        return await open_postgres(database, new_worker_id(), claim_ms_for(config))
+    return await open_sqlite(config.resolve(database))
+
+
+async def connect_bridge(config: Config) -> BridgeLink:
+    """The bridge committer's own connection to the configured (already migrated) store."""
+    database = config.server.database
+    if is_postgres_url(database):
+        db = PostgresDatabase(await asyncpg.connect(database))
+        # the committer only enqueues; claims are taken by the delivery side's outbox
+        return BridgeLink(db, PostgresOutbox(db, new_worker_id()))
+    sqlite = await open_database(config.resolve(database))
+    return BridgeLink(sqlite, Outbox(sqlite))

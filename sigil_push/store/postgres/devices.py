@@ -1,0 +1,137 @@
+"""Device registrations on PostgreSQL: (npub, device token) pairs shared by every worker.
+
+A token may be registered by several npubs (accounts on one phone), each pair on its own row;
+registering never touches another npub's pair, unregistering removes only the caller's, and a
+token the provider declared dead removes every pair that carries it. Both limits (devices per
+npub, npubs per token) are checked inside the writing statement, under a transaction-scoped
+advisory lock on the npub, so concurrent registrations on several workers cannot overshoot.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Sequence
+
+import asyncpg
+
+from sigil_push.devices import Device, Registration, RegistrationListener, TooManyDevices, WebPushKeys
+from sigil_push.store.postgres.database import PostgresDatabase
+
+_COLUMNS = (
+    "id, pubkey, platform, token, payload, relays, webpush_p256dh, webpush_auth, registered_at"
+)
+
+
+def _device(row: asyncpg.Record) -> Device:
+    return Device.from_row(tuple(row))
+
+
+class PostgresDevices:
+    """`DeviceStore` on PostgreSQL."""
+
+    def __init__(self, database: PostgresDatabase) -> None:
+        self._db = database
+        self._listeners: list[RegistrationListener] = []
+
+    def add_listener(self, listener: RegistrationListener) -> None:
+        self._listeners.append(listener)
+
+    def _changed(self, pubkeys: Iterable[str | None]) -> None:
+        for pubkey in {p for p in pubkeys if p}:
+            for listener in self._listeners:
+                listener(pubkey)
+
+    async def register(
+        self,
+        pubkey: str,
+        platform: str,
+        token: str,
+        payload: str,
+        relays: Sequence[str],
+        webpush_keys: WebPushKeys | None,
+        max_devices: int,
+        max_accounts: int = 0,
+    ) -> Registration:
+        """Insert or update this npub's pair with `token` (201 when new, 200 when updated)."""
+        now = int(time.time())
+        async with self._db.connection() as connection, connection.transaction():
+            # the limits count rows other registrations may be adding right now
+            await connection.execute("SELECT pg_advisory_xact_lock(hashtext($1))", pubkey)
+            await connection.execute("SELECT pg_advisory_xact_lock(hashtext($1))", token)
+            existed = await connection.fetchval(
+                "SELECT 1 FROM devices WHERE pubkey = $1 AND token = $2", pubkey, token
+            )
+            if existed is None:
+                if max_devices and await connection.fetchval(
+                    "SELECT count(*) FROM devices WHERE pubkey = $1", pubkey
+                ) >= max_devices:
+                    raise TooManyDevices(max_devices)
+                if max_accounts and await connection.fetchval(
+                    "SELECT count(*) FROM devices WHERE token = $1", token
+                ) >= max_accounts:
+                    raise TooManyDevices(max_accounts)
+            row = await connection.fetchrow(
+                "INSERT INTO devices (pubkey, platform, token, payload, relays, webpush_p256dh,"
+                " webpush_auth, registered_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7,"
+                " $8, $8) ON CONFLICT (pubkey, token) DO UPDATE SET platform = excluded.platform,"
+                " payload = excluded.payload, relays = excluded.relays,"
+                " webpush_p256dh = excluded.webpush_p256dh, webpush_auth = excluded.webpush_auth,"
+                f" updated_at = excluded.updated_at RETURNING {_COLUMNS}",
+                pubkey, platform, token, payload, json.dumps(list(relays)),
+                webpush_keys.p256dh if webpush_keys else None,
+                webpush_keys.auth if webpush_keys else None,
+                now,
+            )
+        assert row is not None
+        self._changed([pubkey])
+        return Registration(_device(row), existed is None, None)
+
+    async def unregister(self, pubkey: str, token: str) -> int:
+        """Remove the caller's own pair with `token`; other npubs' pairs stay."""
+        removed = await self._db.run(
+            "DELETE FROM devices WHERE pubkey = $1 AND token = $2", pubkey, token
+        )
+        if removed:
+            self._changed([pubkey])
+        return removed
+
+    async def forget(self, device_id: int) -> Device | None:
+        """A dead token: delete every pair carrying it; returns the pair `device_id` named."""
+        rows = await self._db.fetch(
+            f"DELETE FROM devices WHERE token = (SELECT token FROM devices WHERE id = $1)"
+            f" RETURNING {_COLUMNS}",
+            device_id,
+        )
+        devices = [_device(row) for row in rows]
+        self._changed(device.pubkey for device in devices)
+        return next((d for d in devices if d.id == device_id), None)
+
+    async def of_pubkey(self, pubkey: str) -> list[Device]:
+        rows = await self._db.fetch(
+            f"SELECT {_COLUMNS} FROM devices WHERE pubkey = $1 ORDER BY id", pubkey
+        )
+        return [_device(row) for row in rows]
+
+    async def of_pubkeys(self, pubkeys: Sequence[str]) -> list[Device]:
+        if not pubkeys:
+            return []
+        rows = await self._db.fetch(
+            f"SELECT {_COLUMNS} FROM devices WHERE pubkey = ANY($1::text[]) ORDER BY id",
+            list(pubkeys),
+        )
+        return [_device(row) for row in rows]
+
+    async def by_id(self, device_id: int) -> Device | None:
+        rows = await self._db.fetch(f"SELECT {_COLUMNS} FROM devices WHERE id = $1", device_id)
+        return _device(rows[0]) if rows else None
+
+    async def watched_keys(self) -> dict[str, tuple[str, ...]]:
+        """Every registered pubkey with the union of its devices' own relays."""
+        watched: dict[str, set[str]] = {}
+        for row in await self._db.fetch("SELECT pubkey, relays FROM devices"):
+            watched.setdefault(str(row[0]), set()).update(json.loads(str(row[1])))
+        return {pubkey: tuple(sorted(relays)) for pubkey, relays in watched.items()}
+
+    async def count(self) -> int:
+        return int(await self._db.fetchval("SELECT count(*) FROM devices"))
