@@ -62,6 +62,12 @@ def _load(path_arg: str | None) -> Config:
 
 
 def _serve(config: Config) -> int:
+    if is_postgres_url(config.server.database):
+        # an unreachable or too new database is one line and exit 1 here, before the listener
+        # starts (the service migrates again under the lock at start-up: a no-op by then)
+        from sigil_push.store.postgres.migrate import migrate as migrate_postgres
+
+        asyncio.run(migrate_postgres(config.server.database))
     from sigil_push.server import run_server
 
     return run_server(config)

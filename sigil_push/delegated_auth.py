@@ -21,7 +21,6 @@ from dataclasses import dataclass
 
 from prometheus_client import Counter, Gauge
 
-from sigil_push.store.interface import Database, DeviceStore
 from sigil_push.nostr.event import Event
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip46 import (
@@ -37,6 +36,7 @@ from sigil_push.ratelimit import RateLimiter
 from sigil_push.relays.connection import AuthUnavailable
 from sigil_push.relays.signer_link import SignerLinks, SignerUnreachable
 from sigil_push.sealed import Sealer, UnreadableSecret
+from sigil_push.store.interface import Database, DeviceStore
 
 log = logging.getLogger(__name__)
 

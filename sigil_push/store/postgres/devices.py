@@ -15,7 +15,13 @@ from collections.abc import Iterable, Sequence
 
 import asyncpg
 
-from sigil_push.devices import Device, Registration, RegistrationListener, TooManyDevices, WebPushKeys
+from sigil_push.devices import (
+    Device,
+    Registration,
+    RegistrationListener,
+    TooManyDevices,
+    WebPushKeys,
+)
 from sigil_push.store.postgres.database import PostgresDatabase
 
 _COLUMNS = (
