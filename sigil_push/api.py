@@ -31,6 +31,7 @@ from sigil_push.nostr.nip98 import AuthError, AuthExpired, AuthMissing, verify_h
 from sigil_push.push.endpoint_guard import UnsafeEndpoint, check_endpoint
 from sigil_push.ratelimit import RateLimiter, client_address, trusted_networks
 from sigil_push.service import Service, State
+from sigil_push.store.errors import STORE_UNAVAILABLE
 from sigil_push.validation import parse_json_object, parse_npub, parse_register
 
 log = logging.getLogger(__name__)
@@ -245,7 +246,7 @@ def _error_response(request: Request, exc: Exception) -> Response:
         status, message, headers = 401, exc.detail, {"WWW-Authenticate": "Nostr"}
     elif isinstance(exc, TooManyDevices):
         status, code, message, headers = 409, "too_many_devices", str(exc), {}
-    elif isinstance(exc, sqlite3.OperationalError):
+    elif isinstance(exc, STORE_UNAVAILABLE):
         log.warning("storage busy on %s %s: %s", request.method, request.url.path, exc)
         status, code, headers = 503, "unavailable", {"Retry-After": "1"}
         message = "storage is busy; retry shortly"

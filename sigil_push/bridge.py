@@ -36,7 +36,8 @@ from sigil_push.relays.pool import RelayPool
 from sigil_push.relays.subscriptions import DM_KINDS
 from sigil_push.relays.user_inbox import UserInboxes
 from sigil_push.seen import SeenEvents
-from sigil_push.store.factory import TRANSIENT_ERRORS, BridgeLink, connect_bridge
+from sigil_push.store.errors import TRANSIENT_ERRORS
+from sigil_push.store.factory import BridgeLink, connect_bridge
 from sigil_push.store.interface import Database, DeviceStore, OutboxStore
 from sigil_push.supervisor import Supervisor
 

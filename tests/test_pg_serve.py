@@ -5,8 +5,8 @@ another worker of the same instance (same database, same public URL behind a bal
 
 from __future__ import annotations
 
+import asyncio
 import json
-import re
 import secrets
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,17 +23,7 @@ from tests.support.nostr_client import kind4_dm, publish, user
 from tests.support.processes import FAST_RECONNECT
 from tests.support.relay import RelayProcess
 from tests.support.service import ServiceProcess
-
-
-def on_database(service: ServiceProcess, url: str, public_url: str | None = None) -> ServiceProcess:
-    """Point a not yet started service at `url` (and, for a second worker, at the first
-    worker's public URL, as behind one load balancer)."""
-    text = service.config_path.read_text()
-    text = text.replace('database = "sigil-push.db"', f'database = "{url}"')
-    if public_url is not None:
-        text = re.sub(r'public_url = "[^"]*"', f'public_url = "{public_url}"', text)
-    service.config_path.write_text(text)
-    return service
+from tests.support.stores import on_database
 
 
 @pytest.fixture
@@ -108,7 +98,7 @@ async def _empty(url: str) -> bool:
     return await _count(url, "SELECT count(*) FROM outbox") == 0
 
 
-async def test_a_nip98_auth_replayed_to_a_second_worker_is_refused(
+def test_a_nip98_auth_replayed_to_a_second_worker_is_refused(
     tmp_path: Path, postgres_url: str, workers: list[ServiceProcess]
 ) -> None:
     first = on_database(ServiceProcess(tmp_path / "first"), postgres_url)
@@ -127,4 +117,4 @@ async def test_a_nip98_auth_replayed_to_a_second_worker_is_refused(
     assert replayed.json()["error"] == "auth_replayed"
     fresh, _, _ = _register(second, person, secrets.token_hex(32), url=first.url)
     assert fresh.status_code == 201, fresh.text
-    assert await _count(postgres_url, "SELECT count(*) FROM devices") == 2
+    assert asyncio.run(_count(postgres_url, "SELECT count(*) FROM devices")) == 2

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import secrets
 import socket
-import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,16 +29,10 @@ from sigil_push.store.postgres.migrate import migrate_connection
 from sigil_push.store.postgres.outbox import PostgresOutbox
 
 POOL_MAX = 10
+SESSION_SETTINGS = {"lock_timeout": "5000"}
+"""A statement waits at most 5 s for a lock, as SQLite's busy timeout: then the API answers 503
+and the bridge retries, instead of hanging behind a stuck transaction."""
 STOP_GRACE_SECONDS = 5.0
-TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
-    sqlite3.OperationalError,
-    asyncpg.PostgresConnectionError,
-    asyncpg.InterfaceError,
-    asyncpg.SerializationError,
-    asyncpg.DeadlockDetectedError,
-    OSError,
-)
-"""Errors after which the same write may succeed if tried again (busy, locked, reconnecting)."""
 
 
 def new_worker_id() -> str:
@@ -104,7 +97,9 @@ async def open_postgres(url: str, worker_id: str, claim_ms: int) -> PostgresStor
         await migrate_connection(connection)
     finally:
         await connection.close()
-    pool = await asyncpg.create_pool(url, min_size=1, max_size=POOL_MAX)
+    pool = await asyncpg.create_pool(
+        url, min_size=1, max_size=POOL_MAX, server_settings=SESSION_SETTINGS
+    )
     db = PostgresDatabase(pool)
     return PostgresStore(
         url, db, PostgresDevices(db), PostgresOutbox(db, worker_id, claim_ms),
@@ -130,7 +125,7 @@ async def connect_bridge(config: Config) -> BridgeLink:
     """The bridge committer's own connection to the configured (already migrated) store."""
     database = config.server.database
     if is_postgres_url(database):
-        db = PostgresDatabase(await asyncpg.connect(database))
+        db = PostgresDatabase(await asyncpg.connect(database, server_settings=SESSION_SETTINGS))
         # the committer only enqueues; claims are taken by the delivery side's outbox
         return BridgeLink(db, PostgresOutbox(db, new_worker_id()))
     sqlite = await open_database(config.resolve(database))

@@ -7,6 +7,8 @@ starts from an empty, fully migrated schema in a few tens of milliseconds.
 
 from __future__ import annotations
 
+import asyncio
+import re
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -17,6 +19,7 @@ import pytest
 from sigil_push.store.factory import PostgresStore, SqliteStore, open_postgres, open_sqlite
 from sigil_push.store.postgres.migrate import migrate
 from tests.support.postgres import PostgresServer
+from tests.support.service import ServiceProcess
 
 BACKENDS = ("sqlite", "postgres")
 _TEMPLATE = "sigil_template"
@@ -78,3 +81,25 @@ async def store(database: str) -> AsyncIterator[SqliteStore | PostgresStore]:
         yield opened
     finally:
         await opened.close()
+
+
+def on_database(service: ServiceProcess, url: str, public_url: str | None = None) -> ServiceProcess:
+    """Point a not yet started service process at database `url` (and, for a further worker of
+    one instance, at the first worker's public URL, as behind one load balancer)."""
+    text = service.config_path.read_text()
+    text = text.replace('database = "sigil-push.db"', f'database = "{url}"')
+    if public_url is not None:
+        text = re.sub(r'public_url = "[^"]*"', f'public_url = "{public_url}"', text)
+    service.config_path.write_text(text)
+    return service
+
+
+def backend_service(
+    backend: str, request: pytest.FixtureRequest, service: ServiceProcess
+) -> ServiceProcess:
+    """`service` (not yet started) as is for SQLite, or on a fresh PostgreSQL database; for
+    module- or session-scoped fixtures parametrised over BACKENDS (called outside a loop)."""
+    if backend == "sqlite":
+        return service
+    server: PostgresServer = request.getfixturevalue("postgres_server")
+    return on_database(service, asyncio.run(fresh_postgres_database(server)))
