@@ -205,6 +205,9 @@ class Api:
                 configured = {relay.url for relay in self.service.config.relays}
                 relays = {url: state for url, state in relays.items() if url in configured}
             body["relays"] = relays
+            shards = self.service.shards() if serving else None
+            if shards is not None:
+                body.update(worker=self.service.worker_id, shards=shards)
         if not serving:
             body.update(error="unavailable", message=f"service is {self.service.state.value}")
         down = self.service.tasks_down() if serving else []

@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -113,6 +113,11 @@ class RelayCounters:
         self.received = RECEIVED.labels(url)
         self.duplicates = DUPLICATES.labels(url)
         self.dropped = {reason: DROPPED.labels(url, reason) for reason in DROP_REASONS}
+
+
+def _every_key(_pubkey: str) -> bool:
+    """One worker (SQLite, or before any shard is leased): the bridge watches every key."""
+    return True
 
 
 class DatabaseUnavailable(Exception):
@@ -212,6 +217,7 @@ class Bridge:
         self._device_generation = 0
         self._stopping = False
         self._probe: Canary | None = None
+        self._owns: Callable[[str], bool] = _every_key
 
     # life cycle -------------------------------------------------------------------------
 
@@ -253,7 +259,8 @@ class Bridge:
             cursors = {str(relay): int(live_until) async for relay, live_until in cursor}
         self._pool.load(baselines, cursors)
         for pubkey, relays in (await self._devices.watched_keys()).items():
-            self._set_key(pubkey, relays)
+            if self._owns(pubkey):
+                self._set_key(pubkey, relays)
 
     async def stop(self) -> None:
         """Close relays first, then finish what was already received, so nothing is lost."""
@@ -313,17 +320,19 @@ class Bridge:
             self._dirty_event.clear()
             pubkeys, self._dirty = self._dirty, set()
             new_lists, self._lists_dirty = self._lists_dirty - pubkeys, set()
-            removed = []
+            removed: list[str] = []
+            elsewhere: set[str] = set()
             for pubkey in pubkeys:
-                devices = await self._devices.of_pubkey(pubkey)
+                owned = self._owns(pubkey)
+                devices = await self._devices.of_pubkey(pubkey) if owned else []
                 if devices:
                     self._set_key(pubkey, tuple(r for d in devices for r in d.relays))
                 else:
-                    self._keys.discard(pubkey)
-                    self._registration_relays.pop(pubkey, None)
-                    self._user_relays.pop(pubkey, None)
-                    self._pool.plan.remove_key(pubkey)
-                    removed.append(pubkey)
+                    self._unwatch(pubkey)
+                    if owned:
+                        removed.append(pubkey)
+                    else:
+                        elsewhere.add(pubkey)
             for pubkey in new_lists:
                 if pubkey in self._keys:
                     self._set_key(pubkey, self._registration_relays.get(pubkey, ()))
@@ -337,11 +346,46 @@ class Bridge:
                     ("DELETE FROM relay_lists WHERE pubkey = ?", [(p,) for p in removed])
                 )
                 self._work.set()
-            self._apply(pubkeys)
+            self._apply(pubkeys, elsewhere)
 
-    def _apply(self, changed: set[str]) -> None:
-        """Bring connections and shards in line with the plan for the `changed` keys."""
-        left = self._pool.apply(self._keys, changed)
+    def _unwatch(self, pubkey: str) -> None:
+        self._keys.discard(pubkey)
+        self._registration_relays.pop(pubkey, None)
+        self._user_relays.pop(pubkey, None)
+        self._pool.plan.remove_key(pubkey)
+
+    async def reshard(self, owns: Callable[[str], bool]) -> None:
+        """Watch only the registered keys `owns` accepts (this worker's key shards).
+
+        Keys that leave are unsubscribed, their baselines kept for their new owner; keys that
+        arrive first take the baselines other workers stored, so their catch-up from the
+        relays' cursors pushes what arrived meanwhile instead of swallowing it as a baseline.
+        """
+        self._owns = owns
+        db = self._db
+        if db is None:  # not started yet: `_load` watches only what `owns` accepts
+            return
+        watched = await self._devices.watched_keys()
+        probe = self._probe.pubkey if self._probe is not None else None
+        arriving = {p for p in watched if owns(p) and p not in self._keys}
+        leaving = {p for p in self._keys if p != probe and not owns(p)}
+        if arriving:
+            for relay, pubkey in await db.execute_fetchall(
+                "SELECT relay, pubkey FROM relay_baselines"
+            ):
+                if pubkey in arriving:
+                    self._pool.baselines_of(str(relay)).add(str(pubkey))
+        for pubkey in arriving:
+            self._set_key(pubkey, watched[pubkey])
+        for pubkey in leaving:
+            self._unwatch(pubkey)
+        self._apply(arriving | leaving, leaving)
+
+    def _apply(self, changed: set[str], elsewhere: Collection[str] = ()) -> None:
+        """Bring connections and shards in line with the plan for the `changed` keys; the
+        baselines of keys now watched `elsewhere` (another worker) stay in the database."""
+        left = [(url, key) for url, key in self._pool.apply(self._keys, changed)
+                if key not in elsewhere]
         if left:
             self._db_ops.append(
                 ("DELETE FROM relay_baselines WHERE relay = ? AND pubkey = ?", left)

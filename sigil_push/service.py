@@ -12,6 +12,8 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
+from prometheus_client import Gauge
+
 from sigil_push import outbound
 from sigil_push.bridge import Bridge
 from sigil_push.canary import canary_from_config
@@ -23,11 +25,18 @@ from sigil_push.nostr.keys import SecretKey
 from sigil_push.observations import ObservationLog
 from sigil_push.outbound import OutboundGuard
 from sigil_push.push.factory import build_senders
-from sigil_push.store.factory import open_store
+from sigil_push.store.factory import PostgresStore, open_store
 from sigil_push.store.interface import AuthIdStore, Database, DeviceStore, OutboxStore
+from sigil_push.store.postgres.leases import ShardLeaser
+from sigil_push.store.postgres.sharding import ShardWatch
 from sigil_push.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
+
+WORKER = Gauge(
+    "sigil_push_worker_info", "This process (worker) of the instance and its storage engine",
+    ["worker", "engine"],
+)
 
 
 class State(enum.Enum):
@@ -54,6 +63,8 @@ class Service:
         self.config = config
         self.state = State.STARTING
         self._components: Components | None = None
+        self._shards: ShardWatch | None = None
+        self.worker_id = ""
         self._running = AsyncExitStack()
         self.supervisor = Supervisor()
 
@@ -78,6 +89,8 @@ class Service:
         store = await open_store(config)
         stack.push_async_callback(store.close)
         db, devices, outbox = store.db, store.devices, store.outbox
+        self.worker_id = store.worker_id
+        WORKER.labels(store.worker_id, store.engine).set(1)
         key = await bridge_key(db, config.server.secret_key, config.resolve(config.server.secret_key_file))
         observations = ObservationLog(
             config.resolve(config.server.observations), config.server.observations_retention_days
@@ -102,8 +115,18 @@ class Service:
         canary = canary_from_config(config, key, observations)
         if canary is not None:
             bridge.add_probe(canary)
+        if isinstance(store, PostgresStore):
+            # several workers: the bridge watches the keys of this worker's shards only
+            self._shards = ShardWatch(
+                ShardLeaser(store.pool, store.worker_id, config.bridge.lease_seconds),
+                bridge.reshard,
+            )
+            await self._shards.start()
+            stack.push_async_callback(self._shards.release)
         await bridge.start()
         stack.push_async_callback(bridge.stop)
+        if self._shards is not None:
+            stack.push_async_callback(self._shards.halt)
         if canary is not None:
             canary.start()
             stack.push_async_callback(canary.stop)
@@ -122,6 +145,10 @@ class Service:
         self.state = State.STOPPING
         await self._running.aclose()
         self._components = None
+
+    def shards(self) -> list[int] | None:
+        """The key shards this worker's bridge watches (None: one worker watches every key)."""
+        return self._shards.held() if self._shards is not None else None
 
     def tasks_down(self) -> list[str]:
         """Core tasks (e.g. `bridge-commit`) waiting to be restarted after an exception."""

@@ -79,7 +79,8 @@ class PostgresStore:
 
     url: str
     db: PostgresDatabase
-    devices: DeviceStore
+    pool: asyncpg.Pool
+    devices: PostgresDevices
     outbox: OutboxStore
     auth_ids: AuthIdStore
     worker_id: str
@@ -87,6 +88,7 @@ class PostgresStore:
     engine: str = "postgres"
 
     async def close(self) -> None:
+        await self.devices.close()
         await self.db.close()
 
 
@@ -101,9 +103,15 @@ async def open_postgres(url: str, worker_id: str, claim_ms: int) -> PostgresStor
         url, min_size=1, max_size=POOL_MAX, server_settings=SESSION_SETTINGS
     )
     db = PostgresDatabase(pool)
+    devices = PostgresDevices(db, worker_id)
+    try:
+        await devices.listen(url)
+    except BaseException:
+        await pool.close()
+        raise
     return PostgresStore(
-        url, db, PostgresDevices(db), PostgresOutbox(db, worker_id, claim_ms),
-        UsedAuthIds(db), worker_id, claim_ms,
+        url, db, pool, devices, PostgresOutbox(db, worker_id, claim_ms), UsedAuthIds(db),
+        worker_id, claim_ms,
     )
 
 

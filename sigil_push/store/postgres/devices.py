@@ -5,6 +5,10 @@ registering never touches another npub's pair, unregistering removes only the ca
 token the provider declared dead removes every pair that carries it. Both limits (devices per
 npub, npubs per token) are checked inside the writing statement, under a transaction-scoped
 advisory lock on the npub, so concurrent registrations on several workers cannot overshoot.
+
+Every worker must learn of a change made through any worker's API (its bridge may watch that
+key): a change is announced with NOTIFY on `sigil_push_devices` (worker id and pubkey), and
+`listen` turns the other workers' announcements into the same listener calls as local changes.
 """
 
 from __future__ import annotations
@@ -33,20 +37,46 @@ def _device(row: asyncpg.Record) -> Device:
     return Device.from_row(tuple(row))
 
 
-class PostgresDevices:
-    """`DeviceStore` on PostgreSQL."""
+CHANNEL = "sigil_push_devices"
 
-    def __init__(self, database: PostgresDatabase) -> None:
+
+class PostgresDevices:
+    """`DeviceStore` on PostgreSQL for worker `worker_id`."""
+
+    def __init__(self, database: PostgresDatabase, worker_id: str) -> None:
         self._db = database
+        self._worker = worker_id
         self._listeners: list[RegistrationListener] = []
+        self._listening: asyncpg.Connection | None = None
 
     def add_listener(self, listener: RegistrationListener) -> None:
         self._listeners.append(listener)
 
-    def _changed(self, pubkeys: Iterable[str | None]) -> None:
+    async def listen(self, url: str) -> None:
+        """Hear the other workers' registration changes (on a connection of its own)."""
+        self._listening = await asyncpg.connect(url)
+        await self._listening.add_listener(CHANNEL, self._heard)
+
+    def _heard(self, _connection: object, _pid: int, _channel: str, payload: object) -> None:
+        worker, _, pubkey = str(payload).partition(" ")
+        if worker != self._worker:
+            self._tell([pubkey])
+
+    async def close(self) -> None:
+        if self._listening is not None:
+            await self._listening.close()
+            self._listening = None
+
+    def _tell(self, pubkeys: Iterable[str | None]) -> None:
         for pubkey in {p for p in pubkeys if p}:
             for listener in self._listeners:
                 listener(pubkey)
+
+    async def _changed(self, pubkeys: Iterable[str | None]) -> None:
+        changed = {p for p in pubkeys if p}
+        self._tell(changed)
+        for pubkey in changed:
+            await self._db.run("SELECT pg_notify($1, $2)", CHANNEL, f"{self._worker} {pubkey}")
 
     async def register(
         self,
@@ -90,7 +120,7 @@ class PostgresDevices:
                 now,
             )
         assert row is not None
-        self._changed([pubkey])
+        await self._changed([pubkey])
         return Registration(_device(row), existed is None, None)
 
     async def unregister(self, pubkey: str, token: str) -> int:
@@ -99,7 +129,7 @@ class PostgresDevices:
             "DELETE FROM devices WHERE pubkey = $1 AND token = $2", pubkey, token
         )
         if removed:
-            self._changed([pubkey])
+            await self._changed([pubkey])
         return removed
 
     async def forget(self, device_id: int) -> Device | None:
@@ -110,7 +140,7 @@ class PostgresDevices:
             device_id,
         )
         devices = [_device(row) for row in rows]
-        self._changed(device.pubkey for device in devices)
+        await self._changed(device.pubkey for device in devices)
         return next((d for d in devices if d.id == device_id), None)
 
     async def of_pubkey(self, pubkey: str) -> list[Device]:
