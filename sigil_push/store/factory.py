@@ -19,6 +19,7 @@ import asyncpg
 from sigil_push.auth_ids import UsedAuthIds
 from sigil_push.config import Config, is_postgres_url
 from sigil_push.db import open_database
+from sigil_push.delivery import STOP_GRACE_SECONDS
 from sigil_push.devices import Devices
 from sigil_push.identity import make_private
 from sigil_push.outbox import Outbox
@@ -32,7 +33,6 @@ POOL_MAX = 10
 SESSION_SETTINGS = {"lock_timeout": "5000"}
 """A statement waits at most 5 s for a lock, as SQLite's busy timeout: then the API answers 503
 and the bridge retries, instead of hanging behind a stuck transaction."""
-STOP_GRACE_SECONDS = 5.0
 
 
 def new_worker_id() -> str:
@@ -41,9 +41,9 @@ def new_worker_id() -> str:
 
 
 def claim_ms_for(config: Config) -> int:
-    """An outbox claim outlives any send (two timeouts plus the stop grace), so only a dead
-    worker's claims lapse."""
-    return int((2 * config.push.send_timeout_seconds + STOP_GRACE_SECONDS) * 1000) + 60_000
+    """An outbox claim outlives any send (two send timeouts plus the stop grace, the horizon
+    after which delivery itself gives up on a claim), so only a dead worker's claims lapse."""
+    return int((2 * config.push.send_timeout_seconds + STOP_GRACE_SECONDS) * 1000)
 
 
 @dataclass
