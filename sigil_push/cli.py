@@ -68,11 +68,11 @@ def _load(path_arg: str | None) -> Config:
 
 def _serve(config: Config) -> int:
     if is_postgres_url(config.server.database):
-        # an unreachable or too new database is one line and exit 1 here, before the listener
-        # starts (the service migrates again under the lock at start-up: a no-op by then)
-        from sigil_push.store.postgres.migrate import migrate as migrate_postgres
+        # an unreachable or too new database (exit 1) or a bridge key other than the
+        # instance's (exit 2) is one line here, before the listener starts
+        from sigil_push.store.factory import preflight
 
-        asyncio.run(migrate_postgres(config.server.database))
+        asyncio.run(preflight(config))
     from sigil_push.server import run_server
 
     return run_server(config)

@@ -25,7 +25,7 @@ from sigil_push.nostr.keys import SecretKey
 from sigil_push.observations import ObservationLog
 from sigil_push.outbound import OutboundGuard
 from sigil_push.push.factory import build_senders
-from sigil_push.store.factory import PostgresStore, open_store
+from sigil_push.store.factory import PostgresStore, check_instance_key, open_store
 from sigil_push.store.interface import AuthIdStore, Database, DeviceStore, OutboxStore
 from sigil_push.store.postgres.leases import ShardLeaser
 from sigil_push.store.postgres.sharding import ShardWatch
@@ -92,6 +92,8 @@ class Service:
         self.worker_id = store.worker_id
         WORKER.labels(store.worker_id, store.engine).set(1)
         key = await bridge_key(db, config.server.secret_key, config.resolve(config.server.secret_key_file))
+        if isinstance(store, PostgresStore):
+            await check_instance_key(store.db, key.public_key_hex)
         observations = ObservationLog(
             config.resolve(config.server.observations), config.server.observations_retention_days
         )

@@ -101,9 +101,12 @@ async def _empty(url: str) -> bool:
 def test_a_nip98_auth_replayed_to_a_second_worker_is_refused(
     tmp_path: Path, postgres_url: str, workers: list[ServiceProcess]
 ) -> None:
-    first = on_database(ServiceProcess(tmp_path / "first"), postgres_url)
+    key_file = tmp_path / "bridge.key"
+    first = on_database(ServiceProcess(tmp_path / "first"), postgres_url, key_file=key_file)
     workers.append(first.start())
-    second = on_database(ServiceProcess(tmp_path / "second"), postgres_url, public_url=first.url)
+    second = on_database(
+        ServiceProcess(tmp_path / "second"), postgres_url, public_url=first.url, key_file=key_file
+    )
     workers.append(second.start())
     person = SdkUser()
     response, header, body = _register(first, person, secrets.token_hex(32))
@@ -118,3 +121,19 @@ def test_a_nip98_auth_replayed_to_a_second_worker_is_refused(
     fresh, _, _ = _register(second, person, secrets.token_hex(32), url=first.url)
     assert fresh.status_code == 201, fresh.text
     assert asyncio.run(_count(postgres_url, "SELECT count(*) FROM devices")) == 2
+
+
+def test_a_worker_with_another_bridge_key_is_refused_with_exit_2(
+    tmp_path: Path, postgres_url: str, workers: list[ServiceProcess]
+) -> None:
+    """Workers of one instance share the bridge key (relays see one client; delegated-auth
+    sessions are sealed under it): one with its own key stops at once, naming the key file,
+    and leaves the instance's sessions alone."""
+    first = on_database(ServiceProcess(tmp_path / "first"), postgres_url)
+    workers.append(first.start())
+    stranger = on_database(ServiceProcess(tmp_path / "stranger"), postgres_url)
+    stranger.start(wait=False)
+    assert stranger.wait_exit() == 2
+    lines = [line for line in stranger.log().splitlines() if line.startswith("sigil-push:")]
+    assert len(lines) == 1 and "server.secret_key_file" in lines[0]
+    assert httpx.get(first.url + "/health", timeout=5).status_code == 200

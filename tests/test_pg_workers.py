@@ -86,7 +86,7 @@ async def _instance(
     and every user's key watched by exactly one worker."""
     for index in range(count):
         service = ServiceProcess(tmp_path / f"worker{index}", [relay.url], WORKER_TOML)
-        workers.append(on_database(service, postgres_url).start())
+        workers.append(on_database(service, postgres_url, key_file=tmp_path / "bridge.key").start())
     await eventually(lambda: _partitioned(workers), "the workers split the shards")
     recipients = [user() for _ in range(count * 4)]
     for recipient in recipients:

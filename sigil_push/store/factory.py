@@ -17,11 +17,11 @@ import aiosqlite
 import asyncpg
 
 from sigil_push.auth_ids import UsedAuthIds
-from sigil_push.config import Config, is_postgres_url
+from sigil_push.config import Config, ConfigError, is_postgres_url
 from sigil_push.db import open_database
 from sigil_push.delivery import STOP_GRACE_SECONDS
 from sigil_push.devices import Devices
-from sigil_push.identity import make_private
+from sigil_push.identity import bridge_key, make_private
 from sigil_push.outbox import Outbox
 from sigil_push.store.interface import AuthIdStore, Database, DeviceStore, OutboxStore
 from sigil_push.store.postgres.database import PostgresDatabase
@@ -44,6 +44,48 @@ def claim_ms_for(config: Config) -> int:
     """An outbox claim outlives any send (two send timeouts plus the stop grace, the horizon
     after which delivery itself gives up on a claim), so only a dead worker's claims lapse."""
     return int((2 * config.push.send_timeout_seconds + STOP_GRACE_SECONDS) * 1000)
+
+
+INSTANCE_KEY = "instance_bridge_pubkey"
+
+
+class ForeignBridgeKey(ConfigError):
+    """This worker's bridge key is not the one the instance's other workers use."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "server.secret_key_file",
+            "this worker's bridge key differs from the one the instance already uses; every"
+            " worker needs the same key (copy the first worker's key file, or set secret_key)",
+        )
+
+
+async def check_instance_key(db: PostgresDatabase, pubkey: str) -> None:
+    """Every worker of an instance must share the bridge key: relays see one client key
+    (NIP-42), and delegated-auth sessions are sealed under it, so a worker with another key
+    would take them for unreadable. The first worker records the key's public half."""
+    await db.run(
+        "INSERT INTO meta (key, value) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+        INSTANCE_KEY, pubkey,
+    )
+    if await db.fetchval("SELECT value FROM meta WHERE key = $1", INSTANCE_KEY) != pubkey:
+        raise ForeignBridgeKey
+
+
+async def preflight(config: Config) -> None:
+    """Before a PostgreSQL worker starts listening: the database is reachable and migrated
+    (under the lock), and this worker's bridge key is the instance's (one line, not a
+    traceback, when either fails)."""
+    connection = await asyncpg.connect(config.server.database)
+    try:
+        await migrate_connection(connection)
+        db = PostgresDatabase(connection)
+        key = await bridge_key(
+            db, config.server.secret_key, config.resolve(config.server.secret_key_file)
+        )
+        await check_instance_key(db, key.public_key_hex)
+    finally:
+        await connection.close()
 
 
 @dataclass

@@ -83,11 +83,16 @@ async def store(database: str) -> AsyncIterator[SqliteStore | PostgresStore]:
         await opened.close()
 
 
-def on_database(service: ServiceProcess, url: str, public_url: str | None = None) -> ServiceProcess:
-    """Point a not yet started service process at database `url` (and, for a further worker of
-    one instance, at the first worker's public URL, as behind one load balancer)."""
+def on_database(
+    service: ServiceProcess, url: str, public_url: str | None = None, key_file: Path | None = None
+) -> ServiceProcess:
+    """Point a not yet started service process at database `url`; for a further worker of one
+    instance, at the first worker's public URL (as behind one load balancer) and at the
+    instance's bridge key file (every worker shares the key)."""
     text = service.config_path.read_text()
     text = text.replace('database = "sigil-push.db"', f'database = "{url}"')
+    if key_file is not None:
+        text = text.replace("[server]\n", f'[server]\nsecret_key_file = "{key_file}"\n', 1)
     if public_url is not None:
         text = re.sub(r'public_url = "[^"]*"', f'public_url = "{public_url}"', text)
     service.config_path.write_text(text)
