@@ -5,6 +5,7 @@ on PostgreSQL two workers sharing the database never take the same wakeup."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 
 import pytest
@@ -206,3 +207,68 @@ async def test_a_dead_workers_claims_lapse_and_another_worker_sends_them(
         assert await store.outbox.depth() == 3
     finally:
         await other.close()
+
+
+async def _terminate(url: str, condition: str) -> int:
+    import asyncpg
+
+    admin = await asyncpg.connect(url)
+    try:
+        return int(await admin.fetchval(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+            f" WHERE datname = current_database() AND pid <> pg_backend_pid() AND {condition}"
+        ))
+    finally:
+        await admin.close()
+
+
+async def test_registrations_reach_other_workers_also_after_their_connection_broke(
+    store: Store, store_backend: str
+) -> None:
+    """A registration through one worker is told to another worker's listeners (the bridge
+    there re-plans the key); when the listening connection is cut, it is opened again."""
+    if store_backend != "postgres":
+        pytest.skip("one SQLite process hears its own registrations")
+    import time
+
+    from tests.support.bridge_harness import eventually
+
+    other = await open_test_store(_url(store), "w2")
+    try:
+        heard: list[str] = []
+        other.devices.add_listener(heard.append)
+        first = secrets.token_hex(32)
+        await store.devices.register(first, "ios", secrets.token_hex(32), "opaque", (), None, 0)
+        await eventually(lambda: first in heard, "the other worker heard the registration")
+        assert await _terminate(_url(store), "query LIKE 'LISTEN%'") >= 1
+        second = secrets.token_hex(32)
+        deadline = time.monotonic() + 30
+        while second not in heard and time.monotonic() < deadline:
+            # a change announced before the listener is back is not heard: announce again
+            await store.devices.register(second, "ios", "ab" * 32, "opaque", (), None, 0)
+            await asyncio.sleep(0.2)
+        assert second in heard
+    finally:
+        await other.close()
+
+
+async def test_the_bridge_connection_comes_back_after_the_server_dropped_it(
+    database: str, store_backend: str, tmp_path: object
+) -> None:
+    if store_backend != "postgres":
+        pytest.skip("a SQLite file has no connection to lose")
+    from sigil_push.config import parse_config
+    from sigil_push.store.errors import TRANSIENT_ERRORS
+    from sigil_push.store.factory import connect_bridge
+
+    config = parse_config({"server": {"database": database}}, tmp_path / "relays.toml")  # type: ignore[operator]
+    link = await connect_bridge(config)
+    try:
+        [(before,)] = await link.db.execute_fetchall("SELECT pg_backend_pid()")
+        assert await _terminate(database, f"pid = {before}") == 1
+        with contextlib.suppress(*TRANSIENT_ERRORS):  # the first try may still see the cut
+            await link.db.execute_fetchall("SELECT 1")
+        [(after,)] = await link.db.execute_fetchall("SELECT pg_backend_pid()")
+        assert after != before
+    finally:
+        await link.close()

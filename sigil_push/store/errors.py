@@ -15,6 +15,7 @@ STORE_UNAVAILABLE: tuple[type[Exception], ...] = (
     sqlite3.OperationalError,
     asyncpg.PostgresConnectionError,
     asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
     asyncpg.TooManyConnectionsError,
     asyncpg.LockNotAvailableError,
     asyncpg.SerializationError,

@@ -175,7 +175,10 @@ async def connect_bridge(config: Config) -> BridgeLink:
     """The bridge committer's own connection to the configured (already migrated) store."""
     database = config.server.database
     if is_postgres_url(database):
-        db = PostgresDatabase(await asyncpg.connect(database, server_settings=SESSION_SETTINGS))
+        async def connect() -> asyncpg.Connection:
+            return await asyncpg.connect(database, server_settings=SESSION_SETTINGS)
+
+        db = PostgresDatabase(await connect(), reconnect=connect)
         # the committer only enqueues; claims are taken by the delivery side's outbox
         return BridgeLink(db, PostgresOutbox(db, new_worker_id()))
     sqlite = await open_database(config.resolve(database))

@@ -14,7 +14,7 @@ Engine-specific code (device pairs, outbox claims) uses `fetch`/`fetchval`/`run`
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Generator, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import Any
@@ -24,6 +24,13 @@ from asyncpg.pool import PoolConnectionProxy
 
 Connection = asyncpg.Connection | PoolConnectionProxy
 
+BROKEN = (
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+    OSError,
+)
+"""Errors after which a connection cannot be trusted with the next statement."""
 _PLACEHOLDER = re.compile(r"\?")
 _QUOTED = re.compile(r"'[^']*'")
 _ROWS = re.compile(r"^\s*(SELECT|WITH|VALUES)\b|\bRETURNING\b", re.IGNORECASE)
@@ -117,17 +124,32 @@ class _Pending:
 
 
 class PostgresDatabase:
-    """A pool-backed or single-connection handle to one PostgreSQL database."""
+    """A pool-backed or single-connection handle to one PostgreSQL database.
 
-    def __init__(self, source: asyncpg.Pool | asyncpg.Connection) -> None:
+    An owned connection that broke (server restart, network) is replaced by `reconnect` at the
+    next statement, so a long-lived user such as the bridge committer recovers by retrying.
+    """
+
+    def __init__(
+        self,
+        source: asyncpg.Pool | asyncpg.Connection,
+        reconnect: Callable[[], Awaitable[asyncpg.Connection]] | None = None,
+    ) -> None:
         self._pool = source if isinstance(source, asyncpg.Pool) else None
         self._owned = source if isinstance(source, asyncpg.Connection) else None
+        self._reconnect = reconnect
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[Connection]:
         """The owned connection, or one borrowed from the pool for the block."""
         if self._owned is not None:
-            yield self._owned
+            if self._owned.is_closed() and self._reconnect is not None:
+                self._owned = await self._reconnect()
+            try:
+                yield self._owned
+            except BROKEN:
+                self._owned.terminate()  # whatever state it is in, the next use starts afresh
+                raise
         else:
             assert self._pool is not None
             async with self._pool.acquire() as borrowed:

@@ -13,7 +13,9 @@ key): a change is announced with NOTIFY on `sigil_push_devices` (worker id and p
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import time
 from collections.abc import Iterable, Sequence
 
@@ -38,6 +40,8 @@ def _device(row: asyncpg.Record) -> Device:
 
 
 CHANNEL = "sigil_push_devices"
+RELISTEN_SECONDS = 1.0
+log = logging.getLogger(__name__)
 
 
 class PostgresDevices:
@@ -48,14 +52,33 @@ class PostgresDevices:
         self._worker = worker_id
         self._listeners: list[RegistrationListener] = []
         self._listening: asyncpg.Connection | None = None
+        self._url = ""
+        self._relisten: asyncio.Task[None] | None = None
 
     def add_listener(self, listener: RegistrationListener) -> None:
         self._listeners.append(listener)
 
     async def listen(self, url: str) -> None:
-        """Hear the other workers' registration changes (on a connection of its own)."""
+        """Hear the other workers' registration changes (on a connection of its own, opened
+        again whenever it breaks; changes announced while it was down are not heard)."""
+        self._url = url
         self._listening = await asyncpg.connect(url)
         await self._listening.add_listener(CHANNEL, self._heard)
+        self._listening.add_termination_listener(self._lost)
+
+    def _lost(self, _connection: object) -> None:
+        if self._listening is not None and self._relisten is None:
+            log.warning("registration notifications lost their connection; reconnecting")
+            self._relisten = asyncio.create_task(self._listen_again())
+
+    async def _listen_again(self) -> None:
+        while self._listening is not None:
+            try:
+                await self.listen(self._url)
+                break
+            except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
+                await asyncio.sleep(RELISTEN_SECONDS)
+        self._relisten = None
 
     def _heard(self, _connection: object, _pid: int, _channel: str, payload: object) -> None:
         worker, _, pubkey = str(payload).partition(" ")
@@ -63,9 +86,11 @@ class PostgresDevices:
             self._tell([pubkey])
 
     async def close(self) -> None:
-        if self._listening is not None:
-            await self._listening.close()
-            self._listening = None
+        listening, self._listening = self._listening, None
+        if self._relisten is not None:
+            self._relisten.cancel()
+        if listening is not None:
+            await listening.close()
 
     def _tell(self, pubkeys: Iterable[str | None]) -> None:
         for pubkey in {p for p in pubkeys if p}:
