@@ -98,10 +98,13 @@ class PostgresDevices:
                 listener(pubkey)
 
     async def _changed(self, pubkeys: Iterable[str | None]) -> None:
-        changed = {p for p in pubkeys if p}
+        changed = sorted({p for p in pubkeys if p})
         self._tell(changed)
-        for pubkey in changed:
-            await self._db.run("SELECT pg_notify($1, $2)", CHANNEL, f"{self._worker} {pubkey}")
+        if changed:
+            await self._db.run(
+                "SELECT pg_notify($1, $2 || ' ' || p) FROM unnest($3::text[]) AS p",
+                CHANNEL, self._worker, changed,
+            )
 
     async def register(
         self,
@@ -117,20 +120,25 @@ class PostgresDevices:
         """Insert or update this npub's pair with `token` (201 when new, 200 when updated)."""
         now = int(time.time())
         async with self._db.connection() as connection, connection.transaction():
-            # the limits count rows other registrations may be adding right now
-            await connection.execute("SELECT pg_advisory_xact_lock(hashtext($1))", pubkey)
-            await connection.execute("SELECT pg_advisory_xact_lock(hashtext($1))", token)
-            existed = await connection.fetchval(
-                "SELECT 1 FROM devices WHERE pubkey = $1 AND token = $2", pubkey, token
+            # the limits count rows other registrations may be adding right now: lock the npub
+            # and the token (always in this order) before counting
+            await connection.execute(
+                "SELECT pg_advisory_xact_lock(hashtext($1)), pg_advisory_xact_lock(hashtext($2))",
+                pubkey, token,
             )
-            if existed is None:
-                if max_devices and await connection.fetchval(
-                    "SELECT count(*) FROM devices WHERE pubkey = $1", pubkey
-                ) >= max_devices:
+            counts = await connection.fetchrow(
+                "SELECT count(*) FILTER (WHERE pubkey = $1 AND token = $2) AS pair,"
+                " count(*) FILTER (WHERE pubkey = $1) AS of_npub,"
+                " count(*) FILTER (WHERE token = $2) AS of_token"
+                " FROM devices WHERE pubkey = $1 OR token = $2",
+                pubkey, token,
+            )
+            assert counts is not None
+            existed = counts["pair"] > 0
+            if not existed:
+                if max_devices and counts["of_npub"] >= max_devices:
                     raise TooManyDevices(max_devices)
-                if max_accounts and await connection.fetchval(
-                    "SELECT count(*) FROM devices WHERE token = $1", token
-                ) >= max_accounts:
+                if max_accounts and counts["of_token"] >= max_accounts:
                     raise TooManyDevices(max_accounts)
             row = await connection.fetchrow(
                 "INSERT INTO devices (pubkey, platform, token, payload, relays, webpush_p256dh,"
@@ -146,7 +154,7 @@ class PostgresDevices:
             )
         assert row is not None
         await self._changed([pubkey])
-        return Registration(_device(row), existed is None, None)
+        return Registration(_device(row), not existed, None)
 
     async def unregister(self, pubkey: str, token: str) -> int:
         """Remove the caller's own pair with `token`; other npubs' pairs stay."""
