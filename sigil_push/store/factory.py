@@ -23,7 +23,7 @@ from sigil_push.delivery import STOP_GRACE_SECONDS
 from sigil_push.devices import Devices
 from sigil_push.identity import bridge_key, make_private
 from sigil_push.outbox import Outbox
-from sigil_push.store.interface import AuthIdStore, Database, DeviceStore, OutboxStore
+from sigil_push.store.interface import AuthIdStore, Database, DeviceStore, OutboxStore, Store
 from sigil_push.store.postgres.database import PostgresDatabase
 from sigil_push.store.postgres.devices import PostgresDevices
 from sigil_push.store.postgres.migrate import migrate_connection
@@ -163,7 +163,7 @@ async def open_sqlite(path: Path) -> SqliteStore:
     return SqliteStore(path, db, Devices(db), Outbox(db), UsedAuthIds(db))
 
 
-async def open_store(config: Config) -> SqliteStore | PostgresStore:
+async def open_store(config: Config) -> Store:
     """The store `server.database` names, open and migrated."""
     database = config.server.database
     if is_postgres_url(database):

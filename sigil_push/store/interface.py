@@ -168,12 +168,23 @@ class SeenStore(Protocol):
 class Store(Protocol):
     """One instance's store, opened (and migrated) by `open_store`."""
 
-    engine: str
-    worker_id: str
-    db: Database
-    devices: DeviceStore
-    outbox: OutboxStore
-    auth_ids: AuthIdStore
+    @property
+    def engine(self) -> str: ...
+
+    @property
+    def worker_id(self) -> str: ...
+
+    @property
+    def db(self) -> Database: ...
+
+    @property
+    def devices(self) -> DeviceStore: ...
+
+    @property
+    def outbox(self) -> OutboxStore: ...
+
+    @property
+    def auth_ids(self) -> AuthIdStore: ...
 
     async def close(self) -> None: ...
 
