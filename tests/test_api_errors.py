@@ -1,5 +1,5 @@
 """Every error code of CONTRACT section 3, each provoked through the real HTTP API, on each
-storage engine (a `serve` process on a SQLite file, then one on PostgreSQL)."""
+storage engine (the suite's `service` runs once on a SQLite file, once on PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -15,17 +15,7 @@ import pytest
 from tests.conftest import ApiCaller
 from tests.support.nip98 import SdkUser, encode_header
 from tests.support.service import ServiceProcess
-from tests.support.stores import BACKENDS, backend_service
-
-
-@pytest.fixture(scope="module", params=BACKENDS)
-def service(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ServiceProcess]:
-    """The suite's dry-run service (no relays, no rate limits), once per storage engine."""
-    folder = tmp_path_factory.mktemp(f"service-{request.param}")
-    with backend_service(request.param, request, ServiceProcess(folder)) as running:
-        yield running
+from tests.support.stores import backend_service
 
 
 def assert_error(response: httpx.Response, status: int, code: str) -> None:
