@@ -37,8 +37,14 @@ from sigil_push.relays.subscriptions import DM_KINDS
 from sigil_push.relays.user_inbox import UserInboxes
 from sigil_push.seen import SeenEvents
 from sigil_push.store.errors import TRANSIENT_ERRORS
-from sigil_push.store.factory import BridgeLink, connect_bridge
-from sigil_push.store.interface import Database, DeviceStore, OutboxStore
+from sigil_push.store.factory import connect_bridge
+from sigil_push.store.interface import (
+    BridgeConnection,
+    Database,
+    DeviceStore,
+    OutboxStore,
+    SeenStore,
+)
 from sigil_push.supervisor import Supervisor
 
 if TYPE_CHECKING:
@@ -181,13 +187,13 @@ class Bridge:
         self._relay_drained: dict[str, asyncio.Event] = {}
         self._recipient_buckets: dict[str, TokenBucket] = {}
         self._config = config
-        self._link: BridgeLink | None = None
+        self._link: BridgeConnection | None = None
         self._db: Database | None = None
         self._devices = devices
         self._outbox = outbox
         self._writer: OutboxStore | None = None
         self._lists: RelayLists
-        self._seen: SeenEvents
+        self._seen: SeenStore
         self._observations = observations
         self._insecure = config.server.allow_insecure_relays
         configured = [

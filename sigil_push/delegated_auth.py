@@ -36,9 +36,11 @@ from sigil_push.ratelimit import RateLimiter
 from sigil_push.relays.connection import AuthUnavailable
 from sigil_push.relays.signer_link import SignerLinks, SignerUnreachable
 from sigil_push.sealed import Sealer, UnreadableSecret
+from sigil_push.store.errors import STORE_UNAVAILABLE
 from sigil_push.store.interface import Database, DeviceStore
 
 log = logging.getLogger(__name__)
+STATUS_WRITE_ERRORS: tuple[type[Exception], ...] = (sqlite3.Error, *STORE_UNAVAILABLE)
 
 STATUSES = ("pending", "active", "refused", "unreachable")
 REQUEST_TIMEOUT_SECONDS = 15.0
@@ -275,7 +277,7 @@ class DelegatedAuth:
                 "UPDATE auth_signers SET status = ?, detail = ?, updated_at = ? WHERE pubkey = ?",
                 (status, detail, int(time.time()), session.pubkey),
             )
-        except sqlite3.Error as exc:
+        except STATUS_WRITE_ERRORS as exc:
             log.warning("could not store a signer session's status (%s)", exc)
         log.info("signer session %s%s", status, f": {detail}" if detail else "")
         self._count()

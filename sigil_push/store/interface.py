@@ -156,6 +156,14 @@ class SeenStore(Protocol):
 
     async def lookup(self, event_ids: Iterable[str]) -> None: ...
 
+    def first_delivery(
+        self, event_id: str, relay: str, pending: dict[str, tuple[str, ...]]
+    ) -> tuple[bool, bool]: ...
+
+    def remember(self, pending: dict[str, tuple[str, ...]]) -> None: ...
+
+    def __len__(self) -> int: ...
+
     async def save(
         self,
         new_events: Sequence[tuple[str, str, int, int]],
