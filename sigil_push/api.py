@@ -32,6 +32,7 @@ from sigil_push.push.endpoint_guard import UnsafeEndpoint, check_endpoint
 from sigil_push.push.vapid import loaded_public_key
 from sigil_push.ratelimit import RateLimiter, client_address, trusted_networks
 from sigil_push.service import Service, State
+from sigil_push.store.errors import STORE_UNAVAILABLE
 from sigil_push.validation import parse_json_object, parse_npub, parse_register
 
 log = logging.getLogger(__name__)
@@ -206,6 +207,9 @@ class Api:
                 configured = {relay.url for relay in self.service.config.relays}
                 relays = {url: state for url, state in relays.items() if url in configured}
             body["relays"] = relays
+            shards = self.service.shards() if serving else None
+            if shards is not None:
+                body.update(worker=self.service.worker_id, shards=shards)
         if not serving:
             body.update(error="unavailable", message=f"service is {self.service.state.value}")
         down = self.service.tasks_down() if serving else []
@@ -267,7 +271,7 @@ def _error_response(request: Request, exc: Exception) -> Response:
         status, code, message, headers = 409, "too_many_accounts", str(exc), {}
     elif isinstance(exc, TooManyDevices):
         status, code, message, headers = 409, "too_many_devices", str(exc), {}
-    elif isinstance(exc, sqlite3.OperationalError):
+    elif isinstance(exc, STORE_UNAVAILABLE):
         log.warning("storage busy on %s %s: %s", request.method, request.url.path, exc)
         status, code, headers = 503, "unavailable", {"Retry-After": "1"}
         message = "storage is busy; retry shortly"

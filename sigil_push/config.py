@@ -118,6 +118,8 @@ class BridgeConfig:
     max_user_connections: int = 1000
     # our own websocket receive limit per frame; a relay's NIP-11 never raises it
     max_frame_bytes: int = 4 * 1024 * 1024
+    # PostgreSQL: a dead worker's key shards move to the others within this time
+    lease_seconds: float = 15.0
 
 
 @dataclass(frozen=True)

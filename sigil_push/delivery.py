@@ -24,13 +24,14 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from sigil_push.config import LimitsConfig, PushConfig
-from sigil_push.devices import Device, Devices, WebPushKeys
+from sigil_push.devices import Device, WebPushKeys
 from sigil_push.observations import ObservationLog, now_ms
-from sigil_push.outbox import Outbox, Wakeup
+from sigil_push.outbox import Wakeup
 from sigil_push.push import metrics
 from sigil_push.push.base import Outcome, Sender, Status, WakeupMessage
 from sigil_push.push.limits import DeviceRateLimiter
 from sigil_push.push.payload import fallback, opaque_data, wakeup_data
+from sigil_push.store.interface import DeviceStore, OutboxStore
 from sigil_push.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
@@ -78,8 +79,8 @@ class Push:
 class Delivery:
     def __init__(
         self,
-        outbox: Outbox,
-        devices: Devices,
+        outbox: OutboxStore,
+        devices: DeviceStore,
         senders: dict[str, Sender],
         observations: ObservationLog,
         record_outcomes: bool,

@@ -15,10 +15,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import aiosqlite
-
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip19 import InvalidKey, parse_secret_key
+from sigil_push.store.interface import Database
 
 META_KEY = "bridge_secret_key"
 
@@ -89,7 +88,7 @@ def make_private(database: Path) -> None:
             continue
 
 
-async def bridge_key(connection: aiosqlite.Connection, configured: str, key_file: Path) -> SecretKey:
+async def bridge_key(connection: Database, configured: str, key_file: Path) -> SecretKey:
     if configured:
         await _forget_stored_key(connection)
         return SecretKey(parse_secret_key(configured))
@@ -104,7 +103,7 @@ async def bridge_key(connection: aiosqlite.Connection, configured: str, key_file
     return key
 
 
-async def _forget_stored_key(connection: aiosqlite.Connection) -> None:
+async def _forget_stored_key(connection: Database) -> None:
     """Delete a key an older version kept in the database, overwriting the freed page too."""
     await connection.execute("PRAGMA secure_delete = ON")
     try:

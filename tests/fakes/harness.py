@@ -215,6 +215,17 @@ def document(
     }
 
 
+def reset_fakes(fake_apns: FakeApns, fake_fcm: FakeFcm, fake_up: FakeUnifiedPush) -> None:
+    """The session-wide fakes as new: no scripted answers left from an earlier test, and no
+    UnifiedPush requests under endpoint names (e.g. "big") an earlier test also used."""
+    fake_apns.script.answers.clear()
+    fake_apns.script.delay_seconds, fake_apns.script.silent = 0.0, False
+    fake_fcm.script.answers.clear()
+    fake_up.script.answers.clear()
+    fake_up.script.redirects.clear()
+    fake_up.requests.clear()
+
+
 @pytest.fixture
 async def make_harness(
     tmp_path: Path,
@@ -225,11 +236,7 @@ async def make_harness(
 ) -> AsyncIterator[Callable[..., Any]]:
     """Factory: `await make_harness(push={...}, limits={...})` gives a started Harness."""
     harnesses: list[Harness] = []
-    fake_apns.script.answers.clear()
-    fake_apns.script.delay_seconds, fake_apns.script.silent = 0.0, False
-    fake_fcm_server[0].script.answers.clear()
-    fake_up.script.answers.clear()
-    fake_up.script.redirects.clear()
+    reset_fakes(fake_apns, fake_fcm_server[0], fake_up)
 
     async def make(
         push: dict[str, Any] | None = None,
