@@ -47,6 +47,19 @@ class HadoopFS:
             if status.isFile()
         ]
 
+    def list_tree(self, directory: str) -> list[str]:
+        """Like ``list_files``, plus the files of sub-folders at any depth, except folders
+        whose name starts with ``.`` or ``_`` (hidden, or Spark's ``_temporary``)."""
+        jpath = self._path(directory)
+        found: list[str] = []
+        for status in self._fs(jpath).listStatus(jpath):
+            path = str(status.getPath().toString())
+            if status.isFile():
+                found.append(path)
+            elif status.isDirectory() and not self.name(path).startswith((".", "_")):
+                found.extend(self.list_tree(path))
+        return found
+
     def name(self, path: str) -> str:
         return str(self._path(path).getName())
 

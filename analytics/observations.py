@@ -1,7 +1,9 @@
 """Reading the observation log (CONTRACT section 6) with an explicit schema.
 
 The log is a folder of newline-delimited JSON files named ``observations-YYYYMMDDTHH.jsonl``
-(optionally ``.gz``) after the UTC hour of their records. The file names are the time
+(optionally ``.gz``) after the UTC hour of their records; the workers of a multi-worker
+instance name theirs ``observations-<worker>-YYYYMMDDTHH.jsonl``, in one shared folder or in a
+folder each under a common parent, and every file found below ``--input`` is read. The file names are the time
 partitioning: a ``--since``/``--until`` run lists the folder and opens only the hours it
 needs, then also filters rows by ``ts``. Lines that are not valid records are counted, never
 fatal: the log is written by a long-running service that may be killed mid-line.
@@ -68,7 +70,7 @@ REQUIRED_FIELDS: dict[str, tuple[str, ...]] = {
     "canary": ("ts", "relay", "event_id", "published"),
 }
 
-_FILE_NAME = re.compile(r"^observations-(\d{8}T\d{2})\.jsonl(?:\.gz)?$")
+_FILE_NAME = re.compile(r"^observations-(?:[A-Za-z0-9._-]+-)?(\d{8}T\d{2})\.jsonl(?:\.gz)?$")
 _LOG_SUFFIXES = (".jsonl", ".jsonl.gz")
 
 
@@ -95,7 +97,8 @@ def file_hour_ms(name: str) -> int | None:
 def select_files(
     fs: HadoopFS, input_path: str, since_ms: int | None, until_ms: int | None
 ) -> list[str]:
-    """The log files that may hold records in ``[since, until)``, in time order.
+    """The log files below ``input_path`` (sub-folders too: one per worker) that may hold
+    records in ``[since, until)``, in path order.
 
     Files whose name carries no hour are kept (they cannot be pruned, the row filter still
     applies); anything that is not ``.jsonl``/``.jsonl.gz`` (temporary files, checksums) is not
@@ -106,7 +109,7 @@ def select_files(
     if fs.is_file(input_path):
         return [input_path]
     selected = []
-    for path in sorted(fs.list_files(input_path)):
+    for path in sorted(fs.list_tree(input_path)):
         name = fs.name(path)
         if name.startswith((".", "_")) or not name.endswith(_LOG_SUFFIXES):
             continue

@@ -2,7 +2,9 @@
 
 Records are queued in memory and written by a background task, so the bridge's hot path never
 waits on the disk. Files rotate every UTC hour and are named `observations-YYYYMMDDTHH.jsonl`,
-which sorts by time. Callers pass only relay URLs, event ids, kinds and timings: this module has
+which sorts by time. A worker of a multi-worker instance (PostgreSQL) puts its worker id in
+the name, `observations-<worker>-YYYYMMDDTHH.jsonl`, so workers sharing a folder never write
+one file and analytics reads them all together. Callers pass only relay URLs, event ids, kinds and timings: this module has
 no parameter through which a pubkey, token or content could reach the log.
 
 Housekeeping keeps the folder bounded: a finished hour is gzip-compressed to
@@ -40,7 +42,8 @@ HOUSEKEEPING_SECONDS = 300.0
 HOUR_MS = 3_600_000
 DAY_MS = 24 * HOUR_MS
 STAGED_SUFFIX = ".compressing"
-FILE_NAME = re.compile(r"^observations-(\d{8}T\d{2})\.jsonl(\.gz)?$")
+FILE_NAME = re.compile(r"^observations-(?:([A-Za-z0-9._-]+)-)?(\d{8}T\d{2})\.jsonl(\.gz)?$")
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 LOG_BYTES = Gauge(
     "sigil_push_observations_bytes", "Size on disk of the observation log folder's hourly files"
@@ -52,9 +55,22 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def file_name_for(ts_ms: int) -> str:
+def file_name_for(ts_ms: int, worker: str = "") -> str:
+    """The hour's file; `worker` (empty for a single process) makes the name this worker's."""
     hour = datetime.fromtimestamp(ts_ms / 1000, tz=UTC).strftime("%Y%m%dT%H")
-    return f"observations-{hour}.jsonl"
+    return f"observations-{worker}-{hour}.jsonl" if worker else f"observations-{hour}.jsonl"
+
+
+def safe_worker(worker_id: str) -> str:
+    """A worker id as it may appear in a file name (host names may hold anything)."""
+    return _UNSAFE.sub("_", worker_id)
+
+
+def worker_of(name: str) -> str | None:
+    """The worker part of an observation file's name: "" for a single process, None if the
+    name is not an observation file."""
+    match = FILE_NAME.match(name.removesuffix(STAGED_SUFFIX))
+    return None if match is None else match.group(1) or ""
 
 
 def hour_of(name: str) -> int | None:
@@ -62,7 +78,7 @@ def hour_of(name: str) -> int | None:
     match = FILE_NAME.match(name)
     if match is None:
         return None
-    hour = datetime.strptime(match.group(1), "%Y%m%dT%H").replace(tzinfo=UTC)
+    hour = datetime.strptime(match.group(2), "%Y%m%dT%H").replace(tzinfo=UTC)
     return int(hour.timestamp()) * 1000
 
 
@@ -77,9 +93,11 @@ class Tidied:
 
 
 class ObservationLog:
-    def __init__(self, folder: Path, retention_days: int = 30) -> None:
-        """`retention_days` 0 keeps every hour forever (compression still applies)."""
+    def __init__(self, folder: Path, retention_days: int = 30, worker: str = "") -> None:
+        """`retention_days` 0 keeps every hour forever (compression still applies). `worker`:
+        this worker's id in the file names (empty: one process, the plain names)."""
         self._folder = folder
+        self._worker = safe_worker(worker)
         self._retention_days = retention_days
         self._buffer: list[dict[str, Any]] = []
         self._tasks: list[asyncio.Task[None]] = []
@@ -163,7 +181,7 @@ class ObservationLog:
     def _write(self, records: list[dict[str, Any]]) -> None:
         by_file: dict[str, list[str]] = {}
         for record in records:
-            by_file.setdefault(file_name_for(record["ts"]), []).append(
+            by_file.setdefault(file_name_for(record["ts"], self._worker), []).append(
                 json.dumps(record, separators=(",", ":"))
             )
         with self._files:
@@ -191,14 +209,21 @@ class ObservationLog:
         """Compress every finished hour, delete hours past retention, measure the folder.
 
         An hour is past retention when it ended more than `retention_days` before `at_ms`.
+        In a folder that several workers share, another worker's file is compressed only an
+        hour after its hour ended (that worker may still be appending its last records), and
+        the files of workers gone long ago are compressed and deleted like our own.
         Blocking file work: call it in a worker thread.
         """
         current_hour = at_ms - at_ms % HOUR_MS
         cutoff = at_ms - self._retention_days * DAY_MS if self._retention_days else None
         compressed = deleted = 0
         for path in sorted(self._folder.iterdir()):
-            if path.name.endswith(STAGED_SUFFIX) and hour_of(path.name.removesuffix(STAGED_SUFFIX)):
-                self._gzip_staged(path)  # left by a crash mid-compression
+            if path.name.endswith(STAGED_SUFFIX):
+                staged_hour = hour_of(path.name.removesuffix(STAGED_SUFFIX))
+                if staged_hour is not None and staged_hour < self._finished_before(
+                    path, current_hour
+                ):
+                    self._gzip_staged(path)  # left by a crash mid-compression
                 continue
             hour = hour_of(path.name)
             if hour is None:
@@ -206,7 +231,7 @@ class ObservationLog:
             if cutoff is not None and hour + HOUR_MS <= cutoff:
                 path.unlink(missing_ok=True)
                 deleted += 1
-            elif hour < current_hour and path.suffix == ".jsonl":
+            elif path.suffix == ".jsonl" and hour < self._finished_before(path, current_hour):
                 self._compress(path)
                 compressed += 1
         files = size = 0
@@ -218,12 +243,20 @@ class ObservationLog:
         LOG_FILES.set(files)
         return Tidied(compressed, deleted, files, size)
 
+    def _finished_before(self, path: Path, current_hour: int) -> int:
+        """Hours before this are finished for `path`'s writer: ours at once, others' an hour
+        later."""
+        return current_hour if worker_of(path.name) == self._worker else current_hour - HOUR_MS
+
     def _compress(self, path: Path) -> None:
         """`x.jsonl` → `x.jsonl.gz`. The writer's lock is held only to move the file aside, so
         a large hour never stalls the log; a late record then starts a new `x.jsonl`."""
         staged = path.with_name(path.name + STAGED_SUFFIX)
         with self._files:
-            os.replace(path, staged)
+            try:
+                os.replace(path, staged)
+            except FileNotFoundError:  # another worker sharing the folder took it first
+                return
         self._gzip_staged(staged)
 
     @staticmethod

@@ -95,7 +95,9 @@ class Service:
         if isinstance(store, PostgresStore):
             await check_instance_key(store.db, key.public_key_hex)
         observations = ObservationLog(
-            config.resolve(config.server.observations), config.server.observations_retention_days
+            config.resolve(config.server.observations), config.server.observations_retention_days,
+            # several workers: each writes files of its own (they may share one folder)
+            store.worker_id if isinstance(store, PostgresStore) else "",
         )
         await observations.start()
         stack.push_async_callback(observations.stop)
