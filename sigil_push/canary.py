@@ -14,6 +14,12 @@ received, or not received within the interval. Metrics feed alerts without Spark
 `sigil_push_canary_delivery_seconds{relay}` (publish to receipt) and
 `sigil_push_canary_failures_total{relay,reason}`.
 
+With several workers (PostgreSQL) one worker probes: the holder of the lease on key shard 0
+(`ShardWatch.runs_canary`), checked before each round. When that worker dies its lease expires
+after `bridge.lease_seconds` and the next holder of shard 0 probes from its next round on; the
+lease has one owner at a time, so two workers probe together at most for the round one of them
+had already begun. Every worker still watches the canary key, so a probe is never pushed.
+
 The canary key lives in its own 0600 file next to the config, generated on first start, so the
 relays keep seeing the same recipient (and its old probes, which carry a NIP-40 expiration so
 relays that honour it drop them) across restarts.
@@ -26,7 +32,7 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -116,6 +122,10 @@ def canary_from_config(
     return Canary(settings, relays, key, BridgeKeySigner(bridge_key), observations)
 
 
+def _always() -> bool:
+    return True
+
+
 @dataclass(slots=True)
 class _Probe:
     relay: str
@@ -143,13 +153,18 @@ class Canary:
         self._pending: dict[str, _Probe] = {}
         self._task: asyncio.Task[None] | None = None
         self._probes: set[asyncio.Task[None]] = set()
+        self._active: Callable[[], bool] = _always
+        self._probing = True
         for relay in self.relays:
             DELIVERY.labels(relay)
             PROBES.labels(relay)
             for reason in FAILURE_REASONS:
                 FAILURES.labels(relay, reason)
 
-    def start(self) -> None:
+    def start(self, active: Callable[[], bool] | None = None) -> None:
+        """Probe every interval; `active` (several workers) says whether this worker's turn
+        it is, asked before each round."""
+        self._active = active or _always
         self._task = asyncio.create_task(self._run(), name="canary")
         log.info("canary probing %d relays every %g s", len(self.relays), self._interval)
 
@@ -183,6 +198,11 @@ class Canary:
         # the first round waits one interval, so it finds the subscriptions in place
         while True:
             await asyncio.sleep(self._interval)
+            if self._active() != self._probing:
+                self._probing = not self._probing
+                log.info("canary %s on this worker", "probing" if self._probing else "idle")
+            if not self._probing:
+                continue
             for relay in self.relays:
                 task = asyncio.create_task(self._probe(relay), name=f"canary {relay}")
                 self._probes.add(task)

@@ -132,7 +132,8 @@ class Service:
         if self._shards is not None:
             stack.push_async_callback(self._shards.halt)
         if canary is not None:
-            canary.start()
+            # several workers: only the holder of shard 0 probes, so N workers send one probe
+            canary.start(self._shards.runs_canary if self._shards is not None else None)
             stack.push_async_callback(canary.stop)
         self._components = Components(
             db, devices, store.auth_ids, outbox, observations, delivery, key, bridge,

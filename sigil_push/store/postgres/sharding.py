@@ -22,6 +22,8 @@ from sigil_push.store.postgres.leases import ShardLeaser
 
 log = logging.getLogger(__name__)
 
+CANARY_SHARD = 0  # its lease holder is the one worker that runs the canary probes
+
 SHARDS_HELD = Gauge("sigil_push_worker_shards", "Key shards this worker holds", ["worker"])
 
 Reshard = Callable[[Callable[[str], bool]], Awaitable[None]]
@@ -39,6 +41,11 @@ class ShardWatch:
 
     def held(self) -> list[int]:
         return sorted(self._held)
+
+    def runs_canary(self) -> bool:
+        """Whether this worker probes: it holds shard 0's lease right now (the leaser's own
+        view, which lapses with the lease even between heartbeats)."""
+        return CANARY_SHARD in self._leaser.held()
 
     async def start(self) -> None:
         """Take a first share before the bridge subscribes, then keep heartbeating."""
