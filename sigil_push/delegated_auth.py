@@ -291,6 +291,51 @@ class DelegatedAuth:
         for status in STATUSES:
             SESSIONS.labels(status).set(sum(s.status == status for s in self._sessions.values()))
 
+    # -- sessions another worker changed (PostgreSQL: sigil_push/store/postgres/signers.py) ----
+
+    async def adopt(self, pubkey: str) -> None:
+        """Take `pubkey`'s session as another worker stored it: that worker establishes it,
+        this one uses it as it is (the signer is asked to connect once), and listeners (the
+        bridge's user inboxes) hear of the change as of a local one."""
+        rows = await self._db.execute_fetchall(
+            "SELECT signer_pubkey, relays, sealed_secret, sealed_client_key, status, detail"
+            " FROM auth_signers WHERE pubkey = ?",
+            (pubkey,),
+        )
+        row = next(iter(rows), None)
+        current = self._sessions.get(pubkey)
+        if row is None:
+            if current is not None:
+                await self._drop(current)
+                self._count()
+                self._notify(pubkey, "removed")
+            return
+        signer, relays, sealed_secret, sealed_client, status, detail = row
+        try:
+            secret = self._sealer.open(sealed_secret) if sealed_secret else None
+            client = SecretKey(self._sealer.open(sealed_client))
+        except UnreadableSecret:
+            return  # sealed under another bridge key: the workers' start-up check refuses it
+        if current is None or current.client.secret_hex != client.secret_hex:
+            if current is not None:
+                await self._drop(current)
+            current = Session(pubkey, signer, tuple(json.loads(relays)), secret, client, "", "")
+            self._sessions[pubkey] = current
+        elif (current.status, current.detail) == (status, detail):
+            return
+        current.status, current.detail = status, detail
+        self._count()
+        self._notify(pubkey, status)
+
+    async def _drop(self, session: Session) -> None:
+        """Forget a session here only (its row is already gone or replaced)."""
+        self._sessions.pop(session.pubkey, None)
+        task = self._tasks.pop(session.pubkey, None)
+        if task is not None:
+            task.cancel()
+        for url in session.relays:
+            await self._links.release(url, session.client.public_key_hex)
+
 
 class UserAuthSigner:
     """The AuthSigner a per-user relay connection uses: AUTH as that user via their signer."""

@@ -29,6 +29,7 @@ from sigil_push.store.factory import PostgresStore, check_instance_key, open_sto
 from sigil_push.store.interface import AuthIdStore, Database, DeviceStore, OutboxStore
 from sigil_push.store.postgres.leases import ShardLeaser
 from sigil_push.store.postgres.sharding import ShardWatch
+from sigil_push.store.postgres.signers import SignerSessionSync
 from sigil_push.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
@@ -112,6 +113,12 @@ class Service:
         devices.add_listener(delegated_auth.registration_changed)
         await delegated_auth.start()
         stack.push_async_callback(delegated_auth.stop)
+        if isinstance(store, PostgresStore):
+            # several workers: a signer session set through one worker reaches the others
+            signers = SignerSessionSync(store.devices, delegated_auth.adopt)
+            delegated_auth.add_listener(signers.status_changed)
+            await signers.start()
+            stack.push_async_callback(signers.stop)
         bridge = Bridge(
             config, devices, outbox, observations, key, delegated_auth, self.supervisor
         )

@@ -9,6 +9,8 @@ advisory lock on the npub, so concurrent registrations on several workers cannot
 Every worker must learn of a change made through any worker's API (its bridge may watch that
 key): a change is announced with NOTIFY on `sigil_push_devices` (worker id and pubkey), and
 `listen` turns the other workers' announcements into the same listener calls as local changes.
+Other announcements of the same form (`also_listen`, e.g. signer sessions) share that one
+listening connection and its reconnection.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import asyncpg
 
@@ -44,6 +46,8 @@ CHANNEL = "sigil_push_devices"
 RELISTEN_SECONDS = 1.0
 log = logging.getLogger(__name__)
 
+Heard = Callable[[str], None]
+
 
 class PostgresDevices:
     """`DeviceStore` on PostgreSQL for worker `worker_id`."""
@@ -55,6 +59,7 @@ class PostgresDevices:
         self._listening: asyncpg.Connection | None = None
         self._url = ""
         self._relisten: asyncio.Task[None] | None = None
+        self._channels: dict[str, Heard] = {CHANNEL: self._tell_one}
 
     def add_listener(self, listener: RegistrationListener) -> None:
         self._listeners.append(listener)
@@ -64,7 +69,8 @@ class PostgresDevices:
         again whenever it breaks; changes announced while it was down are not heard)."""
         self._url = url
         self._listening = await asyncpg.connect(url)
-        await self._listening.add_listener(CHANNEL, self._heard)
+        for channel in self._channels:
+            await self._listening.add_listener(channel, self._heard)
         self._listening.add_termination_listener(self._lost)
 
     def _lost(self, _connection: object) -> None:
@@ -81,10 +87,25 @@ class PostgresDevices:
                 await asyncio.sleep(RELISTEN_SECONDS)
         self._relisten = None
 
-    def _heard(self, _connection: object, _pid: int, _channel: str, payload: object) -> None:
+    async def also_listen(self, channel: str, heard: Heard) -> None:
+        """Call `heard(pubkey)` for the other workers' `announce(channel, …)`, on the same
+        connection (and its reconnections) as registration changes."""
+        self._channels[channel] = heard
+        if self._listening is not None:
+            await self._listening.add_listener(channel, self._heard)
+
+    async def announce(self, channel: str, pubkey: str) -> None:
+        """Tell the other workers' `also_listen(channel)` that `pubkey` changed."""
+        await self._db.run("SELECT pg_notify($1, $2)", channel, f"{self._worker} {pubkey}")
+
+    def _heard(self, _connection: object, _pid: int, channel: str, payload: object) -> None:
         worker, _, pubkey = str(payload).partition(" ")
-        if worker != self._worker:
-            self._tell([pubkey])
+        heard = self._channels.get(channel)
+        if worker != self._worker and pubkey and heard is not None:
+            heard(pubkey)
+
+    def _tell_one(self, pubkey: str) -> None:
+        self._tell([pubkey])
 
     async def close(self) -> None:
         listening, self._listening = self._listening, None
