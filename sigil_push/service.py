@@ -131,6 +131,7 @@ class Service:
             self._shards = ShardWatch(
                 ShardLeaser(store.pool, store.worker_id, config.bridge.lease_seconds),
                 bridge.reshard,
+                store.devices.narrow_to,
             )
             await self._shards.start()
             stack.push_async_callback(self._shards.release)

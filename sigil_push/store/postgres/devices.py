@@ -19,7 +19,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 
 import asyncpg
 
@@ -60,6 +60,7 @@ class PostgresDevices:
         self._url = ""
         self._relisten: asyncio.Task[None] | None = None
         self._channels: dict[str, Heard] = {CHANNEL: self._tell_one}
+        self._shards: tuple[list[int], int] | None = None
 
     def add_listener(self, listener: RegistrationListener) -> None:
         self._listeners.append(listener)
@@ -219,10 +220,25 @@ class PostgresDevices:
         rows = await self._db.fetch(f"SELECT {_COLUMNS} FROM devices WHERE id = $1", device_id)
         return _device(rows[0]) if rows else None
 
+    def narrow_to(self, shards: Collection[int], count: int) -> None:
+        """From now on `watched_keys` returns only the keys in `shards` (of `count`): this
+        worker's, so a worker reads and holds 1/N of the keys, not all of them."""
+        self._shards = (sorted(shards), count)
+
     async def watched_keys(self) -> dict[str, tuple[str, ...]]:
-        """Every registered pubkey with the union of its devices' own relays."""
+        """Every registered pubkey (of this worker's shards, once narrowed) with the union of
+        its devices' own relays."""
+        if self._shards is None:
+            rows = await self._db.fetch("SELECT pubkey, relays FROM devices")
+        else:
+            # shard_of in SQL: the key's leading 32 bits modulo the shard count
+            rows = await self._db.fetch(
+                "SELECT pubkey, relays FROM devices WHERE"
+                " ('x' || substr(pubkey, 1, 8))::bit(32)::bigint % $2 = ANY($1::int[])",
+                *self._shards,
+            )
         watched: dict[str, set[str]] = {}
-        for row in await self._db.fetch("SELECT pubkey, relays FROM devices"):
+        for row in rows:
             watched.setdefault(str(row[0]), set()).update(json.loads(str(row[1])))
         return {pubkey: tuple(sorted(relays)) for pubkey, relays in watched.items()}
 

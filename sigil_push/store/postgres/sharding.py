@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 
 import asyncpg
 from prometheus_client import Gauge
@@ -27,14 +27,18 @@ CANARY_SHARD = 0  # its lease holder is the one worker that runs the canary prob
 SHARDS_HELD = Gauge("sigil_push_worker_shards", "Key shards this worker holds", ["worker"])
 
 Reshard = Callable[[Callable[[str], bool]], Awaitable[None]]
+Narrow = Callable[[Collection[int], int], None]
 
 
 class ShardWatch:
     """Drives one worker's `ShardLeaser` and tells `reshard` whenever its shards change."""
 
-    def __init__(self, leaser: ShardLeaser, reshard: Reshard) -> None:
+    def __init__(self, leaser: ShardLeaser, reshard: Reshard, narrow: Narrow | None = None) -> None:
+        """`narrow` (the device store's) is told the shards before `reshard`, so the keys the
+        bridge then reads are this worker's only."""
         self._leaser = leaser
         self._reshard = reshard
+        self._narrow = narrow
         self._held: frozenset[int] = frozenset()
         self._task: asyncio.Task[None] | None = None
         self._gauge = SHARDS_HELD.labels(leaser.worker_id)
@@ -63,6 +67,8 @@ class ShardWatch:
             self._held = held
             self._gauge.set(len(held))
             shards = self._leaser.shards
+            if self._narrow is not None:
+                self._narrow(held, shards)
             await self._reshard(lambda pubkey: shard_of(pubkey, shards) in held)
 
     async def _run(self) -> None:
