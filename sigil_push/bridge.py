@@ -258,9 +258,12 @@ class Bridge:
         await self._seen.load()
         await self._lists.load()
         baselines: dict[str, set[str]] = {}
+        probe = self._probe.pubkey if self._probe is not None else None
         async with db.execute("SELECT relay, pubkey FROM relay_baselines") as cursor:
             async for relay, pubkey in cursor:
-                baselines.setdefault(str(relay), set()).add(str(pubkey))
+                # several workers: hold only our shards' baselines (`reshard` loads the others')
+                if self._owns(str(pubkey)) or pubkey == probe:
+                    baselines.setdefault(str(relay), set()).add(str(pubkey))
         async with db.execute("SELECT relay, live_until FROM relay_cursors") as cursor:
             cursors = {str(relay): int(live_until) async for relay, live_until in cursor}
         self._pool.load(baselines, cursors)

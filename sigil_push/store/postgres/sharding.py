@@ -39,12 +39,12 @@ class ShardWatch:
         self._leaser = leaser
         self._reshard = reshard
         self._narrow = narrow
-        self._held: frozenset[int] = frozenset()
+        self._held: frozenset[int] | None = None  # None: the bridge not yet told anything
         self._task: asyncio.Task[None] | None = None
         self._gauge = SHARDS_HELD.labels(leaser.worker_id)
 
     def held(self) -> list[int]:
-        return sorted(self._held)
+        return sorted(self._held or ())
 
     def runs_canary(self) -> bool:
         """Whether this worker probes: it holds shard 0's lease right now (the leaser's own
@@ -62,6 +62,8 @@ class ShardWatch:
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
             log.warning("shard lease heartbeat failed: %s", type(exc).__name__)
         held = frozenset(self._leaser.held())
+        # the first beat always tells the bridge, even of no shards: until told, it would
+        # watch every key
         if held != self._held:
             log.info("holding %d of %d key shards", len(held), self._leaser.shards)
             self._held = held
