@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from sigil_push.observations import safe_worker
 from sigil_push.store.postgres.sharding import CANARY_SHARD
 from tests.support.bridge_harness import eventually
 from tests.support.processes import FAST_RECONNECT
@@ -45,6 +46,10 @@ def _shards(service: ServiceProcess) -> list[int]:
         return list(httpx.get(service.admin_url + "/health", timeout=5).json().get("shards", []))
     except (httpx.HTTPError, ValueError):
         return []
+
+
+def _worker(service: ServiceProcess) -> str:
+    return str(httpx.get(service.admin_url + "/health", timeout=5).json()["worker"])
 
 
 def _probes(service: ServiceProcess) -> list[dict[str, Any]]:
@@ -88,7 +93,7 @@ async def test_one_worker_probes_and_the_canary_moves_when_it_dies(
         "the shard-0 worker's probes come back", timeout=60,
     )
     assert [len(_probes(s)) for s in others] == [0, 0], "only one worker probes"
-    assert len(_worker_of_files(prober)) == 1
+    assert _worker_of_files(prober) == {safe_worker(_worker(prober))}, "names carry the worker"
 
     before = len(_probes(prober))
     assert prober.stop(signal.SIGKILL) == -9
