@@ -17,7 +17,14 @@ import httpx
 import pytest
 
 from sigil_push.shards import DEFAULT_SHARDS, shard_of
-from tests.support.bridge_harness import assert_private, eventually, new_token, register, wakeups
+from tests.support.bridge_harness import (
+    assert_private,
+    eventually,
+    new_token,
+    register,
+    unregister,
+    wakeups,
+)
 from tests.support.nostr_client import gift_wrap, npub_of, publish, user
 from tests.support.processes import FAST_RECONNECT
 from tests.support.relay import RelayProcess
@@ -74,7 +81,8 @@ async def test_a_signer_set_through_one_worker_is_used_by_the_keys_owner(
     alice = signer.user
     gated.grant_role(signer.user_hex, "r")
 
-    register(a, alice, new_token(), [gated.url], signer.bunker_uri)
+    token = new_token()
+    register(a, alice, token, [gated.url], signer.bunker_uri)
     await eventually(
         lambda: users_on(b, gated.url) == (1, 0), "B reads alice's gated inbox as alice", 60
     )
@@ -89,3 +97,7 @@ async def test_a_signer_set_through_one_worker_is_used_by_the_keys_owner(
     assert wakeups(a)[wrap["id"]] == 0
     for worker in (a, b):
         assert_private(worker, [signer.user_hex, npub_of(alice), "through the gated inbox"])
+
+    # her last device unregistered through A: B ends the session and closes her connection
+    unregister(a, alice, token)
+    await eventually(lambda: users_on(b, gated.url) == (0, 0), "B let go of alice's inbox", 45)

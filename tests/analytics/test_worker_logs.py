@@ -73,6 +73,10 @@ def test_workers_sharing_a_folder_write_and_tidy_their_own_files(tmp_path: Path)
     ObservationLog(folder, 0, WORKER_A).tidy(T0_MS + 2 * HOUR_MS + MINUTE)
     assert (folder / f"observations-{WORKER_B}-20261121T10.jsonl.gz").exists()
     assert not (folder / f"observations-{WORKER_B}-20261121T10.jsonl").exists()
+    # past the retention, every worker's hours go, whoever wrote them (ids change at restart)
+    gone = ObservationLog(folder, 1, WORKER_B).tidy(T0_MS + 3 * 24 * HOUR_MS)
+    assert (gone.deleted, gone.files) == (3, 0)
+    assert list(folder.iterdir()) == []
 
 
 def test_analytics_reads_every_workers_files_in_one_folder(
