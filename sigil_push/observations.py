@@ -4,8 +4,8 @@ Records are queued in memory and written by a background task, so the bridge's h
 waits on the disk. Files rotate every UTC hour and are named `observations-YYYYMMDDTHH.jsonl`,
 which sorts by time. A worker of a multi-worker instance (PostgreSQL) puts its worker id in
 the name, `observations-<worker>-YYYYMMDDTHH.jsonl`, so workers sharing a folder never write
-one file and analytics reads them all together. Callers pass only relay URLs, event ids, kinds and timings: this module has
-no parameter through which a pubkey, token or content could reach the log.
+one file and analytics reads them all together. Callers pass only relay URLs, event ids, kinds
+and timings: this module has no parameter through which a pubkey, token or content could reach the log.
 
 Housekeeping keeps the folder bounded: a finished hour is gzip-compressed to
 `observations-YYYYMMDDTHH.jsonl.gz` (which analytics reads as is), hours older than the
@@ -55,10 +55,9 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def file_name_for(ts_ms: int, worker: str = "") -> str:
-    """The hour's file; `worker` (empty for a single process) makes the name this worker's."""
+def file_name_for(ts_ms: int) -> str:
     hour = datetime.fromtimestamp(ts_ms / 1000, tz=UTC).strftime("%Y%m%dT%H")
-    return f"observations-{worker}-{hour}.jsonl" if worker else f"observations-{hour}.jsonl"
+    return f"observations-{hour}.jsonl"
 
 
 def safe_worker(worker_id: str) -> str:
@@ -97,12 +96,12 @@ class ObservationLog:
         """`retention_days` 0 keeps every hour forever (compression still applies). `worker`:
         this worker's id in the file names (empty: one process, the plain names)."""
         self._folder = folder
-        self._worker = safe_worker(worker)
         self._retention_days = retention_days
         self._buffer: list[dict[str, Any]] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._files = threading.Lock()
         self.dropped = 0
+        self._worker = safe_worker(worker)
 
     async def start(self) -> None:
         self._folder.mkdir(parents=True, exist_ok=True)
@@ -181,13 +180,19 @@ class ObservationLog:
     def _write(self, records: list[dict[str, Any]]) -> None:
         by_file: dict[str, list[str]] = {}
         for record in records:
-            by_file.setdefault(file_name_for(record["ts"], self._worker), []).append(
+            by_file.setdefault(file_name_for(record["ts"]), []).append(
                 json.dumps(record, separators=(",", ":"))
             )
         with self._files:
             for name, lines in by_file.items():
-                with open(self._folder / name, "a", encoding="utf-8") as handle:
+                with open(self._folder / self._own(name), "a", encoding="utf-8") as handle:
                     handle.write("\n".join(lines) + "\n")
+
+    def _own(self, name: str) -> str:
+        """An hour's file name as this worker's: `observations-<worker>-YYYYMMDDTHH.jsonl`."""
+        if not self._worker:
+            return name
+        return name.replace("observations-", f"observations-{self._worker}-", 1)
 
     # housekeeping -----------------------------------------------------------------------
 
