@@ -5,7 +5,8 @@ waits on the disk. Files rotate every UTC hour and are named `observations-YYYYM
 which sorts by time. A worker of a multi-worker instance (PostgreSQL) puts its worker id in
 the name, `observations-<worker>-YYYYMMDDTHH.jsonl`, so workers sharing a folder never write
 one file and analytics reads them all together. Callers pass only relay URLs, event ids, kinds
-and timings: this module has no parameter through which a pubkey, token or content could reach the log.
+and timings: this module has no parameter through which a pubkey, token or content could reach
+the log.
 
 Housekeeping keeps the folder bounded: a finished hour is gzip-compressed to
 `observations-YYYYMMDDTHH.jsonl.gz` (which analytics reads as is), hours older than the
