@@ -175,7 +175,11 @@ class Harness:
         from sigil_push.observations import ObservationLog
         from sigil_push.outbox import Outbox
 
+        from sigil_push import outbound
+
         config = parse_config({"relay": [{"url": self.relay_url}]}, self.folder / "relays.toml")
+        # as `serve` does at start: configured relays are trusted (the tiny relay is loopback)
+        outbound.configure(outbound.OutboundGuard.for_urls(False, [self.relay_url]))
         self.db = await open_database(config.resolve(config.server.database))
         await register_directly(self.db, pubkeys)
         devices = Devices(self.db)

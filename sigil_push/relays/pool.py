@@ -8,6 +8,10 @@ instead of silently ignored, and the choice is fair rather than first come, firs
 (`RelayPlan.choose`): each key counts for at most MAX_RELAYS_PER_KEY relays, every key's inbox
 is served before any extra relay, and a key contributes one vote to the first tier, so throwaway
 keys naming many URLs cannot push a real user's only inbox relay out.
+
+A configured relay is read in firehose mode (one REQ for every DM, no `#p`) when its `mode` is
+"firehose", or "auto" with more than `bridge.firehose_above_keys` keys; users' own relays are
+always filtered (small inboxes: naming the few keys there is cheaper than reading everything).
 """
 
 from __future__ import annotations
@@ -163,8 +167,10 @@ class RelayPool:
         owner: PoolOwner,
         signer: AuthSigner,
         observations: ObservationLog,
+        modes: dict[str, str] | None = None,
     ) -> None:
         self._settings = settings
+        self._modes = modes or {}
         self.plan = RelayPlan(configured, settings.max_relays)
         self._owner = owner
         self._signer = signer
@@ -190,13 +196,15 @@ class RelayPool:
         left: list[tuple[str, str]] = []
         for url in chosen:
             keys_here = self.plan.keys_on(url, keys)
+            firehose = self.firehose_wanted(url, len(keys_here))
             subs = self.subs.get(url)
             if subs is None:
                 subs = self._open(url)
+                subs.set_firehose(firehose)
                 for pubkey in keys_here:
                     subs.add(pubkey)
                 continue
-            touched = False
+            touched = subs.set_firehose(firehose)
             for pubkey in changed:
                 if pubkey in keys_here:
                     if pubkey not in subs.keys and pubkey not in subs.overflow:
@@ -206,9 +214,21 @@ class RelayPool:
                     subs.remove(pubkey)
                     left.append((url, pubkey))
                     touched = True
+            newly = subs.take_newly_baselined()
+            if newly:
+                self._owner.baselined(url, newly)
             if touched:
                 self._spawn(self._sync(url))
         return left
+
+    def firehose_wanted(self, url: str, keys: int) -> bool:
+        """Firehose for a configured relay in mode "firehose", or "auto" past the threshold."""
+        if not self.plan.is_configured(url):
+            return False
+        mode = self._modes.get(url, "auto")
+        return mode == "firehose" or (
+            mode == "auto" and keys > self._settings.firehose_above_keys
+        )
 
     def _open(self, url: str) -> RelaySubscriptions:
         subs = RelaySubscriptions(
@@ -391,6 +411,7 @@ class RelayPool:
                 "keys": len(subs.keys),
                 "unsubscribed": len(subs.overflow),
                 "maybe_gated": url in self._maybe_gated,
+                "mode": "firehose" if subs.firehose else "filtered",
             }
         for url, wanted_by in self.plan.skipped.items():
             report[url] = {
@@ -404,6 +425,7 @@ class RelayPool:
                 "keys": wanted_by,
                 "unsubscribed": wanted_by,
                 "maybe_gated": False,
+                "mode": "filtered",
             }
         return report
 
