@@ -40,6 +40,7 @@ HOUSEKEEPING_SECONDS = 300.0
 HOUR_MS = 3_600_000
 DAY_MS = 24 * HOUR_MS
 STAGED_SUFFIX = ".compressing"
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
 FILE_NAME = re.compile(r"^observations-(\d{8}T\d{2})\.jsonl(\.gz)?$")
 
 LOG_BYTES = Gauge(
@@ -161,11 +162,17 @@ class ObservationLog:
                     log.exception("cannot write the observation log; %d records lost", len(records))
 
     def _write(self, records: list[dict[str, Any]]) -> None:
+        # one encoder and one file name per hour for the whole batch: with several relays
+        # delivering every event, `seen` records outnumber everything else on the hot path
+        encode = _ENCODER.encode
+        names: dict[int, list[str]] = {}
         by_file: dict[str, list[str]] = {}
         for record in records:
-            by_file.setdefault(file_name_for(record["ts"]), []).append(
-                json.dumps(record, separators=(",", ":"))
-            )
+            hour = record["ts"] // HOUR_MS
+            lines = names.get(hour)
+            if lines is None:
+                lines = names[hour] = by_file.setdefault(file_name_for(record["ts"]), [])
+            lines.append(encode(record))
         with self._files:
             for name, lines in by_file.items():
                 with open(self._folder / name, "a", encoding="utf-8") as handle:

@@ -120,9 +120,14 @@ class SeenEvents:
 
     def remember(self, pending: dict[str, tuple[str, ...]]) -> None:
         """Keep in memory the deliveries `first_delivery` noted, once their write succeeded."""
+        # `pending` holds every relay known for the id (it started from the cache): one move
+        # to the young end per event, however many relays delivered it
+        cache, interned = self._relays, self._interned
         for event_id, relays in pending.items():
-            for relay in relays:
-                self._remember(event_id, relay)
+            cache.pop(event_id, None)
+            cache[event_id] = tuple(interned.setdefault(relay, relay) for relay in relays)
+        while len(cache) > self._cache_size:
+            cache.popitem(last=False)
 
     def _remember_row(self, event_id: str, first: str, further: object) -> None:
         self._remember(event_id, first)

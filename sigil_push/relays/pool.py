@@ -425,7 +425,6 @@ class RelayPool:
                 "keys": wanted_by,
                 "unsubscribed": wanted_by,
                 "maybe_gated": False,
-                "mode": "filtered",
             }
         return report
 
