@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 
 LOOKUP_CHUNK = 500
 MAX_KEEP_UNTIL = 2**62
+RELAY_SEPARATOR = " "
+"""Joins the further relays of one event in one `seen_on_relay` row (no URL has a space)."""
 
 
 class Verified:
@@ -132,7 +134,8 @@ class SeenEvents:
     def _remember_row(self, event_id: str, first: str, further: object) -> None:
         self._remember(event_id, first)
         if further is not None:
-            self._remember(event_id, str(further))
+            for relay in str(further).split(RELAY_SEPARATOR):
+                self._remember(event_id, relay)
 
     def _remember(self, event_id: str, relay: str | None) -> None:
         relays = self._relays.pop(event_id, ())
@@ -148,7 +151,11 @@ class SeenEvents:
         further: Sequence[tuple[str, str, int]],
     ) -> None:
         """Persist new events as (event_id, first relay, first_seen_ms, created_at) and the
-        deliveries by further relays as (event_id, relay, created_at)."""
+        deliveries by further relays as (event_id, relay, created_at).
+
+        The further relays of one event in one batch share a row (their URLs joined by a
+        space): with every DM arriving from several relays at once, that is one row per event
+        instead of one per copy."""
         if new_events:
             await self._db.executemany(
                 "INSERT INTO seen_events (event_id, relay, keep_until) VALUES (?, ?, ?)"
@@ -157,10 +164,18 @@ class SeenEvents:
             )
         if further:
             now = time.time_ns() // 1_000_000
+            grouped: dict[str, tuple[list[str], int]] = {}
+            for event_id, relay, created_at in further:
+                relays = grouped.setdefault(event_id, ([], created_at))[0]
+                if relay not in relays:
+                    relays.append(relay)
             await self._db.executemany(
                 "INSERT INTO seen_on_relay (event_id, relay, keep_until) VALUES (?, ?, ?)"
                 " ON CONFLICT DO NOTHING",
-                [(i, relay, self._keep_until(now, c)) for i, relay, c in further],
+                [
+                    (event_id, RELAY_SEPARATOR.join(relays), self._keep_until(now, created_at))
+                    for event_id, (relays, created_at) in grouped.items()
+                ],
             )
 
     def _keep_until(self, seen_ms: int, created_at: int) -> int:

@@ -16,10 +16,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import REGISTRY
 from websockets.asyncio.client import connect
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
+from sigil_push.bridge import Bridge
+from sigil_push.config import parse_config
+from sigil_push.db import open_database
+from sigil_push.devices import Devices
+from sigil_push.nostr.event import sign_event
+from sigil_push.nostr.keys import SecretKey
+from sigil_push.observations import ObservationLog
+from sigil_push.outbox import Outbox
+from sigil_push.seen import RecentlyVerified, SeenEvents
+from tests.fakes.harness import eventually as poll
 from tests.support.bridge_harness import (
     assert_private,
     eventually,
@@ -225,3 +236,76 @@ async def test_auto_switches_to_the_firehose_above_the_threshold_and_back(
             assert all(pushed[dm["id"]] == 1 for dm in [*dms, *later])
         finally:
             service.stop()
+
+
+async def test_a_copy_reuses_the_verified_original_and_a_forged_body_gains_nothing(
+    tmp_path: Path,
+) -> None:
+    """A second relay's copy of a just-verified id is taken as that relay's delivery of the
+    verified original: its own body (altered content and time) is never used. Once the id is
+    only known as handled, a copy's id is recomputed: an altered body is dropped as `wrong_id`,
+    a genuine body with a bad signature is recorded as a delivery (that id was verified
+    before). Further relays of one event share one `seen_on_relay` row that a restart reads
+    back in full. One wakeup in all."""
+    def dropped(relay: str, reason: str) -> float:
+        return REGISTRY.get_sample_value(
+            "sigil_push_bridge_events_dropped_total", {"relay": relay, "reason": reason}
+        ) or 0.0
+
+    def seen_records() -> list[dict[str, Any]]:
+        return [
+            json.loads(line)
+            for path in sorted((tmp_path / "observations").glob("*.jsonl"))
+            for line in path.read_text().splitlines()
+            if line and json.loads(line)["type"] == "seen"
+        ]
+
+    config = parse_config({"server": {"database": "push.db"}}, tmp_path / "relays.toml")
+    db = await open_database(tmp_path / "push.db")
+    observations = ObservationLog(tmp_path / "observations")
+    await observations.start()
+    devices = Devices(db)
+    bridge = Bridge(config, devices, Outbox(db), observations, SecretKey.generate())
+    devices.add_listener(bridge.registration_changed)
+    await bridge.start()
+    relays = [f"wss://copy{i}.example" for i in range(5)]
+    try:
+        alice, sender = SecretKey.generate(), SecretKey.generate()
+        me = alice.public_key_hex
+        await devices.register(me, "android", "fcm-alice", "opaque", (), None, 0)
+        await poll(lambda: me in bridge._keys, what="alice watched")
+        now_ms = int(time.time() * 1000)
+        original = sign_event(sender, 4, "the real one", [["p", me]])
+        altered = {**original.to_json(), "content": "injected", "created_at": 12345}
+        bad_sig = {**original.to_json(), "sig": sign_event(sender, 4, "x").sig}
+
+        bridge.on_user_event(relays[0], me, original.to_json(), now_ms, False)
+        bridge.on_user_event(relays[1], me, altered, now_ms, False)
+        bridge.on_user_event(relays[2], me, bad_sig, now_ms, False)
+        await poll(lambda: len(seen_records()) == 3, what="three deliveries recorded")
+        assert {r["created_at"] for r in seen_records()} == {original.created_at}
+        assert dropped(relays[1], "forged") == dropped(relays[1], "wrong_id") == 0
+
+        bridge._recent = RecentlyVerified(1)  # as if the copies came long after the original
+        bridge.on_user_event(relays[3], me, altered, now_ms, False)
+        bridge.on_user_event(relays[4], me, bad_sig, now_ms, False)
+        await poll(lambda: len(seen_records()) == 4, what="the genuine late copy recorded")
+        await poll(lambda: dropped(relays[3], "wrong_id") == 1, what="altered body dropped")
+        assert {r["relay"] for r in seen_records()} == {relays[0], relays[1], relays[2], relays[4]}
+
+        rows = await db.execute_fetchall(
+            "SELECT relay FROM seen_on_relay WHERE event_id = ?", (original.id,)
+        )
+        assert len(rows) == 2, "the copies of one batch share a row"
+        restarted = SeenEvents(db, 3600, 100)
+        await restarted.lookup([original.id])
+        assert all(restarted.delivered_by(original.id, r) for r in (*relays[:3], relays[4]))
+        assert not restarted.delivered_by(original.id, relays[3])
+        wakeups_queued = await db.execute_fetchall(
+            "SELECT COUNT(*) FROM outbox WHERE event_id = ?", (original.id,)
+        )
+        assert list(wakeups_queued) == [(1,)]
+    finally:
+        await bridge.stop()
+        await observations.stop()
+        await db.close()
