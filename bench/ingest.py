@@ -217,6 +217,16 @@ class Harness:
         )
         return time.perf_counter() - started
 
+    def received(self) -> float:
+        """EVENT frames the bridge has read, over all its relays."""
+        from prometheus_client import REGISTRY
+
+        return sum(
+            REGISTRY.get_sample_value("sigil_push_bridge_events_received_total", {"relay": url})
+            or 0.0
+            for url in self.relay_urls
+        )
+
     def _committed(self, events: Any) -> None:
         now_ms = time.time() * 1000
         self.latencies_ms.extend(now_ms - received_ms for _, received_ms in events)
@@ -277,7 +287,8 @@ async def phase_ingest(folder: Path, count: int, copies: int = 1) -> dict[str, A
         await relay.stream(folder / "events.jsonl", 0)
         await harness.until(lambda: harness.enqueued >= count)
         last_commit_ms = time.time() * 1000
-        # stopping finishes what was received: the last copies get their `seen` records
+        # the last events' copies may still be on the wire; stopping then commits the rest
+        await harness.until(lambda: harness.received() >= count * copies)
         records = await harness.stop()
         cpu = time.process_time() - cpu_before
     finally:

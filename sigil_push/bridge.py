@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -70,6 +71,7 @@ RECIPIENT_BURST = 60.0
 cost. Twice the default per-device push rate (30 a minute): wakeups past it would only
 coalesce into the same "new message" anyway."""
 POISON_ATTEMPTS = 2
+UNADDRESSED_FLUSH_SECONDS = 0.5
 RECENTLY_VERIFIED = 10_000
 """Verified events kept by id for the copies other relays deliver (10 to 20 s at 1,000/s)."""
 DROP_REASONS = (
@@ -204,6 +206,8 @@ class Bridge:
             self._bridge, configured, self, BridgeKeySigner(key), observations, modes
         )
         self._recent = RecentlyVerified(RECENTLY_VERIFIED)
+        self._unaddressed: dict[str, int] = {}
+        self._unaddressed_flush: asyncio.TimerHandle | None = None
         self._keys: set[str] = set()
         self._queue: list[Arrival] = []
         self._db_ops: list[tuple[str, list[tuple[Any, ...]]]] = []
@@ -272,6 +276,9 @@ class Bridge:
         if self._inboxes is not None:
             await self._inboxes.stop()
         await self._pool.stop()
+        if self._unaddressed_flush is not None:
+            self._unaddressed_flush.cancel()
+            self._flush_unaddressed()
         self._stopping = True
         self._work.set()
         committer, *others = self._tasks
@@ -459,6 +466,37 @@ class Bridge:
             return
         push_to = tuple(r for r in recipients if subs is None or not subs.is_baseline(sub_id, r))
         self._hand_over(counters, entry, url, received_ms, push_to)
+
+    def unaddressed(self, url: str, frame: str) -> bool:
+        """A live firehose's frame, before it is even parsed: True (counted, dropped) when it
+        names no key on the relay. The scan finds every `"p","<hex>"` pair in the raw text; in
+        JSON such a pair can only be structure (quotes inside strings are escaped), so a pair
+        found in the wrong place only sends the frame on to the full checks, never drops it.
+        Relay lists and frames answering a REQ before its EOSE always take the full path."""
+        subs = self._pool.subs.get(url)
+        if subs is None or not subs.streaming or not frame.startswith('["EVENT"'):
+            return False
+        keys = subs.keys
+        for key, list_kind in _ADDRESSING.findall(frame):
+            if list_kind or key in keys:
+                return False
+        # counted in bulk (a lock-free int now, the Prometheus counters within a second):
+        # two locked increments would cost as much as the scan itself
+        self._unaddressed[url] = self._unaddressed.get(url, 0) + 1
+        if self._unaddressed_flush is None:
+            self._unaddressed_flush = asyncio.get_running_loop().call_later(
+                UNADDRESSED_FLUSH_SECONDS, self._flush_unaddressed
+            )
+        return True
+
+    def _flush_unaddressed(self) -> None:
+        counts, self._unaddressed = self._unaddressed, {}
+        self._unaddressed_flush = None
+        for url, count in counts.items():
+            counters = self._counters.get(url)
+            if counters is not None:
+                counters.received.inc(count)
+                counters.dropped["unaddressed"].inc(count)
 
     def _admit(
         self, counters: RelayCounters, url: str, sub_id: str, raw: Any, received_ms: int,
@@ -828,6 +866,10 @@ class Bridge:
         for url, entry in report.items():
             entry.update(users.get(url, {"users_authenticated": 0, "users_failed": 0}))
         return report
+
+
+_ADDRESSING = re.compile(r'"p"\s*,\s*"([0-9a-f]{64})"|"kind"\s*:\s*(10050|10002)\b')
+"""A `p` tag's key, or a relay-list kind, in a raw EVENT frame (one pass over the text)."""
 
 
 def _addressed(raw: Any, keys: Mapping[str, int]) -> bool:

@@ -79,6 +79,12 @@ class RecordingProxy(LoopbackRelay):
         return [message for message in self.sent if message[0] == "REQ"]
 
 
+def dropped(relay: str, reason: str) -> float:
+    return REGISTRY.get_sample_value(
+        "sigil_push_bridge_events_dropped_total", {"relay": relay, "reason": reason}
+    ) or 0.0
+
+
 def _service(folder: Path, relay_url: str, mode: str, bridge: str = "") -> ServiceProcess:
     toml = (
         "[bridge]\nreconnect_min_seconds = 0.2\nreconnect_max_seconds = 1.0\n"
@@ -247,11 +253,6 @@ async def test_a_copy_reuses_the_verified_original_and_a_forged_body_gains_nothi
     a genuine body with a bad signature is recorded as a delivery (that id was verified
     before). Further relays of one event share one `seen_on_relay` row that a restart reads
     back in full. One wakeup in all."""
-    def dropped(relay: str, reason: str) -> float:
-        return REGISTRY.get_sample_value(
-            "sigil_push_bridge_events_dropped_total", {"relay": relay, "reason": reason}
-        ) or 0.0
-
     def seen_records() -> list[dict[str, Any]]:
         return [
             json.loads(line)
@@ -305,6 +306,55 @@ async def test_a_copy_reuses_the_verified_original_and_a_forged_body_gains_nothi
             "SELECT COUNT(*) FROM outbox WHERE event_id = ?", (original.id,)
         )
         assert list(wakeups_queued) == [(1,)]
+    finally:
+        await bridge.stop()
+        await observations.stop()
+        await db.close()
+
+
+async def test_the_raw_frame_scan_never_drops_an_addressed_event(tmp_path: Path) -> None:
+    """On a live firehose, frames are scanned before parsing: one naming a registered key in
+    any `p` tag (whatever the spacing) or carrying a relay list goes on to the full checks;
+    one naming only strangers (even with a registered key inside its escaped content) is
+    dropped and counted as `unaddressed`."""
+    relay = "ws://127.0.0.1:9"  # nothing listens: the subscription is never sent
+    config = parse_config(
+        {"server": {"database": "push.db"}, "relay": [{"url": relay, "mode": "firehose"}]},
+        tmp_path / "relays.toml",
+    )
+    db = await open_database(tmp_path / "push.db")
+    observations = ObservationLog(tmp_path / "observations")
+    await observations.start()
+    devices = Devices(db)
+    bridge = Bridge(config, devices, Outbox(db), observations, SecretKey.generate())
+    devices.add_listener(bridge.registration_changed)
+    await bridge.start()
+    try:
+        alice, sender = SecretKey.generate(), SecretKey.generate()
+        me, stranger = alice.public_key_hex, SecretKey.generate().public_key_hex
+        await devices.register(me, "android", "fcm-alice", "opaque", (), None, 0)
+        await poll(lambda: me in bridge._pool.subs[relay].keys, what="alice on the firehose")
+        assert bridge.health()[relay]["mode"] == "firehose"
+
+        def frame(event: dict[str, Any], spaced: bool = False) -> str:
+            return json.dumps(["EVENT", "sp0.1", event], separators=None if spaced else (",", ":"))
+
+        addressed = [
+            frame(sign_event(sender, 4, "x", [["p", me]]).to_json(), spaced=True),
+            frame(sign_event(sender, 1059, "x", [["p", stranger], ["p", me]]).to_json()),
+            frame(sign_event(sender, 10050, "", [["relay", "wss://a.example"]]).to_json()),
+        ]
+        strangers_only = [
+            frame(sign_event(sender, 4, f'["p","{me}"]', [["p", stranger]]).to_json()),
+            frame(sign_event(sender, 1059, "x", [["e", me], ["p", stranger]]).to_json()),
+        ]
+        before = dropped(relay, "unaddressed")
+        assert not any(bridge.unaddressed(relay, text) for text in addressed)
+        assert all(bridge.unaddressed(relay, text) for text in strangers_only)
+        await poll(
+            lambda: dropped(relay, "unaddressed") - before == len(strangers_only),
+            what="the unaddressed frames counted",
+        )
     finally:
         await bridge.stop()
         await observations.stop()

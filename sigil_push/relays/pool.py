@@ -144,6 +144,8 @@ class PoolOwner(Protocol):
 
     def on_event(self, url: str, sub_id: str, raw: Any, received_ms: int) -> None: ...
 
+    def unaddressed(self, url: str, frame: str) -> bool: ...
+
     def baselined(self, url: str, keys: frozenset[str]) -> None: ...
 
     def relay_gated(self, url: str) -> None: ...
@@ -246,6 +248,7 @@ class RelayPool:
             self._settings.reconnect_min_seconds,
             self._settings.reconnect_max_seconds,
             max_frame_bytes=self._settings.max_frame_bytes,
+            skip_event=lambda frame: self._owner.unaddressed(url, frame),
         )
         self._connections[url] = connection
         UNSUBSCRIBED.labels(url).set(0)

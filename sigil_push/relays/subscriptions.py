@@ -338,6 +338,12 @@ class RelaySubscriptions:
             return recipient in sent.fresh
         return recipient in self.shard_of and recipient not in self.baselined
 
+    @property
+    def streaming(self) -> bool:
+        """A firehose with no REQ awaiting EOSE: every event is live, none needs counting
+        towards a page of stored events."""
+        return self.firehose and not self._pending
+
     def catching_up(self, sub_id: str, recipient: str) -> bool:
         """Firehose: whether an event for `recipient` may predate its registration (it came
         before the REQ's EOSE, or the key is not baselined here yet)."""
