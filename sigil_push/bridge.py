@@ -38,7 +38,7 @@ from sigil_push.relays.connection import BridgeKeySigner
 from sigil_push.relays.discovery import LIST_KINDS_SET, RelayLists, normalize_relay_url
 from sigil_push.relays.inbox import connected_inboxes
 from sigil_push.relays.pool import RelayPool
-from sigil_push.relays.subscriptions import DM_KINDS
+from sigil_push.relays.subscriptions import DM_KINDS, RelaySubscriptions
 from sigil_push.relays.user_inbox import UserInboxes
 from sigil_push.seen import RecentlyVerified, SeenEvents, Verified
 from sigil_push.supervisor import Supervisor
@@ -439,6 +439,21 @@ class Bridge:
         entry = self._admit(counters, url, sub_id, raw, received_ms, lists=configured)
         if entry is None:
             return
+        self._route(counters, subs, url, sub_id, entry, received_ms, configured)
+
+    def _route(
+        self,
+        counters: RelayCounters,
+        subs: RelaySubscriptions | None,
+        url: str,
+        sub_id: str,
+        entry: Verified,
+        received_ms: int,
+        configured: bool,
+    ) -> None:
+        """A verified event from the shared connection to `url`: to the recipients subscribed
+        there, the relay lists, or the canary."""
+        subscribed: Mapping[str, int] = subs.keys if subs is not None else {}
         event = entry.event
         if event.kind in DM_KINDS:
             recipients = tuple(dict.fromkeys(p for p in event.tag_values("p") if p in subscribed))
@@ -467,16 +482,43 @@ class Bridge:
         push_to = tuple(r for r in recipients if subs is None or not subs.is_baseline(sub_id, r))
         self._hand_over(counters, entry, url, received_ms, push_to)
 
-    def unaddressed(self, url: str, frame: str) -> bool:
-        """A live firehose's frame, before it is even parsed: True (counted, dropped) when it
-        names no key on the relay. The scan finds every `"p","<hex>"` pair in the raw text; in
-        JSON such a pair can only be structure (quotes inside strings are escaped), so a pair
-        found in the wrong place only sends the frame on to the full checks, never drops it.
-        Relay lists and frames answering a REQ before its EOSE always take the full path."""
+    def raw_event(self, url: str, frame: str, received_ms: int) -> bool:
+        """A frame from the shared connection to `url`, before it is parsed; True when it was
+        handled here, so it is never parsed at all:
+
+        - on a live firehose, a frame naming no key on the relay is dropped and counted as
+          `unaddressed`. The scan finds every `"p","<hex>"` pair in the raw text; in JSON
+          such a pair can only be structure (quotes inside strings are escaped), so a pair
+          found in the wrong place only sends the frame on to the full checks, never drops
+          it. Relay lists and frames before a REQ's EOSE always take the full path;
+        - a copy of an event verified moments ago (its id found in the text) is that relay's
+          delivery of the verified original, exactly as in `_admit`: nothing else of the
+          frame is used, so a relay that wraps a known id in another body gains only the
+          record that it delivered that id.
+        """
         subs = self._pool.subs.get(url)
-        if subs is None or not subs.streaming or not frame.startswith('["EVENT"'):
+        if subs is None or not frame.startswith('["EVENT"'):
             return False
-        keys = subs.keys
+        if subs.streaming and self._unaddressed_frame(url, frame, subs.keys):
+            return True
+        found = _EVENT_ID.search(frame)
+        entry = self._recent.get(found.group(1)) if found is not None else None
+        head = _FRAME_HEAD.match(frame) if entry is not None else None
+        if entry is None or head is None:
+            return False
+        counters = self._counters[url]
+        counters.received.inc()
+        sub_id, event = head.group(1), entry.event
+        if self._seen.delivered_by(event.id, url):
+            counters.duplicates.inc()
+            if event.kind in DM_KINDS:
+                subs.stored(sub_id, event.created_at)
+            return True
+        configured = self._pool.plan.is_configured(url)
+        self._route(counters, subs, url, sub_id, entry, received_ms, configured)
+        return True
+
+    def _unaddressed_frame(self, url: str, frame: str, keys: Mapping[str, int]) -> bool:
         for key, list_kind in _ADDRESSING.findall(frame):
             if list_kind or key in keys:
                 return False
@@ -870,6 +912,8 @@ class Bridge:
 
 _ADDRESSING = re.compile(r'"p"\s*,\s*"([0-9a-f]{64})"|"kind"\s*:\s*(10050|10002)\b')
 """A `p` tag's key, or a relay-list kind, in a raw EVENT frame (one pass over the text)."""
+_EVENT_ID = re.compile(r'"id"\s*:\s*"([0-9a-f]{64})"')
+_FRAME_HEAD = re.compile(r'\["EVENT"\s*,\s*"([^"\\]{1,64})"\s*,')
 
 
 def _addressed(raw: Any, keys: Mapping[str, int]) -> bool:

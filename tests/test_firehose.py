@@ -349,8 +349,8 @@ async def test_the_raw_frame_scan_never_drops_an_addressed_event(tmp_path: Path)
             frame(sign_event(sender, 1059, "x", [["e", me], ["p", stranger]]).to_json()),
         ]
         before = dropped(relay, "unaddressed")
-        assert not any(bridge.unaddressed(relay, text) for text in addressed)
-        assert all(bridge.unaddressed(relay, text) for text in strangers_only)
+        assert not any(bridge.raw_event(relay, text, 0) for text in addressed)
+        assert all(bridge.raw_event(relay, text, 0) for text in strangers_only)
         await poll(
             lambda: dropped(relay, "unaddressed") - before == len(strangers_only),
             what="the unaddressed frames counted",

@@ -193,15 +193,16 @@ class RelayConnection:
         reconnect_max_seconds: float = 300.0,
         per_user: bool = False,
         max_frame_bytes: int = DEFAULT_MAX_INCOMING_BYTES,
-        skip_event: Callable[[str], bool] | None = None,
+        skip_event: Callable[[str, int], bool] | None = None,
     ) -> None:
         """`per_user`: a connection that authenticates as one user (delegated AUTH) beside the
         shared connection to the same URL. The URL-labelled gauges and the `relay` records of
         the observation log describe the shared connection, so a per-user one leaves them alone;
         and when its signer cannot answer, it closes and reconnects with backoff instead of
         idling unauthenticated (the relay would never challenge that socket again).
-        `skip_event`: sees each text frame before it is parsed; True means it was an EVENT
-        the handler has no use for (a firehose's unaddressed DM), dropped unparsed."""
+        `skip_event`: sees each text frame (and when it arrived) before it is parsed; True
+        means the handler took it as an EVENT without needing it parsed (a firehose's
+        unaddressed DM, a copy of an event it has just verified)."""
         self.url = url
         self._skip_event = skip_event
         self.per_user = per_user
@@ -382,7 +383,11 @@ class RelayConnection:
             self._reqs.popitem(last=False)
 
     def _dispatch(self, frame: str | bytes, received_ms: int) -> None:
-        if self._skip_event is not None and isinstance(frame, str) and self._skip_event(frame):
+        if (
+            self._skip_event is not None
+            and isinstance(frame, str)
+            and self._skip_event(frame, received_ms)
+        ):
             self.last_event_at = received_ms // 1000
             return
         try:

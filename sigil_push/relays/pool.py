@@ -144,7 +144,7 @@ class PoolOwner(Protocol):
 
     def on_event(self, url: str, sub_id: str, raw: Any, received_ms: int) -> None: ...
 
-    def unaddressed(self, url: str, frame: str) -> bool: ...
+    def raw_event(self, url: str, frame: str, received_ms: int) -> bool: ...
 
     def baselined(self, url: str, keys: frozenset[str]) -> None: ...
 
@@ -248,7 +248,7 @@ class RelayPool:
             self._settings.reconnect_min_seconds,
             self._settings.reconnect_max_seconds,
             max_frame_bytes=self._settings.max_frame_bytes,
-            skip_event=lambda frame: self._owner.unaddressed(url, frame),
+            skip_event=lambda frame, received_ms: self._raw_event(url, frame, received_ms),
         )
         self._connections[url] = connection
         UNSUBSCRIBED.labels(url).set(0)
@@ -389,6 +389,14 @@ class RelayPool:
             # a DM came through the shared connection after all
             self._note_maybe_gated(connection.url, False)
         self._owner.on_event(connection.url, sub_id, raw, received_ms)
+
+    def _raw_event(self, url: str, frame: str, received_ms: int) -> bool:
+        """A frame the owner may take unparsed (see RelayConnection's `skip_event`)."""
+        if not self._owner.raw_event(url, frame, received_ms):
+            return False
+        if url in self._maybe_gated:
+            self._note_maybe_gated(url, False)
+        return True
 
     def congested(self, connection: RelayConnection) -> bool:
         return self._owner.congested(connection.url)
