@@ -359,3 +359,53 @@ async def test_the_raw_frame_scan_never_drops_an_addressed_event(tmp_path: Path)
         await bridge.stop()
         await observations.stop()
         await db.close()
+
+
+async def test_a_raw_copy_of_a_verified_id_is_recorded_as_the_original(tmp_path: Path) -> None:
+    """A copy recognised in the raw frame (never parsed) counts as the second relay's delivery
+    of the verified original: its altered content and time are not used, and the event is
+    queued for one wakeup only."""
+    first, second = "ws://127.0.0.1:9/a", "ws://127.0.0.1:9/b"
+    config = parse_config(
+        {"server": {"database": "push.db"},
+         "relay": [{"url": first, "mode": "firehose"}, {"url": second, "mode": "firehose"}]},
+        tmp_path / "relays.toml",
+    )
+    db = await open_database(tmp_path / "push.db")
+    observations = ObservationLog(tmp_path / "observations")
+    await observations.start()
+    devices = Devices(db)
+    bridge = Bridge(config, devices, Outbox(db), observations, SecretKey.generate())
+    devices.add_listener(bridge.registration_changed)
+    await bridge.start()
+    try:
+        alice, sender = SecretKey.generate(), SecretKey.generate()
+        me = alice.public_key_hex
+        await devices.register(me, "android", "fcm-alice", "opaque", (), None, 0)
+        await poll(lambda: me in bridge._pool.subs[second].keys, what="alice on both relays")
+        original = sign_event(sender, 4, "the real one", [["p", me]], int(time.time()) + 5)
+        altered = {**original.to_json(), "content": "injected", "created_at": 12345}
+        now_ms = int(time.time() * 1000)
+        bridge.on_event(first, "sp0.1", original.to_json(), now_ms)
+        assert bridge.raw_event(second, json.dumps(["EVENT", "sp0.1", altered]), now_ms)
+
+        def seen() -> list[dict[str, Any]]:
+            return [
+                json.loads(line)
+                for path in sorted((tmp_path / "observations").glob("*.jsonl"))
+                for line in path.read_text().splitlines()
+                if line and json.loads(line)["type"] == "seen"
+            ]
+
+        await poll(lambda: len(seen()) == 2, what="both deliveries recorded")
+        assert {(r["relay"], r["created_at"]) for r in seen()} == {
+            (first, original.created_at), (second, original.created_at)
+        }
+        queued = await db.execute_fetchall(
+            "SELECT COUNT(*) FROM outbox WHERE event_id = ?", (original.id,)
+        )
+        assert list(queued) == [(1,)]
+    finally:
+        await bridge.stop()
+        await observations.stop()
+        await db.close()
