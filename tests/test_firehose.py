@@ -409,3 +409,34 @@ async def test_a_raw_copy_of_a_verified_id_is_recorded_as_the_original(tmp_path:
         await bridge.stop()
         await observations.stop()
         await db.close()
+
+
+def test_firehose_subscriptions_switch_without_a_gap_and_baseline_live_joiners() -> None:
+    """The bookkeeping alone: one key-less REQ; a key joining the live firehose sends nothing
+    and is baselined at once; switching to shards sends every new REQ before closing the
+    firehose, asking from the cursor since every key is baselined."""
+    from sigil_push.relays.subscriptions import RelaySubscriptions
+
+    keys = [f"{i:064x}" for i in range(1, 6)]
+    subs = RelaySubscriptions(keys_per_filter=2, with_lists=True)
+    subs.set_firehose(True)
+    for key in keys[:3]:
+        subs.add(key)
+    (fire,) = subs.due(100, 200)
+    assert fire.fresh and all("#p" not in f and "authors" not in f for f in fire.filters)
+    assert fire.filters[0] == {"kinds": [4, 1059], "since": 100}
+    assert subs.catching_up(fire.sub_id, keys[0])
+    assert subs.eose(fire.sub_id)[0] == frozenset(keys[:3])
+    assert not subs.catching_up(fire.sub_id, keys[0])
+
+    subs.add(keys[3])
+    assert subs.due(100, 200) == [], "a new key sends nothing on a firehose"
+    assert subs.take_newly_baselined() == {keys[3]}
+
+    assert subs.set_firehose(False)
+    requests = subs.due(100, 200)
+    assert [r.close for r in requests[-1:]] == [fire.sub_id] and requests[-1].sub_id is None
+    shards = requests[:-1]
+    assert len(shards) == 2 and all(r.close is None and not r.fresh for r in shards)
+    assert all(r.filters[0]["since"] == 200 for r in shards), "from the cursor, not fresh"
+    assert sorted(k for r in shards for k in r.filters[0]["#p"]) == keys[:4]
