@@ -440,3 +440,23 @@ def test_firehose_subscriptions_switch_without_a_gap_and_baseline_live_joiners()
     assert len(shards) == 2 and all(r.close is None and not r.fresh for r in shards)
     assert all(r.filters[0]["since"] == 200 for r in shards), "from the cursor, not fresh"
     assert sorted(k for r in shards for k in r.filters[0]["#p"]) == keys[:4]
+
+
+def test_a_bad_relay_mode_or_threshold_stops_the_service_with_exit_2(tmp_path: Path) -> None:
+    """`[[relay]] mode` other than filtered/firehose/auto, or a negative threshold, is a
+    config error naming the key: `serve` exits 2 with one line, before opening anything."""
+    import subprocess
+    import sys
+
+    for table, key in (
+        ('[[relay]]\nurl = "wss://relay.example"\nmode = "everything"\n', "relay[0].mode"),
+        ('[bridge]\nfirehose_above_keys = -1\n', "bridge.firehose_above_keys"),
+    ):
+        config = tmp_path / "relays.toml"
+        config.write_text(table)
+        done = subprocess.run(
+            [sys.executable, "-m", "sigil_push", "serve", "--config", str(config)],
+            check=False, capture_output=True, text=True, timeout=60,
+        )
+        assert done.returncode == 2, done.stderr
+        assert key in done.stderr
