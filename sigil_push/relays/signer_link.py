@@ -82,8 +82,9 @@ class SignerRelayLink:
             if not self._chunks or len(self._chunks[-1]) >= KEYS_PER_SUBSCRIPTION:
                 self._chunks.append([])
             self._chunks[-1].append(client.public_key_hex)
-        socket = await self._ensure_open()
-        if new_key:
+        socket, opened = await self._ensure_open()
+        if new_key and not opened:
+            # a socket opened just now already asked for every chunk, this key's included
             chunk = next(i for i, keys in enumerate(self._chunks) if client.public_key_hex in keys)
             await self._subscribe(socket, chunk)
         future: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
@@ -92,10 +93,11 @@ class SignerRelayLink:
         try:
             await socket.send(json.dumps(["EVENT", message.to_json()]))
             return await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            # before OSError, of which TimeoutError is a subclass
+            raise SignerUnreachable("the signer did not answer in time") from None
         except (ConnectionClosed, OSError) as exc:
             raise SignerUnreachable(f"connection to the signer relay broke: {type(exc).__name__}") from None
-        except TimeoutError:
-            raise SignerUnreachable("the signer did not answer in time") from None
         finally:
             self._pending.pop(request_id, None)
 
@@ -138,10 +140,12 @@ class SignerRelayLink:
         self._opener = None
         self._socket = None
 
-    async def _ensure_open(self) -> ClientConnection:
+    async def _ensure_open(self) -> tuple[ClientConnection, bool]:
+        """The open socket, and whether it was opened by this call (then every chunk has just
+        been subscribed)."""
         async with self._connecting:
             if self._socket is not None and self._reader is not None and not self._reader.done():
-                return self._socket
+                return self._socket, False
             if self._opener is not None:
                 await self.close()
             opener = open_relay_socket(
@@ -157,7 +161,7 @@ class SignerRelayLink:
             for index, chunk in enumerate(self._chunks):
                 if chunk:
                     await self._subscribe(self._socket, index)
-            return self._socket
+            return self._socket, True
 
     async def _subscribe(self, socket: ClientConnection, index: int) -> None:
         """(Re)place one chunk's subscription (NIP-01: a REQ replaces the one with its id).
