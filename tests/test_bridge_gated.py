@@ -395,3 +395,40 @@ async def test_a_shared_relay_that_turns_one_key_per_connection_is_read_per_user
     finally:
         for part in reversed(started):
             part.stop()
+
+
+@pytest.mark.parametrize("style", ["chorus-multi", "strfry"])
+async def test_the_connection_cap_counts_connections_not_users(tmp_path: Path, style: str) -> None:
+    """max_user_connections = 2 and four delegating users: on a relay that accepts several
+    AUTHs all four read over the allowed connections; on a one-key relay two read and two are
+    counted as skipped."""
+    open_relay = RelayProcess(tmp_path / "open").start()
+    gated = gated_inbox(tmp_path / "gated", style).start()
+    started: list[Any] = [open_relay, gated]
+    service = ServiceProcess(
+        tmp_path / "service", [open_relay.url], FAST_RECONNECT + "max_user_connections = 2\n"
+    )
+    started.append(service)
+    try:
+        signers = [RemoteSigner(open_relay.url).start() for _ in range(4)]
+        started += signers
+        service.start()
+        for signer in signers:
+            register(service, signer.user, new_token(), [gated.url], signer.bunker_uri)
+        reading = 4 if style == "chorus-multi" else 2
+        await eventually(
+            lambda: users_on(service, gated.url)[0] == reading, f"{reading} users reading", 90
+        )
+        await eventually(
+            lambda: metric(service, "sigil_push_delegated_auth_connections_skipped")
+            == 4 - reading,
+            "the rest counted as skipped",
+            45,
+        )
+        assert metric(service, "sigil_push_delegated_auth_connections") <= 2
+        assert isinstance(gated, AuthRelay)
+        user_keys = {s.user_hex for s in signers}
+        assert len([k for k in gated.keys_by_connection() if set(k) & user_keys]) <= 2
+    finally:
+        for part in reversed(started):
+            part.stop()
