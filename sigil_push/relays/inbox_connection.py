@@ -86,7 +86,6 @@ class InboxConnection:
         self.solo = solo
         """Reserved for one user (whose signer failed on a shared connection): nobody joins."""
         self.members: dict[str, _Member] = {}
-        self.opened_at = time.monotonic()
         self._manager = manager
         self._owner = manager.owner
         self._catchup = settings.catchup_seconds
