@@ -42,7 +42,7 @@ KEYS_PER_SUBSCRIPTION = 100
 OPEN_TIMEOUT_SECONDS = 10.0
 LOOKBACK_SECONDS = 60
 MAX_FRAME_BYTES = 256 * 1024
-MAX_IN_FLIGHT = 50
+MAX_IN_FLIGHT = 200
 """Requests published on one signer relay and not yet answered; the rest queue, and each one's
 timeout starts when it is sent. A cold start of a relay shared by many users (one challenge,
 one AUTH per user) would otherwise publish a thousand requests at once, and a busy bunker relay
