@@ -2,9 +2,9 @@
 
 The connection knows the Nostr wire protocol but nothing about keys or shards: it parses each
 frame once and hands EVENT/EOSE/CLOSED to its handler (the bridge), which decides what to
-subscribe to. Who signs AUTH answers is a parameter (`AuthSigner`), so a per-user connection
-(NIP-46 delegated AUTH, relays/user_inbox.py) is the same class with the user's signer and
-`per_user=True`.
+subscribe to. Who signs AUTH answers is a parameter (`AuthSigner`, or an `AuthResponder` that
+answers for several identities), so a per-user connection (NIP-46 delegated AUTH,
+relays/inbox_connection.py) is the same class with `per_user=True`.
 
 NIP-42 may come at any time: on connect, or only in answer to a refused REQ (khatru, strfry),
 before or after the CLOSED that refuses it. Every REQ is remembered with the *AUTH epoch* it
@@ -220,7 +220,7 @@ class RelayConnection:
         the observation log describe the shared connection, so a per-user one leaves them alone,
         and a refusal `NOTICE` is also reported to its handler as `on_closed` of the REQ it
         answers. `signer` is an AuthSigner (one identity: sign, send, `on_authenticated`) or an
-        AuthResponder, which answers each challenge itself (relays/user_inbox.py)."""
+        AuthResponder, which answers each challenge itself (relays/inbox_connection.py)."""
         self.url = url
         self.per_user = per_user
         self._handler = handler
