@@ -432,3 +432,37 @@ async def test_the_connection_cap_counts_connections_not_users(tmp_path: Path, s
     finally:
         for part in reversed(started):
             part.stop()
+
+
+async def test_a_signer_that_will_not_sign_leaves_a_shared_connection(tmp_path: Path) -> None:
+    """On a relay that accepts several AUTHs, one user whose signer refuses to sign does not
+    hold the others back: they read over the shared connection, and the refusing user gets a
+    connection of their own that backs off, reported as failed."""
+    open_relay = RelayProcess(tmp_path / "open").start()
+    gated = AuthRelay(tmp_path / "gated", "multi").start()
+    started: list[Any] = [open_relay, gated]
+    service = ServiceProcess(tmp_path / "service", [open_relay.url], FAST_RECONNECT)
+    started.append(service)
+    try:
+        good = [RemoteSigner(open_relay.url).start() for _ in range(3)]
+        refusing = RemoteSigner(open_relay.url, refuse_signing=True).start()
+        started += [*good, refusing]
+        service.start()
+        for signer in [good[0], good[1], refusing, good[2]]:
+            register(service, signer.user, new_token(), [gated.url], signer.bunker_uri)
+        await eventually(lambda: users_on(service, gated.url) == (3, 1), "3 reading, 1 failed", 90)
+        report = health(service)["relays"][gated.url]
+        assert report["auth_mode"] == "multi"
+        assert report["user_connections"] == 2
+        good_keys = {s.user_hex for s in good}
+        assert any(set(keys) == good_keys for keys in gated.keys_by_connection())
+        assert refusing.user_hex not in gated.authenticated
+        wraps = [gift_wrap(user(), s.user, "shared") for s in [*good, refusing]]
+        await publish(gated.upstream.url, *wraps)
+        for wrap in wraps[:3]:
+            await eventually(lambda w=wrap: wakeups(service)[w["id"]] == 1, "good users pushed")
+        assert wakeups(service)[wraps[3]["id"]] == 0
+        assert all(sign_requests(s) == 1 for s in good)
+    finally:
+        for part in reversed(started):
+            part.stop()
