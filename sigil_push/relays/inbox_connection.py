@@ -98,6 +98,8 @@ class InboxConnection:
         """The relay refused a pre-AUTH REQ out loud on this socket (CLOSED or NOTICE)."""
         self._probe: _Probe | None = None
         self._auth_ids: dict[str, str] = {}
+        self._authenticating: set[str] = set()
+        """Users whose signer is being asked right now."""
         self._tasks: set[asyncio.Task[object]] = set()
         self.connection = RelayConnection(
             url,
@@ -123,14 +125,17 @@ class InboxConnection:
     # membership (called by UserInboxes) --------------------------------------------------
 
     def add(self, pubkey: str, signer: AuthSigner) -> None:
-        others_authed = any(m.authed and not m.failed for m in self.members.values())
+        # on a relay not learned yet, one AUTH at a time: a second key goes out only as the probe
+        busy = bool(self._authenticating) or any(
+            m.authed and not m.failed for m in self.members.values()
+        )
         member = self.members[pubkey] = _Member(pubkey, signer)
         if not self.connection.connected:
             return  # on_open subscribes every member
         if self._challenge is None:
             # may draw the challenge from a relay that only challenges a refused REQ
             self._subscribe(member)
-        elif self._manager.mode(self.url) == "multi" or not others_authed:
+        elif self._manager.mode(self.url) == "multi" or not busy:
             generation = self.connection.socket_generation
             self._spawn(self._authenticate(member, self._challenge, generation))
         else:
@@ -176,19 +181,16 @@ class InboxConnection:
         pubkey = self._auth_ids.pop(event_id, None)
         if pubkey is None or accepted:
             return
-        probe = self._probe
-        if probe is not None and pubkey == probe.second:
+        if self._manager.mode(self.url) != "single" and self._others_authed(pubkey):
             # strfry: "already authenticated"
-            self._verdict("single", probe.first, "a second key's AUTH was refused")
-        elif self._manager.mode(self.url) == "multi" and self._others_authed(pubkey):
             self._verdict(
-                "single", self._survivor(excluding=pubkey),
-                "an AUTH on a shared connection was refused",
+                "single", self._survivor(excluding=pubkey), "a second key's AUTH was refused"
             )
         # a lone user's refused AUTH shows as the CLOSED of the REQ that follows it
 
     async def _authenticate(self, member: _Member, challenge: str, generation: int) -> bool:
         """Ask the user's signer once for this challenge, send the AUTH, then the user's REQ."""
+        self._authenticating.add(member.pubkey)
         try:
             event = await member.signer.sign_auth(self.url, challenge)
         except AuthUnavailable as exc:
@@ -204,6 +206,8 @@ class InboxConnection:
                 else:
                     self._manager.evict(self, member.pubkey)
             return False
+        finally:
+            self._authenticating.discard(member.pubkey)
         if self.members.get(member.pubkey) is not member:
             return False
         self._auth_ids[event.id] = member.pubkey
@@ -287,11 +291,12 @@ class InboxConnection:
         member = self.members.get(pubkey)
         if member is None or sub_id != member.sub_id:
             return
-        if self._manager.mode(self.url) == "multi" and self._others_authed(pubkey):
-            # a shared connection's REQ refused after AUTH: the relay no longer serves several
+        if self._manager.mode(self.url) != "single" and self._others_authed(pubkey):
+            # refused after AUTH while another key is authenticated here: the relay serves one
+            # key per connection (or no longer several); this user gets a connection of their own
             self._verdict(
                 "single", self._survivor(excluding=pubkey),
-                "a shared connection's REQ was refused after AUTH",
+                "a REQ was refused after AUTH on a connection with another key",
             )
             if pubkey not in self.members:
                 return
@@ -355,8 +360,21 @@ class InboxConnection:
             # whether it serves that key or not: nothing to learn, so one key per connection
             self._verdict("single", first.pubkey, "it never refuses a REQ out loud")
             return
+        authed = next(
+            (m for m in self.members.values() if m is not first and m.authed and not m.failed),
+            None,
+        )
+        if authed is not None:
+            # both keys' AUTHs are out already: a fresh REQ for each is the whole test
+            self._probe = _Probe(first.pubkey, authed.pubkey)
+            self._ask_both(self._probe, first, authed)
+            return
         second = next(
-            (m for m in self.members.values() if not m.authed and not m.failed), None
+            (
+                m for m in self.members.values()
+                if not m.authed and not m.failed and m.pubkey not in self._authenticating
+            ),
+            None,
         )
         if second is None:
             return
@@ -371,12 +389,15 @@ class InboxConnection:
             if self._probe is probe:
                 self._probe = None
             return
-        if self._probe is not probe or second.sub_id is None:
-            return
-        # both keys asked again after the second AUTH: a relay that let the second key replace
-        # the first (khatru) now refuses the first
-        probe.pending[second.sub_id] = second.pubkey
-        probe.pending[self._subscribe(first)] = first.pubkey
+        if self._probe is probe and second.sub_id is not None:
+            probe.pending[second.sub_id] = second.pubkey
+            probe.pending[self._subscribe(first)] = first.pubkey
+
+    def _ask_both(self, probe: _Probe, first: _Member, second: _Member) -> None:
+        """Both keys asked again after both AUTHs: a relay that let the second key replace the
+        first (khatru) now refuses the first."""
+        for member in (first, second):
+            probe.pending[self._subscribe(member)] = member.pubkey
 
     def _probe_answer(self, sub_id: str, served: bool) -> None:
         probe = self._probe

@@ -197,6 +197,8 @@ class UserInboxes:
         one-key relay the connection keeps `survivor` (the key the relay now serves); the
         others get connections of their own at the next reconcile."""
         url = connection.url
+        if mode == "multi" and self.mode(url) == "single":
+            return  # a late probe never undoes a relay's refusal: single stays single
         if self._modes.get(url) != mode:
             self._modes[url] = mode
             MODES_LEARNED.labels(mode).inc()
