@@ -347,7 +347,8 @@ class UserInboxes:
     def _detach(self, connection: InboxConnection, pubkey: str) -> None:
         """Take the user off the connection; a connection left without users closes."""
         connection.remove(pubkey)
-        self._where.pop((connection.url, pubkey), None)
+        if self._where.get((connection.url, pubkey)) is connection:
+            del self._where[(connection.url, pubkey)]
         if connection.members:
             return
         connections = self._by_url.get(connection.url, [])
