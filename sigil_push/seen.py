@@ -13,14 +13,14 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
-import aiosqlite
+from sigil_push.store.interface import Database
 
 LOOKUP_CHUNK = 500
 MAX_KEEP_UNTIL = 2**62
 
 
 class SeenEvents:
-    def __init__(self, db: aiosqlite.Connection, retention_seconds: int, cache_size: int) -> None:
+    def __init__(self, db: Database, retention_seconds: int, cache_size: int) -> None:
         self._db = db
         self._retention = retention_seconds
         self._cache_size = max(1, cache_size)
@@ -121,7 +121,7 @@ class SeenEvents:
         """Forget ids past retention (they can no longer be returned by a catch-up)."""
         cutoff = int(time.time()) if now is None else now
         cursor = await self._db.execute("DELETE FROM seen_events WHERE keep_until < ?", (cutoff,))
-        removed = cursor.rowcount
+        removed = int(cursor.rowcount)
         await cursor.close()
         await self._db.execute("DELETE FROM seen_on_relay WHERE keep_until < ?", (cutoff,))
         return removed
