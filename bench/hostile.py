@@ -156,7 +156,7 @@ async def run(folder: Path, hostile: bool, samples: int, burst: int) -> dict[str
     try:
         config = (
             "[bridge]\nreconnect_min_seconds = 0.2\nreconnect_max_seconds = 1.0\n"
-            "[unifiedpush]\nallow_private_endpoints = true\n"
+            "[unifiedpush]\nallow_private_endpoints = true\nvapid_subject = \"mailto:ops@example.org\"\n"
         )
         limits = ("requests_per_minute_per_ip = 0\nrequests_per_minute_per_npub = 0\n"
                   "coalesce_window_ms = 0\nwakeups_per_minute_per_device = 0\n")

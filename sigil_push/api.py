@@ -23,14 +23,16 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from sigil_push import __version__
-from sigil_push.devices import TooManyDevices
+from sigil_push.devices import Device, TooManyAccounts, TooManyDevices
 from sigil_push.errors import ApiError, BadRequest, RateLimited
 from sigil_push.http_metrics import MetricsMiddleware
 from sigil_push.nostr.nip19 import encode_npub
 from sigil_push.nostr.nip98 import AuthError, AuthExpired, AuthMissing, verify_http_auth
 from sigil_push.push.endpoint_guard import UnsafeEndpoint, check_endpoint
+from sigil_push.push.vapid import loaded_public_key
 from sigil_push.ratelimit import RateLimiter, client_address, trusted_networks
 from sigil_push.service import Service, State
+from sigil_push.store.errors import STORE_UNAVAILABLE
 from sigil_push.validation import parse_json_object, parse_npub, parse_register
 
 log = logging.getLogger(__name__)
@@ -127,7 +129,7 @@ class Api:
             await self._check_unifiedpush_endpoint(wanted.device_token)
         registration = await self.service.components.devices.register(
             pubkey, wanted.platform, wanted.device_token, wanted.payload, wanted.relays,
-            wanted.webpush_keys, config.limits.devices_per_npub,
+            wanted.webpush_keys, config.limits.devices_per_npub, config.limits.accounts_per_device,
         )
         if wanted.auth_signer is not None:
             await self.service.components.delegated_auth.set_signer(pubkey, wanted.auth_signer)
@@ -180,6 +182,7 @@ class Api:
                         "delegated_auth": signer_status == "active",
                         "auth_signer_status": signer_status,
                         "auth_signer_detail": delegated.detail(pubkey),
+                        **_encryption(device),
                     }
                     for device in devices
                 ]
@@ -204,6 +207,9 @@ class Api:
                 configured = {relay.url for relay in self.service.config.relays}
                 relays = {url: state for url, state in relays.items() if url in configured}
             body["relays"] = relays
+            shards = self.service.shards() if serving else None
+            if shards is not None:
+                body.update(worker=self.service.worker_id, shards=shards)
         if not serving:
             body.update(error="unavailable", message=f"service is {self.service.state.value}")
         down = self.service.tasks_down() if serving else []
@@ -232,8 +238,26 @@ class Api:
                 if self.service.state is State.SERVING
                 else None,
                 "dry_run": config.dry_run,
+                **self._vapid_info(),
             }
         )
+
+    def _vapid_info(self) -> dict[str, str | None]:
+        """`vapid_public_key` when UnifiedPush is on: apps hand it to their distributor."""
+        unifiedpush = self.service.config.unifiedpush
+        if unifiedpush is None:
+            return {}
+        key_file = self.service.config.resolve(unifiedpush.vapid_private_key_file)
+        serving = self.service.state is State.SERVING
+        return {"vapid_public_key": loaded_public_key(key_file) if serving else None}
+
+
+def _encryption(device: Device) -> dict[str, bool]:
+    """UnifiedPush only: whether wakeups are RFC 8291-encrypted (the registration gave WebPush
+    keys), so an app can see that it still registers the way older distributors allowed."""
+    if device.platform != "unifiedpush":
+        return {}
+    return {"encrypted": device.webpush_keys is not None}
 
 
 def _error_response(request: Request, exc: Exception) -> Response:
@@ -243,9 +267,11 @@ def _error_response(request: Request, exc: Exception) -> Response:
     elif isinstance(exc, AuthError):
         code = {AuthMissing: "auth_missing", AuthExpired: "auth_expired"}.get(type(exc), "auth_invalid")
         status, message, headers = 401, exc.detail, {"WWW-Authenticate": "Nostr"}
+    elif isinstance(exc, TooManyAccounts):
+        status, code, message, headers = 409, "too_many_accounts", str(exc), {}
     elif isinstance(exc, TooManyDevices):
         status, code, message, headers = 409, "too_many_devices", str(exc), {}
-    elif isinstance(exc, sqlite3.OperationalError):
+    elif isinstance(exc, STORE_UNAVAILABLE):
         log.warning("storage busy on %s %s: %s", request.method, request.url.path, exc)
         status, code, headers = 503, "unavailable", {"Retry-After": "1"}
         message = "storage is busy; retry shortly"
@@ -300,6 +326,7 @@ def create_app(service: Service) -> Starlette:
             ApiError: _error_response,
             AuthError: _error_response,
             TooManyDevices: _error_response,
+            TooManyAccounts: _error_response,
             sqlite3.OperationalError: _error_response,
             HTTPException: _error_response,
             Exception: _error_response,

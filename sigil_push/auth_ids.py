@@ -11,9 +11,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-import aiosqlite
-
 from sigil_push.nostr.nip98 import MAX_CLOCK_SKEW_SECONDS
+from sigil_push.store.interface import Database
 
 RETENTION_SECONDS = 2 * MAX_CLOCK_SKEW_SECONDS + 60
 PRUNE_INTERVAL_SECONDS = 60.0
@@ -21,7 +20,7 @@ MAX_BATCH = 500
 
 
 class UsedAuthIds:
-    def __init__(self, connection: aiosqlite.Connection) -> None:
+    def __init__(self, connection: Database) -> None:
         self._db = connection
         self._last_prune = time.monotonic()
         self._waiting: dict[str, asyncio.Future[bool]] = {}

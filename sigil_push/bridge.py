@@ -18,22 +18,18 @@ import asyncio
 import contextlib
 import logging
 import re
-import sqlite3
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import aiosqlite
 from prometheus_client import Counter, Gauge, Histogram
 
 from sigil_push.config import Config
-from sigil_push.db import open_database
-from sigil_push.devices import Device, Devices
+from sigil_push.devices import Device
 from sigil_push.nostr.event import Event, InvalidEvent, compute_id
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.observations import ObservationLog
-from sigil_push.outbox import Outbox
 from sigil_push.relays.connection import BridgeKeySigner
 from sigil_push.relays.discovery import LIST_KINDS_SET, RelayLists, normalize_relay_url
 from sigil_push.relays.inbox import connected_inboxes
@@ -41,6 +37,15 @@ from sigil_push.relays.pool import RelayPool
 from sigil_push.relays.subscriptions import DM_KINDS, RelaySubscriptions
 from sigil_push.relays.user_inbox import UserInboxes
 from sigil_push.seen import RecentlyVerified, SeenEvents, Verified
+from sigil_push.store.errors import TRANSIENT_ERRORS
+from sigil_push.store.factory import connect_bridge
+from sigil_push.store.interface import (
+    BridgeConnection,
+    Database,
+    DeviceStore,
+    OutboxStore,
+    SeenStore,
+)
 from sigil_push.supervisor import Supervisor
 
 if TYPE_CHECKING:
@@ -120,6 +125,11 @@ class RelayCounters:
         self.dropped = {reason: DROPPED.labels(url, reason) for reason in DROP_REASONS}
 
 
+def _every_key(_pubkey: str) -> bool:
+    """One worker (SQLite, or before any shard is leased): the bridge watches every key."""
+    return True
+
+
 class DatabaseUnavailable(Exception):
     """The database stayed busy or locked through every retry (not the batch's fault)."""
 
@@ -171,8 +181,8 @@ class Bridge:
     def __init__(
         self,
         config: Config,
-        devices: Devices,
-        outbox: Outbox,
+        devices: DeviceStore,
+        outbox: OutboxStore,
         observations: ObservationLog,
         key: SecretKey,
         delegated_auth: DelegatedAuth | None = None,
@@ -183,13 +193,14 @@ class Bridge:
         self._queued_by_relay: dict[str, int] = {}
         self._relay_drained: dict[str, asyncio.Event] = {}
         self._recipient_buckets: dict[str, TokenBucket] = {}
-        self._db_path = config.resolve(config.server.database)
-        self._db: aiosqlite.Connection | None = None
+        self._config = config
+        self._link: BridgeConnection | None = None
+        self._db: Database | None = None
         self._devices = devices
         self._outbox = outbox
-        self._writer: Outbox | None = None
+        self._writer: OutboxStore | None = None
         self._lists: RelayLists
-        self._seen: SeenEvents
+        self._seen: SeenStore
         self._observations = observations
         self._insecure = config.server.allow_insecure_relays
         configured = [
@@ -229,15 +240,17 @@ class Bridge:
         self._device_generation = 0
         self._stopping = False
         self._probe: Canary | None = None
+        self._owns: Callable[[str], bool] = _every_key
 
     # life cycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._db = await open_database(self._db_path)
+        self._link = await connect_bridge(self._config)
+        self._db = self._link.db
         try:
             await self._load()
         except BaseException:
-            await self._db.close()
+            await self._link.close()
             raise
         for name, loop in (
             ("bridge-commit", self._commit_loop),
@@ -253,8 +266,8 @@ class Bridge:
     async def _load(self) -> None:
         """Everything the bridge remembers, and the keys to watch, before any relay is opened."""
         db = self._db
-        assert db is not None
-        self._writer = Outbox(db)
+        assert db is not None and self._link is not None
+        self._writer = self._link.outbox
         self._lists = RelayLists(db, self._insecure)
         # dedupe must remember every id a catch-up can return again
         retention = max(self._bridge.seen_retention_seconds, self._bridge.catchup_seconds)
@@ -269,7 +282,8 @@ class Bridge:
             cursors = {str(relay): int(live_until) async for relay, live_until in cursor}
         self._pool.load(baselines, cursors)
         for pubkey, relays in (await self._devices.watched_keys()).items():
-            self._set_key(pubkey, relays)
+            if self._owns(pubkey):
+                self._set_key(pubkey, relays)
 
     async def stop(self) -> None:
         """Close relays first, then finish what was already received, so nothing is lost."""
@@ -289,8 +303,8 @@ class Bridge:
                 await task
         await committer
         await self._save_cursors()
-        if self._db is not None:
-            await self._db.close()
+        if self._link is not None:
+            await self._link.close()
 
     def add_probe(self, probe: Canary) -> None:
         """Watch the canary key on its relays (before `start`). Events addressed to it alone are
@@ -332,17 +346,19 @@ class Bridge:
             self._dirty_event.clear()
             pubkeys, self._dirty = self._dirty, set()
             new_lists, self._lists_dirty = self._lists_dirty - pubkeys, set()
-            removed = []
+            removed: list[str] = []
+            elsewhere: set[str] = set()
             for pubkey in pubkeys:
-                devices = await self._devices.of_pubkey(pubkey)
+                owned = self._owns(pubkey)
+                devices = await self._devices.of_pubkey(pubkey) if owned else []
                 if devices:
                     self._set_key(pubkey, tuple(r for d in devices for r in d.relays))
                 else:
-                    self._keys.discard(pubkey)
-                    self._registration_relays.pop(pubkey, None)
-                    self._user_relays.pop(pubkey, None)
-                    self._pool.plan.remove_key(pubkey)
-                    removed.append(pubkey)
+                    self._unwatch(pubkey)
+                    if owned:
+                        removed.append(pubkey)
+                    else:
+                        elsewhere.add(pubkey)
             for pubkey in new_lists:
                 if pubkey in self._keys:
                     self._set_key(pubkey, self._registration_relays.get(pubkey, ()))
@@ -356,11 +372,46 @@ class Bridge:
                     ("DELETE FROM relay_lists WHERE pubkey = ?", [(p,) for p in removed])
                 )
                 self._work.set()
-            self._apply(pubkeys)
+            self._apply(pubkeys, elsewhere)
 
-    def _apply(self, changed: set[str]) -> None:
-        """Bring connections and shards in line with the plan for the `changed` keys."""
-        left = self._pool.apply(self._keys, changed)
+    def _unwatch(self, pubkey: str) -> None:
+        self._keys.discard(pubkey)
+        self._registration_relays.pop(pubkey, None)
+        self._user_relays.pop(pubkey, None)
+        self._pool.plan.remove_key(pubkey)
+
+    async def reshard(self, owns: Callable[[str], bool]) -> None:
+        """Watch only the registered keys `owns` accepts (this worker's key shards).
+
+        Keys that leave are unsubscribed, their baselines kept for their new owner; keys that
+        arrive first take the baselines other workers stored, so their catch-up from the
+        relays' cursors pushes what arrived meanwhile instead of swallowing it as a baseline.
+        """
+        self._owns = owns
+        db = self._db
+        if db is None:  # not started yet: `_load` watches only what `owns` accepts
+            return
+        watched = await self._devices.watched_keys()
+        probe = self._probe.pubkey if self._probe is not None else None
+        arriving = {p for p in watched if owns(p) and p not in self._keys}
+        leaving = {p for p in self._keys if p != probe and not owns(p)}
+        if arriving:
+            for relay, pubkey in await db.execute_fetchall(
+                "SELECT relay, pubkey FROM relay_baselines"
+            ):
+                if pubkey in arriving:
+                    self._pool.baselines_of(str(relay)).add(str(pubkey))
+        for pubkey in arriving:
+            self._set_key(pubkey, watched[pubkey])
+        for pubkey in leaving:
+            self._unwatch(pubkey)
+        self._apply(arriving | leaving, leaving)
+
+    def _apply(self, changed: set[str], elsewhere: Collection[str] = ()) -> None:
+        """Bring connections and shards in line with the plan for the `changed` keys; the
+        baselines of keys now watched `elsewhere` (another worker) stay in the database."""
+        left = [(url, key) for url, key in self._pool.apply(self._keys, changed)
+                if key not in elsewhere]
         if left:
             self._db_ops.append(
                 ("DELETE FROM relay_baselines WHERE relay = ? AND pubkey = ?", left)
@@ -747,7 +798,7 @@ class Bridge:
             try:
                 await self._commit(batch, ops)
                 return
-            except sqlite3.OperationalError as exc:
+            except TRANSIENT_ERRORS as exc:
                 log.warning("bridge commit failed (%s: %s), attempt %d",
                             type(exc).__name__, exc, attempt + 1)
                 await asyncio.sleep(0.1 * 2**attempt)
@@ -872,7 +923,7 @@ class Bridge:
                 await db.executemany(sql, rows)
             await db.execute("COMMIT")
         except BaseException:
-            with contextlib.suppress(sqlite3.Error):
+            with contextlib.suppress(*TRANSIENT_ERRORS):
                 await db.execute("ROLLBACK")
             raise
 

@@ -12,6 +12,7 @@ import logging
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 
 from analytics.duration import DEFAULT_GRACE_MS, parse_duration_ms
 from sigil_push import __version__
@@ -42,6 +43,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", help="path to relays.toml (default: $SIGIL_PUSH_CONFIG, ./relays.toml)")
     migrate = commands.add_parser("migrate", help="apply database migrations and exit")
     migrate.add_argument("--config", help="path to relays.toml")
+    migrate.add_argument(
+        "--from", dest="source", metavar="SQLITE_DB",
+        help="copy this SQLite instance into the PostgreSQL server.database (which must be empty)",
+    )
     analytics = commands.add_parser("analytics", help="relay-health reports from the observation log")
     analytics.add_argument("--input", required=True, help="observation log folder (any Hadoop path)")
     analytics.add_argument("--output", required=True, help="report folder (any Hadoop path)")
@@ -63,18 +68,19 @@ def _load(path_arg: str | None) -> Config:
 
 def _serve(config: Config) -> int:
     if is_postgres_url(config.server.database):
-        # never let a postgresql:// URL fall through to SQLite as a file name
-        raise ConfigError(
-            "server.database",
-            "the PostgreSQL backend is not wired into serve yet (only `migrate` supports it);"
-            " use a SQLite file path",
-        )
+        # an unreachable or too new database (exit 1) or a bridge key other than the
+        # instance's (exit 2) is one line here, before the listener starts
+        from sigil_push.store.factory import preflight
+
+        asyncio.run(preflight(config))
     from sigil_push.server import run_server
 
     return run_server(config)
 
 
-def _migrate(config: Config) -> int:
+def _migrate(config: Config, source: str | None = None) -> int:
+    if source is not None:
+        return _copy_from_sqlite(config, Path(source))
     if is_postgres_url(config.server.database):
         from sigil_push.store.postgres.migrate import migrate as migrate_postgres
 
@@ -84,6 +90,18 @@ def _migrate(config: Config) -> int:
 
         applied = asyncio.run(migrate(config.resolve(config.server.database)))
     print(f"applied {len(applied)} migration(s)" + (f": {', '.join(applied)}" if applied else ""))
+    return EXIT_OK
+
+
+def _copy_from_sqlite(config: Config, source: Path) -> int:
+    if not is_postgres_url(config.server.database):
+        raise ConfigError(
+            "server.database", "migrate --from copies into PostgreSQL: set a postgresql:// URL"
+        )
+    from sigil_push.store.postgres.copy import copy_sqlite
+
+    copied = asyncio.run(copy_sqlite(source, config.server.database))
+    print("copied " + ", ".join(f"{table}: {rows}" for table, rows in copied.items()))
     return EXIT_OK
 
 
@@ -129,7 +147,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "analytics":
             return _analytics(args)
         config = _load(args.config)
-        return _serve(config) if args.command == "serve" else _migrate(config)
+        if args.command == "serve":
+            return _serve(config)
+        return _migrate(config, args.source)
     except ConfigError as exc:
         print(f"sigil-push: invalid config: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import os
+import re
 import tomllib
 import types
 import typing
@@ -88,6 +89,11 @@ class FcmConfig:
 @dataclass(frozen=True)
 class UnifiedPushConfig:
     allow_private_endpoints: bool = False
+    # RFC 8292 P-256 key (PEM, or the raw base64url private key web-push tools print);
+    # generated 0600 on first start when the file does not exist
+    vapid_private_key_file: str = "vapid.pem"
+    # the JWT `sub` contact; empty: server.public_url when that is an https:// origin
+    vapid_subject: str = ""
 
 
 @dataclass(frozen=True)
@@ -97,6 +103,8 @@ class LimitsConfig:
     requests_per_minute_per_ip: int = 120
     requests_per_minute_per_npub: int = 30
     devices_per_npub: int = 10
+    # npubs that may register one device token (several accounts on one phone)
+    accounts_per_device: int = 20
     wakeups_per_minute_per_device: int = 30
     coalesce_window_ms: int = 2000
 
@@ -118,6 +126,8 @@ class BridgeConfig:
     max_frame_bytes: int = 4 * 1024 * 1024
     # a configured relay in mode "auto" switches from #p shards to the firehose above this
     firehose_above_keys: int = 2000
+    # PostgreSQL: a dead worker's key shards move to the others within this time
+    lease_seconds: float = 15.0
 
 
 @dataclass(frozen=True)
@@ -276,6 +286,43 @@ def _canary(raw: Any) -> CanaryConfig:
     return dataclasses.replace(canary, relays=tuple(dict.fromkeys(relays)))
 
 
+_MAILTO = re.compile(r"mailto:[^@\s]+@(localhost|[\w%-]+(\.[\w%-]+)+)", re.IGNORECASE)
+_HTTPS_ORIGIN = re.compile(r"https://(localhost|[\w-]+(\.[\w-]+)+)", re.IGNORECASE)
+
+
+def is_vapid_subject(value: str) -> bool:
+    """A contact autopush and py-vapid accept as the VAPID `sub`: `mailto:name@domain`, or an
+    `https://` origin (scheme and host only: py-vapid refuses a port or a path)."""
+    return bool(_MAILTO.fullmatch(value) or _HTTPS_ORIGIN.fullmatch(value))
+
+
+def _unifiedpush(raw: Any, public_url: str) -> UnifiedPushConfig:
+    """The `[unifiedpush]` table, with `vapid_subject` resolved to the contact that is sent.
+
+    Distributors behind autopush refuse a JWT without `sub`, and some push services refuse one
+    they cannot reach, so no made-up address is ever filled in: the default is the instance's
+    own public URL when that is an https:// origin, and otherwise the key must be set.
+    """
+    table = _table(raw, "unifiedpush", UnifiedPushConfig)
+    if not table.vapid_private_key_file:
+        raise ConfigError("unifiedpush.vapid_private_key_file", "must not be empty")
+    subject = table.vapid_subject
+    if not subject:
+        if not is_vapid_subject(public_url):
+            raise ConfigError(
+                "unifiedpush.vapid_subject",
+                "is required unless server.public_url is an https:// origin:"
+                " set a contact such as mailto:ops@example.org",
+            )
+        subject = public_url
+    elif not is_vapid_subject(subject):
+        raise ConfigError(
+            "unifiedpush.vapid_subject",
+            "must be mailto:name@domain or an https:// origin such as https://push.example.org",
+        )
+    return dataclasses.replace(table, vapid_subject=subject)
+
+
 def parse_config(document: dict[str, Any], path: Path) -> Config:
     """Validate a parsed TOML document into a Config."""
     known = {"server", "relay", "apns", "fcm", "unifiedpush", "limits", "bridge", "push", "canary"}
@@ -321,7 +368,7 @@ def parse_config(document: dict[str, Any], path: Path) -> Config:
     if fcm is not None and fcm.endpoint:
         _check_http_url("fcm.endpoint", fcm.endpoint)
     unifiedpush = (
-        _table(document["unifiedpush"], "unifiedpush", UnifiedPushConfig)
+        _unifiedpush(document["unifiedpush"], server.public_url)
         if "unifiedpush" in document
         else None
     )

@@ -19,10 +19,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import aiosqlite
 from prometheus_client import Counter, Gauge
 
-from sigil_push.devices import Devices
 from sigil_push.nostr.event import Event
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip46 import (
@@ -38,8 +36,11 @@ from sigil_push.ratelimit import RateLimiter
 from sigil_push.relays.connection import AuthUnavailable
 from sigil_push.relays.signer_link import SignerLinks, SignerUnreachable
 from sigil_push.sealed import Sealer, UnreadableSecret
+from sigil_push.store.errors import STORE_UNAVAILABLE
+from sigil_push.store.interface import Database, DeviceStore
 
 log = logging.getLogger(__name__)
+STATUS_WRITE_ERRORS: tuple[type[Exception], ...] = (sqlite3.Error, *STORE_UNAVAILABLE)
 
 STATUSES = ("pending", "active", "refused", "unreachable")
 REQUEST_TIMEOUT_SECONDS = 15.0
@@ -85,7 +86,7 @@ StatusListener = Callable[[str, str], None]
 
 
 class DelegatedAuth:
-    def __init__(self, db: aiosqlite.Connection, bridge_key: SecretKey, devices: Devices) -> None:
+    def __init__(self, db: Database, bridge_key: SecretKey, devices: DeviceStore) -> None:
         self._db = db
         self._devices = devices
         self._sealer = Sealer(bridge_key, "nip46-sessions")
@@ -161,8 +162,12 @@ class DelegatedAuth:
             "pending", "",
         )
         await self._db.execute(
-            "INSERT OR REPLACE INTO auth_signers (pubkey, signer_pubkey, relays, sealed_secret,"
-            " sealed_client_key, status, detail, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO auth_signers (pubkey, signer_pubkey, relays, sealed_secret,"
+            " sealed_client_key, status, detail, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT (pubkey) DO UPDATE SET signer_pubkey = excluded.signer_pubkey,"
+            " relays = excluded.relays, sealed_secret = excluded.sealed_secret,"
+            " sealed_client_key = excluded.sealed_client_key, status = excluded.status,"
+            " detail = excluded.detail, updated_at = excluded.updated_at",
             (
                 pubkey, bunker.signer_pubkey, json.dumps(list(bunker.relays)),
                 self._sealer.seal(bunker.secret) if bunker.secret else None,
@@ -272,7 +277,7 @@ class DelegatedAuth:
                 "UPDATE auth_signers SET status = ?, detail = ?, updated_at = ? WHERE pubkey = ?",
                 (status, detail, int(time.time()), session.pubkey),
             )
-        except sqlite3.Error as exc:
+        except STATUS_WRITE_ERRORS as exc:
             log.warning("could not store a signer session's status (%s)", exc)
         log.info("signer session %s%s", status, f": {detail}" if detail else "")
         self._count()

@@ -4,8 +4,13 @@ One loop plans, many tasks send. The loop reads due wakeups, drops the stale, ho
 a device's coalescing window or rate limit does not allow yet (by rescheduling it in the
 outbox, so the held wakeups are on disk and travel together later), claims the rest and
 starts one task per push. Each task settles its own outcome: complete, retry with backoff,
-or forget a dead device. Deletions are grouped into one statement per round trip to SQLite,
+or forget a dead token. Deletions are grouped into one statement per round trip to SQLite,
 so the database is never the bottleneck.
+
+A device here is the phone, named by its (platform, token): several accounts (npubs) may be
+registered on it, each its own row. Coalescing windows and rate budgets belong to the phone,
+so opaque wakeups for all its accounts become one push. `event_id` and `event` pushes stay
+per registration, since each names one account's event.
 """
 
 from __future__ import annotations
@@ -19,13 +24,14 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from sigil_push.config import LimitsConfig, PushConfig
-from sigil_push.devices import Device, Devices
+from sigil_push.devices import Device, WebPushKeys
 from sigil_push.observations import ObservationLog, now_ms
-from sigil_push.outbox import Outbox, Wakeup
+from sigil_push.outbox import Wakeup
 from sigil_push.push import metrics
 from sigil_push.push.base import Outcome, Sender, Status, WakeupMessage
 from sigil_push.push.limits import DeviceRateLimiter
 from sigil_push.push.payload import fallback, opaque_data, wakeup_data
+from sigil_push.store.interface import DeviceStore, OutboxStore
 from sigil_push.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
@@ -45,9 +51,25 @@ least: a quarter of the send timeout, so a tarpit's backlog is not re-read (in f
 everyone else's due wakeups) every second while its pushes hang."""
 
 
+PhoneKey = tuple[str, str]
+"""(platform, token): one physical device, whichever accounts are registered on it."""
+PushKey = tuple[str, str, WebPushKeys | None]
+"""What wakeups must share to travel in one push: the phone, and for UnifiedPush the WebPush
+keys the body is encrypted to (two registrations of one endpoint could give different ones)."""
+
+
+def _phone(device: Device) -> PhoneKey:
+    return device.platform, device.token
+
+
+def _push_key(device: Device) -> PushKey:
+    return device.platform, device.token, device.webpush_keys
+
+
 @dataclass(frozen=True, slots=True)
 class Push:
-    """One push to one device, standing for one or more outbox rows."""
+    """One push to one device, standing for one or more outbox rows (of one or more of the
+    accounts registered on it); `device` is the registration whose token and keys it uses."""
 
     device: Device
     wakeups: tuple[Wakeup, ...]
@@ -57,8 +79,8 @@ class Push:
 class Delivery:
     def __init__(
         self,
-        outbox: Outbox,
-        devices: Devices,
+        outbox: OutboxStore,
+        devices: DeviceStore,
         senders: dict[str, Sender],
         observations: ObservationLog,
         record_outcomes: bool,
@@ -76,7 +98,8 @@ class Delivery:
         limits = limits or LimitsConfig()
         self._coalesce_ms = limits.coalesce_window_ms
         self._rate = DeviceRateLimiter(limits.wakeups_per_minute_per_device)
-        self._last_push_ms: dict[int, int] = {}
+        # per phone: when it last got an opaque push, which opens its coalescing window
+        self._last_push_ms: dict[PhoneKey, int] = {}
         # per platform, four times its sender's slots, so the next batches wait at the semaphore
         # while the database round trips for them run (slow when the event loop keeps the GIL
         # busy); rows waiting there were never sent, so this does not widen the
@@ -214,7 +237,7 @@ class Delivery:
 
     async def _dispatch(self, due: Sequence[Wakeup]) -> None:
         now = now_ms()
-        by_device: dict[int, list[Wakeup]] = defaultdict(list)
+        by_push_key: dict[PushKey, list[Wakeup]] = defaultdict(list)
         expired: list[Wakeup] = []
         unsendable: list[Wakeup] = []
         for wakeup in due:
@@ -223,25 +246,24 @@ class Delivery:
             elif wakeup.device.platform not in self._senders:
                 unsendable.append(wakeup)
             else:
-                by_device[wakeup.device_id].append(wakeup)
+                by_push_key[_push_key(wakeup.device)].append(wakeup)
         pushes: list[Push] = []
         held: dict[int, list[int]] = defaultdict(list)
         planned_per_host: dict[tuple[str, str], int] = defaultdict(int)
-        for wakeups in by_device.values():
+        for wakeups in by_push_key.values():
             device = wakeups[0].device
-            gate = self._gate(device, now)
             host = self._host_of(device)
             if host is not None:
                 busy = self._host_rows[host] + planned_per_host[host]
                 if busy and busy + len(wakeups) > self._host_cap[device.platform]:
-                    gate = max(gate, now + self._host_hold_ms)
-            if gate > now:
-                held[gate].extend(w.id for w in wakeups)
-            else:
-                planned = self._plan(device, wakeups, now)
-                if host is not None:
-                    planned_per_host[host] += sum(len(p.wakeups) for p in planned)
-                pushes.extend(planned)
+                    held[now + self._host_hold_ms].extend(w.id for w in wakeups)
+                    continue
+            planned, waiting = self._plan(wakeups, now)
+            for at_ms, ids in waiting.items():
+                held[at_ms].extend(ids)
+            if host is not None:
+                planned_per_host[host] += sum(len(p.wakeups) for p in planned)
+            pushes.extend(planned)
         claimed = [w.id for push in pushes for w in push.wakeups]
         await self._outbox.claim(claimed, now)
         # from here on the rows are claimed: start every push before anything else can fail,
@@ -266,36 +288,53 @@ class Delivery:
         too_old = now - wakeup.first_seen_ms > self._push.max_wakeup_age_seconds * 1000
         return too_old or wakeup.attempts >= self._push.max_attempts
 
-    def _gate(self, device: Device, now: int) -> int:
-        """The earliest time the device may get its next push."""
-        gate = self._rate.next_allowed_ms(device.id, now)
-        if device.payload == "opaque" and self._coalesce_ms:
-            last = self._last_push_ms.get(device.id)
-            if last is not None:
-                gate = max(gate, last + self._coalesce_ms)
-        return gate
+    def _plan(self, wakeups: list[Wakeup], now: int) -> tuple[list[Push], dict[int, list[int]]]:
+        """The pushes one phone gets now for `wakeups` (all for one push key), and the rows
+        held back by when they may go.
 
-    def _plan(self, device: Device, wakeups: list[Wakeup], now: int) -> list[Push]:
-        """Opaque devices get one push for all; others one per event, the excess coalesced."""
+        Within the phone's rate budget, each `event_id`/`event` wakeup is its own push; all
+        the rest (every account's opaque wakeups, and what exceeds the budget) is one opaque
+        push, which waits for the end of the coalescing window if an opaque push went out
+        less than a window ago. Nothing goes while the budget is spent.
+        """
         wakeups.sort(key=lambda w: w.id)
-        budget = max(1, self._rate.available(device.id, now))
-        if device.payload == "opaque":
-            singles, coalesced = [], wakeups
-        elif len(wakeups) <= budget:
-            singles, coalesced = wakeups, []
+        phone = _phone(wakeups[0].device)
+        rate_gate = self._rate.next_allowed_ms(phone, now)
+        if rate_gate > now:
+            return [], {rate_gate: [w.id for w in wakeups]}
+        opaque = [w for w in wakeups if w.device.payload == "opaque"]
+        specific = [w for w in wakeups if w.device.payload != "opaque"]
+        window_gate = now
+        last = self._last_push_ms.get(phone)
+        if self._coalesce_ms and last is not None:
+            window_gate = last + self._coalesce_ms
+        window_open = window_gate <= now
+        budget = max(1, self._rate.available(phone, now))
+        slots = budget - 1 if opaque and window_open else budget
+        if len(specific) <= slots:
+            singles, excess = specific, []
         else:
-            singles, coalesced = wakeups[: budget - 1], wakeups[budget - 1 :]
-        pushes = [Push(device, (w,), self._message(device, (w,), now)) for w in singles]
-        if coalesced:
-            pushes.append(Push(device, tuple(coalesced), self._message(device, coalesced, now)))
-            provider = self._senders[device.platform].provider
-            metrics.COALESCED.labels(provider).inc(len(coalesced) - 1)
-        self._rate.spend(device.id, now, len(pushes))
-        self._last_push_ms[device.id] = now
-        return pushes
+            # one slot is left for the opaque push the excess rides in
+            keep = slots if opaque and window_open else slots - 1
+            singles, excess = specific[:keep], specific[keep:]
+        pushes = [Push(w.device, (w,), self._message((w,), now)) for w in singles]
+        held: dict[int, list[int]] = {}
+        together = opaque + excess
+        if together and not window_open:
+            held[window_gate] = [w.id for w in together]
+        elif together:
+            together.sort(key=lambda w: w.id)
+            pushes.append(Push(together[0].device, tuple(together), self._message(together, now)))
+            provider = self._senders[together[0].device.platform].provider
+            metrics.COALESCED.labels(provider).inc(len(together) - 1)
+            self._last_push_ms[phone] = now
+        self._rate.spend(phone, now, len(pushes))
+        return pushes, held
 
-    def _message(self, device: Device, wakeups: Sequence[Wakeup], now: int) -> WakeupMessage:
+    def _message(self, wakeups: Sequence[Wakeup], now: int) -> WakeupMessage:
+        """Opaque for several wakeups; one wakeup carries what its registration asked for."""
         first = wakeups[0]
+        device = first.device
         oldest_ms = min(w.first_seen_ms for w in wakeups)
         ttl = max(1, (self._push.max_wakeup_age_seconds * 1000 - (now - oldest_ms)) // 1000)
         opaque = device.payload == "opaque" or len(wakeups) > 1
@@ -356,15 +395,24 @@ class Delivery:
             return
         self._record(push, provider, status, answered)
         if status is Status.UNREGISTERED:
-            if await self._devices.forget(push.device.id) is not None:
+            if await self._forget_token(push):
                 metrics.PRUNED_TOKENS.labels(provider).inc()
-                log.info("%s token …%s is dead (%s); device forgotten", provider,
+                log.info("%s token …%s is dead (%s); its registrations are forgotten", provider,
                          push.device.token_suffix, outcome.detail)
         elif status is not Status.ACCEPTED:
             log.warning("%s refused push to …%s: %s", provider, push.device.token_suffix,
                         outcome.detail)
         self._to_complete.extend(ids)
         self._completion_due.set()
+
+    async def _forget_token(self, push: Push) -> bool:
+        """Forget every account's registration of the push's dead token. Any registration the
+        push carries names the token; one that was unregistered meanwhile names nothing, so
+        the next is tried (the others on the phone must not outlive the token)."""
+        for device_id in dict.fromkeys(w.device_id for w in push.wakeups):
+            if await self._devices.forget(device_id) is not None:
+                return True
+        return False
 
     def _retry_at(self, push: Push, outcome: Outcome, now: int) -> int | None:
         """When to try again (backoff with jitter, never before Retry-After), or None to give up."""

@@ -1,5 +1,11 @@
 """Registered devices: who gets woken up, and how.
 
+A registration is an (npub, device token) pair: one phone with several accounts holds one
+token registered by several npubs, each having proven its own key. Registering never takes a
+token away from another npub (anyone who learns a token could otherwise take it over), and
+each npub removes only its own pair. Only a provider saying the token is dead removes every
+pair with it.
+
 Only what delivery needs is stored (the recipient's pubkey, the device token, the payload mode,
 the user's DM relays). Whoever must react to a change of registrations (the bridge's
 subscriptions) registers a listener instead of being called by the API directly.
@@ -27,6 +33,14 @@ class TooManyDevices(Exception):
 
     def __init__(self, limit: int) -> None:
         super().__init__(f"at most {limit} devices per npub")
+        self.limit = limit
+
+
+class TooManyAccounts(Exception):
+    """The device token is already registered by the maximum number of npubs."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"at most {limit} accounts per device token")
         self.limit = limit
 
 
@@ -68,7 +82,6 @@ class Device:
 class Registration:
     device: Device
     created: bool
-    previous_pubkey: str | None
 
 
 RegistrationListener = Callable[[str], None]
@@ -98,45 +111,54 @@ class Devices:
         relays: Sequence[str],
         webpush_keys: WebPushKeys | None,
         max_devices: int,
+        max_accounts: int = 0,
     ) -> Registration:
-        """Insert or update the device with this token; a token registered by another npub moves.
+        """Insert or update the (pubkey, token) pair; other npubs' pairs are never touched.
 
-        The device limit is enforced inside the writing statement itself, so registrations need
-        no lock and concurrent ones pipeline through SQLite instead of queueing behind each other.
-        The preceding read only tells 201 from 200 and which previous owner to notify.
+        Both limits (`max_devices` pairs per npub, `max_accounts` npubs per token; 0: no limit)
+        are enforced inside the writing statement itself, so registrations need no lock and
+        concurrent ones pipeline through SQLite instead of queueing behind each other. An
+        existing pair may always be updated, even after a limit was lowered. The preceding
+        read only tells 201 from 200; the one after a refusal only tells which limit it was.
         """
         now = int(time.time())
-        [(previous_pubkey,)] = await self._db.execute_fetchall(
-            "SELECT (SELECT pubkey FROM devices WHERE token = ?)", (token,)
+        [(existed,)] = await self._db.execute_fetchall(
+            "SELECT EXISTS (SELECT 1 FROM devices WHERE token = ? AND pubkey = ?)", (token, pubkey)
         )
         rows = await self._db.execute_fetchall(
             "INSERT INTO devices (pubkey, platform, token, payload, relays, webpush_p256dh,"
             " webpush_auth, registered_at, updated_at) SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?"
-            " WHERE ? = 0 OR (SELECT COUNT(*) FROM devices WHERE pubkey = ? AND token != ?) < ?"
-            " ON CONFLICT (token) DO UPDATE SET pubkey = excluded.pubkey,"
-            " platform = excluded.platform, payload = excluded.payload,"
-            " relays = excluded.relays, webpush_p256dh = excluded.webpush_p256dh,"
-            " webpush_auth = excluded.webpush_auth, updated_at = excluded.updated_at,"
-            " registered_at = CASE WHEN devices.pubkey = excluded.pubkey"
-            " THEN devices.registered_at ELSE excluded.registered_at END"
+            " WHERE EXISTS (SELECT 1 FROM devices WHERE token = ? AND pubkey = ?)"
+            " OR ((? = 0 OR (SELECT COUNT(*) FROM devices WHERE pubkey = ?) < ?)"
+            " AND (? = 0 OR (SELECT COUNT(*) FROM devices WHERE token = ?) < ?))"
+            " ON CONFLICT (token, pubkey) DO UPDATE SET platform = excluded.platform,"
+            " payload = excluded.payload, relays = excluded.relays,"
+            " webpush_p256dh = excluded.webpush_p256dh, webpush_auth = excluded.webpush_auth,"
+            " updated_at = excluded.updated_at"
             f" RETURNING {_COLUMNS}",
             (
                 pubkey, platform, token, payload, json.dumps(list(relays)),
                 webpush_keys.p256dh if webpush_keys else None,
                 webpush_keys.auth if webpush_keys else None,
                 now, now,
-                max_devices, pubkey, token, max_devices,
+                token, pubkey,
+                max_devices, pubkey, max_devices,
+                max_accounts, token, max_accounts,
             ),
         )
         if not rows:
+            [(accounts,)] = await self._db.execute_fetchall(
+                "SELECT COUNT(*) FROM devices WHERE token = ?", (token,)
+            )
+            if max_accounts and int(accounts) >= max_accounts:
+                raise TooManyAccounts(max_accounts)
             raise TooManyDevices(max_devices)
-        row = next(iter(rows))
-        moved_from = previous_pubkey if previous_pubkey not in (None, pubkey) else None
-        self._changed([pubkey, moved_from])
-        return Registration(Device.from_row(row), previous_pubkey is None, moved_from)
+        self._changed([pubkey])
+        return Registration(Device.from_row(next(iter(rows))), not existed)
 
     async def unregister(self, pubkey: str, token: str) -> int:
-        """Remove the device with `token` if `pubkey` owns it; returns how many were removed."""
+        """Remove `pubkey`'s own pair with `token`; returns how many were removed (0 or 1).
+        Other npubs' registrations of the same token stay."""
         removed = len(list(
             await self._db.execute_fetchall(
                 "DELETE FROM devices WHERE pubkey = ? AND token = ? RETURNING id", (pubkey, token)
@@ -147,15 +169,20 @@ class Devices:
         return removed
 
     async def forget(self, device_id: int) -> Device | None:
-        """Delete a device whose token the provider declared dead."""
+        """The provider declared this registration's token dead: delete every pair with that
+        token (all accounts on the phone); returns the named registration, if still there.
+
+        Only pairs on the platform that answered: a token string registered under another
+        platform was never asked, and must not be removable by whoever registered it there.
+        """
         rows = await self._db.execute_fetchall(
-            f"DELETE FROM devices WHERE id = ? RETURNING {_COLUMNS}", (device_id,)
+            "DELETE FROM devices WHERE (platform, token) ="
+            f" (SELECT platform, token FROM devices WHERE id = ?) RETURNING {_COLUMNS}",
+            (device_id,),
         )
-        if not rows:
-            return None
-        device = Device.from_row(next(iter(rows)))
-        self._changed([device.pubkey])
-        return device
+        forgotten = [Device.from_row(row) for row in rows]
+        self._changed(device.pubkey for device in forgotten)
+        return next((device for device in forgotten if device.id == device_id), None)
 
     async def of_pubkey(self, pubkey: str) -> list[Device]:
         rows = await self._db.execute_fetchall(

@@ -15,33 +15,62 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import aiosqlite
-
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip19 import InvalidKey, parse_secret_key
+from sigil_push.store.interface import Database
 
 META_KEY = "bridge_secret_key"
 
 
 class KeyFileError(Exception):
-    """The key file exists but cannot be read as a key, or cannot be written."""
+    """A key file exists but cannot be read as a key, or cannot be written.
+
+    The helpers below are shared by every key the service keeps in a file of its own (the
+    bridge key here, the VAPID key of sigil_push/push/vapid.py)."""
 
 
-def _write_private(path: Path, text: str) -> None:
-    """Create `path` 0600 (exclusively: never overwrite a key someone else just wrote)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "w", encoding="ascii") as handle:
-        handle.write(text + "\n")
-
-
-def _read_key_file(path: Path) -> SecretKey | None:
+def read_private_file(path: Path) -> str | None:
+    """The stripped text of a key file; None when it does not exist yet."""
     try:
-        text = path.read_text(encoding="ascii").strip()
+        return path.read_text(encoding="ascii").strip()
     except FileNotFoundError:
         return None
     except (OSError, UnicodeDecodeError) as exc:
         raise KeyFileError(f"cannot read {path}: {exc}") from None
+
+
+def create_private_file(path: Path, text: str) -> str:
+    """Create `path` 0600 holding `text`; returns the text the file holds afterwards.
+
+    An existing file is never overwritten: when another process (a second worker on the same
+    config folder) created it first, its key wins and is returned instead of ours.
+    """
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        winner = read_private_file(path)
+        if not winner:
+            raise KeyFileError(f"{path} is being created by another process; start again") from None
+        return winner
+    except OSError as exc:
+        raise KeyFileError(f"cannot create {path}: {exc}") from None
+    try:
+        with os.fdopen(descriptor, "w", encoding="ascii") as handle:
+            handle.write(text + "\n")
+    except OSError as exc:
+        raise KeyFileError(f"cannot write {path}: {exc}") from None
+    return text
+
+
+def _read_key_file(path: Path) -> SecretKey | None:
+    text = read_private_file(path)
+    if text is None:
+        return None
+    return _parse_key_file(path, text)
+
+
+def _parse_key_file(path: Path, text: str) -> SecretKey:
     try:
         return SecretKey(parse_secret_key(text))
     except InvalidKey as exc:
@@ -59,7 +88,7 @@ def make_private(database: Path) -> None:
             continue
 
 
-async def bridge_key(connection: aiosqlite.Connection, configured: str, key_file: Path) -> SecretKey:
+async def bridge_key(connection: Database, configured: str, key_file: Path) -> SecretKey:
     if configured:
         await _forget_stored_key(connection)
         return SecretKey(parse_secret_key(configured))
@@ -67,17 +96,14 @@ async def bridge_key(connection: aiosqlite.Connection, configured: str, key_file
         row = await cursor.fetchone()
     key = _read_key_file(key_file)
     if key is None:
-        key = SecretKey(str(row[0])) if row is not None else SecretKey.generate()
-        try:
-            _write_private(key_file, key.secret_hex)
-        except OSError as exc:
-            raise KeyFileError(f"cannot create {key_file}: {exc}") from None
+        candidate = SecretKey(str(row[0])) if row is not None else SecretKey.generate()
+        key = _parse_key_file(key_file, create_private_file(key_file, candidate.secret_hex))
     if row is not None:
         await _forget_stored_key(connection)
     return key
 
 
-async def _forget_stored_key(connection: aiosqlite.Connection) -> None:
+async def _forget_stored_key(connection: Database) -> None:
     """Delete a key an older version kept in the database, overwriting the freed page too."""
     await connection.execute("PRAGMA secure_delete = ON")
     try:

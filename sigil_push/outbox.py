@@ -1,4 +1,4 @@
-"""The durable outbox: every (event, device) wakeup is on disk before the first send attempt.
+"""The durable outbox: every (event, registration) wakeup is on disk before the first send attempt.
 
 A row leaves the outbox only on a final outcome, so a crash, SIGKILL or provider outage loses
 nothing. A row is *claimed* while its push is in flight; at start-up `resume` releases the
@@ -29,6 +29,9 @@ _DEVICE_COLUMNS = (
     " d.webpush_auth, d.registered_at"
 )
 _CHUNK = 500
+SIBLINGS = 2
+"""How many times its `limit` a `due` batch may grow by pulling in the other due rows of the
+tokens it picked (a flood to one phone must not turn a batch into the whole outbox)."""
 _SECRET_KEY = "outbox_collapse_secret"
 
 
@@ -126,7 +129,15 @@ class Outbox:
         self, now_ms: int, limit: int, platforms: Sequence[str] | None = None
     ) -> list[Wakeup]:
         """Unclaimed wakeups due by `now_ms`, oldest schedule first, with their device; only
-        for devices on `platforms` when given (those with room in their in-flight window)."""
+        for devices on `platforms` when given (those with room in their in-flight window).
+
+        The first `limit` rows pick the device tokens; every other due row for those tokens
+        (any account registered on the same phone) comes along, up to SIBLINGS x `limit` rows
+        in all. So a batch boundary never splits one phone's wakeups into two pushes: rows due
+        together are planned together. The picked rows always come first in the answer.
+        CROSS JOIN fixes the join order (tokens, then their devices, then their rows): left to
+        itself SQLite walks every due row in schedule order, which a backlog makes slow.
+        """
         only = ""
         if platforms is not None:
             only = f" AND d.platform IN ({','.join('?' * len(platforms))})"
@@ -134,11 +145,18 @@ class Outbox:
         # left open between two calls makes any write queued in between fail with SQLITE_BUSY
         # at once, without the busy timeout, whenever the bridge's connection holds the lock
         rows = await self._db.execute_fetchall(
-            "SELECT o.id, o.event_id, o.relay, o.event_json, o.first_seen_ms, o.attempts,"
-            f" {_DEVICE_COLUMNS} FROM outbox o JOIN devices d ON d.id = o.device_id"
+            "WITH head AS (SELECT d.platform, d.token FROM outbox o"
+            " JOIN devices d ON d.id = o.device_id"
             f" WHERE o.claimed_ms IS NULL AND o.next_attempt_ms <= ?{only}"
+            " ORDER BY o.next_attempt_ms, o.id LIMIT ?),"
+            " tokens AS (SELECT DISTINCT platform, token FROM head)"
+            " SELECT o.id, o.event_id, o.relay, o.event_json, o.first_seen_ms, o.attempts,"
+            f" {_DEVICE_COLUMNS} FROM tokens t"
+            " CROSS JOIN devices d ON d.token = t.token AND d.platform = t.platform"
+            " CROSS JOIN outbox o ON o.device_id = d.id"
+            " WHERE o.claimed_ms IS NULL AND o.next_attempt_ms <= ?"
             " ORDER BY o.next_attempt_ms, o.id LIMIT ?",
-            (now_ms, *(platforms or ()), limit),
+            (now_ms, *(platforms or ()), limit, now_ms, SIBLINGS * limit),
         )
         return [
             Wakeup(int(r[0]), Device.from_row(r[6:]), str(r[1]), str(r[2]),

@@ -18,7 +18,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
-import aiosqlite
+from sigil_push.store.interface import Database
 
 if TYPE_CHECKING:
     from sigil_push.nostr.event import Event
@@ -67,7 +67,7 @@ class RecentlyVerified:
 
 
 class SeenEvents:
-    def __init__(self, db: aiosqlite.Connection, retention_seconds: int, cache_size: int) -> None:
+    def __init__(self, db: Database, retention_seconds: int, cache_size: int) -> None:
         self._db = db
         self._retention = retention_seconds
         self._cache_size = max(1, cache_size)
@@ -186,7 +186,7 @@ class SeenEvents:
         """Forget ids past retention (they can no longer be returned by a catch-up)."""
         cutoff = int(time.time()) if now is None else now
         cursor = await self._db.execute("DELETE FROM seen_events WHERE keep_until < ?", (cutoff,))
-        removed = cursor.rowcount
+        removed = int(cursor.rowcount)
         await cursor.close()
         await self._db.execute("DELETE FROM seen_on_relay WHERE keep_until < ?", (cutoff,))
         return removed

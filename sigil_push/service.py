@@ -12,26 +12,31 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
-import aiosqlite
+from prometheus_client import Gauge
 
 from sigil_push import outbound
-from sigil_push.auth_ids import UsedAuthIds
 from sigil_push.bridge import Bridge
 from sigil_push.canary import canary_from_config
 from sigil_push.config import Config
-from sigil_push.db import open_database
 from sigil_push.delegated_auth import DelegatedAuth
 from sigil_push.delivery import Delivery
-from sigil_push.devices import Devices
-from sigil_push.identity import bridge_key, make_private
+from sigil_push.identity import bridge_key
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.observations import ObservationLog
 from sigil_push.outbound import OutboundGuard
-from sigil_push.outbox import Outbox
 from sigil_push.push.factory import build_senders
+from sigil_push.store.factory import PostgresStore, check_instance_key, open_store
+from sigil_push.store.interface import AuthIdStore, Database, DeviceStore, OutboxStore
+from sigil_push.store.postgres.leases import ShardLeaser
+from sigil_push.store.postgres.sharding import ShardWatch
 from sigil_push.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
+
+WORKER = Gauge(
+    "sigil_push_worker_info", "This process (worker) of the instance and its storage engine",
+    ["worker", "engine"],
+)
 
 
 class State(enum.Enum):
@@ -42,10 +47,10 @@ class State(enum.Enum):
 
 @dataclass
 class Components:
-    db: aiosqlite.Connection
-    devices: Devices
-    auth_ids: UsedAuthIds
-    outbox: Outbox
+    db: Database
+    devices: DeviceStore
+    auth_ids: AuthIdStore
+    outbox: OutboxStore
     observations: ObservationLog
     delivery: Delivery
     key: SecretKey
@@ -58,6 +63,8 @@ class Service:
         self.config = config
         self.state = State.STARTING
         self._components: Components | None = None
+        self._shards: ShardWatch | None = None
+        self.worker_id = ""
         self._running = AsyncExitStack()
         self.supervisor = Supervisor()
 
@@ -79,13 +86,14 @@ class Service:
         outbound.configure(OutboundGuard.for_urls(
             config.server.allow_insecure_relays, [relay.url for relay in config.relays]
         ))
-        db = await open_database(config.resolve(config.server.database))
-        stack.push_async_callback(db.close)
-        if not config.server.database.startswith("postgresql://"):
-            make_private(config.resolve(config.server.database))
+        store = await open_store(config)
+        stack.push_async_callback(store.close)
+        db, devices, outbox = store.db, store.devices, store.outbox
+        self.worker_id = store.worker_id
+        WORKER.labels(store.worker_id, store.engine).set(1)
         key = await bridge_key(db, config.server.secret_key, config.resolve(config.server.secret_key_file))
-        devices = Devices(db)
-        outbox = Outbox(db)
+        if isinstance(store, PostgresStore):
+            await check_instance_key(store.db, key.public_key_hex)
         observations = ObservationLog(
             config.resolve(config.server.observations), config.server.observations_retention_days
         )
@@ -109,13 +117,23 @@ class Service:
         canary = canary_from_config(config, key, observations)
         if canary is not None:
             bridge.add_probe(canary)
+        if isinstance(store, PostgresStore):
+            # several workers: the bridge watches the keys of this worker's shards only
+            self._shards = ShardWatch(
+                ShardLeaser(store.pool, store.worker_id, config.bridge.lease_seconds),
+                bridge.reshard,
+            )
+            await self._shards.start()
+            stack.push_async_callback(self._shards.release)
         await bridge.start()
         stack.push_async_callback(bridge.stop)
+        if self._shards is not None:
+            stack.push_async_callback(self._shards.halt)
         if canary is not None:
             canary.start()
             stack.push_async_callback(canary.stop)
         self._components = Components(
-            db, devices, UsedAuthIds(db), outbox, observations, delivery, key, bridge,
+            db, devices, store.auth_ids, outbox, observations, delivery, key, bridge,
             delegated_auth,
         )
         if config.dry_run:
@@ -129,6 +147,10 @@ class Service:
         self.state = State.STOPPING
         await self._running.aclose()
         self._components = None
+
+    def shards(self) -> list[int] | None:
+        """The key shards this worker's bridge watches (None: one worker watches every key)."""
+        return self._shards.held() if self._shards is not None else None
 
     def tasks_down(self) -> list[str]:
         """Core tasks (e.g. `bridge-commit`) waiting to be restarted after an exception."""

@@ -12,9 +12,13 @@ import pytest
 from sigil_push import outbound
 from tests.support.nip98 import SdkUser
 from tests.support.service import ServiceProcess
+from tests.support.stores import BACKENDS, backend_service
 
 # the provider fakes' fixtures (fake APNs, FCM and UnifiedPush servers), for every test module
-pytest_plugins = ("tests.fakes.harness", "tests.support.postgres", "tests.support.processes")
+pytest_plugins = (
+    "tests.fakes.harness", "tests.support.postgres", "tests.support.processes",
+    "tests.support.stores",
+)
 
 
 @pytest.fixture(autouse=True)
@@ -27,10 +31,14 @@ def loopback_outbound() -> Iterator[None]:
     outbound.configure(previous)
 
 
-@pytest.fixture(scope="session")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
-    """A dry-run sigil-push with no relays and no rate limits, shared by API tests."""
-    with ServiceProcess(tmp_path_factory.mktemp("service")) as running:
+@pytest.fixture(scope="session", params=BACKENDS)
+def service(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServiceProcess]:
+    """A dry-run sigil-push with no relays and no rate limits, shared by API tests; once on a
+    SQLite file and once on PostgreSQL, so every API behaviour is checked on both engines."""
+    folder = tmp_path_factory.mktemp(f"service-{request.param}")
+    with backend_service(request.param, request, ServiceProcess(folder)) as running:
         yield running
 
 
@@ -75,4 +83,3 @@ def api(client: httpx.Client, service: ServiceProcess) -> ApiCaller:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: starts extra processes")
-

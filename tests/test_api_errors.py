@@ -1,4 +1,5 @@
-"""Every error code of CONTRACT section 3, each provoked through the real HTTP API."""
+"""Every error code of CONTRACT section 3, each provoked through the real HTTP API, on each
+storage engine (the suite's `service` runs once on a SQLite file, once on PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 from tests.conftest import ApiCaller
 from tests.support.nip98 import SdkUser, encode_header
 from tests.support.service import ServiceProcess
+from tests.support.stores import backend_service
 
 
 def assert_error(response: httpx.Response, status: int, code: str) -> None:
@@ -232,15 +234,21 @@ def test_unknown_route_and_method_are_json(api: ApiCaller) -> None:
 
 
 @pytest.fixture(scope="module")
-def strict_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
-    """Only UnifiedPush enabled, wss-only user relays, two devices per npub, low rate limits."""
+def strict_service(
+    request: pytest.FixtureRequest, service: ServiceProcess,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[ServiceProcess]:
+    """Only UnifiedPush enabled, wss-only user relays, two devices per npub, low rate limits
+    (on the engine `service` runs on)."""
     limits = "requests_per_minute_per_ip = 8\nrequests_per_minute_per_npub = 5\ndevices_per_npub = 2"
-    with ServiceProcess(
+    strict = ServiceProcess(
         tmp_path_factory.mktemp("strict"),
-        extra_toml="[unifiedpush]\nallow_private_endpoints = true\n",
+        extra_toml='[unifiedpush]\nallow_private_endpoints = true\nvapid_subject = "mailto:ops@example.org"\n',
         limits=limits,
         insecure_relays=False,
-    ) as running:
+    )
+    backend = "postgres" if "postgresql://" in service.config_path.read_text() else "sqlite"
+    with backend_service(backend, request, strict) as running:
         yield running
 
 
@@ -287,6 +295,9 @@ def test_busy_storage_answers_503_with_retry_after(api: ApiCaller, service: Serv
     import sqlite3
 
     user = SdkUser()
+    if "postgresql://" in service.config_path.read_text():
+        _busy_postgres_answers_503(api, service, user)
+        return
     locker = sqlite3.connect(service.database, timeout=10, isolation_level=None)
     try:
         locker.execute("BEGIN EXCLUSIVE")
@@ -297,3 +308,32 @@ def test_busy_storage_answers_503_with_retry_after(api: ApiCaller, service: Serv
         locker.execute("ROLLBACK")
         locker.close()
     assert api.register(user).status_code == 201
+
+
+def _busy_postgres_answers_503(api: ApiCaller, service: ServiceProcess, user: SdkUser) -> None:
+    """PostgreSQL: a lock held past `lock_timeout` (5 s) is the same 503 as SQLite's busy file."""
+    import asyncio
+    import re
+
+    import asyncpg
+
+    url = re.search(r'database = "([^"]+)"', service.config_path.read_text())
+    assert url is not None
+
+    def register_on_new_connection() -> httpx.Response:
+        with httpx.Client(base_url=service.url, timeout=30) as http:
+            return ApiCaller(http, api.public_url).register(user)
+
+    async def story() -> None:
+        locker = await asyncpg.connect(url.group(1))
+        try:
+            async with locker.transaction():
+                await locker.execute("LOCK TABLE nip98_used IN ACCESS EXCLUSIVE MODE")
+                response = await asyncio.to_thread(register_on_new_connection)
+                assert_error(response, 503, "unavailable")
+                assert response.headers["retry-after"] == "1"
+        finally:
+            await locker.close()
+
+    asyncio.run(story())
+    assert register_on_new_connection().status_code == 201

@@ -73,20 +73,23 @@ def test_unregister_removes_only_the_owners_token(api: ApiCaller) -> None:
     assert api.call("GET", "/registrations", owner).json()["devices"] == []
 
 
-def test_token_registered_by_another_npub_moves(api: ApiCaller) -> None:
-    """A device token belongs to one npub at a time (a phone that changed accounts)."""
+def test_token_registered_by_another_npub_is_a_second_account(api: ApiCaller) -> None:
+    """Two accounts on one phone: each npub registers the token with its own NIP-98 and each
+    keeps its own registration (the token never moves away from the first)."""
     first, second, token = SdkUser(), SdkUser(), ios_token()
     assert api.register(first, device_token=token).status_code == 201
+    assert api.register(second, device_token=token, payload="event_id").status_code == 201
     assert api.register(second, device_token=token).status_code == 200
-    assert api.call("GET", "/registrations", first).json()["devices"] == []
-    assert len(api.call("GET", "/registrations", second).json()["devices"]) == 1
+    for user in (first, second):
+        [device] = api.call("GET", "/registrations", user).json()["devices"]
+        assert device["token_suffix"] == token[-6:] and device["payload"] == "opaque"
 
 
 def test_tokens_from_our_own_signer_are_accepted_too(api: ApiCaller) -> None:
     """The Python helper clients may use produces tokens the server accepts."""
     key = SecretKey.generate()
     body = (
-        '{"npub": "%s", "platform": "ios", "device_token": "%s"}' % (key.public_key_hex, ios_token())
+        f'{{"npub": "{key.public_key_hex}", "platform": "ios", "device_token": "{ios_token()}"}}'
     ).encode()
     response = api.http.post(
         "/register",
@@ -120,3 +123,17 @@ def test_unifiedpush_webpush_keys_accepted(api: ApiCaller) -> None:
         keys={"p256dh": "BCVxsr7N_eNgVRqvHtD0zTZsEc6-VV-JvLexhqUzORcx", "auth": "BTBZMqHH6r4Tts7J_aSIgg"},
     )
     assert response.status_code == 201, response.text
+    [device] = api.call("GET", "/registrations", user).json()["devices"]
+    assert device["encrypted"] is True
+
+
+def test_unifiedpush_without_keys_is_listed_as_not_encrypted(api: ApiCaller) -> None:
+    """Older distributors get plain bodies; the listing says so, and only UnifiedPush
+    devices carry the flag."""
+    user = SdkUser()
+    api.register(user, device_token=ios_token())
+    response = api.register(user, platform="unifiedpush", device_token="https://93.184.216.34/push/plain")
+    assert response.status_code == 201, response.text
+    devices = {d["platform"]: d for d in api.call("GET", "/registrations", user).json()["devices"]}
+    assert devices["unifiedpush"]["encrypted"] is False
+    assert "encrypted" not in devices["ios"]

@@ -20,6 +20,7 @@ def test_info_describes_the_instance(api: ApiCaller) -> None:
     assert info["platforms"] == ["ios", "android", "unifiedpush"]
     assert isinstance(info["relays"], list)
     assert len(info["pubkey"]) == 64 and int(info["pubkey"], 16) >= 0
+    assert "vapid_public_key" not in info, "published only when UnifiedPush is on"
 
 
 def test_health_reports_serving(api: ApiCaller, service: ServiceProcess) -> None:

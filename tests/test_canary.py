@@ -6,12 +6,11 @@ wraps and never serves them, and one that is down. Every wait polls with a gener
 from __future__ import annotations
 
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from sigil_push.nostr.keys import SecretKey
@@ -37,20 +36,6 @@ DEADLINE_SECONDS = 60.0
 CANARY_FIELDS = {"type", "ts", "relay", "event_id", "published", "ok_message", "received_ms"}
 
 
-@pytest.fixture
-def relays(tmp_path: Path) -> Iterator[Callable[..., RelayProcess]]:
-    started: list[RelayProcess] = []
-
-    def start(name: str, **options: Any) -> RelayProcess:
-        relay = RelayProcess(tmp_path / name, **options).start()
-        started.append(relay)
-        return relay
-
-    yield start
-    for relay in started:
-        relay.stop()
-
-
 def metrics_text(service: ServiceProcess) -> str:
     return httpx.get(service.admin_url + "/metrics", timeout=5).text
 
@@ -72,7 +57,7 @@ def canaries(service: ServiceProcess, relay: str) -> list[dict[str, Any]]:
 
 
 async def test_probes_are_published_received_and_failures_are_told_apart(
-    relays: Callable[..., RelayProcess], tmp_path: Path
+    start_relay: Callable[..., RelayProcess], tmp_path: Path
 ) -> None:
     """Each configured relay gets probes. A healthy relay and one that wants NIP-42 AUTH for
     writes (answered with the bridge key, then the probe is sent again) deliver them back
@@ -81,10 +66,10 @@ async def test_probes_are_published_received_and_failures_are_told_apart(
     false` and `connect`. No probe wakes anyone, leaves a `seen` record or counts as an
     unknown recipient, while a real DM on the same relays is still pushed once."""
     bridge_key = SecretKey.generate()
-    healthy = relays("healthy")
-    gated = relays("gated", auth_actions={"save": "w"})
+    healthy = start_relay("healthy")
+    gated = start_relay("gated", auth_actions={"save": "w"})
     gated.grant_role(bridge_key.public_key_hex, "aw")
-    behind = relays("behind")
+    behind = start_relay("behind")
     down = f"ws://127.0.0.1:{free_port()}"
     async with GiftWrapDroppingRelay(behind.url) as dropping:
         configured = [healthy.url, gated.url, dropping.url, down]
@@ -171,11 +156,11 @@ async def test_probes_are_published_received_and_failures_are_told_apart(
 
 
 async def test_the_canary_key_survives_a_restart_and_probes_a_listed_relay_only(
-    relays: Callable[..., RelayProcess], tmp_path: Path
+    start_relay: Callable[..., RelayProcess], tmp_path: Path
 ) -> None:
     """`canary.relays` narrows the probes to the relays named; the key generated on the first
     start is the one used after a restart (relays keep seeing the same recipient)."""
-    probed, other = relays("probed"), relays("other")
+    probed, other = start_relay("probed"), start_relay("other")
     service = ServiceProcess(
         tmp_path / "service",
         [probed.url, other.url],

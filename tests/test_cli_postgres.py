@@ -1,5 +1,5 @@
 """`server.database` as a URL through the real CLI: postgresql:// migrates a real server, other
-schemes are refused with exit 2, and serve says plainly that it cannot use PostgreSQL yet."""
+schemes are refused with exit 2, and serve takes the URL as PostgreSQL."""
 
 from __future__ import annotations
 
@@ -25,14 +25,16 @@ def test_other_url_schemes_exit_2_naming_server_database(tmp_path: Path, url: st
     assert list(tmp_path.iterdir()) == [config]  # nothing was created as a file
 
 
-def test_serve_with_postgres_url_exits_2_and_creates_no_file(tmp_path: Path) -> None:
+def test_serve_with_an_unreachable_postgres_url_exits_1_and_creates_no_file(tmp_path: Path) -> None:
+    """serve takes the URL as PostgreSQL (never as a SQLite file name); a server that cannot
+    be reached is one line and exit 1, without the password."""
     config = tmp_path / "relays.toml"
-    config.write_text('[server]\ndatabase = "postgresql://postgres@127.0.0.1:1/x"\n')
+    config.write_text('[server]\ndatabase = "postgresql://postgres:hunter2@127.0.0.1:1/x"\n')
     result = run_cli("serve", "--config", str(config))
-    assert result.returncode == 2
+    assert result.returncode == 1, result.stderr
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1
-    assert "server.database" in lines[0] and "not wired into serve yet" in lines[0]
+    assert len(lines) == 1, result.stderr
+    assert "hunter2" not in result.stderr
     assert list(tmp_path.iterdir()) == [config]
 
 

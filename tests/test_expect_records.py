@@ -6,11 +6,9 @@ inbox relays were connected (kind 10050, else NIP-65 read relays, else the regis
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from tests.support.bridge_harness import (
     assert_private,
@@ -34,20 +32,6 @@ from tests.support.relay import RelayProcess, free_port
 from tests.support.service import ServiceProcess
 
 
-@pytest.fixture
-def relays(tmp_path: Path) -> Iterator[Callable[[str], RelayProcess]]:
-    started: list[RelayProcess] = []
-
-    def start(name: str) -> RelayProcess:
-        relay = RelayProcess(tmp_path / name).start()
-        started.append(relay)
-        return relay
-
-    yield start
-    for relay in started:
-        relay.stop()
-
-
 def expects(service: ServiceProcess, event_id: str) -> list[dict[str, Any]]:
     return [
         r
@@ -57,14 +41,14 @@ def expects(service: ServiceProcess, event_id: str) -> list[dict[str, Any]]:
 
 
 async def test_expect_lists_the_connected_inbox_relays_in_nip17_order(
-    relays: Callable[[str], RelayProcess], tmp_path: Path
+    start_relay: Callable[..., RelayProcess], tmp_path: Path
 ) -> None:
     """Alice's kind 10050 list wins over her registration relays, and its relay that is down is
     left out; Carol has only a kind 10002 list, whose read relay counts; Dave has no list, so
     his registration relay counts. A configured relay that is nobody's inbox is never listed,
     and a DM delivered by two relays gets one record."""
     configured, inbox, general, registered = (
-        relays("configured"), relays("inbox"), relays("general"), relays("registered")
+        start_relay("configured"), start_relay("inbox"), start_relay("general"), start_relay("registered")
     )
     down = f"ws://127.0.0.1:{free_port()}"
     alice, carol, dave, bob = user(), user(), user(), user()

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-from sigil_push.config import Config
+import logging
+
+from sigil_push.config import Config, ConfigError
+from sigil_push.identity import KeyFileError
 from sigil_push.push.base import Sender
 from sigil_push.push.dryrun import DryRunSender
 from sigil_push.push.limits import ConcurrencyLimited
+
+log = logging.getLogger(__name__)
 
 
 async def build_senders(config: Config) -> dict[str, Sender]:
@@ -45,7 +50,16 @@ async def _build_providers(config: Config, senders: dict[str, Sender]) -> None:
         )
     if config.unifiedpush is not None:
         from sigil_push.push.unifiedpush import UnifiedPushSender
+        from sigil_push.push.vapid import VapidSigner, load_or_create_key
 
+        try:
+            key = load_or_create_key(config.resolve(config.unifiedpush.vapid_private_key_file))
+        except KeyFileError as exc:
+            # never a new key in place of a bad file: apps have bound their endpoints to it
+            raise ConfigError("unifiedpush.vapid_private_key_file", str(exc)) from None
+        vapid = VapidSigner(key, config.unifiedpush.vapid_subject)
+        log.info("UnifiedPush VAPID public key %s (sub %s)", vapid.public_key,
+                 config.unifiedpush.vapid_subject)
         senders["unifiedpush"] = UnifiedPushSender(
-            config.unifiedpush.allow_private_endpoints, timeout
+            config.unifiedpush.allow_private_endpoints, timeout, vapid
         )

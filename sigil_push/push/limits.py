@@ -8,6 +8,7 @@ a device may get its next push; the delivery loop coalesces what exceeds it.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Hashable
 
 from sigil_push.devices import Device
 from sigil_push.push.base import Outcome, Sender, WakeupMessage
@@ -46,6 +47,9 @@ class ConcurrencyLimited:
 class DeviceRateLimiter:
     """A token bucket per device: `per_minute` pushes a minute, bursting up to the same number.
 
+    Keyed by whatever identifies the physical device to its caller (delivery uses the
+    (platform, token) pair, shared by all accounts registered on one phone).
+
     In memory on purpose: after a restart a device can at worst get one extra burst, and
     nothing about rate limits is worth a disk write per push.
     """
@@ -53,32 +57,32 @@ class DeviceRateLimiter:
     def __init__(self, per_minute: int) -> None:
         self._capacity = float(per_minute)
         self._per_ms = per_minute / 60_000.0
-        self._buckets: dict[int, tuple[float, int]] = {}
+        self._buckets: dict[Hashable, tuple[float, int]] = {}
 
-    def _level(self, device_id: int, now_ms: int) -> float:
-        tokens, at_ms = self._buckets.get(device_id, (self._capacity, now_ms))
+    def _level(self, device: Hashable, now_ms: int) -> float:
+        tokens, at_ms = self._buckets.get(device, (self._capacity, now_ms))
         return min(self._capacity, tokens + (now_ms - at_ms) * self._per_ms)
 
-    def available(self, device_id: int, now_ms: int) -> int:
+    def available(self, device: Hashable, now_ms: int) -> int:
         """How many pushes the device may get right now (a large number when unlimited)."""
         if self._capacity <= 0:
             return 1 << 30
-        return int(self._level(device_id, now_ms))
+        return int(self._level(device, now_ms))
 
-    def next_allowed_ms(self, device_id: int, now_ms: int) -> int:
+    def next_allowed_ms(self, device: Hashable, now_ms: int) -> int:
         """When the device's next push is allowed (now, if already)."""
         if self._capacity <= 0:
             return now_ms
-        missing = 1.0 - self._level(device_id, now_ms)
+        missing = 1.0 - self._level(device, now_ms)
         return now_ms if missing <= 0 else now_ms + int(missing / self._per_ms) + 1
 
-    def spend(self, device_id: int, now_ms: int, pushes: int = 1) -> None:
+    def spend(self, device: Hashable, now_ms: int, pushes: int = 1) -> None:
         if self._capacity <= 0:
             return
-        self._buckets[device_id] = (self._level(device_id, now_ms) - pushes, now_ms)
+        self._buckets[device] = (self._level(device, now_ms) - pushes, now_ms)
 
     def prune(self, now_ms: int) -> None:
         """Forget devices whose bucket is full again (they are indistinguishable from new)."""
         full = [d for d in self._buckets if self._level(d, now_ms) >= self._capacity]
-        for device_id in full:
-            del self._buckets[device_id]
+        for device in full:
+            del self._buckets[device]

@@ -1,9 +1,16 @@
-"""UnifiedPush: an RFC 8030 POST to the device's endpoint, RFC 8291-encrypted with pywebpush.
+"""UnifiedPush per AND_3: an RFC 8030 POST to the device's endpoint, RFC 8291-encrypted with
+pywebpush and identified with VAPID (RFC 8292, sigil_push/push/vapid.py).
+
+Every POST carries `TTL` (autopush refuses a push without it), `Urgency: high` (each wakeup is
+a DM) and the VAPID `Authorization`; opaque wakeups share a `Topic`, so a distributor keeps only
+the latest for an offline phone. The encrypted body stays within AND_3's 4,096 bytes: `fits`
+measures it, and the delivery loop falls back from `event` to `event_id` when it would not.
 
 The endpoint is user input, so the HTTP session resolves names through `PublicResolver` (no
 loopback, private or otherwise internal address, checked on every connection, not just at
-registration) and never follows a redirect. Without WebPush keys the body is the plain JSON
-wakeup, which is contentless by construction in the opaque and event_id modes.
+registration) and never follows a redirect. Registrations from before AND_3 carry no WebPush
+keys; their body is the plain JSON wakeup, which is contentless by construction in the opaque
+and event_id modes.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from sigil_push.push.endpoint_guard import (
     parse_endpoint,
 )
 from sigil_push.push.payload import MAX_PAYLOAD_BYTES, compact_json, unifiedpush_size
+from sigil_push.push.vapid import VapidSigner
 
 OPAQUE_TOPIC = "wakeup"
 """RFC 8030 Topic: a distributor keeps only the latest opaque wakeup for an offline device."""
@@ -34,6 +42,8 @@ def _outcome(status: int, retry_after: str | None) -> Outcome:
         return Outcome(Status.RETRY, parse_retry_after(retry_after), f"http {status}")
     if 300 <= status < 400:
         return Outcome(Status.REJECTED, detail=f"http {status}: redirects are not followed")
+    if status in (401, 403):
+        return Outcome(Status.REJECTED, detail=f"http {status}: the distributor refused our VAPID")
     return Outcome(Status.REJECTED, detail=f"http {status}")
 
 
@@ -43,8 +53,9 @@ class UnifiedPushSender:
     max_concurrency = 100
     """aiohttp's default connection limit."""
 
-    def __init__(self, allow_private: bool, timeout_seconds: float) -> None:
+    def __init__(self, allow_private: bool, timeout_seconds: float, vapid: VapidSigner) -> None:
         self._allow_private = allow_private
+        self._vapid = vapid
         connector = aiohttp.TCPConnector(resolver=None if allow_private else PublicResolver())
         self._session = aiohttp.ClientSession(
             connector=connector,
@@ -57,7 +68,11 @@ class UnifiedPushSender:
 
     def _request(self, message: WakeupMessage, device: Device) -> tuple[bytes, dict[str, str]]:
         body = compact_json(message.data)
-        headers = {"TTL": str(message.ttl_seconds), "Urgency": "high"}
+        headers = {
+            "TTL": str(message.ttl_seconds),
+            "Urgency": "high",
+            "Authorization": self._vapid.authorization(device.token),
+        }
         if message.opaque:
             headers["Topic"] = OPAQUE_TOPIC
         keys = device.webpush_keys

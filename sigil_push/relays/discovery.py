@@ -12,9 +12,8 @@ import json
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
-import aiosqlite
-
 from sigil_push.nostr.event import Event
+from sigil_push.store.interface import Database
 
 DM_RELAYS_KIND = 10050
 RELAY_LIST_KIND = 10002
@@ -77,7 +76,7 @@ def relays_in_list(event: Event, allow_insecure: bool) -> tuple[str, ...]:
 class RelayLists:
     """The newest 10050/10002 list of each registered key, in memory and in the database."""
 
-    def __init__(self, db: aiosqlite.Connection, allow_insecure: bool) -> None:
+    def __init__(self, db: Database, allow_insecure: bool) -> None:
         self._db = db
         self._allow_insecure = allow_insecure
         self._lists: dict[tuple[str, int], tuple[int, tuple[str, ...]]] = {}

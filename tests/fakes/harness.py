@@ -40,6 +40,7 @@ from tests.fakes.fake_fcm import FakeFcm
 from tests.fakes.fake_unifiedpush import FakeUnifiedPush
 
 RELAY = "wss://relay.example.com"
+VAPID_SUBJECT = "mailto:ops@example.org"
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ def provider_tables(credentials: Credentials, apns: FakeApns, fcm: tuple[FakeFcm
             "ca_file": str(credentials.tls.ca_file),
         },
         "fcm": {"credentials_file": str(fcm[1]), "endpoint": fcm[0].url},
-        "unifiedpush": {"allow_private_endpoints": True},
+        "unifiedpush": {"allow_private_endpoints": True, "vapid_subject": VAPID_SUBJECT},
     }
 
 
@@ -214,6 +215,17 @@ def document(
     }
 
 
+def reset_fakes(fake_apns: FakeApns, fake_fcm: FakeFcm, fake_up: FakeUnifiedPush) -> None:
+    """The session-wide fakes as new: no scripted answers left from an earlier test, and no
+    UnifiedPush requests under endpoint names (e.g. "big") an earlier test also used."""
+    fake_apns.script.answers.clear()
+    fake_apns.script.delay_seconds, fake_apns.script.silent = 0.0, False
+    fake_fcm.script.answers.clear()
+    fake_up.script.answers.clear()
+    fake_up.script.redirects.clear()
+    fake_up.requests.clear()
+
+
 @pytest.fixture
 async def make_harness(
     tmp_path: Path,
@@ -224,11 +236,7 @@ async def make_harness(
 ) -> AsyncIterator[Callable[..., Any]]:
     """Factory: `await make_harness(push={...}, limits={...})` gives a started Harness."""
     harnesses: list[Harness] = []
-    fake_apns.script.answers.clear()
-    fake_apns.script.delay_seconds, fake_apns.script.silent = 0.0, False
-    fake_fcm_server[0].script.answers.clear()
-    fake_up.script.answers.clear()
-    fake_up.script.redirects.clear()
+    reset_fakes(fake_apns, fake_fcm_server[0], fake_up)
 
     async def make(
         push: dict[str, Any] | None = None,

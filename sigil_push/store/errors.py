@@ -1,0 +1,26 @@
+"""Store failures that are the database's state, not the request's or the batch's fault.
+
+On SQLite that is a busy or locked file (`OperationalError` after the busy timeout); on
+PostgreSQL a lost or refused connection, a lock not granted within `lock_timeout`, or a
+serialization failure. The API answers them with 503 and Retry-After, the bridge retries them.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+import asyncpg
+
+STORE_UNAVAILABLE: tuple[type[Exception], ...] = (
+    sqlite3.OperationalError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+    asyncpg.TooManyConnectionsError,
+    asyncpg.LockNotAvailableError,
+    asyncpg.SerializationError,
+    asyncpg.DeadlockDetectedError,
+    asyncpg.CannotConnectNowError,
+)
+TRANSIENT_ERRORS: tuple[type[Exception], ...] = (*STORE_UNAVAILABLE, OSError)
+"""What the bridge's committer retries: the above, and a connection that broke mid-batch."""

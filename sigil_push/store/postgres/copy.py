@@ -1,0 +1,87 @@
+"""`sigil-push migrate --from FILE.db`: move an existing SQLite instance onto PostgreSQL.
+
+Everything an instance remembers is copied: registrations (with their ids, which the outbox
+refers to), the outbox (claims dropped, so wakeups in flight when the old instance stopped go
+out again, under the same collapse ids since the collapse secret in `meta` comes along), the
+handled event ids, per-relay baselines and cursors, relay lists, delegated-auth sessions and
+NIP-98 ids. The SQLite file is first brought to this build's schema. Columns are matched by
+name, so a column only one side has is left to its default.
+
+The target must hold no registrations and no outbox yet: copying into a live instance would
+mix two instances' ids. The copy is one transaction: it lands whole or not at all.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import aiosqlite
+import asyncpg
+
+from sigil_push.db import open_database
+from sigil_push.store.postgres.migrate import migrate_connection
+
+TABLES = (
+    "meta", "devices", "outbox", "nip98_used", "seen_events", "seen_on_relay",
+    "relay_baselines", "relay_cursors", "relay_lists", "auth_signers",
+)
+_SERIAL = ("devices", "outbox")
+_DROPPED = {"outbox": {"claimed_ms"}}
+
+
+class TargetNotEmpty(Exception):
+    """The PostgreSQL database already holds an instance's registrations or wakeups."""
+
+
+async def copy_sqlite(source: Path, url: str) -> dict[str, int]:
+    """Copy the instance in `source` into the (migrated, empty) database at `url`; returns the
+    number of rows per table."""
+    if not source.is_file():
+        raise FileNotFoundError(f"no SQLite database at {source}")
+    sqlite = await open_database(source)
+    connection = await asyncpg.connect(url)
+    try:
+        await migrate_connection(connection)
+        copied: dict[str, int] = {}
+        async with connection.transaction():
+            for table in _SERIAL:
+                if await connection.fetchval(f"SELECT EXISTS (SELECT 1 FROM {table})"):
+                    raise TargetNotEmpty(f"the PostgreSQL database already has {table} rows")
+            await connection.execute("LOCK TABLE devices, outbox IN EXCLUSIVE MODE")
+            for table in TABLES:
+                copied[table] = await _copy_table(sqlite, connection, table)
+            for table in _SERIAL:
+                await connection.execute(
+                    f"SELECT setval(pg_get_serial_sequence('{table}', 'id'),"
+                    f" GREATEST((SELECT max(id) FROM {table}), 1))"
+                )
+        return copied
+    finally:
+        await connection.close()
+        await sqlite.close()
+
+
+async def _copy_table(
+    sqlite: aiosqlite.Connection, connection: asyncpg.Connection, table: str
+) -> int:
+    source_columns = [str(row[1]) for row in await sqlite.execute_fetchall(
+        f"PRAGMA table_info({table})"
+    )]
+    target_columns = {
+        str(row["column_name"]) for row in await connection.fetch(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = $1", table
+        )
+    }
+    columns = [
+        c for c in source_columns if c in target_columns and c not in _DROPPED.get(table, set())
+    ]
+    rows = [tuple(row) for row in await sqlite.execute_fetchall(
+        f"SELECT {', '.join(columns)} FROM {table}"
+    )]
+    if table == "meta" and rows:
+        await connection.execute(
+            "DELETE FROM meta WHERE key = ANY($1::text[])", [str(row[0]) for row in rows]
+        )
+    if rows:
+        await connection.copy_records_to_table(table, records=rows, columns=columns)
+    return len(rows)

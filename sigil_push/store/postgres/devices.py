@@ -1,0 +1,209 @@
+"""Device registrations on PostgreSQL: (npub, device token) pairs shared by every worker.
+
+A token may be registered by several npubs (accounts on one phone), each pair on its own row;
+registering never touches another npub's pair, unregistering removes only the caller's, and a
+token the provider declared dead removes every pair that carries it. Both limits (devices per
+npub, npubs per token) are checked inside the writing statement, under a transaction-scoped
+advisory lock on the npub, so concurrent registrations on several workers cannot overshoot.
+
+Every worker must learn of a change made through any worker's API (its bridge may watch that
+key): a change is announced with NOTIFY on `sigil_push_devices` (worker id and pubkey), and
+`listen` turns the other workers' announcements into the same listener calls as local changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Iterable, Sequence
+
+import asyncpg
+
+from sigil_push.devices import (
+    Device,
+    Registration,
+    RegistrationListener,
+    TooManyAccounts,
+    TooManyDevices,
+    WebPushKeys,
+)
+from sigil_push.store.postgres.database import PostgresDatabase
+
+_COLUMNS = (
+    "id, pubkey, platform, token, payload, relays, webpush_p256dh, webpush_auth, registered_at"
+)
+
+
+def _device(row: asyncpg.Record) -> Device:
+    return Device.from_row(tuple(row))
+
+
+CHANNEL = "sigil_push_devices"
+RELISTEN_SECONDS = 1.0
+log = logging.getLogger(__name__)
+
+
+class PostgresDevices:
+    """`DeviceStore` on PostgreSQL for worker `worker_id`."""
+
+    def __init__(self, database: PostgresDatabase, worker_id: str) -> None:
+        self._db = database
+        self._worker = worker_id
+        self._listeners: list[RegistrationListener] = []
+        self._listening: asyncpg.Connection | None = None
+        self._url = ""
+        self._relisten: asyncio.Task[None] | None = None
+
+    def add_listener(self, listener: RegistrationListener) -> None:
+        self._listeners.append(listener)
+
+    async def listen(self, url: str) -> None:
+        """Hear the other workers' registration changes (on a connection of its own, opened
+        again whenever it breaks; changes announced while it was down are not heard)."""
+        self._url = url
+        self._listening = await asyncpg.connect(url)
+        await self._listening.add_listener(CHANNEL, self._heard)
+        self._listening.add_termination_listener(self._lost)
+
+    def _lost(self, _connection: object) -> None:
+        if self._listening is not None and self._relisten is None:
+            log.warning("registration notifications lost their connection; reconnecting")
+            self._relisten = asyncio.create_task(self._listen_again())
+
+    async def _listen_again(self) -> None:
+        while self._listening is not None:
+            try:
+                await self.listen(self._url)
+                break
+            except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
+                await asyncio.sleep(RELISTEN_SECONDS)
+        self._relisten = None
+
+    def _heard(self, _connection: object, _pid: int, _channel: str, payload: object) -> None:
+        worker, _, pubkey = str(payload).partition(" ")
+        if worker != self._worker:
+            self._tell([pubkey])
+
+    async def close(self) -> None:
+        listening, self._listening = self._listening, None
+        if self._relisten is not None:
+            self._relisten.cancel()
+        if listening is not None:
+            await listening.close()
+
+    def _tell(self, pubkeys: Iterable[str | None]) -> None:
+        for pubkey in {p for p in pubkeys if p}:
+            for listener in self._listeners:
+                listener(pubkey)
+
+    async def _changed(self, pubkeys: Iterable[str | None]) -> None:
+        changed = sorted({p for p in pubkeys if p})
+        self._tell(changed)
+        if changed:
+            await self._db.run(
+                "SELECT pg_notify($1, $2 || ' ' || p) FROM unnest($3::text[]) AS p",
+                CHANNEL, self._worker, changed,
+            )
+
+    async def register(
+        self,
+        pubkey: str,
+        platform: str,
+        token: str,
+        payload: str,
+        relays: Sequence[str],
+        webpush_keys: WebPushKeys | None,
+        max_devices: int,
+        max_accounts: int = 0,
+    ) -> Registration:
+        """Insert or update this npub's pair with `token` (201 when new, 200 when updated)."""
+        now = int(time.time())
+        async with self._db.connection() as connection, connection.transaction():
+            # the limits count rows other registrations may be adding right now: lock the npub
+            # and the token (always in this order) before counting
+            await connection.execute(
+                "SELECT pg_advisory_xact_lock(hashtext($1)), pg_advisory_xact_lock(hashtext($2))",
+                pubkey, token,
+            )
+            counts = await connection.fetchrow(
+                "SELECT count(*) FILTER (WHERE pubkey = $1 AND token = $2) AS pair,"
+                " count(*) FILTER (WHERE pubkey = $1) AS of_npub,"
+                " count(*) FILTER (WHERE token = $2) AS of_token"
+                " FROM devices WHERE pubkey = $1 OR token = $2",
+                pubkey, token,
+            )
+            assert counts is not None
+            existed = counts["pair"] > 0
+            if not existed:
+                if max_devices and counts["of_npub"] >= max_devices:
+                    raise TooManyDevices(max_devices)
+                if max_accounts and counts["of_token"] >= max_accounts:
+                    raise TooManyAccounts(max_accounts)
+            row = await connection.fetchrow(
+                "INSERT INTO devices (pubkey, platform, token, payload, relays, webpush_p256dh,"
+                " webpush_auth, registered_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7,"
+                " $8, $8) ON CONFLICT (pubkey, token) DO UPDATE SET platform = excluded.platform,"
+                " payload = excluded.payload, relays = excluded.relays,"
+                " webpush_p256dh = excluded.webpush_p256dh, webpush_auth = excluded.webpush_auth,"
+                f" updated_at = excluded.updated_at RETURNING {_COLUMNS}",
+                pubkey, platform, token, payload, json.dumps(list(relays)),
+                webpush_keys.p256dh if webpush_keys else None,
+                webpush_keys.auth if webpush_keys else None,
+                now,
+            )
+        assert row is not None
+        await self._changed([pubkey])
+        return Registration(_device(row), not existed)
+
+    async def unregister(self, pubkey: str, token: str) -> int:
+        """Remove the caller's own pair with `token`; other npubs' pairs stay."""
+        removed = await self._db.run(
+            "DELETE FROM devices WHERE pubkey = $1 AND token = $2", pubkey, token
+        )
+        if removed:
+            await self._changed([pubkey])
+        return removed
+
+    async def forget(self, device_id: int) -> Device | None:
+        """A dead token: delete every pair carrying it on the platform that answered (as on
+        SQLite); returns the pair `device_id` named."""
+        rows = await self._db.fetch(
+            "DELETE FROM devices WHERE (platform, token) ="
+            " (SELECT platform, token FROM devices WHERE id = $1)"
+            f" RETURNING {_COLUMNS}",
+            device_id,
+        )
+        devices = [_device(row) for row in rows]
+        await self._changed(device.pubkey for device in devices)
+        return next((d for d in devices if d.id == device_id), None)
+
+    async def of_pubkey(self, pubkey: str) -> list[Device]:
+        rows = await self._db.fetch(
+            f"SELECT {_COLUMNS} FROM devices WHERE pubkey = $1 ORDER BY id", pubkey
+        )
+        return [_device(row) for row in rows]
+
+    async def of_pubkeys(self, pubkeys: Sequence[str]) -> list[Device]:
+        if not pubkeys:
+            return []
+        rows = await self._db.fetch(
+            f"SELECT {_COLUMNS} FROM devices WHERE pubkey = ANY($1::text[]) ORDER BY id",
+            list(pubkeys),
+        )
+        return [_device(row) for row in rows]
+
+    async def by_id(self, device_id: int) -> Device | None:
+        rows = await self._db.fetch(f"SELECT {_COLUMNS} FROM devices WHERE id = $1", device_id)
+        return _device(rows[0]) if rows else None
+
+    async def watched_keys(self) -> dict[str, tuple[str, ...]]:
+        """Every registered pubkey with the union of its devices' own relays."""
+        watched: dict[str, set[str]] = {}
+        for row in await self._db.fetch("SELECT pubkey, relays FROM devices"):
+            watched.setdefault(str(row[0]), set()).update(json.loads(str(row[1])))
+        return {pubkey: tuple(sorted(relays)) for pubkey, relays in watched.items()}
+
+    async def count(self) -> int:
+        return int(await self._db.fetchval("SELECT count(*) FROM devices"))

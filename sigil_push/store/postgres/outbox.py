@@ -1,0 +1,201 @@
+"""The outbox on PostgreSQL, shared by every worker: enqueued once, claimed with SKIP LOCKED.
+
+The same `OutboxStore` as SQLite's, made safe for several workers the way
+`store.postgres.claims` lays out: the (device_id, event_id) unique constraint makes enqueueing
+exactly-once; `due` reserves the rows it returns for this worker (`FOR UPDATE SKIP LOCKED`, so
+concurrent workers never get the same row) until `claimed_until_ms`; `claim` counts the attempt
+and extends the claim for a send. A killed worker's claims lapse and any worker takes them
+again (at-least-once at the provider boundary, made harmless by the row's collapse id).
+Completing, rescheduling and releasing touch only this worker's claims, so a slow worker
+cannot delete a row another worker has reclaimed and is sending.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import secrets
+from collections.abc import Collection, Sequence
+
+from sigil_push.devices import Device
+from sigil_push.nostr.event import Event
+from sigil_push.outbox import SIBLINGS, Wakeup
+from sigil_push.store.postgres.database import PostgresDatabase
+
+_SECRET_KEY = "outbox_collapse_secret"
+_WAKEUP_COLUMNS = (
+    "o.id, o.event_id, o.relay, o.event_json, o.first_seen_ms, o.attempts,"
+    " d.id, d.pubkey, d.platform, d.token, d.payload, d.relays, d.webpush_p256dh,"
+    " d.webpush_auth, d.registered_at"
+)
+DEFAULT_CLAIM_MS = 120_000
+LIVE_WORKER_SECONDS = 60
+
+
+class PostgresOutbox:
+    """`OutboxStore` on PostgreSQL for worker `worker_id`; claims last `claim_ms`."""
+
+    def __init__(
+        self, database: PostgresDatabase, worker_id: str, claim_ms: int = DEFAULT_CLAIM_MS
+    ) -> None:
+        if claim_ms <= 0:
+            raise ValueError("claim_ms must be positive")
+        self._db = database
+        self._worker = worker_id
+        self._claim_ms = claim_ms
+        self.ready = asyncio.Event()
+        self._secret = b""
+
+    async def enqueue(
+        self, event: Event, relay: str, first_seen_ms: int, devices: Sequence[Device]
+    ) -> int:
+        return await self.enqueue_many([(event, relay, first_seen_ms, devices)])
+
+    async def enqueue_many(
+        self, batch: Sequence[tuple[Event, str, int, Sequence[Device]]]
+    ) -> int:
+        """Queue many events' wakeups in one statement; a queued (device, event) is skipped."""
+        device_ids: list[int] = []
+        event_ids: list[str] = []
+        relays: list[str] = []
+        bodies: list[str | None] = []
+        seen_ms: list[int] = []
+        for event, relay, first_seen_ms, devices in batch:
+            full_event: str | None = None
+            for device in devices:
+                if device.payload == "event" and full_event is None:
+                    full_event = json.dumps(
+                        event.to_json(), separators=(",", ":"), ensure_ascii=False
+                    )
+                device_ids.append(device.id)
+                event_ids.append(event.id)
+                relays.append(relay)
+                bodies.append(full_event if device.payload == "event" else None)
+                seen_ms.append(first_seen_ms)
+        if not device_ids:
+            return 0
+        rows = await self._db.fetch(
+            "INSERT INTO outbox (device_id, event_id, relay, event_json, first_seen_ms,"
+            " next_attempt_ms) SELECT d, e, r, j, s, s FROM unnest($1::bigint[], $2::text[],"
+            " $3::text[], $4::text[], $5::bigint[]) AS u (d, e, r, j, s)"
+            " ON CONFLICT (device_id, event_id) DO NOTHING RETURNING id",
+            device_ids, event_ids, relays, bodies, seen_ms,
+        )
+        self.ready.set()
+        return len(rows)
+
+    async def resume(self, now_ms: int) -> int:
+        """Release the claims of workers that are gone (no heartbeat for a minute): their
+        wakeups are in doubt and go out again now rather than when the claims lapse."""
+        await self._load_secret()
+        return await self._db.run(
+            "UPDATE outbox SET claimed_ms = NULL, claimed_until_ms = NULL, claimed_by = NULL,"
+            " next_attempt_ms = LEAST(next_attempt_ms, $1) WHERE claimed_by IS NOT NULL"
+            " AND claimed_by NOT IN (SELECT worker_id FROM workers WHERE worker_id <> $2"
+            "  AND heartbeat_at > now() - make_interval(secs => $3))",
+            now_ms, self._worker, LIVE_WORKER_SECONDS,
+        )
+
+    async def _load_secret(self) -> None:
+        await self._db.run(
+            "INSERT INTO meta (key, value) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+            _SECRET_KEY, secrets.token_hex(32),
+        )
+        value = await self._db.fetchval("SELECT value FROM meta WHERE key = $1", _SECRET_KEY)
+        self._secret = bytes.fromhex(str(value))
+
+    def collapse_id(self, wakeup_id: int) -> str:
+        """The same stable, keyed id as on SQLite (the secret is shared through `meta`)."""
+        if not self._secret:
+            raise RuntimeError("Outbox.resume() must run before collapse ids are made")
+        return hmac.new(self._secret, str(wakeup_id).encode(), hashlib.sha256).hexdigest()[:32]
+
+    async def due(
+        self, now_ms: int, limit: int, platforms: Sequence[str] | None = None
+    ) -> list[Wakeup]:
+        """Reserve for this worker up to `limit` due rows (unclaimed, or whose claim lapsed),
+        oldest schedule first, skipping rows another worker is reserving at this instant.
+
+        As on SQLite, the first `limit` rows pick the phones (platform, token) and every other
+        due row for those phones comes along, up to SIBLINGS x `limit` rows: a batch boundary
+        never splits the wakeups of a phone's accounts into two pushes.
+        """
+        free = "o.next_attempt_ms <= $1 AND (o.claimed_until_ms IS NULL OR o.claimed_until_ms <= $1)"
+        only = "" if platforms is None else " AND d.platform = ANY($6::text[])"
+        args: list[object] = [
+            now_ms, limit, self._worker, now_ms + self._claim_ms, SIBLINGS * limit
+        ]
+        if platforms is not None:
+            args.append(list(platforms))
+        rows = await self._db.fetch(
+            "WITH head AS (SELECT DISTINCT d.platform, d.token FROM"
+            "  (SELECT o.device_id FROM outbox o JOIN devices d ON d.id = o.device_id"
+            f"   WHERE {free}{only} ORDER BY o.next_attempt_ms, o.id LIMIT $2) first"
+            "  JOIN devices d ON d.id = first.device_id),"
+            " picked AS (SELECT o.id FROM outbox o JOIN devices d ON d.id = o.device_id"
+            "  JOIN head h ON h.platform = d.platform AND h.token = d.token"
+            f"  WHERE {free}"
+            "  ORDER BY o.next_attempt_ms, o.id LIMIT $5 FOR UPDATE OF o SKIP LOCKED),"
+            " reserved AS (UPDATE outbox SET claimed_by = $3, claimed_ms = $1,"
+            "  claimed_until_ms = $4 FROM picked WHERE outbox.id = picked.id RETURNING outbox.*)"
+            f" SELECT {_WAKEUP_COLUMNS} FROM reserved o JOIN devices d ON d.id = o.device_id"
+            " ORDER BY o.next_attempt_ms, o.id",
+            *args,
+        )
+        return [
+            Wakeup(int(r[0]), Device.from_row(tuple(r)[6:]), str(r[1]), str(r[2]),
+                   None if r[3] is None else str(r[3]), int(r[4]), int(r[5]))
+            for r in rows
+        ]
+
+    async def next_due_ms(self) -> int | None:
+        """When the next row becomes due, counting lapsing claims as becoming due then."""
+        due = await self._db.fetchval(
+            "SELECT MIN(GREATEST(next_attempt_ms, COALESCE(claimed_until_ms, 0))) FROM outbox"
+        )
+        return None if due is None else int(due)
+
+    async def claim(self, wakeup_ids: Sequence[int], now_ms: int) -> None:
+        """Count the attempt and hold the reserved rows for a send."""
+        if wakeup_ids:
+            await self._db.run(
+                "UPDATE outbox SET claimed_by = $2, claimed_ms = $3, claimed_until_ms = $4,"
+                " attempts = attempts + 1 WHERE id = ANY($1::bigint[])"
+                " AND (claimed_by IS NULL OR claimed_by = $2)",
+                list(wakeup_ids), self._worker, now_ms, now_ms + self._claim_ms,
+            )
+
+    async def complete(self, wakeup_ids: Sequence[int]) -> None:
+        """Remove rows this worker settled (not one another worker has reclaimed since)."""
+        if wakeup_ids:
+            await self._db.run(
+                "DELETE FROM outbox WHERE id = ANY($1::bigint[])"
+                " AND (claimed_by IS NULL OR claimed_by = $2)",
+                list(wakeup_ids), self._worker,
+            )
+
+    async def reschedule(self, wakeup_ids: Sequence[int], next_attempt_ms: int) -> None:
+        if wakeup_ids:
+            await self._db.run(
+                "UPDATE outbox SET claimed_by = NULL, claimed_ms = NULL, claimed_until_ms = NULL,"
+                " next_attempt_ms = $3 WHERE id = ANY($1::bigint[])"
+                " AND (claimed_by IS NULL OR claimed_by = $2)",
+                list(wakeup_ids), self._worker, next_attempt_ms,
+            )
+
+    async def release_claims(self, claimed_before_ms: int, live: Collection[int]) -> int:
+        """Release this worker's claims older than `claimed_before_ms` no push holds."""
+        return await self._db.run(
+            "UPDATE outbox SET claimed_by = NULL, claimed_ms = NULL, claimed_until_ms = NULL"
+            " WHERE claimed_by = $1 AND claimed_ms < $2 AND NOT (id = ANY($3::bigint[]))",
+            self._worker, claimed_before_ms, list(live),
+        )
+
+    async def oldest_first_seen_ms(self) -> int | None:
+        oldest = await self._db.fetchval("SELECT MIN(first_seen_ms) FROM outbox")
+        return None if oldest is None else int(oldest)
+
+    async def depth(self) -> int:
+        return int(await self._db.fetchval("SELECT count(*) FROM outbox"))

@@ -1,0 +1,156 @@
+"""Several `sigil-push serve` workers on one PostgreSQL database form one instance: real
+processes, a real PostgreSQL server and a real `nostr-relay`; pushes are the dry-run sender's
+log lines, counted over every worker's log.
+
+- The workers split the key shards between them, each key watched by exactly one worker.
+- SIGKILL one in the middle of a burst of DMs: its shards move to the others (the time is
+  printed), and every DM is pushed; the only repeats allowed are the killed worker's own
+  in-doubt pushes (sent, not yet deleted from the outbox: the provider boundary).
+- A rolling restart (SIGTERM and start, one worker after the other) loses and doubles nothing.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import nostr_sdk
+import pytest
+
+from sigil_push.shards import DEFAULT_SHARDS
+from tests.support.bridge_harness import eventually, new_token, register, wakeups
+from tests.support.nostr_client import kind4_dm, publish, user
+from tests.support.processes import FAST_RECONNECT
+from tests.support.relay import RelayProcess
+from tests.support.service import ServiceProcess
+from tests.support.stores import on_database
+
+LEASE_SECONDS = 3
+WORKER_TOML = FAST_RECONNECT + f"lease_seconds = {LEASE_SECONDS}\n[push]\nsend_timeout_seconds = 1\n"
+
+
+@pytest.fixture
+def workers() -> Iterator[list[ServiceProcess]]:
+    started: list[ServiceProcess] = []
+    yield started
+    for service in started:
+        service.stop()
+
+
+def _health(service: ServiceProcess) -> dict[str, Any]:
+    try:
+        return dict(httpx.get(service.admin_url + "/health", timeout=5).json())
+    except (httpx.HTTPError, ValueError):
+        return {}
+
+
+def _shards(services: list[ServiceProcess]) -> list[list[int]]:
+    return [list(_health(s).get("shards", [])) for s in services]
+
+
+def _partitioned(services: list[ServiceProcess]) -> bool:
+    """Every shard held by exactly one of `services`, each holding some."""
+    held = _shards(services)
+    every = [shard for shards in held for shard in shards]
+    return all(held) and sorted(every) == list(range(DEFAULT_SHARDS))
+
+
+def _watched(services: list[ServiceProcess], relay: str) -> int:
+    """Keys subscribed on `relay`, summed over workers, counting only live subscriptions."""
+    total = 0
+    for service in services:
+        state = _health(service).get("relays", {}).get(relay) or {}
+        if not state.get("live"):
+            return -1
+        total += int(state.get("keys") or 0)
+    return total
+
+
+def _pushes(services: list[ServiceProcess]) -> Counter[str]:
+    total: Counter[str] = Counter()
+    for service in services:
+        total.update(wakeups(service))
+    return total
+
+
+async def _instance(
+    tmp_path: Path, postgres_url: str, relay: RelayProcess, workers: list[ServiceProcess],
+    count: int,
+) -> list[nostr_sdk.Keys]:
+    """`count` workers sharing the database, `count * 4` users registered through the first,
+    and every user's key watched by exactly one worker."""
+    for index in range(count):
+        service = ServiceProcess(tmp_path / f"worker{index}", [relay.url], WORKER_TOML)
+        workers.append(on_database(service, postgres_url, key_file=tmp_path / "bridge.key").start())
+    await eventually(lambda: _partitioned(workers), "the workers split the shards")
+    recipients = [user() for _ in range(count * 4)]
+    for recipient in recipients:
+        register(workers[0], recipient, new_token())
+    await eventually(
+        lambda: _watched(workers, relay.url) == len(recipients),
+        "each key watched by exactly one worker", timeout=60,
+    )
+    return recipients
+
+
+async def test_sigkill_mid_burst_moves_shards_and_pushes_every_dm(
+    tmp_path: Path, postgres_url: str, start_relay: Callable[..., RelayProcess],
+    workers: list[ServiceProcess],
+) -> None:
+    relay = start_relay("relay")
+    recipients = await _instance(tmp_path, postgres_url, relay, workers, 3)
+    sender = user()
+    dms = [kind4_dm(sender, recipients[i % len(recipients)], f"burst {i}") for i in range(60)]
+
+    await publish(relay.url, *dms[:30])
+    victim = workers[1]
+    victim_shards = set(_shards([victim])[0])
+    assert victim.stop(signal.SIGKILL) == -9
+    killed_at = time.monotonic()
+    await publish(relay.url, *dms[30:])
+    survivors = [workers[0], workers[2]]
+    await eventually(lambda: _partitioned(survivors), "the survivors took every shard", timeout=60)
+    hand_over = time.monotonic() - killed_at
+    print(f"shard hand-over after SIGKILL: {hand_over:.1f} s (lease {LEASE_SECONDS} s,"
+          f" {len(victim_shards)} shards moved)")
+
+    ids = [dm["id"] for dm in dms]
+    await eventually(
+        lambda: all(_pushes(workers)[i] >= 1 for i in ids), "every DM pushed", timeout=90
+    )
+    pushes = _pushes(workers)
+    in_doubt = set(wakeups(victim))
+    repeated = {i for i in ids if pushes[i] > 1}
+    assert repeated <= in_doubt, "only the killed worker's in-doubt pushes may repeat"
+    assert all(pushes[i] <= 2 for i in ids)
+    print(f"{len(ids)} DMs, {len(repeated)} repeated (in doubt at the kill)")
+    assert _watched(survivors, relay.url) == len(recipients)
+
+
+async def test_rolling_restart_loses_and_doubles_nothing(
+    tmp_path: Path, postgres_url: str, start_relay: Callable[..., RelayProcess],
+    workers: list[ServiceProcess],
+) -> None:
+    relay = start_relay("relay")
+    recipients = await _instance(tmp_path, postgres_url, relay, workers, 2)
+    sender = user()
+    dms = [kind4_dm(sender, recipients[i % len(recipients)], f"roll {i}") for i in range(40)]
+    batches = [dms[:10], dms[10:20], dms[20:30], dms[30:]]
+    await publish(relay.url, *batches[0])
+    for index, worker in enumerate(workers):
+        assert worker.stop() == 0  # SIGTERM: shards given back, outbox flushed or kept
+        await publish(relay.url, *batches[1 + index])
+        worker.start()
+        await eventually(lambda: _partitioned(workers), "shards split again", timeout=60)
+    await publish(relay.url, *batches[3])
+    ids = [dm["id"] for dm in dms]
+    await eventually(
+        lambda: all(_pushes(workers)[i] >= 1 for i in ids), "every DM pushed", timeout=90
+    )
+    pushes = _pushes(workers)
+    assert {i: pushes[i] for i in ids} == dict.fromkeys(ids, 1), "nothing lost, nothing doubled"
