@@ -73,6 +73,9 @@ class RelaySubscriptions:
         self.baselined: set[str] = baselined if baselined is not None else set()
         self.shard_of: dict[str, int] = {}
         self.shards: list[Shard] = []
+        # no shard before this index has room: adding a key costs O(1), not a scan of every
+        # shard (1M keys at 500 per shard made start-up quadratic)
+        self._first_with_room = 0
         self._pending: dict[str, SentReq] = {}
         self._generation = 0
         self._max_filters: int | None = None
@@ -111,15 +114,18 @@ class RelaySubscriptions:
         self.shard_of[key] = shard.index
 
     def _shard_with_room(self) -> Shard | None:
-        for shard in self.shards:
-            if len(shard.keys) < self._capacity:
-                return shard
+        for index in range(self._first_with_room, len(self.shards)):
+            if len(self.shards[index].keys) < self._capacity:
+                self._first_with_room = index
+                return self.shards[index]
+        self._first_with_room = len(self.shards)
         if self._max_shards is None or len(self.shards) < self._max_shards:
             shard = Shard(len(self.shards))
             self.shards.append(shard)
             return shard
         if self._capacity < self._length_cap:
             self._capacity = min(self._length_cap, self._capacity + max(1, self._capacity // 2))
+            self._first_with_room = 0
             return self._shard_with_room()
         return None
 
@@ -132,6 +138,7 @@ class RelaySubscriptions:
             shard = self.shards[index]
             shard.keys.discard(key)
             shard.dirty = True
+            self._first_with_room = min(self._first_with_room, index)
             if self.overflow:
                 self.add(self.overflow.pop())
 
@@ -152,8 +159,10 @@ class RelaySubscriptions:
             capacity = max(capacity, min(self._length_cap, math.ceil(wanted / self._max_shards)))
         if self.firehose or (capacity == self._capacity and not self.overflow):
             self._capacity = capacity
+            self._first_with_room = 0
             return
         self._capacity = capacity
+        self._first_with_room = 0
         keys = [*self.shard_of, *self.overflow]
         old_subs = [shard.sub_id for shard in self.shards if shard.sub_id]
         self.shard_of.clear()
@@ -179,6 +188,7 @@ class RelaySubscriptions:
         self.shard_of.clear()
         self.overflow.clear()
         self.shards = [Shard(0)] if firehose else []
+        self._first_with_room = 0
         for key in keys:
             self.add(key)
         return True
