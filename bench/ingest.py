@@ -7,13 +7,24 @@ SQLite thread), which verifies, de-duplicates and writes every wakeup to the out
 Phases, each in a fresh process so memory figures are not mixed:
   ingest   — a burst of events as fast as the relay can send: events/s from the first to the last
              `seen` record, against the bare verification rate of the same events in the same run;
+  copies   — the same with every event delivered by 4 relays (the tiny relay serves 4 URL paths):
+             unique events/s from the first to the last `seen` of any copy, against bare
+             verification;
+  filtered / firehose — one relay carrying 10x more DMs than are addressed to registered keys:
+             `filtered` gets only the addressed tenth (the relay filters by `#p`), `firehose`
+             gets all of them and matches locally; CPU seconds of the bridge process per
+             delivered wakeup, compared;
   latency  — an open-loop 1,000 events/s stream: p50/p99 from frame received to outbox row;
   keys     — 100,000 registered keys: time from bridge start to every shard past EOSE, peak RSS;
   sdk      — for the websockets-vs-nostr-sdk decision: nostr-sdk's own pool receiving the same
              burst (it verifies in Rust), events/s.
 Loopback only. Prints the figures and writes bench/results/ingest.json.
 
+The machine is shared: every phase runs `--repeat` times (default 3) and the best run is
+reported with the spread of the main figure over all runs.
+
 Usage: python bench/ingest.py [--events 30000] [--rate 1000] [--seconds 5] [--keys 100000]
+                              [--repeat 3] [--only ingest,copies,...]
 """
 
 from __future__ import annotations
@@ -77,6 +88,7 @@ async def run_relay(port_file: Path) -> None:
                 await ws.send(f'["EVENT","{sub_id}",{line}]')
 
     async def handler(ws: ServerConnection) -> None:
+        # every URL path is one "relay" for the bridge: /r0 ... /r3 deliver copies
         async for text in ws:
             message = json.loads(text)
             if message[0] == "REQ":
@@ -105,6 +117,10 @@ class TinyRelay:
                 raise TimeoutError("tiny relay did not start")
             time.sleep(0.05)
         self.url = f"ws://127.0.0.1:{self._port_file.read_text()}"
+
+    def urls(self, copies: int) -> list[str]:
+        """`copies` relay URLs served by this one process (one per path)."""
+        return [self.url] if copies == 1 else [f"{self.url}/r{i}" for i in range(copies)]
 
     async def stream(self, events_file: Path, rate: float) -> None:
         from websockets.asyncio.client import connect
@@ -161,13 +177,16 @@ async def register_directly(db: Any, pubkeys: list[str]) -> None:
 class Harness:
     """The real Bridge with its real store, outbox and observation log; delivery not started."""
 
-    def __init__(self, folder: Path, relay_url: str) -> None:
+    def __init__(self, folder: Path, relay_url: str, copies: int = 1, mode: str = "auto") -> None:
         self.folder = folder
         self.relay_url = relay_url
+        self.relay_urls = [relay_url] if copies == 1 else [f"{relay_url}/r{i}" for i in range(copies)]
+        self.mode = mode
         self.latencies_ms: list[float] = []
         self.enqueued = 0
 
     async def start(self, pubkeys: list[str]) -> float:
+        from sigil_push import outbound
         from sigil_push.bridge import Bridge
         from sigil_push.config import parse_config
         from sigil_push.db import open_database
@@ -175,7 +194,12 @@ class Harness:
         from sigil_push.observations import ObservationLog
         from sigil_push.outbox import Outbox
 
-        config = parse_config({"relay": [{"url": self.relay_url}]}, self.folder / "relays.toml")
+        config = parse_config(
+            {"relay": [{"url": url, "mode": self.mode} for url in self.relay_urls]},
+            self.folder / "relays.toml",
+        )
+        # as `serve` does at start: configured relays are trusted (the tiny relay is loopback)
+        outbound.configure(outbound.OutboundGuard.for_urls(True, self.relay_urls))
         self.db = await open_database(config.resolve(config.server.database))
         await register_directly(self.db, pubkeys)
         devices = Devices(self.db)
@@ -188,8 +212,20 @@ class Harness:
         self.bridge.add_commit_listener(self._committed)
         started = time.perf_counter()
         await self.bridge.start()
-        await self.until(lambda: self.bridge.health()[self.relay_url]["live"])
+        await self.until(
+            lambda: all(self.bridge.health()[url]["live"] for url in self.relay_urls)
+        )
         return time.perf_counter() - started
+
+    def received(self) -> float:
+        """EVENT frames the bridge has read, over all its relays."""
+        from prometheus_client import REGISTRY
+
+        return sum(
+            REGISTRY.get_sample_value("sigil_push_bridge_events_received_total", {"relay": url})
+            or 0.0
+            for url in self.relay_urls
+        )
 
     def _committed(self, events: Any) -> None:
         now_ms = time.time() * 1000
@@ -237,33 +273,88 @@ def percentile(values: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
-async def phase_ingest(folder: Path, count: int) -> dict[str, Any]:
+async def phase_ingest(folder: Path, count: int, copies: int = 1) -> dict[str, Any]:
+    """`copies` relays deliver every event; rates are of unique events."""
     pin(BRIDGE_CORE)
     recipients = make_keys(1000)
     events = make_events(recipients, count)
     write_events(events, folder / "events.jsonl")
     relay = TinyRelay(folder)
     try:
-        harness = Harness(folder, relay.url)
+        harness = Harness(folder, relay.url, copies)
         await harness.start(recipients)
+        cpu_before = time.process_time()
         await relay.stream(folder / "events.jsonl", 0)
         await harness.until(lambda: harness.enqueued >= count)
         last_commit_ms = time.time() * 1000
+        # the last events' copies may still be on the wire; stopping then commits the rest
+        await harness.until(lambda: harness.received() >= count * copies)
         records = await harness.stop()
+        cpu = time.process_time() - cpu_before
     finally:
         relay.stop()
     seen = sorted(r["ts"] for r in records if r["type"] == "seen")
-    ingest = (len(seen) - 1) / ((seen[-1] - seen[0]) / 1000)
+    assert len(seen) == count * copies, (len(seen), count * copies)
+    ingest = count / ((seen[-1] - seen[0]) / 1000) if copies > 1 else (
+        (len(seen) - 1) / ((seen[-1] - seen[0]) / 1000)
+    )
     end_to_end = count / ((last_commit_ms - seen[0]) / 1000)
     bare = bare_verification_rate(events)
     parse_verify = parse_and_verify_rate(events)
     return {
         "events": count,
+        "copies": copies,
         "ingest_events_per_s": round(ingest),
         "bare_verify_events_per_s": round(bare),
         "ratio": round(ingest / bare, 3),
         "end_to_end_events_per_s": round(end_to_end),
         "parse_and_verify_events_per_s": round(parse_verify),
+        "bridge_cpu_us_per_unique_event": round(cpu / count * 1e6, 1),
+        "bare_verify_us_per_event": round(1e6 / bare, 1),
+    }
+
+
+async def phase_firehose(folder: Path, count: int, mode: str) -> dict[str, Any]:
+    """One relay, `count` DMs of which a tenth are addressed to the 1,000 registered keys.
+    `filtered`: the relay sends only that tenth (as a `#p` subscription would get);
+    `firehose`: it sends everything and the bridge matches locally. CPU of this process (the
+    bridge and its SQLite thread) from the first frame to the last wakeup in the outbox."""
+    pin(BRIDGE_CORE)
+    recipients = make_keys(1000)
+    strangers = make_keys(1000)
+    signing = [SecretKey.generate() for _ in range(200)]
+    now = int(time.time())
+    events = []
+    for i in range(count):
+        # every tenth is addressed, the last one included, so the last wakeup ends the run
+        addressed = i % 10 == 9
+        to = recipients[i % 1000] if addressed else strangers[i % 1000]
+        events.append(sign_event(
+            signing[i % 200], 4, os.urandom(48).hex() + "?iv=" + os.urandom(12).hex(),
+            [["p", to]], now - i % 600,
+        ))
+    addressed = [e for i, e in enumerate(events) if i % 10 == 9]
+    write_events(events if mode == "firehose" else addressed, folder / "events.jsonl")
+    relay = TinyRelay(folder)
+    try:
+        harness = Harness(folder, relay.url, 1, mode)
+        await harness.start(recipients)
+        assert harness.bridge.health()[relay.url]["mode"] == mode
+        cpu_before, wall_before = time.process_time(), time.perf_counter()
+        await relay.stream(folder / "events.jsonl", 0)
+        await harness.until(lambda: harness.enqueued >= len(addressed))
+        cpu = time.process_time() - cpu_before
+        wall = time.perf_counter() - wall_before
+        await harness.stop()
+    finally:
+        relay.stop()
+    return {
+        "mode": mode,
+        "events_sent": count if mode == "firehose" else len(addressed),
+        "wakeups": len(addressed),
+        "cpu_s": round(cpu, 3),
+        "cpu_us_per_wakeup": round(cpu / len(addressed) * 1e6, 1),
+        "wall_s": round(wall, 3),
     }
 
 
@@ -354,23 +445,41 @@ async def phase_sdk(folder: Path, count: int) -> dict[str, Any]:
     }
 
 
+PHASES = ("ingest", "copies", "filtered", "firehose", "latency", "keys", "sdk")
+MAIN_FIGURE = {
+    "ingest": ("ratio", max),
+    "copies": ("ratio", max),
+    "filtered": ("cpu_us_per_wakeup", min),
+    "firehose": ("cpu_us_per_wakeup", min),
+    "latency": ("p99_ms", min),
+    "keys": ("start_to_live_s", min),
+    "sdk": ("sdk_events_per_s", max),
+}
+
+
 def run_phase(name: str, args: argparse.Namespace) -> dict[str, Any]:
     command = [
-        sys.executable,
-        __file__,
-        "--phase",
-        name,
-        "--events",
-        str(args.events),
-        "--rate",
-        str(args.rate),
-        "--seconds",
-        str(args.seconds),
-        "--keys",
-        str(args.keys),
+        sys.executable, __file__, "--phase", name, "--events", str(args.events),
+        "--rate", str(args.rate), "--seconds", str(args.seconds), "--keys", str(args.keys),
     ]
     output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
     return dict(json.loads(output.strip().splitlines()[-1]))
+
+
+def run_repeated(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The best of `--repeat` runs, with every run's main figure (the machine is shared)."""
+    runs, failures = [], 0
+    for _ in range(args.repeat):
+        try:
+            runs.append(run_phase(name, args))
+        except subprocess.CalledProcessError:
+            failures += 1  # e.g. nostr-sdk's channel lagging on a loaded machine
+    if not runs:
+        return {"failed_runs": failures}
+    figure, better = MAIN_FIGURE[name]
+    values = [run[figure] for run in runs]
+    best = next(run for run in runs if run[figure] == better(values))
+    return {**best, "runs": values, "spread": [min(values), max(values)], "failed_runs": failures}
 
 
 def main() -> None:
@@ -379,7 +488,9 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=1000.0)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--keys", type=int, default=100_000)
-    parser.add_argument("--phase", choices=["relay", "ingest", "latency", "keys", "sdk"])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--only", default=",".join(PHASES), help="comma-separated phases")
+    parser.add_argument("--phase", choices=["relay", *PHASES])
     parser.add_argument("--port-file", type=Path)
     args = parser.parse_args()
     if args.phase == "relay":
@@ -390,6 +501,9 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as folder:
             phase = {
                 "ingest": lambda: phase_ingest(Path(folder), args.events),
+                "copies": lambda: phase_ingest(Path(folder), args.events, copies=4),
+                "filtered": lambda: phase_firehose(Path(folder), args.events, "filtered"),
+                "firehose": lambda: phase_firehose(Path(folder), args.events, "firehose"),
                 "latency": lambda: phase_latency(Path(folder), args.rate, args.seconds),
                 "keys": lambda: phase_keys(Path(folder), args.keys),
                 "sdk": lambda: phase_sdk(Path(folder), args.events),
@@ -399,21 +513,35 @@ def main() -> None:
             print(json.dumps(uvloop.run(phase())))
         return
     load_before = os.getloadavg()[0]
-    results = {name: run_phase(name, args) for name in ("ingest", "latency", "keys", "sdk")}
+    results: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    for name in [n for n in args.only.split(",") if n]:
+        results[name] = run_repeated(name, args)
+        print(name, json.dumps(results[name]), flush=True)
     results["machine"] = {
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
         "load_1min_before": round(load_before, 2),
         "load_1min_after": round(os.getloadavg()[0], 2),
         "bridge_cores": 1,
+        "repeat": args.repeat,
+        "note": "shared 2-core machine, other engineers' work running: best of the runs, "
+        "with the spread of the main figure",
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    results["targets_met"] = {
-        "ingest_ratio_at_least_0.5": results["ingest"]["ratio"] >= 0.5,
-        "p99_below_20ms_at_1000_per_s": results["latency"]["p99_ms"] < 20,
-        "100k_keys_start_below_10s": results["keys"]["start_to_live_s"] < 10,
-        "100k_keys_rss_below_300mb": results["keys"]["peak_rss_mb"] < 300,
+    targets = {
+        "ingest_ratio_at_least_0.8": ("ingest", lambda r: r["ratio"] >= 0.8),
+        "copies_ratio_at_least_0.3": ("copies", lambda r: r["ratio"] >= 0.3),
+        "p99_below_20ms_at_1000_per_s": ("latency", lambda r: r["p99_ms"] < 20),
+        "100k_keys_start_below_10s": ("keys", lambda r: r["start_to_live_s"] < 10),
+        "100k_keys_rss_below_300mb": ("keys", lambda r: r["peak_rss_mb"] < 300),
     }
+    met = {name: check(results[phase]) for name, (phase, check) in targets.items()
+           if "runs" in results.get(phase, {})}
+    if "filtered" in results and "firehose" in results:
+        ratio = results["firehose"]["cpu_us_per_wakeup"] / results["filtered"]["cpu_us_per_wakeup"]
+        results["firehose_over_filtered_cpu_per_wakeup"] = round(ratio, 2)
+        met["firehose_cpu_per_wakeup_at_most_1.5x_filtered"] = ratio <= 1.5
+    results["targets_met"] = met
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))

@@ -17,8 +17,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -26,16 +27,16 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from sigil_push.config import Config
 from sigil_push.devices import Device
-from sigil_push.nostr.event import Event, InvalidEvent
+from sigil_push.nostr.event import Event, InvalidEvent, compute_id
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.observations import ObservationLog
 from sigil_push.relays.connection import BridgeKeySigner
 from sigil_push.relays.discovery import LIST_KINDS_SET, RelayLists, normalize_relay_url
 from sigil_push.relays.inbox import connected_inboxes
 from sigil_push.relays.pool import RelayPool
-from sigil_push.relays.subscriptions import DM_KINDS
+from sigil_push.relays.subscriptions import DM_KINDS, RelaySubscriptions
 from sigil_push.relays.user_inbox import UserInboxes
-from sigil_push.seen import SeenEvents
+from sigil_push.seen import RecentlyVerified, SeenEvents, Verified
 from sigil_push.store.errors import TRANSIENT_ERRORS
 from sigil_push.store.factory import connect_bridge
 from sigil_push.store.interface import (
@@ -75,9 +76,12 @@ RECIPIENT_BURST = 60.0
 cost. Twice the default per-device push rate (30 a minute): wakeups past it would only
 coalesce into the same "new message" anyway."""
 POISON_ATTEMPTS = 2
+UNADDRESSED_FLUSH_SECONDS = 0.5
+RECENTLY_VERIFIED = 10_000
+"""Verified events kept by id for the copies other relays deliver (10 to 20 s at 1,000/s)."""
 DROP_REASONS = (
     "malformed", "wrong_kind", "unknown_recipient", "wrong_id", "forged", "no_device",
-    "too_old", "too_new", "recipient_quota", "poison",
+    "too_old", "too_new", "recipient_quota", "poison", "unaddressed",
 )
 
 RECEIVED = Counter("sigil_push_bridge_events_received_total", "EVENT frames received", ["relay"])
@@ -161,6 +165,9 @@ class Arrival:
     relay: str
     received_ms: int
     push_to: tuple[str, ...]
+    since_registration: tuple[str, ...] = ()
+    """Of `push_to`, recipients whose devices wake only if the event's `created_at` is not
+    before their registration: firehose events that may predate the key's first watch there."""
 
 
 class Bridge:
@@ -201,7 +208,17 @@ class Bridge:
             for url in (normalize_relay_url(r.url, True) for r in config.relays if r.read)
             if url is not None
         ]
-        self._pool = RelayPool(self._bridge, configured, self, BridgeKeySigner(key), observations)
+        modes = {
+            url: relay.mode
+            for url, relay in ((normalize_relay_url(r.url, True), r) for r in config.relays)
+            if url is not None
+        }
+        self._pool = RelayPool(
+            self._bridge, configured, self, BridgeKeySigner(key), observations, modes
+        )
+        self._recent = RecentlyVerified(RECENTLY_VERIFIED)
+        self._unaddressed: dict[str, int] = {}
+        self._unaddressed_flush: asyncio.TimerHandle | None = None
         self._keys: set[str] = set()
         self._queue: list[Arrival] = []
         self._db_ops: list[tuple[str, list[tuple[Any, ...]]]] = []
@@ -276,6 +293,9 @@ class Bridge:
         if self._inboxes is not None:
             await self._inboxes.stop()
         await self._pool.stop()
+        if self._unaddressed_flush is not None:
+            self._unaddressed_flush.cancel()
+            self._flush_unaddressed()
         self._stopping = True
         self._work.set()
         committer, *others = self._tasks
@@ -440,48 +460,61 @@ class Bridge:
         counters = self._counters.get(url)
         if counters is None:
             counters = self._counters[url] = RelayCounters(url)
-        event = self._parse_new(counters, url, raw)
-        if event is None:
+        counters.received.inc()
+        entry = self._admit(counters, url, "", raw, received_ms, lists=False)
+        if entry is None:
             return
+        event = entry.event
         if event.kind not in DM_KINDS:
             counters.dropped["wrong_kind"].inc()
-            return
-        if not self._in_window(counters, event, is_list=False):
-            return
-        if not self._verified(counters, event):
             return
         if pubkey not in self._keys or pubkey not in event.tag_values("p"):
             counters.dropped["unknown_recipient"].inc()
             return
-        push_to: tuple[str, ...] = () if baseline else (pubkey,)
-        if push_to and not self._within_quota(counters, push_to):
-            return
-        self._enqueue(Arrival(event, url, received_ms, push_to))
+        self._hand_over(counters, entry, url, received_ms, () if baseline else (pubkey,))
 
     def on_event(self, url: str, sub_id: str, raw: Any, received_ms: int) -> None:
         """An event from the pool's connection to `url`. It may wake only keys subscribed on
-        that relay (a relay cannot push keys it was never asked about). The signature is
-        checked before any recipient lookup, so a forged event counts as `forged` whether or
-        not its recipient is registered: public counters do not tell who is."""
+        that relay (a relay cannot push keys it was never asked about; on a firehose relay
+        every key there counts as subscribed). The signature is checked before any recipient
+        lookup, so a forged event counts as `forged` whether or not its recipient is
+        registered: public counters do not tell who is. The one lookup that comes first is the
+        firehose's: an event naming no key on the relay is dropped as `unaddressed` before
+        any parse or signature check, which is what makes reading every DM affordable."""
         counters = self._counters[url]
-        event = self._parse_new(counters, url, raw)
-        if event is None:
+        counters.received.inc()
+        subs = self._pool.subs.get(url)
+        subscribed: Mapping[str, int] = subs.keys if subs is not None else {}
+        if subs is not None and subs.firehose and not _addressed(raw, subscribed):
+            counters.dropped["unaddressed"].inc()
             self._stored_anyway(url, sub_id, raw)
             return
-        subs = self._pool.subs.get(url)
-        subscribed = subs.keys if subs is not None else {}
+        configured = self._pool.plan.is_configured(url)
+        entry = self._admit(counters, url, sub_id, raw, received_ms, lists=configured)
+        if entry is None:
+            return
+        self._route(counters, subs, url, sub_id, entry, received_ms, configured)
+
+    def _route(
+        self,
+        counters: RelayCounters,
+        subs: RelaySubscriptions | None,
+        url: str,
+        sub_id: str,
+        entry: Verified,
+        received_ms: int,
+        configured: bool,
+    ) -> None:
+        """A verified event from the shared connection to `url`: to the recipients subscribed
+        there, the relay lists, or the canary."""
+        subscribed: Mapping[str, int] = subs.keys if subs is not None else {}
+        event = entry.event
         if event.kind in DM_KINDS:
-            if not (self._in_window(counters, event, is_list=False)
-                    and self._verified(counters, event)):
-                return
             recipients = tuple(dict.fromkeys(p for p in event.tag_values("p") if p in subscribed))
             if not recipients:
                 counters.dropped["unknown_recipient"].inc()
                 return
-        elif event.kind in LIST_KINDS_SET and self._pool.plan.is_configured(url):
-            if not (self._in_window(counters, event, is_list=True)
-                    and self._verified(counters, event)):
-                return
+        elif event.kind in LIST_KINDS_SET and configured:
             if event.pubkey not in subscribed:
                 counters.dropped["unknown_recipient"].inc()
                 return
@@ -496,10 +529,141 @@ class Bridge:
             subs.stored(sub_id, event.created_at)
         if self._probe is not None and self._probe.take(url, event):
             return
-        push_to = tuple(r for r in recipients if subs is None or not subs.is_baseline(sub_id, r))
-        if push_to and not self._within_quota(counters, push_to):
+        if subs is not None and subs.firehose:
+            since_registration = tuple(r for r in recipients if subs.catching_up(sub_id, r))
+            self._hand_over(counters, entry, url, received_ms, recipients, since_registration)
             return
-        self._enqueue(Arrival(event, url, received_ms, push_to))
+        push_to = tuple(r for r in recipients if subs is None or not subs.is_baseline(sub_id, r))
+        self._hand_over(counters, entry, url, received_ms, push_to)
+
+    def raw_event(self, url: str, frame: str, received_ms: int) -> bool:
+        """A frame from the shared connection to `url`, before it is parsed; True when it was
+        handled here, so it is never parsed at all:
+
+        - on a live firehose, a frame naming no key on the relay is dropped and counted as
+          `unaddressed`. The scan finds every `"p","<hex>"` pair in the raw text; in JSON
+          such a pair can only be structure (quotes inside strings are escaped), so a pair
+          found in the wrong place only sends the frame on to the full checks, never drops
+          it. Relay lists and frames before a REQ's EOSE always take the full path;
+        - a copy of an event verified moments ago (its id found in the text) is that relay's
+          delivery of the verified original, exactly as in `_admit`: nothing else of the
+          frame is used, so a relay that wraps a known id in another body gains only the
+          record that it delivered that id.
+        """
+        subs = self._pool.subs.get(url)
+        if subs is None or not frame.startswith('["EVENT"'):
+            return False
+        if subs.streaming and self._unaddressed_frame(url, frame, subs.keys):
+            return True
+        found = _EVENT_ID.search(frame)
+        entry = self._recent.get(found.group(1)) if found is not None else None
+        head = _FRAME_HEAD.match(frame) if entry is not None else None
+        if entry is None or head is None:
+            return False
+        counters = self._counters[url]
+        counters.received.inc()
+        sub_id, event = head.group(1), entry.event
+        if self._seen.delivered_by(event.id, url):
+            counters.duplicates.inc()
+            if event.kind in DM_KINDS:
+                subs.stored(sub_id, event.created_at)
+            return True
+        configured = self._pool.plan.is_configured(url)
+        self._route(counters, subs, url, sub_id, entry, received_ms, configured)
+        return True
+
+    def _unaddressed_frame(self, url: str, frame: str, keys: Mapping[str, int]) -> bool:
+        for key, list_kind in _ADDRESSING.findall(frame):
+            if list_kind or key in keys:
+                return False
+        # counted in bulk (a lock-free int now, the Prometheus counters within a second):
+        # two locked increments would cost as much as the scan itself
+        self._unaddressed[url] = self._unaddressed.get(url, 0) + 1
+        if self._unaddressed_flush is None:
+            self._unaddressed_flush = asyncio.get_running_loop().call_later(
+                UNADDRESSED_FLUSH_SECONDS, self._flush_unaddressed
+            )
+        return True
+
+    def _flush_unaddressed(self) -> None:
+        counts, self._unaddressed = self._unaddressed, {}
+        self._unaddressed_flush = None
+        for url, count in counts.items():
+            counters = self._counters.get(url)
+            if counters is not None:
+                counters.received.inc(count)
+                counters.dropped["unaddressed"].inc(count)
+
+    def _admit(
+        self, counters: RelayCounters, url: str, sub_id: str, raw: Any, received_ms: int,
+        lists: bool,
+    ) -> Verified | None:
+        """The verified event behind a frame, or None when the frame was dropped (counted), a
+        repeat from this relay, or a further relay's copy of a handled event (its delivery is
+        queued here). A copy of an event verified moments ago reuses that verified original:
+        no parse, no signature check, and nothing of the copy's own body is used."""
+        event_id = raw.get("id") if isinstance(raw, dict) else None
+        if type(event_id) is str:
+            if self._seen.delivered_by(event_id, url):
+                counters.duplicates.inc()
+                self._stored_anyway(url, sub_id, raw)
+                return None
+            entry = self._recent.get(event_id)
+            if entry is not None:
+                return entry
+            if self._seen.known(event_id):
+                self._handled_copy(counters, url, sub_id, raw, received_ms)
+                return None
+        try:
+            event = Event.from_json(raw)
+        except InvalidEvent:
+            counters.dropped["malformed"].inc()
+            return None
+        is_list = event.kind in LIST_KINDS_SET
+        if event.kind not in DM_KINDS and not (is_list and lists):
+            counters.dropped["wrong_kind"].inc()
+            return None
+        if not (self._in_window(counters, event, is_list) and self._verified(counters, event)):
+            return None
+        return self._recent.add(event)
+
+    def _handled_copy(
+        self, counters: RelayCounters, url: str, sub_id: str, raw: Any, received_ms: int
+    ) -> None:
+        """A further relay's copy of an event already handled (pushed or baselined) that is no
+        longer among the recently verified. It can push nothing, so only its delivery is
+        recorded; its id is recomputed from its body (a hash, not a signature check: that id
+        was verified when first handled), so the record carries the true kind and time."""
+        try:
+            event = Event.from_json(raw)
+        except InvalidEvent:
+            counters.dropped["malformed"].inc()
+            return
+        if compute_id(event.pubkey, event.created_at, event.kind, event.tags, event.content) != (
+            event.id
+        ):
+            counters.dropped["wrong_id"].inc()
+            return
+        subs = self._pool.subs.get(url)
+        if subs is not None:
+            subs.stored(sub_id, event.created_at)
+        self._enqueue(Arrival(event, url, received_ms, ()))
+
+    def _hand_over(
+        self,
+        counters: RelayCounters,
+        entry: Verified,
+        url: str,
+        received_ms: int,
+        push_to: tuple[str, ...],
+        since_registration: tuple[str, ...] = (),
+    ) -> None:
+        """Queue for the committer. Recipients' quotas are spent once per event, not once per
+        relay that delivers a copy (the committer pushes an event at most once anyway)."""
+        if push_to and not entry.enqueued and not self._within_quota(counters, push_to):
+            return
+        entry.enqueued = True
+        self._enqueue(Arrival(entry.event, url, received_ms, push_to, since_registration))
 
     def _in_window(self, counters: RelayCounters, event: Event, is_list: bool) -> bool:
         """`created_at` within [now - catch-up - slack, now + 15 min], checked before anything
@@ -542,19 +706,6 @@ class Bridge:
         created_at = raw.get("created_at") if isinstance(raw, dict) else None
         if subs is not None and type(created_at) is int and raw.get("kind") in DM_KINDS:
             subs.stored(sub_id, created_at)
-
-    def _parse_new(self, counters: RelayCounters, url: str, raw: Any) -> Event | None:
-        """Count the frame; None for a copy this relay already delivered or malformed JSON."""
-        counters.received.inc()
-        event_id = raw.get("id") if isinstance(raw, dict) else None
-        if isinstance(event_id, str) and self._seen.delivered_by(event_id, url):
-            counters.duplicates.inc()
-            return None
-        try:
-            return Event.from_json(raw)
-        except InvalidEvent:
-            counters.dropped["malformed"].inc()
-            return None
 
     @staticmethod
     def _verified(counters: RelayCounters, event: Event) -> bool:
@@ -722,14 +873,18 @@ class Bridge:
         by_key = await self._devices_of(dict.fromkeys(r for a in arrivals for r in a.push_to))
         writes = []
         for arrival in arrivals:
+            late = arrival.since_registration
             targets = [
                 device
                 for recipient in arrival.push_to
                 for device in by_key.get(recipient, ())
                 if device.registered_at * 1000 <= arrival.received_ms
+                and (recipient not in late or device.registered_at <= arrival.event.created_at)
             ]
             if targets:
                 writes.append((arrival, targets))
+            elif late:
+                BASELINED.inc()
             else:
                 self._counters[arrival.relay].dropped["no_device"].inc()
         return writes
@@ -807,3 +962,30 @@ class Bridge:
         for url, entry in report.items():
             entry.update(users.get(url, {"users_authenticated": 0, "users_failed": 0}))
         return report
+
+
+_ADDRESSING = re.compile(r'"p"\s*,\s*"([0-9a-f]{64})"|"kind"\s*:\s*(10050|10002)\b')
+"""A `p` tag's key, or a relay-list kind, in a raw EVENT frame (one pass over the text)."""
+_EVENT_ID = re.compile(r'"id"\s*:\s*"([0-9a-f]{64})"')
+_FRAME_HEAD = re.compile(r'\["EVENT"\s*,\s*"([^"\\]{1,64})"\s*,')
+
+
+def _addressed(raw: Any, keys: Mapping[str, int]) -> bool:
+    """Firehose, before any validation: does the frame name a key on this relay (a DM's `p`
+    tag, a relay list's author)? One hash lookup per tag. A frame too odd to tell goes on to
+    the full checks, which count it as malformed."""
+    if not isinstance(raw, dict):
+        return True
+    kind = raw.get("kind")
+    if type(kind) is int and kind in LIST_KINDS_SET:
+        author = raw.get("pubkey")
+        return type(author) is str and author in keys
+    tags = raw.get("tags")
+    if type(tags) is not list:
+        return True
+    for tag in tags:
+        if type(tag) is list and len(tag) >= 2 and tag[0] == "p":
+            value = tag[1]
+            if type(value) is str and value in keys:
+                return True
+    return False

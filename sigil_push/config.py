@@ -61,6 +61,12 @@ class ServerConfig:
 class RelayConfig:
     url: str
     read: bool = True
+    # "filtered" (#p shards), "firehose" (kinds 4/1059 with no #p, matched locally) or "auto"
+    # (firehose above bridge.firehose_above_keys keys on this relay)
+    mode: str = "auto"
+
+
+RELAY_MODES = ("filtered", "firehose", "auto")
 
 
 @dataclass(frozen=True)
@@ -118,6 +124,8 @@ class BridgeConfig:
     max_user_connections: int = 1000
     # our own websocket receive limit per frame; a relay's NIP-11 never raises it
     max_frame_bytes: int = 4 * 1024 * 1024
+    # a configured relay in mode "auto" switches from #p shards to the firehose above this
+    firehose_above_keys: int = 2000
     # PostgreSQL: a dead worker's key shards move to the others within this time
     lease_seconds: float = 15.0
 
@@ -348,6 +356,8 @@ def parse_config(document: dict[str, Any], path: Path) -> Config:
     relays = tuple(_table(item, f"relay[{i}]", RelayConfig) for i, item in enumerate(raw_relays))
     for i, relay in enumerate(relays):
         _check_relay_url(f"relay[{i}].url", relay.url)
+        if relay.mode not in RELAY_MODES:
+            raise ConfigError(f"relay[{i}].mode", "must be 'filtered', 'firehose' or 'auto'")
     apns = _table(document["apns"], "apns", ApnsConfig) if "apns" in document else None
     if apns is not None:
         if apns.environment not in ("production", "sandbox"):

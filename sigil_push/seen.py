@@ -5,6 +5,10 @@ pushed (a pre-registration baseline); either way it is never pushed again. The d
 every id for the retention window (at least the catch-up window plus the two days NIP-59 lets
 a gift wrap's `created_at` lag behind), and memory keeps a bounded LRU of recent ids so the
 replays of a catch-up are dropped without a database round trip or a signature check.
+
+`RecentlyVerified` is the copy path: on the real network a DM arrives from several relays
+within a second, and a copy of an id verified moments ago reuses the verified original instead
+of its own body, so it costs a dictionary lookup rather than a parse and a signature check.
 """
 
 from __future__ import annotations
@@ -12,11 +16,54 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from sigil_push.store.interface import Database
 
+if TYPE_CHECKING:
+    from sigil_push.nostr.event import Event
+
 LOOKUP_CHUNK = 500
 MAX_KEEP_UNTIL = 2**62
+RELAY_SEPARATOR = " "
+"""Joins the further relays of one event in one `seen_on_relay` row (no URL has a space)."""
+
+
+class Verified:
+    """A verified event, and whether it was already handed to the committer (then a copy from
+    another relay only records that relay's delivery and spends no recipient quota)."""
+
+    __slots__ = ("enqueued", "event")
+
+    def __init__(self, event: Event) -> None:
+        self.event = event
+        self.enqueued = False
+
+
+class RecentlyVerified:
+    """The last `size` to `2 * size` verified events by id, in two generations (cheaper than
+    an LRU's bookkeeping on the hot path).
+
+    Only events whose id and signature verified are put here, and a copy is matched by id
+    alone: whatever body a relay sends along with a known id is ignored, so a relay that
+    repeats an id with another content or signature gets nothing of it trusted, only its
+    delivery of that id recorded.
+    """
+
+    def __init__(self, size: int) -> None:
+        self._size = max(1, size)
+        self._young: dict[str, Verified] = {}
+        self._old: dict[str, Verified] = {}
+
+    def get(self, event_id: str) -> Verified | None:
+        found = self._young.get(event_id)
+        return found if found is not None else self._old.get(event_id)
+
+    def add(self, event: Event) -> Verified:
+        entry = self._young[event.id] = Verified(event)
+        if len(self._young) >= self._size:
+            self._old, self._young = self._young, {}
+        return entry
 
 
 class SeenEvents:
@@ -75,14 +122,20 @@ class SeenEvents:
 
     def remember(self, pending: dict[str, tuple[str, ...]]) -> None:
         """Keep in memory the deliveries `first_delivery` noted, once their write succeeded."""
+        # `pending` holds every relay known for the id (it started from the cache): one move
+        # to the young end per event, however many relays delivered it
+        cache, interned = self._relays, self._interned
         for event_id, relays in pending.items():
-            for relay in relays:
-                self._remember(event_id, relay)
+            cache.pop(event_id, None)
+            cache[event_id] = tuple(interned.setdefault(relay, relay) for relay in relays)
+        while len(cache) > self._cache_size:
+            cache.popitem(last=False)
 
     def _remember_row(self, event_id: str, first: str, further: object) -> None:
         self._remember(event_id, first)
         if further is not None:
-            self._remember(event_id, str(further))
+            for relay in str(further).split(RELAY_SEPARATOR):
+                self._remember(event_id, relay)
 
     def _remember(self, event_id: str, relay: str | None) -> None:
         relays = self._relays.pop(event_id, ())
@@ -98,7 +151,11 @@ class SeenEvents:
         further: Sequence[tuple[str, str, int]],
     ) -> None:
         """Persist new events as (event_id, first relay, first_seen_ms, created_at) and the
-        deliveries by further relays as (event_id, relay, created_at)."""
+        deliveries by further relays as (event_id, relay, created_at).
+
+        The further relays of one event in one batch share a row (their URLs joined by a
+        space): with every DM arriving from several relays at once, that is one row per event
+        instead of one per copy."""
         if new_events:
             await self._db.executemany(
                 "INSERT INTO seen_events (event_id, relay, keep_until) VALUES (?, ?, ?)"
@@ -107,10 +164,18 @@ class SeenEvents:
             )
         if further:
             now = time.time_ns() // 1_000_000
+            grouped: dict[str, tuple[list[str], int]] = {}
+            for event_id, relay, created_at in further:
+                relays = grouped.setdefault(event_id, ([], created_at))[0]
+                if relay not in relays:
+                    relays.append(relay)
             await self._db.executemany(
                 "INSERT INTO seen_on_relay (event_id, relay, keep_until) VALUES (?, ?, ?)"
                 " ON CONFLICT DO NOTHING",
-                [(i, relay, self._keep_until(now, c)) for i, relay, c in further],
+                [
+                    (event_id, RELAY_SEPARATOR.join(relays), self._keep_until(now, created_at))
+                    for event_id, (relays, created_at) in grouped.items()
+                ],
             )
 
     def _keep_until(self, seen_ms: int, created_at: int) -> int:

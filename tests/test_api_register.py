@@ -89,7 +89,7 @@ def test_tokens_from_our_own_signer_are_accepted_too(api: ApiCaller) -> None:
     """The Python helper clients may use produces tokens the server accepts."""
     key = SecretKey.generate()
     body = (
-        '{"npub": "%s", "platform": "ios", "device_token": "%s"}' % (key.public_key_hex, ios_token())
+        f'{{"npub": "{key.public_key_hex}", "platform": "ios", "device_token": "{ios_token()}"}}'
     ).encode()
     response = api.http.post(
         "/register",

@@ -128,6 +128,24 @@ def test_a_relays_subscription_limit_grows_shards_then_leaves_keys_out() -> None
     assert len(subs.keys) == 3 and len(subs.overflow) == 1
 
 
+def test_a_freed_place_in_an_early_shard_is_filled_first() -> None:
+    """Keys fill shards in order, and a key that leaves an early, full shard makes room there
+    for the next key (only the shard with room changes), however many shards follow."""
+    subs = RelaySubscriptions(keys_per_filter=2, with_lists=False)
+    keys = [f"{i:064x}" for i in range(9)]
+    for key in keys[:8]:
+        subs.add(key)
+    assert [len(shard.keys) for shard in subs.shards] == [2, 2, 2, 2]
+    subs.remove(keys[2])
+    for shard in subs.shards:
+        shard.dirty = False
+    subs.add(keys[8])
+    assert subs.shard_of[keys[8]] == 1
+    assert [shard.dirty for shard in subs.shards] == [False, True, False, False]
+    subs.add(f"{99:064x}")
+    assert len(subs.shards) == 5
+
+
 def test_parse_limits_ignores_malformed_documents() -> None:
     assert parse_limits(
         {"limitation": {"max_subscriptions": 20, "max_filters": "x"}}

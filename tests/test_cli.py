@@ -17,7 +17,7 @@ from tests.support.service import ServiceProcess
 def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "sigil_push", *args], capture_output=True, text=True, cwd=cwd,
-        env=env, timeout=60,
+        env=env, timeout=60, check=False,
     )
 
 

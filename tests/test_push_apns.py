@@ -138,6 +138,6 @@ async def test_environment_picks_apples_production_or_sandbox_host(credentials) 
         config = ApnsConfig("TEAMID1234", "KEYID12345", str(credentials.apns_key), "chat.sigil.test",
                             environment)
         sender = await ApnsSender.create(config, credentials.apns_key, None, 5.0)
-        hosts[environment] = sender._client.pool.protocol_class.APNS_SERVER  # noqa: SLF001
+        hosts[environment] = sender._client.pool.protocol_class.APNS_SERVER
         await sender.close()
     assert hosts == {"production": "api.push.apple.com", "sandbox": "api.development.push.apple.com"}

@@ -22,6 +22,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from sigil_push.nostr.keys import SecretKey
+from sigil_push.nostr.nip42 import auth_event
 from sigil_push.observations import ObservationLog
 from sigil_push.relays import connection as relay_connection
 from sigil_push.relays.connection import BridgeKeySigner, RelayConnection
@@ -259,5 +260,65 @@ async def test_a_relay_that_refuses_and_never_challenges_is_gated(
                 await asyncio.sleep(0.05)
             assert connection.gated_reason == "auth-required"
             assert handler.gated == 1
+        finally:
+            await connection.stop()
+
+
+class OneKeyPerConnection(LoopbackRelay):
+    """Challenges on connect; the first AUTH gets OK true, every later one OK false (strfry)."""
+
+    async def _handle(self, ws: ServerConnection) -> None:
+        authenticated = False
+        with contextlib.suppress(ConnectionClosed):
+            await ws.send(json.dumps(["AUTH", "challenge-1"]))
+            async for text in ws:
+                message = json.loads(text)
+                if message[0] == "AUTH":
+                    ok = not authenticated
+                    authenticated = True
+                    reason = "" if ok else "error: already authenticated"
+                    await ws.send(json.dumps(["OK", message[1]["id"], ok, reason]))
+
+
+class TwoIdentities(Recorder):
+    """An AuthResponder answering one challenge with two AUTH events (two keys), recording the
+    relay's OK for each, as a connection shared by two users does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.keys = [SecretKey.generate(), SecretKey.generate()]
+        self.sent: dict[str, int] = {}
+        self.results: dict[int, tuple[bool, str]] = {}
+
+    async def answer_challenge(self, connection: RelayConnection, challenge: str) -> None:
+        for number, key in enumerate(self.keys):
+            event = auth_event(key, connection.url, challenge)
+            self.sent[event.id] = number
+            assert await connection.send_auth(event, connection.socket_generation)
+
+    def on_auth_result(
+        self, connection: RelayConnection, event_id: str, accepted: bool, reason: str
+    ) -> None:
+        self.results[self.sent[event_id]] = (accepted, reason)
+
+
+async def test_an_auth_responder_hears_the_relays_answer_to_each_key(
+    observations: ObservationLog,
+) -> None:
+    """A connection answered by an AuthResponder sends one AUTH per identity and reports the
+    relay's OK for each (only the prefix of the reason): how a one-key relay is recognised."""
+    async with OneKeyPerConnection() as relay:
+        responder = TwoIdentities()
+        connection = RelayConnection(
+            relay.url, responder, responder, observations, per_user=True
+        )
+        connection.start()
+        try:
+            for _ in range(400):
+                if len(responder.results) == 2:
+                    break
+                await asyncio.sleep(0.05)
+            assert responder.results == {0: (True, ""), 1: (False, "error")}
+            assert connection.auth_epoch == 2
         finally:
             await connection.stop()

@@ -2,15 +2,20 @@
 
 The connection knows the Nostr wire protocol but nothing about keys or shards: it parses each
 frame once and hands EVENT/EOSE/CLOSED to its handler (the bridge), which decides what to
-subscribe to. Who signs AUTH answers is a parameter (`AuthSigner`), so a per-user connection
-(NIP-46 delegated AUTH, relays/user_inbox.py) is the same class with the user's signer and
-`per_user=True`.
+subscribe to. Who signs AUTH answers is a parameter (`AuthSigner`, or an `AuthResponder` that
+answers for several identities), so a per-user connection (NIP-46 delegated AUTH,
+relays/inbox_connection.py) is the same class with `per_user=True`.
 
 NIP-42 may come at any time: on connect, or only in answer to a refused REQ (khatru, strfry),
 before or after the CLOSED that refuses it. Every REQ is remembered with the *AUTH epoch* it
 was sent in (how many AUTH answers this socket had sent then), so an answer (EOSE, CLOSED, a
 `restricted:` NOTICE) is judged against the identity the REQ was sent with: a refusal of a REQ
 sent before our AUTH only means "authenticate and ask again", never "gated".
+
+A connection shared by several users (delegated AUTH on a relay that accepts several keys per
+connection) answers a challenge with one AUTH per user: its `AuthResponder` signs and sends them
+itself (`send_auth`) and is told the relay's `OK` for each, which is how the bridge learns
+whether a relay keeps one authenticated key per connection or several.
 """
 
 from __future__ import annotations
@@ -23,8 +28,9 @@ import logging
 import random
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from prometheus_client import Counter, Gauge
 from websockets.asyncio.client import ClientConnection
@@ -59,6 +65,8 @@ AUTH_WINDOW_SECONDS = 60.0
 AUTH_WAIT_SECONDS = 10.0
 # REQs remembered per socket to attribute late answers (oldest forgotten first)
 MAX_TRACKED_REQS = 4096
+# AUTH events remembered per socket to match the relay's OK answers
+MAX_TRACKED_AUTHS = 256
 REFUSALS = ("auth-required", "restricted")
 
 CONNECTED = Gauge(
@@ -100,6 +108,7 @@ class SentReq:
 
     epoch: int
     answered: bool = False
+    refusal: str | None = None
 
 
 class State(enum.Enum):
@@ -121,6 +130,20 @@ class AuthSigner(Protocol):
     """
 
     async def sign_auth(self, relay_url: str, challenge: str) -> Event: ...
+
+
+@runtime_checkable
+class AuthResponder(Protocol):
+    """Answers a relay's challenge itself, possibly with several AUTH events (one per identity a
+    shared per-user connection carries), through `RelayConnection.send_auth`."""
+
+    async def answer_challenge(self, connection: RelayConnection, challenge: str) -> None: ...
+
+    def on_auth_result(
+        self, connection: RelayConnection, event_id: str, accepted: bool, reason: str
+    ) -> None:
+        """The relay's `OK` for an AUTH event this socket sent (`reason`: its prefix only)."""
+        ...
 
 
 class BridgeKeySigner:
@@ -186,22 +209,31 @@ class RelayConnection:
         self,
         url: str,
         handler: ConnectionHandler,
-        signer: AuthSigner,
+        signer: AuthSigner | AuthResponder,
         observations: ObservationLog,
         reconnect_min_seconds: float = 1.0,
         reconnect_max_seconds: float = 300.0,
         per_user: bool = False,
         max_frame_bytes: int = DEFAULT_MAX_INCOMING_BYTES,
+        skip_event: Callable[[str, int], bool] | None = None,
     ) -> None:
-        """`per_user`: a connection that authenticates as one user (delegated AUTH) beside the
+        """`per_user`: a connection that authenticates as users (delegated AUTH) beside the
         shared connection to the same URL. The URL-labelled gauges and the `relay` records of
-        the observation log describe the shared connection, so a per-user one leaves them alone;
-        and when its signer cannot answer, it closes and reconnects with backoff instead of
-        idling unauthenticated (the relay would never challenge that socket again)."""
+        the observation log describe the shared connection, so a per-user one leaves them alone,
+        and a refusal `NOTICE` is also reported to its handler as `on_closed` of the REQ it
+        answers. `signer` is an AuthSigner (one identity: sign, send, `on_authenticated`) or an
+        AuthResponder, which answers each challenge itself (relays/inbox_connection.py).
+        `skip_event`: sees each text frame (and when it arrived) before it is parsed; True
+        means the handler took it as an EVENT without needing it parsed (a firehose's
+        unaddressed DM, a copy of an event it has just verified)."""
         self.url = url
+        self._skip_event = skip_event
         self.per_user = per_user
         self._handler = handler
         self._signer = signer
+        self.socket_generation = 0
+        """Bumped on every open: an answer prepared for one socket is never sent on the next."""
+        self._auths_sent: OrderedDict[str, None] = OrderedDict()
         self._observations = observations
         self._reconnect_min = reconnect_min_seconds
         self._reconnect_max = reconnect_max_seconds
@@ -264,6 +296,12 @@ class RelayConnection:
         """The AUTH epoch a REQ still tracked on this socket was sent in (None if unknown)."""
         sent = self._reqs.get(sub_id)
         return None if sent is None else sent.epoch
+
+    def refusal(self, sub_id: str) -> str | None:
+        """The refusal prefix (`auth-required`, `restricted`) with which the relay answered a REQ
+        still tracked on this socket, if it refused it for want of (the right) AUTH."""
+        sent = self._reqs.get(sub_id)
+        return None if sent is None else sent.refusal
 
     def counts_as_read(self, sub_id: str) -> bool:
         """Whether the relay's answer to `sub_id` reflects the identity it serves us as: the REQ
@@ -330,8 +368,32 @@ class RelayConnection:
             self.state = State.BACKOFF
             await asyncio.sleep(delay * random.uniform(0.5, 1.0))
 
+    async def send_auth(self, event: Event, generation: int) -> bool:
+        """Send one AUTH answer on socket `generation` (False if that socket is gone): REQs sent
+        after it go out in a new AUTH epoch, and the relay's OK for it reaches the responder."""
+        if generation != self.socket_generation or self._ws is None:
+            return False
+        # REQs sent from here on go out after this AUTH (the relay handles frames in order)
+        self.auth_epoch += 1
+        self._auths_sent[event.id] = None
+        while len(self._auths_sent) > MAX_TRACKED_AUTHS:
+            self._auths_sent.popitem(last=False)
+        if not await self.send(["AUTH", event.to_json()]):
+            return False
+        AUTHS.labels(self.url).inc()
+        return True
+
+    async def drop(self, generation: int) -> None:
+        """Close socket `generation` if it is still the current one; the connection reconnects
+        with its usual backoff (a per-user socket whose only identity cannot authenticate)."""
+        ws = self._ws
+        if ws is not None and generation == self.socket_generation:
+            await ws.close()
+
     def _opened(self, ws: ClientConnection) -> None:
         self._ws = ws
+        self.socket_generation += 1
+        self._auths_sent.clear()
         self.auth_epoch = 0
         self.challenged = False
         self._challenges.clear()
@@ -377,6 +439,13 @@ class RelayConnection:
             self._reqs.popitem(last=False)
 
     def _dispatch(self, frame: str | bytes, received_ms: int) -> None:
+        if (
+            self._skip_event is not None
+            and isinstance(frame, str)
+            and self._skip_event(frame, received_ms)
+        ):
+            self.last_event_at = received_ms // 1000
+            return
         try:
             message = json.loads(frame) if isinstance(frame, str) else None
         except (ValueError, RecursionError):
@@ -398,9 +467,20 @@ class RelayConnection:
         elif verb == "AUTH" and isinstance(message[1], str):
             self._challenge(message[1])
         elif verb == "OK":
-            return
+            self._ok(message)
         else:
             self._malformed_frame()
+
+    def _ok(self, message: list[Any]) -> None:
+        """An OK for one of our AUTH events goes to the responder; other OKs mean nothing here."""
+        event_id = message[1]
+        if not isinstance(event_id, str) or event_id not in self._auths_sent:
+            return
+        del self._auths_sent[event_id]
+        if isinstance(self._signer, AuthResponder):
+            accepted = len(message) > 2 and message[2] is True
+            reason = _prefix(message[3]) if len(message) > 3 else ""
+            self._signer.on_auth_result(self, event_id, accepted, reason)
 
     def _malformed_frame(self) -> None:
         MALFORMED.labels(self.url).inc()
@@ -423,6 +503,8 @@ class RelayConnection:
         log.info("relay %s closed a subscription (%s)", self.url, reason or "no reason")
         sent = self._reqs.get(sub_id)
         if reason in REFUSALS:
+            if sent is not None:
+                sent.refusal = reason
             self._refusal(reason, sent.epoch if sent is not None else None)
         self._handler.on_closed(self, sub_id)
         self._reqs.pop(sub_id, None)
@@ -434,10 +516,17 @@ class RelayConnection:
         if reason in REFUSALS:
             # a NOTICE names no subscription (nostr-relay refuses a REQ this way): it answers
             # the oldest REQ still unanswered, the relay handles them in order
-            pending = next((s for s in self._reqs.values() if not s.answered), None)
+            sub_id, pending = next(
+                ((i, s) for i, s in self._reqs.items() if not s.answered), (None, None)
+            )
             if pending is not None:
                 pending.answered = True
+                pending.refusal = reason
             self._refusal(reason, pending.epoch if pending is not None else self.auth_epoch)
+            if self.per_user and sub_id is not None:
+                # a per-user handler judges each user's REQ by its own answer
+                self._handler.on_closed(self, sub_id)
+                self._reqs.pop(sub_id, None)
 
     def _refusal(self, reason: str, epoch: int | None) -> None:
         """A REQ sent in AUTH epoch `epoch` was refused for want of (the right) AUTH."""
@@ -473,7 +562,10 @@ class RelayConnection:
         if len(self._challenges) < MAX_TRACKED_REQS:
             self._challenges.add(challenge)
         self._auth_answers.append(now)
-        self._spawn(self._answer_auth(challenge))
+        if isinstance(self._signer, AuthResponder):
+            self._spawn(self._signer.answer_challenge(self, challenge))
+        else:
+            self._spawn(self._answer_auth(self._signer, challenge))
 
     def _set_gated(self, reason: str | None) -> None:
         if reason == self.gated_reason:
@@ -486,23 +578,18 @@ class RelayConnection:
                 log.warning("relay %s refuses the bridge even after AUTH (%s)", self.url, reason)
         self._handler.on_gated(self)
 
-    async def _answer_auth(self, challenge: str) -> None:
-        ws = self._ws
+    async def _answer_auth(self, signer: AuthSigner, challenge: str) -> None:
+        generation = self.socket_generation
         try:
-            event = await self._signer.sign_auth(self.url, challenge)
+            event = await signer.sign_auth(self.url, challenge)
         except AuthUnavailable as exc:
             log.warning("relay %s: cannot answer NIP-42 AUTH (%s)", self.url, type(exc).__name__)
             self._handler.on_auth_failed(self)
-            if self.per_user and ws is not None and ws is self._ws:
-                await ws.close()
+            if self.per_user:
+                await self.drop(generation)
             return
-        if ws is not self._ws:
-            # a remote signer can take seconds: the socket that sent this challenge is gone
-            return
-        # REQs sent from here on go out after this AUTH (the relay handles frames in order)
-        self.auth_epoch += 1
-        if await self.send(["AUTH", event.to_json()]):
-            AUTHS.labels(self.url).inc()
+        # a remote signer can take seconds: an answer whose socket is gone is not sent
+        if await self.send_auth(event, generation):
             if not self.per_user:
                 log.info("relay %s: answered NIP-42 AUTH", self.url)
             self._handler.on_authenticated(self)

@@ -8,6 +8,10 @@ instead of silently ignored, and the choice is fair rather than first come, firs
 (`RelayPlan.choose`): each key counts for at most MAX_RELAYS_PER_KEY relays, every key's inbox
 is served before any extra relay, and a key contributes one vote to the first tier, so throwaway
 keys naming many URLs cannot push a real user's only inbox relay out.
+
+A configured relay is read in firehose mode (one REQ for every DM, no `#p`) when its `mode` is
+"firehose", or "auto" with more than `bridge.firehose_above_keys` keys; users' own relays are
+always filtered (small inboxes: naming the few keys there is cheaper than reading everything).
 """
 
 from __future__ import annotations
@@ -140,6 +144,8 @@ class PoolOwner(Protocol):
 
     def on_event(self, url: str, sub_id: str, raw: Any, received_ms: int) -> None: ...
 
+    def raw_event(self, url: str, frame: str, received_ms: int) -> bool: ...
+
     def baselined(self, url: str, keys: frozenset[str]) -> None: ...
 
     def relay_gated(self, url: str) -> None: ...
@@ -163,8 +169,10 @@ class RelayPool:
         owner: PoolOwner,
         signer: AuthSigner,
         observations: ObservationLog,
+        modes: dict[str, str] | None = None,
     ) -> None:
         self._settings = settings
+        self._modes = modes or {}
         self.plan = RelayPlan(configured, settings.max_relays)
         self._owner = owner
         self._signer = signer
@@ -190,13 +198,15 @@ class RelayPool:
         left: list[tuple[str, str]] = []
         for url in chosen:
             keys_here = self.plan.keys_on(url, keys)
+            firehose = self.firehose_wanted(url, len(keys_here))
             subs = self.subs.get(url)
             if subs is None:
                 subs = self._open(url)
+                subs.set_firehose(firehose)
                 for pubkey in keys_here:
                     subs.add(pubkey)
                 continue
-            touched = False
+            touched = subs.set_firehose(firehose)
             for pubkey in changed:
                 if pubkey in keys_here:
                     if pubkey not in subs.keys and pubkey not in subs.overflow:
@@ -206,9 +216,21 @@ class RelayPool:
                     subs.remove(pubkey)
                     left.append((url, pubkey))
                     touched = True
+            newly = subs.take_newly_baselined()
+            if newly:
+                self._owner.baselined(url, newly)
             if touched:
                 self._spawn(self._sync(url))
         return left
+
+    def firehose_wanted(self, url: str, keys: int) -> bool:
+        """Firehose for a configured relay in mode "firehose", or "auto" past the threshold."""
+        if not self.plan.is_configured(url):
+            return False
+        mode = self._modes.get(url, "auto")
+        return mode == "firehose" or (
+            mode == "auto" and keys > self._settings.firehose_above_keys
+        )
 
     def _open(self, url: str) -> RelaySubscriptions:
         subs = RelaySubscriptions(
@@ -226,6 +248,7 @@ class RelayPool:
             self._settings.reconnect_min_seconds,
             self._settings.reconnect_max_seconds,
             max_frame_bytes=self._settings.max_frame_bytes,
+            skip_event=lambda frame, received_ms: self._raw_event(url, frame, received_ms),
         )
         self._connections[url] = connection
         UNSUBSCRIBED.labels(url).set(0)
@@ -367,6 +390,14 @@ class RelayPool:
             self._note_maybe_gated(connection.url, False)
         self._owner.on_event(connection.url, sub_id, raw, received_ms)
 
+    def _raw_event(self, url: str, frame: str, received_ms: int) -> bool:
+        """A frame the owner may take unparsed (see RelayConnection's `skip_event`)."""
+        if not self._owner.raw_event(url, frame, received_ms):
+            return False
+        if url in self._maybe_gated:
+            self._note_maybe_gated(url, False)
+        return True
+
     def congested(self, connection: RelayConnection) -> bool:
         return self._owner.congested(connection.url)
 
@@ -391,6 +422,7 @@ class RelayPool:
                 "keys": len(subs.keys),
                 "unsubscribed": len(subs.overflow),
                 "maybe_gated": url in self._maybe_gated,
+                "mode": "firehose" if subs.firehose else "filtered",
             }
         for url, wanted_by in self.plan.skipped.items():
             report[url] = {

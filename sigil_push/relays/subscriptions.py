@@ -7,6 +7,13 @@ Every REQ gets a fresh subscription id (`<shard>.<generation>`), so frames of a 
 can be told apart from frames of its successor. A key is "fresh" on a relay until the relay
 has sent EOSE for a REQ that included it: what the relay returns before that EOSE predates the
 registration and is remembered as seen, not pushed (CONTRACT section 5).
+
+A relay in firehose mode has one REQ for every DM (`{"kinds": [4, 1059]}`, no `#p`) whatever
+the number of keys: adding or removing a key sends nothing, and the relay learns nothing about
+who is registered. Keys join the baseline as soon as that REQ is past EOSE (events stored
+before its EOSE are checked against the recipient's registration time instead, by the bridge).
+Switching mode sends the new REQs before closing the old ones, from the relay's cursor, so the
+switch loses nothing and de-duplication absorbs the overlap.
 """
 
 from __future__ import annotations
@@ -66,6 +73,9 @@ class RelaySubscriptions:
         self.baselined: set[str] = baselined if baselined is not None else set()
         self.shard_of: dict[str, int] = {}
         self.shards: list[Shard] = []
+        # no shard before this index has room: adding a key costs O(1), not a scan of every
+        # shard (1M keys at 500 per shard made start-up quadratic)
+        self._first_with_room = 0
         self._pending: dict[str, SentReq] = {}
         self._generation = 0
         self._max_filters: int | None = None
@@ -74,6 +84,9 @@ class RelaySubscriptions:
         self._max_shards: int | None = None
         self._length_cap = 1 << 30
         self.overflow: set[str] = set()
+        self.firehose = False
+        self._retired: list[str] = []
+        self._newly_baselined: set[str] = set()
 
     @property
     def keys(self) -> dict[str, int]:
@@ -84,6 +97,14 @@ class RelaySubscriptions:
         shard grows up to the message size limit, and beyond that the key waits unsubscribed."""
         if key in self.shard_of or key in self.overflow:
             return
+        if self.firehose:
+            self.shard_of[key] = 0
+            if self._firehose_live():
+                # its events arrive live from now on; older ones come only in a later REQ's
+                # stored answer, where the bridge checks them against the registration time
+                self.baselined.add(key)
+                self._newly_baselined.add(key)
+            return
         shard = self._shard_with_room()
         if shard is None:
             self.overflow.add(key)
@@ -93,15 +114,18 @@ class RelaySubscriptions:
         self.shard_of[key] = shard.index
 
     def _shard_with_room(self) -> Shard | None:
-        for shard in self.shards:
-            if len(shard.keys) < self._capacity:
-                return shard
+        for index in range(self._first_with_room, len(self.shards)):
+            if len(self.shards[index].keys) < self._capacity:
+                self._first_with_room = index
+                return self.shards[index]
+        self._first_with_room = len(self.shards)
         if self._max_shards is None or len(self.shards) < self._max_shards:
             shard = Shard(len(self.shards))
             self.shards.append(shard)
             return shard
         if self._capacity < self._length_cap:
             self._capacity = min(self._length_cap, self._capacity + max(1, self._capacity // 2))
+            self._first_with_room = 0
             return self._shard_with_room()
         return None
 
@@ -109,10 +133,12 @@ class RelaySubscriptions:
         self.overflow.discard(key)
         index = self.shard_of.pop(key, None)
         self.baselined.discard(key)
-        if index is not None:
+        self._newly_baselined.discard(key)
+        if index is not None and not self.firehose:
             shard = self.shards[index]
             shard.keys.discard(key)
             shard.dirty = True
+            self._first_with_room = min(self._first_with_room, index)
             if self.overflow:
                 self.add(self.overflow.pop())
 
@@ -131,9 +157,12 @@ class RelaySubscriptions:
             self._max_shards = max(1, limits.max_subscriptions - 1)
             wanted = len(self.shard_of) + len(self.overflow)
             capacity = max(capacity, min(self._length_cap, math.ceil(wanted / self._max_shards)))
-        if capacity == self._capacity and not self.overflow:
+        if self.firehose or (capacity == self._capacity and not self.overflow):
+            self._capacity = capacity
+            self._first_with_room = 0
             return
         self._capacity = capacity
+        self._first_with_room = 0
         keys = [*self.shard_of, *self.overflow]
         old_subs = [shard.sub_id for shard in self.shards if shard.sub_id]
         self.shard_of.clear()
@@ -144,10 +173,45 @@ class RelaySubscriptions:
         for shard, sub_id in zip(self.shards, old_subs):
             shard.sub_id = sub_id
 
+    def set_firehose(self, firehose: bool) -> bool:
+        """Switch mode; True if it changed. The old REQs are retired: `due` closes them only
+        after the new ones are sent, and the new ones reach back to the relay's cursor."""
+        if firehose == self.firehose:
+            return False
+        self.firehose = firehose
+        retired = [shard.sub_id for shard in self.shards if shard.sub_id]
+        for sub_id in retired:
+            self._pending.pop(sub_id, None)
+        self._retired.extend(retired)
+        self._refused.clear()
+        keys = [*self.shard_of, *self.overflow]
+        self.shard_of.clear()
+        self.overflow.clear()
+        self.shards = [Shard(0)] if firehose else []
+        self._first_with_room = 0
+        for key in keys:
+            self.add(key)
+        return True
+
+    def take_newly_baselined(self) -> frozenset[str]:
+        """Keys that joined a live firehose since the last call (to be stored as baselined)."""
+        newly, self._newly_baselined = frozenset(self._newly_baselined), set()
+        return newly
+
+    def _firehose_live(self) -> bool:
+        shard = self.shards[0] if self.shards else None
+        return (
+            shard is not None
+            and shard.sub_id is not None
+            and not shard.dirty
+            and shard.sub_id not in self._pending
+        )
+
     def connection_lost(self) -> None:
         """The relay forgot every subscription: each shard must be requested again."""
         self._pending.clear()
         self._refused.clear()
+        self._retired.clear()
         for shard in self.shards:
             shard.dirty = True
             shard.sub_id = None
@@ -170,6 +234,9 @@ class RelaySubscriptions:
             shard.dirty = False
             self._refused.discard(shard.index)
             old = shard.sub_id
+            if self.firehose:
+                requests.append(self._firehose_request(shard, since_full, since_caught_up))
+                continue
             if not shard.keys:
                 shard.sub_id = None
                 if old:
@@ -187,7 +254,23 @@ class RelaySubscriptions:
             keys = sorted(shard.keys)
             self._pending[sub_id] = SentReq(sub_id, shard.index, fresh, keys, since)
             requests.append(Request(old, sub_id, self._filters(keys, since), bool(fresh)))
+        # retired REQs of the previous mode close only after their successors are sent
+        requests.extend(Request(sub_id, None, [], False) for sub_id in self._retired)
+        self._retired = []
         return requests
+
+    def _firehose_request(self, shard: Shard, since_full: int, since_caught_up: int) -> Request:
+        """The one REQ of a firehose relay; its `fresh` keys are those not yet baselined."""
+        old = shard.sub_id
+        if old:
+            self._pending.pop(old, None)
+        self._generation += 1
+        sub_id = f"sp{shard.index}.{self._generation}"
+        fresh = frozenset(key for key in self.shard_of if key not in self.baselined)
+        since = since_full if fresh else since_caught_up
+        shard.sub_id = sub_id
+        self._pending[sub_id] = SentReq(sub_id, shard.index, fresh, [], since)
+        return Request(old, sub_id, self._filters([], since), bool(fresh))
 
     def _filters(
         self, keys: list[str], since: int, until: int | None = None
@@ -195,6 +278,13 @@ class RelaySubscriptions:
         window: dict[str, Any] = (
             {"since": since} if until is None else {"since": since, "until": until}
         )
+        if self.firehose:
+            # no key in any filter; relay lists only from the window (they are matched by
+            # author locally, like the DMs by recipient)
+            fire = [{"kinds": list(DM_KINDS), **window}]
+            if self.with_lists and (self._max_filters is None or self._max_filters >= 2):
+                fire.append({"kinds": list(LIST_KINDS), **window})
+            return fire
         dm = [{"kinds": [kind], "#p": keys, **window} for kind in DM_KINDS]
         lists = [{"kinds": list(LIST_KINDS), "authors": keys}] if self.with_lists else []
         if self._max_filters is not None and len(dm) + len(lists) > self._max_filters:
@@ -239,7 +329,9 @@ class RelaySubscriptions:
             )
             filters = self._filters(sent.keys, sent.since, sent.oldest)
             return frozenset(), Request(close, page_id, filters, bool(sent.fresh))
-        newly = frozenset(key for key in sent.fresh if key in self.shard_of) - self.baselined
+        # on a firehose every key on the relay was covered by this REQ, even one added meanwhile
+        candidates = self.shard_of if self.firehose else sent.fresh
+        newly = frozenset(key for key in candidates if key in self.shard_of) - self.baselined
         self.baselined |= newly
         return newly, Request(close, None, [], False) if close else None
 
@@ -255,6 +347,17 @@ class RelaySubscriptions:
         if sent is not None:
             return recipient in sent.fresh
         return recipient in self.shard_of and recipient not in self.baselined
+
+    @property
+    def streaming(self) -> bool:
+        """A firehose with no REQ awaiting EOSE: every event is live, none needs counting
+        towards a page of stored events."""
+        return self.firehose and not self._pending
+
+    def catching_up(self, sub_id: str, recipient: str) -> bool:
+        """Firehose: whether an event for `recipient` may predate its registration (it came
+        before the REQ's EOSE, or the key is not baselined here yet)."""
+        return sub_id in self._pending or recipient not in self.baselined
 
     @property
     def live(self) -> bool:

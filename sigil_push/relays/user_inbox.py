@@ -3,20 +3,44 @@
 Many NIP-17 inbox relays serve DMs only to their recipient after NIP-42 AUTH, so the bridge's
 shared connection (authenticated as the bridge) is refused there. For a user whose delegated
 AUTH session is active, and only on the gated relays that are that user's own DM relays
-(registration `relays`, kind 10050/10002 list), `UserInboxes` keeps one extra connection that
-answers the relay's challenge with the user's signer and subscribes to that user's DMs alone.
-Events go into the bridge's normal ingest (verification, dedupe, the baseline rule, outbox).
+(registration `relays`, kind 10050/10002 list), `UserInboxes` reads the user's DMs over a
+connection that answers the relay's challenge with the user's signer and subscribes to that
+user's DMs alone (one REQ per user). Events go into the bridge's normal ingest (verification,
+dedupe, the baseline rule, outbox).
 
-A per-user connection sends its REQ as soon as it opens: many inboxes (khatru, strfry) never
+A connection sends each user's REQ as soon as it opens: many inboxes (khatru, strfry) never
 challenge on connect and only answer a refused REQ with `["AUTH", challenge]`, before or after
-the CLOSED. Each challenge is answered once by the user's signer, and the REQ is then sent again
-under a new subscription id; only an answer to a REQ sent after that AUTH (or on a socket that
-was never challenged) counts as reading, so a pre-AUTH EOSE with nothing in it, or the late
-CLOSED of the pre-AUTH REQ, neither baselines the user nor marks the relay as refusing them.
+the CLOSED. Each challenge is answered once per user by that user's signer, and the user's REQ
+is then sent again under a new subscription id; only an answer to a REQ sent after *that
+user's* AUTH (or on a socket that was never challenged) counts as reading, so a pre-AUTH EOSE
+with nothing in it, or the late CLOSED of the pre-AUTH REQ, neither baselines the user nor marks
+the relay as refusing them.
+
+One key per connection, or several: strfry refuses a second AUTH (`OK false`), khatru lets it
+replace the first key, nostr-rs-relay answers `OK true` and keeps the first; chorus accepts
+several keys on one connection. Which one a relay does is learned from its answers, per relay
+URL, for the life of the process (`auth_mode` in /health):
+
+- `unknown`: one *probe* connection takes two users; the rest wait for the verdict (at most
+  LEARN_SECONDS, then each gets a connection of their own, which is always safe). Once the first
+  user reads, the second user's AUTH goes out, then a fresh REQ for each of the two keys.
+- `multi`: both fresh REQs are served, and the relay had refused a pre-AUTH REQ out loud on that
+  socket (so its silence is not a refusal in disguise). Users then share connections, up to
+  USERS_PER_SHARED_CONNECTION each (fewer if NIP-11 `max_subscriptions` says so).
+- `single`: the second AUTH is refused, or either fresh REQ is refused (a replaced key), or the
+  relay never refuses out loud (nostr-rs-relay leaves DMs out silently, so a second key's EOSE
+  would prove nothing). Every user gets a connection of their own. A `multi` relay that later
+  refuses an AUTH or a REQ after AUTH on a shared connection falls back to `single`.
+
+A user whose signer cannot sign on a shared connection leaves it for a connection of their own,
+which closes and reconnects with backoff when its only signer fails, so a broken signer never
+holds back the other users and is asked at most once per challenge. The fairness caps hold:
+pairs are served round-robin over keys, and `bridge.max_user_connections` caps connections.
 
 The set of connections is recomputed from scratch whenever an input changes (a relay becomes
-gated or not, a session's status, a user's relays, an unregistration): one coalesced pass over
-the active sessions, cheap even for thousands of users, and never out of step with its inputs.
+gated or not, a session's status, a user's relays, an unregistration, a learned mode): one
+coalesced pass over the active sessions, cheap even for thousands of users, and never out of
+step with its inputs.
 """
 
 from __future__ import annotations
@@ -33,12 +57,21 @@ from prometheus_client import Counter, Gauge
 
 from sigil_push.config import BridgeConfig
 from sigil_push.observations import ObservationLog
-from sigil_push.relays.connection import AuthSigner, RelayConnection
-from sigil_push.relays.subscriptions import DM_KINDS
+from sigil_push.relays.connection import AuthSigner
+from sigil_push.relays.inbox_connection import USER_AUTHS, AuthMode, InboxConnection
 
 log = logging.getLogger(__name__)
 
-SUB_PREFIX = "dm."
+USERS_PER_SHARED_CONNECTION = 50
+"""Users on one connection to a relay that accepts several AUTHs: one REQ each, well inside
+chorus's default 128 subscriptions per connection, and one socket's challenge answered by at
+most this many signers at once."""
+PROBE_USERS = 2
+"""Users on the first connection to a relay whose mode is unknown: the key that reads first
+and the one whose AUTH tests the relay."""
+LEARN_SECONDS = 30.0
+"""How long the other users of a relay wait for the probe's verdict before each gets a
+connection of their own."""
 
 GATED_RELAYS = Gauge(
     "sigil_push_relay_gated_relays",
@@ -47,14 +80,18 @@ GATED_RELAYS = Gauge(
 USER_CONNECTIONS = Gauge(
     "sigil_push_delegated_auth_connections", "Per-user connections open for delegated AUTH"
 )
+USERS_SERVED = Gauge(
+    "sigil_push_delegated_auth_users",
+    "(relay, user) pairs carried by per-user connections, shared ones included",
+)
 USER_CONNECTIONS_SKIPPED = Gauge(
     "sigil_push_delegated_auth_connections_skipped",
-    "Per-user connections wanted but not opened because of bridge.max_user_connections",
+    "(relay, user) pairs wanted but not served because of bridge.max_user_connections",
 )
-USER_AUTHS = Counter(
-    "sigil_push_delegated_auth_relay_total",
-    "Delegated AUTH attempts on gated relays, by outcome (no per-user labels)",
-    ["relay", "outcome"],
+MODES_LEARNED = Counter(
+    "sigil_push_delegated_auth_modes_learned_total",
+    "Relays learned to keep one authenticated key per connection (single) or several (multi)",
+    ["mode"],
 )
 
 
@@ -86,149 +123,8 @@ class SessionSource(Protocol):
     def signer_for(self, pubkey: str) -> AuthSigner: ...
 
 
-class UserInbox:
-    """One user's connection to one gated relay: the handler of a per-user RelayConnection.
-
-    It subscribes at once and again after each AUTH the user's signer answered, and applies the
-    baseline rule for (relay, user) with the same set the shared connection uses.
-    """
-
-    def __init__(
-        self,
-        url: str,
-        pubkey: str,
-        manager: UserInboxes,
-        signer: AuthSigner,
-        observations: ObservationLog,
-        settings: BridgeConfig,
-    ) -> None:
-        self.url = url
-        self.pubkey = pubkey
-        self._manager = manager
-        self._owner = manager.owner
-        self._catchup = settings.catchup_seconds
-        self.authenticated = False
-        self.failed = False
-        self._fresh = False
-        self._eosed = False
-        self._generation = 0
-        self._sub_id: str | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
-        self.connection = RelayConnection(
-            url,
-            self,
-            signer,
-            observations,
-            settings.reconnect_min_seconds,
-            settings.reconnect_max_seconds,
-            per_user=True,
-            max_frame_bytes=settings.max_frame_bytes,
-        )
-
-    def start(self) -> None:
-        self.connection.start()
-
-    async def stop(self) -> None:
-        await self.connection.stop()
-        for task in list(self._tasks):
-            task.cancel()
-        self._set_authenticated(False)
-
-    # connection callbacks ---------------------------------------------------------------
-
-    def on_open(self, connection: RelayConnection) -> None:
-        """Ask straight away: the relay may never challenge until it has a REQ to refuse."""
-        self._sub_id = None
-        self._eosed = False
-        self._subscribe()
-
-    def on_authenticated(self, connection: RelayConnection) -> None:
-        """The user's AUTH went out: send the REQ again, now under the user's identity."""
-        self._subscribe()
-
-    def _subscribe(self) -> None:
-        self._fresh = self.pubkey not in self._owner.baselines_of(self.url)
-        old, self._generation = self._sub_id, self._generation + 1
-        self._sub_id = f"{SUB_PREFIX}{self._generation}"
-        since = int(time.time()) - self._catchup
-        dm_filter = {"kinds": list(DM_KINDS), "#p": [self.pubkey], "since": since}
-        task = asyncio.create_task(self._send(["REQ", self._sub_id, dm_filter], old))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _send(self, request: list[Any], replaces: str | None) -> None:
-        """The new REQ first, then the CLOSE of the one it replaces (no gap)."""
-        await self.connection.send(request)
-        if replaces is not None:
-            await self.connection.send(["CLOSE", replaces])
-
-    def on_event(
-        self, connection: RelayConnection, sub_id: str, raw: Any, received_ms: int
-    ) -> None:
-        if sub_id.startswith(SUB_PREFIX):
-            # until a REQ that counts reached EOSE, what a fresh user gets predates them
-            baseline = self._fresh and not self._eosed
-            self._owner.on_user_event(self.url, self.pubkey, raw, received_ms, baseline)
-
-    def on_eose(self, connection: RelayConnection, sub_id: str) -> None:
-        if sub_id != self._sub_id or self._eosed or not connection.counts_as_read(sub_id):
-            # a pre-AUTH answer (nostr-rs-relay leaves the DMs out silently) proves nothing
-            return
-        self._eosed = True
-        if self._fresh:
-            # stored after every event before this EOSE is committed (the bridge's rule)
-            self._owner.baselines_of(self.url).add(self.pubkey)
-            self._owner.baselined(self.url, frozenset((self.pubkey,)))
-        self.failed = False
-        USER_AUTHS.labels(self.url, "authenticated").inc()
-        self._set_authenticated(True)
-
-    def on_closed(self, connection: RelayConnection, sub_id: str) -> None:
-        """Only a CLOSED of the REQ sent after the user's AUTH is a refusal of the user; one for
-        an earlier REQ is the relay asking for AUTH (or its late answer to a replaced REQ)."""
-        epoch = connection.req_epoch(sub_id)
-        if sub_id == self._sub_id and epoch is not None and epoch > 0:
-            self._refused()
-
-    def on_gated(self, connection: RelayConnection) -> None:
-        if connection.gated_reason:
-            self._refused()
-
-    def on_auth_failed(self, connection: RelayConnection) -> None:
-        """The signer could not sign; the connection closes and retries with backoff."""
-        self._fail()
-
-    def on_down(self, connection: RelayConnection) -> None:
-        self._sub_id = None
-        self._set_authenticated(False)
-
-    def congested(self, connection: RelayConnection) -> bool:
-        return self._owner.congested(connection.url)
-
-    async def drained(self, connection: RelayConnection) -> None:
-        await self._owner.drained(connection.url)
-
-    # state ------------------------------------------------------------------------------
-
-    def _refused(self) -> None:
-        """The relay refused the user's own subscription even after the user's AUTH."""
-        if not self.failed:
-            log.info("relay %s refuses a user's subscription after delegated AUTH", self.url)
-        self._fail()
-        self._set_authenticated(False)
-
-    def _fail(self) -> None:
-        self.failed = True
-        USER_AUTHS.labels(self.url, "failed").inc()
-
-    def _set_authenticated(self, value: bool) -> None:
-        if value != self.authenticated:
-            self.authenticated = value
-            self._manager.authenticated_changed(self.url, value)
-
-
 class UserInboxes:
-    """Opens and closes the per-user connections so they always match their inputs."""
+    """Opens, fills and closes the per-user connections so they always match their inputs."""
 
     def __init__(
         self,
@@ -241,7 +137,13 @@ class UserInboxes:
         self._sessions = sessions
         self._observations = observations
         self._settings = settings
-        self._inboxes: dict[tuple[str, str], UserInbox] = {}
+        self._by_url: dict[str, list[InboxConnection]] = {}
+        self._where: dict[tuple[str, str], InboxConnection] = {}
+        self._solo: set[tuple[str, str]] = set()
+        self._modes: dict[str, AuthMode] = {}
+        self._learning_since: dict[str, float] = {}
+        self._gave_up: set[str] = set()
+        self._waiting: Tally[str] = Tally()
         self._authenticated: Tally[str] = Tally()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -249,7 +151,10 @@ class UserInboxes:
         self._labelled: set[str] = set()
         GATED_RELAYS.set(0)
         USER_CONNECTIONS.set(0)
+        USERS_SERVED.set(0)
         USER_CONNECTIONS_SKIPPED.set(0)
+        for mode in ("single", "multi"):
+            MODES_LEARNED.labels(mode)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="user-inboxes")
@@ -260,22 +165,79 @@ class UserInboxes:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        inboxes, self._inboxes = list(self._inboxes.values()), {}
-        await asyncio.gather(*(inbox.stop() for inbox in inboxes), *self._stopping)
+        connections = [c for conns in self._by_url.values() for c in conns]
+        self._by_url, self._where = {}, {}
+        await asyncio.gather(*(c.stop() for c in connections), *self._stopping)
 
     def changed(self) -> None:
         """Some input changed (gating, relays, registrations): reconcile soon, coalesced."""
         self._wake.set()
 
     def session_changed(self, pubkey: str, status: str) -> None:
-        """DelegatedAuth listener: a session became active, refused, unreachable or removed."""
+        """DelegatedAuth listener: a session became active, refused, unreachable or removed.
+        A new or renewed session gets another chance to share a connection."""
+        self._solo = {key for key in self._solo if key[1] != pubkey}
         self._wake.set()
+
+    def mode(self, url: str) -> AuthMode:
+        return self._modes.get(url, "unknown")
 
     async def _loop(self) -> None:
         while True:
             await self._wake.wait()
             self._wake.clear()
             self._reconcile()
+
+    # what the connections report --------------------------------------------------------
+
+    def learned(
+        self, connection: InboxConnection, mode: AuthMode, survivor: str | None, reason: str
+    ) -> None:
+        """A connection's answers showed how many keys the relay keeps per connection. On a
+        one-key relay the connection keeps `survivor` (the key the relay now serves); the
+        others get connections of their own at the next reconcile."""
+        url = connection.url
+        if mode == "multi" and self.mode(url) == "single":
+            return  # a late probe never undoes a relay's refusal: single stays single
+        if self._modes.get(url) != mode:
+            self._modes[url] = mode
+            MODES_LEARNED.labels(mode).inc()
+            log.info(
+                "relay %s keeps %s (%s)", url,
+                "several authenticated keys per connection" if mode == "multi"
+                else "one authenticated key per connection", reason,
+            )
+        if mode == "single":
+            for pubkey in [p for p in connection.members if p != survivor]:
+                self._detach(connection, pubkey)
+        self.changed()
+
+    def evict(self, connection: InboxConnection, pubkey: str) -> None:
+        """The user's signer failed on a shared connection: they get a connection of their
+        own, so the others keep reading."""
+        self._solo.add((connection.url, pubkey))
+        self._detach(connection, pubkey)
+        self.changed()
+
+    def reserve(self, connection: InboxConnection, pubkey: str) -> None:
+        """A lone user's signer failed: the connection stays theirs (nobody joins a connection
+        that is about to back off)."""
+        connection.solo = True
+        self._solo.add((connection.url, pubkey))
+
+    def authenticated_changed(self, url: str, authenticated: bool) -> None:
+        """Count authenticated users per relay; the log notes only that some user is, once per
+        stretch in which at least one is (no pubkeys, no counts)."""
+        if authenticated:
+            self._authenticated[url] += 1
+            if self._authenticated[url] == 1:
+                self._observations.relay_state(url, "authenticated_as_user", "delegated AUTH")
+        else:
+            self._authenticated[url] -= 1
+            if self._authenticated[url] <= 0:
+                del self._authenticated[url]
+
+    # reconciling ------------------------------------------------------------------------
 
     def _wanted(self, gated: set[str]) -> list[tuple[str, str]]:
         """Round-robin over keys: every key's first gated relay before any key's second, so a
@@ -295,58 +257,128 @@ class UserInboxes:
         gated = self.owner.gated_relays()
         GATED_RELAYS.set(len(gated))
         wanted = self._wanted(gated)
-        # connections already open keep their place under the cap: no churn when it is reached
-        ordered = [k for k in wanted if k in self._inboxes] + [
-            k for k in wanted if k not in self._inboxes
-        ]
-        keep = ordered[: self._settings.max_user_connections]
-        USER_CONNECTIONS_SKIPPED.set(len(ordered) - len(keep))
-        keep_set = set(keep)
-        for key in [k for k in self._inboxes if k not in keep_set]:
-            self._spawn_stop(self._inboxes.pop(key).stop())
+        wanted_set = set(wanted)
+        for key in [k for k in self._where if k not in wanted_set]:
+            self._detach(self._where[key], key[1])
+        self._solo &= wanted_set
+        for url, connections in list(self._by_url.items()):
+            if self.mode(url) == "single":
+                for shared in list(connections):
+                    keep = shared.primary()
+                    for pubkey in [p for p in shared.members if p != keep]:
+                        self._detach(shared, pubkey)
+        # pairs already served keep their place under the cap: no churn when it is reached
+        skipped = 0
+        self._waiting.clear()
+        for key in wanted:
+            if key in self._where:
+                continue
+            url, pubkey = key
+            connection = self._room_on(url, key)
+            if connection is None:
+                if self._learning(url):
+                    self._waiting[url] += 1
+                    continue
+                if self._connection_count() >= self._settings.max_user_connections:
+                    skipped += 1
+                    continue
+                connection = self._open(url, solo=key in self._solo)
+            connection.add(pubkey, self._sessions.signer_for(pubkey))
+            self._where[key] = connection
+        USER_CONNECTIONS_SKIPPED.set(skipped)
+        USER_CONNECTIONS.set(self._connection_count())
+        USERS_SERVED.set(len(self._where))
         # a relay with no user connection left drops its labelled series (URLs churn)
-        remaining = {url for url, _ in keep}
+        remaining = set(self._by_url)
         for url in self._labelled - remaining:
             for outcome in ("authenticated", "failed"):
                 with contextlib.suppress(KeyError):
                     USER_AUTHS.remove(url, outcome)
         self._labelled = remaining
-        for url, pubkey in keep:
-            if (url, pubkey) not in self._inboxes:
-                inbox = UserInbox(
-                    url,
-                    pubkey,
-                    self,
-                    self._sessions.signer_for(pubkey),
-                    self._observations,
-                    self._settings,
-                )
-                self._inboxes[(url, pubkey)] = inbox
-                inbox.start()
-        USER_CONNECTIONS.set(len(self._inboxes))
+
+    def _placement(self, url: str) -> AuthMode:
+        """How users are placed on `url`: its learned mode, and `single` once an unknown
+        relay's probe has had LEARN_SECONDS without a verdict."""
+        mode = self.mode(url)
+        return "single" if mode == "unknown" and url in self._gave_up else mode
+
+    def _room_on(self, url: str, key: tuple[str, str]) -> InboxConnection | None:
+        """An open connection on `url` this pair may join, if the relay allows sharing."""
+        placement = self._placement(url)
+        if key in self._solo or placement == "single":
+            return None
+        limit = self._group_size(url) if placement == "multi" else PROBE_USERS
+        return next(
+            (c for c in self._by_url.get(url, []) if not c.solo and len(c.members) < limit),
+            None,
+        )
+
+    def _learning(self, url: str) -> bool:
+        """Whether new users of `url` wait for the probe's verdict (a bounded while)."""
+        if self._placement(url) != "unknown" or not any(
+            not c.solo for c in self._by_url.get(url, [])
+        ):
+            return False
+        started = self._learning_since.get(url)
+        if started is None:
+            # the clock starts when the first user has to wait
+            started = self._learning_since[url] = time.monotonic()
+            asyncio.get_running_loop().call_later(LEARN_SECONDS + 0.1, self.changed)
+        if time.monotonic() - started >= LEARN_SECONDS:
+            self._gave_up.add(url)
+            return False
+        return True
+
+    def _group_size(self, url: str) -> int:
+        limits = next(
+            (c.connection.limits for c in self._by_url.get(url, []) if c.connection.limits), None
+        )
+        if limits is not None and limits.max_subscriptions:
+            # one REQ per user, and room for each user's replacement REQ in flight
+            return max(1, min(USERS_PER_SHARED_CONNECTION, limits.max_subscriptions // 2))
+        return USERS_PER_SHARED_CONNECTION
+
+    def _open(self, url: str, solo: bool) -> InboxConnection:
+        connection = InboxConnection(url, self, self._observations, self._settings, solo)
+        self._by_url.setdefault(url, []).append(connection)
+        connection.start()
+        return connection
+
+    def _detach(self, connection: InboxConnection, pubkey: str) -> None:
+        """Take the user off the connection; a connection left without users closes."""
+        connection.remove(pubkey)
+        if self._where.get((connection.url, pubkey)) is connection:
+            del self._where[(connection.url, pubkey)]
+        if connection.members:
+            return
+        connections = self._by_url.get(connection.url, [])
+        if connection in connections:
+            connections.remove(connection)
+            if not connections:
+                del self._by_url[connection.url]
+            self._spawn_stop(connection.stop())
+
+    def _connection_count(self) -> int:
+        return sum(len(connections) for connections in self._by_url.values())
 
     def _spawn_stop(self, coroutine: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coroutine)
         self._stopping.add(task)
         task.add_done_callback(self._stopping.discard)
 
-    def authenticated_changed(self, url: str, authenticated: bool) -> None:
-        """Count authenticated users per relay; the log notes only that some user is, once per
-        stretch in which at least one is (no pubkeys, no counts)."""
-        if authenticated:
-            self._authenticated[url] += 1
-            if self._authenticated[url] == 1:
-                self._observations.relay_state(url, "authenticated_as_user", "delegated AUTH")
-        else:
-            self._authenticated[url] -= 1
-            if self._authenticated[url] <= 0:
-                del self._authenticated[url]
+    # health -----------------------------------------------------------------------------
 
-    def health(self) -> dict[str, dict[str, int]]:
-        """Per relay: how many users' connections are authenticated and how many failed."""
-        report: dict[str, dict[str, int]] = {}
-        for (url, _), inbox in self._inboxes.items():
-            entry = report.setdefault(url, {"users_authenticated": 0, "users_failed": 0})
-            entry["users_authenticated"] += inbox.authenticated
-            entry["users_failed"] += inbox.failed
+    def health(self) -> dict[str, dict[str, Any]]:
+        """Per gated relay: users reading, failed and waiting for the mode to be learned, the
+        connections carrying them, and what the relay's answers taught (`auth_mode`)."""
+        report: dict[str, dict[str, Any]] = {}
+        for url in set(self._by_url) | set(self._modes) | self.owner.gated_relays():
+            members = [m for c in self._by_url.get(url, []) for m in c.members.values()]
+            report[url] = {
+                "users_authenticated": sum(m.authenticated for m in members),
+                "users_failed": sum(m.failed for m in members),
+                "users_waiting": self._waiting.get(url, 0),
+                "user_connections": len(self._by_url.get(url, [])),
+                "auth_mode": self.mode(url),
+            }
         return report

@@ -15,7 +15,9 @@ without AUTH); this layer only adds each implementation's AUTH policy for DM rea
 - `silent` (nostr-rs-relay with nip42_dms): AUTH on connect; DMs for anyone not authenticated
   as a party are left out without a word, so a REQ gets only EOSE.
 
-A second key's AUTH on a one-key relay is answered `OK false "restricted: ..."`.
+A second key's AUTH on one connection is answered as each implementation does: `lazy` (khatru)
+says OK and the new key replaces the first, `strfry` says `OK false "error: already
+authenticated"`, `silent` (nostr-rs-relay) says OK and keeps the first key, `multi` adds it.
 `late_closed=True` holds the CLOSED of a refused REQ back until the connection authenticated,
 the order that made the bridge mistake its pre-AUTH REQ's answer for a refusal after AUTH.
 `any_key_reads=True` lets any authenticated key read every DM (so the bridge's own key can).
@@ -65,6 +67,9 @@ class AuthRelay:
         self.url = f"ws://127.0.0.1:{self.port}"
         # what the relay saw, for assertions (read from the test's thread)
         self.connections = 0
+        self.auth_connections = 0
+        """Connections on which at least one key authenticated."""
+        self.open_sessions: set[_Session] = set()
         self.authenticated: list[str] = []
         self.refused_second_auth = 0
         self.refused_reqs = 0
@@ -112,6 +117,7 @@ class AuthRelay:
     async def _handle(self, ws: ServerConnection) -> None:
         self.connections += 1
         session = _Session(self, ws, secrets.token_hex(16))
+        self.open_sessions.add(session)
         try:
             async with connect(self.upstream.url, proxy=None, max_size=None) as upstream:
                 session.upstream = upstream
@@ -124,6 +130,12 @@ class AuthRelay:
                         await pump
         except (ConnectionClosed, OSError):
             return
+        finally:
+            self.open_sessions.discard(session)
+
+    def keys_by_connection(self) -> list[list[str]]:
+        """The keys each open connection is authenticated as (read from the test's thread)."""
+        return [list(session.keys) for session in list(self.open_sessions) if session.keys]
 
 
 class _Session:
@@ -178,11 +190,18 @@ class _Session:
         if not event.verify() or raw.get("kind") != 22242 or tags.get("challenge") != self.challenge:
             await self.send(["OK", raw.get("id", ""), False, "auth-required: bad AUTH event"])
             return
-        if self.keys and pubkey not in self.keys and self.relay.mode != "multi":
+        if self.keys and self.relay.mode == "strfry":
             self.relay.refused_second_auth += 1
-            await self.send(["OK", raw["id"], False, "restricted: one key per connection"])
+            await self.send(["OK", raw["id"], False, "error: already authenticated"])
             return
-        if pubkey not in self.keys:
+        if not self.keys:
+            self.relay.auth_connections += 1
+        if self.keys and self.relay.mode == "silent":
+            pass  # nostr-rs-relay: "already authenticated", OK, the first key stays
+        elif self.keys and self.relay.mode == "lazy":
+            self.keys = [pubkey]  # khatru: the later AUTH replaces the authenticated key
+            self.relay.authenticated.append(pubkey)
+        elif pubkey not in self.keys:
             self.keys.append(pubkey)
             self.relay.authenticated.append(pubkey)
         await self.send(["OK", raw["id"], True, ""])

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Self
 
 
 def free_port() -> int:
@@ -83,15 +83,15 @@ class RelayProcess:
             lines.extend(f"    {action}: {role}" for action, role in auth_actions.items())
         self.config_path.write_text("\n".join(lines) + "\n")
 
-    def start(self) -> RelayProcess:
-        log = open(self.folder / "relay.log", "ab")
-        self._process = subprocess.Popen(
-            [*_relay_command(), "-c", str(self.config_path), "serve", "--use-uvicorn"],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            cwd=self.folder,
-        )
+    def start(self) -> Self:
+        with open(self.folder / "relay.log", "ab") as log:  # the child keeps its own copy
+            self._process = subprocess.Popen(
+                [*_relay_command(), "-c", str(self.config_path), "serve", "--use-uvicorn"],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=self.folder,
+            )
         try:
             wait_for_port(self.port)
         except TimeoutError:
@@ -119,8 +119,8 @@ class RelayProcess:
             check=True, capture_output=True, cwd=self.folder,
         )
 
-    def __enter__(self) -> RelayProcess:
+    def __enter__(self) -> Self:
         return self.start()
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()

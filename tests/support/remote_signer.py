@@ -120,14 +120,21 @@ class RemoteSigner:
             self.relay_url, [self.signer_keys.public_key()]
         )
         self._ready.set()
+        # One `next()` stays pending across the stop checks and is never cancelled: cancelling
+        # it (as `wait_for` does on its timeout) can drop the notification nostr-sdk was just
+        # handing over, and a request lost that way looks to the bridge like an unreachable
+        # signer (15 s timeout, then a minute's pause).
+        pending: asyncio.Future[Any] = asyncio.ensure_future(notifications.next())
         while not self._stop.is_set():
-            try:
-                notification = await asyncio.wait_for(notifications.next(), 0.5)
-            except TimeoutError:
+            done, _ = await asyncio.wait({pending}, timeout=0.5)
+            if not done:
                 continue
+            notification = pending.result()
+            pending = asyncio.ensure_future(notifications.next())
             if notification is None or not notification.is_new_event():
                 continue
             await self._answer(client, notification.event)
+        pending.cancel()
         await client.shutdown()
 
     async def _answer(self, client: nostr_sdk.Client, event: nostr_sdk.Event) -> None:

@@ -13,7 +13,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from tests.support.relay import free_port
 
@@ -54,14 +54,14 @@ class ServiceProcess:
             f"{extra_toml}\n"
         )
 
-    def start(self, wait: bool = True) -> ServiceProcess:
-        log = open(self.log_path, "ab")
+    def start(self, wait: bool = True) -> Self:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self._process = subprocess.Popen(
-            [sys.executable, "-m", "sigil_push", "--log-level", "DEBUG", "serve", "--config",
-             str(self.config_path)],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
-        )
+        with open(self.log_path, "ab") as log:  # the child keeps its own copy
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", "sigil_push", "--log-level", "DEBUG", "serve", "--config",
+                 str(self.config_path)],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
+            )
         if wait:
             self.wait_healthy()
         return self
@@ -105,7 +105,7 @@ class ServiceProcess:
 
     def observation_records(self) -> list[dict[str, Any]]:
         """Every record so far, from the hourly files, compressed (finished hours) or not."""
-        records = []
+        records: list[dict[str, Any]] = []
         for path in sorted(self.observations.glob("observations-*.jsonl*")):
             if path.name.endswith(".jsonl.gz"):
                 text = gzip.decompress(path.read_bytes()).decode()
@@ -116,8 +116,8 @@ class ServiceProcess:
             records.extend(json.loads(line) for line in text.splitlines() if line)
         return records
 
-    def __enter__(self) -> ServiceProcess:
+    def __enter__(self) -> Self:
         return self.start()
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()

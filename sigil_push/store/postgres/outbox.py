@@ -120,7 +120,10 @@ class PostgresOutbox:
 
         As on SQLite, the first `limit` rows pick the phones (platform, token) and every other
         due row for those phones comes along, up to SIBLINGS x `limit` rows: a batch boundary
-        never splits the wakeups of a phone's accounts into two pushes.
+        never splits the wakeups of a phone's accounts into two pushes. The head rows are
+        locked (SKIP LOCKED) as they are picked: otherwise a worker racing another one would
+        see the same head, find every row of it locked, and take an empty batch for "nothing
+        due".
         """
         free = "o.next_attempt_ms <= $1 AND (o.claimed_until_ms IS NULL OR o.claimed_until_ms <= $1)"
         only = "" if platforms is None else " AND d.platform = ANY($6::text[])"
@@ -132,7 +135,8 @@ class PostgresOutbox:
         rows = await self._db.fetch(
             "WITH head AS (SELECT DISTINCT d.platform, d.token FROM"
             "  (SELECT o.device_id FROM outbox o JOIN devices d ON d.id = o.device_id"
-            f"   WHERE {free}{only} ORDER BY o.next_attempt_ms, o.id LIMIT $2) first"
+            f"   WHERE {free}{only} ORDER BY o.next_attempt_ms, o.id LIMIT $2"
+            "   FOR UPDATE OF o SKIP LOCKED) first"
             "  JOIN devices d ON d.id = first.device_id),"
             " picked AS (SELECT o.id FROM outbox o JOIN devices d ON d.id = o.device_id"
             "  JOIN head h ON h.platform = d.platform AND h.token = d.token"
