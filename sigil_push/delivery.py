@@ -122,6 +122,12 @@ class Delivery:
         self._completer_task: asyncio.Task[None] | None = None
         self._housekeeping_at = 0.0
         self._unsettled: list[int] = []
+        # metric series bound once: a labels() lookup per push is a measurable share of a push
+        self._pushes = {
+            (s.provider, status): metrics.PUSHES.labels(s.provider, status.value)
+            for s in senders.values() for status in Status
+        }
+        self._latency = {s.provider: metrics.LATENCY.labels(s.provider) for s in senders.values()}
 
     async def start(self) -> None:
         """Resume what a previous run left in the outbox, then start sending."""
@@ -442,15 +448,15 @@ class Delivery:
                     answered - wakeup.first_seen_ms,
                 )
             if sender is not None:
-                metrics.PUSHES.labels(provider, Status.FAILED.value).inc()
+                self._pushes[provider, Status.FAILED].inc()
                 metrics.STALE_DROPPED.labels(provider).inc()
         log.warning("gave up %d wakeups (%s)", len(wakeups), reason)
         await self._outbox.complete([w.id for w in wakeups])
 
     def _record(self, push: Push, provider: str, status: Status, answered_ms: int) -> None:
-        metrics.PUSHES.labels(provider, status.value).inc()
+        self._pushes[provider, status].inc()
         oldest = min(w.first_seen_ms for w in push.wakeups)
-        metrics.LATENCY.labels(provider).observe(max(0, answered_ms - oldest) / 1000)
+        self._latency[provider].observe(max(0, answered_ms - oldest) / 1000)
         if self._record_outcomes:
             for wakeup in push.wakeups:
                 self._observations.push(

@@ -41,6 +41,8 @@ HOUR_MS = 3_600_000
 DAY_MS = 24 * HOUR_MS
 STAGED_SUFFIX = ".compressing"
 FILE_NAME = re.compile(r"^observations-(\d{8}T\d{2})\.jsonl(\.gz)?$")
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
+"""One encoder for every record: json.dumps with options builds a new one per call."""
 
 LOG_BYTES = Gauge(
     "sigil_push_observations_bytes", "Size on disk of the observation log folder's hourly files"
@@ -161,13 +163,18 @@ class ObservationLog:
                     log.exception("cannot write the observation log; %d records lost", len(records))
 
     def _write(self, records: list[dict[str, Any]]) -> None:
-        by_file: dict[str, list[str]] = {}
+        # grouped by hour first: the file name is worked out once per hour, not per record
+        by_hour: dict[int, list[str]] = {}
+        encode = _ENCODER.encode
         for record in records:
-            by_file.setdefault(file_name_for(record["ts"]), []).append(
-                json.dumps(record, separators=(",", ":"))
-            )
+            hour = record["ts"] // HOUR_MS
+            lines = by_hour.get(hour)
+            if lines is None:
+                lines = by_hour[hour] = []
+            lines.append(encode(record))
         with self._files:
-            for name, lines in by_file.items():
+            for hour, lines in by_hour.items():
+                name = file_name_for(hour * HOUR_MS)
                 with open(self._folder / name, "a", encoding="utf-8") as handle:
                     handle.write("\n".join(lines) + "\n")
 
