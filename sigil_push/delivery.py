@@ -307,8 +307,10 @@ class Delivery:
         rate_gate = self._rate.next_allowed_ms(phone, now)
         if rate_gate > now:
             return [], {rate_gate: [w.id for w in wakeups]}
-        opaque = [w for w in wakeups if w.device.payload == "opaque"]
-        specific = [w for w in wakeups if w.device.payload != "opaque"]
+        opaque: list[Wakeup] = []
+        specific: list[Wakeup] = []
+        for wakeup in wakeups:
+            (opaque if wakeup.device.payload == "opaque" else specific).append(wakeup)
         window_gate = now
         last = self._last_push_ms.get(phone)
         if self._coalesce_ms and last is not None:
@@ -340,9 +342,14 @@ class Delivery:
         """Opaque for several wakeups; one wakeup carries what its registration asked for."""
         first = wakeups[0]
         device = first.device
-        oldest_ms = min(w.first_seen_ms for w in wakeups)
+        event_ids: tuple[str, ...]
+        if len(wakeups) == 1:  # most pushes: spared the generators below
+            oldest_ms, event_ids = first.first_seen_ms, (first.event_id,)
+            opaque = device.payload == "opaque"
+        else:
+            oldest_ms = min(w.first_seen_ms for w in wakeups)
+            event_ids, opaque = tuple(w.event_id for w in wakeups), True
         ttl = max(1, (self._push.max_wakeup_age_seconds * 1000 - (now - oldest_ms)) // 1000)
-        opaque = device.payload == "opaque" or len(wakeups) > 1
         data = opaque_data()
         if not opaque:
             data = wakeup_data(device.payload, first.event_id, first.relay, first.event_json)
@@ -352,7 +359,7 @@ class Delivery:
                 if not fits(data):
                     data = opaque_data()
         return WakeupMessage(
-            event_ids=tuple(w.event_id for w in wakeups),
+            event_ids=event_ids,
             data=data,
             collapse_id=self._outbox.collapse_id(first.id),
             ttl_seconds=int(ttl),
