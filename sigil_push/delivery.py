@@ -123,6 +123,12 @@ class Delivery:
         self._completer_task: asyncio.Task[None] | None = None
         self._housekeeping_at = 0.0
         self._unsettled: list[int] = []
+        # metric series bound once: a labels() lookup per push is a measurable share of a push
+        self._pushes = {
+            (s.provider, status): metrics.PUSHES.labels(s.provider, status.value)
+            for s in senders.values() for status in Status
+        }
+        self._latency = {s.provider: metrics.LATENCY.labels(s.provider) for s in senders.values()}
 
     async def start(self) -> None:
         """Resume what a previous run left in the outbox, then start sending."""
@@ -302,8 +308,10 @@ class Delivery:
         rate_gate = self._rate.next_allowed_ms(phone, now)
         if rate_gate > now:
             return [], {rate_gate: [w.id for w in wakeups]}
-        opaque = [w for w in wakeups if w.device.payload == "opaque"]
-        specific = [w for w in wakeups if w.device.payload != "opaque"]
+        opaque: list[Wakeup] = []
+        specific: list[Wakeup] = []
+        for wakeup in wakeups:
+            (opaque if wakeup.device.payload == "opaque" else specific).append(wakeup)
         window_gate = now
         last = self._last_push_ms.get(phone)
         if self._coalesce_ms and last is not None:
@@ -335,9 +343,14 @@ class Delivery:
         """Opaque for several wakeups; one wakeup carries what its registration asked for."""
         first = wakeups[0]
         device = first.device
-        oldest_ms = min(w.first_seen_ms for w in wakeups)
+        event_ids: tuple[str, ...]
+        if len(wakeups) == 1:  # most pushes: spared the generators below
+            oldest_ms, event_ids = first.first_seen_ms, (first.event_id,)
+            opaque = device.payload == "opaque"
+        else:
+            oldest_ms = min(w.first_seen_ms for w in wakeups)
+            event_ids, opaque = tuple(w.event_id for w in wakeups), True
         ttl = max(1, (self._push.max_wakeup_age_seconds * 1000 - (now - oldest_ms)) // 1000)
-        opaque = device.payload == "opaque" or len(wakeups) > 1
         data = opaque_data()
         if not opaque:
             data = wakeup_data(device.payload, first.event_id, first.relay, first.event_json)
@@ -347,7 +360,7 @@ class Delivery:
                 if not fits(data):
                     data = opaque_data()
         return WakeupMessage(
-            event_ids=tuple(w.event_id for w in wakeups),
+            event_ids=event_ids,
             data=data,
             collapse_id=self._outbox.collapse_id(first.id),
             ttl_seconds=int(ttl),
@@ -443,15 +456,15 @@ class Delivery:
                     answered - wakeup.first_seen_ms,
                 )
             if sender is not None:
-                metrics.PUSHES.labels(provider, Status.FAILED.value).inc()
+                self._pushes[provider, Status.FAILED].inc()
                 metrics.STALE_DROPPED.labels(provider).inc()
         log.warning("gave up %d wakeups (%s)", len(wakeups), reason)
         await self._outbox.complete([w.id for w in wakeups])
 
     def _record(self, push: Push, provider: str, status: Status, answered_ms: int) -> None:
-        metrics.PUSHES.labels(provider, status.value).inc()
+        self._pushes[provider, status].inc()
         oldest = min(w.first_seen_ms for w in push.wakeups)
-        metrics.LATENCY.labels(provider).observe(max(0, answered_ms - oldest) / 1000)
+        self._latency[provider].observe(max(0, answered_ms - oldest) / 1000)
         if self._record_outcomes:
             for wakeup in push.wakeups:
                 self._observations.push(

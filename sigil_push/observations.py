@@ -44,6 +44,7 @@ HOUR_MS = 3_600_000
 DAY_MS = 24 * HOUR_MS
 STAGED_SUFFIX = ".compressing"
 _ENCODER = json.JSONEncoder(separators=(",", ":"))
+"""One encoder for every record: json.dumps with options builds a new one per call."""
 _HEX = frozenset("0123456789abcdef")
 FILE_NAME = re.compile(r"^observations-(?:([A-Za-z0-9._-]+)-)?(\d{8}T\d{2})\.jsonl(\.gz)?$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")

@@ -122,8 +122,7 @@ class Outbox:
         """
         if not self._secret:
             raise RuntimeError("Outbox.resume() must run before collapse ids are made")
-        digest = hmac.new(self._secret, str(wakeup_id).encode(), hashlib.sha256)
-        return digest.hexdigest()[:32]
+        return hmac.digest(self._secret, str(wakeup_id).encode(), hashlib.sha256).hex()[:32]
 
     async def due(
         self, now_ms: int, limit: int, platforms: Sequence[str] | None = None
@@ -158,11 +157,17 @@ class Outbox:
             " ORDER BY o.next_attempt_ms, o.id LIMIT ?",
             (now_ms, *(platforms or ()), limit, now_ms, SIBLINGS * limit),
         )
-        return [
-            Wakeup(int(r[0]), Device.from_row(r[6:]), str(r[1]), str(r[2]),
-                   None if r[3] is None else str(r[3]), int(r[4]), int(r[5]))
-            for r in rows
-        ]
+        devices: dict[object, Device] = {}  # a phone's rows share one registration object
+        wakeups = []
+        for r in rows:
+            device = devices.get(r[6])
+            if device is None:
+                device = devices[r[6]] = Device.from_row(r[6:])
+            wakeups.append(
+                Wakeup(int(r[0]), device, str(r[1]), str(r[2]),
+                       None if r[3] is None else str(r[3]), int(r[4]), int(r[5]))
+            )
+        return wakeups
 
     async def next_due_ms(self) -> int | None:
         [(due,)] = await self._db.execute_fetchall(
@@ -173,7 +178,7 @@ class Outbox:
     async def claim(self, wakeup_ids: Sequence[int], now_ms: int) -> None:
         """Mark wakeups as in flight and count the attempt, before anything is sent."""
         for chunk in _chunks(wakeup_ids):
-            await self._run(
+            await self._write(
                 "UPDATE outbox SET claimed_ms = ?, attempts = attempts + 1"
                 f" WHERE id IN ({','.join('?' * len(chunk))})",
                 (now_ms, *chunk),
@@ -182,14 +187,14 @@ class Outbox:
     async def complete(self, wakeup_ids: Sequence[int]) -> None:
         """Remove wakeups that reached a final outcome."""
         for chunk in _chunks(wakeup_ids):
-            await self._run(
+            await self._write(
                 f"DELETE FROM outbox WHERE id IN ({','.join('?' * len(chunk))})", tuple(chunk)
             )
 
     async def reschedule(self, wakeup_ids: Sequence[int], next_attempt_ms: int) -> None:
         """Release wakeups (claimed or not) to be due again at `next_attempt_ms`."""
         for chunk in _chunks(wakeup_ids):
-            await self._run(
+            await self._write(
                 "UPDATE outbox SET claimed_ms = NULL, next_attempt_ms = ?"
                 f" WHERE id IN ({','.join('?' * len(chunk))})",
                 (next_attempt_ms, *chunk),
@@ -209,6 +214,12 @@ class Outbox:
                 tuple(chunk),
             )
         return len(stale)
+
+    async def _write(self, sql: str, parameters: Sequence[object]) -> None:
+        """Execute one write statement whose row count nobody reads: a single trip to the
+        database thread (a cursor's execute and close are two), which the per-push settling
+        pays for on every batch."""
+        await self._db.execute_fetchall(sql, tuple(parameters))
 
     async def _run(self, sql: str, parameters: Sequence[object]) -> int:
         """Execute one write statement; returns the number of rows it changed."""

@@ -12,7 +12,7 @@ import itertools
 import ssl
 from pathlib import Path
 from urllib.parse import urlsplit
-from uuid import UUID, uuid4
+from uuid import uuid4
 
 from aioapns import APNs, NotificationRequest, PushType
 from aioapns.common import NotificationResult
@@ -31,6 +31,12 @@ from sigil_push.push.payload import MAX_PAYLOAD_BYTES, apns_body, apns_size
 
 PRIORITY_IMMEDIATE = 10
 _UUID_MASK = (1 << 128) - 1
+_APS_BYTES = apns_size({})
+"""The body with no extras: the fixed alert alone."""
+_JSON_BYTES_PER_CHAR = 6
+"""The most one character can take in the body: `\\u001f` (escapes) or 4 UTF-8 bytes."""
+_ENTRY_OVERHEAD = 6
+"""`, "k": "v"` around one extra key and value: comma, space, four quotes, colon, space."""
 
 DEAD_TOKEN_REASONS = frozenset({"BadDeviceToken", "Unregistered", "DeviceTokenNotForTopic"})
 """The token will never work for this app again: forget the device."""
@@ -127,13 +133,19 @@ class ApnsSender:
         return cls(client, timeout_seconds)
 
     def fits(self, data: dict[str, str]) -> bool:
-        return apns_size(data) <= MAX_PAYLOAD_BYTES
+        """Within APNs' limit. An upper bound on the size decides most bodies (an id and a
+        relay URL) without serialising them; only a body near the limit is measured."""
+        bound = _APS_BYTES
+        for key, value in data.items():
+            if key != "type":
+                bound += _ENTRY_OVERHEAD + _JSON_BYTES_PER_CHAR * (len(key) + len(value))
+        return bound <= MAX_PAYLOAD_BYTES or apns_size(data) <= MAX_PAYLOAD_BYTES
 
     async def send(self, message: WakeupMessage, device: Device) -> Outcome:
         request = NotificationRequest(
             device_token=device.token,
             message=apns_body(message.data),
-            notification_id=str(UUID(int=(self._id_base + next(self._ids)) & _UUID_MASK)),
+            notification_id=self._next_id(),
             time_to_live=message.ttl_seconds,
             priority=PRIORITY_IMMEDIATE,
             collapse_key=message.collapse_id,
@@ -148,6 +160,11 @@ class ApnsSender:
         except (ConnectionError, ConnectionClosed, MaxAttemptsExceeded, OSError):
             return Outcome(Status.RETRY, detail="connection failed")
         return _outcome(result)
+
+    def _next_id(self) -> str:
+        """The next apns-id, in the 8-4-4-4-12 form UUID's str() gives, without a UUID object."""
+        h = f"{(self._id_base + next(self._ids)) & _UUID_MASK:032x}"
+        return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
     def _forget(self, notification_id: str) -> None:
         """Drop a timed-out request's pending future, which aioapns would keep (and later fail
