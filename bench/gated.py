@@ -46,6 +46,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -204,14 +205,92 @@ async def wait_for(condition: Any, what: str, timeout: float) -> float:
     raise TimeoutError(f"{what} not reached within {timeout} s")
 
 
+async def all_authenticated(service: ServiceProcess, url: str, count: int, what: str) -> None:
+    """Waits (up to 600 s) until `count` users read `url` authenticated, per /health."""
+    await wait_for(lambda: authenticated(service, url) == count, what, 600)
+
+
+async def restarted(
+    start: Callable[[], object], service: ServiceProcess, url: str, count: int, what: str
+) -> tuple[float, float]:
+    """Calls `start` (the relay's or the service's) and waits for every user to read again;
+    returns the seconds `start` took and the seconds until all users were authenticated."""
+    began = time.monotonic()
+    start()
+    up = time.monotonic() - began
+    await all_authenticated(service, url, count, what)
+    return up, time.monotonic() - began
+
+
+async def sign_requests_since(
+    signer: MultiSigner, before: Counter[str], users: list[nostr_sdk.Keys]
+) -> list[int]:
+    """The signer requests per user since `before`, after a pause in which any late
+    duplicate request would show up."""
+    await asyncio.sleep(2.0)
+    per_user = signer.sign_requests()
+    return [per_user[k.public_key().to_hex()] - before[k.public_key().to_hex()] for k in users]
+
+
+async def wakeup_latencies(
+    service: ServiceProcess, users: list[nostr_sdk.Keys], dms: int, relay_url: str
+) -> list[float]:
+    """Milliseconds from publishing a gift wrap on `relay_url` to its dry-run wakeup line,
+    for `dms` random recipients (at most one each), sorted."""
+    latencies = []
+    sender = user()
+    for recipient in random.sample(users, min(dms, len(users))):
+        wrap = gift_wrap(sender, recipient, "bench")
+        sent = time.monotonic()
+        await publish(relay_url, wrap)
+        while not wakeups(service)[wrap["id"]]:
+            if time.monotonic() - sent > 60:
+                raise TimeoutError("no wakeup within 60 s")
+            await asyncio.sleep(0.01)
+        latencies.append((time.monotonic() - sent) * 1000)
+    return sorted(latencies)
+
+
+def latency_figures(latencies: list[float]) -> dict[str, Any]:
+    return {
+        "dms": len(latencies),
+        "p50": round(statistics.median(latencies), 1),
+        "max": round(latencies[-1], 1),
+    }
+
+
+def shared_machine(load_before: float) -> dict[str, Any]:
+    """The machine block of the lazy and multi scenarios, with the load around the run."""
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "note": "shared machine: other engineers' tests ran at the same time",
+        "load_1min_before": round(load_before, 2),
+        "load_1min_after": round(os.getloadavg()[0], 2),
+    }
+
+
+def now_utc() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def start_signing(
+    folder: Path, users: list[nostr_sdk.Keys]
+) -> tuple[RelayProcess, MultiSigner, ServiceProcess]:
+    """The signer side every scenario shares: an open relay, one NIP-46 responder for all
+    `users` on it, and the service (dry-run) with that relay as its own."""
+    signer_relay = RelayProcess(folder / "signer-relay").start()
+    signer = MultiSigner(signer_relay.url, users).start()
+    service = ServiceProcess(folder / "service", [signer_relay.url], BRIDGE).start()
+    return signer_relay, signer, service
+
+
 async def run(users_count: int, dms: int) -> dict[str, Any]:
     folder = Path(tempfile.mkdtemp(prefix="sigil-gated-"))
-    signer_relay = RelayProcess(folder / "signer-relay").start()
     gated = RelayProcess(folder / "gated", auth_actions={"save": "a", "query": "r"}).start()
     users = [user() for _ in range(users_count)]
     grant_read(gated, [k.public_key().to_hex() for k in users])
-    signer = MultiSigner(signer_relay.url, users).start()
-    service = ServiceProcess(folder / "service", [signer_relay.url], BRIDGE).start()
+    signer_relay, signer, service = start_signing(folder, users)
     try:
         started = time.monotonic()
         register_failures = await register_all(service, users, signer, gated.url)
@@ -225,49 +304,27 @@ async def run(users_count: int, dms: int) -> dict[str, Any]:
             600,
         )
         sessions_active = time.monotonic() - started
-        await wait_for(
-            lambda: authenticated(service, gated.url) == users_count, "first authentication", 600
-        )
+        await all_authenticated(service, gated.url, users_count, "first authentication")
         first_all_authenticated = time.monotonic() - started
         first_signs = signer.sign_requests()
 
         gated.stop()
         await wait_for(lambda: authenticated(service, gated.url) == 0, "connections down", 60)
         before = signer.sign_requests()
-        restart = time.monotonic()
-        gated.start()
-        port_open = time.monotonic() - restart
-        await wait_for(
-            lambda: authenticated(service, gated.url) == users_count, "re-authentication", 600
+        port_open, restart_all_authenticated = await restarted(
+            gated.start, service, gated.url, users_count, "re-authentication"
         )
-        restart_all_authenticated = time.monotonic() - restart
-        await asyncio.sleep(2.0)  # any late duplicate request would show up here
-        per_user = signer.sign_requests()
-        restart_signs = [
-            per_user[k.public_key().to_hex()] - before[k.public_key().to_hex()] for k in users
-        ]
-
-        latencies = []
-        sender = user()
-        for recipient in random.sample(users, min(dms, users_count)):
-            wrap = gift_wrap(sender, recipient, "bench")
-            sent = time.monotonic()
-            await publish(gated.url, wrap)
-            while not wakeups(service)[wrap["id"]]:
-                if time.monotonic() - sent > 60:
-                    raise TimeoutError("no wakeup within 60 s")
-                await asyncio.sleep(0.01)
-            latencies.append((time.monotonic() - sent) * 1000)
+        restart_signs = await sign_requests_since(signer, before, users)
+        latencies = await wakeup_latencies(service, users, dms, gated.url)
         failed = metric(service, "sigil_push_delegated_auth_relay_total", outcome="failed")
     finally:
         service.stop()
         signer.stop()
         gated.stop()
         signer_relay.stop()
-    latencies.sort()
     return {
         "benchmark": "gated",
-        "when": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "when": now_utc(),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "setup": (
             "real nostr-relay gated inbox (query: r, role r granted to every user), one "
@@ -288,72 +345,39 @@ async def run(users_count: int, dms: int) -> dict[str, Any]:
         },
         "kinds_signed": {str(k): n for k, n in signer.kinds.items()},
         "delegated_auth_failures": failed,
-        "wakeup_latency_ms": {
-            "dms": len(latencies),
-            "p50": round(statistics.median(latencies), 1),
-            "max": round(latencies[-1], 1),
-        },
+        "wakeup_latency_ms": latency_figures(latencies),
         "targets": {"all_authenticated_seconds": 60, "sign_requests_per_user": 1},
     }
 
 
 async def run_lazy(users_count: int, dms: int) -> dict[str, Any]:
     folder = Path(tempfile.mkdtemp(prefix="sigil-lazy-"))
-    signer_relay = RelayProcess(folder / "signer-relay").start()
     lazy = AuthRelay(folder / "lazy", "lazy").start()
     users = [user() for _ in range(users_count)]
-    signer = MultiSigner(signer_relay.url, users).start()
-    service = ServiceProcess(folder / "service", [signer_relay.url], BRIDGE).start()
+    signer_relay, signer, service = start_signing(folder, users)
     load_before = os.getloadavg()[0]
     try:
         started = time.monotonic()
         await register_all(service, users, signer, lazy.url)
-        await wait_for(
-            lambda: authenticated(service, lazy.url) == users_count, "first reading", 600
-        )
+        await all_authenticated(service, lazy.url, users_count, "first reading")
         first_all_reading = time.monotonic() - started
         report = health(service)["relays"][lazy.url]
         service.stop()
         before = signer.sign_requests()
-        cold = time.monotonic()
-        service.start()
-        service_up = time.monotonic() - cold
-        await wait_for(
-            lambda: authenticated(service, lazy.url) == users_count, "reading after cold start", 600
+        service_up, cold_all_reading = await restarted(
+            service.start, service, lazy.url, users_count, "reading after cold start"
         )
-        cold_all_reading = time.monotonic() - cold
-        await asyncio.sleep(2.0)  # any late duplicate request would show up here
-        per_user = signer.sign_requests()
-        cold_signs = [
-            per_user[k.public_key().to_hex()] - before[k.public_key().to_hex()] for k in users
-        ]
-        latencies = []
-        sender = user()
-        for recipient in random.sample(users, min(dms, users_count)):
-            wrap = gift_wrap(sender, recipient, "bench")
-            sent = time.monotonic()
-            await publish(lazy.upstream.url, wrap)
-            while not wakeups(service)[wrap["id"]]:
-                if time.monotonic() - sent > 60:
-                    raise TimeoutError("no wakeup within 60 s")
-                await asyncio.sleep(0.01)
-            latencies.append((time.monotonic() - sent) * 1000)
+        cold_signs = await sign_requests_since(signer, before, users)
+        latencies = await wakeup_latencies(service, users, dms, lazy.upstream.url)
         failed = metric(service, "sigil_push_delegated_auth_relay_total", outcome="failed")
     finally:
         service.stop()
         signer.stop()
         lazy.stop()
         signer_relay.stop()
-    latencies.sort()
     return {
-        "when": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "note": "shared machine: other engineers' tests ran at the same time",
-            "load_1min_before": round(load_before, 2),
-            "load_1min_after": round(os.getloadavg()[0], 2),
-        },
+        "when": now_utc(),
+        "machine": shared_machine(load_before),
         "setup": (
             "khatru-style lazy-AUTH layer (tests/support/auth_relay.py, its own thread) over a "
             "real nostr-relay; one nostr-sdk NIP-46 responder for all users on a second "
@@ -372,11 +396,7 @@ async def run_lazy(users_count: int, dms: int) -> dict[str, Any]:
         "relay_refused_reqs_total": lazy.refused_reqs,
         "kinds_signed": {str(k): n for k, n in signer.kinds.items()},
         "delegated_auth_failures": failed,
-        "wakeup_latency_ms": {
-            "dms": len(latencies),
-            "p50": round(statistics.median(latencies), 1),
-            "max": round(latencies[-1], 1),
-        },
+        "wakeup_latency_ms": latency_figures(latencies),
         "targets": {"all_reading_seconds": 60},
     }
 
@@ -391,49 +411,27 @@ async def run_multi(users_count: int, dms: int) -> dict[str, Any]:
     """1,000 delegating users on a multi-auth (chorus-style) inbox: connections used and time
     to all reading, first from the registrations, then from a cold start of the service."""
     folder = Path(tempfile.mkdtemp(prefix="sigil-multi-"))
-    signer_relay = RelayProcess(folder / "signer-relay").start()
     multi = AuthRelay(folder / "multi", "multi").start()
     users = [user() for _ in range(users_count)]
-    signer = MultiSigner(signer_relay.url, users).start()
-    service = ServiceProcess(folder / "service", [signer_relay.url], BRIDGE).start()
+    signer_relay, signer, service = start_signing(folder, users)
     load_before = os.getloadavg()[0]
     try:
         started = time.monotonic()
         await register_all(service, users, signer, multi.url)
-        await wait_for(
-            lambda: authenticated(service, multi.url) == users_count, "first reading", 600
-        )
+        await all_authenticated(service, multi.url, users_count, "first reading")
         first_all_reading = time.monotonic() - started
         first_connections = user_connections(multi, users)
         first_signs = signer.sign_requests()
         service.stop()
         connections_before = multi.connections
         before = signer.sign_requests()
-        cold = time.monotonic()
-        service.start()
-        service_up = time.monotonic() - cold
-        await wait_for(
-            lambda: authenticated(service, multi.url) == users_count, "reading after cold start", 600
+        service_up, cold_all_reading = await restarted(
+            service.start, service, multi.url, users_count, "reading after cold start"
         )
-        cold_all_reading = time.monotonic() - cold
-        await asyncio.sleep(2.0)  # any late duplicate request would show up here
+        cold_signs = await sign_requests_since(signer, before, users)
         report = health(service)["relays"][multi.url]
         cold_connections = user_connections(multi, users)
-        per_user = signer.sign_requests()
-        cold_signs = [
-            per_user[k.public_key().to_hex()] - before[k.public_key().to_hex()] for k in users
-        ]
-        latencies = []
-        sender = user()
-        for recipient in random.sample(users, min(dms, users_count)):
-            wrap = gift_wrap(sender, recipient, "bench")
-            sent = time.monotonic()
-            await publish(multi.upstream.url, wrap)
-            while not wakeups(service)[wrap["id"]]:
-                if time.monotonic() - sent > 60:
-                    raise TimeoutError("no wakeup within 60 s")
-                await asyncio.sleep(0.01)
-            latencies.append((time.monotonic() - sent) * 1000)
+        latencies = await wakeup_latencies(service, users, dms, multi.upstream.url)
         failed = metric(service, "sigil_push_delegated_auth_relay_total", outcome="failed")
         cold_relay_connections = multi.connections - connections_before
     finally:
@@ -441,16 +439,9 @@ async def run_multi(users_count: int, dms: int) -> dict[str, Any]:
         signer.stop()
         multi.stop()
         signer_relay.stop()
-    latencies.sort()
     return {
-        "when": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "note": "shared machine: other engineers' tests ran at the same time",
-            "load_1min_before": round(load_before, 2),
-            "load_1min_after": round(os.getloadavg()[0], 2),
-        },
+        "when": now_utc(),
+        "machine": shared_machine(load_before),
         "setup": (
             "chorus-style multi-auth layer (tests/support/auth_relay.py, its own thread) over a "
             "real nostr-relay; one nostr-sdk NIP-46 responder for all users on a second "
@@ -474,11 +465,7 @@ async def run_multi(users_count: int, dms: int) -> dict[str, Any]:
         },
         "kinds_signed": {str(k): n for k, n in signer.kinds.items()},
         "delegated_auth_failures": failed,
-        "wakeup_latency_ms": {
-            "dms": len(latencies),
-            "p50": round(statistics.median(latencies), 1),
-            "max": round(latencies[-1], 1),
-        },
+        "wakeup_latency_ms": latency_figures(latencies),
         "targets": {"all_reading_seconds": 60, "user_connections_fewer_than_users": True},
     }
 

@@ -10,7 +10,9 @@ import copy
 import signal
 import time
 from collections.abc import Callable
+from typing import Any
 
+import nostr_sdk
 import pytest
 
 from tests.support.bridge_harness import (
@@ -40,6 +42,19 @@ from tests.support.relay import RelayProcess
 from tests.support.rogue_relay import RogueRelay
 from tests.support.service import ServiceProcess
 
+
+async def register_live(service: ServiceProcess, relay_url: str, keys: nostr_sdk.Keys) -> None:
+    """Registers `keys` and waits until the relay has that one key subscribed."""
+    register(service, keys, new_token())
+    await eventually(lambda: relay_live(service, relay_url, 1), "relay subscribed")
+
+
+async def pushed_once(
+    service: ServiceProcess, relay_url: str, event: dict[str, Any], what: str
+) -> None:
+    """Publishes `event` on the relay and waits for exactly one wakeup for it."""
+    await publish(relay_url, event)
+    await eventually(lambda: wakeups(service)[event["id"]] == 1, what)
 
 async def test_dm_and_gift_wrap_via_two_relays_are_pushed_once(
     start_relay: Callable[..., RelayProcess], start_service: Callable[..., ServiceProcess]
@@ -99,8 +114,7 @@ async def test_forged_and_altered_events_from_a_malicious_relay_are_not_pushed(
     evil = start_relay("evil", verify_signatures=False)
     service = start_service([evil.url])
     alice, bob = user(), user()
-    register(service, alice, new_token())
-    await eventually(lambda: relay_live(service, evil.url, 1), "relay subscribed")
+    await register_live(service, evil.url, alice)
 
     genuine = kind4_dm(bob, alice, "genuine")
     forged = kind4_dm(bob, alice, "forged")
@@ -134,16 +148,14 @@ async def test_events_stored_before_registration_are_remembered_not_pushed(
     old_dm, old_wrap = kind4_dm(bob, alice, "old"), gift_wrap(bob, alice, "old wrap")
     await publish(relay.url, old_dm, old_wrap)
     service = start_service([relay.url])
-    register(service, alice, new_token())
-    await eventually(lambda: relay_live(service, relay.url, 1), "relay subscribed")
+    await register_live(service, relay.url, alice)
     await eventually(
         lambda: seen_count(service, old_dm["id"]) == 1 and seen_count(service, old_wrap["id"]) == 1,
         "old events remembered",
     )
 
     fresh = gift_wrap(bob, alice, "new wrap")
-    await publish(relay.url, fresh)
-    await eventually(lambda: wakeups(service)[fresh["id"]] == 1, "the new gift wrap pushed")
+    await pushed_once(service, relay.url, fresh, "the new gift wrap pushed")
     assert wakeups(service)[old_dm["id"]] == 0
     assert wakeups(service)[old_wrap["id"]] == 0
 
@@ -161,11 +173,9 @@ async def test_restart_catches_up_once_without_duplicates(
     relay = start_relay("r")
     service = start_service([relay.url])
     alice, bob = user(), user()
-    register(service, alice, new_token())
-    await eventually(lambda: relay_live(service, relay.url, 1), "relay subscribed")
+    await register_live(service, relay.url, alice)
     before = kind4_dm(bob, alice, "before")
-    await publish(relay.url, before)
-    await eventually(lambda: wakeups(service)[before["id"]] == 1, "first DM pushed")
+    await pushed_once(service, relay.url, before, "first DM pushed")
 
     service.stop(stop_signal)
     while_down = [kind4_dm(bob, alice, "while down"), gift_wrap(bob, alice, "wrapped while down")]
@@ -178,8 +188,7 @@ async def test_restart_catches_up_once_without_duplicates(
     )
     await eventually(lambda: relay_live(service, relay.url, 1), "relay caught up")
     after = kind4_dm(bob, alice, "after")
-    await publish(relay.url, after)
-    await eventually(lambda: wakeups(service)[after["id"]] == 1, "live again")
+    await pushed_once(service, relay.url, after, "live again")
     counts = wakeups(service)
     assert counts[before["id"]] == 1
     assert all(counts[e["id"]] == 1 for e in while_down)
@@ -194,11 +203,9 @@ async def test_relay_restart_is_followed_by_reconnect_and_catch_up(
     relay = start_relay("r")
     service = start_service([relay.url])
     alice, bob = user(), user()
-    register(service, alice, new_token())
-    await eventually(lambda: relay_live(service, relay.url, 1), "relay subscribed")
+    await register_live(service, relay.url, alice)
     first = kind4_dm(bob, alice, "one")
-    await publish(relay.url, first)
-    await eventually(lambda: wakeups(service)[first["id"]] == 1, "first DM pushed")
+    await pushed_once(service, relay.url, first, "first DM pushed")
 
     relay.stop()
     await eventually(
@@ -266,8 +273,7 @@ async def test_nip42_auth_is_answered_and_gated_relays_are_reported(
         lambda: relay_live(service, open_door.url, 1), "authenticated relay subscribed"
     )
     dm = kind4_dm(bob, alice, "behind auth")
-    await publish(open_door.url, dm)
-    await eventually(lambda: wakeups(service)[dm["id"]] == 1, "DM from the AUTH relay pushed")
+    await pushed_once(service, open_door.url, dm, "DM from the AUTH relay pushed")
     assert metric(service, "sigil_push_relay_auth_answers_total", relay=open_door.url) >= 1
 
     await eventually(
@@ -400,8 +406,7 @@ async def test_an_updated_kind_10050_list_is_followed_live(
     await eventually(lambda: old_inbox.url not in health(service)["relays"], "old inbox dropped")
 
     dm = gift_wrap(bob, alice, "to the new inbox")
-    await publish(new_inbox.url, dm)
-    await eventually(lambda: wakeups(service)[dm["id"]] == 1, "DM on the new inbox pushed")
+    await pushed_once(service, new_inbox.url, dm, "DM on the new inbox pushed")
 
 
 async def test_a_relays_max_limit_is_paged_through_before_the_baseline(

@@ -14,8 +14,9 @@ import secrets
 import sqlite3
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import nostr_sdk
@@ -59,6 +60,29 @@ def gated_inbox(folder: Path, style: str) -> RelayProcess | AuthRelay:
     return AuthRelay(
         folder, mode.get(style, "strfry"), closed_first=style == "strfry-closed-first"
     )
+
+
+Inbox = TypeVar("Inbox", bound="RelayProcess | AuthRelay")
+
+
+@contextmanager
+def delegating(
+    tmp_path: Path, gated: Inbox, bridge: str = ""
+) -> Iterator[tuple[RelayProcess, Inbox, ServiceProcess, list[Any]]]:
+    """An open relay for the signers (also the operator's configured relay), the `gated` inbox
+    started, and a service (not started: the test starts it once its signers are up) with
+    `bridge` added to the fast-reconnect [bridge] table. Everything in the yielded list, where
+    a test adds its signers, is stopped in reverse order on the way out."""
+    open_relay = RelayProcess(tmp_path / "open").start()
+    gated.start()
+    started: list[Any] = [open_relay, gated]
+    service = ServiceProcess(tmp_path / "service", [open_relay.url], FAST_RECONNECT + bridge)
+    started.append(service)
+    try:
+        yield open_relay, gated, service, started
+    finally:
+        for part in reversed(started):
+            part.stop()
 
 
 def store_url(inbox: RelayProcess | AuthRelay) -> str:
@@ -361,12 +385,9 @@ async def test_a_shared_relay_that_turns_one_key_per_connection_is_read_per_user
     """A relay learned to accept several AUTHs restarts as strfry (one key per connection, a
     second AUTH refused): the bridge falls back to a connection per user and every user reads
     again, without being told."""
-    open_relay = RelayProcess(tmp_path / "open").start()
-    gated = AuthRelay(tmp_path / "gated", "multi").start()
-    started: list[Any] = [open_relay, gated]
-    service = ServiceProcess(tmp_path / "service", [open_relay.url], FAST_RECONNECT)
-    started.append(service)
-    try:
+    with delegating(tmp_path, AuthRelay(tmp_path / "gated", "multi")) as (
+        open_relay, gated, service, started
+    ):
         signers = [RemoteSigner(open_relay.url).start() for _ in range(3)]
         started += signers
         service.start()
@@ -392,9 +413,6 @@ async def test_a_shared_relay_that_turns_one_key_per_connection_is_read_per_user
         await publish(gated.upstream.url, *wraps)
         for wrap in wraps:
             await eventually(lambda w=wrap: wakeups(service)[w["id"]] == 1, "pushed per user")
-    finally:
-        for part in reversed(started):
-            part.stop()
 
 
 @pytest.mark.parametrize("style", ["chorus-multi", "strfry"])
@@ -402,14 +420,9 @@ async def test_the_connection_cap_counts_connections_not_users(tmp_path: Path, s
     """max_user_connections = 2 and four delegating users: on a relay that accepts several
     AUTHs all four read over the allowed connections; on a one-key relay two read and two are
     counted as skipped."""
-    open_relay = RelayProcess(tmp_path / "open").start()
-    gated = gated_inbox(tmp_path / "gated", style).start()
-    started: list[Any] = [open_relay, gated]
-    service = ServiceProcess(
-        tmp_path / "service", [open_relay.url], FAST_RECONNECT + "max_user_connections = 2\n"
-    )
-    started.append(service)
-    try:
+    with delegating(
+        tmp_path, gated_inbox(tmp_path / "gated", style), "max_user_connections = 2\n"
+    ) as (open_relay, gated, service, started):
         signers = [RemoteSigner(open_relay.url).start() for _ in range(4)]
         started += signers
         service.start()
@@ -429,21 +442,15 @@ async def test_the_connection_cap_counts_connections_not_users(tmp_path: Path, s
         assert isinstance(gated, AuthRelay)
         user_keys = {s.user_hex for s in signers}
         assert len([k for k in gated.keys_by_connection() if set(k) & user_keys]) <= 2
-    finally:
-        for part in reversed(started):
-            part.stop()
 
 
 async def test_a_signer_that_will_not_sign_leaves_a_shared_connection(tmp_path: Path) -> None:
     """On a relay that accepts several AUTHs, one user whose signer refuses to sign does not
     hold the others back: they read over the shared connection, and the refusing user gets a
     connection of their own that backs off, reported as failed."""
-    open_relay = RelayProcess(tmp_path / "open").start()
-    gated = AuthRelay(tmp_path / "gated", "multi").start()
-    started: list[Any] = [open_relay, gated]
-    service = ServiceProcess(tmp_path / "service", [open_relay.url], FAST_RECONNECT)
-    started.append(service)
-    try:
+    with delegating(tmp_path, AuthRelay(tmp_path / "gated", "multi")) as (
+        open_relay, gated, service, started
+    ):
         good = [RemoteSigner(open_relay.url).start() for _ in range(3)]
         refusing = RemoteSigner(open_relay.url, refuse_signing=True).start()
         started += [*good, refusing]
@@ -463,6 +470,3 @@ async def test_a_signer_that_will_not_sign_leaves_a_shared_connection(tmp_path: 
             await eventually(lambda w=wrap: wakeups(service)[w["id"]] == 1, "good users pushed")
         assert wakeups(service)[wraps[3]["id"]] == 0
         assert all(sign_requests(s) == 1 for s in good)
-    finally:
-        for part in reversed(started):
-            part.stop()

@@ -5,20 +5,12 @@ from __future__ import annotations
 import os
 import signal
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support.cli import assert_config_refused, run_cli
 from tests.support.service import ServiceProcess
-
-
-def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "sigil_push", *args], capture_output=True, text=True, cwd=cwd,
-        env=env, timeout=60, check=False,
-    )
 
 
 @pytest.mark.parametrize(
@@ -38,13 +30,7 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = No
     ],
 )
 def test_invalid_config_exits_2_naming_the_key(tmp_path: Path, toml: str, key: str) -> None:
-    config = tmp_path / "relays.toml"
-    config.write_text(toml)
-    result = run_cli("migrate", "--config", str(config))
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1
-    assert key in lines[0]
+    assert_config_refused(tmp_path, toml, key)
 
 
 def test_unparseable_and_missing_config_exit_2(tmp_path: Path) -> None:

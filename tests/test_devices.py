@@ -4,136 +4,123 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+from collections.abc import AsyncIterator
 from pathlib import Path
+
+import aiosqlite
+import pytest
 
 from sigil_push.db import open_database
 from sigil_push.devices import Devices, TooManyAccounts, TooManyDevices
 
 
-async def test_device_limit_holds_under_concurrent_registrations(tmp_path: Path) -> None:
+@pytest.fixture
+async def db(tmp_path: Path) -> AsyncIterator[aiosqlite.Connection]:
+    """A real, migrated SQLite file, closed after the test."""
+    connection = await open_database(tmp_path / "devices.db")
+    yield connection
+    await connection.close()
+
+
+@pytest.fixture
+def devices(db: aiosqlite.Connection) -> Devices:
+    return Devices(db)
+
+
+async def test_device_limit_holds_under_concurrent_registrations(devices: Devices) -> None:
     """Without a lock, the limit is enforced by the writing statement itself."""
-    db = await open_database(tmp_path / "devices.db")
-    try:
-        devices = Devices(db)
-        pubkey = secrets.token_hex(32)
+    pubkey = secrets.token_hex(32)
 
-        async def attempt() -> bool:
-            try:
-                await devices.register(pubkey, "ios", secrets.token_hex(32), "opaque", (), None, 10)
-                return True
-            except TooManyDevices:
-                return False
+    async def attempt() -> bool:
+        try:
+            await devices.register(pubkey, "ios", secrets.token_hex(32), "opaque", (), None, 10)
+            return True
+        except TooManyDevices:
+            return False
 
-        outcomes = await asyncio.gather(*(attempt() for _ in range(40)))
-        assert sum(outcomes) == 10
-        assert len(await devices.of_pubkey(pubkey)) == 10
-    finally:
-        await db.close()
+    outcomes = await asyncio.gather(*(attempt() for _ in range(40)))
+    assert sum(outcomes) == 10
+    assert len(await devices.of_pubkey(pubkey)) == 10
 
 
-async def test_re_registering_an_owned_token_does_not_count_against_the_limit(tmp_path: Path) -> None:
-    db = await open_database(tmp_path / "devices.db")
-    try:
-        devices = Devices(db)
-        pubkey = secrets.token_hex(32)
-        tokens = [secrets.token_hex(32) for _ in range(2)]
-        for token in tokens:
-            await devices.register(pubkey, "ios", token, "opaque", (), None, 2)
-        again = await devices.register(pubkey, "ios", tokens[0], "event_id", (), None, 2)
-        assert not again.created and again.device.payload == "event_id"
-        assert [d.token for d in await devices.of_pubkey(pubkey)] == tokens
-    finally:
-        await db.close()
+async def test_re_registering_an_owned_token_does_not_count_against_the_limit(devices: Devices) -> None:
+    pubkey = secrets.token_hex(32)
+    tokens = [secrets.token_hex(32) for _ in range(2)]
+    for token in tokens:
+        await devices.register(pubkey, "ios", token, "opaque", (), None, 2)
+    again = await devices.register(pubkey, "ios", tokens[0], "event_id", (), None, 2)
+    assert not again.created and again.device.payload == "event_id"
+    assert [d.token for d in await devices.of_pubkey(pubkey)] == tokens
 
 
-async def test_a_token_registered_by_another_npub_becomes_a_second_pair(tmp_path: Path) -> None:
+async def test_a_token_registered_by_another_npub_becomes_a_second_pair(devices: Devices) -> None:
     """The second npub gets its own registration; the first keeps its own, untouched, and only
     the registering npub's listeners fire."""
-    db = await open_database(tmp_path / "devices.db")
-    try:
-        devices = Devices(db)
-        first, second, token = secrets.token_hex(32), secrets.token_hex(32), secrets.token_hex(32)
-        mine = await devices.register(first, "ios", token, "event_id", (), None, 2)
-        changed: list[str] = []
-        devices.add_listener(changed.append)
-        theirs = await devices.register(second, "ios", token, "opaque", (), None, 2)
-        assert theirs.created and theirs.device.id != mine.device.id
-        assert changed == [second]
-        [kept] = await devices.of_pubkey(first)
-        assert kept == mine.device
-        assert [d.pubkey for d in await devices.of_pubkeys([first, second])] == [first, second]
-    finally:
-        await db.close()
+    first, second, token = secrets.token_hex(32), secrets.token_hex(32), secrets.token_hex(32)
+    mine = await devices.register(first, "ios", token, "event_id", (), None, 2)
+    changed: list[str] = []
+    devices.add_listener(changed.append)
+    theirs = await devices.register(second, "ios", token, "opaque", (), None, 2)
+    assert theirs.created and theirs.device.id != mine.device.id
+    assert changed == [second]
+    [kept] = await devices.of_pubkey(first)
+    assert kept == mine.device
+    assert [d.pubkey for d in await devices.of_pubkeys([first, second])] == [first, second]
 
 
-async def test_account_limit_holds_under_concurrent_registrations(tmp_path: Path) -> None:
+async def test_account_limit_holds_under_concurrent_registrations(db: aiosqlite.Connection, devices: Devices) -> None:
     """40 npubs race to register one token with a cap of 20: exactly 20 pairs, the rest told
     which limit they hit."""
-    db = await open_database(tmp_path / "devices.db")
-    try:
-        devices = Devices(db)
-        token = secrets.token_hex(32)
+    token = secrets.token_hex(32)
 
-        async def attempt() -> bool:
-            try:
-                await devices.register(
-                    secrets.token_hex(32), "ios", token, "opaque", (), None, 10, max_accounts=20
-                )
-                return True
-            except TooManyAccounts:
-                return False
-
-        outcomes = await asyncio.gather(*(attempt() for _ in range(40)))
-        assert sum(outcomes) == 20
-        [(pairs,)] = await db.execute_fetchall("SELECT COUNT(*) FROM devices WHERE token = ?", (token,))
-        assert pairs == 20
-    finally:
-        await db.close()
-
-
-async def test_an_existing_pair_stays_updatable_after_the_limits_were_lowered(tmp_path: Path) -> None:
-    db = await open_database(tmp_path / "devices.db")
-    try:
-        devices = Devices(db)
-        token = secrets.token_hex(32)
-        owners = [secrets.token_hex(32) for _ in range(3)]
-        for owner in owners:
-            await devices.register(owner, "ios", token, "opaque", (), None, 0, max_accounts=3)
-        updated = await devices.register(owners[0], "ios", token, "event", (), None, 1, max_accounts=2)
-        assert not updated.created and updated.device.payload == "event"
+    async def attempt() -> bool:
         try:
-            await devices.register(secrets.token_hex(32), "ios", token, "opaque", (), None, 0, max_accounts=3)
-        except TooManyAccounts as refused:
-            assert refused.limit == 3
-        else:
-            raise AssertionError("a fourth account was accepted over the cap")
-    finally:
-        await db.close()
+            await devices.register(
+                secrets.token_hex(32), "ios", token, "opaque", (), None, 10, max_accounts=20
+            )
+            return True
+        except TooManyAccounts:
+            return False
+
+    outcomes = await asyncio.gather(*(attempt() for _ in range(40)))
+    assert sum(outcomes) == 20
+    [(pairs,)] = await db.execute_fetchall("SELECT COUNT(*) FROM devices WHERE token = ?", (token,))
+    assert pairs == 20
 
 
-async def test_unregister_and_dead_tokens(tmp_path: Path) -> None:
+async def test_an_existing_pair_stays_updatable_after_the_limits_were_lowered(devices: Devices) -> None:
+    token = secrets.token_hex(32)
+    owners = [secrets.token_hex(32) for _ in range(3)]
+    for owner in owners:
+        await devices.register(owner, "ios", token, "opaque", (), None, 0, max_accounts=3)
+    updated = await devices.register(owners[0], "ios", token, "event", (), None, 1, max_accounts=2)
+    assert not updated.created and updated.device.payload == "event"
+    try:
+        await devices.register(secrets.token_hex(32), "ios", token, "opaque", (), None, 0, max_accounts=3)
+    except TooManyAccounts as refused:
+        assert refused.limit == 3
+    else:
+        raise AssertionError("a fourth account was accepted over the cap")
+
+
+async def test_unregister_and_dead_tokens(devices: Devices) -> None:
     """Unregister removes the caller's pair only; a dead token removes every pair with it on
     the platform that answered, and nothing registered under another platform."""
-    db = await open_database(tmp_path / "devices.db")
-    try:
-        devices = Devices(db)
-        alice, bob, carol = (secrets.token_hex(32) for _ in range(3))
-        token = secrets.token_hex(32)
-        for owner in (alice, bob):
-            await devices.register(owner, "ios", token, "opaque", (), None, 0)
-        await devices.register(carol, "android", token, "opaque", (), None, 0)
-        assert await devices.unregister(carol, secrets.token_hex(32)) == 0
-        assert await devices.unregister(bob, token) == 1
-        assert [d.pubkey for d in await devices.of_pubkeys([alice, bob])] == [alice]
-        await devices.register(bob, "ios", token, "opaque", (), None, 0)
-        changed: list[str] = []
-        devices.add_listener(changed.append)
-        [named] = await devices.of_pubkey(bob)
-        forgotten = await devices.forget(named.id)
-        assert forgotten is not None and forgotten.pubkey == bob
-        assert await devices.of_pubkeys([alice, bob]) == []
-        assert sorted(changed) == sorted([alice, bob])
-        assert [d.platform for d in await devices.of_pubkey(carol)] == ["android"]
-        assert await devices.forget(named.id) is None
-    finally:
-        await db.close()
+    alice, bob, carol = (secrets.token_hex(32) for _ in range(3))
+    token = secrets.token_hex(32)
+    for owner in (alice, bob):
+        await devices.register(owner, "ios", token, "opaque", (), None, 0)
+    await devices.register(carol, "android", token, "opaque", (), None, 0)
+    assert await devices.unregister(carol, secrets.token_hex(32)) == 0
+    assert await devices.unregister(bob, token) == 1
+    assert [d.pubkey for d in await devices.of_pubkeys([alice, bob])] == [alice]
+    await devices.register(bob, "ios", token, "opaque", (), None, 0)
+    changed: list[str] = []
+    devices.add_listener(changed.append)
+    [named] = await devices.of_pubkey(bob)
+    forgotten = await devices.forget(named.id)
+    assert forgotten is not None and forgotten.pubkey == bob
+    assert await devices.of_pubkeys([alice, bob]) == []
+    assert sorted(changed) == sorted([alice, bob])
+    assert [d.platform for d in await devices.of_pubkey(carol)] == ["android"]
+    assert await devices.forget(named.id) is None

@@ -21,14 +21,8 @@ from websockets.asyncio.client import connect
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
-from sigil_push.bridge import Bridge
-from sigil_push.config import parse_config
-from sigil_push.db import open_database
-from sigil_push.devices import Devices
 from sigil_push.nostr.event import sign_event
 from sigil_push.nostr.keys import SecretKey
-from sigil_push.observations import ObservationLog
-from sigil_push.outbox import Outbox
 from sigil_push.seen import RecentlyVerified, SeenEvents
 from tests.fakes.harness import eventually as poll
 from tests.support.bridge_harness import (
@@ -41,6 +35,7 @@ from tests.support.bridge_harness import (
     unregister,
     wakeups,
 )
+from tests.support.in_process import in_process_bridge
 from tests.support.loopback_relay import LoopbackRelay
 from tests.support.nostr_client import gift_wrap, hex_of, kind4_dm, npub_of, publish, user
 from tests.support.relay import RelayProcess
@@ -83,6 +78,16 @@ def dropped(relay: str, reason: str) -> float:
     return REGISTRY.get_sample_value(
         "sigil_push_bridge_events_dropped_total", {"relay": relay, "reason": reason}
     ) or 0.0
+
+
+def seen_records(folder: Path) -> list[dict[str, Any]]:
+    """The `seen` records (one per relay delivery) of the observation log in `folder`."""
+    return [
+        json.loads(line)
+        for path in sorted((folder / "observations").glob("*.jsonl"))
+        for line in path.read_text().splitlines()
+        if line and json.loads(line)["type"] == "seen"
+    ]
 
 
 def _service(folder: Path, relay_url: str, mode: str, bridge: str = "") -> ServiceProcess:
@@ -253,24 +258,9 @@ async def test_a_copy_reuses_the_verified_original_and_a_forged_body_gains_nothi
     a genuine body with a bad signature is recorded as a delivery (that id was verified
     before). Further relays of one event share one `seen_on_relay` row that a restart reads
     back in full. One wakeup in all."""
-    def seen_records() -> list[dict[str, Any]]:
-        return [
-            json.loads(line)
-            for path in sorted((tmp_path / "observations").glob("*.jsonl"))
-            for line in path.read_text().splitlines()
-            if line and json.loads(line)["type"] == "seen"
-        ]
-
-    config = parse_config({"server": {"database": "push.db"}}, tmp_path / "relays.toml")
-    db = await open_database(tmp_path / "push.db")
-    observations = ObservationLog(tmp_path / "observations")
-    await observations.start()
-    devices = Devices(db)
-    bridge = Bridge(config, devices, Outbox(db), observations, SecretKey.generate())
-    devices.add_listener(bridge.registration_changed)
-    await bridge.start()
     relays = [f"wss://copy{i}.example" for i in range(5)]
-    try:
+    async with in_process_bridge(tmp_path) as parts:
+        db, devices, bridge = parts.db, parts.devices, parts.bridge
         alice, sender = SecretKey.generate(), SecretKey.generate()
         me = alice.public_key_hex
         await devices.register(me, "android", "fcm-alice", "opaque", (), None, 0)
@@ -283,16 +273,16 @@ async def test_a_copy_reuses_the_verified_original_and_a_forged_body_gains_nothi
         bridge.on_user_event(relays[0], me, original.to_json(), now_ms, False)
         bridge.on_user_event(relays[1], me, altered, now_ms, False)
         bridge.on_user_event(relays[2], me, bad_sig, now_ms, False)
-        await poll(lambda: len(seen_records()) == 3, what="three deliveries recorded")
-        assert {r["created_at"] for r in seen_records()} == {original.created_at}
+        await poll(lambda: len(seen_records(tmp_path)) == 3, what="three deliveries recorded")
+        assert {r["created_at"] for r in seen_records(tmp_path)} == {original.created_at}
         assert dropped(relays[1], "forged") == dropped(relays[1], "wrong_id") == 0
 
         bridge._recent = RecentlyVerified(1)  # as if the copies came long after the original
         bridge.on_user_event(relays[3], me, altered, now_ms, False)
         bridge.on_user_event(relays[4], me, bad_sig, now_ms, False)
-        await poll(lambda: len(seen_records()) == 4, what="the genuine late copy recorded")
+        await poll(lambda: len(seen_records(tmp_path)) == 4, what="the genuine late copy recorded")
         await poll(lambda: dropped(relays[3], "wrong_id") == 1, what="altered body dropped")
-        assert {r["relay"] for r in seen_records()} == {relays[0], relays[1], relays[2], relays[4]}
+        assert {r["relay"] for r in seen_records(tmp_path)} == {relays[0], relays[1], relays[2], relays[4]}
 
         rows = await db.execute_fetchall(
             "SELECT relay FROM seen_on_relay WHERE event_id = ?", (original.id,)
@@ -306,10 +296,6 @@ async def test_a_copy_reuses_the_verified_original_and_a_forged_body_gains_nothi
             "SELECT COUNT(*) FROM outbox WHERE event_id = ?", (original.id,)
         )
         assert list(wakeups_queued) == [(1,)]
-    finally:
-        await bridge.stop()
-        await observations.stop()
-        await db.close()
 
 
 async def test_the_raw_frame_scan_never_drops_an_addressed_event(tmp_path: Path) -> None:
@@ -318,18 +304,8 @@ async def test_the_raw_frame_scan_never_drops_an_addressed_event(tmp_path: Path)
     one naming only strangers (even with a registered key inside its escaped content) is
     dropped and counted as `unaddressed`."""
     relay = "ws://127.0.0.1:9"  # nothing listens: the subscription is never sent
-    config = parse_config(
-        {"server": {"database": "push.db"}, "relay": [{"url": relay, "mode": "firehose"}]},
-        tmp_path / "relays.toml",
-    )
-    db = await open_database(tmp_path / "push.db")
-    observations = ObservationLog(tmp_path / "observations")
-    await observations.start()
-    devices = Devices(db)
-    bridge = Bridge(config, devices, Outbox(db), observations, SecretKey.generate())
-    devices.add_listener(bridge.registration_changed)
-    await bridge.start()
-    try:
+    async with in_process_bridge(tmp_path, [{"url": relay, "mode": "firehose"}]) as parts:
+        devices, bridge = parts.devices, parts.bridge
         alice, sender = SecretKey.generate(), SecretKey.generate()
         me, stranger = alice.public_key_hex, SecretKey.generate().public_key_hex
         await devices.register(me, "android", "fcm-alice", "opaque", (), None, 0)
@@ -355,10 +331,6 @@ async def test_the_raw_frame_scan_never_drops_an_addressed_event(tmp_path: Path)
             lambda: dropped(relay, "unaddressed") - before == len(strangers_only),
             what="the unaddressed frames counted",
         )
-    finally:
-        await bridge.stop()
-        await observations.stop()
-        await db.close()
 
 
 async def test_a_raw_copy_of_a_verified_id_is_recorded_as_the_original(tmp_path: Path) -> None:
@@ -366,19 +338,10 @@ async def test_a_raw_copy_of_a_verified_id_is_recorded_as_the_original(tmp_path:
     of the verified original: its altered content and time are not used, and the event is
     queued for one wakeup only."""
     first, second = "ws://127.0.0.1:9/a", "ws://127.0.0.1:9/b"
-    config = parse_config(
-        {"server": {"database": "push.db"},
-         "relay": [{"url": first, "mode": "firehose"}, {"url": second, "mode": "firehose"}]},
-        tmp_path / "relays.toml",
-    )
-    db = await open_database(tmp_path / "push.db")
-    observations = ObservationLog(tmp_path / "observations")
-    await observations.start()
-    devices = Devices(db)
-    bridge = Bridge(config, devices, Outbox(db), observations, SecretKey.generate())
-    devices.add_listener(bridge.registration_changed)
-    await bridge.start()
-    try:
+    async with in_process_bridge(
+        tmp_path, [{"url": first, "mode": "firehose"}, {"url": second, "mode": "firehose"}]
+    ) as parts:
+        db, devices, bridge = parts.db, parts.devices, parts.bridge
         alice, sender = SecretKey.generate(), SecretKey.generate()
         me = alice.public_key_hex
         await devices.register(me, "android", "fcm-alice", "opaque", (), None, 0)
@@ -389,26 +352,14 @@ async def test_a_raw_copy_of_a_verified_id_is_recorded_as_the_original(tmp_path:
         bridge.on_event(first, "sp0.1", original.to_json(), now_ms)
         assert bridge.raw_event(second, json.dumps(["EVENT", "sp0.1", altered]), now_ms)
 
-        def seen() -> list[dict[str, Any]]:
-            return [
-                json.loads(line)
-                for path in sorted((tmp_path / "observations").glob("*.jsonl"))
-                for line in path.read_text().splitlines()
-                if line and json.loads(line)["type"] == "seen"
-            ]
-
-        await poll(lambda: len(seen()) == 2, what="both deliveries recorded")
-        assert {(r["relay"], r["created_at"]) for r in seen()} == {
+        await poll(lambda: len(seen_records(tmp_path)) == 2, what="both deliveries recorded")
+        assert {(r["relay"], r["created_at"]) for r in seen_records(tmp_path)} == {
             (first, original.created_at), (second, original.created_at)
         }
         queued = await db.execute_fetchall(
             "SELECT COUNT(*) FROM outbox WHERE event_id = ?", (original.id,)
         )
         assert list(queued) == [(1,)]
-    finally:
-        await bridge.stop()
-        await observations.stop()
-        await db.close()
 
 
 def test_firehose_subscriptions_switch_without_a_gap_and_baseline_live_joiners() -> None:

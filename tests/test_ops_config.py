@@ -4,12 +4,11 @@ that cannot be used stops the service without being replaced."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support.cli import assert_config_refused
 from tests.support.service import ServiceProcess
 
 
@@ -30,15 +29,7 @@ from tests.support.service import ServiceProcess
     ],
 )
 def test_invalid_ops_config_exits_2_naming_the_key(tmp_path: Path, toml: str, key: str) -> None:
-    config = tmp_path / "relays.toml"
-    config.write_text(toml)
-    result = subprocess.run(
-        [sys.executable, "-m", "sigil_push", "migrate", "--config", str(config)],
-        capture_output=True, text=True, timeout=60, check=False,
-    )
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and key in lines[0], result.stderr
+    assert_config_refused(tmp_path, toml, key)
 
 
 def test_an_unusable_canary_key_file_stops_the_service_and_is_kept(tmp_path: Path) -> None:
@@ -49,10 +40,5 @@ def test_an_unusable_canary_key_file_stops_the_service_and_is_kept(tmp_path: Pat
     )
     key_file = service.folder / "canary.key"
     key_file.write_text("not a key\n")
-    service.start(wait=False)
-    try:
-        assert service.wait_exit(timeout=30) != 0
-    finally:
-        service.stop()
-    assert "canary.key_file" in service.log()
+    assert "canary.key_file" in service.refuses_to_start()
     assert key_file.read_text() == "not a key\n"

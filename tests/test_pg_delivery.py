@@ -15,7 +15,7 @@ from sigil_push.observations import ObservationLog
 from tests.fakes.fake_apns import FakeApns
 from tests.fakes.fake_fcm import FakeFcm
 from tests.fakes.fake_unifiedpush import FakeUnifiedPush
-from tests.fakes.harness import Credentials, Harness, document, provider_tables, reset_fakes
+from tests.fakes.harness import Credentials, Harness, harness_factory
 from tests.support.postgres import PostgresServer
 from tests.support.stores import fresh_postgres_database, open_test_store
 from tests.test_push_delivery import *
@@ -52,29 +52,11 @@ async def make_harness(
     postgres_server: PostgresServer,
 ) -> AsyncIterator[Callable[..., Any]]:
     """`make_harness` of tests.fakes.harness, each harness on a fresh PostgreSQL database."""
-    harnesses: list[PostgresHarness] = []
-    reset_fakes(fake_apns, fake_fcm_server[0], fake_up)
 
-    async def make(
-        push: dict[str, Any] | None = None,
-        limits: dict[str, Any] | None = None,
-        providers: dict[str, Any] | None = None,
-        start: bool = True,
-    ) -> Harness:
-        tables = (
-            provider_tables(credentials, fake_apns, fake_fcm_server) if providers is None
-            else providers
-        )
-        folder = tmp_path / f"service-{len(harnesses)}"
-        folder.mkdir()
-        url = await fresh_postgres_database(postgres_server)
-        harness = PostgresHarness(folder, document(tables, push, limits), url)
-        await harness.open()
-        harnesses.append(harness)
-        if start:
-            await harness.start()
-        return harness
+    async def build(folder: Path, document: dict[str, Any]) -> Harness:
+        return PostgresHarness(folder, document, await fresh_postgres_database(postgres_server))
 
-    yield make
-    for harness in harnesses:
-        await harness.close()
+    async with harness_factory(
+        tmp_path, credentials, fake_apns, fake_fcm_server, fake_up, build
+    ) as make:
+        yield make

@@ -10,15 +10,11 @@ from pathlib import Path
 
 from prometheus_client import REGISTRY
 
-from sigil_push.bridge import RECIPIENT_BURST, RELAY_QUEUE_CAP, Bridge
-from sigil_push.config import parse_config
-from sigil_push.db import open_database
-from sigil_push.devices import Devices
+from sigil_push.bridge import RECIPIENT_BURST, RELAY_QUEUE_CAP
 from sigil_push.nostr.event import sign_event
 from sigil_push.nostr.keys import SecretKey
-from sigil_push.observations import ObservationLog
-from sigil_push.outbox import Outbox
 from tests.fakes.harness import eventually
+from tests.support.in_process import in_process_bridge
 
 FLOODER = "wss://flood.example"
 QUIET = "wss://quiet.example"
@@ -33,16 +29,8 @@ def _dropped(relay: str, reason: str) -> float:
 async def test_one_relays_flood_pauses_only_that_relay_and_one_keys_flood_is_capped(
     tmp_path: Path,
 ) -> None:
-    config = parse_config({"server": {"database": "push.db"}}, tmp_path / "relays.toml")
-    db = await open_database(tmp_path / "push.db")
-    observations = ObservationLog(tmp_path / "observations")
-    await observations.start()
-    devices = Devices(db)
-    outbox = Outbox(db)
-    bridge = Bridge(config, devices, outbox, observations, SecretKey.generate())
-    devices.add_listener(bridge.registration_changed)
-    await bridge.start()
-    try:
+    async with in_process_bridge(tmp_path) as parts:
+        db, devices, bridge = parts.db, parts.devices, parts.bridge
         mallory, victim = SecretKey.generate(), SecretKey.generate()
         for key, token in ((mallory, "fcm-mallory"), (victim, "fcm-victim")):
             await devices.register(key.public_key_hex, "android", token, "opaque", (), None, 0)
@@ -77,7 +65,3 @@ async def test_one_relays_flood_pauses_only_that_relay_and_one_keys_flood_is_cap
             return bool(rows)
 
         await eventually(victim_queued, timeout=60.0, what="the victim's wakeup in the outbox")
-    finally:
-        await bridge.stop()
-        await observations.stop()
-        await db.close()

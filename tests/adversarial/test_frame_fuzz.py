@@ -15,15 +15,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 
-from sigil_push.bridge import Bridge
-from sigil_push.config import parse_config
-from sigil_push.db import open_database
-from sigil_push.devices import Devices
 from sigil_push.nostr.event import sign_event
 from sigil_push.nostr.keys import SecretKey
-from sigil_push.observations import ObservationLog
-from sigil_push.outbox import Outbox
 from tests.fakes.harness import eventually
+from tests.support.in_process import in_process_bridge
 
 RELAY = "wss://fuzz.example"
 RECIPIENT = SecretKey.generate()
@@ -62,15 +57,8 @@ raw_events = st.one_of(json_values, mutated_events(), signed_events())
 
 
 async def test_no_relay_input_raises_out_of_the_bridge(tmp_path: Path) -> None:
-    config = parse_config({"server": {"database": "push.db"}}, tmp_path / "relays.toml")
-    db = await open_database(tmp_path / "push.db")
-    observations = ObservationLog(tmp_path / "observations")
-    await observations.start()
-    devices = Devices(db)
-    bridge = Bridge(config, devices, Outbox(db), observations, SecretKey.generate())
-    devices.add_listener(bridge.registration_changed)
-    await bridge.start()
-    try:
+    async with in_process_bridge(tmp_path) as parts:
+        db, devices, bridge = parts.db, parts.devices, parts.bridge
         pubkey = RECIPIENT.public_key_hex
         await devices.register(pubkey, "android", "fcm-fuzz", "opaque", (), None, 0)
         await eventually(lambda: pubkey in bridge._keys, what="the key watched")
@@ -104,7 +92,3 @@ async def test_no_relay_input_raises_out_of_the_bridge(tmp_path: Path) -> None:
             "sigil_push_task_restarts_total", {"task": "bridge-commit"}
         ) or 0.0
         assert after == before
-    finally:
-        await bridge.stop()
-        await observations.stop()
-        await db.close()

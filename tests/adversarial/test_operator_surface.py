@@ -7,8 +7,6 @@ import asyncio
 import socket
 import sqlite3
 import stat
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -21,6 +19,7 @@ from sigil_push.db import open_database
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.ratelimit import client_address, trusted_networks
 from tests.conftest import ApiCaller
+from tests.support.cli import assert_config_refused
 from tests.support.nip98 import SdkUser
 from tests.support.relay import RelayProcess, free_port
 from tests.support.service import ServiceProcess
@@ -174,14 +173,7 @@ def blocked_total(service: ServiceProcess) -> float:
     ("secret_key_file = 7", "server.secret_key_file"),
 ])
 def test_bad_operator_keys_exit_2_naming_the_key(tmp_path: Path, server: str, key: str) -> None:
-    config = tmp_path / "relays.toml"
-    config.write_text(f"[server]\n{server}\n")
-    done = subprocess.run(
-        [sys.executable, "-m", "sigil_push", "migrate", "--config", str(config)],
-        check=False, capture_output=True, text=True, timeout=60,
-    )
-    assert done.returncode == 2, done.stderr
-    assert key in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert_config_refused(tmp_path, f"[server]\n{server}\n", key)
 
 
 def test_admin_port_taken_fails_the_start_cleanly(tmp_path: Path) -> None:

@@ -111,16 +111,23 @@ async def _http_server(app: web.Application) -> tuple[web.AppRunner, int]:
     return runner, port
 
 
-async def test_nip11_redirect_is_not_followed() -> None:
+async def _nip11_server(path: str) -> tuple[web.AppRunner, int, list[str]]:
+    """A server with a NIP-11 document (max_subscriptions 1) at `path`; the list gets the path
+    of every request it answers, so a test can assert it was (never) asked."""
     hits: list[str] = []
 
-    async def internal(request: web.Request) -> web.Response:
+    async def document(request: web.Request) -> web.Response:
         hits.append(request.path)
         return web.json_response({"limitation": {"max_subscriptions": 1}})
 
-    internal_app = web.Application()
-    internal_app.router.add_get("/admin", internal)
-    internal_runner, internal_port = await _http_server(internal_app)
+    app = web.Application()
+    app.router.add_get(path, document)
+    runner, port = await _http_server(app)
+    return runner, port, hits
+
+
+async def test_nip11_redirect_is_not_followed() -> None:
+    internal_runner, internal_port, hits = await _nip11_server("/admin")
 
     async def redirect(request: web.Request) -> web.Response:
         raise web.HTTPFound(f"http://127.0.0.1:{internal_port}/admin")
@@ -138,15 +145,7 @@ async def test_nip11_redirect_is_not_followed() -> None:
 
 
 async def test_nip11_to_a_private_address_is_never_requested() -> None:
-    hits: list[str] = []
-
-    async def document(request: web.Request) -> web.Response:
-        hits.append(request.path)
-        return web.json_response({"limitation": {"max_subscriptions": 1}})
-
-    app = web.Application()
-    app.router.add_get("/", document)
-    runner, port = await _http_server(app)
+    runner, port, hits = await _nip11_server("/")
     try:
         assert await fetch_limits(f"wss://127.0.0.1:{port}", STRICT) == RelayLimits()
         assert await fetch_limits(f"ws://127.0.0.1:{port}", OutboundGuard(allow_private=True)) == RelayLimits(

@@ -12,15 +12,12 @@ from typing import Any
 from prometheus_client import REGISTRY
 
 from sigil_push.bridge import Arrival, Bridge
-from sigil_push.config import parse_config
-from sigil_push.db import open_database
-from sigil_push.devices import Device, Devices
+from sigil_push.devices import Device
 from sigil_push.nostr.event import sign_event
 from sigil_push.nostr.keys import SecretKey
-from sigil_push.observations import ObservationLog
-from sigil_push.outbox import Outbox
 from sigil_push.supervisor import Supervisor
 from tests.fakes.harness import eventually
+from tests.support.in_process import in_process_bridge
 
 RELAY = "wss://relay.example"
 
@@ -66,17 +63,9 @@ class PoisonedBridge(Bridge):
 async def test_a_poison_event_is_skipped_after_two_failures_and_the_rest_is_committed(
     tmp_path: Path,
 ) -> None:
-    config = parse_config({"server": {"database": "push.db"}}, tmp_path / "relays.toml")
-    db = await open_database(tmp_path / "push.db")
-    observations = ObservationLog(tmp_path / "observations")
-    await observations.start()
-    devices = Devices(db)
-    outbox = Outbox(db)
     recipient, sender = SecretKey.generate(), SecretKey.generate()
-    bridge = PoisonedBridge(config, devices, outbox, observations, SecretKey.generate())
-    devices.add_listener(bridge.registration_changed)
-    await bridge.start()
-    try:
+    async with in_process_bridge(tmp_path, bridge_class=PoisonedBridge) as parts:
+        db, devices, outbox, bridge = parts.db, parts.devices, parts.outbox, parts.bridge
         pubkey = recipient.public_key_hex
         await devices.register(pubkey, "android", "fcm-token", "opaque", (), None, 0)
         await eventually(lambda: pubkey in bridge._keys, what="the key watched")
@@ -102,7 +91,3 @@ async def test_a_poison_event_is_skipped_after_two_failures_and_the_rest_is_comm
 
         await eventually(loop_alive, what="the commit loop still running")
         assert bridge.supervisor.down() == []
-    finally:
-        await bridge.stop()
-        await observations.stop()
-        await db.close()

@@ -10,7 +10,8 @@ import asyncio
 import json
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -226,15 +227,26 @@ def reset_fakes(fake_apns: FakeApns, fake_fcm: FakeFcm, fake_up: FakeUnifiedPush
     fake_up.requests.clear()
 
 
-@pytest.fixture
-async def make_harness(
+BuildHarness = Callable[[Path, dict[str, Any]], Awaitable[Harness]]
+"""Makes an unopened harness from its service folder and config document."""
+
+
+async def sqlite_harness(folder: Path, document: dict[str, Any]) -> Harness:
+    """The default harness: its store a real SQLite file in the service folder."""
+    return Harness(folder, document)
+
+
+@asynccontextmanager
+async def harness_factory(
     tmp_path: Path,
     credentials: Credentials,
     fake_apns: FakeApns,
     fake_fcm_server: tuple[FakeFcm, Path],
     fake_up: FakeUnifiedPush,
+    build: BuildHarness = sqlite_harness,
 ) -> AsyncIterator[Callable[..., Any]]:
-    """Factory: `await make_harness(push={...}, limits={...})` gives a started Harness."""
+    """The `make_harness` factory for any store: `build` picks the Harness class (and its
+    store), everything else (fresh fakes, config document, folders, closing) is shared."""
     harnesses: list[Harness] = []
     reset_fakes(fake_apns, fake_fcm_server[0], fake_up)
 
@@ -247,16 +259,31 @@ async def make_harness(
         tables = provider_tables(credentials, fake_apns, fake_fcm_server) if providers is None else providers
         folder = tmp_path / f"service-{len(harnesses)}"
         folder.mkdir()
-        harness = Harness(folder, document(tables, push, limits))
+        harness = await build(folder, document(tables, push, limits))
         await harness.open()
         harnesses.append(harness)
         if start:
             await harness.start()
         return harness
 
-    yield make
-    for harness in harnesses:
-        await harness.close()
+    try:
+        yield make
+    finally:
+        for harness in harnesses:
+            await harness.close()
+
+
+@pytest.fixture
+async def make_harness(
+    tmp_path: Path,
+    credentials: Credentials,
+    fake_apns: FakeApns,
+    fake_fcm_server: tuple[FakeFcm, Path],
+    fake_up: FakeUnifiedPush,
+) -> AsyncIterator[Callable[..., Any]]:
+    """Factory: `await make_harness(push={...}, limits={...})` gives a started Harness."""
+    async with harness_factory(tmp_path, credentials, fake_apns, fake_fcm_server, fake_up) as make:
+        yield make
 
 
 def apns_token() -> str:

@@ -84,6 +84,17 @@ class ServiceProcess:
             raise RuntimeError("service not started")
         return self._process.wait(timeout=timeout)
 
+    def refuses_to_start(self, timeout: float = 30.0) -> str:
+        """Starts a service whose set-up must make it refuse to run: asserts that it exits by
+        itself with a failure (stopped either way), and returns its log for the reason."""
+        self.start(wait=False)
+        try:
+            code = self.wait_exit(timeout=timeout)
+        finally:
+            self.stop()
+        assert code != 0, f"the service exited with {code}"
+        return self.log()
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
