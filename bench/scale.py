@@ -467,7 +467,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             del pubkeys
             print(f"COPY of {args.keys} devices: {copy_seconds:.1f} s", flush=True)
             results["startup"] = {"copy_seconds": round(copy_seconds, 1), "runs": []}
-            for workers in (1, 2):
+            for workers in args.startup_workers:
                 one = instance(url)
                 try:
                     results["startup"]["runs"].append(await phase_startup(one, args.keys, workers, False))
@@ -547,6 +547,7 @@ def main() -> None:
     parser.add_argument("--registrations", type=int, default=4_000)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--phases", nargs="+", default=["startup", "throughput", "handover", "register"])
+    parser.add_argument("--startup-workers", type=int, nargs="*", default=[1, 2])
     parser.add_argument("--profile", action="store_true", help="one more 1-worker start-up under cProfile")
     parser.add_argument("--quick", action="store_true", help="smoke run: small sizes")
     parser.add_argument("--out", type=Path, default=RESULTS)
