@@ -44,18 +44,18 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-import asyncpg  # noqa: E402
-import uvloop  # noqa: E402
+import api as api_bench
+import asyncpg
+import uvloop
+from ingest import make_events, write_events
+from push import start_fake
 
-import api as api_bench  # noqa: E402  (bench/api.py: NIP-98 requests, keep-alive load)
-from ingest import make_events, write_events  # noqa: E402  (bench/ingest.py: signed DMs)
-from push import start_fake  # noqa: E402  (bench/push.py: fake provider processes)
-from sigil_push.shards import DEFAULT_SHARDS, shard_of  # noqa: E402
-from sigil_push.store.postgres.migrate import migrate  # noqa: E402
-from tests.fakes.credentials import KEY_ID, TEAM_ID, TOPIC, make_apns_key, make_tls  # noqa: E402
-from tests.support.postgres import PostgresServer, find_binaries  # noqa: E402
-from tests.support.service import ServiceProcess  # noqa: E402
-from tests.support.stores import on_database  # noqa: E402
+from sigil_push.shards import DEFAULT_SHARDS, shard_of
+from sigil_push.store.postgres.migrate import migrate
+from tests.fakes.credentials import KEY_ID, TEAM_ID, TOPIC, make_apns_key, make_tls
+from tests.support.postgres import PostgresServer, find_binaries
+from tests.support.service import ServiceProcess
+from tests.support.stores import on_database
 
 RESULTS = ROOT / "bench" / "results" / "scale.json"
 LEASE_SECONDS = 3.0
@@ -153,7 +153,7 @@ class Worker(ServiceProcess):
     profile: Path | None = None
 
     def start(self, wait: bool = True) -> Worker:
-        log = open(self.log_path, "ab")
+        log = open(self.log_path, "ab")  # noqa: SIM115 (the child process keeps it open)
         profiler = ["-m", "cProfile", "-o", str(self.profile)] if self.profile else []
         self._process = subprocess.Popen(
             [sys.executable, *profiler, "-m", "sigil_push", "--log-level", "WARNING", "serve",
@@ -173,7 +173,7 @@ class Worker(ServiceProcess):
 
     def memory_mb(self) -> dict[str, float]:
         status = Path(f"/proc/{self.pid}/status").read_text()
-        found = dict(re.findall(r"^(VmRSS|VmHWM):\s+(\d+) kB", status, re.M))
+        found = dict(re.findall(r"^(VmRSS|VmHWM):\s+(\d+) kB", status, re.MULTILINE))
         return {"rss_mb": round(int(found["VmRSS"]) / 1024, 1),
                 "peak_rss_mb": round(int(found["VmHWM"]) / 1024, 1)}
 
@@ -182,7 +182,7 @@ class Worker(ServiceProcess):
 
     def admin(self, path: str) -> str:
         try:
-            with urllib.request.urlopen(self.admin_url + path, timeout=10) as response:
+            with urllib.request.urlopen(self.admin_url + path, timeout=60) as response:
                 return str(response.read().decode())
         except OSError:
             return ""
@@ -195,7 +195,7 @@ class Worker(ServiceProcess):
         """Sum of every sample of counter `name` (all label sets)."""
         total = 0.0
         for line in self.admin("/metrics").splitlines():
-            if line.startswith(name + "{") or line.startswith(name + " "):
+            if line.startswith((name + "{", name + " ")):
                 total += float(line.rsplit(" ", 1)[1])
         return total
 
@@ -298,7 +298,7 @@ async def phase_startup(instance: Instance, keys: int, workers: int, profile: bo
     for index in range(workers):
         path = instance.folder / f"startup-{workers}w-{index}.prof" if profile else None
         instance.add_worker(path).start(wait=False)
-    seconds = await wait_for(lambda: instance.watched() == keys, f"{keys} keys watched", 900, 0.5)
+    await wait_for(lambda: instance.watched() == keys, f"{keys} keys watched", 900, 0.5)
     seconds = time.monotonic() - started
     result = {
         "workers": workers,
@@ -345,7 +345,7 @@ async def phase_throughput(instance: Instance, events_file: Path, events: int, w
     started = time.monotonic()
     routed = await instance.relay.stream(events_file)
     relay_done = time.monotonic() - started
-    handled = await wait_for(
+    await wait_for(
         lambda: instance.total("sigil_push_bridge_events_pushed_total") - pushed0 >= events,
         "every event handed to the outbox", 600, 0.1)
     handled = time.monotonic() - started
