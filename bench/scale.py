@@ -207,13 +207,14 @@ class Instance:
                  limits: str) -> None:
         self.folder, self.database, self.relay, self.apns_toml = folder, database, relay, apns_toml
         self.limits = limits
+        self.lease_seconds = LEASE_SECONDS
         self.workers: list[Worker] = []
 
     def add_worker(self, profile: Path | None = None) -> Worker:
         index = len(self.workers)
         extra = (
             f"[bridge]\nreconnect_min_seconds = 0.2\nreconnect_max_seconds = 1.0\n"
-            f"lease_seconds = {LEASE_SECONDS}\n{self.apns_toml}"
+            f"lease_seconds = {self.lease_seconds}\n{self.apns_toml}"
         )
         worker = Worker(self.folder / f"worker{index}-{time.monotonic_ns()}", [self.relay.url], extra,
                         limits=self.limits)
@@ -469,6 +470,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             results["startup"] = {"copy_seconds": round(copy_seconds, 1), "runs": []}
             for workers in args.startup_workers:
                 one = instance(url)
+                one.lease_seconds = args.startup_lease_seconds
                 try:
                     results["startup"]["runs"].append(await phase_startup(one, args.keys, workers, False))
                 finally:
@@ -548,6 +550,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--phases", nargs="+", default=["startup", "throughput", "handover", "register"])
     parser.add_argument("--startup-workers", type=int, nargs="*", default=[1, 2])
+    parser.add_argument("--startup-lease-seconds", type=float, default=LEASE_SECONDS,
+                        help="lease_seconds in the start-up phase (a stalled loop loses shorter leases)")
     parser.add_argument("--profile", action="store_true", help="one more 1-worker start-up under cProfile")
     parser.add_argument("--quick", action="store_true", help="smoke run: small sizes")
     parser.add_argument("--out", type=Path, default=RESULTS)
