@@ -12,7 +12,6 @@ import pytest
 from sigil_push import outbound
 from tests.support.nip98 import SdkUser
 from tests.support.service import ServiceProcess
-from tests.support.stores import BACKENDS, backend_service
 
 # the provider fakes' fixtures (fake APNs, FCM and UnifiedPush servers), for every test module
 pytest_plugins = (
@@ -29,17 +28,6 @@ def loopback_outbound() -> Iterator[None]:
     outbound.configure(outbound.OutboundGuard(allow_private=True))
     yield
     outbound.configure(previous)
-
-
-@pytest.fixture(scope="session", params=BACKENDS)
-def service(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ServiceProcess]:
-    """A dry-run sigil-push with no relays and no rate limits, shared by API tests; once on a
-    SQLite file and once on PostgreSQL, so every API behaviour is checked on both engines."""
-    folder = tmp_path_factory.mktemp(f"service-{request.param}")
-    with backend_service(request.param, request, ServiceProcess(folder)) as running:
-        yield running
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import re
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import asyncpg
@@ -108,3 +108,14 @@ def backend_service(
         return service
     server: PostgresServer = request.getfixturevalue("postgres_server")
     return on_database(service, asyncio.run(fresh_postgres_database(server)))
+
+
+@pytest.fixture(scope="session", params=BACKENDS)
+def service(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServiceProcess]:
+    """A dry-run sigil-push with no relays and no rate limits, shared by API tests; once on a
+    SQLite file and once on PostgreSQL, so every API behaviour is checked on both engines."""
+    folder = tmp_path_factory.mktemp(f"service-{request.param}")
+    with backend_service(request.param, request, ServiceProcess(folder)) as running:
+        yield running
