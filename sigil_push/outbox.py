@@ -54,6 +54,31 @@ def _chunks(ids: Sequence[int]) -> list[Sequence[int]]:
     return [ids[i : i + _CHUNK] for i in range(0, len(ids), _CHUNK)]
 
 
+WakeupRow = tuple[int, str, str, str | None, int]
+"""(device_id, event_id, relay, event_json, first_seen_ms) of one outbox row to insert."""
+
+
+def wakeup_rows(batch: Sequence[tuple[Event, str, int, Sequence[Device]]]) -> list[WakeupRow]:
+    """One row per (event, device); the full event JSON is built once per event, and only
+    for devices that asked for payload mode `event`."""
+    rows: list[WakeupRow] = []
+    for event, relay, first_seen_ms, devices in batch:
+        full_event: str | None = None
+        for device in devices:
+            if device.payload == "event" and full_event is None:
+                full_event = json.dumps(event.to_json(), separators=(",", ":"), ensure_ascii=False)
+            rows.append((device.id, event.id, relay,
+                         full_event if device.payload == "event" else None, first_seen_ms))
+    return rows
+
+
+def collapse_id(secret: bytes, wakeup_id: int) -> str:
+    """The keyed id of the push that starts with row `wakeup_id` (the same on every engine)."""
+    if not secret:
+        raise RuntimeError("Outbox.resume() must run before collapse ids are made")
+    return hmac.digest(secret, str(wakeup_id).encode(), hashlib.sha256).hex()[:32]
+
+
 class Outbox:
     def __init__(self, connection: aiosqlite.Connection) -> None:
         self._db = connection
@@ -73,22 +98,13 @@ class Outbox:
 
         The full event JSON is built only for devices that asked for payload mode `event`.
         """
-        rows = []
-        for event, relay, first_seen_ms, devices in batch:
-            full_event: str | None = None
-            for device in devices:
-                if device.payload == "event" and full_event is None:
-                    full_event = json.dumps(event.to_json(), separators=(",", ":"), ensure_ascii=False)
-                rows.append(
-                    (device.id, event.id, relay, full_event if device.payload == "event" else None,
-                     first_seen_ms, first_seen_ms)
-                )
+        rows = wakeup_rows(batch)
         if not rows:
             return 0
         cursor = await self._db.executemany(
             "INSERT INTO outbox (device_id, event_id, relay, event_json, first_seen_ms,"
             " next_attempt_ms) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-            rows,
+            [(*row, row[-1]) for row in rows],
         )
         added = cursor.rowcount
         await cursor.close()
@@ -120,9 +136,7 @@ class Outbox:
         Stable so a resend after a crash collapses into the first notification; keyed so the
         provider cannot read a row counter (how busy this instance is) out of it.
         """
-        if not self._secret:
-            raise RuntimeError("Outbox.resume() must run before collapse ids are made")
-        return hmac.digest(self._secret, str(wakeup_id).encode(), hashlib.sha256).hex()[:32]
+        return collapse_id(self._secret, wakeup_id)
 
     async def due(
         self, now_ms: int, limit: int, platforms: Sequence[str] | None = None

@@ -13,15 +13,12 @@ cannot delete a row another worker has reclaimed and is sending.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
-import json
 import secrets
 from collections.abc import Collection, Sequence
 
 from sigil_push.devices import Device
 from sigil_push.nostr.event import Event
-from sigil_push.outbox import SIBLINGS, Wakeup
+from sigil_push.outbox import SIBLINGS, Wakeup, collapse_id, wakeup_rows
 from sigil_push.store.postgres.database import PostgresDatabase
 
 _SECRET_KEY = "outbox_collapse_secret"
@@ -57,34 +54,19 @@ class PostgresOutbox:
         self, batch: Sequence[tuple[Event, str, int, Sequence[Device]]]
     ) -> int:
         """Queue many events' wakeups in one statement; a queued (device, event) is skipped."""
-        device_ids: list[int] = []
-        event_ids: list[str] = []
-        relays: list[str] = []
-        bodies: list[str | None] = []
-        seen_ms: list[int] = []
-        for event, relay, first_seen_ms, devices in batch:
-            full_event: str | None = None
-            for device in devices:
-                if device.payload == "event" and full_event is None:
-                    full_event = json.dumps(
-                        event.to_json(), separators=(",", ":"), ensure_ascii=False
-                    )
-                device_ids.append(device.id)
-                event_ids.append(event.id)
-                relays.append(relay)
-                bodies.append(full_event if device.payload == "event" else None)
-                seen_ms.append(first_seen_ms)
-        if not device_ids:
+        rows = wakeup_rows(batch)
+        if not rows:
             return 0
-        rows = await self._db.fetch(
+        columns = [list(column) for column in zip(*rows)]
+        added = await self._db.fetch(
             "INSERT INTO outbox (device_id, event_id, relay, event_json, first_seen_ms,"
             " next_attempt_ms) SELECT d, e, r, j, s, s FROM unnest($1::bigint[], $2::text[],"
             " $3::text[], $4::text[], $5::bigint[]) AS u (d, e, r, j, s)"
             " ON CONFLICT (device_id, event_id) DO NOTHING RETURNING id",
-            device_ids, event_ids, relays, bodies, seen_ms,
+            *columns,
         )
         self.ready.set()
-        return len(rows)
+        return len(added)
 
     async def resume(self, now_ms: int) -> int:
         """Release the claims of workers that are gone (no heartbeat for a minute): their
@@ -108,9 +90,7 @@ class PostgresOutbox:
 
     def collapse_id(self, wakeup_id: int) -> str:
         """The same stable, keyed id as on SQLite (the secret is shared through `meta`)."""
-        if not self._secret:
-            raise RuntimeError("Outbox.resume() must run before collapse ids are made")
-        return hmac.new(self._secret, str(wakeup_id).encode(), hashlib.sha256).hexdigest()[:32]
+        return collapse_id(self._secret, wakeup_id)
 
     async def due(
         self, now_ms: int, limit: int, platforms: Sequence[str] | None = None
