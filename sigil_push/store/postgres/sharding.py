@@ -1,7 +1,8 @@
 """This worker's key shards, kept in step with its leases: the bridge watches only those keys.
 
-Each heartbeat (every lease_seconds / 3) renews and balances the leases (`ShardLeaser.tick`)
-and, when the set held changed, hands the bridge the new ownership test. When a heartbeat
+Each heartbeat (every lease_seconds / 3) renews and balances the leases (`ShardLeaser.tick`);
+when the set held changed, a second task hands the bridge the new ownership test, so a long
+reshard never delays a renewal. When a heartbeat
 fails, what is held lapses by itself a lease period after the last renewal, and the bridge
 then lets go of those keys too: a worker cut off from the database stops watching keys that
 another worker is about to take over.
@@ -40,7 +41,8 @@ class ShardWatch:
         self._reshard = reshard
         self._narrow = narrow
         self._held: frozenset[int] | None = None  # None: the bridge not yet told anything
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._changed = asyncio.Event()
         self._gauge = SHARDS_HELD.labels(leaser.worker_id)
 
     def held(self) -> list[int]:
@@ -52,17 +54,28 @@ class ShardWatch:
         return CANARY_SHARD in self._leaser.held()
 
     async def start(self) -> None:
-        """Take a first share before the bridge subscribes, then keep heartbeating."""
-        await self._beat()
-        self._task = asyncio.create_task(self._run(), name="shard-leases")
+        """Take a first share before the bridge subscribes, then keep heartbeating.
 
-    async def _beat(self) -> None:
+        Renewing and applying run as two tasks: applying a change to a million keys takes
+        seconds, and a heartbeat that waited for it would let the leases lapse meanwhile, so
+        the shards would bounce between workers instead of settling.
+        """
+        await self._tick()
+        await self._apply_held()
+        self._tasks = [
+            asyncio.create_task(self._renew(), name="shard-leases"),
+            asyncio.create_task(self._apply_changes(), name="shard-apply"),
+        ]
+
+    async def _tick(self) -> None:
         try:
             await self._leaser.tick()
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
             log.warning("shard lease heartbeat failed: %s", type(exc).__name__)
+
+    async def _apply_held(self) -> None:
         held = frozenset(self._leaser.held())
-        # the first beat always tells the bridge, even of no shards: until told, it would
+        # the first call always tells the bridge, even of no shards: until told, it would
         # watch every key
         if held != self._held:
             log.info("holding %d of %d key shards", len(held), self._leaser.shards)
@@ -73,21 +86,30 @@ class ShardWatch:
                 self._narrow(held, shards)
             await self._reshard(lambda pubkey: shard_of(pubkey, shards) in held)
 
-    async def _run(self) -> None:
+    async def _renew(self) -> None:
         while True:
             await asyncio.sleep(self._leaser.lease_seconds / 3)
+            await self._tick()
+            if frozenset(self._leaser.held()) != self._held:
+                self._changed.set()
+
+    async def _apply_changes(self) -> None:
+        while True:
+            await self._changed.wait()
+            self._changed.clear()
             try:
-                await self._beat()
+                await self._apply_held()
             except Exception:
                 log.exception("applying a shard change failed; retrying at the next heartbeat")
 
     async def halt(self) -> None:
         """Stop heartbeating (the bridge stops next, so it is told nothing more)."""
-        if self._task is not None:
-            self._task.cancel()
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+                await task
 
     async def release(self) -> None:
         """Give every shard back at once, so the other workers take them at their next beat."""
