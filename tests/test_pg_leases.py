@@ -16,6 +16,7 @@ import pytest
 from sigil_push.shards import DEFAULT_SHARDS, Lease, StaleLease, fair_share, shard_of
 from sigil_push.store.postgres.leases import ShardLeaser, check_lease
 from sigil_push.store.postgres.migrate import migrate
+from sigil_push.store.postgres.sharding import ShardWatch
 from tests.support.postgres import PostgresServer
 
 LEASE_SECONDS = 2.0
@@ -191,3 +192,38 @@ async def test_heartbeat_survives_a_lost_database_and_the_view_lapses(
     finally:
         await worker.halt()
         await admin.close()
+
+
+async def test_a_slow_reshard_does_not_let_the_leases_lapse(pool: asyncpg.Pool) -> None:
+    """Applying a shard change to the bridge can take longer than a lease (a million keys);
+    renewals go on meanwhile, so the shards the worker keeps are not taken over."""
+    applying, release = asyncio.Event(), asyncio.Event()
+    calls = 0
+
+    async def reshard(_owns: Callable[[str], bool]) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 2:  # the first change after start-up: hold it for several leases
+            applying.set()
+            await release.wait()
+
+    first = ShardLeaser(pool, "slow", LEASE_SECONDS)
+    watch = ShardWatch(first, reshard)
+    other = ShardLeaser(pool, "other", LEASE_SECONDS)
+    monitor = Monitor([first, other])
+    try:
+        await watch.start()
+        await until(lambda: covered([first], DEFAULT_SHARDS))
+        other.start()  # `slow` gives half back, and its reshard then hangs
+        await asyncio.wait_for(applying.wait(), 60)
+        hung = time.monotonic()
+        while time.monotonic() - hung < 3 * LEASE_SECONDS:
+            assert len(first.held()) == fair_share(DEFAULT_SHARDS, 2), "the leases lapsed"
+            await asyncio.sleep(0.05)
+        assert covered([first, other], fair_share(DEFAULT_SHARDS, 2))
+    finally:
+        release.set()
+        await watch.halt()
+        await other.stop()
+        await first.stop()
+        await monitor.close()
