@@ -19,6 +19,7 @@ the next round merges into the hour's `.gz`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import json
 import logging
@@ -27,15 +28,16 @@ import re
 import shutil
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from prometheus_client import Gauge
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 FLUSH_INTERVAL_SECONDS = 0.25
 MAX_BUFFERED_RECORDS = 100_000
@@ -104,7 +106,12 @@ class ObservationLog:
         self._buffer: list[dict[str, Any] | tuple[int, str]] = []
         self._relay_json: dict[str, str] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        # file work started in a thread goes on when the task awaiting it is cancelled: stop()
+        # waits for it, so nothing writes or compresses after stop() returns
+        self._in_threads: set[asyncio.Future[Any]] = set()
         self._files = threading.Lock()
+        # one housekeeping round at a time: two rounds would both finish one staged hour
+        self._tidying = threading.Lock()
         self.dropped = 0
         self._worker = safe_worker(worker)
 
@@ -124,7 +131,17 @@ class ObservationLog:
             except asyncio.CancelledError:
                 pass
         self._tasks = []
+        for work in list(self._in_threads):
+            with contextlib.suppress(OSError):
+                await work
         await asyncio.to_thread(self._write, self._take())
+
+    async def _in_thread(self, function: Callable[..., _T], *args: Any) -> _T:
+        """`function(*args)` in a worker thread, tracked until it ends (see `stop`)."""
+        work = asyncio.get_running_loop().run_in_executor(None, function, *args)
+        self._in_threads.add(work)
+        work.add_done_callback(self._in_threads.discard)
+        return await asyncio.shield(work)
 
     def seen(self, relay: str, event_id: str, kind: int, created_at: int, ts_ms: int) -> None:
         """One per relay per event, so the commonest record by far when several relays carry
@@ -191,7 +208,7 @@ class ObservationLog:
             records = self._take()
             if records:
                 try:
-                    await asyncio.to_thread(self._write, records)
+                    await self._in_thread(self._write, records)
                 except OSError:
                     log.exception("cannot write the observation log; %d records lost", len(records))
 
@@ -227,7 +244,7 @@ class ObservationLog:
     async def _housekeeping_loop(self) -> None:
         while True:
             try:
-                done = await asyncio.to_thread(self.tidy, now_ms())
+                done = await self._in_thread(self.tidy, now_ms())
             except OSError:
                 log.exception("observation log housekeeping failed; retrying later")
             else:
@@ -247,6 +264,10 @@ class ObservationLog:
         the files of workers gone long ago are compressed and deleted like our own.
         Blocking file work: call it in a worker thread.
         """
+        with self._tidying:
+            return self._tidy(at_ms)
+
+    def _tidy(self, at_ms: int) -> Tidied:
         current_hour = at_ms - at_ms % HOUR_MS
         cutoff = at_ms - self._retention_days * DAY_MS if self._retention_days else None
         compressed = deleted = 0
