@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
 from sigil_push.observations import safe_worker
 from sigil_push.store.postgres.sharding import CANARY_SHARD
@@ -31,14 +30,6 @@ WORKER_TOML = (
     FAST_RECONNECT + f"lease_seconds = {LEASE_SECONDS}\n"
     f"[canary]\ninterval_seconds = {INTERVAL_SECONDS}\n"
 )
-
-
-@pytest.fixture
-def workers() -> Iterator[list[ServiceProcess]]:
-    started: list[ServiceProcess] = []
-    yield started
-    for service in started:
-        service.stop()
 
 
 def _shards(service: ServiceProcess) -> list[int]:

@@ -14,13 +14,12 @@ from __future__ import annotations
 import signal
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import nostr_sdk
-import pytest
 
 from sigil_push.shards import DEFAULT_SHARDS
 from tests.support.bridge_harness import eventually, new_token, register, wakeups
@@ -32,14 +31,6 @@ from tests.support.stores import on_database
 
 LEASE_SECONDS = 3
 WORKER_TOML = FAST_RECONNECT + f"lease_seconds = {LEASE_SECONDS}\n[push]\nsend_timeout_seconds = 1\n"
-
-
-@pytest.fixture
-def workers() -> Iterator[list[ServiceProcess]]:
-    started: list[ServiceProcess] = []
-    yield started
-    for service in started:
-        service.stop()
 
 
 def _health(service: ServiceProcess) -> dict[str, Any]:

@@ -40,3 +40,12 @@ def start_service(tmp_path: Path) -> Iterator[Callable[..., ServiceProcess]]:
     yield start
     for service in started:
         service.stop()
+
+
+@pytest.fixture
+def workers() -> Iterator[list[ServiceProcess]]:
+    """Service processes a test starts itself (workers of one instance), all stopped after it."""
+    started: list[ServiceProcess] = []
+    yield started
+    for service in started:
+        service.stop()
