@@ -1,7 +1,7 @@
 """The outbox on PostgreSQL, shared by every worker: enqueued once, claimed with SKIP LOCKED.
 
-The same `OutboxStore` as SQLite's, made safe for several workers the way
-`store.postgres.claims` lays out: the (device_id, event_id) unique constraint makes enqueueing
+The same `OutboxStore` as SQLite's, made safe for several workers: the (device_id, event_id)
+unique constraint makes enqueueing
 exactly-once; `due` reserves the rows it returns for this worker (`FOR UPDATE SKIP LOCKED`, so
 concurrent workers never get the same row) until `claimed_until_ms`; `claim` counts the attempt
 and extends the claim for a send. A killed worker's claims lapse and any worker takes them
