@@ -189,10 +189,10 @@ class Harness:
         from sigil_push import outbound
         from sigil_push.bridge import Bridge
         from sigil_push.config import parse_config
-        from sigil_push.db import open_database
-        from sigil_push.devices import Devices
         from sigil_push.observations import ObservationLog
-        from sigil_push.outbox import Outbox
+        from sigil_push.store.sqlite.database import open_database
+        from sigil_push.store.sqlite.devices import Devices
+        from sigil_push.store.sqlite.outbox import Outbox
 
         config = parse_config(
             {"relay": [{"url": url, "mode": self.mode} for url in self.relay_urls]},

@@ -41,18 +41,19 @@ import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sigil_push.config import Config, parse_config  # noqa: E402
-from sigil_push.db import open_database  # noqa: E402
-from sigil_push.delivery import Delivery  # noqa: E402
-from sigil_push.devices import Device, Devices  # noqa: E402
-from sigil_push.nostr.event import Event, sign_event  # noqa: E402
-from sigil_push.nostr.keys import SecretKey  # noqa: E402
-from sigil_push.observations import ObservationLog, now_ms  # noqa: E402
-from sigil_push.outbox import Outbox  # noqa: E402
-from sigil_push.push.base import Outcome, Sender, Status, WakeupMessage  # noqa: E402
-from sigil_push.push.factory import build_senders  # noqa: E402
-from sigil_push.server import tune_gc  # noqa: E402
-from tests.fakes.credentials import (  # noqa: E402
+from sigil_push.config import Config, parse_config
+from sigil_push.delivery import Delivery
+from sigil_push.nostr.event import Event, sign_event
+from sigil_push.nostr.keys import SecretKey
+from sigil_push.observations import ObservationLog, now_ms
+from sigil_push.push.base import Outcome, Sender, Status, WakeupMessage
+from sigil_push.push.factory import build_senders
+from sigil_push.server import tune_gc
+from sigil_push.store.records import Device
+from sigil_push.store.sqlite.database import open_database
+from sigil_push.store.sqlite.devices import Devices
+from sigil_push.store.sqlite.outbox import Outbox
+from tests.fakes.credentials import (
     KEY_ID,
     TEAM_ID,
     TOPIC,

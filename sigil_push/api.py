@@ -23,7 +23,6 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from sigil_push import __version__
-from sigil_push.devices import Device, TooManyAccounts, TooManyDevices
 from sigil_push.errors import ApiError, BadRequest, RateLimited
 from sigil_push.http_metrics import MetricsMiddleware
 from sigil_push.nostr.nip19 import encode_npub
@@ -32,7 +31,8 @@ from sigil_push.push.endpoint_guard import UnsafeEndpoint, check_endpoint
 from sigil_push.push.vapid import loaded_public_key
 from sigil_push.ratelimit import RateLimiter, client_address, trusted_networks
 from sigil_push.service import Service, State
-from sigil_push.store.errors import STORE_UNAVAILABLE
+from sigil_push.store.errors import STORE_UNAVAILABLE, TooManyAccounts, TooManyDevices
+from sigil_push.store.records import Device
 from sigil_push.validation import parse_json_object, parse_npub, parse_register
 
 log = logging.getLogger(__name__)

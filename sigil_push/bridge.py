@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import Counter, Gauge, Histogram
 
 from sigil_push.config import Config
-from sigil_push.devices import Device
 from sigil_push.nostr.event import Event, InvalidEvent, compute_id
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.observations import ObservationLog
@@ -36,7 +35,6 @@ from sigil_push.relays.inbox import connected_inboxes
 from sigil_push.relays.pool import RelayPool
 from sigil_push.relays.subscriptions import DM_KINDS, RelaySubscriptions
 from sigil_push.relays.user_inbox import UserInboxes
-from sigil_push.seen import RecentlyVerified, SeenEvents, Verified
 from sigil_push.store.errors import TRANSIENT_ERRORS
 from sigil_push.store.factory import connect_bridge
 from sigil_push.store.interface import (
@@ -46,7 +44,10 @@ from sigil_push.store.interface import (
     OutboxStore,
     SeenStore,
 )
+from sigil_push.store.records import Device
+from sigil_push.store.seen import SeenEvents
 from sigil_push.supervisor import Supervisor
+from sigil_push.verified import RecentlyVerified, Verified
 
 if TYPE_CHECKING:
     from sigil_push.canary import Canary

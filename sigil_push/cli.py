@@ -86,7 +86,7 @@ def _migrate(config: Config, source: str | None = None) -> int:
 
         applied = asyncio.run(migrate_postgres(config.server.database))
     else:
-        from sigil_push.db import migrate
+        from sigil_push.store.sqlite.database import migrate
 
         applied = asyncio.run(migrate(config.resolve(config.server.database)))
     print(f"applied {len(applied)} migration(s)" + (f": {', '.join(applied)}" if applied else ""))

@@ -24,14 +24,13 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from sigil_push.config import LimitsConfig, PushConfig
-from sigil_push.devices import Device, WebPushKeys
 from sigil_push.observations import ObservationLog, now_ms
-from sigil_push.outbox import Wakeup
 from sigil_push.push import metrics
 from sigil_push.push.base import Outcome, Sender, Status, WakeupMessage
 from sigil_push.push.limits import DeviceRateLimiter
 from sigil_push.push.payload import fallback, opaque_data, wakeup_data
 from sigil_push.store.interface import DeviceStore, OutboxStore
+from sigil_push.store.records import Device, Wakeup, WebPushKeys
 from sigil_push.supervisor import Supervisor
 
 log = logging.getLogger(__name__)

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from sigil_push.devices import PAYLOAD_MODES, PLATFORMS, WebPushKeys
 from sigil_push.errors import BadRequest
 from sigil_push.nostr.nip19 import InvalidKey, parse_public_key
 from sigil_push.nostr.nip46 import BunkerUri, InvalidBunkerUri
 from sigil_push.relays.discovery import normalize_relay_url
+from sigil_push.store.records import PAYLOAD_MODES, PLATFORMS, WebPushKeys
 
 MAX_USER_RELAYS = 10
 MAX_BUNKER_URI_LENGTH = 2048

@@ -19,13 +19,13 @@ import httpx
 import pytest
 
 from sigil_push.config import ConfigError, parse_config
-from sigil_push.db import migration_files, open_database
-from sigil_push.devices import Devices
 from sigil_push.nostr.event import sign_event
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.observations import now_ms
-from sigil_push.outbox import Outbox
 from sigil_push.store.postgres.migrate import available, migrate_connection
+from sigil_push.store.sqlite.database import migration_files, open_database
+from sigil_push.store.sqlite.devices import Devices
+from sigil_push.store.sqlite.outbox import Outbox
 from tests.conftest import ApiCaller
 from tests.fakes.fake_apns import FakeApns
 from tests.fakes.fake_fcm import FakeFcm

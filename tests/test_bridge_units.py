@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sigil_push.db import open_database
 from sigil_push.nostr.event import sign_event
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.relays.discovery import RelayLists, normalize_relay_url, relays_in_list
 from sigil_push.relays.nip11 import RelayLimits, parse_limits
 from sigil_push.relays.pool import RelayPlan
 from sigil_push.relays.subscriptions import RelaySubscriptions
-from sigil_push.seen import SeenEvents
+from sigil_push.store.seen import SeenEvents
+from sigil_push.store.sqlite.database import open_database
 
 KEYS = [f"{i:064x}" for i in range(1, 8)]
 

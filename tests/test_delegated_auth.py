@@ -11,11 +11,11 @@ from typing import Any
 import nostr_sdk
 import pytest
 
-from sigil_push.db import open_database
 from sigil_push.delegated_auth import DelegatedAuth, DelegatedAuthUnavailable
-from sigil_push.devices import Devices
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip46 import BunkerUri, ForbiddenRequest, _request
+from sigil_push.store.sqlite.database import open_database
+from sigil_push.store.sqlite.devices import Devices
 from tests.support.relay import RelayProcess, free_port
 from tests.support.remote_signer import RemoteSigner
 

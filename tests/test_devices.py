@@ -10,8 +10,9 @@ from pathlib import Path
 import aiosqlite
 import pytest
 
-from sigil_push.db import open_database
-from sigil_push.devices import Devices, TooManyAccounts, TooManyDevices
+from sigil_push.store.errors import TooManyAccounts, TooManyDevices
+from sigil_push.store.sqlite.database import open_database
+from sigil_push.store.sqlite.devices import Devices
 
 
 @pytest.fixture

@@ -23,7 +23,8 @@ from websockets.exceptions import ConnectionClosed
 
 from sigil_push.nostr.event import sign_event
 from sigil_push.nostr.keys import SecretKey
-from sigil_push.seen import RecentlyVerified, SeenEvents
+from sigil_push.store.seen import SeenEvents
+from sigil_push.verified import RecentlyVerified
 from tests.fakes.harness import eventually as poll
 from tests.support.bridge_harness import (
     assert_private,

@@ -8,11 +8,11 @@ import secrets
 import time
 from pathlib import Path
 
-from sigil_push.devices import WebPushKeys
 from sigil_push.nostr.event import sign_event
 from sigil_push.nostr.keys import SecretKey
-from sigil_push.seen import SeenEvents
 from sigil_push.store.factory import open_sqlite
+from sigil_push.store.records import WebPushKeys
+from sigil_push.store.seen import SeenEvents
 from tests.support.stores import open_test_store
 from tests.test_cli import run_cli
 

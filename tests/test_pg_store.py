@@ -10,11 +10,12 @@ import secrets
 
 import pytest
 
-from sigil_push.devices import Device, TooManyDevices
 from sigil_push.nostr.event import Event, sign_event
 from sigil_push.nostr.keys import SecretKey
-from sigil_push.seen import SeenEvents
+from sigil_push.store.errors import TooManyDevices
 from sigil_push.store.factory import PostgresStore, SqliteStore
+from sigil_push.store.records import Device
+from sigil_push.store.seen import SeenEvents
 from tests.support.stores import open_test_store
 
 Store = SqliteStore | PostgresStore

@@ -17,12 +17,12 @@ import urllib.request
 from collections import Counter
 from pathlib import Path
 
-from sigil_push.db import open_database
-from sigil_push.devices import Devices
 from sigil_push.nostr.event import sign_event
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.observations import now_ms
-from sigil_push.outbox import Outbox
+from sigil_push.store.sqlite.database import open_database
+from sigil_push.store.sqlite.devices import Devices
+from sigil_push.store.sqlite.outbox import Outbox
 from tests.fakes.fake_apns import FakeApns
 from tests.fakes.harness import (
     Credentials,

@@ -23,14 +23,11 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from sigil_push import cli
 from sigil_push.config import Config, parse_config
-from sigil_push.db import open_database
-from sigil_push.devices import Devices, WebPushKeys
 from sigil_push.identity import KeyFileError, create_private_file
 from sigil_push.nostr.event import sign_event
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip19 import encode_npub
 from sigil_push.observations import now_ms
-from sigil_push.outbox import Outbox
 from sigil_push.push.endpoint_guard import (
     UnsafeEndpoint,
     check_endpoint,
@@ -44,6 +41,10 @@ from sigil_push.push.vapid import (
     origin,
     public_key_b64,
 )
+from sigil_push.store.records import WebPushKeys
+from sigil_push.store.sqlite.database import open_database
+from sigil_push.store.sqlite.devices import Devices
+from sigil_push.store.sqlite.outbox import Outbox
 from tests.fakes.credentials import WebPushSubscriber
 from tests.fakes.fake_unifiedpush import FakeUnifiedPush
 from tests.fakes.harness import (

@@ -25,9 +25,9 @@ from aioapns.exceptions import ConnectionClosed, ConnectionError, MaxAttemptsExc
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
 from sigil_push.config import ApnsConfig, ConfigError
-from sigil_push.devices import Device
 from sigil_push.push.base import Outcome, Status, WakeupMessage
 from sigil_push.push.payload import MAX_PAYLOAD_BYTES, apns_body, apns_size
+from sigil_push.store.records import Device
 
 PRIORITY_IMMEDIATE = 10
 _UUID_MASK = (1 << 128) - 1

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol
 
-from sigil_push.devices import Device
+from sigil_push.store.records import Device
 
 
 class Status(enum.StrEnum):

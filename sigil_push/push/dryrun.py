@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 
-from sigil_push.devices import Device
 from sigil_push.push.base import Outcome, Status, WakeupMessage
+from sigil_push.store.records import Device
 
 log = logging.getLogger("sigil_push.push.dryrun")
 

@@ -31,9 +31,9 @@ from firebase_admin import (
 from firebase_admin._retry import HttpxRetry
 
 from sigil_push.config import ConfigError, FcmConfig
-from sigil_push.devices import Device
 from sigil_push.push.base import Outcome, Status, WakeupMessage, parse_retry_after
 from sigil_push.push.payload import MAX_PAYLOAD_BYTES, fcm_size
+from sigil_push.store.records import Device
 
 OPAQUE_COLLAPSE_KEY = "wakeup"
 """One key for every opaque wakeup: an offline phone gets one of them, which is all it needs.

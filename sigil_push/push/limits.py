@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Hashable
 
-from sigil_push.devices import Device
 from sigil_push.push.base import Outcome, Sender, WakeupMessage
 from sigil_push.push.metrics import IN_FLIGHT
+from sigil_push.store.records import Device
 
 
 class ConcurrencyLimited:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import aiohttp
 from pywebpush import WebPusher, WebPushException
 
-from sigil_push.devices import Device
 from sigil_push.push.base import Outcome, Status, WakeupMessage, parse_retry_after
 from sigil_push.push.endpoint_guard import (
     PublicResolver,
@@ -28,6 +27,7 @@ from sigil_push.push.endpoint_guard import (
 )
 from sigil_push.push.payload import MAX_PAYLOAD_BYTES, compact_json, unifiedpush_size
 from sigil_push.push.vapid import VapidSigner
+from sigil_push.store.records import Device
 
 OPAQUE_TOPIC = "wakeup"
 """RFC 8030 Topic: a distributor keeps only the latest opaque wakeup for an offline device."""

@@ -1,6 +1,10 @@
 """The store: one interface (`store.interface`), one backend per engine.
 
-SQLite is the embedded default (its modules are `sigil_push.db`, `devices`, `outbox`, `seen`,
-`auth_ids` today); PostgreSQL lives in `store.postgres`. `open_store` picks by
-`server.database`.
+- `store.sqlite`: the embedded default, one file (`database`, `devices`, `outbox`);
+- `store.postgres`: many workers on one PostgreSQL server;
+- shared by both: `records` (what the store hands out), `errors`, and the modules whose SQL
+  both engines run through the `Database` protocol (`seen`, `auth_ids`).
+
+`open_store` (`store.factory`) picks the engine from `server.database`; nothing outside this
+package asks which one is underneath.
 """

@@ -24,3 +24,19 @@ STORE_UNAVAILABLE: tuple[type[Exception], ...] = (
 )
 TRANSIENT_ERRORS: tuple[type[Exception], ...] = (*STORE_UNAVAILABLE, OSError)
 """What the bridge's committer retries: the above, and a connection that broke mid-batch."""
+
+
+class TooManyDevices(Exception):
+    """The npub already has the maximum number of devices."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"at most {limit} devices per npub")
+        self.limit = limit
+
+
+class TooManyAccounts(Exception):
+    """The device token is already registered by the maximum number of npubs."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"at most {limit} accounts per device token")
+        self.limit = limit

@@ -16,18 +16,18 @@ from pathlib import Path
 import aiosqlite
 import asyncpg
 
-from sigil_push.auth_ids import UsedAuthIds
 from sigil_push.config import Config, ConfigError, is_postgres_url
-from sigil_push.db import open_database
 from sigil_push.delivery import STOP_GRACE_SECONDS
-from sigil_push.devices import Devices
 from sigil_push.identity import bridge_key, make_private
-from sigil_push.outbox import Outbox
+from sigil_push.store.auth_ids import UsedAuthIds
 from sigil_push.store.interface import AuthIdStore, Database, DeviceStore, OutboxStore, Store
 from sigil_push.store.postgres.database import PostgresDatabase
 from sigil_push.store.postgres.devices import PostgresDevices
 from sigil_push.store.postgres.migrate import migrate_connection
 from sigil_push.store.postgres.outbox import PostgresOutbox
+from sigil_push.store.sqlite.database import open_database
+from sigil_push.store.sqlite.devices import Devices
+from sigil_push.store.sqlite.outbox import Outbox
 
 POOL_MAX = 10
 SESSION_SETTINGS = {"lock_timeout": "5000"}

@@ -21,9 +21,14 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from sigil_push.devices import Device, Registration, RegistrationListener, WebPushKeys
     from sigil_push.nostr.event import Event
-    from sigil_push.outbox import Wakeup
+    from sigil_push.store.records import (
+        Device,
+        Registration,
+        RegistrationListener,
+        Wakeup,
+        WebPushKeys,
+    )
 
 
 class Cursor(Protocol):

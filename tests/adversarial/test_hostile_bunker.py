@@ -15,12 +15,12 @@ import pytest
 from prometheus_client import REGISTRY
 from websockets.asyncio.server import ServerConnection
 
-from sigil_push.db import open_database
 from sigil_push.delegated_auth import DelegatedAuth
-from sigil_push.devices import Devices
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip46 import BunkerUri, get_public_key_request
 from sigil_push.relays.signer_link import SignerLinks, SignerRelayLink, SignerUnreachable
+from sigil_push.store.sqlite.database import open_database
+from sigil_push.store.sqlite.devices import Devices
 from tests.adversarial.hostile import HostileRelay, eventually, hostile_relay
 
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sigil_push.db import open_database
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.ratelimit import client_address, trusted_networks
+from sigil_push.store.sqlite.database import open_database
 from tests.conftest import ApiCaller
 from tests.support.cli import assert_config_refused
 from tests.support.nip98 import SdkUser

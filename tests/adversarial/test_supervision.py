@@ -12,9 +12,9 @@ from typing import Any
 from prometheus_client import REGISTRY
 
 from sigil_push.bridge import Arrival, Bridge
-from sigil_push.devices import Device
 from sigil_push.nostr.event import sign_event
 from sigil_push.nostr.keys import SecretKey
+from sigil_push.store.records import Device
 from sigil_push.supervisor import Supervisor
 from tests.fakes.harness import eventually
 from tests.support.in_process import in_process_bridge

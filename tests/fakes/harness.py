@@ -19,14 +19,15 @@ from typing import Any
 import pytest
 
 from sigil_push.config import Config, parse_config
-from sigil_push.db import open_database
 from sigil_push.delivery import Delivery
-from sigil_push.devices import Device, Devices, WebPushKeys
 from sigil_push.nostr.event import Event, sign_event
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.observations import ObservationLog, now_ms
-from sigil_push.outbox import Outbox
 from sigil_push.push.factory import build_senders
+from sigil_push.store.records import Device, WebPushKeys
+from sigil_push.store.sqlite.database import open_database
+from sigil_push.store.sqlite.devices import Devices
+from sigil_push.store.sqlite.outbox import Outbox
 from tests.fakes.credentials import (
     KEY_ID,
     TEAM_ID,

@@ -17,11 +17,11 @@ import aiosqlite
 
 from sigil_push.bridge import Bridge
 from sigil_push.config import parse_config
-from sigil_push.db import open_database
-from sigil_push.devices import Devices
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.observations import ObservationLog
-from sigil_push.outbox import Outbox
+from sigil_push.store.sqlite.database import open_database
+from sigil_push.store.sqlite.devices import Devices
+from sigil_push.store.sqlite.outbox import Outbox
 
 
 @dataclass

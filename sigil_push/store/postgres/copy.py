@@ -18,8 +18,8 @@ from pathlib import Path
 import aiosqlite
 import asyncpg
 
-from sigil_push.db import open_database
 from sigil_push.store.postgres.migrate import migrate_connection
+from sigil_push.store.sqlite.database import open_database
 
 TABLES = (
     "meta", "devices", "outbox", "nip98_used", "seen_events", "seen_on_relay",

@@ -23,15 +23,9 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 
 import asyncpg
 
-from sigil_push.devices import (
-    Device,
-    Registration,
-    RegistrationListener,
-    TooManyAccounts,
-    TooManyDevices,
-    WebPushKeys,
-)
+from sigil_push.store.errors import TooManyAccounts, TooManyDevices
 from sigil_push.store.postgres.database import PostgresDatabase
+from sigil_push.store.records import Device, Registration, RegistrationListener, WebPushKeys
 
 _COLUMNS = (
     "id, pubkey, platform, token, payload, relays, webpush_p256dh, webpush_auth, registered_at"

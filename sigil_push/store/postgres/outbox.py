@@ -16,10 +16,9 @@ import asyncio
 import secrets
 from collections.abc import Collection, Sequence
 
-from sigil_push.devices import Device
 from sigil_push.nostr.event import Event
-from sigil_push.outbox import SIBLINGS, Wakeup, collapse_id, wakeup_rows
 from sigil_push.store.postgres.database import PostgresDatabase
+from sigil_push.store.records import SIBLINGS, Device, Wakeup, collapse_id, wakeup_rows
 
 _SECRET_KEY = "outbox_collapse_secret"
 _WAKEUP_COLUMNS = (

@@ -12,71 +12,24 @@ connection is shared in autocommit mode and a statement is the unit of atomicity
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
-import json
 import secrets
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
 
 import aiosqlite
 
-from sigil_push.devices import Device
 from sigil_push.nostr.event import Event
+from sigil_push.store.records import SIBLINGS, Device, Wakeup, collapse_id, wakeup_rows
 
 _DEVICE_COLUMNS = (
     "d.id, d.pubkey, d.platform, d.token, d.payload, d.relays, d.webpush_p256dh,"
     " d.webpush_auth, d.registered_at"
 )
 _CHUNK = 500
-SIBLINGS = 2
-"""How many times its `limit` a `due` batch may grow by pulling in the other due rows of the
-tokens it picked (a flood to one phone must not turn a batch into the whole outbox)."""
 _SECRET_KEY = "outbox_collapse_secret"
-
-
-@dataclass(frozen=True, slots=True)
-class Wakeup:
-    id: int
-    device: Device
-    event_id: str
-    relay: str
-    event_json: str | None
-    first_seen_ms: int
-    attempts: int
-
-    @property
-    def device_id(self) -> int:
-        return self.device.id
 
 
 def _chunks(ids: Sequence[int]) -> list[Sequence[int]]:
     return [ids[i : i + _CHUNK] for i in range(0, len(ids), _CHUNK)]
-
-
-WakeupRow = tuple[int, str, str, str | None, int]
-"""(device_id, event_id, relay, event_json, first_seen_ms) of one outbox row to insert."""
-
-
-def wakeup_rows(batch: Sequence[tuple[Event, str, int, Sequence[Device]]]) -> list[WakeupRow]:
-    """One row per (event, device); the full event JSON is built once per event, and only
-    for devices that asked for payload mode `event`."""
-    rows: list[WakeupRow] = []
-    for event, relay, first_seen_ms, devices in batch:
-        full_event: str | None = None
-        for device in devices:
-            if device.payload == "event" and full_event is None:
-                full_event = json.dumps(event.to_json(), separators=(",", ":"), ensure_ascii=False)
-            rows.append((device.id, event.id, relay,
-                         full_event if device.payload == "event" else None, first_seen_ms))
-    return rows
-
-
-def collapse_id(secret: bytes, wakeup_id: int) -> str:
-    """The keyed id of the push that starts with row `wakeup_id` (the same on every engine)."""
-    if not secret:
-        raise RuntimeError("Outbox.resume() must run before collapse ids are made")
-    return hmac.digest(secret, str(wakeup_id).encode(), hashlib.sha256).hex()[:32]
 
 
 class Outbox:

@@ -15,76 +15,16 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
 
 import aiosqlite
 
-PLATFORMS = ("ios", "android", "unifiedpush")
-PAYLOAD_MODES = ("opaque", "event_id", "event")
+from sigil_push.store.errors import TooManyAccounts, TooManyDevices
+from sigil_push.store.records import Device, Registration, RegistrationListener, WebPushKeys
 
 _COLUMNS = (
     "id, pubkey, platform, token, payload, relays, webpush_p256dh, webpush_auth, registered_at"
 )
-
-
-class TooManyDevices(Exception):
-    """The npub already has the maximum number of devices."""
-
-    def __init__(self, limit: int) -> None:
-        super().__init__(f"at most {limit} devices per npub")
-        self.limit = limit
-
-
-class TooManyAccounts(Exception):
-    """The device token is already registered by the maximum number of npubs."""
-
-    def __init__(self, limit: int) -> None:
-        super().__init__(f"at most {limit} accounts per device token")
-        self.limit = limit
-
-
-@dataclass(frozen=True, slots=True)
-class WebPushKeys:
-    """RFC 8291 keys of a UnifiedPush/WebPush subscription (base64url, as clients give them)."""
-
-    p256dh: str
-    auth: str
-
-
-@dataclass(frozen=True, slots=True)
-class Device:
-    id: int
-    pubkey: str
-    platform: str
-    token: str
-    payload: str
-    relays: tuple[str, ...]
-    webpush_keys: WebPushKeys | None
-    registered_at: int
-
-    @property
-    def token_suffix(self) -> str:
-        """The only part of a token that may appear in logs and API answers."""
-        return self.token[-6:]
-
-    @classmethod
-    def from_row(cls, row: Sequence[object]) -> Device:
-        keys = WebPushKeys(str(row[6]), str(row[7])) if row[6] and row[7] else None
-        relays = tuple(json.loads(str(row[5])))
-        return cls(
-            int(str(row[0])), str(row[1]), str(row[2]), str(row[3]), str(row[4]), relays, keys,
-            int(str(row[8])),
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class Registration:
-    device: Device
-    created: bool
-
-
-RegistrationListener = Callable[[str], None]
 
 
 class Devices:

@@ -1,0 +1,105 @@
+"""What the store holds and hands out, the same on every engine: devices (registrations) and
+outbox wakeups, and the rules both backends share for building and naming them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sigil_push.nostr.event import Event
+
+PLATFORMS = ("ios", "android", "unifiedpush")
+PAYLOAD_MODES = ("opaque", "event_id", "event")
+
+@dataclass(frozen=True, slots=True)
+class WebPushKeys:
+    """RFC 8291 keys of a UnifiedPush/WebPush subscription (base64url, as clients give them)."""
+
+    p256dh: str
+    auth: str
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    id: int
+    pubkey: str
+    platform: str
+    token: str
+    payload: str
+    relays: tuple[str, ...]
+    webpush_keys: WebPushKeys | None
+    registered_at: int
+
+    @property
+    def token_suffix(self) -> str:
+        """The only part of a token that may appear in logs and API answers."""
+        return self.token[-6:]
+
+    @classmethod
+    def from_row(cls, row: Sequence[object]) -> Device:
+        keys = WebPushKeys(str(row[6]), str(row[7])) if row[6] and row[7] else None
+        relays = tuple(json.loads(str(row[5])))
+        return cls(
+            int(str(row[0])), str(row[1]), str(row[2]), str(row[3]), str(row[4]), relays, keys,
+            int(str(row[8])),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    device: Device
+    created: bool
+
+
+RegistrationListener = Callable[[str], None]
+
+
+SIBLINGS = 2
+"""How many times its `limit` a `due` batch may grow by pulling in the other due rows of the
+tokens it picked (a flood to one phone must not turn a batch into the whole outbox)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Wakeup:
+    id: int
+    device: Device
+    event_id: str
+    relay: str
+    event_json: str | None
+    first_seen_ms: int
+    attempts: int
+
+    @property
+    def device_id(self) -> int:
+        return self.device.id
+
+
+WakeupRow = tuple[int, str, str, str | None, int]
+"""(device_id, event_id, relay, event_json, first_seen_ms) of one outbox row to insert."""
+
+
+def wakeup_rows(batch: Sequence[tuple[Event, str, int, Sequence[Device]]]) -> list[WakeupRow]:
+    """One row per (event, device); the full event JSON is built once per event, and only
+    for devices that asked for payload mode `event`."""
+    rows: list[WakeupRow] = []
+    for event, relay, first_seen_ms, devices in batch:
+        full_event: str | None = None
+        for device in devices:
+            if device.payload == "event" and full_event is None:
+                full_event = json.dumps(event.to_json(), separators=(",", ":"), ensure_ascii=False)
+            rows.append((device.id, event.id, relay,
+                         full_event if device.payload == "event" else None, first_seen_ms))
+    return rows
+
+
+def collapse_id(secret: bytes, wakeup_id: int) -> str:
+    """The keyed id of the push that starts with row `wakeup_id` (the same on every engine)."""
+    if not secret:
+        raise RuntimeError("Outbox.resume() must run before collapse ids are made")
+    return hmac.digest(secret, str(wakeup_id).encode(), hashlib.sha256).hex()[:32]

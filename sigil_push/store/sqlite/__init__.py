@@ -1,0 +1,1 @@
+"""The SQLite backend: one file, one process (the embedded default)."""
