@@ -32,27 +32,29 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+import aiohttp
+from aiohttp import WSMsgType
 from prometheus_client import Counter, Gauge
-from websockets.asyncio.client import ClientConnection
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
 from sigil_push.nostr.event import Event
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip42 import auth_event
 from sigil_push.observations import ObservationLog
-from sigil_push.outbound import open_relay_socket
 from sigil_push.relays.nip11 import RelayLimits, fetch_limits
+from sigil_push.relays.reader_socket import ReaderSocket, open_reader
 from sigil_push.supervisor import supervise
 
 log = logging.getLogger(__name__)
 # websockets logs every frame, truncated, at DEBUG: REQ filters would put pieces of users'
-# pubkeys in the service log. Its logger for our connections never goes below INFO.
+# pubkeys in the service log. Its logger for our connections (signer links) never goes below
+# INFO. The relay readers use aiohttp (relays/reader_socket.py), which logs no frames.
 wire_log = logging.getLogger("sigil_push.relays.wire")
 wire_log.setLevel(logging.INFO)
 
 DEFAULT_MAX_INCOMING_BYTES = 4 * 1024 * 1024
-PING_INTERVAL_SECONDS = 30.0
-PING_TIMEOUT_SECONDS = 30.0
+# a ping after this long without any data from the relay; no pong (or data) within half of it
+# drops the socket: a dead connection is noticed within 45 s, an idle one is kept alive
+HEARTBEAT_SECONDS = 30.0
 OPEN_TIMEOUT_SECONDS = 10.0
 STABLE_AFTER_SECONDS = 30.0
 MAX_MALFORMED_PER_CONNECTION = 1000
@@ -197,13 +199,6 @@ def _prefix(message: Any) -> str:
     return head.strip()[:40] if sep else ""
 
 
-def _close_code(exc: ConnectionClosed) -> int:
-    """Our own close code when we ended it (e.g. 1009 for an oversized frame), else the relay's."""
-    if exc.sent is not None and exc.sent.code != 1000:
-        return exc.sent.code
-    return exc.rcvd.code if exc.rcvd is not None else 1006
-
-
 class RelayConnection:
     def __init__(
         self,
@@ -241,7 +236,7 @@ class RelayConnection:
         self.last_event_at: int | None = None
         self.limits: RelayLimits | None = None
         self.gated_reason: str | None = None
-        self._ws: ClientConnection | None = None
+        self._ws: ReaderSocket | None = None
         self._task: asyncio.Task[None] | None = None
         self._max_frame_bytes = max_frame_bytes
         self.auth_epoch = 0
@@ -249,7 +244,7 @@ class RelayConnection:
         self._challenges: set[str] = set()
         self._reqs: OrderedDict[str, SentReq] = OrderedDict()
         self._auth_answers: deque[float] = deque()
-        self._awaiting_challenge: ClientConnection | None = None
+        self._awaiting_challenge: ReaderSocket | None = None
         self._live_subs = 0
         self._malformed = 0
         self._side_tasks: set[asyncio.Task[None]] = set()
@@ -322,8 +317,9 @@ class RelayConnection:
             if sent is not None and sent.answered:
                 del self._reqs[str(message[1])]
         try:
-            await ws.send(json.dumps(message, separators=(",", ":")))
-        except ConnectionClosed:
+            await ws.send_str(json.dumps(message, separators=(",", ":")))
+        except ConnectionError:
+            # aiohttp: the socket is closing or gone
             return False
         return True
 
@@ -337,24 +333,18 @@ class RelayConnection:
                     self.limits = await fetch_limits(self.url)
                 # our own receive limit: a relay's max_message_length only shrinks our REQs
                 max_size = self._max_frame_bytes
-                async with open_relay_socket(
+                async with open_reader(
                     self.url, purpose="user" if self.per_user else "relay",
                     open_timeout=OPEN_TIMEOUT_SECONDS,
-                    ping_interval=PING_INTERVAL_SECONDS,
-                    ping_timeout=PING_TIMEOUT_SECONDS,
+                    heartbeat=HEARTBEAT_SECONDS,
                     max_size=max_size,
-                    compression=None,
-                    proxy=None,
-                    user_agent_header="sigil-push",
-                    logger=wire_log,
+                    user_agent="sigil-push",
                 ) as ws:
                     opened_at = time.monotonic()
                     self._opened(ws)
-                    await self._read(ws)
-                self._down("disconnected", f"closed code={ws.close_code}")
-            except ConnectionClosed as exc:
-                self._down("disconnected", f"closed code={_close_code(exc)}")
-            except (OSError, TimeoutError, InvalidHandshake, InvalidURI) as exc:
+                    code = await self._read(ws)
+                self._down("disconnected", f"closed code={code or ws.close_code or 1006}")
+            except (OSError, TimeoutError, aiohttp.ClientError) as exc:
                 CONNECTS.labels(self.url, "failed").inc()
                 self._down("error", f"connect failed: {type(exc).__name__}")
             except ProtocolViolation as exc:
@@ -390,7 +380,7 @@ class RelayConnection:
         if ws is not None and generation == self.socket_generation:
             await ws.close()
 
-    def _opened(self, ws: ClientConnection) -> None:
+    def _opened(self, ws: ReaderSocket) -> None:
         self._ws = ws
         self.socket_generation += 1
         self._auths_sent.clear()
@@ -424,13 +414,30 @@ class RelayConnection:
         if was_open:
             self._handler.on_down(self)
 
-    async def _read(self, ws: ClientConnection) -> None:
+    async def _read(self, ws: ReaderSocket) -> int | None:
+        """Dispatch messages until the socket ends; the close code that ended it: the relay's,
+        ours when we failed it (1009 too big, 1007 bad UTF-8, 1002 protocol error), 1006 when
+        it ended without a close frame, None when we closed it (`drop`, `stop`).
+
+        While the handler is congested nothing is read here; aiohttp then stops reading the
+        socket once 128 KiB of messages wait, so a flooding relay is held at the TCP window."""
         handler = self._handler
-        async for frame in ws:
-            received_ms = time.time_ns() // 1_000_000
-            self._dispatch(frame, received_ms)
-            if handler.congested(self):
-                await handler.drained(self)
+        receive = ws.receive
+        while True:
+            message = await receive()
+            kind = message.type
+            if kind is WSMsgType.TEXT or kind is WSMsgType.BINARY:
+                self._dispatch(message.data, time.time_ns() // 1_000_000)
+                if handler.congested(self):
+                    await handler.drained(self)
+            elif kind is WSMsgType.CLOSE:
+                return int(message.data or 1005)
+            elif kind is WSMsgType.ERROR:
+                return ws.close_code or 1006
+            elif kind is WSMsgType.CLOSING:
+                return None
+            else:  # CLOSED: the stream ended, no close frame came
+                return 1006
 
     def _track(self, sub_id: str) -> None:
         self._reqs.pop(sub_id, None)
@@ -544,7 +551,7 @@ class RelayConnection:
             self._awaiting_challenge = ws
             self._spawn(self._await_challenge(ws, reason))
 
-    async def _await_challenge(self, ws: ClientConnection, reason: str) -> None:
+    async def _await_challenge(self, ws: ReaderSocket, reason: str) -> None:
         """A relay that refuses without ever challenging is gated: it never lets us read."""
         await asyncio.sleep(AUTH_WAIT_SECONDS)
         if ws is self._ws and self.auth_epoch == 0 and not self.challenged:
