@@ -191,7 +191,7 @@ async def run_client(name: str, url: str, frames: int, scan: bool) -> dict[str, 
 # driver -------------------------------------------------------------------------------
 
 
-def one_run(name: str, frames: int, scan: bool) -> dict[str, Any]:
+def one_run(name: str, frames: int, scan: bool, callgrind: bool = False) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as folder:
         port_file = Path(folder) / "port"
         sender = subprocess.Popen([sys.executable, __file__, "--sender", "--port-file",
@@ -206,8 +206,16 @@ def one_run(name: str, frames: int, scan: bool) -> dict[str, Any]:
                        "--url", f"ws://127.0.0.1:{port_file.read_text()}"]
             if scan:
                 command.append("--scan")
-            output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-            return dict(json.loads(output.strip().splitlines()[-1]))
+            if not callgrind:
+                output = subprocess.run(command, check=True, capture_output=True, text=True)
+                return dict(json.loads(output.stdout.strip().splitlines()[-1]))
+            counted = subprocess.run(
+                ["valgrind", "--tool=callgrind", f"--callgrind-out-file={folder}/cg.out",
+                 *command], check=True, capture_output=True, text=True,
+            ).stderr
+            collected = re.search(r"Collected : (\d+)", counted)
+            assert collected is not None, counted
+            return {"instructions": int(collected.group(1))}
         finally:
             sender.terminate()
             sender.wait()
@@ -221,6 +229,7 @@ def main() -> None:
     parser.add_argument("--sender", action="store_true")
     parser.add_argument("--client", choices=READERS)
     parser.add_argument("--scan", action="store_true")
+    parser.add_argument("--callgrind", action="store_true")
     parser.add_argument("--port-file", type=Path)
     parser.add_argument("--url")
     args = parser.parse_args()
@@ -247,12 +256,20 @@ def main() -> None:
             results[key] = {"cpu_us_per_frame": min(values), "median": statistics.median(values),
                             "runs": values}
             print(key, json.dumps(results[key]), flush=True)
+    if args.callgrind:
+        for name, scan in [(n, False) for n in args.only.split(",") if n] + [("aiohttp", True)]:
+            small, large = (one_run(name, frames, scan, callgrind=True)["instructions"]
+                            for frames in (1000, 11_000))
+            key = name + ("+scan" if scan else "")
+            results.setdefault(key, {})["instructions_per_frame"] = round((large - small) / 10_000)
+            print(key, results[key], flush=True)
     results["machine"] = {
         "python": platform.python_version(), "cpus": os.cpu_count(),
         "load_1min_before": round(load_before, 2),
         "load_1min_after": round(os.getloadavg()[0], 2),
         "frames_per_run": args.frames, "repeat": args.repeat,
-        "note": "client CPU time per frame (process_time), best and median of the runs",
+        "note": "client CPU time per frame (process_time), best and median of the runs; "
+        "instructions_per_frame: callgrind, (11,000 frames - 1,000 frames) / 10,000",
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
