@@ -111,6 +111,7 @@ class Delivery:
         # UnifiedPush endpoints are user-chosen hosts: each may hold only a share of the window
         self._host_cap = {p: max(1, w // HOST_SHARE) for p, w in self._max_rows_in_flight.items()}
         self._host_rows: dict[tuple[str, str], int] = defaultdict(int)
+        self._per_host = frozenset(p for p, s in senders.items() if s.provider == "unifiedpush")
         self._host_hold_ms = int(
             1000 * max(HOST_HOLD_SECONDS, self._push.send_timeout_seconds / 4)
         )
@@ -122,9 +123,10 @@ class Delivery:
         self._completer_task: asyncio.Task[None] | None = None
         self._housekeeping_at = 0.0
         self._unsettled: list[int] = []
-        # metric series bound once: a labels() lookup per push is a measurable share of a push
+        # metric series bound once: a labels() lookup per push is a measurable share of a push;
+        # keyed by the status' string, since hashing an enum member runs Python code
         self._pushes = {
-            (s.provider, status): metrics.PUSHES.labels(s.provider, status.value)
+            (s.provider, status.value): metrics.PUSHES.labels(s.provider, status.value)
             for s in senders.values() for status in Status
         }
         self._latency = {s.provider: metrics.LATENCY.labels(s.provider) for s in senders.values()}
@@ -191,7 +193,7 @@ class Delivery:
 
     def _host_of(self, device: Device) -> tuple[str, str] | None:
         """The endpoint host a UnifiedPush push goes to (None for the big providers)."""
-        if self._senders[device.platform].provider != "unifiedpush":
+        if device.platform not in self._per_host:
             return None
         try:
             return device.platform, urlsplit(device.token).hostname or ""
@@ -245,8 +247,10 @@ class Delivery:
         by_push_key: dict[PushKey, list[Wakeup]] = defaultdict(list)
         expired: list[Wakeup] = []
         unsendable: list[Wakeup] = []
+        seen_after = now - self._push.max_wakeup_age_seconds * 1000
+        max_attempts = self._push.max_attempts
         for wakeup in due:
-            if self._expired(wakeup, now):
+            if wakeup.first_seen_ms < seen_after or wakeup.attempts >= max_attempts:
                 expired.append(wakeup)
             elif wakeup.device.platform not in self._senders:
                 unsendable.append(wakeup)
@@ -289,10 +293,6 @@ class Delivery:
         if unsendable:
             await self._give_up(unsendable, "platform no longer enabled")
 
-    def _expired(self, wakeup: Wakeup, now: int) -> bool:
-        too_old = now - wakeup.first_seen_ms > self._push.max_wakeup_age_seconds * 1000
-        return too_old or wakeup.attempts >= self._push.max_attempts
-
     def _plan(self, wakeups: list[Wakeup], now: int) -> tuple[list[Push], dict[int, list[int]]]:
         """The pushes one phone gets now for `wakeups` (all for one push key), and the rows
         held back by when they may go.
@@ -302,11 +302,15 @@ class Delivery:
         push, which waits for the end of the coalescing window if an opaque push went out
         less than a window ago. Nothing goes while the budget is spent.
         """
-        wakeups.sort(key=lambda w: w.id)
         phone = _phone(wakeups[0].device)
         rate_gate = self._rate.next_allowed_ms(phone, now)
         if rate_gate > now:
             return [], {rate_gate: [w.id for w in wakeups]}
+        if len(wakeups) == 1 and wakeups[0].device.payload != "opaque":
+            # most pushes: one specific wakeup, and a gate that is open has room for one push
+            self._rate.spend(phone, now)
+            return [Push(wakeups[0].device, (wakeups[0],), self._message(wakeups, now))], {}
+        wakeups.sort(key=lambda w: w.id)
         opaque: list[Wakeup] = []
         specific: list[Wakeup] = []
         for wakeup in wakeups:
@@ -381,11 +385,16 @@ class Delivery:
                 self._unsettled.extend(w.id for w in push.wakeups)
         finally:
             platform = push.device.platform
-            self._rows_in_flight[platform] -= len(push.wakeups)
-            self._live_ids.difference_update(w.id for w in push.wakeups)
-            host = self._host_of(push.device)
-            if host is not None:
-                self._host_rows[host] -= len(push.wakeups)
+            wakeups = push.wakeups
+            self._rows_in_flight[platform] -= len(wakeups)
+            if len(wakeups) == 1:
+                self._live_ids.discard(wakeups[0].id)
+            else:
+                self._live_ids.difference_update(w.id for w in wakeups)
+            if platform in self._per_host:
+                host = self._host_of(push.device)
+                assert host is not None
+                self._host_rows[host] -= len(wakeups)
                 if not self._host_rows[host]:
                     del self._host_rows[host]
             if self._room(platform) >= self._refill[platform]:
@@ -394,6 +403,11 @@ class Delivery:
     async def _settle(self, push: Push, provider: str, outcome: Outcome) -> None:
         answered = now_ms()
         status = outcome.status
+        if status is Status.ACCEPTED:  # most outcomes: nothing to await
+            self._record(push, provider, status, answered)
+            self._to_complete.extend([w.id for w in push.wakeups])
+            self._completion_due.set()
+            return
         ids = [w.id for w in push.wakeups]
         if status is Status.RETRY:
             next_ms = self._retry_at(push, outcome, answered)
@@ -411,7 +425,7 @@ class Delivery:
                 metrics.PRUNED_TOKENS.labels(provider).inc()
                 log.info("%s token …%s is dead (%s); its registrations are forgotten", provider,
                          push.device.token_suffix, outcome.detail)
-        elif status is not Status.ACCEPTED:
+        else:
             log.warning("%s refused push to …%s: %s", provider, push.device.token_suffix,
                         outcome.detail)
         self._to_complete.extend(ids)
@@ -455,20 +469,25 @@ class Delivery:
                     answered - wakeup.first_seen_ms,
                 )
             if sender is not None:
-                self._pushes[provider, Status.FAILED].inc()
+                self._pushes[provider, Status.FAILED.value].inc()
                 metrics.STALE_DROPPED.labels(provider).inc()
         log.warning("gave up %d wakeups (%s)", len(wakeups), reason)
         await self._outbox.complete([w.id for w in wakeups])
 
     def _record(self, push: Push, provider: str, status: Status, answered_ms: int) -> None:
-        self._pushes[provider, status].inc()
-        oldest = min(w.first_seen_ms for w in push.wakeups)
+        value = str(status)
+        self._pushes[provider, value].inc()
+        wakeups = push.wakeups
+        if len(wakeups) == 1:
+            oldest = wakeups[0].first_seen_ms
+        else:
+            oldest = min(w.first_seen_ms for w in wakeups)
         self._latency[provider].observe(max(0, answered_ms - oldest) / 1000)
         if self._record_outcomes:
-            for wakeup in push.wakeups:
+            platform = push.device.platform
+            for wakeup in wakeups:
                 self._observations.push(
-                    wakeup.event_id, push.device.platform, status.value,
-                    answered_ms - wakeup.first_seen_ms,
+                    wakeup.event_id, platform, value, answered_ms - wakeup.first_seen_ms
                 )
 
     async def _complete_forever(self) -> None:
