@@ -1,8 +1,11 @@
 """Benchmark of push delivery: a full outbox drained to local APNs and FCM servers.
 
 For each provider, in one run:
-1. the fake's ceiling: the bare, unmodified client (aioapns / firebase-admin) sending as fast
-   as it can with the same concurrency, no outbox, no database;
+1. the fake's ceiling: the bare client sending as fast as it can with the same concurrency, no
+   outbox, no database. For APNs that is the aioapns client exactly as the service builds it
+   (`apns_client`: its protocol class writes once per loop tick), the same body, headers and
+   apns-ids, from `concurrency` loops that send one push after another (no task, semaphore or
+   timeout per push); for FCM, firebase-admin through our thin FcmSender;
 2. the pipeline: N wakeups already in a real SQLite outbox, drained by the real Delivery loop
    (claim, send, settle, delete, observation records, metrics); wakeups/s and the ratio to 1;
 3. latency: wakeups enqueued live at a fixed rate below capacity, p50/p99 from enqueue (the
@@ -18,6 +21,9 @@ best drain is reported with its own bare-client run; every trial is kept in the 
 load average around it and the spread (min/median/max) of both ratios. On a loaded machine the
 wall-clock ratio swings with whoever else runs; the per-CPU-second ratio (pipeline wakeups per
 CPU-second of this process, all threads, over the bare client's) is the robust figure.
+
+Running a subset of `--providers` keeps the other providers' last results in the file, marked
+`kept_from_earlier_run` (a fresh entry carries `measured_at`).
 
 Usage: python bench/push.py [--wakeups 20000] [--devices 2000] [--trials 3] [--rate 1000]
 """
@@ -307,6 +313,7 @@ async def run_provider(
                        if r["type"] == "push" and r["event_id"] in live["event_ids"]]
     return {
         **best,
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "wakeups_per_trial": args.wakeups,
         "devices": args.devices,
         "best_of": args.trials,
@@ -409,6 +416,11 @@ def main() -> None:
     args = parser.parse_args()
     tune_gc()  # as `sigil-push serve` does
     summary = uvloop.run(main_async(args))  # `sigil-push serve` runs on uvloop through uvicorn
+    if RESULTS.exists():
+        earlier = json.loads(RESULTS.read_text()).get("results", {})
+        kept = {p: {**r, "kept_from_earlier_run": True} for p, r in earlier.items()
+                if p not in summary["results"]}
+        summary["results"] = {**kept, **summary["results"]}
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(summary, indent=2) + "\n")
     print(f"wrote {RESULTS}")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -116,6 +116,11 @@ class Delivery:
             1000 * max(HOST_HOLD_SECONDS, self._push.send_timeout_seconds / 4)
         )
         self._live_ids: set[int] = set()
+        # claimed pushes wait in their platform's queue for one of at most max_concurrency
+        # senders, which take one push after another while there are any: a task per burst
+        # of pushes rather than per push, and no queueing at the sender's semaphore
+        self._queues: dict[str, deque[Push]] = {p: deque() for p in senders}
+        self._senders_running: dict[str, int] = defaultdict(int)
         self._tasks: set[asyncio.Task[None]] = set()
         self._to_complete: list[int] = []
         self._completion_due = asyncio.Event()
@@ -275,17 +280,17 @@ class Delivery:
             pushes.extend(planned)
         claimed = [w.id for push in pushes for w in push.wakeups]
         await self._outbox.claim(claimed, now)
-        # from here on the rows are claimed: start every push before anything else can fail,
-        # so no claim is left without a task that settles it
+        # from here on the rows are claimed: queue every push and start its senders before
+        # anything else can fail, so no claim is left without a task that settles it
         self._live_ids.update(claimed)
         for push in pushes:
             self._rows_in_flight[push.device.platform] += len(push.wakeups)
             host = self._host_of(push.device)
             if host is not None:
                 self._host_rows[host] += len(push.wakeups)
-            task = asyncio.create_task(self._send(push))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._queues[push.device.platform].append(push)
+        for platform in self._queues:
+            self._start_senders(platform)
         for at_ms, ids in held.items():
             await self._outbox.reschedule(ids, at_ms)
         if expired:
@@ -369,6 +374,24 @@ class Delivery:
             ttl_seconds=int(ttl),
             opaque=opaque,
         )
+
+    def _start_senders(self, platform: str) -> None:
+        """Enough sender tasks for the platform's queue, up to its sender's concurrency."""
+        queue = self._queues[platform]
+        room = self._senders[platform].max_concurrency - self._senders_running[platform]
+        for _ in range(min(room, len(queue))):
+            self._senders_running[platform] += 1
+            task = asyncio.create_task(self._send_queued(platform))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _send_queued(self, platform: str) -> None:
+        queue = self._queues[platform]
+        try:
+            while queue:
+                await self._send(queue.popleft())
+        finally:
+            self._senders_running[platform] -= 1
 
     async def _send(self, push: Push) -> None:
         sender = self._senders[push.device.platform]
