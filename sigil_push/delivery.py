@@ -3,8 +3,9 @@
 One loop plans, many tasks send. The loop reads due wakeups, drops the stale, holds back what
 a device's coalescing window or rate limit does not allow yet (by rescheduling it in the
 outbox, so the held wakeups are on disk and travel together later), claims the rest and
-starts one task per push. Each task settles its own outcome: complete, retry with backoff,
-or forget a dead token. Deletions are grouped into one statement per round trip to SQLite,
+queues them for the platform's sender tasks (at most its sender's concurrency), which send one
+push after another and settle each outcome: complete, retry with backoff, or forget a dead
+token. Deletions are grouped into one statement per round trip to SQLite,
 so the database is never the bottleneck.
 
 A device here is the phone, named by its (platform, token): several accounts (npubs) may be
@@ -99,7 +100,7 @@ class Delivery:
         self._rate = DeviceRateLimiter(limits.wakeups_per_minute_per_device)
         # per phone: when it last got an opaque push, which opens its coalescing window
         self._last_push_ms: dict[PhoneKey, int] = {}
-        # per platform, four times its sender's slots, so the next batches wait at the semaphore
+        # per platform, four times its sender's slots, so the next batches wait in the queue
         # while the database round trips for them run (slow when the event loop keeps the GIL
         # busy); rows waiting there were never sent, so this does not widen the
         # resend-after-crash window. One window per platform: a slow provider (or endpoints
@@ -386,6 +387,8 @@ class Delivery:
             task.add_done_callback(self._tasks.discard)
 
     async def _send_queued(self, platform: str) -> None:
+        """One sender task: sends queued pushes until none is left. `_send` catches every
+        failure of a push, so only cancellation (stop) ends a task with pushes still queued."""
         queue = self._queues[platform]
         try:
             while queue:
