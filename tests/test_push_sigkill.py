@@ -15,6 +15,7 @@ the stop grace): the test's short send timeout keeps that wait short.
 from __future__ import annotations
 
 import asyncio
+import secrets
 import signal
 import time
 import urllib.request
@@ -83,7 +84,7 @@ def _wait(check, timeout: float, what: str) -> None:
 def test_sigkill_mid_delivery_loses_no_wakeup(
     tmp_path: Path, credentials: Credentials, fake_apns: FakeApns, fake_fcm_server, engine: Engine
 ) -> None:
-    tokens = [f"{i:02x}" * 32 for i in range(200, 204)]
+    tokens = [secrets.token_hex(32) for _ in range(4)]  # the fake APNs lives for the session
     tables = provider_tables(credentials, fake_apns, fake_fcm_server)
     extra = toml_tables({"apns": tables["apns"]}) + (
         f"[push]\nconcurrency_per_provider = {CONCURRENCY}\nretry_base_seconds = 0.1\n"

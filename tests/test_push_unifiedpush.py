@@ -570,7 +570,7 @@ def test_the_service_publishes_its_vapid_key_and_signs_with_it_across_restarts(
     subscriber = WebPushSubscriber.generate()
     published = []
     for round_ in ("first", "restarted"):
-        name = f"svc-{round_}"
+        name = f"svc-{engine.name}-{round_}"  # the fake lives for the session
         asyncio.run(_queue_for(service.database, autopush.endpoint(name), subscriber))
         service.start()
         try:

@@ -92,7 +92,7 @@ def test_key_file_and_database_files_are_private(tmp_path: Path, engine: Engine)
         if not engine.postgres:
             for name in ("sigil-push.db", "sigil-push.db-wal", "sigil-push.db-shm"):
                 assert mode(folder / name) == 0o600, name
-        assert fetch(service.database, "SELECT key FROM meta WHERE key LIKE '%secret%'") == []
+        assert fetch(service.database, "SELECT key FROM meta WHERE key = 'bridge_secret_key'") == []
         secret = key_file.read_text().strip()
         assert secret.encode() not in engine.at_rest(service.database)
         service.stop()
