@@ -123,12 +123,18 @@ class Engine:
         return done.stdout
 
 
-@pytest.fixture
-def engine(store_backend: str, request: pytest.FixtureRequest) -> Engine:
-    """The test's engine; its PostgreSQL variant uses the session's one server."""
-    if store_backend == "sqlite":
+def engine_of(backend: str, request: pytest.FixtureRequest) -> Engine:
+    """The `Engine` named `backend`, for fixtures that pair the engine with other parameters;
+    its PostgreSQL variant uses the session's one server."""
+    if backend == "sqlite":
         return Engine("sqlite", None)
     return Engine("postgres", request.getfixturevalue("postgres_server"))
+
+
+@pytest.fixture
+def engine(store_backend: str, request: pytest.FixtureRequest) -> Engine:
+    """The test's engine."""
+    return engine_of(store_backend, request)
 
 
 @pytest.fixture
