@@ -6,11 +6,13 @@ only to keys granted role `r` (AUTH on connect, `restricted:` NOTICE), and the k
 (CLOSED after or before AUTH), chorus and nostr-rs-relay styles of tests/support/auth_relay.py. A push is
 what the dry-run sender logs; every wait polls with a generous deadline.
 
-Every test runs on both engines, where the sessions, their sealed secrets and the
-registrations are kept. The relay styles are the relays' behaviour, not the store's, so the
-stories run against every style on SQLite and against `nostr-relay` (the real relay process)
-on PostgreSQL, and the connection-cap test's two styles share one PostgreSQL run: each style
-on each engine would double the longest file of the suite for no store behaviour more.
+Every test runs on both engines, where the sessions, their sealed secrets, the registrations
+and the learned NIP-42 modes are kept. The stories that take `parts` are about how each relay
+style gates reads, which the store does not change: they run against every style on SQLite and
+against `nostr-relay` (the real relay process) on PostgreSQL, and the connection-cap test's two
+styles share one PostgreSQL run; each style on each engine would double the longest file of
+the suite for no store behaviour more. The learned mode surviving a restart is the store's
+behaviour, so both its styles run on both engines.
 """
 
 from __future__ import annotations
@@ -500,3 +502,39 @@ async def test_a_signer_that_will_not_sign_leaves_a_shared_connection(
             await eventually(lambda w=wrap: wakeups(service)[w["id"]] == 1, "good users pushed")
         assert wakeups(service)[wraps[3]["id"]] == 0
         assert all(sign_requests(s) == 1 for s in good)
+
+
+@pytest.mark.parametrize("style", ["strfry", "chorus-multi"])
+async def test_a_learned_auth_mode_outlives_a_restart(
+    tmp_path: Path, style: str, engine: Engine
+) -> None:
+    """What a relay's answers taught is kept in the store: after a restart the bridge uses it
+    at once (no probe, nothing learned again) and each user's signer is asked exactly once,
+    for the user's new connection. Without it, strfry's probe would ask its second user twice
+    and chorus would be learned again."""
+    with delegating(tmp_path, gated_inbox(tmp_path / "gated", style), engine) as (
+        open_relay, gated, service, started
+    ):
+        signers = [RemoteSigner(open_relay.url).start() for _ in range(3)]
+        started += signers
+        service.start()
+        for signer in signers:
+            register(service, signer.user, new_token(), [gated.url], signer.bunker_uri)
+        expected = AUTH_MODES[style]
+        await eventually(lambda: users_on(service, gated.url) == (3, 0), "all reading", 90)
+        assert health(service)["relays"][gated.url]["auth_mode"] == expected
+        learned = "sigil_push_delegated_auth_modes_learned_total"
+        assert metric(service, learned, mode=expected) == 1
+
+        service.stop()
+        asked_before = [sign_requests(s) for s in signers]
+        service.start()
+        await eventually(lambda: users_on(service, gated.url) == (3, 0), "reading again", 90)
+        assert health(service)["relays"][gated.url]["auth_mode"] == expected
+        assert metric(service, learned) == 0
+        asked = [sign_requests(s) - before for s, before in zip(signers, asked_before, strict=True)]
+        assert asked == [1, 1, 1]
+        wraps = [gift_wrap(user(), s.user, "after the restart") for s in signers]
+        await publish(store_url(gated), *wraps)
+        for wrap in wraps:
+            await eventually(lambda w=wrap: wakeups(service)[w["id"]] == 1, "pushed once each")

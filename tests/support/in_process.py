@@ -54,9 +54,8 @@ async def in_process_bridge(
     folder: Path,
     database: str,
     relays: list[dict[str, Any]] | None = None,
-    bridge_class: type[Bridge] = Bridge,
 ) -> AsyncIterator[InProcessBridge]:
-    """A started `bridge_class` on the store `database` names (a SQLite file, relative to
+    """A started `Bridge` on the store `database` names (a SQLite file, relative to
     `folder`, or a PostgreSQL URL: tests.support.stores.Engine.database), its observation log
     in `folder`; `relays` are the config's `[[relay]]` tables (none: only users' own relays)."""
     document: dict[str, Any] = {"server": {"database": database}}
@@ -66,7 +65,7 @@ async def in_process_bridge(
     store = await open_store(config)
     observations = ObservationLog(folder / "observations")
     await observations.start()
-    bridge = bridge_class(config, store.devices, store.outbox, observations, SecretKey.generate())
+    bridge = Bridge(config, store.devices, store.outbox, observations, SecretKey.generate())
     store.devices.add_listener(bridge.registration_changed)
     try:
         await bridge.start()
