@@ -13,10 +13,12 @@ from sigil_push import outbound
 from tests.support.nip98 import SdkUser
 from tests.support.service import ServiceProcess
 
-# the provider fakes' fixtures (fake APNs, FCM and UnifiedPush servers), for every test module
+# fixtures for every test module: the PostgreSQL server, the engine-parametrised stores and
+# services, relay and service processes, the provider fakes (fake APNs, FCM and UnifiedPush
+# servers). Listed before the modules that import them, so pytest rewrites their asserts.
 pytest_plugins = (
-    "tests.fakes.harness", "tests.support.postgres", "tests.support.processes",
-    "tests.support.stores",
+    "tests.support.postgres", "tests.support.stores", "tests.support.processes",
+    "tests.fakes.harness",
 )
 
 

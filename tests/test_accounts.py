@@ -3,7 +3,8 @@
 End to end with real parts: a `nostr-relay` process, a `sigil-push serve` process sending to
 the local fake FCM server, nostr-sdk users who register with their own NIP-98 and send each
 other real NIP-04 DMs. Then the delivery loop alone against the fake APNs (payload modes and
-batch boundaries), and the migrations of an existing database (SQLite and PostgreSQL).
+batch boundaries). Both run once on SQLite and once on PostgreSQL. Last, the migrations of an
+existing database, one test per engine (each engine has its own migration files).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from tests.support.nostr_client import kind4_dm, publish
 from tests.support.processes import FAST_RECONNECT
 from tests.support.relay import RelayProcess
 from tests.support.service import ServiceProcess
+from tests.support.stores import BACKENDS, backend_service, fetch
 
 WINDOW_MS = 15_000
 """Long enough that two DMs published together are both on disk before the window that the
@@ -76,21 +78,23 @@ class Instance:
         ]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", params=BACKENDS)
 def instance(
+    request: pytest.FixtureRequest,
     tmp_path_factory: pytest.TempPathFactory,
     fake_fcm_server: tuple[FakeFcm, Path],
 ) -> Iterator[Instance]:
-    folder = tmp_path_factory.mktemp("accounts")
+    """One instance per engine, shared by the module's end-to-end stories."""
+    folder = tmp_path_factory.mktemp(f"accounts-{request.param}")
     relay = RelayProcess(folder / "relay").start()
     fake, service_account = fake_fcm_server
     fcm_table = {"credentials_file": str(service_account), "endpoint": fake.url}
-    service = ServiceProcess(
+    service = backend_service(request.param, request, ServiceProcess(
         folder / "service",
         [relay.url],
         extra_toml=FAST_RECONNECT + toml_tables({"fcm": fcm_table}),
         limits=f"{NO_RATE_LIMITS}coalesce_window_ms = {WINDOW_MS}\naccounts_per_device = {CAP}",
-    )
+    ))
     try:
         service.start()
         running = Instance(relay, service, fake_fcm_server[0])
@@ -202,16 +206,14 @@ def test_the_account_cap_is_enforced_with_a_clear_error(instance: Instance) -> N
 def _pairs(instance: Instance, token: str) -> int:
     """Registrations of `token` in the service's database (polled there: a NIP-98 event can
     be spent once, and two polls within one second would sign the same one)."""
-    with sqlite3.connect(instance.service.database, timeout=5) as connection:
-        return int(connection.execute(
-            "SELECT COUNT(*) FROM devices WHERE token = ?", (token,)
-        ).fetchone()[0])
+    [(pairs,)] = fetch(instance.service.database, "SELECT COUNT(*) FROM devices WHERE token = ?",
+                       (token,))
+    return int(pairs)
 
 
 def _all_keys(instance: Instance) -> list[str]:
     """Registered pubkeys in the service's database (the relay's key count builds on them)."""
-    with sqlite3.connect(instance.service.database, timeout=5) as connection:
-        return [row[0] for row in connection.execute("SELECT DISTINCT pubkey FROM devices")]
+    return [row[0] for row in fetch(instance.service.database, "SELECT DISTINCT pubkey FROM devices")]
 
 
 # -- the delivery loop alone ----------------------------------------------------------------

@@ -247,7 +247,7 @@ def strict_service(
         limits=limits,
         insecure_relays=False,
     )
-    backend = "postgres" if "postgresql://" in service.config_path.read_text() else "sqlite"
+    backend = "postgres" if service.database.startswith("postgresql://") else "sqlite"
     with backend_service(backend, request, strict) as running:
         yield running
 
@@ -295,7 +295,7 @@ def test_busy_storage_answers_503_with_retry_after(api: ApiCaller, service: Serv
     import sqlite3
 
     user = SdkUser()
-    if "postgresql://" in service.config_path.read_text():
+    if service.database.startswith("postgresql://"):
         _busy_postgres_answers_503(api, service, user)
         return
     locker = sqlite3.connect(service.database, timeout=10, isolation_level=None)
@@ -313,19 +313,15 @@ def test_busy_storage_answers_503_with_retry_after(api: ApiCaller, service: Serv
 def _busy_postgres_answers_503(api: ApiCaller, service: ServiceProcess, user: SdkUser) -> None:
     """PostgreSQL: a lock held past `lock_timeout` (5 s) is the same 503 as SQLite's busy file."""
     import asyncio
-    import re
 
     import asyncpg
-
-    url = re.search(r'database = "([^"]+)"', service.config_path.read_text())
-    assert url is not None
 
     def register_on_new_connection() -> httpx.Response:
         with httpx.Client(base_url=service.url, timeout=30) as http:
             return ApiCaller(http, api.public_url).register(user)
 
     async def story() -> None:
-        locker = await asyncpg.connect(url.group(1))
+        locker = await asyncpg.connect(service.database)
         try:
             async with locker.transaction():
                 await locker.execute("LOCK TABLE nip98_used IN ACCESS EXCLUSIVE MODE")

@@ -5,13 +5,20 @@ and `sigil-push serve`. The inbox is each way real relays gate DMs: `nostr-relay
 only to keys granted role `r` (AUTH on connect, `restricted:` NOTICE), and the khatru, strfry
 (CLOSED after or before AUTH), chorus and nostr-rs-relay styles of tests/support/auth_relay.py. A push is
 what the dry-run sender logs; every wait polls with a generous deadline.
+
+Every test runs on both engines, where the sessions, their sealed secrets, the registrations
+and the learned NIP-42 modes are kept. The stories that take `parts` are about how each relay
+style gates reads, which the store does not change: they run against every style on SQLite and
+against `nostr-relay` (the real relay process) on PostgreSQL, and the connection-cap test's two
+styles share one PostgreSQL run; each style on each engine would double the longest file of
+the suite for no store behaviour more. The learned mode surviving a restart is the store's
+behaviour, so both its styles run on both engines.
 """
 
 from __future__ import annotations
 
 import asyncio
 import secrets
-import sqlite3
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -40,6 +47,7 @@ from tests.support.processes import FAST_RECONNECT
 from tests.support.relay import RelayProcess, free_port
 from tests.support.remote_signer import RemoteSigner
 from tests.support.service import ServiceProcess
+from tests.support.stores import Engine, engine_of
 
 GATED = {"save": "a", "query": "r"}
 # how each style reports the shared connection: refused after AUTH, or silently served nothing
@@ -67,16 +75,19 @@ Inbox = TypeVar("Inbox", bound="RelayProcess | AuthRelay")
 
 @contextmanager
 def delegating(
-    tmp_path: Path, gated: Inbox, bridge: str = ""
+    tmp_path: Path, gated: Inbox, engine: Engine, bridge: str = ""
 ) -> Iterator[tuple[RelayProcess, Inbox, ServiceProcess, list[Any]]]:
     """An open relay for the signers (also the operator's configured relay), the `gated` inbox
-    started, and a service (not started: the test starts it once its signers are up) with
-    `bridge` added to the fast-reconnect [bridge] table. Everything in the yielded list, where
-    a test adds its signers, is stopped in reverse order on the way out."""
+    started, and a service on `engine` (not started: the test starts it once its signers are
+    up) with `bridge` added to the fast-reconnect [bridge] table. Everything in the yielded
+    list, where a test adds its signers, is stopped in reverse order on the way out."""
     open_relay = RelayProcess(tmp_path / "open").start()
     gated.start()
     started: list[Any] = [open_relay, gated]
-    service = ServiceProcess(tmp_path / "service", [open_relay.url], FAST_RECONNECT + bridge)
+    service = ServiceProcess(
+        tmp_path / "service", [open_relay.url], FAST_RECONNECT + bridge,
+        database=engine.database(),
+    )
     started.append(service)
     try:
         yield open_relay, gated, service, started
@@ -120,21 +131,34 @@ def sign_requests(signer: RemoteSigner) -> int:
     return signer.methods().count("sign_event")
 
 
-@pytest.fixture(params=list(STYLES))
+STYLES_BY_ENGINE = [
+    *(pytest.param((style, "sqlite"), id=f"{style}-sqlite") for style in STYLES),
+    pytest.param(("nostr-relay", "postgres"), id="nostr-relay-postgres"),
+]
+
+
+@pytest.fixture(params=STYLES_BY_ENGINE)
 def parts(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
-    """An open relay for the signers (also the operator's configured relay) and a gated inbox."""
+    """An open relay for the signers (also the operator's configured relay), a gated inbox of
+    the style, and a service (not started) on the engine, which tests also use for services
+    of their own."""
+    style, backend = request.param
+    engine = engine_of(backend, request)
     started: list[Any] = []
     open_relay = RelayProcess(tmp_path / "open").start()
     started.append(open_relay)
-    gated = gated_inbox(tmp_path / "gated", request.param).start()
+    gated = gated_inbox(tmp_path / "gated", style).start()
     started.append(gated)
-    service = ServiceProcess(tmp_path / "service", [open_relay.url], FAST_RECONNECT)
+    service = ServiceProcess(
+        tmp_path / "service", [open_relay.url], FAST_RECONNECT, database=engine.database()
+    )
     yield {
         "open": open_relay,
         "gated": gated,
         "service": service,
         "started": started,
-        "style": request.param,
+        "style": style,
+        "engine": engine,
     }
     service.stop()
     for part in reversed(started):
@@ -236,15 +260,11 @@ async def test_gift_wraps_on_a_gated_inbox_are_pushed_only_through_delegated_aut
     assert users_on(service, gated.url) == (0, 0)
     assert sign_requests(alice_signer) == 2
 
-    # the secret never reaches the database in clear, nor any log
+    # the secret never reaches the database in clear (its files or a dump), nor any log
     service.stop()
-    database = service.database.read_bytes()
-    for path in service.database.parent.glob("sigil-push.db-*"):
-        database += path.read_bytes()
-    assert secret.encode() not in database
-    with sqlite3.connect(service.database) as db:
-        dump = "\n".join(db.iterdump())
-    assert secret not in dump
+    engine: Engine = parts["engine"]
+    assert secret.encode() not in engine.at_rest(service.database)
+    assert secret not in engine.dump(service.database)
     assert_private(
         service,
         [
@@ -260,7 +280,10 @@ async def test_a_signer_that_will_not_sign_is_not_asked_in_a_storm(parts: dict[s
     connection backs off (default 1 s doubling), the per-user rate limit caps what reaches the
     signer, the failure is counted and the gated DM is not pushed."""
     open_relay, gated = parts["open"], parts["gated"]
-    service = ServiceProcess(parts["service"].folder.parent / "service-default", [open_relay.url])
+    service = ServiceProcess(
+        parts["service"].folder.parent / "service-default", [open_relay.url],
+        database=parts["engine"].database(),
+    )
     parts["started"].append(service)
     signer = RemoteSigner(open_relay.url, refuse_signing=True).start()
     parts["started"].append(signer)
@@ -292,6 +315,7 @@ async def test_user_connections_respect_their_cap(parts: dict[str, Any]) -> None
         parts["service"].folder.parent / "service-capped",
         [open_relay.url],
         FAST_RECONNECT + "max_user_connections = 0\n",
+        database=parts["engine"].database(),
     )
     parts["started"].append(service)
     signer = RemoteSigner(open_relay.url).start()
@@ -380,12 +404,12 @@ async def test_users_share_a_connection_only_where_the_relay_accepts_several_aut
 
 
 async def test_a_shared_relay_that_turns_one_key_per_connection_is_read_per_user(
-    tmp_path: Path,
+    tmp_path: Path, engine: Engine
 ) -> None:
     """A relay learned to accept several AUTHs restarts as strfry (one key per connection, a
     second AUTH refused): the bridge falls back to a connection per user and every user reads
     again, without being told."""
-    with delegating(tmp_path, AuthRelay(tmp_path / "gated", "multi")) as (
+    with delegating(tmp_path, AuthRelay(tmp_path / "gated", "multi"), engine) as (
         open_relay, gated, service, started
     ):
         signers = [RemoteSigner(open_relay.url).start() for _ in range(3)]
@@ -415,13 +439,19 @@ async def test_a_shared_relay_that_turns_one_key_per_connection_is_read_per_user
             await eventually(lambda w=wrap: wakeups(service)[w["id"]] == 1, "pushed per user")
 
 
-@pytest.mark.parametrize("style", ["chorus-multi", "strfry"])
-async def test_the_connection_cap_counts_connections_not_users(tmp_path: Path, style: str) -> None:
+@pytest.mark.parametrize(
+    ("style", "store_backend"),
+    [("chorus-multi", "sqlite"), ("strfry", "sqlite"), ("chorus-multi", "postgres")],
+    ids=["chorus-multi-sqlite", "strfry-sqlite", "chorus-multi-postgres"],
+)
+async def test_the_connection_cap_counts_connections_not_users(
+    tmp_path: Path, style: str, engine: Engine
+) -> None:
     """max_user_connections = 2 and four delegating users: on a relay that accepts several
     AUTHs all four read over the allowed connections; on a one-key relay two read and two are
     counted as skipped."""
     with delegating(
-        tmp_path, gated_inbox(tmp_path / "gated", style), "max_user_connections = 2\n"
+        tmp_path, gated_inbox(tmp_path / "gated", style), engine, "max_user_connections = 2\n"
     ) as (open_relay, gated, service, started):
         signers = [RemoteSigner(open_relay.url).start() for _ in range(4)]
         started += signers
@@ -444,11 +474,13 @@ async def test_the_connection_cap_counts_connections_not_users(tmp_path: Path, s
         assert len([k for k in gated.keys_by_connection() if set(k) & user_keys]) <= 2
 
 
-async def test_a_signer_that_will_not_sign_leaves_a_shared_connection(tmp_path: Path) -> None:
+async def test_a_signer_that_will_not_sign_leaves_a_shared_connection(
+    tmp_path: Path, engine: Engine
+) -> None:
     """On a relay that accepts several AUTHs, one user whose signer refuses to sign does not
     hold the others back: they read over the shared connection, and the refusing user gets a
     connection of their own that backs off, reported as failed."""
-    with delegating(tmp_path, AuthRelay(tmp_path / "gated", "multi")) as (
+    with delegating(tmp_path, AuthRelay(tmp_path / "gated", "multi"), engine) as (
         open_relay, gated, service, started
     ):
         good = [RemoteSigner(open_relay.url).start() for _ in range(3)]
@@ -473,12 +505,14 @@ async def test_a_signer_that_will_not_sign_leaves_a_shared_connection(tmp_path: 
 
 
 @pytest.mark.parametrize("style", ["strfry", "chorus-multi"])
-async def test_a_learned_auth_mode_outlives_a_restart(tmp_path: Path, style: str) -> None:
+async def test_a_learned_auth_mode_outlives_a_restart(
+    tmp_path: Path, style: str, engine: Engine
+) -> None:
     """What a relay's answers taught is kept in the store: after a restart the bridge uses it
     at once (no probe, nothing learned again) and each user's signer is asked exactly once,
     for the user's new connection. Without it, strfry's probe would ask its second user twice
     and chorus would be learned again."""
-    with delegating(tmp_path, gated_inbox(tmp_path / "gated", style)) as (
+    with delegating(tmp_path, gated_inbox(tmp_path / "gated", style), engine) as (
         open_relay, gated, service, started
     ):
         signers = [RemoteSigner(open_relay.url).start() for _ in range(3)]

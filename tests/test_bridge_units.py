@@ -4,16 +4,14 @@ case by case where a real relay could not force the situation."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from sigil_push.nostr.event import sign_event
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.relays.discovery import RelayLists, normalize_relay_url, relays_in_list
 from sigil_push.relays.nip11 import RelayLimits, parse_limits
 from sigil_push.relays.pool import RelayPlan
 from sigil_push.relays.subscriptions import RelaySubscriptions
+from sigil_push.store.factory import PostgresStore, SqliteStore
 from sigil_push.store.seen import SeenEvents
-from sigil_push.store.sqlite.database import open_database
 
 KEYS = [f"{i:064x}" for i in range(1, 8)]
 
@@ -193,30 +191,29 @@ def test_the_relay_cap_keeps_the_most_wanted_and_reports_the_rest() -> None:
     assert plan.skipped == {}
 
 
-async def test_seen_events_survive_a_restart_and_memory_stays_bounded(tmp_path: Path) -> None:
+async def test_seen_events_survive_a_restart_and_memory_stays_bounded(
+    store: SqliteStore | PostgresStore,
+) -> None:
     """Ids saved by one instance are known to the next; the cache never exceeds its size;
-    pruning forgets only ids past retention."""
-    db = await open_database(tmp_path / "seen.db")
-    try:
-        seen = SeenEvents(db, retention_seconds=1000, cache_size=2)
-        await seen.lookup(KEYS[:3])
-        pending: dict[str, tuple[str, ...]] = {}
-        for key in KEYS[:3]:
-            assert seen.first_delivery(key, "wss://a", pending) == (True, True)
-        assert len(seen) == 0, "nothing is remembered before its write succeeds"
-        seen.remember(pending)
-        assert len(seen) == 2
-        await seen.save([(k, "wss://a", 1_000_000, 1000) for k in KEYS[:3]], [])
+    pruning forgets only ids past retention. On each engine."""
+    db = store.db
+    seen = SeenEvents(db, retention_seconds=1000, cache_size=2)
+    await seen.lookup(KEYS[:3])
+    pending: dict[str, tuple[str, ...]] = {}
+    for key in KEYS[:3]:
+        assert seen.first_delivery(key, "wss://a", pending) == (True, True)
+    assert len(seen) == 0, "nothing is remembered before its write succeeds"
+    seen.remember(pending)
+    assert len(seen) == 2
+    await seen.save([(k, "wss://a", 1_000_000, 1000) for k in KEYS[:3]], [])
 
-        restarted = SeenEvents(db, retention_seconds=1000, cache_size=10)
-        await restarted.load()
-        assert restarted.delivered_by(KEYS[0], "wss://a")
-        assert restarted.first_delivery(KEYS[0], "wss://b", {}) == (False, True)
-        await restarted.save([], [(KEYS[0], "wss://b", 1000)])
-        again = SeenEvents(db, retention_seconds=1000, cache_size=10)
-        await again.lookup([KEYS[0]])
-        assert again.delivered_by(KEYS[0], "wss://a") and again.delivered_by(KEYS[0], "wss://b")
-        assert await restarted.prune(now=1999) == 0
-        assert await restarted.prune(now=2001) == 3
-    finally:
-        await db.close()
+    restarted = SeenEvents(db, retention_seconds=1000, cache_size=10)
+    await restarted.load()
+    assert restarted.delivered_by(KEYS[0], "wss://a")
+    assert restarted.first_delivery(KEYS[0], "wss://b", {}) == (False, True)
+    await restarted.save([], [(KEYS[0], "wss://b", 1000)])
+    again = SeenEvents(db, retention_seconds=1000, cache_size=10)
+    await again.lookup([KEYS[0]])
+    assert again.delivered_by(KEYS[0], "wss://a") and again.delivered_by(KEYS[0], "wss://b")
+    assert await restarted.prune(now=1999) == 0
+    assert await restarted.prune(now=2001) == 3

@@ -1,6 +1,8 @@
 """Canary probes end to end: a real `sigil-push serve` process probes real `nostr-relay`
 processes, one of them gating writes behind NIP-42 AUTH, one behind a layer that accepts gift
 wraps and never serves them, and one that is down. Every wait polls with a generous deadline.
+Both stories run on each engine: on PostgreSQL the one worker probes as holder of shard 0's
+lease (several workers: tests/test_pg_canary.py).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from tests.support.dropping_relay import GiftWrapDroppingRelay
 from tests.support.nostr_client import gift_wrap, hex_of, npub_of, publish, user
 from tests.support.relay import RelayProcess, free_port
 from tests.support.service import ServiceProcess
+from tests.support.stores import Engine
 
 INTERVAL_SECONDS = 2
 # nostr-relay holds its answer to a refused write for 2 s (throttling): the gated relay's probes
@@ -57,7 +60,7 @@ def canaries(service: ServiceProcess, relay: str) -> list[dict[str, Any]]:
 
 
 async def test_probes_are_published_received_and_failures_are_told_apart(
-    start_relay: Callable[..., RelayProcess], tmp_path: Path
+    start_relay: Callable[..., RelayProcess], tmp_path: Path, engine: Engine
 ) -> None:
     """Each configured relay gets probes. A healthy relay and one that wants NIP-42 AUTH for
     writes (answered with the bridge key, then the probe is sent again) deliver them back
@@ -78,6 +81,7 @@ async def test_probes_are_published_received_and_failures_are_told_apart(
             configured,
             "[bridge]\nreconnect_min_seconds = 0.2\nreconnect_max_seconds = 1.0\n"
             f"[canary]\ninterval_seconds = {GATED_INTERVAL_SECONDS}\n",
+            database=engine.database(),
         )
         text = service.config_path.read_text()
         service.config_path.write_text(
@@ -156,7 +160,7 @@ async def test_probes_are_published_received_and_failures_are_told_apart(
 
 
 async def test_the_canary_key_survives_a_restart_and_probes_a_listed_relay_only(
-    start_relay: Callable[..., RelayProcess], tmp_path: Path
+    start_relay: Callable[..., RelayProcess], tmp_path: Path, engine: Engine
 ) -> None:
     """`canary.relays` narrows the probes to the relays named; the key generated on the first
     start is the one used after a restart (relays keep seeing the same recipient)."""
@@ -165,6 +169,7 @@ async def test_the_canary_key_survives_a_restart_and_probes_a_listed_relay_only(
         tmp_path / "service",
         [probed.url, other.url],
         f'[canary]\ninterval_seconds = {INTERVAL_SECONDS}\nrelays = ["{probed.url}"]\n',
+        database=engine.database(),
     )
     with service:
         await eventually(

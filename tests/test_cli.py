@@ -1,4 +1,8 @@
-"""The `sigil-push` command: configuration errors, migrations and a clean stop."""
+"""The `sigil-push` command: configuration errors, migrations and a clean stop.
+
+The clean stop runs on both engines. The migration checks here are SQLite's (a file and its
+`schema_migrations`); `migrate` against PostgreSQL is tests/test_cli_postgres.py and
+tests/test_pg_migrate.py. Configuration errors stop the process before any store is opened."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import pytest
 
 from tests.support.cli import assert_config_refused, run_cli
 from tests.support.service import ServiceProcess
+from tests.support.stores import Engine
 
 
 @pytest.mark.parametrize(
@@ -80,8 +85,10 @@ def test_database_from_a_newer_version_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_signal_stops_cleanly_with_exit_0(tmp_path: Path, sig: int) -> None:
-    service = ServiceProcess(tmp_path).start()
+def test_signal_stops_cleanly_with_exit_0(tmp_path: Path, sig: int, engine: Engine) -> None:
+    """On either engine: the store closes (and a PostgreSQL worker lets go of its leases)
+    within the stop, and the process says so."""
+    service = ServiceProcess(tmp_path, database=engine.database()).start()
     assert service.stop(sig) == 0
     assert "sigil-push stopped" in service.log()
 

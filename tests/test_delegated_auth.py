@@ -1,11 +1,11 @@
-"""NIP-46 signer sessions against a real relay and an independent (nostr-sdk) remote signer."""
+"""NIP-46 signer sessions against a real relay and an independent (nostr-sdk) remote signer,
+the sessions kept in a real store of each engine."""
 
 from __future__ import annotations
 
 import asyncio
-import sqlite3
+import secrets
 from collections.abc import AsyncIterator, Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import nostr_sdk
@@ -14,10 +14,10 @@ import pytest
 from sigil_push.delegated_auth import DelegatedAuth, DelegatedAuthUnavailable
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip46 import BunkerUri, ForbiddenRequest, _request
-from sigil_push.store.sqlite.database import open_database
-from sigil_push.store.sqlite.devices import Devices
+from sigil_push.store.factory import PostgresStore, SqliteStore
 from tests.support.relay import RelayProcess, free_port
 from tests.support.remote_signer import RemoteSigner
+from tests.support.stores import Engine, fetch
 
 
 @pytest.fixture(scope="module")
@@ -41,14 +41,12 @@ def start_signer(signer_relay: RelayProcess) -> Iterator[Callable[..., RemoteSig
 
 
 @pytest.fixture
-async def auth(tmp_path: Path) -> AsyncIterator[DelegatedAuth]:
-    """DelegatedAuth over a real SQLite file, stopped and closed after the test."""
-    db = await open_database(tmp_path / "push.db")
-    delegated = DelegatedAuth(db, SecretKey.generate(), Devices(db))
+async def auth(store: SqliteStore | PostgresStore) -> AsyncIterator[DelegatedAuth]:
+    """DelegatedAuth over the test's store (each engine), stopped after the test."""
+    delegated = DelegatedAuth(store.db, SecretKey.generate(), store.devices)
     await delegated.start()
     yield delegated
     await delegated.stop()
-    await db.close()
 
 
 async def wait_for_status(auth: DelegatedAuth, pubkey: str, wanted: str) -> None:
@@ -129,13 +127,17 @@ async def test_signer_requests_are_rate_limited_per_user(
 
 
 async def test_secret_is_sealed_at_rest(
-    auth: DelegatedAuth, start_signer: Callable[..., RemoteSigner], tmp_path: Path
+    auth: DelegatedAuth,
+    start_signer: Callable[..., RemoteSigner],
+    database: str,
+    engine: Engine,
 ) -> None:
-    await connect(auth, start_signer(secret="very-secret-value-123"), "active")
-    raw = b"".join(p.read_bytes() for p in tmp_path.glob("push.db*"))
-    assert b"very-secret-value-123" not in raw
-    with sqlite3.connect(tmp_path / "push.db") as plain:
-        [(sealed,)] = plain.execute("SELECT sealed_secret FROM auth_signers")
+    """The connection secret is in no byte the engine writes to disk, nor in a dump."""
+    secret = f"very-secret-value-{secrets.token_hex(8)}"
+    await connect(auth, start_signer(secret=secret), "active")
+    assert secret.encode() not in engine.at_rest(database)
+    assert secret not in engine.dump(database)
+    [(sealed,)] = fetch(database, "SELECT sealed_secret FROM auth_signers")
     assert sealed.startswith("v1:")
 
 

@@ -1,6 +1,7 @@
 """The operator kit in deploy/ against a real instance: every metric the Grafana dashboard and
 the Prometheus alert rules query exists in the /metrics of a running `sigil-push serve` (with a
-real relay and canary probes, so the relay and canary series exist); the rules pass
+real relay and canary probes, so the relay and canary series exist), on each engine, so a
+panel cannot go blank on a PostgreSQL instance; the rules pass
 `promtool check rules` and their unit tests when promtool is installed (Debian's `prometheus`
 package), and the systemd unit passes `systemd-analyze verify` when that exists.
 """
@@ -27,6 +28,7 @@ from tests.support.bridge_harness import new_token, register, relay_live
 from tests.support.nostr_client import user
 from tests.support.relay import RelayProcess
 from tests.support.service import ServiceProcess
+from tests.support.stores import BACKENDS, backend_service
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 DASHBOARD = DEPLOY / "grafana" / "sigil-push.json"
@@ -65,15 +67,17 @@ ALERTS = {
 }
 
 
-@pytest.fixture(scope="module")
-def exposed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[set[str]]:
+@pytest.fixture(scope="module", params=BACKENDS)
+def exposed(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[set[str]]:
     """Sample names in the /metrics of a running instance with a relay, a user and canary
-    probes that have gone round at least once."""
-    folder = tmp_path_factory.mktemp("deploy-kit")
+    probes that have gone round at least once; once per engine."""
+    folder = tmp_path_factory.mktemp(f"deploy-kit-{request.param}")
     with RelayProcess(folder / "relay") as relay:
-        service = ServiceProcess(
+        service = backend_service(request.param, request, ServiceProcess(
             folder / "service", [relay.url], "[canary]\ninterval_seconds = 1\n"
-        )
+        ))
         with service:
             register(service, user(), new_token())
             deadline = time.monotonic() + DEADLINE_SECONDS

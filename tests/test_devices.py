@@ -1,34 +1,24 @@
-"""The device store against a real SQLite file: limits under concurrency, (npub, token) pairs."""
+"""The device store on each engine (a real SQLite file, a real PostgreSQL): limits under
+concurrency, (npub, token) pairs."""
 
 from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import AsyncIterator
-from pathlib import Path
 
-import aiosqlite
 import pytest
 
 from sigil_push.store.errors import TooManyAccounts, TooManyDevices
-from sigil_push.store.sqlite.database import open_database
-from sigil_push.store.sqlite.devices import Devices
+from sigil_push.store.factory import PostgresStore, SqliteStore
+from sigil_push.store.interface import DeviceStore
 
 
 @pytest.fixture
-async def db(tmp_path: Path) -> AsyncIterator[aiosqlite.Connection]:
-    """A real, migrated SQLite file, closed after the test."""
-    connection = await open_database(tmp_path / "devices.db")
-    yield connection
-    await connection.close()
+def devices(store: SqliteStore | PostgresStore) -> DeviceStore:
+    return store.devices
 
 
-@pytest.fixture
-def devices(db: aiosqlite.Connection) -> Devices:
-    return Devices(db)
-
-
-async def test_device_limit_holds_under_concurrent_registrations(devices: Devices) -> None:
+async def test_device_limit_holds_under_concurrent_registrations(devices: DeviceStore) -> None:
     """Without a lock, the limit is enforced by the writing statement itself."""
     pubkey = secrets.token_hex(32)
 
@@ -44,7 +34,7 @@ async def test_device_limit_holds_under_concurrent_registrations(devices: Device
     assert len(await devices.of_pubkey(pubkey)) == 10
 
 
-async def test_re_registering_an_owned_token_does_not_count_against_the_limit(devices: Devices) -> None:
+async def test_re_registering_an_owned_token_does_not_count_against_the_limit(devices: DeviceStore) -> None:
     pubkey = secrets.token_hex(32)
     tokens = [secrets.token_hex(32) for _ in range(2)]
     for token in tokens:
@@ -54,7 +44,7 @@ async def test_re_registering_an_owned_token_does_not_count_against_the_limit(de
     assert [d.token for d in await devices.of_pubkey(pubkey)] == tokens
 
 
-async def test_a_token_registered_by_another_npub_becomes_a_second_pair(devices: Devices) -> None:
+async def test_a_token_registered_by_another_npub_becomes_a_second_pair(devices: DeviceStore) -> None:
     """The second npub gets its own registration; the first keeps its own, untouched, and only
     the registering npub's listeners fire."""
     first, second, token = secrets.token_hex(32), secrets.token_hex(32), secrets.token_hex(32)
@@ -69,7 +59,9 @@ async def test_a_token_registered_by_another_npub_becomes_a_second_pair(devices:
     assert [d.pubkey for d in await devices.of_pubkeys([first, second])] == [first, second]
 
 
-async def test_account_limit_holds_under_concurrent_registrations(db: aiosqlite.Connection, devices: Devices) -> None:
+async def test_account_limit_holds_under_concurrent_registrations(
+    store: SqliteStore | PostgresStore, devices: DeviceStore
+) -> None:
     """40 npubs race to register one token with a cap of 20: exactly 20 pairs, the rest told
     which limit they hit."""
     token = secrets.token_hex(32)
@@ -85,11 +77,13 @@ async def test_account_limit_holds_under_concurrent_registrations(db: aiosqlite.
 
     outcomes = await asyncio.gather(*(attempt() for _ in range(40)))
     assert sum(outcomes) == 20
-    [(pairs,)] = await db.execute_fetchall("SELECT COUNT(*) FROM devices WHERE token = ?", (token,))
+    [(pairs,)] = await store.db.execute_fetchall(
+        "SELECT COUNT(*) FROM devices WHERE token = ?", (token,)
+    )
     assert pairs == 20
 
 
-async def test_an_existing_pair_stays_updatable_after_the_limits_were_lowered(devices: Devices) -> None:
+async def test_an_existing_pair_stays_updatable_after_the_limits_were_lowered(devices: DeviceStore) -> None:
     token = secrets.token_hex(32)
     owners = [secrets.token_hex(32) for _ in range(3)]
     for owner in owners:
@@ -104,7 +98,7 @@ async def test_an_existing_pair_stays_updatable_after_the_limits_were_lowered(de
         raise AssertionError("a fourth account was accepted over the cap")
 
 
-async def test_unregister_and_dead_tokens(devices: Devices) -> None:
+async def test_unregister_and_dead_tokens(devices: DeviceStore) -> None:
     """Unregister removes the caller's pair only; a dead token removes every pair with it on
     the platform that answered, and nothing registered under another platform."""
     alice, bob, carol = (secrets.token_hex(32) for _ in range(3))

@@ -30,6 +30,7 @@ from tests.support.nostr_client import (
 from tests.support.processes import FAST_RECONNECT
 from tests.support.relay import RelayProcess, free_port
 from tests.support.service import ServiceProcess
+from tests.support.stores import Engine
 
 
 def expects(service: ServiceProcess, event_id: str) -> list[dict[str, Any]]:
@@ -41,7 +42,7 @@ def expects(service: ServiceProcess, event_id: str) -> list[dict[str, Any]]:
 
 
 async def test_expect_lists_the_connected_inbox_relays_in_nip17_order(
-    start_relay: Callable[..., RelayProcess], tmp_path: Path
+    start_relay: Callable[..., RelayProcess], tmp_path: Path, engine: Engine
 ) -> None:
     """Alice's kind 10050 list wins over her registration relays, and its relay that is down is
     left out; Carol has only a kind 10002 list, whose read relay counts; Dave has no list, so
@@ -57,7 +58,9 @@ async def test_expect_lists_the_connected_inbox_relays_in_nip17_order(
         relay_list(alice, 10050, [inbox.url, down]),
         relay_list(carol, 10002, [general.url]),
     )
-    with ServiceProcess(tmp_path / "service", [configured.url], FAST_RECONNECT) as service:
+    with ServiceProcess(
+        tmp_path / "service", [configured.url], FAST_RECONNECT, database=engine.database()
+    ) as service:
         tokens = [new_token() for _ in range(3)]
         register(service, alice, tokens[0], relays=[registered.url])
         register(service, carol, tokens[1])

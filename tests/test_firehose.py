@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -41,6 +42,7 @@ from tests.support.loopback_relay import LoopbackRelay
 from tests.support.nostr_client import gift_wrap, hex_of, kind4_dm, npub_of, publish, user
 from tests.support.relay import RelayProcess
 from tests.support.service import ServiceProcess
+from tests.support.stores import Engine
 
 
 class RecordingProxy(LoopbackRelay):
@@ -91,12 +93,14 @@ def seen_records(folder: Path) -> list[dict[str, Any]]:
     ]
 
 
-def _service(folder: Path, relay_url: str, mode: str, bridge: str = "") -> ServiceProcess:
+def _service(
+    folder: Path, relay_url: str, mode: str, engine: Engine, bridge: str = ""
+) -> ServiceProcess:
     toml = (
         "[bridge]\nreconnect_min_seconds = 0.2\nreconnect_max_seconds = 1.0\n"
         f"{bridge}\n[[relay]]\nurl = \"{relay_url}\"\nmode = \"{mode}\"\n"
     )
-    return ServiceProcess(folder, [], toml).start()
+    return ServiceProcess(folder, [], toml, database=engine.database()).start()
 
 
 def _relay_state(service: ServiceProcess, url: str) -> dict[str, Any]:
@@ -112,14 +116,14 @@ def _live(service: ServiceProcess, url: str, keys: int, mode: str) -> bool:
 
 
 async def test_a_firehose_relay_is_asked_for_every_dm_and_wakes_only_registered_keys(
-    start_relay: Callable[..., RelayProcess], tmp_path: Path
+    start_relay: Callable[..., RelayProcess], tmp_path: Path, engine: Engine
 ) -> None:
     """The relay receives one REQ, with no `#p` and no key in it, however many keys register;
     DMs and gift wraps to registered keys wake their devices once, DMs to anyone else wake
     nobody and are counted as `unaddressed`, and nothing private reaches the logs."""
     relay = start_relay("relay")
     async with RecordingProxy(relay.url) as proxy:
-        service = _service(tmp_path / "service", proxy.url, "firehose")
+        service = _service(tmp_path / "service", proxy.url, "firehose", engine)
         try:
             await eventually(lambda: _live(service, proxy.url, 0, "firehose"), "firehose live")
             alice, bob, carol, sender = user(), user(), user(), user()
@@ -167,7 +171,7 @@ async def test_a_firehose_relay_is_asked_for_every_dm_and_wakes_only_registered_
 
 
 async def test_a_firehose_catch_up_pushes_what_was_missed_but_nothing_from_before_registration(
-    start_relay: Callable[..., RelayProcess], tmp_path: Path
+    start_relay: Callable[..., RelayProcess], tmp_path: Path, engine: Engine
 ) -> None:
     """A DM stored before its recipient registered comes back in the catch-up after a restart
     (the firehose asks for everything since the cursor) and is not pushed; one sent while the
@@ -175,7 +179,7 @@ async def test_a_firehose_catch_up_pushes_what_was_missed_but_nothing_from_befor
     relay = start_relay("relay")
     async with RecordingProxy(relay.url) as proxy:
         folder = tmp_path / "service"
-        service = _service(folder, proxy.url, "firehose")
+        service = _service(folder, proxy.url, "firehose", engine)
         try:
             await eventually(lambda: _live(service, proxy.url, 0, "firehose"), "firehose live")
             alice, sender = user(), user()
@@ -205,14 +209,16 @@ async def test_a_firehose_catch_up_pushes_what_was_missed_but_nothing_from_befor
 
 
 async def test_auto_switches_to_the_firehose_above_the_threshold_and_back(
-    start_relay: Callable[..., RelayProcess], tmp_path: Path
+    start_relay: Callable[..., RelayProcess], tmp_path: Path, engine: Engine
 ) -> None:
     """With `firehose_above_keys = 2`, two keys are asked by `#p`; a third switches the relay
     to one REQ without `#p` (sent before the filtered one is closed), and DMs keep waking
     every key; going back to two keys returns to `#p` and wakes the rest."""
     relay = start_relay("relay")
     async with RecordingProxy(relay.url) as proxy:
-        service = _service(tmp_path / "service", proxy.url, "auto", "firehose_above_keys = 2")
+        service = _service(
+            tmp_path / "service", proxy.url, "auto", engine, "firehose_above_keys = 2"
+        )
         try:
             people = [user() for _ in range(3)]
             tokens = [new_token() for _ in people]
@@ -251,7 +257,7 @@ async def test_auto_switches_to_the_firehose_above_the_threshold_and_back(
 
 
 async def test_a_copy_reuses_the_verified_original_and_a_forged_body_gains_nothing(
-    tmp_path: Path,
+    tmp_path: Path, engine: Engine
 ) -> None:
     """A second relay's copy of a just-verified id is taken as that relay's delivery of the
     verified original: its own body (altered content and time) is never used. Once the id is
@@ -259,8 +265,9 @@ async def test_a_copy_reuses_the_verified_original_and_a_forged_body_gains_nothi
     a genuine body with a bad signature is recorded as a delivery (that id was verified
     before). Further relays of one event share one `seen_on_relay` row that a restart reads
     back in full. One wakeup in all."""
-    relays = [f"wss://copy{i}.example" for i in range(5)]
-    async with in_process_bridge(tmp_path) as parts:
+    # fresh names: the drop counters are per relay and live as long as the test process
+    relays = [f"wss://copy{i}-{secrets.token_hex(4)}.example" for i in range(5)]
+    async with in_process_bridge(tmp_path, engine.database("push.db")) as parts:
         db, devices, bridge = parts.db, parts.devices, parts.bridge
         alice, sender = SecretKey.generate(), SecretKey.generate()
         me = alice.public_key_hex
@@ -299,13 +306,17 @@ async def test_a_copy_reuses_the_verified_original_and_a_forged_body_gains_nothi
         assert list(wakeups_queued) == [(1,)]
 
 
-async def test_the_raw_frame_scan_never_drops_an_addressed_event(tmp_path: Path) -> None:
+async def test_the_raw_frame_scan_never_drops_an_addressed_event(
+    tmp_path: Path, engine: Engine
+) -> None:
     """On a live firehose, frames are scanned before parsing: one naming a registered key in
     any `p` tag (whatever the spacing) or carrying a relay list goes on to the full checks;
     one naming only strangers (even with a registered key inside its escaped content) is
     dropped and counted as `unaddressed`."""
     relay = "ws://127.0.0.1:9"  # nothing listens: the subscription is never sent
-    async with in_process_bridge(tmp_path, [{"url": relay, "mode": "firehose"}]) as parts:
+    async with in_process_bridge(
+        tmp_path, engine.database("push.db"), [{"url": relay, "mode": "firehose"}]
+    ) as parts:
         devices, bridge = parts.devices, parts.bridge
         alice, sender = SecretKey.generate(), SecretKey.generate()
         me, stranger = alice.public_key_hex, SecretKey.generate().public_key_hex
@@ -337,13 +348,17 @@ async def test_the_raw_frame_scan_never_drops_an_addressed_event(tmp_path: Path)
         )
 
 
-async def test_a_raw_copy_of_a_verified_id_is_recorded_as_the_original(tmp_path: Path) -> None:
+async def test_a_raw_copy_of_a_verified_id_is_recorded_as_the_original(
+    tmp_path: Path, engine: Engine
+) -> None:
     """A copy recognised in the raw frame (never parsed) counts as the second relay's delivery
     of the verified original: its altered content and time are not used, and the event is
     queued for one wakeup only."""
     first, second = "ws://127.0.0.1:9/a", "ws://127.0.0.1:9/b"
     async with in_process_bridge(
-        tmp_path, [{"url": first, "mode": "firehose"}, {"url": second, "mode": "firehose"}]
+        tmp_path,
+        engine.database("push.db"),
+        [{"url": first, "mode": "firehose"}, {"url": second, "mode": "firehose"}],
     ) as parts:
         db, devices, bridge = parts.db, parts.devices, parts.bridge
         alice, sender = SecretKey.generate(), SecretKey.generate()

@@ -16,6 +16,7 @@ from sigil_push.nostr.event import compute_id, sign_event
 from sigil_push.nostr.keys import SecretKey
 from tests.fakes.harness import eventually as poll
 from tests.support.in_process import in_process_bridge
+from tests.support.stores import Engine
 
 RELAY = "ws://127.0.0.1:9"  # nothing listens: frames are fed to the bridge directly
 
@@ -30,12 +31,16 @@ def frame(event: dict[str, Any]) -> str:
     return json.dumps(["EVENT", "sp0.1", event], separators=(",", ":"))
 
 
-async def test_frames_parsed_by_the_bridge_are_verified_like_any_other(tmp_path: Path) -> None:
+async def test_frames_parsed_by_the_bridge_are_verified_like_any_other(
+    tmp_path: Path, engine: Engine
+) -> None:
     """An altered body and a forged signature are taken (True) and dropped as `wrong_id` and
     `forged`; frames orjson refuses or of another shape go back to the connection (False),
     and a lone surrogate there is an id mismatch, never an exception in the reader. (Every
     frame names alice: on a firehose, frames naming no watched key never get this far.)"""
-    async with in_process_bridge(tmp_path, [{"url": RELAY, "mode": "firehose"}]) as parts:
+    async with in_process_bridge(
+        tmp_path, engine.database("push.db"), [{"url": RELAY, "mode": "firehose"}]
+    ) as parts:
         alice, sender = SecretKey.generate(), SecretKey.generate()
         me = alice.public_key_hex
         await parts.devices.register(me, "android", "fcm-alice", "opaque", (), None, 0)
@@ -62,12 +67,14 @@ async def test_frames_parsed_by_the_bridge_are_verified_like_any_other(tmp_path:
         assert dropped("wrong_id") == wrong_id + 2
 
 
-async def test_a_verified_id_in_another_body_routes_only_the_original(tmp_path: Path) -> None:
+async def test_a_verified_id_in_another_body_routes_only_the_original(
+    tmp_path: Path, engine: Engine
+) -> None:
     """A second relay repeats a verified id with its own body naming another registered key:
     that relay's delivery of the original is recorded, and nothing wakes the other key."""
     second = "ws://127.0.0.1:10"
     relays = [{"url": RELAY, "mode": "firehose"}, {"url": second, "mode": "firehose"}]
-    async with in_process_bridge(tmp_path, relays) as parts:
+    async with in_process_bridge(tmp_path, engine.database("push.db"), relays) as parts:
         alice, bob, sender = SecretKey.generate(), SecretKey.generate(), SecretKey.generate()
         for key, token in ((alice, "fcm-alice"), (bob, "fcm-bob")):
             await parts.devices.register(key.public_key_hex, "android", token, "opaque", (), None, 0)

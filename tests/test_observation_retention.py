@@ -1,6 +1,9 @@
 """Observation log housekeeping on real files: finished hours are gzip-compressed under the name
 analytics reads (`observations-YYYYMMDDTHH.jsonl.gz`), hours past the retention are deleted,
-a late record for a compressed hour is merged in, and the folder's size is on /metrics."""
+a late record for a compressed hour is merged in, and the folder's size is on /metrics.
+
+The log is files, not the store: the running service here uses the default engine (worker
+file names on PostgreSQL: tests/analytics/test_worker_logs.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """Config of the operator features: `[canary]` and `server.observations_retention_days` are
 validated like the rest of relays.toml (exit 2, one line naming the key), and a canary key file
-that cannot be used stops the service without being replaced."""
+that cannot be used stops the service without being replaced. The store plays no part in
+these refusals, so the default engine is used."""
 
 from __future__ import annotations
 

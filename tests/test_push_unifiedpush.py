@@ -42,9 +42,6 @@ from sigil_push.push.vapid import (
     public_key_b64,
 )
 from sigil_push.store.records import WebPushKeys
-from sigil_push.store.sqlite.database import open_database
-from sigil_push.store.sqlite.devices import Devices
-from sigil_push.store.sqlite.outbox import Outbox
 from tests.fakes.credentials import WebPushSubscriber
 from tests.fakes.fake_unifiedpush import FakeUnifiedPush
 from tests.fakes.harness import (
@@ -54,6 +51,7 @@ from tests.fakes.harness import (
     toml_tables,
 )
 from tests.support.service import ServiceProcess
+from tests.support.stores import Engine, opened
 
 
 async def test_without_keys_the_body_is_the_plain_json_wakeup(make_harness, fake_up: FakeUnifiedPush) -> None:
@@ -540,20 +538,17 @@ def test_valid_subjects_are_ones_py_vapid_signs(tmp_path: Path, subject: str) ->
 # --- the real service process: /info publishes the key it signs with, across restarts ---
 
 
-async def _queue_for(database: Path, endpoint: str, subscriber: WebPushSubscriber) -> str:
+async def _queue_for(database: str, endpoint: str, subscriber: WebPushSubscriber) -> str:
     """Register a UnifiedPush device and queue one DM for it, as the bridge would have."""
-    db = await open_database(database)
-    try:
+    async with opened(database) as store:
         recipient, sender = SecretKey.generate(), SecretKey.generate()
-        device = (await Devices(db).register(
+        device = (await store.devices.register(
             recipient.public_key_hex, "unifiedpush", endpoint, "opaque", (),
             WebPushKeys(subscriber.p256dh, subscriber.auth), 0,
         )).device
         event = sign_event(sender, 4, "secret words", [["p", recipient.public_key_hex]])
-        await Outbox(db).enqueue(event, RELAY, now_ms(), [device])
+        await store.outbox.enqueue(event, RELAY, now_ms(), [device])
         return event.id
-    finally:
-        await db.close()
 
 
 def _wait_for(check: Any, what: str, timeout: float = 30.0) -> Any:
@@ -566,16 +561,16 @@ def _wait_for(check: Any, what: str, timeout: float = 30.0) -> Any:
 
 
 def test_the_service_publishes_its_vapid_key_and_signs_with_it_across_restarts(
-    tmp_path: Path, autopush: FakeUnifiedPush
+    tmp_path: Path, autopush: FakeUnifiedPush, engine: Engine
 ) -> None:
     """`sigil-push serve` creates vapid.pem (0600) at first start, `/info` publishes its public
     key, and the pushes before and after a restart verify against that same key."""
     extra = toml_tables({"unifiedpush": {"allow_private_endpoints": True, "vapid_subject": VAPID_SUBJECT}})
-    service = ServiceProcess(tmp_path / "service", extra_toml=extra)
+    service = ServiceProcess(tmp_path / "service", extra_toml=extra, database=engine.database())
     subscriber = WebPushSubscriber.generate()
     published = []
     for round_ in ("first", "restarted"):
-        name = f"svc-{round_}"
+        name = f"svc-{engine.name}-{round_}"  # the fake lives for the session
         asyncio.run(_queue_for(service.database, autopush.endpoint(name), subscriber))
         service.start()
         try:

@@ -2,7 +2,8 @@
 
 The hostile relay here is a websockets server on 127.0.0.1 in the test's loop, talking to a real
 `RelayConnection`; the end-to-end test runs `sigil-push serve` against a khatru-style lazy-AUTH
-layer over a real `nostr-relay` (tests/support/auth_relay.py).
+layer over a real `nostr-relay` (tests/support/auth_relay.py), once on each engine. The
+connection tests open no store.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from tests.support.loopback_relay import LoopbackRelay
 from tests.support.nostr_client import hex_of, kind4_dm, npub_of, publish, user
 from tests.support.processes import FAST_RECONNECT
 from tests.support.service import ServiceProcess
+from tests.support.stores import Engine
 
 
 def counter(name: str, relay: str) -> float:
@@ -200,12 +202,14 @@ def lazy_relay(tmp_path: Path) -> Iterator[AuthRelay]:
 
 
 async def test_a_lazy_auth_relay_is_read_after_auth_and_its_late_closed_is_not_a_refusal(
-    lazy_relay: AuthRelay, tmp_path: Path
+    lazy_relay: AuthRelay, tmp_path: Path, engine: Engine
 ) -> None:
     """khatru-style: no challenge until a DM REQ is refused (AUTH, and the CLOSED of that REQ
     only after our AUTH went out). The bridge authenticates, sends the REQ again, reads, and
     does not count the late CLOSED as the relay refusing it."""
-    with ServiceProcess(tmp_path / "service", [], FAST_RECONNECT) as service:
+    with ServiceProcess(
+        tmp_path / "service", [], FAST_RECONNECT, database=engine.database()
+    ) as service:
         alice, sender = user(), user()
         register(service, alice, new_token(), [lazy_relay.url])
         await eventually(

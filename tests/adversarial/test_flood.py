@@ -16,6 +16,7 @@ from sigil_push.nostr.event import sign_event
 from sigil_push.nostr.keys import SecretKey
 from tests.fakes.harness import eventually
 from tests.support.in_process import in_process_bridge
+from tests.support.stores import Engine
 
 FLOODER = "wss://flood.example"
 QUIET = "wss://quiet.example"
@@ -28,9 +29,9 @@ def _dropped(relay: str, reason: str) -> float:
 
 
 async def test_one_relays_flood_pauses_only_that_relay_and_one_keys_flood_is_capped(
-    tmp_path: Path,
+    tmp_path: Path, engine: Engine
 ) -> None:
-    async with in_process_bridge(tmp_path) as parts:
+    async with in_process_bridge(tmp_path, engine.database("push.db")) as parts:
         db, devices, bridge = parts.db, parts.devices, parts.bridge
         mallory, victim = SecretKey.generate(), SecretKey.generate()
         for key, token in ((mallory, "fcm-mallory"), (victim, "fcm-victim")):

@@ -19,6 +19,7 @@ from sigil_push.nostr.event import sign_event
 from sigil_push.nostr.keys import SecretKey
 from tests.fakes.harness import eventually
 from tests.support.in_process import in_process_bridge
+from tests.support.stores import Engine
 
 RELAY = "wss://fuzz.example"
 RECIPIENT = SecretKey.generate()
@@ -56,8 +57,8 @@ def signed_events(draw: st.DrawFn) -> dict[str, Any]:
 raw_events = st.one_of(json_values, mutated_events(), signed_events())
 
 
-async def test_no_relay_input_raises_out_of_the_bridge(tmp_path: Path) -> None:
-    async with in_process_bridge(tmp_path) as parts:
+async def test_no_relay_input_raises_out_of_the_bridge(tmp_path: Path, engine: Engine) -> None:
+    async with in_process_bridge(tmp_path, engine.database("push.db")) as parts:
         db, devices, bridge = parts.db, parts.devices, parts.bridge
         pubkey = RECIPIENT.public_key_hex
         await devices.register(pubkey, "android", "fcm-fuzz", "opaque", (), None, 0)

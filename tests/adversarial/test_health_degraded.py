@@ -1,6 +1,6 @@
 """/health names a core loop that is down: 503 with JSON `{"status": "degraded", "down": [...]}`
 while the supervisor waits to restart it, back to 200 once it runs again. The real service's
-components and its own supervisor; the ASGI app called in-process."""
+components and its own supervisor, on each engine; the ASGI app called in-process."""
 
 from __future__ import annotations
 
@@ -13,11 +13,14 @@ from sigil_push.api import create_app
 from sigil_push.config import parse_config
 from sigil_push.service import Service
 from tests.fakes.harness import eventually
+from tests.support.stores import Engine
 
 
-async def test_health_is_503_naming_the_task_while_a_core_loop_is_down(tmp_path: Path) -> None:
+async def test_health_is_503_naming_the_task_while_a_core_loop_is_down(
+    tmp_path: Path, engine: Engine
+) -> None:
     config = parse_config(
-        {"server": {"database": "push.db", "observations": "observations"}},
+        {"server": {"database": engine.database("push.db"), "observations": "observations"}},
         tmp_path / "relays.toml",
     )
     service = Service(config)

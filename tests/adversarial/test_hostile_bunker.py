@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from contextlib import AsyncExitStack
-from pathlib import Path
 from typing import Any
 
 import nostr_sdk
@@ -19,8 +18,7 @@ from sigil_push.delegated_auth import DelegatedAuth
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip46 import BunkerUri, get_public_key_request
 from sigil_push.relays.signer_link import SignerLinks, SignerRelayLink, SignerUnreachable
-from sigil_push.store.sqlite.database import open_database
-from sigil_push.store.sqlite.devices import Devices
+from sigil_push.store.factory import PostgresStore, SqliteStore
 from tests.adversarial.hostile import HostileRelay, eventually, hostile_relay
 
 
@@ -140,11 +138,13 @@ def _asked(relay: HostileRelay) -> Callable[[], bool]:
     return lambda: bool(relay.sent("EVENT"))
 
 
-async def test_a_user_cycling_bunker_relays_leaves_no_sockets_behind(tmp_path: Path) -> None:
+async def test_a_user_cycling_bunker_relays_leaves_no_sockets_behind(
+    store: SqliteStore | PostgresStore,
+) -> None:
     """One npub re-registers its auth_signer over and over, each time naming five fresh (silent)
-    bunker relays: the previous session's links close, so the server holds at most five."""
-    db = await open_database(tmp_path / "push.db")
-    delegated = DelegatedAuth(db, SecretKey.generate(), Devices(db))
+    bunker relays: the previous session's links close, so the server holds at most five. The
+    sessions are kept in the store of each engine."""
+    delegated = DelegatedAuth(store.db, SecretKey.generate(), store.devices)
     await delegated.start()
     user = SecretKey.generate().public_key_hex
     signer = SecretKey.generate().public_key_hex
@@ -161,4 +161,3 @@ async def test_a_user_cycling_bunker_relays_leaves_no_sockets_behind(tmp_path: P
             assert len(delegated._links) == 0
     finally:
         await delegated.stop()
-        await db.close()

@@ -1,5 +1,10 @@
 """Operator surface and secrets against the real service process (issue 9: admin_listen,
-trusted_proxies, secret_key_file, file modes, and user relay URLs that point inside)."""
+trusted_proxies, secret_key_file, file modes, and user relay URLs that point inside).
+
+The bridge key's place (a private file, never the database) is checked on both engines. The
+rest is not about the store, so it runs on the default engine: listeners, proxies and the
+outbound guard behave the same whatever `server.database` names, and moving a key out of an
+old database concerns SQLite files only (PostgreSQL instances never kept it there)."""
 
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ from tests.support.cli import assert_config_refused
 from tests.support.nip98 import SdkUser
 from tests.support.relay import RelayProcess, free_port
 from tests.support.service import ServiceProcess
+from tests.support.stores import Engine, fetch
 
 
 def mode(path: Path) -> int:
@@ -68,9 +74,13 @@ def test_per_ip_limit_uses_the_forwarded_address_behind_a_trusted_proxy(tmp_path
         assert info("198.51.100.1, 203.0.113.7") == 429
 
 
-def test_key_file_and_database_files_are_private(tmp_path: Path) -> None:
+def test_key_file_and_database_files_are_private(tmp_path: Path, engine: Engine) -> None:
+    """The bridge key lives in a 0600 file, never in the database; the SQLite files and the
+    observation log are 0600 too."""
     folder = tmp_path / "svc"
-    with RelayProcess(tmp_path / "relay") as relay, ServiceProcess(folder, relays=[relay.url]) as service:
+    with RelayProcess(tmp_path / "relay") as relay, ServiceProcess(
+        folder, relays=[relay.url], database=engine.database()
+    ) as service:
         deadline = time.monotonic() + 30
         while not list((folder / "observations").glob("*.jsonl")):
             assert time.monotonic() < deadline, "no observation record written"
@@ -79,10 +89,12 @@ def test_key_file_and_database_files_are_private(tmp_path: Path) -> None:
         key_file = folder / "bridge.key"
         assert mode(key_file) == 0o600
         assert SecretKey(key_file.read_text().strip()).public_key_hex == pubkey
-        for name in ("sigil-push.db", "sigil-push.db-wal", "sigil-push.db-shm"):
-            assert mode(folder / name) == 0o600, name
-        with sqlite3.connect(folder / "sigil-push.db") as db:
-            assert db.execute("SELECT COUNT(*) FROM meta WHERE key = 'bridge_secret_key'").fetchone()[0] == 0
+        if not engine.postgres:
+            for name in ("sigil-push.db", "sigil-push.db-wal", "sigil-push.db-shm"):
+                assert mode(folder / name) == 0o600, name
+        assert fetch(service.database, "SELECT key FROM meta WHERE key = 'bridge_secret_key'") == []
+        secret = key_file.read_text().strip()
+        assert secret.encode() not in engine.at_rest(service.database)
         service.stop()
         records = list((folder / "observations").glob("*.jsonl"))
         assert records and all(mode(path) == 0o600 for path in records)

@@ -18,6 +18,7 @@ from sigil_push.store.records import Device
 from sigil_push.supervisor import Supervisor
 from tests.fakes.harness import eventually
 from tests.support.in_process import in_process_bridge
+from tests.support.stores import Engine
 
 RELAY = "wss://relay.example"
 
@@ -50,10 +51,10 @@ async def test_a_failing_task_is_restarted_counted_and_reported_down() -> None:
 
 
 async def test_a_poison_event_is_skipped_after_two_failures_and_the_rest_is_committed(
-    tmp_path: Path,
+    tmp_path: Path, engine: Engine
 ) -> None:
     recipient, sender = SecretKey.generate(), SecretKey.generate()
-    async with in_process_bridge(tmp_path) as parts:
+    async with in_process_bridge(tmp_path, engine.database("push.db")) as parts:
         db, devices, outbox, bridge = parts.db, parts.devices, parts.outbox, parts.bridge
         pubkey = recipient.public_key_hex
         await devices.register(pubkey, "android", "fcm-token", "opaque", (), None, 0)

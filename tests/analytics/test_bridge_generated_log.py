@@ -2,7 +2,8 @@
 
 Two real relays; every DM goes to the first, only every third to the second, so the second
 relay "misses" a known number of events. After `sigil-push serve` stops, the Spark jobs must
-report exactly that.
+report exactly that. The jobs read files, not the store, so the service runs on the default
+engine (the file names of PostgreSQL workers: tests/analytics/test_worker_logs.py).
 """
 
 from __future__ import annotations

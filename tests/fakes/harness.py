@@ -1,7 +1,9 @@
-"""In-process delivery against the fakes: a real SQLite outbox, real signed events, the real
-Delivery loop and the real provider clients, talking to the fake providers over sockets.
+"""In-process delivery against the fakes: a real outbox and device store (a SQLite file or a
+PostgreSQL database: `make_harness` runs every test that takes it on both), real signed
+events, the real Delivery loop and the real provider clients, talking to the fake providers
+over sockets.
 
-Fixtures are imported by the `tests/test_push_*.py` modules that use them.
+The fixtures are registered for the whole suite by tests/conftest.py.
 """
 
 from __future__ import annotations
@@ -10,8 +12,7 @@ import asyncio
 import json
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,10 +25,9 @@ from sigil_push.nostr.event import Event, sign_event
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.observations import ObservationLog, now_ms
 from sigil_push.push.factory import build_senders
+from sigil_push.store.factory import PostgresStore, SqliteStore
+from sigil_push.store.interface import Database, DeviceStore, OutboxStore
 from sigil_push.store.records import Device, WebPushKeys
-from sigil_push.store.sqlite.database import open_database
-from sigil_push.store.sqlite.devices import Devices
-from sigil_push.store.sqlite.outbox import Outbox
 from tests.fakes.credentials import (
     KEY_ID,
     TEAM_ID,
@@ -40,6 +40,7 @@ from tests.fakes.credentials import (
 from tests.fakes.fake_apns import FakeApns
 from tests.fakes.fake_fcm import FakeFcm
 from tests.fakes.fake_unifiedpush import FakeUnifiedPush
+from tests.support.stores import Engine, open_test_store
 
 RELAY = "wss://relay.example.com"
 VAPID_SUBJECT = "mailto:ops@example.org"
@@ -114,18 +115,24 @@ def toml_tables(tables: dict[str, Any]) -> str:
 class Harness:
     """The delivery pipeline of one service, minus the relay bridge that normally fills it."""
 
-    def __init__(self, folder: Path, document: dict[str, Any]) -> None:
+    store: SqliteStore | PostgresStore
+    db: Database
+    devices: DeviceStore
+    outbox: OutboxStore
+
+    def __init__(self, folder: Path, document: dict[str, Any], database: str) -> None:
+        """`database`: the store, a SQLite file's path or a PostgreSQL URL."""
         self.folder = folder
         self.document = document
+        self.database = database
         self.sender_key = SecretKey.generate()
         self.recipient_key = SecretKey.generate()
         self.config: Config = parse_config(document, folder / "relays.toml")
         self.delivery: Delivery | None = None
 
     async def open(self) -> None:
-        self.db = await open_database(self.folder / "sigil-push.db")
-        self.devices = Devices(self.db)
-        self.outbox = Outbox(self.db)
+        self.store = await open_test_store(self.database)
+        self.db, self.devices, self.outbox = self.store.db, self.store.devices, self.store.outbox
         self.observations = ObservationLog(self.folder / "observations")
         await self.observations.start()
 
@@ -145,7 +152,7 @@ class Harness:
     async def close(self) -> None:
         await self.stop_delivery()
         await self.observations.stop()
-        await self.db.close()
+        await self.store.close()
 
     async def register(
         self, platform: str, token: str, payload: str = "opaque", keys: WebPushKeys | None = None
@@ -228,26 +235,18 @@ def reset_fakes(fake_apns: FakeApns, fake_fcm: FakeFcm, fake_up: FakeUnifiedPush
     fake_up.requests.clear()
 
 
-BuildHarness = Callable[[Path, dict[str, Any]], Awaitable[Harness]]
-"""Makes an unopened harness from its service folder and config document."""
-
-
-async def sqlite_harness(folder: Path, document: dict[str, Any]) -> Harness:
-    """The default harness: its store a real SQLite file in the service folder."""
-    return Harness(folder, document)
-
-
-@asynccontextmanager
-async def harness_factory(
+@pytest.fixture
+async def make_harness(
     tmp_path: Path,
     credentials: Credentials,
     fake_apns: FakeApns,
     fake_fcm_server: tuple[FakeFcm, Path],
     fake_up: FakeUnifiedPush,
-    build: BuildHarness = sqlite_harness,
+    engine: Engine,
 ) -> AsyncIterator[Callable[..., Any]]:
-    """The `make_harness` factory for any store: `build` picks the Harness class (and its
-    store), everything else (fresh fakes, config document, folders, closing) is shared."""
+    """Factory: `await make_harness(push={...}, limits={...})` gives a started Harness with
+    fresh fakes, a folder and a store of its own, on the parametrised engine (so a test taking
+    it runs on SQLite and on PostgreSQL); every harness is closed after the test."""
     harnesses: list[Harness] = []
     reset_fakes(fake_apns, fake_fcm_server[0], fake_up)
 
@@ -260,7 +259,8 @@ async def harness_factory(
         tables = provider_tables(credentials, fake_apns, fake_fcm_server) if providers is None else providers
         folder = tmp_path / f"service-{len(harnesses)}"
         folder.mkdir()
-        harness = await build(folder, document(tables, push, limits))
+        database = engine.database(str(folder / "sigil-push.db"))
+        harness = Harness(folder, document(tables, push, limits), database)
         await harness.open()
         harnesses.append(harness)
         if start:
@@ -272,19 +272,6 @@ async def harness_factory(
     finally:
         for harness in harnesses:
             await harness.close()
-
-
-@pytest.fixture
-async def make_harness(
-    tmp_path: Path,
-    credentials: Credentials,
-    fake_apns: FakeApns,
-    fake_fcm_server: tuple[FakeFcm, Path],
-    fake_up: FakeUnifiedPush,
-) -> AsyncIterator[Callable[..., Any]]:
-    """Factory: `await make_harness(push={...}, limits={...})` gives a started Harness."""
-    async with harness_factory(tmp_path, credentials, fake_apns, fake_fcm_server, fake_up) as make:
-        yield make
 
 
 def apns_token() -> str:

@@ -1,8 +1,14 @@
-"""One in-process Bridge over a real SQLite file, for tests that feed it relay input directly
-(no relay process, no service): the set-up and tear-down those tests share.
+"""One in-process Bridge over a real store, for tests that feed it relay input directly (no
+relay process, no service): the set-up and tear-down those tests share.
 
-The Bridge is wired as the service wires it (the devices notify it of registrations) and
-started; on exit it is stopped before the observation log and the database close.
+The store is opened as `serve` opens it (`open_store` on the config's `server.database`), so
+on PostgreSQL the bridge runs on the real PostgreSQL parts: its committer's own connection,
+PostgresOutbox, PostgresDevices announcing registrations with NOTIFY, seen ids on the
+PostgreSQL handle. One worker watches every key, as `serve` does on SQLite: key shards and
+their leases are the multi-worker tests' subject (tests/test_pg_workers.py,
+tests/test_pg_leases.py), not these. The Bridge is wired as the service wires it (the devices
+notify it of registrations) and started; on exit it is stopped before the observation log and
+the store close.
 """
 
 from __future__ import annotations
@@ -13,50 +19,60 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiosqlite
-
 from sigil_push.bridge import Bridge
 from sigil_push.config import parse_config
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.observations import ObservationLog
-from sigil_push.store.sqlite.database import open_database
-from sigil_push.store.sqlite.devices import Devices
-from sigil_push.store.sqlite.outbox import Outbox
+from sigil_push.store.factory import open_store
+from sigil_push.store.interface import Database, DeviceStore, OutboxStore, Store
 
 
 @dataclass
 class InProcessBridge:
-    """The parts a test reaches into: the database, the log, the store halves, the bridge."""
+    """The parts a test reaches into: the store (and its halves), the log, the bridge."""
 
-    db: aiosqlite.Connection
+    store: Store
     observations: ObservationLog
-    devices: Devices
-    outbox: Outbox
     bridge: Bridge
+
+    @property
+    def db(self) -> Database:
+        """The store's handle for portable `?` SQL (aiosqlite, or the PostgreSQL adapter)."""
+        return self.store.db
+
+    @property
+    def devices(self) -> DeviceStore:
+        return self.store.devices
+
+    @property
+    def outbox(self) -> OutboxStore:
+        return self.store.outbox
 
 
 @asynccontextmanager
 async def in_process_bridge(
     folder: Path,
+    database: str,
     relays: list[dict[str, Any]] | None = None,
 ) -> AsyncIterator[InProcessBridge]:
-    """A started `Bridge` with its database (`push.db`) and observation log in `folder`;
-    `relays` are the config's `[[relay]]` tables (none: only users' own relays)."""
-    document: dict[str, Any] = {"server": {"database": "push.db"}}
+    """A started `Bridge` on the store `database` names (a SQLite file, relative to
+    `folder`, or a PostgreSQL URL: tests.support.stores.Engine.database), its observation log
+    in `folder`; `relays` are the config's `[[relay]]` tables (none: only users' own relays)."""
+    document: dict[str, Any] = {"server": {"database": database}}
     if relays:
         document["relay"] = relays
     config = parse_config(document, folder / "relays.toml")
-    db = await open_database(folder / "push.db")
+    store = await open_store(config)
     observations = ObservationLog(folder / "observations")
     await observations.start()
-    devices = Devices(db)
-    outbox = Outbox(db)
-    bridge = Bridge(config, devices, outbox, observations, SecretKey.generate())
-    devices.add_listener(bridge.registration_changed)
-    await bridge.start()
+    bridge = Bridge(config, store.devices, store.outbox, observations, SecretKey.generate())
+    store.devices.add_listener(bridge.registration_changed)
     try:
-        yield InProcessBridge(db, observations, devices, outbox, bridge)
+        await bridge.start()
+        try:
+            yield InProcessBridge(store, observations, bridge)
+        finally:
+            await bridge.stop()
     finally:
-        await bridge.stop()
         await observations.stop()
-        await db.close()
+        await store.close()

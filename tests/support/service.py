@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -26,7 +27,10 @@ class ServiceProcess:
         extra_toml: str = "",
         limits: str = "",
         insecure_relays: bool = True,
+        database: str = "sigil-push.db",
     ) -> None:
+        """`database` is the `server.database` value: a SQLite file (relative: in `folder`) or
+        a `postgresql://` URL (tests.support.stores.Engine.database gives either)."""
         self.folder = folder
         self.folder.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
@@ -36,7 +40,9 @@ class ServiceProcess:
         """The operator listener: /metrics and /health with per-relay detail."""
         self.config_path = folder / "relays.toml"
         self.log_path = folder / "service.log"
-        self.database = folder / "sigil-push.db"
+        self.database = ""
+        """Where the store is, for tests that read it directly (tests.support.stores.fetch,
+        opened): the SQLite file's absolute path or the PostgreSQL URL."""
         self.observations = folder / "observations"
         self._process: subprocess.Popen[bytes] | None = None
         no_limits = "requests_per_minute_per_ip = 0\nrequests_per_minute_per_npub = 0"
@@ -53,6 +59,16 @@ class ServiceProcess:
             f"[limits]\n{limits or no_limits}\n"
             f"{extra_toml}\n"
         )
+        self.use_database(database)
+
+    def use_database(self, database: str) -> None:
+        """Point the (not yet started) service's config at `database`."""
+        text = self.config_path.read_text()
+        text = re.sub(r'^database = "[^"]*"$', f'database = "{database}"', text, count=1,
+                      flags=re.MULTILINE)
+        self.config_path.write_text(text)
+        is_url = "://" in database
+        self.database = database if is_url else str(self.folder / database)
 
     def start(self, wait: bool = True) -> Self:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}

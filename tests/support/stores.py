@@ -1,22 +1,34 @@
-"""The `store_backend` fixture: store-level tests run once on SQLite and once on PostgreSQL.
+"""Every test that touches the store runs once on SQLite and once on PostgreSQL.
 
-PostgreSQL costs one server per session (tests.support.postgres) and, per test, one database
-copied from a template that is migrated once (`CREATE DATABASE ... TEMPLATE`), so every test
-starts from an empty, fully migrated schema in a few tens of milliseconds.
+`store_backend` is the one parametrised fixture (ids `sqlite`, `postgres`); everything else
+builds on it: `engine` hands out fresh `server.database` values for service processes and
+in-process bridges, `database`/`store` open a store directly, `service` is the shared API
+service. A test that is genuinely about one engine does not take them, and says why.
+
+PostgreSQL costs one server per session (tests.support.postgres) and, per database, a copy of a
+template migrated once (`CREATE DATABASE ... TEMPLATE`), so every test starts from an empty,
+fully migrated schema in a few tens of milliseconds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
+import sqlite3
+import subprocess
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
 
 from sigil_push.store.factory import PostgresStore, SqliteStore, open_postgres, open_sqlite
+from sigil_push.store.postgres.database import numbered
 from sigil_push.store.postgres.migrate import migrate
 from tests.support.postgres import PostgresServer
 from tests.support.service import ServiceProcess
@@ -52,10 +64,77 @@ async def fresh_postgres_database(server: PostgresServer) -> str:
     return server.url(name)
 
 
+def _outside_the_loop(work: Any) -> Any:
+    """Run coroutine `work` to completion from synchronous code, whether or not this thread is
+    already running an event loop (sync helpers are called from async tests too)."""
+    with ThreadPoolExecutor(1) as thread:
+        return thread.submit(asyncio.run, work).result()
+
+
+def new_postgres_database(server: PostgresServer) -> str:
+    """`fresh_postgres_database` for synchronous callers."""
+    return str(_outside_the_loop(fresh_postgres_database(server)))
+
+
 @pytest.fixture(params=BACKENDS)
 def store_backend(request: pytest.FixtureRequest) -> str:
     """"sqlite" or "postgres"; tests that take it run on both engines."""
     return str(request.param)
+
+
+@dataclass(frozen=True)
+class Engine:
+    """The parametrised engine of one test, as the `server.database` values it hands out."""
+
+    name: str
+    server: PostgresServer | None
+
+    @property
+    def postgres(self) -> bool:
+        return self.server is not None
+
+    def database(self, sqlite_file: str = "sigil-push.db") -> str:
+        """A fresh store: `sqlite_file` (a relative path lies in the config's folder, so each
+        service folder has its own), or a new, migrated PostgreSQL database."""
+        return sqlite_file if self.server is None else new_postgres_database(self.server)
+
+
+    def at_rest(self, database: str) -> bytes:
+        """Every byte the engine keeps on disk for `database`, as an attacker holding the disk
+        would read them: the SQLite file with its journal files, or, after a checkpoint, the
+        PostgreSQL database's own relation files."""
+        if self.server is None:
+            path = Path(database)
+            return b"".join(p.read_bytes() for p in sorted(path.parent.glob(path.name + "*")))
+        oid = fetch(database, "SELECT oid FROM pg_database WHERE datname = current_database()")
+        fetch(database, "CHECKPOINT")
+        folder = self.server.data / "base" / str(oid[0][0])
+        return b"".join(p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file())
+
+    def dump(self, database: str) -> str:
+        """The database as SQL text (sqlite3's iterdump, or pg_dump)."""
+        if self.server is None:
+            with sqlite3.connect(database) as connection:
+                return "\n".join(connection.iterdump())
+        done = subprocess.run(
+            [str(self.server.binaries / "pg_dump"), database], check=True, capture_output=True,
+            text=True, timeout=60,
+        )
+        return done.stdout
+
+
+def engine_of(backend: str, request: pytest.FixtureRequest) -> Engine:
+    """The `Engine` named `backend`, for fixtures that pair the engine with other parameters;
+    its PostgreSQL variant uses the session's one server."""
+    if backend == "sqlite":
+        return Engine("sqlite", None)
+    return Engine("postgres", request.getfixturevalue("postgres_server"))
+
+
+@pytest.fixture
+def engine(store_backend: str, request: pytest.FixtureRequest) -> Engine:
+    """The test's engine."""
+    return engine_of(store_backend, request)
 
 
 @pytest.fixture
@@ -73,14 +152,39 @@ async def open_test_store(database: str, worker_id: str = "w1") -> SqliteStore |
     return await open_sqlite(Path(database))
 
 
+@asynccontextmanager
+async def opened(database: str) -> AsyncIterator[SqliteStore | PostgresStore]:
+    """`open_test_store`, closed on the way out."""
+    store = await open_test_store(database)
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
 @pytest.fixture
 async def store(database: str) -> AsyncIterator[SqliteStore | PostgresStore]:
     """An open store on the parametrised engine, closed after the test."""
-    opened = await open_test_store(database)
+    async with opened(database) as store:
+        yield store
+
+
+async def _fetch_postgres(url: str, sql: str, parameters: Sequence[Any]) -> list[tuple[Any, ...]]:
+    connection = await asyncpg.connect(url)
     try:
-        yield opened
+        return [tuple(row) for row in await connection.fetch(numbered(sql), *parameters)]
     finally:
-        await opened.close()
+        await connection.close()
+
+
+def fetch(database: str, sql: str, parameters: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    """The rows of one portable query (`?` placeholders) on a store that a service process owns,
+    read from outside it the way an operator would: sqlite3 on the file, or a connection of
+    its own to the PostgreSQL database. Callable from sync and async tests alike."""
+    if database.startswith("postgresql://"):
+        return list(_outside_the_loop(_fetch_postgres(database, sql, parameters)))
+    with sqlite3.connect(database, timeout=10) as connection:
+        return [tuple(row) for row in connection.execute(sql, tuple(parameters))]
 
 
 def on_database(
@@ -89,8 +193,8 @@ def on_database(
     """Point a not yet started service process at database `url`; for a further worker of one
     instance, at the first worker's public URL (as behind one load balancer) and at the
     instance's bridge key file (every worker shares the key)."""
+    service.use_database(url)
     text = service.config_path.read_text()
-    text = text.replace('database = "sigil-push.db"', f'database = "{url}"')
     if key_file is not None:
         text = text.replace("[server]\n", f'[server]\nsecret_key_file = "{key_file}"\n', 1)
     if public_url is not None:
@@ -103,11 +207,11 @@ def backend_service(
     backend: str, request: pytest.FixtureRequest, service: ServiceProcess
 ) -> ServiceProcess:
     """`service` (not yet started) as is for SQLite, or on a fresh PostgreSQL database; for
-    module- or session-scoped fixtures parametrised over BACKENDS (called outside a loop)."""
+    module- or session-scoped fixtures parametrised over BACKENDS."""
     if backend == "sqlite":
         return service
     server: PostgresServer = request.getfixturevalue("postgres_server")
-    return on_database(service, asyncio.run(fresh_postgres_database(server)))
+    return on_database(service, new_postgres_database(server))
 
 
 @pytest.fixture(scope="session", params=BACKENDS)
