@@ -92,8 +92,9 @@ async def test_serve_on_postgres_pushes_a_relayed_dm_once(
     assert "launch code" not in json.dumps(request.body)  # type: ignore[attr-defined]
     assert recipient.hex not in json.dumps(request.body)  # type: ignore[attr-defined]
     assert not list(service.folder.glob("*.db*")), "no SQLite file next to the config"
-    worker = httpx.get(service.admin_url + "/health", timeout=5).json()["worker"]
-    text = httpx.get(service.admin_url + "/metrics", timeout=5).text
+    async with httpx.AsyncClient(base_url=service.admin_url, timeout=5) as admin:
+        worker = (await admin.get("/health")).json()["worker"]
+        text = (await admin.get("/metrics")).text
     unlabelled = {
         sample.name for family in text_string_to_metric_families(text)
         for sample in family.samples if sample.labels.get("worker") != worker

@@ -48,7 +48,8 @@ def test_every_sample_is_labelled_with_the_worker() -> None:
     assert ("demo_pushes_total", {"provider": "apns", "worker": "host-1-ab12"}, 3.0) in exposed
     if shutil.which("promtool"):
         checked = subprocess.run(
-            ["promtool", "check", "metrics"], input=text.encode(), capture_output=True, timeout=30
+            ["promtool", "check", "metrics"], input=text.encode(), capture_output=True,
+            timeout=30, check=False,
         )
         assert checked.returncode == 0, checked.stdout + checked.stderr
 
