@@ -73,7 +73,7 @@ async def test_watched_keys_narrowed_to_shards_match_shard_of(store: PostgresSto
 
 async def test_narrowed_key_query_reads_the_shard_index(store: PostgresStore) -> None:
     """At 256 shards the planner answers the narrowed query from `devices_by_shard`
-    (migration 0004) instead of evaluating the shard of every row of the table."""
+    (migration 0005) instead of evaluating the shard of every row of the table."""
     keys = [secrets.token_hex(32) for _ in range(20_000)]
     await store.db.run(
         "INSERT INTO devices (pubkey, platform, token, registered_at, updated_at)"

@@ -48,7 +48,7 @@ def shard_keys_sql(count: int) -> str:
 
     It is `shard_of` in SQL: the key's leading 32 bits modulo the shard count. The count is a
     literal, not a parameter, so that at 256 shards the expression is exactly the one indexed
-    by `devices_by_shard` (migration 0004) and a worker reads its own share of the table only.
+    by `devices_by_shard` (migration 0005) and a worker reads its own share of the table only.
     """
     return (
         "SELECT pubkey, relays FROM devices WHERE"
