@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import platform
@@ -50,7 +51,7 @@ import uvloop
 from ingest import make_events, write_events
 from push import start_fake
 
-from sigil_push.shards import DEFAULT_SHARDS, shard_of
+from sigil_push.shards import DEFAULT_SHARDS, fair_share, shard_of
 from sigil_push.store.postgres.migrate import migrate
 from tests.fakes.credentials import KEY_ID, TEAM_ID, TOPIC, make_apns_key, make_tls
 from tests.support.postgres import PostgresServer, find_binaries
@@ -293,18 +294,58 @@ async def copy_devices(url: str, pubkeys: list[str], platform_name: str = "ios")
 # phases -----------------------------------------------------------------------------------
 
 
+class ShardTimeline:
+    """Samples how many shards each worker holds, and how many keys are watched, over time:
+    when the split became fair (every worker at its share, every key watched) and how many
+    shards changed hands on the way (a shard that flaps counts at every move)."""
+
+    def __init__(self, instance: Instance, keys: int, started: float) -> None:
+        self.instance, self.keys, self.started = instance, keys, started
+        self.samples: list[tuple[float, list[int], int]] = []
+
+    def sample(self) -> bool:
+        """Take one sample; whether the workers are balanced with every key watched."""
+        held = self.instance.shards()
+        watched = self.instance.watched()
+        self.samples.append((round(time.monotonic() - self.started, 1), [len(h) for h in held], watched))
+        least, most = DEFAULT_SHARDS // len(held), fair_share(DEFAULT_SHARDS, len(held))
+        every = sorted(s for h in held for s in h)
+        return (watched == self.keys and every == list(range(DEFAULT_SHARDS))
+                and all(least <= len(h) <= most for h in held))
+
+    def moves(self) -> int:
+        counts = [c for _, c, _ in self.samples]
+        return sum(abs(a - b) for before, after in itertools.pairwise(counts)
+                   for a, b in zip(before, after))
+
+    def changes(self) -> list[tuple[float, list[int], int]]:
+        """The samples at which some worker's shard count or the keys watched changed."""
+        kept = []
+        for sample in self.samples:
+            if not kept or sample[1:] != kept[-1][1:]:
+                kept.append(sample)
+        return kept
+
+
 async def phase_startup(instance: Instance, keys: int, workers: int, profile: bool) -> dict[str, Any]:
-    """Start `workers` workers together; seconds until all keys are watched, memory of each."""
+    """Start `workers` workers together; seconds until all keys are watched, then until the
+    shards are split fairly with every key watched (the settling), memory of each."""
     started = time.monotonic()
     for index in range(workers):
         path = instance.folder / f"startup-{workers}w-{index}.prof" if profile else None
         instance.add_worker(path).start(wait=False)
     await wait_for(lambda: instance.watched() == keys, f"{keys} keys watched", 900, 0.5)
     seconds = time.monotonic() - started
+    timeline = ShardTimeline(instance, keys, started)
+    await wait_for(timeline.sample, "shards split fairly, every key watched", 600, 0.25)
+    balanced = time.monotonic() - started
     result = {
         "workers": workers,
         "keys": keys,
         "seconds_to_all_keys_watched": round(seconds, 1),
+        "seconds_to_balanced": round(balanced, 1),
+        "shard_moves_while_settling": timeline.moves(),
+        "settling_timeline_s_shards_keys": timeline.changes(),
         "per_worker": [
             {**worker.memory_mb(), "cpu_seconds": round(worker.cpu_seconds(), 1),
              "keys_watched": int((worker.health().get("relays", {}).get(instance.relay.url) or {}).get("keys") or 0),

@@ -14,7 +14,7 @@ import asyncpg
 import pytest
 
 from sigil_push.shards import DEFAULT_SHARDS, Lease, StaleLease, fair_share, shard_of
-from sigil_push.store.postgres.leases import ShardLeaser, check_lease
+from sigil_push.store.postgres.leases import ShardLeaser, check_lease, rebalance
 from sigil_push.store.postgres.migrate import migrate
 from sigil_push.store.postgres.sharding import ShardWatch
 from tests.support.postgres import PostgresServer
@@ -87,6 +87,75 @@ def test_shard_of_is_stable_and_spreads() -> None:
     assert fair_share(256, 3) == 86 and fair_share(256, 0) == 256
     with pytest.raises(ValueError):
         shard_of("abc")
+
+
+def test_rebalance_aims_at_a_fair_split_with_a_dead_band() -> None:
+    """256 shards: 2 workers rest at 128/128, 3 at 86/85/85 (85 and 86 both fair); a worker
+    gives down to 85 only while another has fewer than 85, takes an extra shard only while
+    nobody does, and never takes more than is free."""
+    assert rebalance(256, [0], 256) == (128, 0)
+    assert rebalance(0, [256], 256) == (0, 0)  # nothing free yet
+    assert rebalance(0, [224], 256) == (0, 32)
+    assert rebalance(128, [128], 256) == (0, 0)
+    assert rebalance(86, [85, 85], 256) == (0, 0)
+    assert rebalance(85, [86, 85], 256) == (0, 0)
+    assert rebalance(85, [85, 85], 256) == (0, 1)  # one shard is free: it may take it
+    assert rebalance(86, [86, 84], 256) == (1, 0)  # the third is short: one goes back
+    assert rebalance(84, [86, 85], 256) == (0, 1)
+    assert rebalance(128, [128, 0], 256) == (42, 0)
+    assert rebalance(0, [96, 96], 256) == (0, 64)
+    assert rebalance(3, [], 256) == (0, 253)  # alone: everything
+
+
+async def test_a_join_settles_in_steps_and_then_nothing_moves(pool: asyncpg.Pool) -> None:
+    """Heartbeats driven one by one: the worker that holds everything gives the newcomer its
+    half in steps of shards / 8, starting one beat after it first sees it (confirmation);
+    neither count ever moves back. Once fair, heartbeats move no shard (epochs unchanged), and
+    a third worker is settled the same way to 86/85/85."""
+    lease = 60.0  # heartbeats are driven by hand: nothing expires during the test
+    first, second, third = (ShardLeaser(pool, name, lease) for name in ("a", "b", "c"))
+    assert len(await first.tick()) == DEFAULT_SHARDS
+    assert await second.tick() == {}
+
+    async def beat(leasers: list[ShardLeaser]) -> list[int]:
+        return [len(await leaser.tick()) for leaser in leasers]
+
+    async def settle(leasers: list[ShardLeaser]) -> list[list[int]]:
+        counts = [await beat(leasers)]
+        while sorted(counts[-1]) != sorted(fair(len(leasers))):
+            assert len(counts) < 20, counts
+            counts.append(await beat(leasers))
+        return counts
+
+    def fair(workers: int) -> list[int]:
+        least, extra = divmod(DEFAULT_SHARDS, workers)
+        return [least + 1] * extra + [least] * (workers - extra)
+
+    counts = await settle([first, second])
+    assert counts[0] == [DEFAULT_SHARDS, 0], "the first beat that sees the newcomer gives nothing"
+    for before, after in zip(counts, counts[1:], strict=False):
+        assert 0 <= before[0] - after[0] <= first.step  # given back in steps, never taken back
+        assert after[1] >= before[1]
+    assert counts[-1] == [128, 128]
+
+    async def epochs(leasers: list[ShardLeaser]) -> dict[int, tuple[str, int]]:
+        rows = await pool.fetch("SELECT shard, owner, epoch FROM shard_leases")
+        return {int(r["shard"]): (str(r["owner"]), int(r["epoch"])) for r in rows}
+
+    settled = await epochs([first, second])
+    for _ in range(5):
+        await beat([first, second])
+    assert await epochs([first, second]) == settled, "a settled split moved"
+
+    assert await third.tick() == {}
+    counts = await settle([first, second, third])
+    assert all(before[2] <= after[2] for before, after in zip(counts, counts[1:], strict=False))
+    settled = await epochs([first, second, third])
+    for _ in range(5):
+        await beat([first, second, third])
+    assert await epochs([first, second, third]) == settled, "a settled split moved"
+    owners = [owner for owner, _ in settled.values()]
+    assert sorted(owners.count(name) for name in "abc") == [85, 85, 86]
 
 
 async def test_join_leave_and_die(pool: asyncpg.Pool) -> None:
@@ -214,8 +283,9 @@ async def test_a_slow_reshard_does_not_let_the_leases_lapse(pool: asyncpg.Pool) 
     try:
         await watch.start()
         await until(lambda: covered([first], DEFAULT_SHARDS))
-        other.start()  # `slow` gives half back, and its reshard then hangs
+        other.start()  # `slow` gives half back in steps, and its first reshard then hangs
         await asyncio.wait_for(applying.wait(), 60)
+        await until(lambda: covered([first, other], fair_share(DEFAULT_SHARDS, 2)))
         hung = time.monotonic()
         while time.monotonic() - hung < 3 * LEASE_SECONDS:
             assert len(first.held()) == fair_share(DEFAULT_SHARDS, 2), "the leases lapsed"
