@@ -7,6 +7,7 @@ workers at once, and no (shard, epoch) ever has two owners. Waits poll with gene
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -133,27 +134,27 @@ async def test_a_join_settles_in_steps_and_then_nothing_moves(pool: asyncpg.Pool
 
     counts = await settle([first, second])
     assert counts[0] == [DEFAULT_SHARDS, 0], "the first beat that sees the newcomer gives nothing"
-    for before, after in zip(counts, counts[1:], strict=False):
+    for before, after in itertools.pairwise(counts):
         assert 0 <= before[0] - after[0] <= first.step  # given back in steps, never taken back
         assert after[1] >= before[1]
     assert counts[-1] == [128, 128]
 
-    async def epochs(leasers: list[ShardLeaser]) -> dict[int, tuple[str, int]]:
+    async def epochs() -> dict[int, tuple[str, int]]:
         rows = await pool.fetch("SELECT shard, owner, epoch FROM shard_leases")
         return {int(r["shard"]): (str(r["owner"]), int(r["epoch"])) for r in rows}
 
-    settled = await epochs([first, second])
+    settled = await epochs()
     for _ in range(5):
         await beat([first, second])
-    assert await epochs([first, second]) == settled, "a settled split moved"
+    assert await epochs() == settled, "a settled split moved"
 
     assert await third.tick() == {}
     counts = await settle([first, second, third])
-    assert all(before[2] <= after[2] for before, after in zip(counts, counts[1:], strict=False))
-    settled = await epochs([first, second, third])
+    assert all(before[2] <= after[2] for before, after in itertools.pairwise(counts))
+    settled = await epochs()
     for _ in range(5):
         await beat([first, second, third])
-    assert await epochs([first, second, third]) == settled, "a settled split moved"
+    assert await epochs() == settled, "a settled split moved"
     owners = [owner for owner, _ in settled.values()]
     assert sorted(owners.count(name) for name in "abc") == [85, 85, 86]
 
