@@ -31,6 +31,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -138,6 +139,10 @@ class RoutingRelay:
         async with connect(self.url, proxy=None, max_size=None) as ws:
             await ws.send(json.dumps(["BENCH", str(events_file)]))
             return int(json.loads(await ws.recv())[1])
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
 
     def stop(self) -> None:
         os.killpg(self._process.pid, signal.SIGTERM)
@@ -260,6 +265,46 @@ async def wait_for(condition: Callable[[], bool], what: str, timeout: float, pol
     return time.monotonic() - started
 
 
+class Others:
+    """The processes that are not workers but share the cores with them: the routing relay,
+    the fake APNs and PostgreSQL (postmaster and every backend). Their CPU time, next to the
+    workers', shows what the 2 cores were spent on during a run."""
+
+    def __init__(self, relay: RoutingRelay, fake_pid: int, server: PostgresServer) -> None:
+        self.pids = {"relay": [relay.pid], "fake_apns": [fake_pid]}
+        self.server = server
+
+    def _postgres(self) -> list[int]:
+        postmaster = int((self.server.data / "postmaster.pid").read_text().split()[0])
+        children = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == postmaster:
+                children.append(int(stat.parent.name))
+        return [postmaster, *children]
+
+    def cpu(self) -> dict[str, dict[int, float]]:
+        """CPU seconds per process, by component (a backend that exits between two readings
+        loses its share: the pools keep theirs open for the whole run)."""
+        found: dict[str, dict[int, float]] = {}
+        for name, pids in {**self.pids, "postgres": self._postgres()}.items():
+            found[name] = {}
+            for pid in pids:
+                try:
+                    found[name][pid] = api_bench.cpu_seconds(pid)
+                except (OSError, ValueError):
+                    continue
+        return found
+
+    @staticmethod
+    def spent(before: dict[str, dict[int, float]], after: dict[str, dict[int, float]]) -> dict[str, float]:
+        return {name: round(sum(after[name][pid] - before[name].get(pid, 0.0) for pid in after[name]), 2)
+                for name in after}
+
+
 # the database -----------------------------------------------------------------------------
 
 
@@ -374,7 +419,37 @@ def profile_top(path: Path, lines: int = 15) -> list[str]:
     return rows[-(lines + 1):]
 
 
-async def phase_throughput(instance: Instance, events_file: Path, events: int, workers: int) -> dict[str, Any]:
+def py_spy(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes] | None:
+    """Sample a worker with py-spy (if installed) for `seconds`, idle time included, so the
+    profile shows where the worker waits as well as where it burns CPU."""
+    binary = shutil.which("py-spy")
+    if binary is None:
+        return None
+    return subprocess.Popen(
+        [binary, "record", "--pid", str(pid), "--duration", str(int(seconds)), "--idle",
+         "--format", "raw", "--rate", "200", "--output", str(out), "--nonblocking"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+
+
+def spy_top(path: Path, lines: int = 25) -> list[str]:
+    """The heaviest leaf frames of a py-spy raw (collapsed stacks) file, as shares of samples."""
+    if not path.exists():
+        return []
+    leaves: dict[str, int] = {}
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = stack.split(";")
+        leaf = ";".join(frames[-2:])
+        leaves[leaf] = leaves.get(leaf, 0) + int(count)
+        total += int(count)
+    ranked = sorted(leaves.items(), key=lambda item: -item[1])[:lines]
+    return [f"{100 * n / total:5.1f}% {frame}" for frame, n in ranked]
+
+
+async def phase_throughput(instance: Instance, events_file: Path, events: int, workers: int,
+                           others: Others, spy: bool = False) -> dict[str, Any]:
     for _ in range(workers):
         instance.add_worker().start(wait=False)
     dm_keys = int(events_file.with_suffix(".keys").read_text())
@@ -384,6 +459,12 @@ async def phase_throughput(instance: Instance, events_file: Path, events: int, w
     pushed0 = instance.total("sigil_push_bridge_events_pushed_total")
     sent0 = instance.total("sigil_push_pushes_total")
     cpu0 = [w.cpu_seconds() for w in instance.workers]
+    others0 = others.cpu()
+    load0 = os.getloadavg()[0]
+    bench0 = time.process_time()
+    spies = [(py_spy(w.pid, 30, instance.folder / f"spy-{workers}w-{i}.txt"),
+              instance.folder / f"spy-{workers}w-{i}.txt")
+             for i, w in enumerate(instance.workers)] if spy else []
     started = time.monotonic()
     routed = await instance.relay.stream(events_file)
     relay_done = time.monotonic() - started
@@ -394,7 +475,14 @@ async def phase_throughput(instance: Instance, events_file: Path, events: int, w
     await wait_for(lambda: instance.total("sigil_push_pushes_total") - sent0 >= events,
                    "every wakeup answered by APNs", 600, 0.1)
     delivered = time.monotonic() - started
-    cpu = [round(w.cpu_seconds() - c, 1) for w, c in zip(instance.workers, cpu0)]
+    cpu = [round(w.cpu_seconds() - c, 2) for w, c in zip(instance.workers, cpu0)]
+    spent = Others.spent(others0, others.cpu())
+    spent["bench_process"] = round(time.process_time() - bench0, 2)
+    for process, _ in spies:
+        if process is not None:
+            process.send_signal(signal.SIGINT)
+            process.wait(60)
+    all_cpu = sum(cpu) + sum(spent.values())
     result = {
         "workers": workers,
         "events": events,
@@ -402,9 +490,17 @@ async def phase_throughput(instance: Instance, events_file: Path, events: int, w
         "relay_send_seconds": round(relay_done, 2),
         "events_per_second": round(events / handled, 1),
         "wakeups_per_second": round(events / delivered, 1),
+        "seconds_to_all_answered": round(delivered, 2),
         "worker_cpu_seconds": cpu,
+        "other_cpu_seconds": spent,
+        "cores_busy_on_this_bench": round(all_cpu / delivered, 2),
+        "worker_cores": round(sum(cpu) / delivered, 2),
+        "wakeups_per_worker_cpu_second": round(events / sum(cpu), 1),
+        "load_average_before_after": [round(load0, 2), round(os.getloadavg()[0], 2)],
         "per_worker": [w.memory_mb() for w in instance.workers],
     }
+    if spies:
+        result["py_spy_top_leaf_frames"] = [spy_top(path) for _, path in spies]
     print("throughput", json.dumps(result), flush=True)
     instance.stop()
     return result
@@ -496,6 +592,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
               "wakeups_per_minute_per_device = 0\ncoalesce_window_ms = 0\n")
     relay = RoutingRelay(folder)
     server = PostgresServer(binaries).start()
+    others = Others(relay, fake.pid, server)
     results: dict[str, Any] = {}
     load = [os.getloadavg()[0]]
     try:
@@ -536,7 +633,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 await copy_devices(url, dm_keys)
                 one = instance(url)
                 try:
-                    runs.append(await phase_throughput(one, events_file, args.events, workers))
+                    runs.append(await phase_throughput(one, events_file, args.events, workers,
+                                                       others, args.spy))
                 finally:
                     one.stop()
                 load.append(os.getloadavg()[0])
@@ -544,6 +642,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 "runs": runs,
                 "ratio_2_to_1_events": round(runs[1]["events_per_second"] / runs[0]["events_per_second"], 2),
                 "ratio_2_to_1_wakeups": round(runs[1]["wakeups_per_second"] / runs[0]["wakeups_per_second"], 2),
+                # per CPU second the workers spent: 1.0 means a second worker costs nothing
+                # extra per wakeup, so on cores of their own 2 workers would give 2x
+                "ratio_2_to_1_wakeups_per_worker_cpu_second": round(
+                    runs[1]["wakeups_per_worker_cpu_second"] / runs[0]["wakeups_per_worker_cpu_second"], 2),
             }
             print("ratio 2 workers : 1 worker — events", results["throughput"]["ratio_2_to_1_events"],
                   "wakeups", results["throughput"]["ratio_2_to_1_wakeups"], flush=True)
@@ -594,6 +696,8 @@ def main() -> None:
     parser.add_argument("--startup-lease-seconds", type=float, default=LEASE_SECONDS,
                         help="lease_seconds in the start-up phase (a stalled loop loses shorter leases)")
     parser.add_argument("--profile", action="store_true", help="one more 1-worker start-up under cProfile")
+    parser.add_argument("--spy", action="store_true",
+                        help="sample the workers with py-spy during the throughput runs")
     parser.add_argument("--quick", action="store_true", help="smoke run: small sizes")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
