@@ -339,6 +339,35 @@ async def copy_devices(url: str, pubkeys: list[str], platform_name: str = "ios")
 # phases -----------------------------------------------------------------------------------
 
 
+async def phase_key_query(url: str, repeats: int = 3) -> dict[str, Any]:
+    """The narrowed key query (`PostgresDevices.watched_keys`) for 256, 128 and 32 shards, with
+    the shard index (migration 0005) and without it (dropped inside a transaction that is
+    rolled back): median milliseconds to fetch the rows, as a worker does at start-up."""
+    from sigil_push.store.postgres.devices import shard_keys_sql
+
+    connection = await asyncpg.connect(url)
+    result: dict[str, Any] = {}
+    try:
+        for indexed in (True, False):
+            transaction = connection.transaction()
+            await transaction.start()
+            if not indexed:
+                await connection.execute("DROP INDEX devices_by_shard")
+            for count in (DEFAULT_SHARDS, DEFAULT_SHARDS // 2, DEFAULT_SHARDS // 8):
+                times = []
+                for _ in range(repeats):
+                    started = time.perf_counter()
+                    rows = await connection.fetch(shard_keys_sql(DEFAULT_SHARDS), list(range(count)))
+                    times.append(time.perf_counter() - started)
+                name = f"{'with' if indexed else 'without'}_index_{count}_shards"
+                result[name] = {"ms_median": round(1000 * sorted(times)[repeats // 2], 1), "rows": len(rows)}
+            await transaction.rollback()  # the index is back
+    finally:
+        await connection.close()
+    print("key query", json.dumps(result), flush=True)
+    return result
+
+
 class ShardTimeline:
     """Samples how many shards each worker holds, and how many keys are watched, over time:
     when the split became fair (every worker at its share, every key watched) and how many
@@ -605,7 +634,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             copy_seconds = await copy_devices(url, pubkeys)
             del pubkeys
             print(f"COPY of {args.keys} devices: {copy_seconds:.1f} s", flush=True)
-            results["startup"] = {"copy_seconds": round(copy_seconds, 1), "runs": []}
+            results["startup"] = {"copy_seconds": round(copy_seconds, 1), "runs": [],
+                                  "key_query": await phase_key_query(url)}
             for workers in args.startup_workers:
                 one = instance(url)
                 one.lease_seconds = args.startup_lease_seconds
