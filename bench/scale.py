@@ -368,7 +368,8 @@ async def copy_devices(url: str, pubkeys: list[str], platform_name: str = "ios")
 async def phase_key_query(url: str, repeats: int = 3) -> dict[str, Any]:
     """The narrowed key query (`PostgresDevices.watched_keys`) for 256, 128 and 32 shards, with
     the shard index (migration 0005) and without it (dropped inside a transaction that is
-    rolled back): median milliseconds to fetch the rows, as a worker does at start-up."""
+    rolled back): median milliseconds to fetch the rows into this process, as a worker does
+    at start-up, and the server's own execution time (EXPLAIN ANALYZE, rows not sent)."""
     from sigil_push.store.postgres.devices import shard_keys_sql
 
     connection = await asyncpg.connect(url)
@@ -385,8 +386,12 @@ async def phase_key_query(url: str, repeats: int = 3) -> dict[str, Any]:
                     started = time.perf_counter()
                     rows = await connection.fetch(shard_keys_sql(DEFAULT_SHARDS), list(range(count)))
                     times.append(time.perf_counter() - started)
+                plan = await connection.fetch("EXPLAIN (ANALYZE) " + shard_keys_sql(DEFAULT_SHARDS),
+                                              list(range(count)))
+                server_ms = float(str(plan[-1][0]).split(":")[1].split()[0])  # Execution Time
                 name = f"{'with' if indexed else 'without'}_index_{count}_shards"
-                result[name] = {"ms_median": round(1000 * sorted(times)[repeats // 2], 1), "rows": len(rows)}
+                result[name] = {"ms_median": round(1000 * sorted(times)[repeats // 2], 1), "rows": len(rows),
+                                "server_execution_ms": round(server_ms, 1)}
             await transaction.rollback()  # the index is back
     finally:
         await connection.close()
