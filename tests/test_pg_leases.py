@@ -298,3 +298,29 @@ async def test_a_slow_reshard_does_not_let_the_leases_lapse(pool: asyncpg.Pool) 
         await other.stop()
         await first.stop()
         await monitor.close()
+
+
+async def test_a_failed_reshard_is_applied_again_at_the_next_heartbeat(pool: asyncpg.Pool) -> None:
+    """The bridge fails to apply the last change of a hand-over (its database busy, say): the
+    next heartbeat applies it again, though the leases themselves changed no further."""
+    shards = 8
+    applied: list[int] = []
+
+    async def reshard(owns: Callable[[str], bool]) -> None:
+        count = sum(owns(f"{shard:08x}" + "00" * 28) for shard in range(shards))
+        applied.append(count)
+        if count == shards // 2 and applied.count(count) == 1:
+            raise RuntimeError("the bridge could not apply it")
+
+    first = ShardLeaser(pool, "first", LEASE_SECONDS, shards=shards)
+    watch = ShardWatch(first, reshard)
+    other = ShardLeaser(pool, "other", LEASE_SECONDS, shards=shards)
+    try:
+        await watch.start()
+        other.start()
+        await until(lambda: applied.count(shards // 2) >= 2)
+        assert watch.held() == sorted(first.held())
+    finally:
+        await watch.halt()
+        await other.stop()
+        await first.stop()

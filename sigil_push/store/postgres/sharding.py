@@ -79,12 +79,17 @@ class ShardWatch:
         # watch every key
         if held != self._held:
             log.info("holding %d of %d key shards", len(held), self._leaser.shards)
-            self._held = held
+            told, self._held = self._held, held
             self._gauge.set(len(held))
             shards = self._leaser.shards
-            if self._narrow is not None:
-                self._narrow(held, shards)
-            await self._reshard(lambda pubkey: shard_of(pubkey, shards) in held)
+            try:
+                if self._narrow is not None:
+                    self._narrow(held, shards)
+                await self._reshard(lambda pubkey: shard_of(pubkey, shards) in held)
+            except BaseException:
+                # not applied: the next heartbeat must see a change and apply it again
+                self._held = told
+                raise
 
     async def _renew(self) -> None:
         while True:
