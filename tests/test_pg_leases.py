@@ -324,3 +324,59 @@ async def test_a_failed_reshard_is_applied_again_at_the_next_heartbeat(pool: asy
         await watch.halt()
         await other.stop()
         await first.stop()
+
+
+async def test_a_heartbeat_that_returns_late_does_not_make_the_bridge_reload(
+    pool: asyncpg.Pool,
+) -> None:
+    """A heartbeat held up past the lease (here by a row lock; in production by an event loop
+    busy loading a million keys) comes back with every shard confirmed by the database: the
+    bridge keeps its keys instead of dropping them all and loading them again."""
+    shards = 8
+    applied: list[int] = []
+
+    async def reshard(owns: Callable[[str], bool]) -> None:
+        applied.append(sum(owns(f"{shard:08x}" + "00" * 28) for shard in range(shards)))
+
+    leaser = ShardLeaser(pool, "busy", LEASE_SECONDS, shards=shards)
+    watch = ShardWatch(leaser, reshard)
+    await watch.start()
+    assert applied == [shards]
+    async with pool.acquire() as blocker, pool.acquire() as observer:
+        try:
+            async with blocker.transaction():
+                await blocker.execute("SELECT 1 FROM workers WHERE worker_id = 'busy' FOR UPDATE")
+
+                async def heartbeat_waits() -> bool:
+                    return bool(await observer.fetchval(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                        " AND query LIKE 'INSERT INTO workers%'"
+                    ))
+
+                deadline = time.monotonic() + 60
+                while not await heartbeat_waits():
+                    assert time.monotonic() < deadline, "the heartbeat never reached the lock"
+                    await asyncio.sleep(0.02)
+                # the heartbeat began before it was seen waiting: once a lease has passed
+                # since then, whatever it returns is already older than a lease
+                waiting_since = time.monotonic()
+                await until(lambda: time.monotonic() > waiting_since + LEASE_SECONDS)
+                assert leaser.held() == {}  # the local view lapsed meanwhile
+            await until(lambda: len(leaser.held()) == shards)  # the late heartbeat came back
+            renewed = await observer.fetchval(
+                "SELECT heartbeat_at FROM workers WHERE worker_id = 'busy'"
+            )
+
+            async def beat_again() -> bool:
+                return bool(await observer.fetchval(
+                    "SELECT heartbeat_at > $1 FROM workers WHERE worker_id = 'busy'", renewed
+                ))
+
+            deadline = time.monotonic() + 60
+            while not await beat_again():
+                assert time.monotonic() < deadline, "no heartbeat after the late one"
+                await asyncio.sleep(0.02)
+        finally:
+            await watch.halt()
+    assert applied == [shards], "the bridge was told to drop its keys and reload them"
+    await leaser.stop()
