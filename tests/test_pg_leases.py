@@ -380,3 +380,22 @@ async def test_a_heartbeat_that_returns_late_does_not_make_the_bridge_reload(
             await watch.halt()
     assert applied == [shards], "the bridge was told to drop its keys and reload them"
     await leaser.stop()
+
+
+async def test_renewal_does_not_wait_for_the_takeover_of_an_expired_lease(
+    pool: asyncpg.Pool,
+) -> None:
+    """A lease of ours that expired is locked by a worker taking it over (whose transaction
+    may sit open while its event loop is busy): the heartbeat renews the rest and lets that
+    one go, instead of waiting on the lock (past the lock timeout, failing the heartbeat)."""
+    worker = ShardLeaser(pool, "a", LEASE_SECONDS, shards=4)
+    assert sorted(await worker.tick()) == [0, 1, 2, 3]
+    async with pool.acquire() as taker:
+        await taker.execute(
+            "UPDATE shard_leases SET expires_at = now() - interval '1 second' WHERE shard = 3"
+        )
+        async with taker.transaction():
+            await taker.execute("SELECT 1 FROM shard_leases WHERE shard = 3 FOR UPDATE")
+            held = await asyncio.wait_for(worker.tick(), 30)
+    assert sorted(held) == [0, 1, 2]
+    assert sorted(await worker.tick()) == [0, 1, 2, 3]  # free again: taken back

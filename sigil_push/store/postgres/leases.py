@@ -130,9 +130,15 @@ class ShardLeaser:
                 " DO UPDATE SET heartbeat_at = now()",
                 self.worker_id,
             )
+            # a lease of ours that expired may be locked by a worker taking it over right now:
+            # it is being lost anyway, so skip it rather than wait for that transaction (whose
+            # worker may be stalled, loading keys, with the lock held). A live lease can only
+            # be locked by our own `check_lease`, and that one is waited for.
             rows = await connection.fetch(
                 "UPDATE shard_leases SET expires_at = now() + make_interval(secs => $2)"
-                " WHERE owner = $1 RETURNING shard, epoch",
+                " WHERE owner = $1 AND (expires_at > now() OR shard IN (SELECT shard"
+                "  FROM shard_leases WHERE owner = $1 AND expires_at <= now()"
+                "  FOR UPDATE SKIP LOCKED)) RETURNING shard, epoch",
                 self.worker_id,
                 lease,
             )
