@@ -240,13 +240,18 @@ class Instance:
         self.folder, self.database, self.relay, self.apns_toml = folder, database, relay, apns_toml
         self.limits = limits
         self.lease_seconds = LEASE_SECONDS
+        self.filtered = True
         self.workers: list[Worker] = []
 
     def add_worker(self, profile: Path | None = None) -> Worker:
         index = len(self.workers)
+        # the phases that stream DMs keep `#p`-filtered subscriptions whatever the number of
+        # keys: the routing relay delivers each DM only to the worker that watches its
+        # recipient (it serves no firehose, which would send every DM to every worker)
+        filtered = f"firehose_above_keys = {10 ** 9}\n" if self.filtered else ""
         extra = (
             f"[bridge]\nreconnect_min_seconds = 0.2\nreconnect_max_seconds = 1.0\n"
-            f"lease_seconds = {self.lease_seconds}\n{self.apns_toml}"
+            f"lease_seconds = {self.lease_seconds}\n{filtered}{self.apns_toml}"
         )
         worker = Worker(self.folder / f"worker{index}-{time.monotonic_ns()}", [self.relay.url], extra,
                         limits=self.limits)
@@ -671,6 +676,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             for workers in args.startup_workers:
                 one = instance(url)
                 one.lease_seconds = args.startup_lease_seconds
+                one.filtered = False  # `auto`: the firehose above 2,000 keys, as deployed
                 try:
                     results["startup"]["runs"].append(await phase_startup(one, args.keys, workers, False))
                 finally:
