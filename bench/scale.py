@@ -7,29 +7,37 @@ control message, streams pre-signed kind 4 DMs to the subscription whose `#p` fi
 recipient, as a real relay does: each worker receives only the DMs of the keys it watches.
 
 Phases:
-  startup   — `--keys` registered keys (COPY into `devices`), then 1 worker and then 2 workers:
+  startup   — `--keys` registered keys (COPY into `devices`); the narrowed key query with and
+              without the shard index; then 1 worker and then 2 workers started together:
               seconds from process start until every key is subscribed on a live relay
-              connection (summed over the workers' /health), and each worker's RSS (VmRSS, VmHWM);
+              connection (summed over the workers' /health), then until the shards are split
+              fairly (128/128) with every key watched, with the shard counts over time, and
+              each worker's RSS (VmRSS, VmHWM);
   throughput — `--events` DMs, one to each of as many registered keys (iOS devices), streamed as fast as
-              the relay sends; 1 then 2 workers: events/s (bridge `events_pushed_total` reaching
-              the count) and wakeups/s (APNs answers reaching it), and the 2:1 ratio;
+              the relay sends (parsed before the clock starts); 1 then 2 workers: events/s
+              (bridge `events_pushed_total` reaching the count) and wakeups/s (APNs answers
+              reaching it, polled every 0.25 s), the 2:1 ratio, and the CPU seconds of the
+              workers, the relay, the fake APNs, PostgreSQL and this process over the run
+              (with --spy, py-spy samples of each worker, waiting included);
   handover  — 2 workers, SIGKILL one: seconds until the survivor holds every shard, and until a
               DM to a key of a moved shard is pushed;
   register  — NIP-98 signed registrations (bench/api.py's requests) through 2 workers at once.
 The machine has 2 cores and is shared with other engineers' tests, so every figure is a floor.
 Writes bench/results/scale.json.
 
-Usage: python bench/scale.py [--keys 1000000] [--quick] [--profile]
+Usage: python bench/scale.py [--keys 1000000] [--quick] [--profile] [--spy] [--phases ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import platform
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -50,7 +58,7 @@ import uvloop
 from ingest import make_events, write_events
 from push import start_fake
 
-from sigil_push.shards import DEFAULT_SHARDS, shard_of
+from sigil_push.shards import DEFAULT_SHARDS, fair_share, shard_of
 from sigil_push.store.postgres.migrate import migrate
 from tests.fakes.credentials import KEY_ID, TEAM_ID, TOPIC, make_apns_key, make_tls
 from tests.support.postgres import PostgresServer, find_binaries
@@ -78,11 +86,20 @@ async def run_relay(port_file: Path) -> None:
             if routes.get(pubkey) == key:
                 del routes[pubkey]
 
+    loaded: dict[str, list[tuple[str, str]]] = {}
+
+    def load(path: str) -> int:
+        """Read and parse a file of events ahead of the measurement: while streaming, the
+        relay then only looks up each recipient and sends (a cheap load generator)."""
+        if path not in loaded:
+            lines = Path(path).read_text().splitlines()
+            loaded[path] = [(json.loads(line)["tags"][0][1], line) for line in lines]
+        return len(loaded[path])
+
     async def stream(path: str) -> int:
         sent = 0
-        for line in Path(path).read_text().splitlines():
-            event = json.loads(line)
-            route = routes.get(event["tags"][0][1])
+        for recipient, line in loaded.pop(path) if path in loaded else []:
+            route = routes.get(recipient)
             if route is not None:
                 await route[0].send(f'["EVENT","{route[1]}",{line}]')
                 sent += 1
@@ -102,6 +119,8 @@ async def run_relay(port_file: Path) -> None:
                     await ws.send(json.dumps(["EOSE", message[1]]))
                 elif message[0] == "CLOSE":
                     forget((ws, message[1]))
+                elif message[0] == "LOAD":
+                    await ws.send(json.dumps(["LOADED", load(message[1])]))
                 elif message[0] == "BENCH":
                     sent = await stream(message[1])
                     await ws.send(json.dumps(["DONE", sent]))
@@ -134,9 +153,22 @@ class RoutingRelay:
         """Ask the relay to send the file; returns how many events had a subscriber."""
         from websockets.asyncio.client import connect
 
+        await self.load(events_file)
         async with connect(self.url, proxy=None, max_size=None) as ws:
             await ws.send(json.dumps(["BENCH", str(events_file)]))
             return int(json.loads(await ws.recv())[1])
+
+    async def load(self, events_file: Path) -> int:
+        """Have the relay read and parse the file now, outside any measured window."""
+        from websockets.asyncio.client import connect
+
+        async with connect(self.url, proxy=None, max_size=None) as ws:
+            await ws.send(json.dumps(["LOAD", str(events_file)]))
+            return int(json.loads(await ws.recv())[1])
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
 
     def stop(self) -> None:
         os.killpg(self._process.pid, signal.SIGTERM)
@@ -208,13 +240,18 @@ class Instance:
         self.folder, self.database, self.relay, self.apns_toml = folder, database, relay, apns_toml
         self.limits = limits
         self.lease_seconds = LEASE_SECONDS
+        self.filtered = True
         self.workers: list[Worker] = []
 
     def add_worker(self, profile: Path | None = None) -> Worker:
         index = len(self.workers)
+        # the phases that stream DMs keep `#p`-filtered subscriptions whatever the number of
+        # keys: the routing relay delivers each DM only to the worker that watches its
+        # recipient (it serves no firehose, which would send every DM to every worker)
+        filtered = f"firehose_above_keys = {10 ** 9}\n" if self.filtered else ""
         extra = (
             f"[bridge]\nreconnect_min_seconds = 0.2\nreconnect_max_seconds = 1.0\n"
-            f"lease_seconds = {self.lease_seconds}\n{self.apns_toml}"
+            f"lease_seconds = {self.lease_seconds}\n{filtered}{self.apns_toml}"
         )
         worker = Worker(self.folder / f"worker{index}-{time.monotonic_ns()}", [self.relay.url], extra,
                         limits=self.limits)
@@ -241,6 +278,15 @@ class Instance:
         held = self.shards()
         return all(held) and sorted(s for h in held for s in h) == list(range(DEFAULT_SHARDS))
 
+    def balanced(self, keys: int) -> bool:
+        """Every shard held once, each worker at 256 // N or one more, every key watched: the
+        split has settled. The routing relay keeps no events, so a DM streamed while a key
+        moves between workers would be lost here (a real relay serves it to the catch-up)."""
+        held = self.shards()
+        least, most = DEFAULT_SHARDS // len(held), fair_share(DEFAULT_SHARDS, len(held))
+        return (sorted(s for h in held for s in h) == list(range(DEFAULT_SHARDS))
+                and all(least <= len(h) <= most for h in held) and self.watched() == keys)
+
     def total(self, metric: str) -> float:
         return sum(worker.metric(metric) for worker in self.workers)
 
@@ -257,6 +303,46 @@ async def wait_for(condition: Callable[[], bool], what: str, timeout: float, pol
             raise TimeoutError(f"not reached within {timeout} s: {what}")
         await asyncio.sleep(poll)
     return time.monotonic() - started
+
+
+class Others:
+    """The processes that are not workers but share the cores with them: the routing relay,
+    the fake APNs and PostgreSQL (postmaster and every backend). Their CPU time, next to the
+    workers', shows what the 2 cores were spent on during a run."""
+
+    def __init__(self, relay: RoutingRelay, fake_pid: int, server: PostgresServer) -> None:
+        self.pids = {"relay": [relay.pid], "fake_apns": [fake_pid]}
+        self.server = server
+
+    def _postgres(self) -> list[int]:
+        postmaster = int((self.server.data / "postmaster.pid").read_text().split()[0])
+        children = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == postmaster:
+                children.append(int(stat.parent.name))
+        return [postmaster, *children]
+
+    def cpu(self) -> dict[str, dict[int, float]]:
+        """CPU seconds per process, by component (a backend that exits between two readings
+        loses its share: the pools keep theirs open for the whole run)."""
+        found: dict[str, dict[int, float]] = {}
+        for name, pids in {**self.pids, "postgres": self._postgres()}.items():
+            found[name] = {}
+            for pid in pids:
+                try:
+                    found[name][pid] = api_bench.cpu_seconds(pid)
+                except (OSError, ValueError):
+                    continue
+        return found
+
+    @staticmethod
+    def spent(before: dict[str, dict[int, float]], after: dict[str, dict[int, float]]) -> dict[str, float]:
+        return {name: round(sum(after[name][pid] - before[name].get(pid, 0.0) for pid in after[name]), 2)
+                for name in after}
 
 
 # the database -----------------------------------------------------------------------------
@@ -293,18 +379,92 @@ async def copy_devices(url: str, pubkeys: list[str], platform_name: str = "ios")
 # phases -----------------------------------------------------------------------------------
 
 
+async def phase_key_query(url: str, repeats: int = 3) -> dict[str, Any]:
+    """The narrowed key query (`PostgresDevices.watched_keys`) for 256, 128 and 32 shards, with
+    the shard index (migration 0005) and without it (dropped inside a transaction that is
+    rolled back): median milliseconds to fetch the rows into this process, as a worker does
+    at start-up, and the server's own execution time (EXPLAIN ANALYZE, rows not sent)."""
+    from sigil_push.store.postgres.devices import shard_keys_sql
+
+    connection = await asyncpg.connect(url)
+    result: dict[str, Any] = {}
+    try:
+        for indexed in (True, False):
+            transaction = connection.transaction()
+            await transaction.start()
+            if not indexed:
+                await connection.execute("DROP INDEX devices_by_shard")
+            for count in (DEFAULT_SHARDS, DEFAULT_SHARDS // 2, DEFAULT_SHARDS // 8):
+                times = []
+                for _ in range(repeats):
+                    started = time.perf_counter()
+                    rows = await connection.fetch(shard_keys_sql(DEFAULT_SHARDS), list(range(count)))
+                    times.append(time.perf_counter() - started)
+                plan = await connection.fetch("EXPLAIN (ANALYZE) " + shard_keys_sql(DEFAULT_SHARDS),
+                                              list(range(count)))
+                server_ms = float(str(plan[-1][0]).split(":")[1].split()[0])  # Execution Time
+                name = f"{'with' if indexed else 'without'}_index_{count}_shards"
+                result[name] = {"ms_median": round(1000 * sorted(times)[repeats // 2], 1), "rows": len(rows),
+                                "server_execution_ms": round(server_ms, 1)}
+            await transaction.rollback()  # the index is back
+    finally:
+        await connection.close()
+    print("key query", json.dumps(result), flush=True)
+    return result
+
+
+class ShardTimeline:
+    """Samples how many shards each worker holds, and how many keys are watched, over time:
+    when the split became fair (every worker at its share, every key watched) and how many
+    shards changed hands on the way (a shard that flaps counts at every move)."""
+
+    def __init__(self, instance: Instance, keys: int, started: float) -> None:
+        self.instance, self.keys, self.started = instance, keys, started
+        self.samples: list[tuple[float, list[int], int]] = []
+
+    def sample(self) -> bool:
+        """Take one sample; whether the workers are balanced with every key watched."""
+        held = self.instance.shards()
+        watched = self.instance.watched()
+        self.samples.append((round(time.monotonic() - self.started, 1), [len(h) for h in held], watched))
+        least, most = DEFAULT_SHARDS // len(held), fair_share(DEFAULT_SHARDS, len(held))
+        every = sorted(s for h in held for s in h)
+        return (watched == self.keys and every == list(range(DEFAULT_SHARDS))
+                and all(least <= len(h) <= most for h in held))
+
+    def moves(self) -> int:
+        counts = [c for _, c, _ in self.samples]
+        return sum(abs(a - b) for before, after in itertools.pairwise(counts)
+                   for a, b in zip(before, after))
+
+    def changes(self) -> list[tuple[float, list[int], int]]:
+        """The samples at which some worker's shard count or the keys watched changed."""
+        kept = []
+        for sample in self.samples:
+            if not kept or sample[1:] != kept[-1][1:]:
+                kept.append(sample)
+        return kept
+
+
 async def phase_startup(instance: Instance, keys: int, workers: int, profile: bool) -> dict[str, Any]:
-    """Start `workers` workers together; seconds until all keys are watched, memory of each."""
+    """Start `workers` workers together; seconds until all keys are watched, then until the
+    shards are split fairly with every key watched (the settling), memory of each."""
     started = time.monotonic()
     for index in range(workers):
         path = instance.folder / f"startup-{workers}w-{index}.prof" if profile else None
         instance.add_worker(path).start(wait=False)
     await wait_for(lambda: instance.watched() == keys, f"{keys} keys watched", 900, 0.5)
     seconds = time.monotonic() - started
+    timeline = ShardTimeline(instance, keys, started)
+    await wait_for(timeline.sample, "shards split fairly, every key watched", 600, 0.25)
+    balanced = time.monotonic() - started
     result = {
         "workers": workers,
         "keys": keys,
         "seconds_to_all_keys_watched": round(seconds, 1),
+        "seconds_to_balanced": round(balanced, 1),
+        "shard_moves_while_settling": timeline.moves(),
+        "settling_timeline_s_shards_keys": timeline.changes(),
         "per_worker": [
             {**worker.memory_mb(), "cpu_seconds": round(worker.cpu_seconds(), 1),
              "keys_watched": int((worker.health().get("relays", {}).get(instance.relay.url) or {}).get("keys") or 0),
@@ -333,27 +493,69 @@ def profile_top(path: Path, lines: int = 15) -> list[str]:
     return rows[-(lines + 1):]
 
 
-async def phase_throughput(instance: Instance, events_file: Path, events: int, workers: int) -> dict[str, Any]:
+def py_spy(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes] | None:
+    """Sample a worker with py-spy (if installed) for `seconds`, idle time included, so the
+    profile shows where the worker waits as well as where it burns CPU."""
+    binary = shutil.which("py-spy")
+    if binary is None:
+        return None
+    return subprocess.Popen(
+        [binary, "record", "--pid", str(pid), "--duration", str(int(seconds)), "--idle",
+         "--format", "raw", "--rate", "200", "--output", str(out), "--nonblocking"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+
+
+def spy_top(path: Path, lines: int = 25) -> list[str]:
+    """The heaviest leaf frames of a py-spy raw (collapsed stacks) file, as shares of samples."""
+    if not path.exists():
+        return []
+    leaves: dict[str, int] = {}
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = stack.split(";")
+        leaf = ";".join(frames[-2:])
+        leaves[leaf] = leaves.get(leaf, 0) + int(count)
+        total += int(count)
+    ranked = sorted(leaves.items(), key=lambda item: -item[1])[:lines]
+    return [f"{100 * n / total:5.1f}% {frame}" for frame, n in ranked]
+
+
+async def phase_throughput(instance: Instance, events_file: Path, events: int, workers: int,
+                           others: Others, spy: bool = False) -> dict[str, Any]:
     for _ in range(workers):
         instance.add_worker().start(wait=False)
     dm_keys = int(events_file.with_suffix(".keys").read_text())
-    await wait_for(lambda: instance.watched() == dm_keys, "DM keys watched", 300, 0.5)
-    if workers > 1:
-        await wait_for(instance.partitioned, "shards split", 120)
+    await wait_for(lambda: instance.balanced(dm_keys), "shards split, DM keys watched", 300, 0.5)
+    await instance.relay.load(events_file)
     pushed0 = instance.total("sigil_push_bridge_events_pushed_total")
     sent0 = instance.total("sigil_push_pushes_total")
     cpu0 = [w.cpu_seconds() for w in instance.workers]
+    others0 = others.cpu()
+    load0 = os.getloadavg()[0]
+    bench0 = time.process_time()
+    spies = [(py_spy(w.pid, 30, instance.folder / f"spy-{workers}w-{i}.txt"),
+              instance.folder / f"spy-{workers}w-{i}.txt")
+             for i, w in enumerate(instance.workers)] if spy else []
     started = time.monotonic()
     routed = await instance.relay.stream(events_file)
     relay_done = time.monotonic() - started
     await wait_for(
         lambda: instance.total("sigil_push_bridge_events_pushed_total") - pushed0 >= events,
-        "every event handed to the outbox", 600, 0.1)
+        "every event handed to the outbox", 600, 0.25)
     handled = time.monotonic() - started
     await wait_for(lambda: instance.total("sigil_push_pushes_total") - sent0 >= events,
-                   "every wakeup answered by APNs", 600, 0.1)
+                   "every wakeup answered by APNs", 600, 0.25)
     delivered = time.monotonic() - started
-    cpu = [round(w.cpu_seconds() - c, 1) for w, c in zip(instance.workers, cpu0)]
+    cpu = [round(w.cpu_seconds() - c, 2) for w, c in zip(instance.workers, cpu0)]
+    spent = Others.spent(others0, others.cpu())
+    spent["bench_process"] = round(time.process_time() - bench0, 2)
+    for process, _ in spies:
+        if process is not None:
+            process.send_signal(signal.SIGINT)
+            process.wait(60)
+    all_cpu = sum(cpu) + sum(spent.values())
     result = {
         "workers": workers,
         "events": events,
@@ -361,9 +563,17 @@ async def phase_throughput(instance: Instance, events_file: Path, events: int, w
         "relay_send_seconds": round(relay_done, 2),
         "events_per_second": round(events / handled, 1),
         "wakeups_per_second": round(events / delivered, 1),
+        "seconds_to_all_answered": round(delivered, 2),
         "worker_cpu_seconds": cpu,
+        "other_cpu_seconds": spent,
+        "cores_busy_on_this_bench": round(all_cpu / delivered, 2),
+        "worker_cores": round(sum(cpu) / delivered, 2),
+        "wakeups_per_worker_cpu_second": round(events / sum(cpu), 1),
+        "load_average_before_after": [round(load0, 2), round(os.getloadavg()[0], 2)],
         "per_worker": [w.memory_mb() for w in instance.workers],
     }
+    if spies:
+        result["py_spy_top_leaf_frames"] = [spy_top(path) for _, path in spies]
     print("throughput", json.dumps(result), flush=True)
     instance.stop()
     return result
@@ -372,8 +582,7 @@ async def phase_throughput(instance: Instance, events_file: Path, events: int, w
 async def phase_handover(instance: Instance, folder: Path, dm_keys: list[str]) -> dict[str, Any]:
     for _ in range(2):
         instance.add_worker().start(wait=False)
-    await wait_for(lambda: instance.watched() == len(dm_keys), "keys watched", 300, 0.5)
-    await wait_for(instance.partitioned, "shards split", 120)
+    await wait_for(lambda: instance.balanced(len(dm_keys)), "shards split, keys watched", 300, 0.5)
     victim, survivor = instance.workers
     moved = set(victim.health().get("shards", []))
     key = next(k for k in dm_keys if shard_of(k) in moved)
@@ -455,6 +664,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
               "wakeups_per_minute_per_device = 0\ncoalesce_window_ms = 0\n")
     relay = RoutingRelay(folder)
     server = PostgresServer(binaries).start()
+    others = Others(relay, fake.pid, server)
     results: dict[str, Any] = {}
     load = [os.getloadavg()[0]]
     try:
@@ -467,10 +677,12 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             copy_seconds = await copy_devices(url, pubkeys)
             del pubkeys
             print(f"COPY of {args.keys} devices: {copy_seconds:.1f} s", flush=True)
-            results["startup"] = {"copy_seconds": round(copy_seconds, 1), "runs": []}
+            results["startup"] = {"copy_seconds": round(copy_seconds, 1), "runs": [],
+                                  "key_query": await phase_key_query(url)}
             for workers in args.startup_workers:
                 one = instance(url)
                 one.lease_seconds = args.startup_lease_seconds
+                one.filtered = False  # `auto`: the firehose above 2,000 keys, as deployed
                 try:
                     results["startup"]["runs"].append(await phase_startup(one, args.keys, workers, False))
                 finally:
@@ -495,7 +707,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 await copy_devices(url, dm_keys)
                 one = instance(url)
                 try:
-                    runs.append(await phase_throughput(one, events_file, args.events, workers))
+                    runs.append(await phase_throughput(one, events_file, args.events, workers,
+                                                       others, args.spy))
                 finally:
                     one.stop()
                 load.append(os.getloadavg()[0])
@@ -503,6 +716,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 "runs": runs,
                 "ratio_2_to_1_events": round(runs[1]["events_per_second"] / runs[0]["events_per_second"], 2),
                 "ratio_2_to_1_wakeups": round(runs[1]["wakeups_per_second"] / runs[0]["wakeups_per_second"], 2),
+                # per CPU second the workers spent: 1.0 means a second worker costs nothing
+                # extra per wakeup, so on cores of their own 2 workers would give 2x
+                "ratio_2_to_1_wakeups_per_worker_cpu_second": round(
+                    runs[1]["wakeups_per_worker_cpu_second"] / runs[0]["wakeups_per_worker_cpu_second"], 2),
             }
             print("ratio 2 workers : 1 worker — events", results["throughput"]["ratio_2_to_1_events"],
                   "wakeups", results["throughput"]["ratio_2_to_1_wakeups"], flush=True)
@@ -553,6 +770,8 @@ def main() -> None:
     parser.add_argument("--startup-lease-seconds", type=float, default=LEASE_SECONDS,
                         help="lease_seconds in the start-up phase (a stalled loop loses shorter leases)")
     parser.add_argument("--profile", action="store_true", help="one more 1-worker start-up under cProfile")
+    parser.add_argument("--spy", action="store_true",
+                        help="sample the workers with py-spy during the throughput runs")
     parser.add_argument("--quick", action="store_true", help="smoke run: small sizes")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()

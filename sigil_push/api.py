@@ -23,6 +23,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from sigil_push import __version__
+from sigil_push.config import is_postgres_url
 from sigil_push.errors import ApiError, BadRequest, RateLimited
 from sigil_push.http_metrics import MetricsMiddleware
 from sigil_push.nostr.nip19 import encode_npub
@@ -34,6 +35,7 @@ from sigil_push.service import Service, State
 from sigil_push.store.errors import STORE_UNAVAILABLE, TooManyAccounts, TooManyDevices
 from sigil_push.store.records import Device
 from sigil_push.validation import parse_json_object, parse_npub, parse_register
+from sigil_push.worker_metrics import WorkerLabelled
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +54,8 @@ class Api:
         self.per_npub = RateLimiter(limits.requests_per_minute_per_npub)
         self.trusted_proxies = trusted_networks(service.config.server.trusted_proxies)
         self.admin_split = bool(service.config.server.admin_listen)
+        several = is_postgres_url(service.config.server.database)
+        self.exposition = WorkerLabelled(lambda: service.worker_id if several else "")
 
     # -- request plumbing ------------------------------------------------------------------
 
@@ -223,7 +227,7 @@ class Api:
         return await self.admin_metrics(request)
 
     async def admin_metrics(self, request: Request) -> Response:
-        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(self.exposition), media_type=CONTENT_TYPE_LATEST)
 
     async def info(self, request: Request) -> Response:
         self._limit_ip(request)

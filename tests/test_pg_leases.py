@@ -7,6 +7,7 @@ workers at once, and no (shard, epoch) ever has two owners. Waits poll with gene
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -14,7 +15,7 @@ import asyncpg
 import pytest
 
 from sigil_push.shards import DEFAULT_SHARDS, Lease, StaleLease, fair_share, shard_of
-from sigil_push.store.postgres.leases import ShardLeaser, check_lease
+from sigil_push.store.postgres.leases import ShardLeaser, check_lease, rebalance
 from sigil_push.store.postgres.migrate import migrate
 from sigil_push.store.postgres.sharding import ShardWatch
 from tests.support.postgres import PostgresServer
@@ -87,6 +88,75 @@ def test_shard_of_is_stable_and_spreads() -> None:
     assert fair_share(256, 3) == 86 and fair_share(256, 0) == 256
     with pytest.raises(ValueError):
         shard_of("abc")
+
+
+def test_rebalance_aims_at_a_fair_split_with_a_dead_band() -> None:
+    """256 shards: 2 workers rest at 128/128, 3 at 86/85/85 (85 and 86 both fair); a worker
+    gives down to 85 only while another has fewer than 85, takes an extra shard only while
+    nobody does, and never takes more than is free."""
+    assert rebalance(256, [0], 256) == (128, 0)
+    assert rebalance(0, [256], 256) == (0, 0)  # nothing free yet
+    assert rebalance(0, [224], 256) == (0, 32)
+    assert rebalance(128, [128], 256) == (0, 0)
+    assert rebalance(86, [85, 85], 256) == (0, 0)
+    assert rebalance(85, [86, 85], 256) == (0, 0)
+    assert rebalance(85, [85, 85], 256) == (0, 1)  # one shard is free: it may take it
+    assert rebalance(86, [86, 84], 256) == (1, 0)  # the third is short: one goes back
+    assert rebalance(84, [86, 85], 256) == (0, 1)
+    assert rebalance(128, [128, 0], 256) == (42, 0)
+    assert rebalance(0, [96, 96], 256) == (0, 64)
+    assert rebalance(3, [], 256) == (0, 253)  # alone: everything
+
+
+async def test_a_join_settles_in_steps_and_then_nothing_moves(pool: asyncpg.Pool) -> None:
+    """Heartbeats driven one by one: the worker that holds everything gives the newcomer its
+    half in steps of shards / 8, starting one beat after it first sees it (confirmation);
+    neither count ever moves back. Once fair, heartbeats move no shard (epochs unchanged), and
+    a third worker is settled the same way to 86/85/85."""
+    lease = 60.0  # heartbeats are driven by hand: nothing expires during the test
+    first, second, third = (ShardLeaser(pool, name, lease) for name in ("a", "b", "c"))
+    assert len(await first.tick()) == DEFAULT_SHARDS
+    assert await second.tick() == {}
+
+    async def beat(leasers: list[ShardLeaser]) -> list[int]:
+        return [len(await leaser.tick()) for leaser in leasers]
+
+    async def settle(leasers: list[ShardLeaser]) -> list[list[int]]:
+        counts = [await beat(leasers)]
+        while sorted(counts[-1]) != sorted(fair(len(leasers))):
+            assert len(counts) < 20, counts
+            counts.append(await beat(leasers))
+        return counts
+
+    def fair(workers: int) -> list[int]:
+        least, extra = divmod(DEFAULT_SHARDS, workers)
+        return [least + 1] * extra + [least] * (workers - extra)
+
+    counts = await settle([first, second])
+    assert counts[0] == [DEFAULT_SHARDS, 0], "the first beat that sees the newcomer gives nothing"
+    for before, after in itertools.pairwise(counts):
+        assert 0 <= before[0] - after[0] <= first.step  # given back in steps, never taken back
+        assert after[1] >= before[1]
+    assert counts[-1] == [128, 128]
+
+    async def epochs() -> dict[int, tuple[str, int]]:
+        rows = await pool.fetch("SELECT shard, owner, epoch FROM shard_leases")
+        return {int(r["shard"]): (str(r["owner"]), int(r["epoch"])) for r in rows}
+
+    settled = await epochs()
+    for _ in range(5):
+        await beat([first, second])
+    assert await epochs() == settled, "a settled split moved"
+
+    assert await third.tick() == {}
+    counts = await settle([first, second, third])
+    assert all(before[2] <= after[2] for before, after in itertools.pairwise(counts))
+    settled = await epochs()
+    for _ in range(5):
+        await beat([first, second, third])
+    assert await epochs() == settled, "a settled split moved"
+    owners = [owner for owner, _ in settled.values()]
+    assert sorted(owners.count(name) for name in "abc") == [85, 85, 86]
 
 
 async def test_join_leave_and_die(pool: asyncpg.Pool) -> None:
@@ -214,8 +284,9 @@ async def test_a_slow_reshard_does_not_let_the_leases_lapse(pool: asyncpg.Pool) 
     try:
         await watch.start()
         await until(lambda: covered([first], DEFAULT_SHARDS))
-        other.start()  # `slow` gives half back, and its reshard then hangs
+        other.start()  # `slow` gives half back in steps, and its first reshard then hangs
         await asyncio.wait_for(applying.wait(), 60)
+        await until(lambda: covered([first, other], fair_share(DEFAULT_SHARDS, 2)))
         hung = time.monotonic()
         while time.monotonic() - hung < 3 * LEASE_SECONDS:
             assert len(first.held()) == fair_share(DEFAULT_SHARDS, 2), "the leases lapsed"
@@ -227,3 +298,104 @@ async def test_a_slow_reshard_does_not_let_the_leases_lapse(pool: asyncpg.Pool) 
         await other.stop()
         await first.stop()
         await monitor.close()
+
+
+async def test_a_failed_reshard_is_applied_again_at_the_next_heartbeat(pool: asyncpg.Pool) -> None:
+    """The bridge fails to apply the last change of a hand-over (its database busy, say): the
+    next heartbeat applies it again, though the leases themselves changed no further."""
+    shards = 8
+    applied: list[int] = []
+
+    async def reshard(owns: Callable[[str], bool]) -> None:
+        count = sum(owns(f"{shard:08x}" + "00" * 28) for shard in range(shards))
+        applied.append(count)
+        if count == shards // 2 and applied.count(count) == 1:
+            raise RuntimeError("the bridge could not apply it")
+
+    first = ShardLeaser(pool, "first", LEASE_SECONDS, shards=shards)
+    watch = ShardWatch(first, reshard)
+    other = ShardLeaser(pool, "other", LEASE_SECONDS, shards=shards)
+    try:
+        await watch.start()
+        other.start()
+        await until(lambda: applied.count(shards // 2) >= 2)
+        assert watch.held() == sorted(first.held())
+    finally:
+        await watch.halt()
+        await other.stop()
+        await first.stop()
+
+
+async def test_a_heartbeat_that_returns_late_does_not_make_the_bridge_reload(
+    pool: asyncpg.Pool,
+) -> None:
+    """A heartbeat held up past the lease (here by a row lock; in production by an event loop
+    busy loading a million keys) comes back with every shard confirmed by the database: the
+    bridge keeps its keys instead of dropping them all and loading them again."""
+    shards = 8
+    applied: list[int] = []
+
+    async def reshard(owns: Callable[[str], bool]) -> None:
+        applied.append(sum(owns(f"{shard:08x}" + "00" * 28) for shard in range(shards)))
+
+    leaser = ShardLeaser(pool, "busy", LEASE_SECONDS, shards=shards)
+    watch = ShardWatch(leaser, reshard)
+    await watch.start()
+    assert applied == [shards]
+    async with pool.acquire() as blocker, pool.acquire() as observer:
+        try:
+            async with blocker.transaction():
+                await blocker.execute("SELECT 1 FROM workers WHERE worker_id = 'busy' FOR UPDATE")
+
+                async def heartbeat_waits() -> bool:
+                    return bool(await observer.fetchval(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                        " AND query LIKE 'INSERT INTO workers%'"
+                    ))
+
+                deadline = time.monotonic() + 60
+                while not await heartbeat_waits():
+                    assert time.monotonic() < deadline, "the heartbeat never reached the lock"
+                    await asyncio.sleep(0.02)
+                # the heartbeat began before it was seen waiting: once a lease has passed
+                # since then, whatever it returns is already older than a lease
+                waiting_since = time.monotonic()
+                await until(lambda: time.monotonic() > waiting_since + LEASE_SECONDS)
+                assert leaser.held() == {}  # the local view lapsed meanwhile
+            await until(lambda: len(leaser.held()) == shards)  # the late heartbeat came back
+            renewed = await observer.fetchval(
+                "SELECT heartbeat_at FROM workers WHERE worker_id = 'busy'"
+            )
+
+            async def beat_again() -> bool:
+                return bool(await observer.fetchval(
+                    "SELECT heartbeat_at > $1 FROM workers WHERE worker_id = 'busy'", renewed
+                ))
+
+            deadline = time.monotonic() + 60
+            while not await beat_again():
+                assert time.monotonic() < deadline, "no heartbeat after the late one"
+                await asyncio.sleep(0.02)
+        finally:
+            await watch.halt()
+    assert applied == [shards], "the bridge was told to drop its keys and reload them"
+    await leaser.stop()
+
+
+async def test_renewal_does_not_wait_for_the_takeover_of_an_expired_lease(
+    pool: asyncpg.Pool,
+) -> None:
+    """A lease of ours that expired is locked by a worker taking it over (whose transaction
+    may sit open while its event loop is busy): the heartbeat renews the rest and lets that
+    one go, instead of waiting on the lock (past the lock timeout, failing the heartbeat)."""
+    worker = ShardLeaser(pool, "a", LEASE_SECONDS, shards=4)
+    assert sorted(await worker.tick()) == [0, 1, 2, 3]
+    async with pool.acquire() as taker:
+        await taker.execute(
+            "UPDATE shard_leases SET expires_at = now() - interval '1 second' WHERE shard = 3"
+        )
+        async with taker.transaction():
+            await taker.execute("SELECT 1 FROM shard_leases WHERE shard = 3 FOR UPDATE")
+            held = await asyncio.wait_for(worker.tick(), 30)
+    assert sorted(held) == [0, 1, 2]
+    assert sorted(await worker.tick()) == [0, 1, 2, 3]  # free again: taken back

@@ -14,6 +14,7 @@ from pathlib import Path
 import asyncpg
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fakes.fake_apns import FakeApns
 from tests.fakes.harness import Credentials, provider_tables, toml_tables
@@ -91,6 +92,15 @@ async def test_serve_on_postgres_pushes_a_relayed_dm_once(
     assert "launch code" not in json.dumps(request.body)  # type: ignore[attr-defined]
     assert recipient.hex not in json.dumps(request.body)  # type: ignore[attr-defined]
     assert not list(service.folder.glob("*.db*")), "no SQLite file next to the config"
+    async with httpx.AsyncClient(base_url=service.admin_url, timeout=5) as admin:
+        worker = (await admin.get("/health")).json()["worker"]
+        text = (await admin.get("/metrics")).text
+    unlabelled = {
+        sample.name for family in text_string_to_metric_families(text)
+        for sample in family.samples if sample.labels.get("worker") != worker
+    }
+    assert unlabelled == set(), "every series of a worker names it"
+    assert 'sigil_push_pushes_total{outcome="accepted",provider="apns",worker=' in text
     assert_private(service, [recipient.hex, recipient.npub, token, str(sender.public_key().to_hex())])
 
 

@@ -15,6 +15,7 @@ import pytest
 
 from sigil_push.shards import DEFAULT_SHARDS, fair_share, shard_of
 from sigil_push.store.factory import PostgresStore, open_postgres
+from sigil_push.store.postgres.devices import shard_keys_sql
 
 KEYS = 40_000
 WORKERS = 4
@@ -67,3 +68,26 @@ async def test_watched_keys_narrowed_to_shards_match_shard_of(store: PostgresSto
     assert await devices.watched_keys() == {}
     print(f"watched_keys for {KEYS} keys: all {full_s * 1000:.0f} ms; one of {WORKERS} workers"
           f" {max(narrowed_s) * 1000:.0f} ms, about {KEYS // WORKERS} keys")
+
+
+
+async def test_narrowed_key_query_reads_the_shard_index(store: PostgresStore) -> None:
+    """At 256 shards the planner answers the narrowed query from `devices_by_shard`
+    (migration 0005) instead of evaluating the shard of every row of the table."""
+    keys = [secrets.token_hex(32) for _ in range(20_000)]
+    await store.db.run(
+        "INSERT INTO devices (pubkey, platform, token, registered_at, updated_at)"
+        " SELECT k, 'android', 'token-' || k, 0, 0 FROM unnest($1::text[]) AS k",
+        keys,
+    )
+    await store.db.run("ANALYZE devices")
+    for shards in ([3, 77, 200], list(range(64))):
+        plan = await store.db.fetch(
+            "EXPLAIN " + shard_keys_sql(DEFAULT_SHARDS), shards
+        )
+        text = "\n".join(str(row[0]) for row in plan)
+        assert "devices_by_shard" in text, text
+        store.devices.narrow_to(shards, DEFAULT_SHARDS)
+        assert set(await store.devices.watched_keys()) == {
+            k for k in keys if shard_of(k) in shards
+        }

@@ -13,6 +13,7 @@ Engine-specific code (device pairs, outbox claims) uses `fetch`/`fetchval`/`run`
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterable, Sequence
 from contextlib import asynccontextmanager
@@ -128,6 +129,9 @@ class PostgresDatabase:
 
     An owned connection that broke (server restart, network) is replaced by `reconnect` at the
     next statement, so a long-lived user such as the bridge committer recovers by retrying.
+    Statements on an owned connection take turns, as on one aiosqlite connection: the bridge's
+    committer, housekeeping and reshard share it, and asyncpg refuses a second operation while
+    one is in progress (an InterfaceError, which used to terminate the connection mid-commit).
     """
 
     def __init__(
@@ -138,18 +142,20 @@ class PostgresDatabase:
         self._pool = source if isinstance(source, asyncpg.Pool) else None
         self._owned = source if isinstance(source, asyncpg.Connection) else None
         self._reconnect = reconnect
+        self._turn = asyncio.Lock()
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[Connection]:
         """The owned connection, or one borrowed from the pool for the block."""
         if self._owned is not None:
-            if self._owned.is_closed() and self._reconnect is not None:
-                self._owned = await self._reconnect()
-            try:
-                yield self._owned
-            except BROKEN:
-                self._owned.terminate()  # whatever state it is in, the next use starts afresh
-                raise
+            async with self._turn:
+                if self._owned.is_closed() and self._reconnect is not None:
+                    self._owned = await self._reconnect()
+                try:
+                    yield self._owned
+                except BROKEN:
+                    self._owned.terminate()  # whatever state it is in, the next use starts afresh
+                    raise
         else:
             assert self._pool is not None
             async with self._pool.acquire() as borrowed:

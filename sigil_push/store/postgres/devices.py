@@ -43,6 +43,20 @@ log = logging.getLogger(__name__)
 Heard = Callable[[str], None]
 
 
+def shard_keys_sql(count: int) -> str:
+    """The query for the keys (and relays) of the shards in `$1` out of `count`.
+
+    It is `shard_of` in SQL: the key's leading 32 bits modulo the shard count. The count is a
+    literal, not a parameter, so that at 256 shards the expression is exactly the one indexed
+    by `devices_by_shard` (migration 0005) and a worker reads its own share of the table only.
+    """
+    return (
+        "SELECT pubkey, relays FROM devices WHERE"
+        f" (('x' || substr(pubkey, 1, 8))::bit(32)::bigint % {int(count)})::integer"
+        " = ANY($1::int[])"
+    )
+
+
 class PostgresDevices:
     """`DeviceStore` on PostgreSQL for worker `worker_id`."""
 
@@ -225,12 +239,8 @@ class PostgresDevices:
         if self._shards is None:
             rows = await self._db.fetch("SELECT pubkey, relays FROM devices")
         else:
-            # shard_of in SQL: the key's leading 32 bits modulo the shard count
-            rows = await self._db.fetch(
-                "SELECT pubkey, relays FROM devices WHERE"
-                " ('x' || substr(pubkey, 1, 8))::bit(32)::bigint % $2 = ANY($1::int[])",
-                *self._shards,
-            )
+            shards, count = self._shards
+            rows = await self._db.fetch(shard_keys_sql(count), shards)
         watched: dict[str, set[str]] = {}
         for row in rows:
             watched.setdefault(str(row[0]), set()).update(json.loads(str(row[1])))

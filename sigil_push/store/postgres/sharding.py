@@ -2,10 +2,10 @@
 
 Each heartbeat (every lease_seconds / 3) renews and balances the leases (`ShardLeaser.tick`);
 when the set held changed, a second task hands the bridge the new ownership test, so a long
-reshard never delays a renewal. When a heartbeat
-fails, what is held lapses by itself a lease period after the last renewal, and the bridge
-then lets go of those keys too: a worker cut off from the database stops watching keys that
-another worker is about to take over.
+reshard never delays a renewal. The bridge follows what the last successful heartbeat
+confirmed, even when it came back late. When heartbeats fail, what is held lapses by itself a
+lease period after the last renewal, and the bridge then lets go of those keys too: a worker
+cut off from the database stops watching keys that another worker is about to take over.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ class ShardWatch:
         self._reshard = reshard
         self._narrow = narrow
         self._held: frozenset[int] | None = None  # None: the bridge not yet told anything
+        self._target: frozenset[int] = frozenset()  # what the last heartbeat says to watch
         self._tasks: list[asyncio.Task[None]] = []
         self._changed = asyncio.Event()
         self._gauge = SHARDS_HELD.labels(leaser.worker_id)
@@ -60,37 +61,53 @@ class ShardWatch:
         seconds, and a heartbeat that waited for it would let the leases lapse meanwhile, so
         the shards would bounce between workers instead of settling.
         """
-        await self._tick()
+        self._target = await self._tick()
         await self._apply_held()
         self._tasks = [
             asyncio.create_task(self._renew(), name="shard-leases"),
             asyncio.create_task(self._apply_changes(), name="shard-apply"),
         ]
 
-    async def _tick(self) -> None:
+    async def _tick(self) -> frozenset[int]:
+        """One heartbeat; the shards the bridge should watch now.
+
+        After a heartbeat that succeeded, what the database just confirmed, even if the event
+        loop then stalled past the local view's lapse: a worker busy loading a million keys
+        would otherwise drop every key at its next heartbeat and load them all again, stalling
+        again, for ever. Watching a shard a moment longer than its lease is harmless (another
+        owner's pushes are deduplicated by the database), and the next heartbeat corrects it.
+        After a failed one, the local view, which lapses: a worker cut off from the database
+        lets go of its keys.
+        """
         try:
-            await self._leaser.tick()
+            return frozenset(await self._leaser.tick())
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
             log.warning("shard lease heartbeat failed: %s", type(exc).__name__)
+            return frozenset(self._leaser.held())
 
     async def _apply_held(self) -> None:
-        held = frozenset(self._leaser.held())
+        held = self._target
         # the first call always tells the bridge, even of no shards: until told, it would
         # watch every key
         if held != self._held:
             log.info("holding %d of %d key shards", len(held), self._leaser.shards)
-            self._held = held
+            told, self._held = self._held, held
             self._gauge.set(len(held))
             shards = self._leaser.shards
-            if self._narrow is not None:
-                self._narrow(held, shards)
-            await self._reshard(lambda pubkey: shard_of(pubkey, shards) in held)
+            try:
+                if self._narrow is not None:
+                    self._narrow(held, shards)
+                await self._reshard(lambda pubkey: shard_of(pubkey, shards) in held)
+            except BaseException:
+                # not applied: the next heartbeat must see a change and apply it again
+                self._held = told
+                raise
 
     async def _renew(self) -> None:
         while True:
             await asyncio.sleep(self._leaser.lease_seconds / 3)
-            await self._tick()
-            if frozenset(self._leaser.held()) != self._held:
+            self._target = await self._tick()
+            if self._target != self._held:
                 self._changed.set()
 
     async def _apply_changes(self) -> None:
