@@ -36,6 +36,7 @@ from sigil_push.ratelimit import RateLimiter
 from sigil_push.relays.connection import AuthUnavailable
 from sigil_push.relays.signer_link import SignerLinks, SignerUnreachable
 from sigil_push.sealed import Sealer, UnreadableSecret
+from sigil_push.store.auth_modes import LearnedAuthModes
 from sigil_push.store.errors import STORE_UNAVAILABLE
 from sigil_push.store.interface import Database, DeviceStore
 
@@ -96,6 +97,8 @@ class DelegatedAuth:
         self._throttle = RateLimiter(SIGNS_PER_MINUTE_PER_USER)
         self._listeners: list[StatusListener] = []
         self._housekeeping: set[asyncio.Task[None]] = set()
+        self.learned_modes = LearnedAuthModes(db)
+        """What gated relays taught about NIP-42, kept beside the sessions it serves."""
 
     def add_listener(self, listener: StatusListener) -> None:
         """Be told (pubkey, status) whenever a session changes status."""

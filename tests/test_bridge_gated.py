@@ -470,3 +470,37 @@ async def test_a_signer_that_will_not_sign_leaves_a_shared_connection(tmp_path: 
             await eventually(lambda w=wrap: wakeups(service)[w["id"]] == 1, "good users pushed")
         assert wakeups(service)[wraps[3]["id"]] == 0
         assert all(sign_requests(s) == 1 for s in good)
+
+
+@pytest.mark.parametrize("style", ["strfry", "chorus-multi"])
+async def test_a_learned_auth_mode_outlives_a_restart(tmp_path: Path, style: str) -> None:
+    """What a relay's answers taught is kept in the store: after a restart the bridge uses it
+    at once (no probe, nothing learned again) and each user's signer is asked exactly once,
+    for the user's new connection. Without it, strfry's probe would ask its second user twice
+    and chorus would be learned again."""
+    with delegating(tmp_path, gated_inbox(tmp_path / "gated", style)) as (
+        open_relay, gated, service, started
+    ):
+        signers = [RemoteSigner(open_relay.url).start() for _ in range(3)]
+        started += signers
+        service.start()
+        for signer in signers:
+            register(service, signer.user, new_token(), [gated.url], signer.bunker_uri)
+        expected = AUTH_MODES[style]
+        await eventually(lambda: users_on(service, gated.url) == (3, 0), "all reading", 90)
+        assert health(service)["relays"][gated.url]["auth_mode"] == expected
+        learned = "sigil_push_delegated_auth_modes_learned_total"
+        assert metric(service, learned, mode=expected) == 1
+
+        service.stop()
+        asked_before = [sign_requests(s) for s in signers]
+        service.start()
+        await eventually(lambda: users_on(service, gated.url) == (3, 0), "reading again", 90)
+        assert health(service)["relays"][gated.url]["auth_mode"] == expected
+        assert metric(service, learned) == 0
+        asked = [sign_requests(s) - before for s, before in zip(signers, asked_before, strict=True)]
+        assert asked == [1, 1, 1]
+        wraps = [gift_wrap(user(), s.user, "after the restart") for s in signers]
+        await publish(store_url(gated), *wraps)
+        for wrap in wraps:
+            await eventually(lambda w=wrap: wakeups(service)[w["id"]] == 1, "pushed once each")

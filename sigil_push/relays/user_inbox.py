@@ -19,7 +19,8 @@ the relay as refusing them.
 One key per connection, or several: strfry refuses a second AUTH (`OK false`), khatru lets it
 replace the first key, nostr-rs-relay answers `OK true` and keeps the first; chorus accepts
 several keys on one connection. Which one a relay does is learned from its answers, per relay
-URL, for the life of the process (`auth_mode` in /health):
+URL, and kept in the store (`store.auth_modes`), so a restart or another worker does not
+probe the relay again (`auth_mode` in /health):
 
 - `unknown`: one *probe* connection takes two users; the rest wait for the verdict (at most
   LEARN_SECONDS, then each gets a connection of their own, which is always safe). Once the first
@@ -59,6 +60,8 @@ from sigil_push.config import BridgeConfig
 from sigil_push.observations import ObservationLog
 from sigil_push.relays.connection import AuthSigner
 from sigil_push.relays.inbox_connection import USER_AUTHS, AuthMode, InboxConnection
+from sigil_push.store.auth_modes import LearnedAuthModes, LearnedMode
+from sigil_push.store.errors import STORE_UNAVAILABLE
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +125,9 @@ class SessionSource(Protocol):
 
     def signer_for(self, pubkey: str) -> AuthSigner: ...
 
+    @property
+    def learned_modes(self) -> LearnedAuthModes: ...
+
 
 class UserInboxes:
     """Opens, fills and closes the per-user connections so they always match their inputs."""
@@ -183,10 +189,27 @@ class UserInboxes:
         return self._modes.get(url, "unknown")
 
     async def _loop(self) -> None:
+        await self._restore_modes()
         while True:
             await self._wake.wait()
             self._wake.clear()
             self._reconcile()
+
+    async def _restore_modes(self) -> None:
+        """Before the first reconcile: the verdicts saved by an earlier run or another worker
+        (one learned since start-up wins). Without the store, every relay is probed again."""
+        try:
+            saved = await self._sessions.learned_modes.load()
+        except STORE_UNAVAILABLE as error:
+            log.warning("learned AUTH modes not loaded: %s", type(error).__name__)
+            return
+        for url, mode in saved.items():
+            self._modes.setdefault(url, mode)
+
+    def _save_mode(self, url: str, mode: LearnedMode) -> None:
+        task = asyncio.create_task(self._sessions.learned_modes.save(url, mode))
+        self._stopping.add(task)
+        task.add_done_callback(self._stopping.discard)
 
     # what the connections report --------------------------------------------------------
 
@@ -202,6 +225,8 @@ class UserInboxes:
         if self._modes.get(url) != mode:
             self._modes[url] = mode
             MODES_LEARNED.labels(mode).inc()
+            if mode != "unknown":
+                self._save_mode(url, mode)
             log.info(
                 "relay %s keeps %s (%s)", url,
                 "several authenticated keys per connection" if mode == "multi"

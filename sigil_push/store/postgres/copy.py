@@ -3,8 +3,8 @@
 Everything an instance remembers is copied: registrations (with their ids, which the outbox
 refers to), the outbox (claims dropped, so wakeups in flight when the old instance stopped go
 out again, under the same collapse ids since the collapse secret in `meta` comes along), the
-handled event ids, per-relay baselines and cursors, relay lists, delegated-auth sessions and
-NIP-98 ids. The SQLite file is first brought to this build's schema. Columns are matched by
+handled event ids, per-relay baselines and cursors, relay lists, delegated-auth sessions, learned
+AUTH modes and NIP-98 ids. The SQLite file is first brought to this build's schema. Columns are matched by
 name, so a column only one side has is left to its default.
 
 The target must hold no registrations and no outbox yet: copying into a live instance would
@@ -23,7 +23,7 @@ from sigil_push.store.sqlite.database import open_database
 
 TABLES = (
     "meta", "devices", "outbox", "nip98_used", "seen_events", "seen_on_relay",
-    "relay_baselines", "relay_cursors", "relay_lists", "auth_signers",
+    "relay_baselines", "relay_cursors", "relay_lists", "auth_signers", "relay_auth_modes",
 )
 _SERIAL = ("devices", "outbox")
 _DROPPED = {"outbox": {"claimed_ms"}}

@@ -24,7 +24,7 @@ class MigrationError(Exception):
 
 def _migrations_folder() -> Traversable:
     """The checkout's `migrations/` when running from source, else the installed copy."""
-    source_tree = Path(__file__).resolve().parent.parent / "migrations"
+    source_tree = Path(__file__).resolve().parents[3] / "migrations"
     if source_tree.is_dir():
         return source_tree
     return resources.files("sigil_push.migrations")
