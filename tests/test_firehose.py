@@ -265,7 +265,7 @@ async def test_a_copy_reuses_the_verified_original_and_a_forged_body_gains_nothi
         alice, sender = SecretKey.generate(), SecretKey.generate()
         me = alice.public_key_hex
         await devices.register(me, "android", "fcm-alice", "opaque", (), None, 0)
-        await poll(lambda: me in bridge._keys, what="alice watched")
+        await poll(lambda: me in bridge._registry.keys, what="alice watched")
         now_ms = int(time.time() * 1000)
         original = sign_event(sender, 4, "the real one", [["p", me]])
         altered = {**original.to_json(), "content": "injected", "created_at": 12345}
@@ -278,7 +278,7 @@ async def test_a_copy_reuses_the_verified_original_and_a_forged_body_gains_nothi
         assert {r["created_at"] for r in seen_records(tmp_path)} == {original.created_at}
         assert dropped(relays[1], "forged") == dropped(relays[1], "wrong_id") == 0
 
-        bridge._recent = RecentlyVerified(1)  # as if the copies came long after the original
+        bridge._ingest._recent = RecentlyVerified(1)  # as if the copies came long after the original
         bridge.on_user_event(relays[3], me, altered, now_ms, False)
         bridge.on_user_event(relays[4], me, bad_sig, now_ms, False)
         await poll(lambda: len(seen_records(tmp_path)) == 4, what="the genuine late copy recorded")

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from prometheus_client import REGISTRY
 
-from sigil_push.bridge import RECIPIENT_BURST, RELAY_QUEUE_CAP
+from sigil_push.bridge.ingest import RECIPIENT_BURST
+from sigil_push.bridge.pending import RELAY_QUEUE_CAP
 from sigil_push.nostr.event import sign_event
 from sigil_push.nostr.keys import SecretKey
 from tests.fakes.harness import eventually
@@ -35,7 +36,7 @@ async def test_one_relays_flood_pauses_only_that_relay_and_one_keys_flood_is_cap
         for key, token in ((mallory, "fcm-mallory"), (victim, "fcm-victim")):
             await devices.register(key.public_key_hex, "android", token, "opaque", (), None, 0)
         await eventually(
-            lambda: {mallory.public_key_hex, victim.public_key_hex} <= bridge._keys,
+            lambda: {mallory.public_key_hex, victim.public_key_hex} <= bridge._registry.keys,
             what="both keys watched",
         )
         me = mallory.public_key_hex

@@ -61,7 +61,7 @@ async def test_no_relay_input_raises_out_of_the_bridge(tmp_path: Path) -> None:
         db, devices, bridge = parts.db, parts.devices, parts.bridge
         pubkey = RECIPIENT.public_key_hex
         await devices.register(pubkey, "android", "fcm-fuzz", "opaque", (), None, 0)
-        await eventually(lambda: pubkey in bridge._keys, what="the key watched")
+        await eventually(lambda: pubkey in bridge._registry.keys, what="the key watched")
         bridge.relay_added(RELAY)
 
         @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))

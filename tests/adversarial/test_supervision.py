@@ -11,7 +11,7 @@ from typing import Any
 
 from prometheus_client import REGISTRY
 
-from sigil_push.bridge import Arrival, Bridge
+from sigil_push.bridge.pending import Arrival
 from sigil_push.nostr.event import sign_event
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.store.records import Device
@@ -49,28 +49,27 @@ async def test_a_failing_task_is_restarted_counted_and_reported_down() -> None:
     assert runs[2] - runs[1] > runs[1] - runs[0] > 0, "backoff grows"
 
 
-class PoisonedBridge(Bridge):
-    """A database that refuses one event's write (as an unforeseen value would)."""
-
-    poison = ""
-
-    async def _write(self, writes: list[tuple[Arrival, list[Device]]], *rest: Any) -> None:
-        if any(arrival.event.id == self.poison for arrival, _ in writes):
-            raise OverflowError("Python int too large to convert to SQLite INTEGER")
-        await super()._write(writes, *rest)
-
-
 async def test_a_poison_event_is_skipped_after_two_failures_and_the_rest_is_committed(
     tmp_path: Path,
 ) -> None:
     recipient, sender = SecretKey.generate(), SecretKey.generate()
-    async with in_process_bridge(tmp_path, bridge_class=PoisonedBridge) as parts:
+    async with in_process_bridge(tmp_path) as parts:
         db, devices, outbox, bridge = parts.db, parts.devices, parts.outbox, parts.bridge
         pubkey = recipient.public_key_hex
         await devices.register(pubkey, "android", "fcm-token", "opaque", (), None, 0)
-        await eventually(lambda: pubkey in bridge._keys, what="the key watched")
+        await eventually(lambda: pubkey in bridge._registry.keys, what="the key watched")
         events = [sign_event(sender, 4, f"m{i}", [["p", pubkey]]) for i in range(3)]
-        PoisonedBridge.poison = events[1].id
+        poison = events[1].id
+        committer = bridge._committer
+        write = committer._write
+
+        async def refusing(writes: list[tuple[Arrival, list[Device]]], *rest: Any) -> None:
+            """A database that refuses one event's write (as an unforeseen value would)."""
+            if any(arrival.event.id == poison for arrival, _ in writes):
+                raise OverflowError("Python int too large to convert to SQLite INTEGER")
+            await write(writes, *rest)
+
+        committer._write = refusing  # type: ignore[method-assign, assignment]
         before = REGISTRY.get_sample_value("sigil_push_bridge_poison_events_total") or 0.0
         for event in events:  # one batch: nothing yields in between
             bridge.on_user_event(RELAY, pubkey, event.to_json(), int(time.time() * 1000), False)

@@ -39,9 +39,8 @@ class InProcessBridge:
 async def in_process_bridge(
     folder: Path,
     relays: list[dict[str, Any]] | None = None,
-    bridge_class: type[Bridge] = Bridge,
 ) -> AsyncIterator[InProcessBridge]:
-    """A started `bridge_class` with its database (`push.db`) and observation log in `folder`;
+    """A started `Bridge` with its database (`push.db`) and observation log in `folder`;
     `relays` are the config's `[[relay]]` tables (none: only users' own relays)."""
     document: dict[str, Any] = {"server": {"database": "push.db"}}
     if relays:
@@ -52,7 +51,7 @@ async def in_process_bridge(
     await observations.start()
     devices = Devices(db)
     outbox = Outbox(db)
-    bridge = bridge_class(config, devices, outbox, observations, SecretKey.generate())
+    bridge = Bridge(config, devices, outbox, observations, SecretKey.generate())
     devices.add_listener(bridge.registration_changed)
     await bridge.start()
     try:

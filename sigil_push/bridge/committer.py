@@ -1,0 +1,281 @@
+"""The committer: pending arrivals → the devices they wake → outbox rows and seen ids, written
+in one transaction per batch, in arrival order, so the readers never wait on the disk.
+
+It has its own database connection, so each batch's outbox rows and seen ids are one
+transaction: after a crash either both are on disk or neither is, and a catch-up then pushes
+exactly what had not been handed to the outbox. It also makes ingest fast (one commit per
+batch instead of one per event). The shared outbox's `ready` is set after each commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+from sigil_push.bridge.metrics import (
+    BASELINED,
+    COMMIT_FAILURES,
+    LATENCY,
+    POISON,
+    PUSHED,
+    RelayCounters,
+)
+from sigil_push.bridge.pending import Arrival, DbOp, Pending
+from sigil_push.observations import ObservationLog
+from sigil_push.relays.discovery import RelayLists
+from sigil_push.relays.inbox import connected_inboxes
+from sigil_push.relays.pool import RelayPool
+from sigil_push.store.errors import TRANSIENT_ERRORS
+from sigil_push.store.interface import Database, DeviceStore, OutboxStore, SeenStore
+from sigil_push.store.records import Device
+
+log = logging.getLogger(__name__)
+
+COMMIT_ATTEMPTS = 5
+POISON_ATTEMPTS = 2
+DEVICE_CACHE_SIZE = 50_000
+
+CommitListener = Callable[[Sequence[tuple[str, int]]], None]
+
+
+class DatabaseUnavailable(Exception):
+    """The database stayed busy or locked through every retry (not the batch's fault)."""
+
+
+class Committer:
+    """Drains `Pending` into the database (`run`, one supervised task).
+
+    `counters` are ingest's per-relay counters; `registration_relays` is the key registry's
+    map of each key's registration relays (both the same objects, kept current by their
+    owners), read for the counters and the observation log only.
+    """
+
+    def __init__(
+        self,
+        pending: Pending,
+        devices: DeviceStore,
+        outbox: OutboxStore,
+        observations: ObservationLog,
+        pool: RelayPool,
+        counters: dict[str, RelayCounters],
+        registration_relays: Mapping[str, tuple[str, ...]],
+        insecure: bool,
+    ) -> None:
+        self._pending = pending
+        self._devices = devices
+        self._outbox = outbox
+        self._observations = observations
+        self._pool = pool
+        self._counters = counters
+        self._registration_relays = registration_relays
+        self._insecure = insecure
+        self._db: Database | None = None
+        self._writer: OutboxStore | None = None
+        self._seen: SeenStore
+        self._lists: RelayLists
+        self._listeners: list[CommitListener] = []
+        self._device_cache: dict[str, list[Device]] = {}
+        self._device_generation = 0
+        self._stopping = False
+
+    def attach(
+        self, db: Database, writer: OutboxStore, seen: SeenStore, lists: RelayLists
+    ) -> None:
+        """The committer's own connection and outbox on it, the dedupe and the relay lists."""
+        self._db, self._writer, self._seen, self._lists = db, writer, seen, lists
+
+    def add_listener(self, listener: CommitListener) -> None:
+        """Be told (event id, frame received ms) of every event whose wakeups reached the outbox."""
+        self._listeners.append(listener)
+
+    def devices_changed(self, pubkey: str) -> None:
+        """The key's devices changed: read them again before its next wakeup."""
+        self._device_cache.pop(pubkey, None)
+        self._device_generation += 1
+
+    def stop(self) -> None:
+        """Finish what is pending, then let `run` return."""
+        self._stopping = True
+        self._pending.work.set()
+
+    async def run(self) -> None:
+        work = self._pending.work
+        while True:
+            await work.wait()
+            work.clear()
+            while self._pending:
+                await self._commit_pending()
+            if self._stopping:
+                return
+
+    async def _commit_pending(self) -> None:
+        """Commit the next batch. A batch that raises is retried once, then committed event
+        by event, and an event that fails twice on its own is skipped and counted (`poison`):
+        one bad input never stops the loop nor comes back forever."""
+        batch, ops = self._pending.take()
+        try:
+            for attempt in range(POISON_ATTEMPTS):
+                try:
+                    await self._commit_retrying(batch, ops)
+                    return
+                except DatabaseUnavailable:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - a poison input: find and skip it
+                    log.warning("bridge commit of %d events failed (%s), attempt %d",
+                                len(batch), type(exc).__name__, attempt + 1)
+            for arrival in batch:
+                await self._commit_alone(arrival)
+            if ops:
+                await self._commit_retrying([], ops)
+        except DatabaseUnavailable:
+            COMMIT_FAILURES.inc(len(batch))
+            log.error("could not store %d events; their wakeups are lost", len(batch))
+
+    async def _commit_alone(self, arrival: Arrival) -> None:
+        for _ in range(POISON_ATTEMPTS):
+            try:
+                await self._commit_retrying([arrival], [])
+                return
+            except DatabaseUnavailable:
+                raise
+            except Exception:  # noqa: BLE001, S112 - counted below once it failed twice
+                continue
+        POISON.inc()
+        self._counters[arrival.relay].dropped["poison"].inc()
+        log.error("skipped an event that failed to commit %d times", POISON_ATTEMPTS)
+
+    async def _commit_retrying(self, batch: list[Arrival], ops: list[DbOp]) -> None:
+        """`_commit`, retried with backoff while the database is busy or locked."""
+        for attempt in range(COMMIT_ATTEMPTS):
+            try:
+                await self._commit(batch, ops)
+                return
+            except TRANSIENT_ERRORS as exc:
+                log.warning("bridge commit failed (%s: %s), attempt %d",
+                            type(exc).__name__, exc, attempt + 1)
+                await asyncio.sleep(0.1 * 2**attempt)
+        raise DatabaseUnavailable
+
+    async def _commit(self, batch: list[Arrival], ops: list[DbOp]) -> None:
+        """Decide, write, and only then remember the batch's ids as seen."""
+        new_events, further, to_push, decided = await self._decide(batch)
+        writes = await self._targets(to_push)
+        await self._write(writes, new_events, further, ops)
+        self._seen.remember(decided)
+        await self._lists.save()
+        if writes:
+            self._outbox.ready.set()
+            now = time.time()
+            committed = [(arrival.event.id, arrival.received_ms) for arrival, _ in writes]
+            for arrival, _ in writes:
+                LATENCY.observe(max(0.0, now - arrival.received_ms / 1000))
+            PUSHED.inc(len(writes))
+            for listener in self._listeners:
+                listener(committed)
+
+    async def _decide(self, batch: list[Arrival]) -> tuple[
+        list[tuple[str, str, int, int]], list[tuple[str, str, int]], list[Arrival],
+        dict[str, tuple[str, ...]],
+    ]:
+        """Which arrivals are new events, deliveries by a further relay, and wanted pushes;
+        and the deliveries to remember once they are on disk (not before: a failed write
+        must not make them look handled)."""
+        await self._seen.lookup(a.event.id for a in batch if not self._seen.known(a.event.id))
+        new_events: list[tuple[str, str, int, int]] = []
+        further: list[tuple[str, str, int]] = []
+        to_push: list[Arrival] = []
+        decided: dict[str, tuple[str, ...]] = {}
+        for arrival in batch:
+            event = arrival.event
+            is_new, first_here = self._seen.first_delivery(event.id, arrival.relay, decided)
+            if not first_here:
+                self._counters[arrival.relay].duplicates.inc()
+                continue
+            self._observations.seen(
+                arrival.relay, event.id, event.kind, event.created_at, arrival.received_ms
+            )
+            if not is_new:
+                further.append((event.id, arrival.relay, event.created_at))
+                continue
+            new_events.append((event.id, arrival.relay, arrival.received_ms, event.created_at))
+            if arrival.push_to:
+                to_push.append(arrival)
+                self._expect(arrival)
+            else:
+                BASELINED.inc()
+        return new_events, further, to_push, decided
+
+    def _expect(self, arrival: Arrival) -> None:
+        """Observation: the recipients' inbox relays that were connected as their DM arrived."""
+        relays = connected_inboxes(
+            arrival.push_to, self._lists, self._registration_relays, self._insecure,
+            self._pool.connected,
+        )
+        self._observations.expect(arrival.received_ms, arrival.event.id, relays)
+
+    async def _targets(self, arrivals: list[Arrival]) -> list[tuple[Arrival, list[Device]]]:
+        """The devices each event wakes: its recipients' devices registered before it arrived."""
+        if not arrivals:
+            return []
+        by_key = await self._devices_of(dict.fromkeys(r for a in arrivals for r in a.push_to))
+        writes = []
+        for arrival in arrivals:
+            late = arrival.since_registration
+            targets = [
+                device
+                for recipient in arrival.push_to
+                for device in by_key.get(recipient, ())
+                if device.registered_at * 1000 <= arrival.received_ms
+                and (recipient not in late or device.registered_at <= arrival.event.created_at)
+            ]
+            if targets:
+                writes.append((arrival, targets))
+            elif late:
+                BASELINED.inc()
+            else:
+                self._counters[arrival.relay].dropped["no_device"].inc()
+        return writes
+
+    async def _devices_of(self, recipients: Iterable[str]) -> dict[str, list[Device]]:
+        """Devices by recipient, from a cache that registration changes invalidate."""
+        cache = self._device_cache
+        missing = [r for r in recipients if r not in cache]
+        if missing:
+            generation = self._device_generation
+            found: dict[str, list[Device]] = {r: [] for r in missing}
+            for device in await self._devices.of_pubkeys(missing):
+                found[device.pubkey].append(device)
+            if generation == self._device_generation:
+                if len(cache) + len(found) > DEVICE_CACHE_SIZE:
+                    cache.clear()
+                cache.update(found)
+            else:
+                return found | {r: cache[r] for r in recipients if r in cache}
+        return cache
+
+    async def _write(
+        self,
+        writes: list[tuple[Arrival, list[Device]]],
+        new_events: list[tuple[str, str, int, int]],
+        further: list[tuple[str, str, int]],
+        ops: list[DbOp],
+    ) -> None:
+        """One transaction: the batch's wakeups, its seen ids, and the queued bookkeeping."""
+        db, writer = self._db, self._writer
+        assert db is not None and writer is not None
+        await db.execute("BEGIN IMMEDIATE")
+        try:
+            await writer.enqueue_many(
+                [(a.event, a.relay, a.received_ms, targets) for a, targets in writes]
+            )
+            await self._seen.save(new_events, further)
+            for sql, rows in ops:
+                await db.executemany(sql, rows)
+            await db.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(*TRANSIENT_ERRORS):
+                await db.execute("ROLLBACK")
+            raise

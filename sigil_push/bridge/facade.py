@@ -1,0 +1,208 @@
+"""The relay bridge: relay frame → verified event → matched devices → outbox, exactly once.
+
+`Bridge` only wires its parts and runs their life cycle; each seam is its own module:
+
+- `ingest`: frames in, verified arrivals out (synchronous, on the readers' tasks);
+- `pending`: the hand-off from ingest to the committer, and its back-pressure;
+- `committer`: arrivals → devices → outbox rows and seen ids, one transaction per batch;
+- `keys`: which keys are watched where (registrations, relay lists, shards);
+- `relay_state`: baselines, cursors and gated relays, for the pool and per-user connections.
+
+The pool and the per-user connections are handed the parts' own bound methods (set in
+`__init__`), so a frame costs no call through this class.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from sigil_push.bridge.committer import Committer
+from sigil_push.bridge.ingest import Ingest
+from sigil_push.bridge.keys import KeyRegistry
+from sigil_push.bridge.pending import Pending
+from sigil_push.bridge.relay_state import RelayState
+from sigil_push.config import Config
+from sigil_push.nostr.keys import SecretKey
+from sigil_push.observations import ObservationLog
+from sigil_push.relays.connection import BridgeKeySigner
+from sigil_push.relays.discovery import RelayLists, normalize_relay_url
+from sigil_push.relays.pool import RelayPool
+from sigil_push.relays.user_inbox import UserInboxes
+from sigil_push.store.factory import connect_bridge
+from sigil_push.store.interface import BridgeConnection, DeviceStore, OutboxStore, SeenStore
+from sigil_push.store.seen import SeenEvents
+from sigil_push.supervisor import Supervisor
+
+if TYPE_CHECKING:
+    from sigil_push.canary import Canary
+    from sigil_push.delegated_auth import DelegatedAuth
+
+log = logging.getLogger(__name__)
+
+HOUSEKEEPING_SECONDS = 60.0
+PRUNE_EVERY_SECONDS = 3600.0
+
+
+class Bridge:
+    """Watches every relay that may carry a registered key's DMs and feeds the outbox.
+
+    A Devices listener (`registration_changed`) and the owner of the relay pool (`on_event`,
+    `baselined`); `health()` is what the API shows per relay. With `delegated_auth`, it also
+    reads gated inboxes through per-user connections (`UserInboxes`, `on_user_event`).
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        devices: DeviceStore,
+        outbox: OutboxStore,
+        observations: ObservationLog,
+        key: SecretKey,
+        delegated_auth: DelegatedAuth | None = None,
+        supervisor: Supervisor | None = None,
+    ) -> None:
+        self._bridge = config.bridge
+        self.supervisor = supervisor if supervisor is not None else Supervisor()
+        self._config = config
+        self._link: BridgeConnection | None = None
+        self._seen: SeenStore
+        self._insecure = config.server.allow_insecure_relays
+        configured = [
+            url
+            for url in (normalize_relay_url(r.url, True) for r in config.relays if r.read)
+            if url is not None
+        ]
+        modes = {
+            url: relay.mode
+            for url, relay in ((normalize_relay_url(r.url, True), r) for r in config.relays)
+            if url is not None
+        }
+        self._pool = RelayPool(
+            self._bridge, configured, self, BridgeKeySigner(key), observations, modes
+        )
+        self._inboxes: UserInboxes | None = None
+        if delegated_auth is not None:
+            self._inboxes = UserInboxes(self, delegated_auth, observations, self._bridge)
+            delegated_auth.add_listener(self._inboxes.session_changed)
+        pending = Pending()
+        self._relays = RelayState(self._pool, pending, self._inboxes)
+        self._registry = KeyRegistry(
+            self._insecure, self._pool, devices, self._relays, self._inboxes
+        )
+        self._ingest = Ingest(
+            self._bridge, self._pool, pending, self._registry.keys, self._registry.lists_changed
+        )
+        self._committer = Committer(
+            pending, devices, outbox, observations, self._pool, self._ingest.counters,
+            self._registry.registration_relays, self._insecure,
+        )
+        self._tasks: list[asyncio.Task[None]] = []
+        # the pool's and the per-user connections' callbacks (PoolOwner, InboxOwner) and the
+        # service's hooks: the parts' own bound methods, so no frame passes through here
+        self.relay_added = self._ingest.relay_added
+        self.on_event = self._ingest.on_event
+        self.raw_event = self._ingest.raw_event
+        self.on_user_event = self._ingest.on_user_event
+        self.congested = pending.congested
+        self.drained = pending.drained
+        self.baselined = self._relays.baselined
+        self.baselines_of = self._relays.baselines_of
+        self.gated_relays = self._relays.gated_relays
+        self.relay_gated = self._relays.relay_gated
+        self.user_relays = self._registry.user_relays
+        self.reshard = self._registry.reshard
+        self.add_commit_listener = self._committer.add_listener
+
+    # life cycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._link = await connect_bridge(self._config)
+        try:
+            await self._load(self._link)
+        except BaseException:
+            await self._link.close()
+            raise
+        for name, loop in (
+            ("bridge-commit", self._committer.run),
+            ("bridge-registrations", self._registry.run),
+            ("bridge-housekeeping", self._housekeeping_loop),
+        ):
+            self._tasks.append(self.supervisor.spawn(name, loop, core=True))
+        self._registry.apply(self._registry.keys)
+        if self._inboxes is not None:
+            self._inboxes.start()
+        log.info(
+            "bridge watching %d keys on %d relays", len(self._registry.keys), len(self._pool.subs)
+        )
+
+    async def _load(self, link: BridgeConnection) -> None:
+        """Everything the bridge remembers, and the keys to watch, before any relay is opened."""
+        db = link.db
+        lists = RelayLists(db, self._insecure)
+        # dedupe must remember every id a catch-up can return again
+        retention = max(self._bridge.seen_retention_seconds, self._bridge.catchup_seconds)
+        self._seen = SeenEvents(db, retention, self._bridge.seen_cache_size)
+        self._registry.attach(db, lists)
+        self._ingest.attach(self._seen, lists)
+        self._committer.attach(db, link.outbox, self._seen, lists)
+        await self._seen.load()
+        await lists.load()
+        await self._relays.load(db, lists, self._registry.holds)
+        await self._registry.load()
+
+    async def stop(self) -> None:
+        """Close relays first, then finish what was already received, so nothing is lost."""
+        if self._inboxes is not None:
+            await self._inboxes.stop()
+        await self._pool.stop()
+        self._ingest.stop()
+        self._committer.stop()
+        committer, *others = self._tasks
+        for task in others:
+            task.cancel()
+        for task in others:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await committer
+        await self._relays.save_cursors()
+        if self._link is not None:
+            await self._link.close()
+
+    def add_probe(self, probe: Canary) -> None:
+        """Watch the canary key on its relays (before `start`). Events addressed to it alone are
+        handed to `probe.take` after verification: never pushed, never recorded as seen."""
+        self._registry.add_probe(probe)
+        self._ingest.add_probe(probe)
+
+    def registration_changed(self, pubkey: str) -> None:
+        """Devices listener: re-read the key's devices for its next wakeup, and re-plan its
+        subscriptions soon (coalesced)."""
+        self._committer.devices_changed(pubkey)
+        self._registry.registration_changed(pubkey)
+
+    # housekeeping -----------------------------------------------------------------------
+
+    async def _housekeeping_loop(self) -> None:
+        last_prune = 0.0
+        while True:
+            await asyncio.sleep(HOUSEKEEPING_SECONDS)
+            self._pool.note_live()
+            await self._relays.save_cursors()
+            self._ingest.forget_full_buckets()
+            if time.monotonic() - last_prune >= PRUNE_EVERY_SECONDS:
+                last_prune = time.monotonic()
+                removed = await self._seen.prune()
+                log.info("forgot %d event ids past retention", removed)
+
+    def health(self) -> dict[str, dict[str, Any]]:
+        """Per relay: the contract's `connected`/`last_event_at` plus the bridge's own detail,
+        including, for gated relays, how many users' delegated AUTH works or fails there."""
+        report = self._pool.health()
+        users = self._inboxes.health() if self._inboxes is not None else {}
+        for url, entry in report.items():
+            entry.update(users.get(url, {"users_authenticated": 0, "users_failed": 0}))
+        return report

@@ -1,0 +1,411 @@
+"""Ingest: a relay frame in, a verified arrival queued for the committer out.
+
+Frames are parsed, checked and verified synchronously as they arrive (no event is remembered or
+pushed before its id and BIP-340 signature verify), and whether an event is a pre-registration
+baseline is decided right then, from the REQ it answered. Nothing here waits on the database:
+the restart-proof dedupe is read from its in-memory cache, everything else is the committer's.
+The pool calls these methods directly, once per frame, so they hold what they use themselves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from sigil_push.bridge.metrics import RelayCounters
+from sigil_push.bridge.pending import Arrival, Pending
+from sigil_push.config import BridgeConfig
+from sigil_push.nostr.event import Event, InvalidEvent, compute_id
+from sigil_push.relays.discovery import LIST_KINDS_SET, RelayLists
+from sigil_push.relays.pool import RelayPool
+from sigil_push.relays.subscriptions import DM_KINDS, RelaySubscriptions
+from sigil_push.store.interface import SeenStore
+from sigil_push.verified import RecentlyVerified, Verified
+
+if TYPE_CHECKING:
+    from sigil_push.canary import Canary
+
+MAX_FUTURE_SECONDS = 15 * 60
+GIFT_WRAP_LAG_SECONDS = 2 * 24 * 3600
+"""NIP-59 lets a gift wrap's `created_at` lag up to two days behind its real time."""
+PAST_SLACK_SECONDS = GIFT_WRAP_LAG_SECONDS + 15 * 60
+RECIPIENT_EVENTS_PER_SECOND = 1.0
+RECIPIENT_BURST = 60.0
+"""Per recipient key, across relays: a DM flood to one key (e.g. to oneself) stays that key's
+cost. Twice the default per-device push rate (30 a minute): wakeups past it would only
+coalesce into the same "new message" anyway."""
+UNADDRESSED_FLUSH_SECONDS = 0.5
+RECENTLY_VERIFIED = 10_000
+"""Verified events kept by id for the copies other relays deliver (10 to 20 s at 1,000/s)."""
+
+
+class TokenBucket:
+    """`rate` tokens a second up to `burst`; `take()` spends one if there is one."""
+
+    __slots__ = ("_burst", "_rate", "_stamp", "_tokens")
+
+    def __init__(self, rate: float, burst: float) -> None:
+        self._rate, self._burst = rate, burst
+        self._tokens = burst
+        self._stamp = time.monotonic()
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self._tokens = min(self._burst, self._tokens + (now - self._stamp) * self._rate)
+        self._stamp = now
+        if self._tokens < 1.0:
+            return False
+        self._tokens -= 1.0
+        return True
+
+    def full(self) -> bool:
+        """Refilled completely (so forgetting the bucket changes nothing)."""
+        elapsed = time.monotonic() - self._stamp
+        return self._tokens + elapsed * self._rate >= self._burst
+
+
+class Ingest:
+    """The readers' side of the bridge: every frame from the pool's shared connections
+    (`raw_event`, `on_event`) and from users' own connections to gated relays
+    (`on_user_event`), dropped with a counted reason or queued as an `Arrival`.
+
+    `keys` is the key registry's set of watched keys (the same set, kept current there);
+    `lists_changed` tells the registry that a key's relay list was replaced.
+    """
+
+    def __init__(
+        self,
+        settings: BridgeConfig,
+        pool: RelayPool,
+        pending: Pending,
+        keys: set[str],
+        lists_changed: Callable[[str], None],
+    ) -> None:
+        self._bridge = settings
+        self._pool = pool
+        self._enqueue = pending.enqueue
+        self._keys = keys
+        self._lists_changed = lists_changed
+        self._recent = RecentlyVerified(RECENTLY_VERIFIED)
+        self._unaddressed: dict[str, int] = {}
+        self._unaddressed_flush: asyncio.TimerHandle | None = None
+        self._recipient_buckets: dict[str, TokenBucket] = {}
+        self.counters: dict[str, RelayCounters] = {}
+        """By relay URL; the committer counts its own drops (duplicates, no device) here too."""
+        self._lists: RelayLists
+        self._seen: SeenStore
+        self._probe: Canary | None = None
+
+    def attach(self, seen: SeenStore, lists: RelayLists) -> None:
+        """The dedupe and the relay lists, once the bridge has loaded them (before any frame)."""
+        self._seen, self._lists = seen, lists
+
+    def add_probe(self, probe: Canary) -> None:
+        self._probe = probe
+
+    def stop(self) -> None:
+        """Count the unaddressed frames still held back (the relays are closed by now)."""
+        if self._unaddressed_flush is not None:
+            self._unaddressed_flush.cancel()
+            self._flush_unaddressed()
+
+    def forget_full_buckets(self) -> None:
+        """Housekeeping: drop the quota buckets that have refilled (forgetting them is free)."""
+        self._recipient_buckets = {
+            key: bucket for key, bucket in self._recipient_buckets.items() if not bucket.full()
+        }
+
+    # pool callbacks (synchronous, on the readers' tasks) ----------------------------------
+
+    def relay_added(self, url: str) -> None:
+        self.counters[url] = RelayCounters(url)
+
+    def on_user_event(
+        self, url: str, pubkey: str, raw: Any, received_ms: int, baseline: bool
+    ) -> None:
+        """An event from `pubkey`'s own connection to a gated relay: the same checks, dedupe
+        and commit path as `on_event`, pushed to that user only (it answered their REQ) and
+        not at all when it predates their first subscription there (`baseline`)."""
+        counters = self.counters.get(url)
+        if counters is None:
+            counters = self.counters[url] = RelayCounters(url)
+        counters.received.inc()
+        entry = self._admit(counters, url, "", raw, received_ms, lists=False)
+        if entry is None:
+            return
+        event = entry.event
+        if event.kind not in DM_KINDS:
+            counters.dropped["wrong_kind"].inc()
+            return
+        if pubkey not in self._keys or pubkey not in event.tag_values("p"):
+            counters.dropped["unknown_recipient"].inc()
+            return
+        self._hand_over(counters, entry, url, received_ms, () if baseline else (pubkey,))
+
+    def on_event(self, url: str, sub_id: str, raw: Any, received_ms: int) -> None:
+        """An event from the pool's connection to `url`. It may wake only keys subscribed on
+        that relay (a relay cannot push keys it was never asked about; on a firehose relay
+        every key there counts as subscribed). The signature is checked before any recipient
+        lookup, so a forged event counts as `forged` whether or not its recipient is
+        registered: public counters do not tell who is. The one lookup that comes first is the
+        firehose's: an event naming no key on the relay is dropped as `unaddressed` before
+        any parse or signature check, which is what makes reading every DM affordable."""
+        counters = self.counters[url]
+        counters.received.inc()
+        subs = self._pool.subs.get(url)
+        subscribed: Mapping[str, int] = subs.keys if subs is not None else {}
+        if subs is not None and subs.firehose and not _addressed(raw, subscribed):
+            counters.dropped["unaddressed"].inc()
+            self._stored_anyway(url, sub_id, raw)
+            return
+        configured = self._pool.plan.is_configured(url)
+        entry = self._admit(counters, url, sub_id, raw, received_ms, lists=configured)
+        if entry is None:
+            return
+        self._route(counters, subs, url, sub_id, entry, received_ms, configured)
+
+    def _route(
+        self,
+        counters: RelayCounters,
+        subs: RelaySubscriptions | None,
+        url: str,
+        sub_id: str,
+        entry: Verified,
+        received_ms: int,
+        configured: bool,
+    ) -> None:
+        """A verified event from the shared connection to `url`: to the recipients subscribed
+        there, the relay lists, or the canary."""
+        subscribed: Mapping[str, int] = subs.keys if subs is not None else {}
+        event = entry.event
+        if event.kind in DM_KINDS:
+            recipients = tuple(dict.fromkeys(p for p in event.tag_values("p") if p in subscribed))
+            if not recipients:
+                counters.dropped["unknown_recipient"].inc()
+                return
+        elif event.kind in LIST_KINDS_SET and configured:
+            if event.pubkey not in subscribed:
+                counters.dropped["unknown_recipient"].inc()
+                return
+            if self._lists.offer(event):
+                self._lists_changed(event.pubkey)
+            return
+        else:
+            counters.dropped["wrong_kind"].inc()
+            return
+        if subs is not None:
+            subs.stored(sub_id, event.created_at)
+        if self._probe is not None and self._probe.take(url, event):
+            return
+        if subs is not None and subs.firehose:
+            since_registration = tuple(r for r in recipients if subs.catching_up(sub_id, r))
+            self._hand_over(counters, entry, url, received_ms, recipients, since_registration)
+            return
+        push_to = tuple(r for r in recipients if subs is None or not subs.is_baseline(sub_id, r))
+        self._hand_over(counters, entry, url, received_ms, push_to)
+
+    def raw_event(self, url: str, frame: str, received_ms: int) -> bool:
+        """A frame from the shared connection to `url`, before it is parsed; True when it was
+        handled here, so it is never parsed at all:
+
+        - on a live firehose, a frame naming no key on the relay is dropped and counted as
+          `unaddressed`. The scan finds every `"p","<hex>"` pair in the raw text; in JSON
+          such a pair can only be structure (quotes inside strings are escaped), so a pair
+          found in the wrong place only sends the frame on to the full checks, never drops
+          it. Relay lists and frames before a REQ's EOSE always take the full path;
+        - a copy of an event verified moments ago (its id found in the text) is that relay's
+          delivery of the verified original, exactly as in `_admit`: nothing else of the
+          frame is used, so a relay that wraps a known id in another body gains only the
+          record that it delivered that id.
+        """
+        subs = self._pool.subs.get(url)
+        if subs is None or not frame.startswith('["EVENT"'):
+            return False
+        if subs.streaming and self._unaddressed_frame(url, frame, subs.keys):
+            return True
+        found = _EVENT_ID.search(frame)
+        entry = self._recent.get(found.group(1)) if found is not None else None
+        head = _FRAME_HEAD.match(frame) if entry is not None else None
+        if entry is None or head is None:
+            return False
+        counters = self.counters[url]
+        counters.received.inc()
+        sub_id, event = head.group(1), entry.event
+        if self._seen.delivered_by(event.id, url):
+            counters.duplicates.inc()
+            if event.kind in DM_KINDS:
+                subs.stored(sub_id, event.created_at)
+            return True
+        configured = self._pool.plan.is_configured(url)
+        self._route(counters, subs, url, sub_id, entry, received_ms, configured)
+        return True
+
+    def _unaddressed_frame(self, url: str, frame: str, keys: Mapping[str, int]) -> bool:
+        for key, list_kind in _ADDRESSING.findall(frame):
+            if list_kind or key in keys:
+                return False
+        # counted in bulk (a lock-free int now, the Prometheus counters within a second):
+        # two locked increments would cost as much as the scan itself
+        self._unaddressed[url] = self._unaddressed.get(url, 0) + 1
+        if self._unaddressed_flush is None:
+            self._unaddressed_flush = asyncio.get_running_loop().call_later(
+                UNADDRESSED_FLUSH_SECONDS, self._flush_unaddressed
+            )
+        return True
+
+    def _flush_unaddressed(self) -> None:
+        counts, self._unaddressed = self._unaddressed, {}
+        self._unaddressed_flush = None
+        for url, count in counts.items():
+            counters = self.counters.get(url)
+            if counters is not None:
+                counters.received.inc(count)
+                counters.dropped["unaddressed"].inc(count)
+
+    def _admit(
+        self, counters: RelayCounters, url: str, sub_id: str, raw: Any, received_ms: int,
+        lists: bool,
+    ) -> Verified | None:
+        """The verified event behind a frame, or None when the frame was dropped (counted), a
+        repeat from this relay, or a further relay's copy of a handled event (its delivery is
+        queued here). A copy of an event verified moments ago reuses that verified original:
+        no parse, no signature check, and nothing of the copy's own body is used."""
+        event_id = raw.get("id") if isinstance(raw, dict) else None
+        if type(event_id) is str:
+            if self._seen.delivered_by(event_id, url):
+                counters.duplicates.inc()
+                self._stored_anyway(url, sub_id, raw)
+                return None
+            entry = self._recent.get(event_id)
+            if entry is not None:
+                return entry
+            if self._seen.known(event_id):
+                self._handled_copy(counters, url, sub_id, raw, received_ms)
+                return None
+        try:
+            event = Event.from_json(raw)
+        except InvalidEvent:
+            counters.dropped["malformed"].inc()
+            return None
+        is_list = event.kind in LIST_KINDS_SET
+        if event.kind not in DM_KINDS and not (is_list and lists):
+            counters.dropped["wrong_kind"].inc()
+            return None
+        if not (self._in_window(counters, event, is_list) and self._verified(counters, event)):
+            return None
+        return self._recent.add(event)
+
+    def _handled_copy(
+        self, counters: RelayCounters, url: str, sub_id: str, raw: Any, received_ms: int
+    ) -> None:
+        """A further relay's copy of an event already handled (pushed or baselined) that is no
+        longer among the recently verified. It can push nothing, so only its delivery is
+        recorded; its id is recomputed from its body (a hash, not a signature check: that id
+        was verified when first handled), so the record carries the true kind and time."""
+        try:
+            event = Event.from_json(raw)
+        except InvalidEvent:
+            counters.dropped["malformed"].inc()
+            return
+        if compute_id(event.pubkey, event.created_at, event.kind, event.tags, event.content) != (
+            event.id
+        ):
+            counters.dropped["wrong_id"].inc()
+            return
+        subs = self._pool.subs.get(url)
+        if subs is not None:
+            subs.stored(sub_id, event.created_at)
+        self._enqueue(Arrival(event, url, received_ms, ()))
+
+    def _hand_over(
+        self,
+        counters: RelayCounters,
+        entry: Verified,
+        url: str,
+        received_ms: int,
+        push_to: tuple[str, ...],
+        since_registration: tuple[str, ...] = (),
+    ) -> None:
+        """Queue for the committer. Recipients' quotas are spent once per event, not once per
+        relay that delivers a copy (the committer pushes an event at most once anyway)."""
+        if push_to and not entry.enqueued and not self._within_quota(counters, push_to):
+            return
+        entry.enqueued = True
+        self._enqueue(Arrival(entry.event, url, received_ms, push_to, since_registration))
+
+    def _in_window(self, counters: RelayCounters, event: Event, is_list: bool) -> bool:
+        """`created_at` within [now - catch-up - slack, now + 15 min], checked before anything
+        is stored: a far-future time would overflow the database's integers or pin a relay
+        list forever, an old one is a replay from past the dedupe window. Relay lists are
+        long-lived replaceable events, so only their upper bound applies."""
+        now = int(time.time())
+        if event.created_at > now + MAX_FUTURE_SECONDS:
+            counters.dropped["too_new"].inc()
+            return False
+        if not is_list and event.created_at < now - self._bridge.catchup_seconds - PAST_SLACK_SECONDS:
+            counters.dropped["too_old"].inc()
+            return False
+        return True
+
+    def _within_quota(self, counters: RelayCounters, push_to: tuple[str, ...]) -> bool:
+        """Spend one token of each recipient's bucket; False (counted) when none had one."""
+        allowed = False
+        for recipient in push_to:
+            bucket = self._recipient_buckets.get(recipient)
+            if bucket is None:
+                bucket = self._recipient_buckets[recipient] = TokenBucket(
+                    RECIPIENT_EVENTS_PER_SECOND, RECIPIENT_BURST
+                )
+            allowed = bucket.take() or allowed
+        if not allowed:
+            counters.dropped["recipient_quota"].inc()
+        return allowed
+
+    def _stored_anyway(self, url: str, sub_id: str, raw: Any) -> None:
+        """A DM this relay already delivered still took a place in its answer to a REQ: count
+        it, or a page that the relay's limit cut short looks complete whenever the committer
+        has already marked the copy from the previous page (they overlap at `until`)."""
+        subs = self._pool.subs.get(url)
+        created_at = raw.get("created_at") if isinstance(raw, dict) else None
+        if subs is not None and type(created_at) is int and raw.get("kind") in DM_KINDS:
+            subs.stored(sub_id, created_at)
+
+    @staticmethod
+    def _verified(counters: RelayCounters, event: Event) -> bool:
+        """Id and signature check, last because it is the costliest; failures counted by kind."""
+        try:
+            event.verify()
+        except InvalidEvent as exc:
+            counters.dropped["wrong_id" if exc.reason == "id_mismatch" else "forged"].inc()
+            return False
+        return True
+
+
+_ADDRESSING = re.compile(r'"p"\s*,\s*"([0-9a-f]{64})"|"kind"\s*:\s*(10050|10002)\b')
+"""A `p` tag's key, or a relay-list kind, in a raw EVENT frame (one pass over the text)."""
+_EVENT_ID = re.compile(r'"id"\s*:\s*"([0-9a-f]{64})"')
+_FRAME_HEAD = re.compile(r'\["EVENT"\s*,\s*"([^"\\]{1,64})"\s*,')
+
+
+def _addressed(raw: Any, keys: Mapping[str, int]) -> bool:
+    """Firehose, before any validation: does the frame name a key on this relay (a DM's `p`
+    tag, a relay list's author)? One hash lookup per tag. A frame too odd to tell goes on to
+    the full checks, which count it as malformed."""
+    if not isinstance(raw, dict):
+        return True
+    kind = raw.get("kind")
+    if type(kind) is int and kind in LIST_KINDS_SET:
+        author = raw.get("pubkey")
+        return type(author) is str and author in keys
+    tags = raw.get("tags")
+    if type(tags) is not list:
+        return True
+    for tag in tags:
+        if type(tag) is list and len(tag) >= 2 and tag[0] == "p":
+            value = tag[1]
+            if type(value) is str and value in keys:
+                return True
+    return False

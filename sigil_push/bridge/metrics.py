@@ -1,0 +1,47 @@
+"""The bridge's Prometheus metrics, shared by ingest (what arrives and is dropped) and the
+committer (what reaches the outbox), and each relay's counters bound once."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+DROP_REASONS = (
+    "malformed", "wrong_kind", "unknown_recipient", "wrong_id", "forged", "no_device",
+    "too_old", "too_new", "recipient_quota", "poison", "unaddressed",
+)
+
+RECEIVED = Counter("sigil_push_bridge_events_received_total", "EVENT frames received", ["relay"])
+DROPPED = Counter(
+    "sigil_push_bridge_events_dropped_total", "Events dropped, by reason", ["relay", "reason"]
+)
+DUPLICATES = Counter(
+    "sigil_push_bridge_events_duplicate_total", "Events this relay had already delivered", ["relay"]
+)
+BASELINED = Counter(
+    "sigil_push_bridge_events_baselined_total", "Pre-registration events remembered, not pushed"
+)
+PUSHED = Counter("sigil_push_bridge_events_pushed_total", "Events handed to the outbox")
+LATENCY = Histogram(
+    "sigil_push_bridge_frame_to_outbox_seconds",
+    "From frame received to its wakeups on disk in the outbox",
+    buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0),
+)
+KEYS = Gauge("sigil_push_bridge_watched_keys", "Registered keys the bridge subscribes for")
+COMMIT_FAILURES = Counter(
+    "sigil_push_bridge_commit_failures_total", "Wakeups lost because the database refused them"
+)
+QUEUE = Gauge("sigil_push_bridge_commit_queue_events", "Verified events waiting for the committer")
+POISON = Counter(
+    "sigil_push_bridge_poison_events_total", "Events skipped after failing to commit twice"
+)
+
+
+class RelayCounters:
+    """One relay's counters, bound once: label lookups per event would cost more than parsing."""
+
+    __slots__ = ("dropped", "duplicates", "received")
+
+    def __init__(self, url: str) -> None:
+        self.received = RECEIVED.labels(url)
+        self.duplicates = DUPLICATES.labels(url)
+        self.dropped = {reason: DROPPED.labels(url, reason) for reason in DROP_REASONS}

@@ -1,0 +1,90 @@
+"""What the bridge keeps per relay beside the pool's live connections: each relay's baselines
+(the keys whose first subscription there is past, so older events are not pushed) and live
+cursors in the database, the users' relay lists' rows, and which relays are gated (the
+per-user connections' side). Its database writes go through `Pending`, so they land in the
+committer's transactions behind the events they belong with."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection, Iterable
+
+from sigil_push.bridge.pending import Pending
+from sigil_push.relays.discovery import RelayLists
+from sigil_push.relays.pool import RelayPool
+from sigil_push.relays.user_inbox import UserInboxes
+from sigil_push.store.interface import Database
+
+INSERT_BASELINES = (
+    "INSERT INTO relay_baselines (relay, pubkey, baselined_at) VALUES (?, ?, ?)"
+    " ON CONFLICT DO NOTHING"
+)
+
+
+class RelayState:
+    """The pool's and the per-user connections' persistent bookkeeping (`baselined`,
+    `baselines_of`, `gated_relays`, `relay_gated`), loaded at start and saved as it changes."""
+
+    def __init__(self, pool: RelayPool, pending: Pending, inboxes: UserInboxes | None) -> None:
+        self._pool = pool
+        self._pending = pending
+        self._inboxes = inboxes
+        self._db: Database | None = None
+        self._lists: RelayLists
+
+    async def load(self, db: Database, lists: RelayLists, held: Callable[[str], bool]) -> None:
+        """The stored baselines of the keys `held` accepts, and every relay's cursor."""
+        self._db, self._lists = db, lists
+        baselines: dict[str, set[str]] = {}
+        async with db.execute("SELECT relay, pubkey FROM relay_baselines") as cursor:
+            async for relay, pubkey in cursor:
+                # several workers: hold only our shards' baselines (`adopt` loads the others')
+                if held(str(pubkey)):
+                    baselines.setdefault(str(relay), set()).add(str(pubkey))
+        async with db.execute("SELECT relay, live_until FROM relay_cursors") as cursor:
+            cursors = {str(relay): int(live_until) async for relay, live_until in cursor}
+        self._pool.load(baselines, cursors)
+
+    async def adopt(self, db: Database, arriving: Collection[str]) -> None:
+        """Keys another worker watched until now: take the baselines it stored for them."""
+        for relay, pubkey in await db.execute_fetchall("SELECT relay, pubkey FROM relay_baselines"):
+            if pubkey in arriving:
+                self._pool.baselines_of(str(relay)).add(str(pubkey))
+
+    def forget_keys(self, removed: list[str]) -> None:
+        """Keys no longer registered anywhere: their lists and baselines go."""
+        self._lists.forget(removed)
+        self._pending.add_op(
+            "DELETE FROM relay_baselines WHERE pubkey = ?", [(p,) for p in removed]
+        )
+        self._pending.add_op("DELETE FROM relay_lists WHERE pubkey = ?", [(p,) for p in removed])
+
+    def forget_baselines(self, left: Iterable[tuple[str, str]]) -> None:
+        """(relay, key) pairs whose baseline is void: the key left that relay."""
+        self._pending.add_op(
+            "DELETE FROM relay_baselines WHERE relay = ? AND pubkey = ?", list(left)
+        )
+
+    async def save_cursors(self) -> None:
+        if self._pool.cursors and self._db is not None:
+            await self._db.executemany(
+                "INSERT INTO relay_cursors (relay, live_until) VALUES (?, ?)"
+                " ON CONFLICT (relay) DO UPDATE SET live_until = excluded.live_until",
+                list(self._pool.cursors.items()),
+            )
+
+    # pool and per-user connection callbacks -----------------------------------------------
+
+    def baselined(self, url: str, keys: frozenset[str]) -> None:
+        now = int(time.time())
+        self._pending.add_op(INSERT_BASELINES, [(url, pubkey, now) for pubkey in keys])
+
+    def baselines_of(self, url: str) -> set[str]:
+        return self._pool.baselines_of(url)
+
+    def gated_relays(self) -> set[str]:
+        return set(self._pool.gated())
+
+    def relay_gated(self, url: str) -> None:
+        if self._inboxes is not None:
+            self._inboxes.changed()
