@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from sigil_push.bridge.metrics import KEYS
 from sigil_push.bridge.relay_state import RelayState
 from sigil_push.relays.discovery import RelayLists, normalize_relay_url
-from sigil_push.relays.pool import RelayPool
+from sigil_push.relays.pool import NO_RELAYS, RelayPool
 from sigil_push.relays.user_inbox import UserInboxes
 from sigil_push.store.interface import Database, DeviceStore
 
@@ -26,7 +26,12 @@ def _every_key(_pubkey: str) -> bool:
 
 class KeyRegistry:
     """`keys` and `registration_relays` are read by ingest and the committer (the same
-    objects, changed only here); `run` applies registration and relay list changes."""
+    objects, changed only here); `run` applies registration and relay list changes.
+
+    A million keys must fit a worker's memory: a key is one string, shared by every structure
+    that holds it, and a slot in `keys`; only keys that name relays of their own have entries
+    in `registration_relays` and the user relays (absent means none).
+    """
 
     def __init__(
         self,
@@ -84,7 +89,7 @@ class KeyRegistry:
     def user_relays(self, pubkey: str) -> frozenset[str]:
         """The user's own DM relays (registration, kind 10050/10002), configured ones included
         only when the user lists them too: the only relays where the bridge may AUTH as them."""
-        return self._user_relays.get(pubkey, frozenset())
+        return self._user_relays.get(pubkey, NO_RELAYS)
 
     def _set_key(self, pubkey: str, registration_relays: tuple[str, ...]) -> None:
         own = {
@@ -94,8 +99,16 @@ class KeyRegistry:
         inbox = listed or tuple(sorted(own))
         own.update(listed)
         self.keys.add(pubkey)
-        self._user_relays[pubkey] = frozenset(own)
-        self.registration_relays[pubkey] = registration_relays
+        # most keys name no relay: they get no entry in these two (a frozenset and two dict
+        # slots each were 280 of a key's 900 bytes)
+        if own:
+            self._user_relays[pubkey] = frozenset(own)
+        else:
+            self._user_relays.pop(pubkey, None)
+        if registration_relays:
+            self.registration_relays[pubkey] = registration_relays
+        else:
+            self.registration_relays.pop(pubkey, None)
         self._pool.plan.set_key(pubkey, own, inbox)
 
     async def run(self) -> None:

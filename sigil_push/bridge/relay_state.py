@@ -7,7 +7,7 @@ committer's transactions behind the events they belong with."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import AsyncIterator, Callable, Collection, Iterable
 
 from sigil_push.bridge.pending import Pending
 from sigil_push.relays.discovery import RelayLists
@@ -21,6 +21,28 @@ INSERT_BASELINES = (
 )
 
 
+BASELINE_PAGE = 10_000
+"""Rows of `relay_baselines` per query when they are read: PostgreSQL hands a query's rows over
+all at once, and a million rows alive together were the biggest part of a restart's peak."""
+
+
+async def _baseline_rows(db: Database) -> AsyncIterator[tuple[str, str]]:
+    """Every (relay, pubkey) baseline, BASELINE_PAGE rows per query in primary key order (each
+    page starts after the last row of the one before, so it is an index range on both engines)."""
+    after = ("", "")
+    while True:
+        rows = list(await db.execute_fetchall(
+            "SELECT relay, pubkey FROM relay_baselines WHERE (relay, pubkey) > (?, ?)"
+            " ORDER BY relay, pubkey LIMIT ?",
+            (*after, BASELINE_PAGE),
+        ))
+        for relay, pubkey in rows:
+            yield str(relay), str(pubkey)
+        if len(rows) < BASELINE_PAGE:
+            return
+        after = (str(rows[-1][0]), str(rows[-1][1]))
+
+
 class RelayState:
     """The pool's and the per-user connections' persistent bookkeeping (`baselined`,
     `baselines_of`, `gated_relays`, `relay_gated`), loaded at start and saved as it changes."""
@@ -32,24 +54,30 @@ class RelayState:
         self._db: Database | None = None
         self._lists: RelayLists
 
-    async def load(self, db: Database, lists: RelayLists, held: Callable[[str], bool]) -> None:
-        """The stored baselines of the keys `held` accepts, and every relay's cursor."""
+    async def load(
+        self, db: Database, lists: RelayLists, held: Callable[[str], bool], keys: Collection[str]
+    ) -> None:
+        """The stored baselines of the keys `held` accepts, and every relay's cursor. `keys`
+        are the watched keys (loaded first): a baseline holds the very string object of its
+        key, not a copy per row (a million baselines per relay were a million more strings)."""
         self._db, self._lists = db, lists
+        canonical = {key: key for key in keys}
         baselines: dict[str, set[str]] = {}
-        async with db.execute("SELECT relay, pubkey FROM relay_baselines") as cursor:
-            async for relay, pubkey in cursor:
-                # several workers: hold only our shards' baselines (`adopt` loads the others')
-                if held(str(pubkey)):
-                    baselines.setdefault(str(relay), set()).add(str(pubkey))
+        async for relay, pubkey in _baseline_rows(db):
+            # several workers: hold only our shards' baselines (`adopt` loads the others')
+            if held(pubkey):
+                baselines.setdefault(relay, set()).add(canonical.get(pubkey, pubkey))
         async with db.execute("SELECT relay, live_until FROM relay_cursors") as cursor:
             cursors = {str(relay): int(live_until) async for relay, live_until in cursor}
         self._pool.load(baselines, cursors)
 
     async def adopt(self, db: Database, arriving: Collection[str]) -> None:
         """Keys another worker watched until now: take the baselines it stored for them."""
-        for relay, pubkey in await db.execute_fetchall("SELECT relay, pubkey FROM relay_baselines"):
-            if pubkey in arriving:
-                self._pool.baselines_of(str(relay)).add(str(pubkey))
+        canonical = {key: key for key in arriving}
+        async for relay, pubkey in _baseline_rows(db):
+            key = canonical.get(pubkey)
+            if key is not None:
+                self._pool.baselines_of(relay).add(key)
 
     def forget_keys(self, removed: list[str]) -> None:
         """Keys no longer registered anywhere: their lists and baselines go."""
