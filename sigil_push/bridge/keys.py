@@ -5,7 +5,7 @@ keeping the pool's subscriptions in line as registrations, relay lists and shard
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING
 
 from sigil_push.bridge.metrics import KEYS
@@ -61,11 +61,12 @@ class KeyRegistry:
         """The database and relay lists, as the bridge starts (from then on `reshard` acts)."""
         self._db, self._lists = db, lists
 
-    async def load(self) -> None:
-        """Watch the registered keys of our shards (before any relay is opened)."""
+    async def load(self, known: Mapping[str, str]) -> None:
+        """Watch the registered keys of our shards (before any relay is opened); a key already
+        `known` (baselined) is held as that string, so the two share one."""
         for pubkey, relays in (await self._devices.watched_keys()).items():
             if self._owns(pubkey):
-                self._set_key(pubkey, relays)
+                self._set_key(known.get(pubkey, pubkey), relays)
 
     def holds(self, pubkey: str) -> bool:
         """Ours to watch: in our shards, or the canary's."""

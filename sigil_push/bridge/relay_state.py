@@ -6,6 +6,7 @@ committer's transactions behind the events they belong with."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Iterable
 
@@ -53,31 +54,40 @@ class RelayState:
         self._inboxes = inboxes
         self._db: Database | None = None
         self._lists: RelayLists
+        # a reshard may come while the start-up still reads: their pages take turns on the
+        # bridge's one connection
+        self._reading = asyncio.Lock()
 
     async def load(
-        self, db: Database, lists: RelayLists, held: Callable[[str], bool], keys: Collection[str]
-    ) -> None:
-        """The stored baselines of the keys `held` accepts, and every relay's cursor. `keys`
-        are the watched keys (loaded first): a baseline holds the very string object of its
-        key, not a copy per row (a million baselines per relay were a million more strings)."""
+        self, db: Database, lists: RelayLists, held: Callable[[str], bool]
+    ) -> dict[str, str]:
+        """The stored baselines of the keys `held` accepts, and every relay's cursor.
+
+        Returns each baselined key's string, for the key registry to use as its own: a key is
+        one string shared by its baselines on every relay and the registry, not a copy per
+        row (a restart with a million baselines on each of R relays held R million more)."""
         self._db, self._lists = db, lists
-        canonical = {key: key for key in keys}
+        canonical: dict[str, str] = {}
         baselines: dict[str, set[str]] = {}
-        async for relay, pubkey in _baseline_rows(db):
-            # several workers: hold only our shards' baselines (`adopt` loads the others')
-            if held(pubkey):
-                baselines.setdefault(relay, set()).add(canonical.get(pubkey, pubkey))
+        async with self._reading:
+            async for relay, pubkey in _baseline_rows(db):
+                # several workers: hold only our shards' baselines (`adopt` loads the others')
+                if held(pubkey):
+                    baselines.setdefault(relay, set()).add(canonical.setdefault(pubkey, pubkey))
         async with db.execute("SELECT relay, live_until FROM relay_cursors") as cursor:
             cursors = {str(relay): int(live_until) async for relay, live_until in cursor}
         self._pool.load(baselines, cursors)
+        return canonical
 
     async def adopt(self, db: Database, arriving: Collection[str]) -> None:
-        """Keys another worker watched until now: take the baselines it stored for them."""
+        """Keys another worker watched until now: take the baselines it stored for them (as
+        the very strings of `arriving`)."""
         canonical = {key: key for key in arriving}
-        async for relay, pubkey in _baseline_rows(db):
-            key = canonical.get(pubkey)
-            if key is not None:
-                self._pool.baselines_of(relay).add(key)
+        async with self._reading:
+            async for relay, pubkey in _baseline_rows(db):
+                key = canonical.get(pubkey)
+                if key is not None:
+                    self._pool.baselines_of(relay).add(key)
 
     def forget_keys(self, removed: list[str]) -> None:
         """Keys no longer registered anywhere: their lists and baselines go."""
