@@ -74,8 +74,8 @@ class RelayState:
                 # several workers: hold only our shards' baselines (`adopt` loads the others')
                 if held(pubkey):
                     baselines.setdefault(relay, set()).add(canonical.setdefault(pubkey, pubkey))
-        async with db.execute("SELECT relay, live_until FROM relay_cursors") as cursor:
-            cursors = {str(relay): int(live_until) async for relay, live_until in cursor}
+            async with db.execute("SELECT relay, live_until FROM relay_cursors") as cursor:
+                cursors = {str(relay): int(live_until) async for relay, live_until in cursor}
         self._pool.load(baselines, cursors)
         return canonical
 
