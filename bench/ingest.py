@@ -6,7 +6,12 @@ SQLite thread), which verifies, de-duplicates and writes every wakeup to the out
 
 Phases, each in a fresh process so memory figures are not mixed:
   ingest   — a burst of events as fast as the relay can send: events/s from the first to the last
-             `seen` record, against the bare verification rate of the same events in the same run;
+             `seen` record, against the bare verification rate of the same events in the same run
+             (`ratio`, wall clock); and, since the machine is shared, the same comparison in CPU
+             time (`cpu_ratio`): bare verification's CPU per event (`Event.verify` on the parsed
+             events, measured just before and just after, averaged) over the bridge process's
+             CPU per unique event from the first frame sent until the bridge has stopped (every
+             thread: the event loop, SQLite's and the observation log's);
   copies   — the same with every event delivered by 4 relays (the tiny relay serves 4 URL paths):
              unique events/s from the first to the last `seen` of any copy, against bare
              verification;
@@ -21,7 +26,9 @@ Phases, each in a fresh process so memory figures are not mixed:
 Loopback only. Prints the figures and writes bench/results/ingest.json.
 
 The machine is shared: every phase runs `--repeat` times (default 3) and the best run is
-reported with the spread of the main figure over all runs.
+reported with the spread of the main figure over all runs (for ingest and copies the main figure
+is `cpu_ratio`; the wall-clock `ratio` of every run is kept in `wall_runs`), and the 1-minute
+load average around each run.
 
 Usage: python bench/ingest.py [--events 30000] [--rate 1000] [--seconds 5] [--keys 100000]
                               [--repeat 3] [--only ingest,copies,...]
@@ -250,13 +257,21 @@ class Harness:
         return records
 
 
-def bare_verification_rate(events: list[Event]) -> float:
-    """Verify the same events with the same code, nothing else: the ceiling of ingest."""
+def bare_verification(events: list[Event]) -> tuple[float, float]:
+    """Verify the same events with the same code, nothing else: the ceiling of ingest.
+    Returns (events per wall second, CPU seconds per event of this process)."""
     fresh = [Event.from_json(e.to_json()) for e in events]
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     for event in fresh:
         event.verify()
-    return len(fresh) / (time.perf_counter() - started)
+    return (
+        len(fresh) / (time.perf_counter() - started),
+        (time.process_time() - cpu) / len(fresh),
+    )
+
+
+def bare_verification_rate(events: list[Event]) -> float:
+    return bare_verification(events)[0]
 
 
 def parse_and_verify_rate(events: list[Event]) -> float:
@@ -279,10 +294,15 @@ async def phase_ingest(folder: Path, count: int, copies: int = 1) -> dict[str, A
     recipients = make_keys(1000)
     events = make_events(recipients, count)
     write_events(events, folder / "events.jsonl")
+    # bare verification right before and right after the bridge, in this process on this
+    # core: the CPU ratio compares like with like even when the machine's load drifts
+    _, bare_cpu_before = bare_verification(events)
     relay = TinyRelay(folder)
     try:
         harness = Harness(folder, relay.url, copies)
         await harness.start(recipients)
+        load_before = os.getloadavg()[0]
+        usage_before = resource.getrusage(resource.RUSAGE_SELF)
         cpu_before = time.process_time()
         await relay.stream(folder / "events.jsonl", 0)
         await harness.until(lambda: harness.enqueued >= count)
@@ -291,6 +311,8 @@ async def phase_ingest(folder: Path, count: int, copies: int = 1) -> dict[str, A
         await harness.until(lambda: harness.received() >= count * copies)
         records = await harness.stop()
         cpu = time.process_time() - cpu_before
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        load_after = os.getloadavg()[0]
     finally:
         relay.stop()
     seen = sorted(r["ts"] for r in records if r["type"] == "seen")
@@ -299,7 +321,8 @@ async def phase_ingest(folder: Path, count: int, copies: int = 1) -> dict[str, A
         (len(seen) - 1) / ((seen[-1] - seen[0]) / 1000)
     )
     end_to_end = count / ((last_commit_ms - seen[0]) / 1000)
-    bare = bare_verification_rate(events)
+    bare, bare_cpu_after = bare_verification(events)
+    bare_cpu = (bare_cpu_before + bare_cpu_after) / 2
     parse_verify = parse_and_verify_rate(events)
     return {
         "events": count,
@@ -307,10 +330,19 @@ async def phase_ingest(folder: Path, count: int, copies: int = 1) -> dict[str, A
         "ingest_events_per_s": round(ingest),
         "bare_verify_events_per_s": round(bare),
         "ratio": round(ingest / bare, 3),
+        "cpu_ratio": round(bare_cpu / (cpu / count), 3),
         "end_to_end_events_per_s": round(end_to_end),
         "parse_and_verify_events_per_s": round(parse_verify),
         "bridge_cpu_us_per_unique_event": round(cpu / count * 1e6, 1),
+        "bridge_user_sys_us_per_unique_event": [
+            round((usage.ru_utime - usage_before.ru_utime) / count * 1e6, 1),
+            round((usage.ru_stime - usage_before.ru_stime) / count * 1e6, 1),
+        ],
         "bare_verify_us_per_event": round(1e6 / bare, 1),
+        "bare_verify_cpu_us_per_event": [
+            round(bare_cpu_before * 1e6, 1), round(bare_cpu_after * 1e6, 1)
+        ],
+        "load_1min": [round(load_before, 2), round(load_after, 2)],
     }
 
 
@@ -447,8 +479,8 @@ async def phase_sdk(folder: Path, count: int) -> dict[str, Any]:
 
 PHASES = ("ingest", "copies", "filtered", "firehose", "latency", "keys", "sdk")
 MAIN_FIGURE = {
-    "ingest": ("ratio", max),
-    "copies": ("ratio", max),
+    "ingest": ("cpu_ratio", max),
+    "copies": ("cpu_ratio", max),
     "filtered": ("cpu_us_per_wakeup", min),
     "firehose": ("cpu_us_per_wakeup", min),
     "latency": ("p99_ms", min),
@@ -479,7 +511,11 @@ def run_repeated(name: str, args: argparse.Namespace) -> dict[str, Any]:
     figure, better = MAIN_FIGURE[name]
     values = [run[figure] for run in runs]
     best = next(run for run in runs if run[figure] == better(values))
-    return {**best, "runs": values, "spread": [min(values), max(values)], "failed_runs": failures}
+    spreads = {"runs": values, "spread": [min(values), max(values)], "failed_runs": failures}
+    if figure == "cpu_ratio":  # the wall-clock ratio too, as before
+        walls = [run["ratio"] for run in runs]
+        spreads |= {"wall_runs": walls, "wall_spread": [min(walls), max(walls)]}
+    return {**best, **spreads}
 
 
 def main() -> None:
@@ -529,8 +565,10 @@ def main() -> None:
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     targets = {
-        "ingest_ratio_at_least_0.8": ("ingest", lambda r: r["ratio"] >= 0.8),
-        "copies_ratio_at_least_0.3": ("copies", lambda r: r["ratio"] >= 0.3),
+        "ingest_ratio_at_least_0.8": ("ingest", lambda r: max(r["wall_runs"]) >= 0.8),
+        "ingest_cpu_ratio_at_least_0.8": ("ingest", lambda r: r["cpu_ratio"] >= 0.8),
+        "copies_ratio_at_least_0.3": ("copies", lambda r: max(r["wall_runs"]) >= 0.3),
+        "copies_cpu_ratio_at_least_0.3": ("copies", lambda r: r["cpu_ratio"] >= 0.3),
         "p99_below_20ms_at_1000_per_s": ("latency", lambda r: r["p99_ms"] < 20),
         "100k_keys_start_below_10s": ("keys", lambda r: r["start_to_live_s"] < 10),
         "100k_keys_rss_below_300mb": ("keys", lambda r: r["peak_rss_mb"] < 300),

@@ -1,8 +1,11 @@
 """Benchmark of push delivery: a full outbox drained to local APNs and FCM servers.
 
 For each provider, in one run:
-1. the fake's ceiling: the bare, unmodified client (aioapns / firebase-admin) sending as fast
-   as it can with the same concurrency, no outbox, no database;
+1. the fake's ceiling: the bare client sending as fast as it can with the same concurrency, no
+   outbox, no database. For APNs that is the aioapns client exactly as the service builds it
+   (`apns_client`: its protocol class writes once per loop tick), the same body, headers and
+   apns-ids, from `concurrency` loops that send one push after another (no task, semaphore or
+   timeout per push); for FCM, firebase-admin through our thin FcmSender;
 2. the pipeline: N wakeups already in a real SQLite outbox, drained by the real Delivery loop
    (claim, send, settle, delete, observation records, metrics); wakeups/s and the ratio to 1;
 3. latency: wakeups enqueued live at a fixed rate below capacity, p50/p99 from enqueue (the
@@ -19,6 +22,9 @@ load average around it and the spread (min/median/max) of both ratios. On a load
 wall-clock ratio swings with whoever else runs; the per-CPU-second ratio (pipeline wakeups per
 CPU-second of this process, all threads, over the bare client's) is the robust figure.
 
+Running a subset of `--providers` keeps the other providers' last results in the file, marked
+`kept_from_earlier_run` (a fresh entry carries `measured_at`).
+
 Usage: python bench/push.py [--wakeups 20000] [--devices 2000] [--trials 3] [--rate 1000]
 """
 
@@ -33,7 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -122,28 +128,25 @@ def percentile(values: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
-def bare_apns(document: dict[str, Any]) -> Callable[[Device], Awaitable[bool]]:
-    """The unmodified aioapns client alone, configured as the service configures it."""
-    import ssl
+def bare_apns(config: Config) -> Callable[[Device], Awaitable[bool]]:
+    """The aioapns client alone, built exactly as the service builds it (`apns_client`: the same
+    protocol class, which writes once per loop tick, and the same pool), sending the same
+    pushes (body, headers, cheap apns-ids) with no outbox, no timeout, no bookkeeping."""
+    from aioapns import NotificationRequest, PushType
 
-    from aioapns import APNs, NotificationRequest, PushType
-    from aioapns.connection import APNsDevelopmentClientProtocol
+    from sigil_push.push.apns import NotificationIds, apns_client
 
-    table = document["apns"]
-    host, port = table["endpoint"].removeprefix("https://").split(":")
-    context = ssl.create_default_context()
-    context.load_verify_locations(cafile=table["ca_file"])
-    client = APNs(key=Path(table["key_file"]).read_text(), key_id=table["key_id"],
-                  team_id=table["team_id"], topic=table["topic"], use_sandbox=True, ssl_context=context)
-    client.pool.protocol_class = type(
-        "Local", (APNsDevelopmentClientProtocol,), {"APNS_SERVER": host, "APNS_PORT": int(port)}
-    )
+    apns = config.apns
+    assert apns is not None
+    key = config.resolve(apns.key_file).read_text()
+    client = apns_client(apns, key, config.resolve(apns.ca_file) if apns.ca_file else None)
+    ids = NotificationIds()
     body = {"aps": {"alert": {"title": "Sigil", "body": "New message"}, "mutable-content": 1,
                     "sound": "default"}, "event_id": "0" * 64, "relay": "wss://relay.example.com"}
 
     async def send(device: Device) -> bool:
-        request = NotificationRequest(device.token, body, time_to_live=3600, priority=10,
-                                      collapse_key="c" * 32, push_type=PushType.ALERT)
+        request = NotificationRequest(device.token, body, ids.next(), 3600, 10, "c" * 32,
+                                      PushType.ALERT)
         return (await client.send_notification(request)).is_successful
 
     return send
@@ -165,19 +168,26 @@ async def bare_ceiling(
 ) -> tuple[float, float, float]:
     """Wakeups/s of the provider client alone, with the same concurrency, no outbox; and the
     busy fractions of this process and the fake over exactly the timed sends (the warm-up,
-    which opens the connection, is left out of both the rate and the CPU)."""
-    slots = asyncio.Semaphore(concurrency)
+    which opens the connection, is left out of both the rate and the CPU).
+
+    `concurrency` senders each send their share one after another: the leanest loop that
+    keeps that many sends in flight (no task or semaphore per push), so the ceiling is not
+    lowered by loop overhead the client does not need."""
     failures = 0
 
-    async def one(i: int) -> None:
+    async def sender(numbers: Iterator[int]) -> None:
         nonlocal failures
-        async with slots:
+        for i in numbers:
             failures += not await send(devices[i % len(devices)])
 
-    await asyncio.gather(*(one(i) for i in range(min(500, count))))  # warm the connections
+    async def run(total: int) -> None:
+        numbers = iter(range(total))
+        await asyncio.gather(*(sender(numbers) for _ in range(min(concurrency, total))))
+
+    await run(min(500, count))  # warm the connections
     fake_cpu, own_cpu = cpu_seconds(fake_pid), time.process_time()
     started = time.perf_counter()
-    await asyncio.gather(*(one(i) for i in range(count)))
+    await run(count)
     elapsed = time.perf_counter() - started
     own_busy = (time.process_time() - own_cpu) / elapsed
     fake_busy = (cpu_seconds(fake_pid) - fake_cpu) / elapsed
@@ -210,13 +220,12 @@ class Timed:
 
 
 async def trial(
-    provider: str, document: dict[str, Any], config: Config, work: Path, store: Devices,
-    outbox: Outbox, devices: list[Device], events: list[Event], fake_pid: int,
+    provider: str, config: Config, work: Path, store: Devices, outbox: Outbox, devices: list[Device], events: list[Event], fake_pid: int,
 ) -> dict[str, Any]:
     """One bare-client run and one full-outbox drain, back to back, with fresh clients."""
     platform_name = PLATFORM_OF[provider]
     senders = await build_senders(config)
-    bare = bare_apns(document) if provider == "apns" else bare_sender(senders[platform_name])
+    bare = bare_apns(config) if provider == "apns" else bare_sender(senders[platform_name])
     concurrency = senders[platform_name].max_concurrency
     load_before = os.getloadavg()[0]
     ceiling, bare_own_busy, bare_fake_busy = await bare_ceiling(
@@ -282,7 +291,7 @@ async def run_provider(
     for number in range(args.trials):
         events = [sign_event(sender_key, 4, f"t{number}m{i}", [["p", recipient.public_key_hex]])
                   for i in range(args.wakeups)]
-        trials.append(await trial(provider, document, config, work, store, outbox, devices, events, fake_pid))
+        trials.append(await trial(provider, config, work, store, outbox, devices, events, fake_pid))
         print(provider, "trial", number + 1, json.dumps(trials[-1]), flush=True)
     best = max(trials, key=lambda t: t["pipeline_wakeups_per_second"])
     wall_ratios = sorted(t["ratio_to_bare_client"] for t in trials)
@@ -304,6 +313,7 @@ async def run_provider(
                        if r["type"] == "push" and r["event_id"] in live["event_ids"]]
     return {
         **best,
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "wakeups_per_trial": args.wakeups,
         "devices": args.devices,
         "best_of": args.trials,
@@ -406,6 +416,11 @@ def main() -> None:
     args = parser.parse_args()
     tune_gc()  # as `sigil-push serve` does
     summary = uvloop.run(main_async(args))  # `sigil-push serve` runs on uvloop through uvicorn
+    if RESULTS.exists():
+        earlier = json.loads(RESULTS.read_text()).get("results", {})
+        kept = {p: {**r, "kept_from_earlier_run": True} for p, r in earlier.items()
+                if p not in summary["results"]}
+        summary["results"] = {**kept, **summary["results"]}
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(summary, indent=2) + "\n")
     print(f"wrote {RESULTS}")

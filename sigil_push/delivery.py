@@ -3,8 +3,9 @@
 One loop plans, many tasks send. The loop reads due wakeups, drops the stale, holds back what
 a device's coalescing window or rate limit does not allow yet (by rescheduling it in the
 outbox, so the held wakeups are on disk and travel together later), claims the rest and
-starts one task per push. Each task settles its own outcome: complete, retry with backoff,
-or forget a dead token. Deletions are grouped into one statement per round trip to SQLite,
+queues them for the platform's sender tasks (at most its sender's concurrency), which send one
+push after another and settle each outcome: complete, retry with backoff, or forget a dead
+token. Deletions are grouped into one statement per round trip to SQLite,
 so the database is never the bottleneck.
 
 A device here is the phone, named by its (platform, token): several accounts (npubs) may be
@@ -18,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -99,7 +100,7 @@ class Delivery:
         self._rate = DeviceRateLimiter(limits.wakeups_per_minute_per_device)
         # per phone: when it last got an opaque push, which opens its coalescing window
         self._last_push_ms: dict[PhoneKey, int] = {}
-        # per platform, four times its sender's slots, so the next batches wait at the semaphore
+        # per platform, four times its sender's slots, so the next batches wait in the queue
         # while the database round trips for them run (slow when the event loop keeps the GIL
         # busy); rows waiting there were never sent, so this does not widen the
         # resend-after-crash window. One window per platform: a slow provider (or endpoints
@@ -111,10 +112,16 @@ class Delivery:
         # UnifiedPush endpoints are user-chosen hosts: each may hold only a share of the window
         self._host_cap = {p: max(1, w // HOST_SHARE) for p, w in self._max_rows_in_flight.items()}
         self._host_rows: dict[tuple[str, str], int] = defaultdict(int)
+        self._per_host = frozenset(p for p, s in senders.items() if s.provider == "unifiedpush")
         self._host_hold_ms = int(
             1000 * max(HOST_HOLD_SECONDS, self._push.send_timeout_seconds / 4)
         )
         self._live_ids: set[int] = set()
+        # claimed pushes wait in their platform's queue for one of at most max_concurrency
+        # senders, which take one push after another while there are any: a task per burst
+        # of pushes rather than per push, and no queueing at the sender's semaphore
+        self._queues: dict[str, deque[Push]] = {p: deque() for p in senders}
+        self._senders_running: dict[str, int] = defaultdict(int)
         self._tasks: set[asyncio.Task[None]] = set()
         self._to_complete: list[int] = []
         self._completion_due = asyncio.Event()
@@ -122,9 +129,10 @@ class Delivery:
         self._completer_task: asyncio.Task[None] | None = None
         self._housekeeping_at = 0.0
         self._unsettled: list[int] = []
-        # metric series bound once: a labels() lookup per push is a measurable share of a push
+        # metric series bound once: a labels() lookup per push is a measurable share of a push;
+        # keyed by the status' string, since hashing an enum member runs Python code
         self._pushes = {
-            (s.provider, status): metrics.PUSHES.labels(s.provider, status.value)
+            (s.provider, status.value): metrics.PUSHES.labels(s.provider, status.value)
             for s in senders.values() for status in Status
         }
         self._latency = {s.provider: metrics.LATENCY.labels(s.provider) for s in senders.values()}
@@ -191,7 +199,7 @@ class Delivery:
 
     def _host_of(self, device: Device) -> tuple[str, str] | None:
         """The endpoint host a UnifiedPush push goes to (None for the big providers)."""
-        if self._senders[device.platform].provider != "unifiedpush":
+        if device.platform not in self._per_host:
             return None
         try:
             return device.platform, urlsplit(device.token).hostname or ""
@@ -245,8 +253,10 @@ class Delivery:
         by_push_key: dict[PushKey, list[Wakeup]] = defaultdict(list)
         expired: list[Wakeup] = []
         unsendable: list[Wakeup] = []
+        seen_after = now - self._push.max_wakeup_age_seconds * 1000
+        max_attempts = self._push.max_attempts
         for wakeup in due:
-            if self._expired(wakeup, now):
+            if wakeup.first_seen_ms < seen_after or wakeup.attempts >= max_attempts:
                 expired.append(wakeup)
             elif wakeup.device.platform not in self._senders:
                 unsendable.append(wakeup)
@@ -271,27 +281,23 @@ class Delivery:
             pushes.extend(planned)
         claimed = [w.id for push in pushes for w in push.wakeups]
         await self._outbox.claim(claimed, now)
-        # from here on the rows are claimed: start every push before anything else can fail,
-        # so no claim is left without a task that settles it
+        # from here on the rows are claimed: queue every push and start its senders before
+        # anything else can fail, so no claim is left without a task that settles it
         self._live_ids.update(claimed)
         for push in pushes:
             self._rows_in_flight[push.device.platform] += len(push.wakeups)
             host = self._host_of(push.device)
             if host is not None:
                 self._host_rows[host] += len(push.wakeups)
-            task = asyncio.create_task(self._send(push))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._queues[push.device.platform].append(push)
+        for platform in self._queues:
+            self._start_senders(platform)
         for at_ms, ids in held.items():
             await self._outbox.reschedule(ids, at_ms)
         if expired:
             await self._give_up(expired, "too old or too many attempts")
         if unsendable:
             await self._give_up(unsendable, "platform no longer enabled")
-
-    def _expired(self, wakeup: Wakeup, now: int) -> bool:
-        too_old = now - wakeup.first_seen_ms > self._push.max_wakeup_age_seconds * 1000
-        return too_old or wakeup.attempts >= self._push.max_attempts
 
     def _plan(self, wakeups: list[Wakeup], now: int) -> tuple[list[Push], dict[int, list[int]]]:
         """The pushes one phone gets now for `wakeups` (all for one push key), and the rows
@@ -302,11 +308,15 @@ class Delivery:
         push, which waits for the end of the coalescing window if an opaque push went out
         less than a window ago. Nothing goes while the budget is spent.
         """
-        wakeups.sort(key=lambda w: w.id)
         phone = _phone(wakeups[0].device)
         rate_gate = self._rate.next_allowed_ms(phone, now)
         if rate_gate > now:
             return [], {rate_gate: [w.id for w in wakeups]}
+        if len(wakeups) == 1 and wakeups[0].device.payload != "opaque":
+            # most pushes: one specific wakeup, and a gate that is open has room for one push
+            self._rate.spend(phone, now)
+            return [Push(wakeups[0].device, (wakeups[0],), self._message(wakeups, now))], {}
+        wakeups.sort(key=lambda w: w.id)
         opaque: list[Wakeup] = []
         specific: list[Wakeup] = []
         for wakeup in wakeups:
@@ -366,6 +376,26 @@ class Delivery:
             opaque=opaque,
         )
 
+    def _start_senders(self, platform: str) -> None:
+        """Enough sender tasks for the platform's queue, up to its sender's concurrency."""
+        queue = self._queues[platform]
+        room = self._senders[platform].max_concurrency - self._senders_running[platform]
+        for _ in range(min(room, len(queue))):
+            self._senders_running[platform] += 1
+            task = asyncio.create_task(self._send_queued(platform))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _send_queued(self, platform: str) -> None:
+        """One sender task: sends queued pushes until none is left. `_send` catches every
+        failure of a push, so only cancellation (stop) ends a task with pushes still queued."""
+        queue = self._queues[platform]
+        try:
+            while queue:
+                await self._send(queue.popleft())
+        finally:
+            self._senders_running[platform] -= 1
+
     async def _send(self, push: Push) -> None:
         sender = self._senders[push.device.platform]
         try:
@@ -381,11 +411,16 @@ class Delivery:
                 self._unsettled.extend(w.id for w in push.wakeups)
         finally:
             platform = push.device.platform
-            self._rows_in_flight[platform] -= len(push.wakeups)
-            self._live_ids.difference_update(w.id for w in push.wakeups)
-            host = self._host_of(push.device)
-            if host is not None:
-                self._host_rows[host] -= len(push.wakeups)
+            wakeups = push.wakeups
+            self._rows_in_flight[platform] -= len(wakeups)
+            if len(wakeups) == 1:
+                self._live_ids.discard(wakeups[0].id)
+            else:
+                self._live_ids.difference_update(w.id for w in wakeups)
+            if platform in self._per_host:
+                host = self._host_of(push.device)
+                assert host is not None
+                self._host_rows[host] -= len(wakeups)
                 if not self._host_rows[host]:
                     del self._host_rows[host]
             if self._room(platform) >= self._refill[platform]:
@@ -394,6 +429,11 @@ class Delivery:
     async def _settle(self, push: Push, provider: str, outcome: Outcome) -> None:
         answered = now_ms()
         status = outcome.status
+        if status is Status.ACCEPTED:  # most outcomes: nothing to await
+            self._record(push, provider, status, answered)
+            self._to_complete.extend([w.id for w in push.wakeups])
+            self._completion_due.set()
+            return
         ids = [w.id for w in push.wakeups]
         if status is Status.RETRY:
             next_ms = self._retry_at(push, outcome, answered)
@@ -411,7 +451,7 @@ class Delivery:
                 metrics.PRUNED_TOKENS.labels(provider).inc()
                 log.info("%s token …%s is dead (%s); its registrations are forgotten", provider,
                          push.device.token_suffix, outcome.detail)
-        elif status is not Status.ACCEPTED:
+        else:
             log.warning("%s refused push to …%s: %s", provider, push.device.token_suffix,
                         outcome.detail)
         self._to_complete.extend(ids)
@@ -455,20 +495,25 @@ class Delivery:
                     answered - wakeup.first_seen_ms,
                 )
             if sender is not None:
-                self._pushes[provider, Status.FAILED].inc()
+                self._pushes[provider, Status.FAILED.value].inc()
                 metrics.STALE_DROPPED.labels(provider).inc()
         log.warning("gave up %d wakeups (%s)", len(wakeups), reason)
         await self._outbox.complete([w.id for w in wakeups])
 
     def _record(self, push: Push, provider: str, status: Status, answered_ms: int) -> None:
-        self._pushes[provider, status].inc()
-        oldest = min(w.first_seen_ms for w in push.wakeups)
+        value = str(status)
+        self._pushes[provider, value].inc()
+        wakeups = push.wakeups
+        if len(wakeups) == 1:
+            oldest = wakeups[0].first_seen_ms
+        else:
+            oldest = min(w.first_seen_ms for w in wakeups)
         self._latency[provider].observe(max(0, answered_ms - oldest) / 1000)
         if self._record_outcomes:
-            for wakeup in push.wakeups:
+            platform = push.device.platform
+            for wakeup in wakeups:
                 self._observations.push(
-                    wakeup.event_id, push.device.platform, status.value,
-                    answered_ms - wakeup.first_seen_ms,
+                    wakeup.event_id, platform, value, answered_ms - wakeup.first_seen_ms
                 )
 
     async def _complete_forever(self) -> None:

@@ -28,7 +28,7 @@ import re
 import shutil
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
 FLUSH_INTERVAL_SECONDS = 0.25
+MAX_ENCODED_LISTS = 4096
+"""Encoded `expect` relay lists kept (a few per user; cleared when full, just re-encoded)."""
 MAX_BUFFERED_RECORDS = 100_000
 HOUSEKEEPING_SECONDS = 300.0
 HOUR_MS = 3_600_000
@@ -47,7 +49,9 @@ DAY_MS = 24 * HOUR_MS
 STAGED_SUFFIX = ".compressing"
 _ENCODER = json.JSONEncoder(separators=(",", ":"))
 """One encoder for every record: json.dumps with options builds a new one per call."""
-_HEX = frozenset("0123456789abcdef")
+_HEX64 = re.compile(r"[0-9a-f]{64}").fullmatch
+SeenRecord = tuple[str, str, int, int, int]
+"""(relay, event_id, kind, created_at, ts_ms): one relay's delivery of one event."""
 FILE_NAME = re.compile(r"^observations-(?:([A-Za-z0-9._-]+)-)?(\d{8}T\d{2})\.jsonl(\.gz)?$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
@@ -105,6 +109,7 @@ class ObservationLog:
         self._retention_days = retention_days
         self._buffer: list[dict[str, Any] | tuple[int, str]] = []
         self._relay_json: dict[str, str] = {}
+        self._relays_json: dict[tuple[str, ...], str] = {}
         self._tasks: list[asyncio.Task[None]] = []
         # file work started in a thread goes on when the task awaiting it is cancelled: stop()
         # waits for it, so nothing writes or compresses after stop() returns
@@ -144,23 +149,33 @@ class ObservationLog:
         return await asyncio.shield(work)
 
     def seen(self, relay: str, event_id: str, kind: int, created_at: int, ts_ms: int) -> None:
-        """One per relay per event, so the commonest record by far when several relays carry
-        every DM: encoded here in one f-string (a hex id and integers need no escaping; the
-        relay's JSON is encoded once per relay) instead of as a dict in the writer."""
-        if not (type(kind) is int and type(created_at) is int and type(ts_ms) is int
-                and len(event_id) == 64 and _HEX.issuperset(event_id)):
-            self._append(
-                {"type": "seen", "ts": ts_ms, "relay": relay, "event_id": event_id, "kind": kind,
-                 "created_at": created_at}
-            )
-            return
-        relay_json = self._relay_json.get(relay)
-        if relay_json is None:
-            relay_json = self._relay_json[relay] = _ENCODER.encode(relay)
-        self._append((ts_ms, (
-            f'{{"type":"seen","ts":{ts_ms},"relay":{relay_json},"event_id":"{event_id}",'
-            f'"kind":{kind},"created_at":{created_at}}}'
-        )))
+        """One relay's delivery of one event (see `seen_many`)."""
+        self.seen_many(((relay, event_id, kind, created_at, ts_ms),))
+
+    def seen_many(self, records: Iterable[SeenRecord]) -> None:
+        """`seen` records, one per relay per event: by far the commonest record when several
+        relays carry every DM, so the bridge hands over a whole commit batch in one call, and
+        each is encoded here in one f-string (a hex id and integers need no escaping; a relay's
+        JSON is encoded once per relay) rather than as a dict in the writer. A record whose
+        fields are not of those types takes the general path, so nothing else is spliced in."""
+        relay_json = self._relay_json
+        lines: list[dict[str, Any] | tuple[int, str]] = []
+        for relay, event_id, kind, created_at, ts_ms in records:
+            if not (type(kind) is int and type(created_at) is int and type(ts_ms) is int
+                    and type(event_id) is str and _HEX64(event_id) is not None):
+                lines.append(
+                    {"type": "seen", "ts": ts_ms, "relay": relay, "event_id": event_id,
+                     "kind": kind, "created_at": created_at}
+                )
+                continue
+            encoded = relay_json.get(relay)
+            if encoded is None:
+                encoded = relay_json[relay] = _ENCODER.encode(relay)
+            lines.append((ts_ms, (
+                f'{{"type":"seen","ts":{ts_ms},"relay":{encoded},"event_id":"{event_id}",'
+                f'"kind":{kind},"created_at":{created_at}}}'
+            )))
+        self._extend(lines)
 
     def relay_state(self, relay: str, state: str, detail: str = "") -> None:
         self._append(
@@ -174,8 +189,22 @@ class ObservationLog:
         )
 
     def expect(self, ts_ms: int, event_id: str, relays: Sequence[str]) -> None:
-        """The recipient's inbox relays that were connected when the bridge handled a DM."""
-        self._append({"type": "expect", "ts": ts_ms, "event_id": event_id, "relays": list(relays)})
+        """The recipient's inbox relays that were connected when the bridge handled a DM: one
+        per DM, so encoded like `seen`, with the JSON of a relay list kept per list."""
+        if not (type(ts_ms) is int and type(event_id) is str and _HEX64(event_id) is not None):
+            self._append(
+                {"type": "expect", "ts": ts_ms, "event_id": event_id, "relays": list(relays)}
+            )
+            return
+        key = tuple(relays)
+        encoded = self._relays_json.get(key)
+        if encoded is None:
+            if len(self._relays_json) >= MAX_ENCODED_LISTS:
+                self._relays_json.clear()
+            encoded = self._relays_json[key] = _ENCODER.encode(list(key))
+        self._append((ts_ms, (
+            f'{{"type":"expect","ts":{ts_ms},"event_id":"{event_id}","relays":{encoded}}}'
+        )))
 
     def canary(
         self,
@@ -197,6 +226,13 @@ class ObservationLog:
             self.dropped += 1
             return
         self._buffer.append(record)
+
+    def _extend(self, records: list[dict[str, Any] | tuple[int, str]]) -> None:
+        room = MAX_BUFFERED_RECORDS - len(self._buffer)
+        if len(records) > room:
+            self.dropped += len(records) - max(0, room)
+            records = records[: max(0, room)]
+        self._buffer.extend(records)
 
     def _take(self) -> list[dict[str, Any] | tuple[int, str]]:
         records, self._buffer = self._buffer, []

@@ -24,7 +24,7 @@ from sigil_push.bridge.metrics import (
     RelayCounters,
 )
 from sigil_push.bridge.pending import Arrival, DbOp, Pending
-from sigil_push.observations import ObservationLog
+from sigil_push.observations import ObservationLog, SeenRecord
 from sigil_push.relays.discovery import RelayLists
 from sigil_push.relays.inbox import connected_inboxes
 from sigil_push.relays.pool import RelayPool
@@ -160,53 +160,61 @@ class Committer:
         raise DatabaseUnavailable
 
     async def _commit(self, batch: list[Arrival], ops: list[DbOp]) -> None:
-        """Decide, write, and only then remember the batch's ids as seen."""
-        new_events, further, to_push, decided = await self._decide(batch)
+        """Decide, write, and only then remember the batch's ids as seen and log what the
+        relays delivered (a batch retried after a failed write is logged once)."""
+        new_events, further, to_push, decided, delivered = await self._decide(batch)
         writes = await self._targets(to_push)
         await self._write(writes, new_events, further, ops)
         self._seen.remember(decided)
+        self._observations.seen_many(delivered)
+        for arrival in to_push:
+            self._expect(arrival)
         await self._lists.save()
         if writes:
             self._outbox.ready.set()
-            now = time.time()
+            now_ms = time.time() * 1000
             committed = [(arrival.event.id, arrival.received_ms) for arrival, _ in writes]
-            for arrival, _ in writes:
-                LATENCY.observe(max(0.0, now - arrival.received_ms / 1000))
+            observe = LATENCY.observe
+            for _, received_ms in committed:
+                observe(max(0.0, now_ms - received_ms) / 1000)
             PUSHED.inc(len(writes))
             for listener in self._listeners:
                 listener(committed)
 
     async def _decide(self, batch: list[Arrival]) -> tuple[
         list[tuple[str, str, int, int]], list[tuple[str, str, int]], list[Arrival],
-        dict[str, tuple[str, ...]],
+        dict[str, tuple[str, ...]], list[SeenRecord],
     ]:
         """Which arrivals are new events, deliveries by a further relay, and wanted pushes;
-        and the deliveries to remember once they are on disk (not before: a failed write
-        must not make them look handled)."""
-        await self._seen.lookup(a.event.id for a in batch if not self._seen.known(a.event.id))
+        the deliveries to remember once they are on disk (not before: a failed write must
+        not make them look handled), and their `seen` records. One pass, once per event."""
+        await self._seen.lookup([a.event.id for a in batch])
+        first_delivery = self._seen.first_delivery
         new_events: list[tuple[str, str, int, int]] = []
         further: list[tuple[str, str, int]] = []
         to_push: list[Arrival] = []
         decided: dict[str, tuple[str, ...]] = {}
+        delivered: list[SeenRecord] = []
+        baselined = 0
         for arrival in batch:
-            event = arrival.event
-            is_new, first_here = self._seen.first_delivery(event.id, arrival.relay, decided)
+            event, relay = arrival.event, arrival.relay
+            event_id, created_at = event.id, event.created_at
+            is_new, first_here = first_delivery(event_id, relay, decided)
             if not first_here:
-                self._counters[arrival.relay].duplicates.inc()
+                self._counters[relay].duplicates.inc()
                 continue
-            self._observations.seen(
-                arrival.relay, event.id, event.kind, event.created_at, arrival.received_ms
-            )
+            delivered.append((relay, event_id, event.kind, created_at, arrival.received_ms))
             if not is_new:
-                further.append((event.id, arrival.relay, event.created_at))
+                further.append((event_id, relay, created_at))
                 continue
-            new_events.append((event.id, arrival.relay, arrival.received_ms, event.created_at))
+            new_events.append((event_id, relay, arrival.received_ms, created_at))
             if arrival.push_to:
                 to_push.append(arrival)
-                self._expect(arrival)
             else:
-                BASELINED.inc()
-        return new_events, further, to_push, decided
+                baselined += 1
+        if baselined:
+            BASELINED.inc(baselined)
+        return new_events, further, to_push, decided, delivered
 
     def _expect(self, arrival: Arrival) -> None:
         """Observation: the recipients' inbox relays that were connected as their DM arrived."""

@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from sigil_push.bridge.metrics import RelayCounters
 from sigil_push.bridge.pending import Arrival, Pending
 from sigil_push.config import BridgeConfig
@@ -37,7 +39,7 @@ RECIPIENT_BURST = 60.0
 """Per recipient key, across relays: a DM flood to one key (e.g. to oneself) stays that key's
 cost. Twice the default per-device push rate (30 a minute): wakeups past it would only
 coalesce into the same "new message" anyway."""
-UNADDRESSED_FLUSH_SECONDS = 0.5
+COUNTS_FLUSH_SECONDS = 0.5
 RECENTLY_VERIFIED = 10_000
 """Verified events kept by id for the copies other relays deliver (10 to 20 s at 1,000/s)."""
 
@@ -91,7 +93,8 @@ class Ingest:
         self._lists_changed = lists_changed
         self._recent = RecentlyVerified(RECENTLY_VERIFIED)
         self._unaddressed: dict[str, int] = {}
-        self._unaddressed_flush: asyncio.TimerHandle | None = None
+        self._received: dict[str, int] = {}
+        self._counts_flush: asyncio.TimerHandle | None = None
         self._recipient_buckets: dict[str, TokenBucket] = {}
         self.counters: dict[str, RelayCounters] = {}
         """By relay URL; the committer counts its own drops (duplicates, no device) here too."""
@@ -107,10 +110,10 @@ class Ingest:
         self._probe = probe
 
     def stop(self) -> None:
-        """Count the unaddressed frames still held back (the relays are closed by now)."""
-        if self._unaddressed_flush is not None:
-            self._unaddressed_flush.cancel()
-            self._flush_unaddressed()
+        """Count the frames still held back (the relays are closed by now)."""
+        if self._counts_flush is not None:
+            self._counts_flush.cancel()
+            self._flush_counts()
 
     def forget_full_buckets(self) -> None:
         """Housekeeping: drop the quota buckets that have refilled (forgetting them is free)."""
@@ -154,7 +157,7 @@ class Ingest:
         firehose's: an event naming no key on the relay is dropped as `unaddressed` before
         any parse or signature check, which is what makes reading every DM affordable."""
         counters = self.counters[url]
-        counters.received.inc()
+        self._count_received(url)
         subs = self._pool.subs.get(url)
         subscribed: Mapping[str, int] = subs.keys if subs is not None else {}
         if subs is not None and subs.firehose and not _addressed(raw, subscribed):
@@ -219,7 +222,9 @@ class Ingest:
         - a copy of an event verified moments ago (its id found in the text) is that relay's
           delivery of the verified original, exactly as in `_admit`: nothing else of the
           frame is used, so a relay that wraps a known id in another body gains only the
-          record that it delivered that id.
+          record that it delivered that id;
+        - any other EVENT frame is parsed here (`_parsed_event`), the connection's own parse
+          skipped.
         """
         subs = self._pool.subs.get(url)
         if subs is None or not frame.startswith('["EVENT"'):
@@ -230,9 +235,9 @@ class Ingest:
         entry = self._recent.get(found.group(1)) if found is not None else None
         head = _FRAME_HEAD.match(frame) if entry is not None else None
         if entry is None or head is None:
-            return False
+            return self._parsed_event(url, frame, received_ms)
         counters = self.counters[url]
-        counters.received.inc()
+        self._count_received(url)
         sub_id, event = head.group(1), entry.event
         if self._seen.delivered_by(event.id, url):
             counters.duplicates.inc()
@@ -243,26 +248,51 @@ class Ingest:
         self._route(counters, subs, url, sub_id, entry, received_ms, configured)
         return True
 
+    def _parsed_event(self, url: str, frame: str, received_ms: int) -> bool:
+        """An EVENT frame parsed with orjson (a third of `json.loads`' instructions on a DM
+        frame) and handed to `on_event`, as the connection would have. A frame orjson refuses, or whose shape is not
+        `["EVENT", <string>, <anything>]`, goes back to the connection (False), whose own
+        parser decides as it always has: `json.loads` accepts a little more (NaN, a lone
+        surrogate, integers past 64 bits), all of it refused later as malformed anyway."""
+        try:
+            message = orjson.loads(frame)
+        except orjson.JSONDecodeError:
+            return False
+        # the '["EVENT"' prefix makes the first element exactly "EVENT"
+        if type(message) is not list or len(message) < 3 or type(message[1]) is not str:
+            return False
+        self.on_event(url, message[1], message[2], received_ms)
+        return True
+
     def _unaddressed_frame(self, url: str, frame: str, keys: Mapping[str, int]) -> bool:
         for key, list_kind in _ADDRESSING.findall(frame):
             if list_kind or key in keys:
                 return False
-        # counted in bulk (a lock-free int now, the Prometheus counters within a second):
-        # two locked increments would cost as much as the scan itself
         self._unaddressed[url] = self._unaddressed.get(url, 0) + 1
-        if self._unaddressed_flush is None:
-            self._unaddressed_flush = asyncio.get_running_loop().call_later(
-                UNADDRESSED_FLUSH_SECONDS, self._flush_unaddressed
-            )
+        self._count_received(url)
         return True
 
-    def _flush_unaddressed(self) -> None:
-        counts, self._unaddressed = self._unaddressed, {}
-        self._unaddressed_flush = None
-        for url, count in counts.items():
+    def _count_received(self, url: str) -> None:
+        """Frames are counted in bulk (a lock-free int now, the Prometheus counters within a
+        second): a locked increment per frame costs as much as a firehose scan."""
+        self._received[url] = self._received.get(url, 0) + 1
+        if self._counts_flush is None:
+            self._counts_flush = asyncio.get_running_loop().call_later(
+                COUNTS_FLUSH_SECONDS, self._flush_counts
+            )
+
+    def _flush_counts(self) -> None:
+        """Hand the bulk counts (frames received, unaddressed drops) to Prometheus."""
+        received, self._received = self._received, {}
+        unaddressed, self._unaddressed = self._unaddressed, {}
+        self._counts_flush = None
+        for url, count in received.items():
             counters = self.counters.get(url)
             if counters is not None:
                 counters.received.inc(count)
+        for url, count in unaddressed.items():
+            counters = self.counters.get(url)
+            if counters is not None:
                 counters.dropped["unaddressed"].inc(count)
 
     def _admit(

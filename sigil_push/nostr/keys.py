@@ -7,11 +7,16 @@ few thousand authors sign most events.
 from __future__ import annotations
 
 import os
+import re
 from functools import lru_cache
+from typing import Any
 
 import secp256k1
 
 HEX_DIGITS = frozenset("0123456789abcdef")
+_HEX128 = re.compile(r"[0-9a-f]{128}").fullmatch
+_verify = secp256k1.lib.secp256k1_schnorrsig_verify
+_context = secp256k1.secp256k1_ctx
 
 
 def is_hex(value: str, length: int) -> bool:
@@ -20,19 +25,28 @@ def is_hex(value: str, length: int) -> bool:
 
 
 @lru_cache(maxsize=65536)
-def _parsed_public_key(xonly_hex: str) -> secp256k1.PublicKey | None:
+def _parsed_public_key(xonly_hex: str) -> Any:
+    """libsecp256k1's parsed x-only key (its `secp256k1_xonly_pubkey`), None if not on the curve.
+
+    The parse is a square root, so it is kept per key; the check itself is never cached.
+    """
     try:
-        return secp256k1.PublicKey(b"\x02" + bytes.fromhex(xonly_hex), raw=True)
+        return secp256k1.PublicKey(b"\x02" + bytes.fromhex(xonly_hex), raw=True).xonly_pubkey
     except Exception:  # noqa: BLE001 - libsecp256k1 raises bare Exception for off-curve points
         return None
 
 
 def schnorr_verify(xonly_hex: str, message32: bytes, signature_hex: str) -> bool:
-    """Check a BIP-340 signature; any malformed key or signature is simply invalid."""
+    """Check a BIP-340 signature; any malformed key or signature is simply invalid.
+
+    Calls `secp256k1_schnorrsig_verify` directly, as `PublicKey.schnorr_verify(message32, sig,
+    None, raw=True)` does after its argument checks (made here: a 32-byte message, a 64-byte
+    signature), which saves a third of the binding's Python cost per event.
+    """
     public_key = _parsed_public_key(xonly_hex)
-    if public_key is None or not is_hex(signature_hex, 128):
+    if public_key is None or len(message32) != 32 or _HEX128(signature_hex) is None:
         return False
-    return bool(public_key.schnorr_verify(message32, bytes.fromhex(signature_hex), None, raw=True))
+    return bool(_verify(_context, bytes.fromhex(signature_hex), message32, 32, public_key))
 
 
 class SecretKey:

@@ -3,14 +3,19 @@
 aioapns has no host option, so `endpoint` (tests, gateways) is honoured by a protocol subclass
 carrying the host and port, and `ca_file` is added to the trusted roots. aioapns waits forever
 for an answer that lacks an `apns-id` header, so every send runs under a timeout.
+
+`apns_client` builds the client exactly as the sender uses it, so bench/push.py's bare loop
+measures the same client (same protocol class, same pool) without the delivery pipeline.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import secrets
 import ssl
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 from uuid import uuid4
 
@@ -30,7 +35,7 @@ from sigil_push.push.payload import MAX_PAYLOAD_BYTES, apns_body, apns_size
 from sigil_push.store.records import Device
 
 PRIORITY_IMMEDIATE = 10
-_UUID_MASK = (1 << 128) - 1
+_COUNTER_MASK = (1 << 48) - 1
 _APS_BYTES = apns_size({})
 """The body with no extras: the fixed alert alone."""
 _JSON_BYTES_PER_CHAR = 6
@@ -89,6 +94,45 @@ class _FlushOncePerTick(APNsTLSClientProtocol):
             super().flush()
 
 
+class NotificationIds:
+    """apns-id values (Apple wants the 8-4-4-4-12 hex form of a UUID), one per push.
+
+    A random prefix per client and a 48-bit counter from a random start: unique for this
+    client's life, and one string format per push instead of a urandom call and a UUID object.
+    """
+
+    def __init__(self) -> None:
+        self._prefix = str(uuid4())[:24]
+        self._counter = itertools.count(secrets.randbits(48))
+
+    def next(self) -> str:
+        return f"{self._prefix}{next(self._counter) & _COUNTER_MASK:012x}"
+
+
+def apns_client(config: ApnsConfig, key: str, ca_file: Path | None) -> APNs:
+    """The aioapns client the sender sends with: `key` is the .p8 PEM text (already checked)."""
+    sandbox = config.environment == "sandbox"
+    client = APNs(
+        key=key,
+        key_id=config.key_id,
+        team_id=config.team_id,
+        topic=config.topic,
+        use_sandbox=sandbox,
+        ssl_context=_ssl_context(ca_file),
+        max_connection_attempts=2,
+        err_func=_ignore_error,
+    )
+    base = APNsDevelopmentClientProtocol if sandbox else APNsProductionClientProtocol
+    attributes: dict[str, object] = {}
+    if config.endpoint:
+        parts = urlsplit(config.endpoint)
+        if parts.scheme != "https" or not parts.hostname:
+            raise ConfigError("apns.endpoint", "must be an https:// URL (APNs is HTTP/2 over TLS)")
+        attributes = {"APNS_SERVER": parts.hostname, "APNS_PORT": parts.port or 443}
+    client.pool.protocol_class = type("ApnsProtocol", (_FlushOncePerTick, base), attributes)
+    return client
+
+
 class ApnsSender:
     platform = "ios"
     provider = "apns"
@@ -98,9 +142,13 @@ class ApnsSender:
     def __init__(self, client: APNs, timeout_seconds: float) -> None:
         self._client = client
         self._timeout = timeout_seconds
-        # apns-id must be a UUID; a random base plus a counter avoids one urandom call per push
-        self._id_base = uuid4().int
-        self._ids = itertools.count()
+        self._ids = NotificationIds()
+        # the send timeout: one deadline per send in start order (the timeout is fixed and the
+        # loop clock monotonic, so that is deadline order too) and one timer for the earliest,
+        # instead of a timer armed and cancelled per push
+        self._deadlines: dict[asyncio.Task[Any], float] = {}
+        self._timed_out: set[asyncio.Task[Any]] = set()
+        self._timer: asyncio.TimerHandle | None = None
 
     @classmethod
     async def create(
@@ -111,26 +159,7 @@ class ApnsSender:
             load_pem_private_key(key.encode(), password=None)
         except (ValueError, TypeError):
             raise ConfigError("apns.key_file", "is not a PEM private key (.p8)") from None
-        sandbox = config.environment == "sandbox"
-        client = APNs(
-            key=key,
-            key_id=config.key_id,
-            team_id=config.team_id,
-            topic=config.topic,
-            use_sandbox=sandbox,
-            ssl_context=_ssl_context(ca_file),
-            max_connection_attempts=2,
-            err_func=_ignore_error,
-        )
-        base = APNsDevelopmentClientProtocol if sandbox else APNsProductionClientProtocol
-        attributes: dict[str, object] = {}
-        if config.endpoint:
-            parts = urlsplit(config.endpoint)
-            if parts.scheme != "https" or not parts.hostname:
-                raise ConfigError("apns.endpoint", "must be an https:// URL (APNs is HTTP/2 over TLS)")
-            attributes = {"APNS_SERVER": parts.hostname, "APNS_PORT": parts.port or 443}
-        client.pool.protocol_class = type("ApnsProtocol", (_FlushOncePerTick, base), attributes)
-        return cls(client, timeout_seconds)
+        return cls(apns_client(config, key, ca_file), timeout_seconds)
 
     def fits(self, data: dict[str, str]) -> bool:
         """Within APNs' limit. An upper bound on the size decides most bodies (an id and a
@@ -143,28 +172,45 @@ class ApnsSender:
 
     async def send(self, message: WakeupMessage, device: Device) -> Outcome:
         request = NotificationRequest(
-            device_token=device.token,
-            message=apns_body(message.data),
-            notification_id=self._next_id(),
-            time_to_live=message.ttl_seconds,
-            priority=PRIORITY_IMMEDIATE,
-            collapse_key=message.collapse_id,
-            push_type=PushType.ALERT,
+            device.token, apns_body(message.data), self._ids.next(), message.ttl_seconds,
+            PRIORITY_IMMEDIATE, message.collapse_id, PushType.ALERT,
         )
+        task = asyncio.current_task()
+        assert task is not None
+        self._deadlines[task] = deadline = task.get_loop().time() + self._timeout
+        if self._timer is None:
+            self._timer = task.get_loop().call_at(deadline, self._expire)
         try:
-            async with asyncio.timeout(self._timeout):
-                result = await self._client.send_notification(request)
-        except TimeoutError:
+            result = await self._client.send_notification(request)
+        except asyncio.CancelledError:
+            if task not in self._timed_out:
+                raise
+            self._timed_out.discard(task)
+            if task.uncancel():  # also cancelled by someone else: that cancellation wins
+                raise
             self._forget(request.notification_id)
             return Outcome(Status.RETRY, detail="timeout")
         except (ConnectionError, ConnectionClosed, MaxAttemptsExceeded, OSError):
             return Outcome(Status.RETRY, detail="connection failed")
+        finally:
+            self._deadlines.pop(task, None)
         return _outcome(result)
 
-    def _next_id(self) -> str:
-        """The next apns-id, in the 8-4-4-4-12 form UUID's str() gives, without a UUID object."""
-        h = f"{(self._id_base + next(self._ids)) & _UUID_MASK:032x}"
-        return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+    def _expire(self) -> None:
+        """Cancel the sends whose deadline has come, and arm the timer for the next one."""
+        self._timer = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        expired = []
+        for task, deadline in self._deadlines.items():
+            if deadline > now:
+                self._timer = loop.call_at(deadline, self._expire)
+                break
+            expired.append(task)
+        for task in expired:
+            del self._deadlines[task]
+            self._timed_out.add(task)
+            task.cancel()
 
     def _forget(self, notification_id: str) -> None:
         """Drop a timed-out request's pending future, which aioapns would keep (and later fail
@@ -173,4 +219,7 @@ class ApnsSender:
             connection.requests.pop(notification_id, None)
 
     async def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         self._client.pool.close()

@@ -76,13 +76,17 @@ class SeenEvents:
         return relays is None, True
 
     def remember(self, pending: dict[str, tuple[str, ...]]) -> None:
-        """Keep in memory the deliveries `first_delivery` noted, once their write succeeded."""
-        # `pending` holds every relay known for the id (it started from the cache): one move
-        # to the young end per event, however many relays delivered it
-        cache, interned = self._relays, self._interned
-        for event_id, relays in pending.items():
-            cache.pop(event_id, None)
-            cache[event_id] = tuple(interned.setdefault(relay, relay) for relay in relays)
+        """Keep in memory the deliveries `first_delivery` noted, once their write succeeded.
+
+        `pending` holds every relay known for the id (it started from the cache): one move to
+        the young end per event, however many relays delivered it. Its relay strings are the
+        caller's own URL objects, one per relay, so they need no interning (rows read from
+        the database do)."""
+        cache = self._relays
+        pop = cache.pop
+        for event_id in pending:
+            pop(event_id, None)
+        cache.update(pending)
         while len(cache) > self._cache_size:
             cache.popitem(last=False)
 
@@ -112,10 +116,15 @@ class SeenEvents:
         space): with every DM arriving from several relays at once, that is one row per event
         instead of one per copy."""
         if new_events:
+            # `_keep_until` inlined: this runs once per event handled
+            keep, most = self._retention, MAX_KEEP_UNTIL
             await self._db.executemany(
                 "INSERT INTO seen_events (event_id, relay, keep_until) VALUES (?, ?, ?)"
                 " ON CONFLICT DO NOTHING",
-                [(i, relay, self._keep_until(ms, c)) for i, relay, ms, c in new_events],
+                [
+                    (i, relay, min(max(ms // 1000, c) + keep, most))
+                    for i, relay, ms, c in new_events
+                ],
             )
         if further:
             now = time.time_ns() // 1_000_000

@@ -54,10 +54,11 @@ class Outbox:
         rows = wakeup_rows(batch)
         if not rows:
             return 0
+        # ?5 twice: a wakeup is first due when its event was first seen (no row copy per wakeup)
         cursor = await self._db.executemany(
             "INSERT INTO outbox (device_id, event_id, relay, event_json, first_seen_ms,"
-            " next_attempt_ms) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-            [(*row, row[-1]) for row in rows],
+            " next_attempt_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?5) ON CONFLICT DO NOTHING",
+            rows,
         )
         added = cursor.rowcount
         await cursor.close()

@@ -1,0 +1,98 @@
+"""The bridge's own parse of EVENT frames (`raw_event`, orjson) keeps every check of the
+connection's path: a frame it takes is verified like any other, a frame it refuses goes back to
+the connection's parser unchanged, and a relay repeating a verified id gains nothing from the
+body it wraps around it."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import REGISTRY
+
+from sigil_push.nostr.event import compute_id, sign_event
+from sigil_push.nostr.keys import SecretKey
+from tests.fakes.harness import eventually as poll
+from tests.support.in_process import in_process_bridge
+
+RELAY = "ws://127.0.0.1:9"  # nothing listens: frames are fed to the bridge directly
+
+
+def dropped(reason: str) -> float:
+    return REGISTRY.get_sample_value(
+        "sigil_push_bridge_events_dropped_total", {"relay": RELAY, "reason": reason}
+    ) or 0.0
+
+
+def frame(event: dict[str, Any]) -> str:
+    return json.dumps(["EVENT", "sp0.1", event], separators=(",", ":"))
+
+
+async def test_frames_parsed_by_the_bridge_are_verified_like_any_other(tmp_path: Path) -> None:
+    """An altered body and a forged signature are taken (True) and dropped as `wrong_id` and
+    `forged`; frames orjson refuses or of another shape go back to the connection (False),
+    and a lone surrogate there is an id mismatch, never an exception in the reader. (Every
+    frame names alice: on a firehose, frames naming no watched key never get this far.)"""
+    async with in_process_bridge(tmp_path, [{"url": RELAY, "mode": "firehose"}]) as parts:
+        alice, sender = SecretKey.generate(), SecretKey.generate()
+        me = alice.public_key_hex
+        await parts.devices.register(me, "android", "fcm-alice", "opaque", (), None, 0)
+        await poll(lambda: me in parts.bridge._pool.subs[RELAY].keys, what="alice watched")
+        genuine = sign_event(sender, 4, "hello", [["p", me]]).to_json()
+        altered = {**genuine, "content": "hellp"}
+        forged = dict(genuine)
+        forged["content"] = "other"
+        forged["id"] = compute_id(
+            forged["pubkey"], forged["created_at"], 4, (("p", me),), forged["content"]
+        )
+        wrong_id, bad_sig = dropped("wrong_id"), dropped("forged")
+        assert parts.bridge.raw_event(RELAY, frame(altered), 0)
+        assert parts.bridge.raw_event(RELAY, frame(forged), 0)
+        assert dropped("wrong_id") == wrong_id + 1
+        assert dropped("forged") == bad_sig + 1
+
+        text = frame(genuine)
+        surrogate = text.replace('"hello"', '"\\ud800"')
+        for refused in (text[:-1], text.replace('"sp0.1"', "5"), surrogate,
+                        text.replace('"hello"', "NaN")):
+            assert not parts.bridge.raw_event(RELAY, refused, 0), refused
+        parts.bridge.on_event(RELAY, "sp0.1", json.loads(surrogate)[2], 0)
+        assert dropped("wrong_id") == wrong_id + 2
+
+
+async def test_a_verified_id_in_another_body_routes_only_the_original(tmp_path: Path) -> None:
+    """A second relay repeats a verified id with its own body naming another registered key:
+    that relay's delivery of the original is recorded, and nothing wakes the other key."""
+    second = "ws://127.0.0.1:10"
+    relays = [{"url": RELAY, "mode": "firehose"}, {"url": second, "mode": "firehose"}]
+    async with in_process_bridge(tmp_path, relays) as parts:
+        alice, bob, sender = SecretKey.generate(), SecretKey.generate(), SecretKey.generate()
+        for key, token in ((alice, "fcm-alice"), (bob, "fcm-bob")):
+            await parts.devices.register(key.public_key_hex, "android", token, "opaque", (), None, 0)
+        await poll(
+            lambda: all(bob.public_key_hex in parts.bridge._pool.subs[url].keys
+                        for url in (RELAY, second)),
+            what="both keys watched on both relays",
+        )
+        original = sign_event(sender, 4, "hello", [["p", alice.public_key_hex]])
+        now_ms = time.time_ns() // 1_000_000
+        assert parts.bridge.raw_event(RELAY, frame(original.to_json()), now_ms)
+        wrapped = {**original.to_json(), "tags": [["p", bob.public_key_hex]], "content": "x"}
+        assert parts.bridge.raw_event(second, frame(wrapped), now_ms)
+
+        def recorded() -> set[str]:
+            return {
+                record["relay"]
+                for path in (tmp_path / "observations").glob("*.jsonl")
+                for record in map(json.loads, path.read_text().splitlines())
+                if record["type"] == "seen"
+            }
+
+        # `seen` records are logged after their batch is on disk
+        await poll(lambda: recorded() == {RELAY, second}, what="both deliveries recorded")
+        rows = await parts.db.execute_fetchall(
+            "SELECT d.token, o.event_id FROM outbox o JOIN devices d ON d.id = o.device_id"
+        )
+        assert list(rows) == [("fcm-alice", original.id)]

@@ -1,0 +1,80 @@
+"""The observation log's hand-encoded `seen` and `expect` records are the JSON the dict path
+writes: same fields, same values, valid JSON whatever a relay URL holds, and a field of an
+unexpected type takes the general encoder instead of being spliced into the line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sigil_push.observations import ObservationLog
+
+EVENT_ID = "ab" * 32
+TS = 1_790_000_000_123
+
+
+async def written(folder: Path, fill: Any) -> list[dict[str, Any]]:
+    log = ObservationLog(folder)
+    await log.start()
+    fill(log)
+    await log.stop()
+    return [
+        json.loads(line)
+        for path in sorted(folder.glob("*.jsonl"))
+        for line in path.read_text().splitlines()
+    ]
+
+
+@pytest.mark.asyncio
+async def test_a_batch_of_seen_records_is_one_record_per_relay_delivery(tmp_path: Path) -> None:
+    odd = 'wss://relay.example/"quoted"\\path\u2028é'
+    records = await written(
+        tmp_path,
+        lambda log: log.seen_many(
+            [("wss://a", EVENT_ID, 4, 1_790_000_000, TS), (odd, EVENT_ID, 1059, 5, TS + 1)]
+        ),
+    )
+    assert records == [
+        {"type": "seen", "ts": TS, "relay": "wss://a", "event_id": EVENT_ID, "kind": 4,
+         "created_at": 1_790_000_000},
+        {"type": "seen", "ts": TS + 1, "relay": odd, "event_id": EVENT_ID, "kind": 1059,
+         "created_at": 5},
+    ]
+
+
+@pytest.mark.asyncio
+async def test_fields_of_other_types_are_encoded_not_spliced(tmp_path: Path) -> None:
+    """An id that is not 64 lowercase hex digits (here one that would close the string and add
+    a field) or a non-integer kind goes through the JSON encoder."""
+    sneaky = 'x","pubkey":"' + "cd" * 32
+    records = await written(
+        tmp_path,
+        lambda log: (
+            log.seen_many([("wss://a", sneaky, 4, 1, TS), ("wss://a", EVENT_ID, "4", 1, TS)]),  # type: ignore[list-item]
+            log.expect(TS, sneaky, ["wss://a"]),
+        ),
+    )
+    assert [r["event_id"] for r in records] == [sneaky, EVENT_ID, sneaky]
+    assert records[1]["kind"] == "4"
+    assert all("pubkey" not in r for r in records)
+
+
+@pytest.mark.asyncio
+async def test_expect_records_carry_the_relay_list(tmp_path: Path) -> None:
+    relays = ["wss://a", 'wss://b/"x"']
+    records = await written(
+        tmp_path,
+        lambda log: (
+            log.expect(TS, EVENT_ID, relays),
+            log.expect(TS + 1, EVENT_ID, relays),
+            log.expect(TS + 2, EVENT_ID, []),
+        ),
+    )
+    assert records == [
+        {"type": "expect", "ts": TS, "event_id": EVENT_ID, "relays": relays},
+        {"type": "expect", "ts": TS + 1, "event_id": EVENT_ID, "relays": relays},
+        {"type": "expect", "ts": TS + 2, "event_id": EVENT_ID, "relays": []},
+    ]
