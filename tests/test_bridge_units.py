@@ -191,6 +191,24 @@ def test_the_relay_cap_keeps_the_most_wanted_and_reports_the_rest() -> None:
     assert plan.skipped == {}
 
 
+def test_the_plan_holds_nothing_for_keys_without_relays_of_their_own() -> None:
+    """Most keys name no relay (or only configured ones): the plan keeps no entry for them, so
+    a million such keys cost it nothing; a key that drops its last own relay leaves no trace,
+    and its inbox relay loses its vote."""
+    plan = RelayPlan(["wss://configured.example"], max_relays=3)
+    plan.set_key(KEYS[0], ())
+    plan.set_key(KEYS[1], ["wss://configured.example"], ["wss://configured.example"])
+    plan.set_key(KEYS[2], ["wss://inbox.example", "wss://other.example"], ["wss://inbox.example"])
+    plan.set_key(KEYS[3], ["wss://other.example"])
+    assert plan.own_relays.keys() == {KEYS[2], KEYS[3]} and plan.inbox.keys() == {KEYS[2]}
+    assert plan.choose()[1] == "wss://inbox.example"
+
+    plan.set_key(KEYS[2], ["wss://configured.example"], ["wss://configured.example"])
+    assert plan.own_relays.keys() == {KEYS[3]} and plan.inbox == {}
+    assert plan.choose() == ["wss://configured.example", "wss://other.example"]
+    assert plan.demand == {"wss://other.example": {KEYS[3]}}
+
+
 async def test_seen_events_survive_a_restart_and_memory_stays_bounded(
     store: SqliteStore | PostgresStore,
 ) -> None:

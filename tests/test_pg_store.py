@@ -263,3 +263,23 @@ async def test_the_bridge_connection_comes_back_after_the_server_dropped_it(
         assert after != before
     finally:
         await link.close()
+
+
+async def test_watched_keys_unite_each_keys_device_relays(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each key's relays are the sorted union over its devices, read a few rows at a time on
+    PostgreSQL (its cursor chunk made tiny here, so one key's rows span several chunks)."""
+    monkeypatch.setattr("sigil_push.store.postgres.devices.KEY_CHUNK", 2)
+    alice, bob, carol = (secrets.token_hex(32) for _ in range(3))
+    for pubkey, relays in (
+        (alice, ("wss://b", "wss://a")), (bob, ()), (alice, ()), (alice, ("wss://c", "wss://a")),
+        (carol, ()), (bob, ()),
+    ):
+        await store.devices.register(
+            pubkey, "ios", secrets.token_hex(32), "opaque", relays, None, 5
+        )
+
+    watched = await store.devices.watched_keys()
+
+    assert watched == {alice: ("wss://a", "wss://b", "wss://c"), bob: (), carol: ()}

@@ -151,8 +151,8 @@ class Bridge:
         self._committer.attach(db, link.outbox, self._seen, lists)
         await self._seen.load()
         await lists.load()
-        await self._relays.load(db, lists, self._registry.holds)
-        await self._registry.load()
+        baselined = await self._relays.load(db, lists, self._registry.holds)
+        await self._registry.load(baselined)
 
     async def stop(self) -> None:
         """Close relays first, then finish what was already received, so nothing is lost."""

@@ -5,13 +5,13 @@ keeping the pool's subscriptions in line as registrations, relay lists and shard
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING
 
 from sigil_push.bridge.metrics import KEYS
 from sigil_push.bridge.relay_state import RelayState
 from sigil_push.relays.discovery import RelayLists, normalize_relay_url
-from sigil_push.relays.pool import RelayPool
+from sigil_push.relays.pool import NO_RELAYS, RelayPool
 from sigil_push.relays.user_inbox import UserInboxes
 from sigil_push.store.interface import Database, DeviceStore
 
@@ -26,7 +26,12 @@ def _every_key(_pubkey: str) -> bool:
 
 class KeyRegistry:
     """`keys` and `registration_relays` are read by ingest and the committer (the same
-    objects, changed only here); `run` applies registration and relay list changes."""
+    objects, changed only here); `run` applies registration and relay list changes.
+
+    A million keys must fit a worker's memory: a key is one string, shared by every structure
+    that holds it, and a slot in `keys`; only keys that name relays of their own have entries
+    in `registration_relays` and the user relays (absent means none).
+    """
 
     def __init__(
         self,
@@ -56,11 +61,12 @@ class KeyRegistry:
         """The database and relay lists, as the bridge starts (from then on `reshard` acts)."""
         self._db, self._lists = db, lists
 
-    async def load(self) -> None:
-        """Watch the registered keys of our shards (before any relay is opened)."""
+    async def load(self, known: Mapping[str, str]) -> None:
+        """Watch the registered keys of our shards (before any relay is opened); a key already
+        `known` (baselined) is held as that string, so the two share one."""
         for pubkey, relays in (await self._devices.watched_keys()).items():
             if self._owns(pubkey):
-                self._set_key(pubkey, relays)
+                self._set_key(known.get(pubkey, pubkey), relays)
 
     def holds(self, pubkey: str) -> bool:
         """Ours to watch: in our shards, or the canary's."""
@@ -84,7 +90,7 @@ class KeyRegistry:
     def user_relays(self, pubkey: str) -> frozenset[str]:
         """The user's own DM relays (registration, kind 10050/10002), configured ones included
         only when the user lists them too: the only relays where the bridge may AUTH as them."""
-        return self._user_relays.get(pubkey, frozenset())
+        return self._user_relays.get(pubkey, NO_RELAYS)
 
     def _set_key(self, pubkey: str, registration_relays: tuple[str, ...]) -> None:
         own = {
@@ -94,8 +100,16 @@ class KeyRegistry:
         inbox = listed or tuple(sorted(own))
         own.update(listed)
         self.keys.add(pubkey)
-        self._user_relays[pubkey] = frozenset(own)
-        self.registration_relays[pubkey] = registration_relays
+        # most keys name no relay: they get no entry in these two (a frozenset and two dict
+        # slots each were 280 of a key's 900 bytes)
+        if own:
+            self._user_relays[pubkey] = frozenset(own)
+        else:
+            self._user_relays.pop(pubkey, None)
+        if registration_relays:
+            self.registration_relays[pubkey] = registration_relays
+        else:
+            self.registration_relays.pop(pubkey, None)
         self._pool.plan.set_key(pubkey, own, inbox)
 
     async def run(self) -> None:

@@ -33,6 +33,8 @@ GIFT_WRAP_SKEW_SECONDS = 2 * 24 * 3600
 CURSOR_MARGIN_SECONDS = 600
 MAX_RELAYS_PER_KEY = 20
 """User relays one npub can make the bridge watch, across all its devices and lists."""
+NO_RELAYS: frozenset[str] = frozenset()
+"""The user relays of a key that has none (most keys): shared, never one set per key."""
 
 SKIPPED = Gauge("sigil_push_relay_skipped_relays", "User relays not watched because of max_relays")
 WATCHED = Gauge("sigil_push_relay_watched_relays", "Relays the bridge keeps a connection to")
@@ -64,12 +66,18 @@ class RelayPlan:
     def set_key(self, pubkey: str, relays: Iterable[str], inbox: Iterable[str] = ()) -> None:
         """`relays`: every relay the key wants watched; `inbox`: those of them where its DMs
         arrive (kind 10050 list, else registration relays), ranked first and kept first when
-        the key names more than MAX_RELAYS_PER_KEY."""
+        the key names more than MAX_RELAYS_PER_KEY.
+
+        Only keys with relays of their own have entries in `own_relays` and `inbox`: most keys
+        have none, and an empty frozenset each (216 bytes) was most of a million keys' memory.
+        """
         inbox_list = [u for u in dict.fromkeys(inbox) if u not in self._configured_set]
         rest = sorted(set(relays) - self._configured_set - set(inbox_list))
         kept = (inbox_list + rest)[:MAX_RELAYS_PER_KEY]
-        wanted = frozenset(kept)
-        before = self.own_relays.get(pubkey, frozenset())
+        wanted = frozenset(kept) if kept else NO_RELAYS
+        before = self.own_relays.get(pubkey, NO_RELAYS)
+        if not wanted and not before:
+            return
         for url in before - wanted:
             holders = self.demand.get(url)
             if holders is not None:
@@ -78,21 +86,24 @@ class RelayPlan:
                     del self.demand[url]
         for url in wanted - before:
             self.demand.setdefault(url, set()).add(pubkey)
-        self.own_relays[pubkey] = wanted
-        for url in self.inbox.get(pubkey, ()):
+        for url in self.inbox.pop(pubkey, ()):
             left = self._inbox_demand[url] - 1
             if left:
                 self._inbox_demand[url] = left
             else:
                 del self._inbox_demand[url]
-        self.inbox[pubkey] = tuple(u for u in inbox_list if u in wanted)
-        for url in self.inbox[pubkey]:
-            self._inbox_demand[url] = self._inbox_demand.get(url, 0) + 1
+        if not wanted:
+            del self.own_relays[pubkey]
+            return
+        self.own_relays[pubkey] = wanted
+        inbox_here = tuple(u for u in inbox_list if u in wanted)
+        if inbox_here:
+            self.inbox[pubkey] = inbox_here
+            for url in inbox_here:
+                self._inbox_demand[url] = self._inbox_demand.get(url, 0) + 1
 
     def remove_key(self, pubkey: str) -> None:
         self.set_key(pubkey, ())
-        self.own_relays.pop(pubkey, None)
-        self.inbox.pop(pubkey, None)
 
     def _ranked(self) -> list[str]:
         """User relays in the order they get slots.

@@ -16,6 +16,24 @@ if TYPE_CHECKING:
 
 PLATFORMS = ("ios", "android", "unifiedpush")
 PAYLOAD_MODES = ("opaque", "event_id", "event")
+NO_RELAYS: tuple[str, ...] = ()
+"""The relays of a key whose devices name none (most keys): one shared tuple for all of them."""
+
+
+def add_device_relays(watched: dict[str, tuple[str, ...]], pubkey: str, relays_json: str) -> None:
+    """Fold one device's `relays` column (JSON text) into `watched[pubkey]`: the sorted union of
+    the relays of the key's devices, as `DeviceStore.watched_keys` returns it.
+
+    Called once per row of a million-key load, so the common case (no relays) builds no set,
+    list or tuple at all: what a key costs at load is little more than its dict entry.
+    """
+    relays = NO_RELAYS if relays_json == "[]" else json.loads(relays_json)
+    before = watched.get(pubkey)
+    if before is None:
+        watched[pubkey] = tuple(sorted(set(relays))) if relays else NO_RELAYS
+    elif relays:
+        watched[pubkey] = tuple(sorted(set(before).union(relays)))
+
 
 @dataclass(frozen=True, slots=True)
 class WebPushKeys:

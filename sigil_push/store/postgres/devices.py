@@ -25,7 +25,13 @@ import asyncpg
 
 from sigil_push.store.errors import TooManyAccounts, TooManyDevices
 from sigil_push.store.postgres.database import PostgresDatabase
-from sigil_push.store.records import Device, Registration, RegistrationListener, WebPushKeys
+from sigil_push.store.records import (
+    Device,
+    Registration,
+    RegistrationListener,
+    WebPushKeys,
+    add_device_relays,
+)
 
 _COLUMNS = (
     "id, pubkey, platform, token, payload, relays, webpush_p256dh, webpush_auth, registered_at"
@@ -37,6 +43,8 @@ def _device(row: asyncpg.Record) -> Device:
 
 
 CHANNEL = "sigil_push_devices"
+KEY_CHUNK = 10_000
+"""Rows per round trip when `watched_keys` reads the registered keys."""
 RELISTEN_SECONDS = 1.0
 log = logging.getLogger(__name__)
 
@@ -235,16 +243,23 @@ class PostgresDevices:
 
     async def watched_keys(self) -> dict[str, tuple[str, ...]]:
         """Every registered pubkey (of this worker's shards, once narrowed) with the union of
-        its devices' own relays."""
+        its devices' own relays.
+
+        Read through a server-side cursor, KEY_CHUNK rows at a time: a million rows fetched at
+        once were a million records and relay strings alive together, the start-up's memory
+        peak, and memory Python then keeps.
+        """
+        args: tuple[object, ...] = ()
         if self._shards is None:
-            rows = await self._db.fetch("SELECT pubkey, relays FROM devices")
+            sql = "SELECT pubkey, relays FROM devices"
         else:
             shards, count = self._shards
-            rows = await self._db.fetch(shard_keys_sql(count), shards)
-        watched: dict[str, set[str]] = {}
-        for row in rows:
-            watched.setdefault(str(row[0]), set()).update(json.loads(str(row[1])))
-        return {pubkey: tuple(sorted(relays)) for pubkey, relays in watched.items()}
+            sql, args = shard_keys_sql(count), (shards,)
+        watched: dict[str, tuple[str, ...]] = {}
+        async with self._db.connection() as connection, connection.transaction():
+            async for row in connection.cursor(sql, *args, prefetch=KEY_CHUNK):
+                add_device_relays(watched, row[0], row[1])
+        return watched
 
     async def count(self) -> int:
         return int(await self._db.fetchval("SELECT count(*) FROM devices"))

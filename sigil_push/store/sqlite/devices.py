@@ -20,7 +20,13 @@ from collections.abc import Iterable, Sequence
 import aiosqlite
 
 from sigil_push.store.errors import TooManyAccounts, TooManyDevices
-from sigil_push.store.records import Device, Registration, RegistrationListener, WebPushKeys
+from sigil_push.store.records import (
+    Device,
+    Registration,
+    RegistrationListener,
+    WebPushKeys,
+    add_device_relays,
+)
 
 _COLUMNS = (
     "id, pubkey, platform, token, payload, relays, webpush_p256dh, webpush_auth, registered_at"
@@ -148,12 +154,12 @@ class Devices:
 
     async def watched_keys(self) -> dict[str, tuple[str, ...]]:
         """Every registered pubkey with the union of its devices' own relays."""
-        watched: dict[str, set[str]] = {}
+        watched: dict[str, tuple[str, ...]] = {}
         # one call, not a cursor iterated across awaits: an open SELECT on the shared connection
         # makes writes queued meanwhile fail with SQLITE_BUSY without waiting (see Outbox.due)
         for pubkey, relays in await self._db.execute_fetchall("SELECT pubkey, relays FROM devices"):
-            watched.setdefault(str(pubkey), set()).update(json.loads(str(relays)))
-        return {pubkey: tuple(sorted(relays)) for pubkey, relays in watched.items()}
+            add_device_relays(watched, str(pubkey), str(relays))
+        return watched
 
     async def count(self) -> int:
         [(count,)] = await self._db.execute_fetchall("SELECT COUNT(*) FROM devices")
