@@ -96,6 +96,19 @@ def delegating(
             part.stop()
 
 
+def delegating_users(
+    service: ServiceProcess, open_relay: RelayProcess, gated_url: str, started: list[Any], count: int
+) -> list[RemoteSigner]:
+    """`count` users, each with a signer on `open_relay`, registered with `gated_url` as their
+    DM relay once the service is started; the signers are stopped with the rest of `started`."""
+    signers = [RemoteSigner(open_relay.url).start() for _ in range(count)]
+    started += signers
+    service.start()
+    for signer in signers:
+        register(service, signer.user, new_token(), [gated_url], signer.bunker_uri)
+    return signers
+
+
 def store_url(inbox: RelayProcess | AuthRelay) -> str:
     """Where the tests publish: the relay itself, or the real relay behind the AUTH layer."""
     return inbox.upstream.url if isinstance(inbox, AuthRelay) else inbox.url
@@ -412,11 +425,7 @@ async def test_a_shared_relay_that_turns_one_key_per_connection_is_read_per_user
     with delegating(tmp_path, AuthRelay(tmp_path / "gated", "multi"), engine) as (
         open_relay, gated, service, started
     ):
-        signers = [RemoteSigner(open_relay.url).start() for _ in range(3)]
-        started += signers
-        service.start()
-        for signer in signers:
-            register(service, signer.user, new_token(), [gated.url], signer.bunker_uri)
+        signers = delegating_users(service, open_relay, gated.url, started, 3)
         await eventually(lambda: users_on(service, gated.url) == (3, 0), "all reading", 90)
         assert health(service)["relays"][gated.url]["auth_mode"] == "multi"
         assert len([k for k in gated.keys_by_connection() if len(k) > 1]) == 1
@@ -453,11 +462,7 @@ async def test_the_connection_cap_counts_connections_not_users(
     with delegating(
         tmp_path, gated_inbox(tmp_path / "gated", style), engine, "max_user_connections = 2\n"
     ) as (open_relay, gated, service, started):
-        signers = [RemoteSigner(open_relay.url).start() for _ in range(4)]
-        started += signers
-        service.start()
-        for signer in signers:
-            register(service, signer.user, new_token(), [gated.url], signer.bunker_uri)
+        signers = delegating_users(service, open_relay, gated.url, started, 4)
         reading = 4 if style == "chorus-multi" else 2
         await eventually(
             lambda: users_on(service, gated.url)[0] == reading, f"{reading} users reading", 90
@@ -515,11 +520,7 @@ async def test_a_learned_auth_mode_outlives_a_restart(
     with delegating(tmp_path, gated_inbox(tmp_path / "gated", style), engine) as (
         open_relay, gated, service, started
     ):
-        signers = [RemoteSigner(open_relay.url).start() for _ in range(3)]
-        started += signers
-        service.start()
-        for signer in signers:
-            register(service, signer.user, new_token(), [gated.url], signer.bunker_uri)
+        signers = delegating_users(service, open_relay, gated.url, started, 3)
         expected = AUTH_MODES[style]
         await eventually(lambda: users_on(service, gated.url) == (3, 0), "all reading", 90)
         assert health(service)["relays"][gated.url]["auth_mode"] == expected

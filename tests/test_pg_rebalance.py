@@ -14,16 +14,14 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import asyncpg
-import httpx
 import nostr_sdk
 
 from sigil_push.shards import DEFAULT_SHARDS
 from tests.support.bridge_harness import eventually, eventually_async, new_token, register, wakeups
 from tests.support.nostr_client import kind4_dm, publish, user
-from tests.support.processes import FAST_RECONNECT
+from tests.support.processes import FAST_RECONNECT, worker_health
 from tests.support.relay import RelayProcess
 from tests.support.service import ServiceProcess
 from tests.support.stores import on_database
@@ -32,21 +30,14 @@ LEASE_SECONDS = 2
 WORKER_TOML = FAST_RECONNECT + f"lease_seconds = {LEASE_SECONDS}\n"
 
 
-def _health(service: ServiceProcess) -> dict[str, Any]:
-    try:
-        return dict(httpx.get(service.admin_url + "/health", timeout=5).json())
-    except (httpx.HTTPError, ValueError):
-        return {}
-
-
 def _counts(services: list[ServiceProcess]) -> list[int]:
-    return [len(_health(s).get("shards", [])) for s in services]
+    return [len(worker_health(s).get("shards", [])) for s in services]
 
 
 def _settled(services: list[ServiceProcess], relay: str, keys: int) -> bool:
     """Every shard held by exactly one worker, each at shards // N or one more, and every key
     subscribed by exactly one worker on a live connection."""
-    health = [_health(s) for s in services]
+    health = [worker_health(s) for s in services]
     held = [list(h.get("shards", [])) for h in health]
     least = DEFAULT_SHARDS // len(services)
     if sorted(s for h in held for s in h) != list(range(DEFAULT_SHARDS)):

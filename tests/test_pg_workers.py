@@ -16,15 +16,13 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-import httpx
 import nostr_sdk
 
 from sigil_push.shards import DEFAULT_SHARDS
 from tests.support.bridge_harness import eventually, new_token, register, wakeups
 from tests.support.nostr_client import kind4_dm, publish, user
-from tests.support.processes import FAST_RECONNECT
+from tests.support.processes import FAST_RECONNECT, worker_health
 from tests.support.relay import RelayProcess
 from tests.support.service import ServiceProcess
 from tests.support.stores import on_database
@@ -33,15 +31,8 @@ LEASE_SECONDS = 3
 WORKER_TOML = FAST_RECONNECT + f"lease_seconds = {LEASE_SECONDS}\n[push]\nsend_timeout_seconds = 1\n"
 
 
-def _health(service: ServiceProcess) -> dict[str, Any]:
-    try:
-        return dict(httpx.get(service.admin_url + "/health", timeout=5).json())
-    except (httpx.HTTPError, ValueError):
-        return {}
-
-
 def _shards(services: list[ServiceProcess]) -> list[list[int]]:
-    return [list(_health(s).get("shards", [])) for s in services]
+    return [list(worker_health(s).get("shards", [])) for s in services]
 
 
 def _partitioned(services: list[ServiceProcess]) -> bool:
@@ -55,7 +46,7 @@ def _watched(services: list[ServiceProcess], relay: str) -> int:
     """Keys subscribed on `relay`, summed over workers, counting only live subscriptions."""
     total = 0
     for service in services:
-        state = _health(service).get("relays", {}).get(relay) or {}
+        state = worker_health(service).get("relays", {}).get(relay) or {}
         if not state.get("live"):
             return -1
         total += int(state.get("keys") or 0)

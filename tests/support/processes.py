@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.support.relay import RelayProcess
@@ -63,3 +64,11 @@ def workers() -> Iterator[list[ServiceProcess]]:
     yield started
     for service in started:
         service.stop()
+
+
+def worker_health(service: ServiceProcess) -> dict[str, Any]:
+    """A worker's operator /health, or {} while it is down or restarting (tests poll it)."""
+    try:
+        return dict(httpx.get(service.admin_url + "/health", timeout=5).json())
+    except (httpx.HTTPError, ValueError):
+        return {}
