@@ -54,7 +54,7 @@ async def test_a_restart_holds_one_string_per_key_across_relays(
     finally:
         await db.close()
 
-    async with in_process_bridge(tmp_path, [{"url": url} for url in RELAYS]) as parts:
+    async with in_process_bridge(tmp_path, "push.db", [{"url": url} for url in RELAYS]) as parts:
         bridge = parts.bridge
         canonical = {key: key for key in bridge._registry.keys}
         assert canonical.keys() == set(keys)
@@ -75,7 +75,7 @@ async def test_a_key_without_relays_of_its_own_costs_the_bridge_little(tmp_path:
             tracemalloc.Filter(True, "*/sigil_push/relays/*")]
     tracemalloc.start()
     try:
-        async with in_process_bridge(tmp_path, [{"url": RELAYS[0], "mode": "firehose"}]) as parts:
+        async with in_process_bridge(tmp_path, "push.db", [{"url": RELAYS[0], "mode": "firehose"}]) as parts:
             assert len(parts.bridge._pool.subs[RELAYS[0]].keys) == len(keys)
             held = tracemalloc.take_snapshot().filter_traces(ours)
     finally:
