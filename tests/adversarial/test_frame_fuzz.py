@@ -49,7 +49,9 @@ def signed_events(draw: st.DrawFn) -> dict[str, Any]:
     tags = draw(st.lists(st.lists(st.text(max_size=70), max_size=3), max_size=4))
     if draw(st.booleans()):
         tags.append(["p", RECIPIENT.public_key_hex])
-    created_at = draw(st.one_of(st.integers(0, 2**64), st.just(int(time.time()))))
+    # up to the largest timestamp a 64-bit relay can carry: a larger one has no canonical id
+    # (it cannot be signed, and arriving in a frame it is refused; mutated_events sends those)
+    created_at = draw(st.one_of(st.integers(0, 2**64 - 1), st.just(int(time.time()))))
     kind = draw(st.sampled_from((4, 1059, 10050, 10002, 1, 65535)))
     return sign_event(SENDER, kind, draw(st.text(max_size=50)), tags, created_at).to_json()
 
