@@ -60,7 +60,7 @@ from sigil_push.config import BridgeConfig
 from sigil_push.observations import ObservationLog
 from sigil_push.relays.connection import AuthSigner
 from sigil_push.relays.inbox_connection import USER_AUTHS, AuthMode, InboxConnection
-from sigil_push.store.auth_modes import LearnedAuthModes, LearnedMode
+from sigil_push.store.auth_modes import LearnedAuthModes
 from sigil_push.store.errors import STORE_UNAVAILABLE
 
 log = logging.getLogger(__name__)
@@ -206,11 +206,6 @@ class UserInboxes:
         for url, mode in saved.items():
             self._modes.setdefault(url, mode)
 
-    def _save_mode(self, url: str, mode: LearnedMode) -> None:
-        task = asyncio.create_task(self._sessions.learned_modes.save(url, mode))
-        self._stopping.add(task)
-        task.add_done_callback(self._stopping.discard)
-
     # what the connections report --------------------------------------------------------
 
     def learned(
@@ -226,7 +221,7 @@ class UserInboxes:
             self._modes[url] = mode
             MODES_LEARNED.labels(mode).inc()
             if mode != "unknown":
-                self._save_mode(url, mode)
+                self._spawn_tracked(self._sessions.learned_modes.save(url, mode))
             log.info(
                 "relay %s keeps %s (%s)", url,
                 "several authenticated keys per connection" if mode == "multi"
@@ -381,12 +376,14 @@ class UserInboxes:
             connections.remove(connection)
             if not connections:
                 del self._by_url[connection.url]
-            self._spawn_stop(connection.stop())
+            self._spawn_tracked(connection.stop())
 
     def _connection_count(self) -> int:
         return sum(len(connections) for connections in self._by_url.values())
 
-    def _spawn_stop(self, coroutine: Coroutine[Any, Any, None]) -> None:
+    def _spawn_tracked(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        """Run `coroutine` (a connection's stop, a verdict's save) in the background; `stop()`
+        waits for every such task before it returns."""
         task = asyncio.create_task(coroutine)
         self._stopping.add(task)
         task.add_done_callback(self._stopping.discard)
