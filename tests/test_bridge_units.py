@@ -212,8 +212,9 @@ def test_the_plan_holds_nothing_for_keys_without_relays_of_their_own() -> None:
 async def test_seen_events_survive_a_restart_and_memory_stays_bounded(
     store: SqliteStore | PostgresStore,
 ) -> None:
-    """Ids saved by one instance are known to the next; the cache never exceeds its size;
-    pruning forgets only ids past retention. On each engine."""
+    """Ids saved by one instance are known to the next, with every relay that delivered them
+    (those of the first batch share the id's row); the cache never exceeds its size; pruning
+    forgets only ids past retention. On each engine."""
     db = store.db
     seen = SeenEvents(db, retention_seconds=1000, cache_size=2)
     await seen.lookup(KEYS[:3])
@@ -223,11 +224,18 @@ async def test_seen_events_survive_a_restart_and_memory_stays_bounded(
     assert len(seen) == 0, "nothing is remembered before its write succeeds"
     seen.remember(pending)
     assert len(seen) == 2
-    await seen.save([(k, "wss://a", 1_000_000, 1000) for k in KEYS[:3]], [])
+    # KEYS[1] came from two relays in the batch that first handled it: one row lists both
+    relays = {KEYS[1]: ("wss://a", "wss://c")}
+    await seen.save([(k, relays.get(k, ("wss://a",)), 1_000_000, 1000) for k in KEYS[:3]], [])
 
     restarted = SeenEvents(db, retention_seconds=1000, cache_size=10)
     await restarted.load()
     assert restarted.delivered_by(KEYS[0], "wss://a")
+    assert not restarted.delivered_by(KEYS[0], "wss://c")
+    assert restarted.delivered_by(KEYS[1], "wss://a") and restarted.delivered_by(KEYS[1], "wss://c")
+    looked_up = SeenEvents(db, retention_seconds=1000, cache_size=10)
+    await looked_up.lookup([KEYS[1]])
+    assert looked_up.first_delivery(KEYS[1], "wss://c", {}) == (False, False)
     assert restarted.first_delivery(KEYS[0], "wss://b", {}) == (False, True)
     await restarted.save([], [(KEYS[0], "wss://b", 1000)])
     again = SeenEvents(db, retention_seconds=1000, cache_size=10)

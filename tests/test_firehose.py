@@ -263,8 +263,9 @@ async def test_a_copy_reuses_the_verified_original_and_a_forged_body_gains_nothi
     verified original: its own body (altered content and time) is never used. Once the id is
     only known as handled, a copy's id is recomputed: an altered body is dropped as `wrong_id`,
     a genuine body with a bad signature is recorded as a delivery (that id was verified
-    before). Further relays of one event share one `seen_on_relay` row that a restart reads
-    back in full. One wakeup in all."""
+    before). The relays of the batch that first handled the event share its `seen_events` row,
+    a later batch's copy gets a `seen_on_relay` row, and a restart reads both back in full.
+    One wakeup in all."""
     # fresh names: the drop counters are per relay and live as long as the test process
     relays = [f"wss://copy{i}-{secrets.token_hex(4)}.example" for i in range(5)]
     async with in_process_bridge(tmp_path, engine.database("push.db")) as parts:
@@ -292,10 +293,14 @@ async def test_a_copy_reuses_the_verified_original_and_a_forged_body_gains_nothi
         await poll(lambda: dropped(relays[3], "wrong_id") == 1, what="altered body dropped")
         assert {r["relay"] for r in seen_records(tmp_path)} == {relays[0], relays[1], relays[2], relays[4]}
 
-        rows = await db.execute_fetchall(
+        first_batch = await db.execute_fetchall(
+            "SELECT relay FROM seen_events WHERE event_id = ?", (original.id,)
+        )
+        assert list(first_batch) == [(" ".join(relays[:3]),)], "copies of its first batch"
+        later = await db.execute_fetchall(
             "SELECT relay FROM seen_on_relay WHERE event_id = ?", (original.id,)
         )
-        assert len(rows) == 2, "the copies of one batch share a row"
+        assert list(later) == [(relays[4],)], "a later batch's copy has a row of its own"
         restarted = SeenEvents(db, 3600, 100)
         await restarted.lookup([original.id])
         assert all(restarted.delivered_by(original.id, r) for r in (*relays[:3], relays[4]))

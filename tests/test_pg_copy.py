@@ -34,7 +34,7 @@ async def _old_instance(path: Path) -> dict[str, object]:
         await store.outbox.claim([due[0].id], NOW_MS)  # in flight when the old instance stopped
         collapse = {w.id: store.outbox.collapse_id(w.id) for w in due}
         seen = SeenEvents(store.db, 3600, 10)
-        await seen.save([(event.id, "wss://a.example", NOW_MS, event.created_at)],
+        await seen.save([(event.id, ("wss://a.example",), NOW_MS, event.created_at)],
                         [(event.id, "wss://b.example", event.created_at)])
         await store.db.execute(
             "INSERT INTO relay_baselines VALUES (?, ?, ?)", ("wss://a.example", alice, 1)

@@ -98,8 +98,8 @@ async def test_seen_ids_survive_a_restart_and_are_pruned_after_retention(store: 
     for event_id in ids:
         assert seen.first_delivery(event_id, "wss://a", pending) == (True, True)
     seen.remember(pending)
-    await seen.save([(i, "wss://a", 1_000_000, 1000) for i in ids], [])
-    await seen.save([(ids[0], "wss://z", 1_000_000, 1000)], [])  # a second worker's late copy
+    await seen.save([(i, ("wss://a",), 1_000_000, 1000) for i in ids], [])
+    await seen.save([(ids[0], ("wss://z",), 1_000_000, 1000)], [])  # a second worker's late copy
     restarted = SeenEvents(store.db, retention_seconds=1000, cache_size=10)
     await restarted.load()
     assert restarted.delivered_by(ids[0], "wss://a")

@@ -182,15 +182,19 @@ class Committer:
                 listener(committed)
 
     async def _decide(self, batch: list[Arrival]) -> tuple[
-        list[tuple[str, str, int, int]], list[tuple[str, str, int]], list[Arrival],
+        list[tuple[str, tuple[str, ...], int, int]], list[tuple[str, str, int]], list[Arrival],
         dict[str, tuple[str, ...]], list[SeenRecord],
     ]:
         """Which arrivals are new events, deliveries by a further relay, and wanted pushes;
         the deliveries to remember once they are on disk (not before: a failed write must
-        not make them look handled), and their `seen` records. One pass, once per event."""
+        not make them look handled), and their `seen` records. One pass, once per event.
+
+        A further relay's copy of an event that is new in this same batch is no row of its
+        own: it is among the relays of the event's `seen_events` row (`decided` holds them
+        all, in arrival order, once the pass is done)."""
         await self._seen.lookup([a.event.id for a in batch])
         first_delivery = self._seen.first_delivery
-        new_events: list[tuple[str, str, int, int]] = []
+        new_here: dict[str, tuple[int, int]] = {}
         further: list[tuple[str, str, int]] = []
         to_push: list[Arrival] = []
         decided: dict[str, tuple[str, ...]] = {}
@@ -205,15 +209,20 @@ class Committer:
                 continue
             delivered.append((relay, event_id, event.kind, created_at, arrival.received_ms))
             if not is_new:
-                further.append((event_id, relay, created_at))
+                if event_id not in new_here:
+                    further.append((event_id, relay, created_at))
                 continue
-            new_events.append((event_id, relay, arrival.received_ms, created_at))
+            new_here[event_id] = (arrival.received_ms, created_at)
             if arrival.push_to:
                 to_push.append(arrival)
             else:
                 baselined += 1
         if baselined:
             BASELINED.inc(baselined)
+        new_events = [
+            (event_id, decided[event_id], received_ms, created_at)
+            for event_id, (received_ms, created_at) in new_here.items()
+        ]
         return new_events, further, to_push, decided, delivered
 
     def _expect(self, arrival: Arrival) -> None:
@@ -267,7 +276,7 @@ class Committer:
     async def _write(
         self,
         writes: list[tuple[Arrival, list[Device]]],
-        new_events: list[tuple[str, str, int, int]],
+        new_events: list[tuple[str, tuple[str, ...], int, int]],
         further: list[tuple[str, str, int]],
         ops: list[DbOp],
     ) -> None:

@@ -172,7 +172,7 @@ class SeenStore(Protocol):
 
     async def save(
         self,
-        new_events: Sequence[tuple[str, str, int, int]],
+        new_events: Sequence[tuple[str, tuple[str, ...], int, int]],
         further: Sequence[tuple[str, str, int]],
     ) -> None: ...
 

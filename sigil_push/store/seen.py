@@ -18,7 +18,9 @@ from sigil_push.store.interface import Database
 LOOKUP_CHUNK = 500
 MAX_KEEP_UNTIL = 2**62
 RELAY_SEPARATOR = " "
-"""Joins the further relays of one event in one `seen_on_relay` row (no URL has a space)."""
+"""Joins the relays of one event in one row (no URL has a space): in `seen_events.relay` the
+relays that delivered it in the batch that first handled it, the first one first; in
+`seen_on_relay.relay` the further relays of a later batch."""
 
 
 class SeenEvents:
@@ -91,7 +93,8 @@ class SeenEvents:
             cache.popitem(last=False)
 
     def _remember_row(self, event_id: str, first: str, further: object) -> None:
-        self._remember(event_id, first)
+        for relay in first.split(RELAY_SEPARATOR):
+            self._remember(event_id, relay)
         if further is not None:
             for relay in str(further).split(RELAY_SEPARATOR):
                 self._remember(event_id, relay)
@@ -106,24 +109,29 @@ class SeenEvents:
 
     async def save(
         self,
-        new_events: Sequence[tuple[str, str, int, int]],
+        new_events: Sequence[tuple[str, tuple[str, ...], int, int]],
         further: Sequence[tuple[str, str, int]],
     ) -> None:
-        """Persist new events as (event_id, first relay, first_seen_ms, created_at) and the
-        deliveries by further relays as (event_id, relay, created_at).
+        """Persist new events as (event_id, relays, first_seen_ms, created_at), `relays` being
+        every relay that delivered the event in the batch that first handled it, and the
+        deliveries by further relays of a later batch as (event_id, relay, created_at).
 
-        The further relays of one event in one batch share a row (their URLs joined by a
-        space): with every DM arriving from several relays at once, that is one row per event
-        instead of one per copy."""
+        With every DM arriving from several relays at once, nearly all copies land in the
+        batch of the first one: their relays share the event's `seen_events` row, so a copy
+        adds a few bytes to that row rather than an entry in another table and its index
+        (an entry keyed by a random id dirties its own page in every commit: measured, the
+        `seen_on_relay` rows were most of SQLite's work with four relays per event). Further
+        relays of one event in one later batch share one `seen_on_relay` row."""
         if new_events:
             # `_keep_until` inlined: this runs once per event handled
-            keep, most = self._retention, MAX_KEEP_UNTIL
+            keep, most, join = self._retention, MAX_KEEP_UNTIL, RELAY_SEPARATOR.join
             await self._db.executemany(
                 "INSERT INTO seen_events (event_id, relay, keep_until) VALUES (?, ?, ?)"
                 " ON CONFLICT DO NOTHING",
                 [
-                    (i, relay, min(max(ms // 1000, c) + keep, most))
-                    for i, relay, ms, c in new_events
+                    (i, relays[0] if len(relays) == 1 else join(relays),
+                     min(max(ms // 1000, c) + keep, most))
+                    for i, relays, ms, c in new_events
                 ],
             )
         if further:
