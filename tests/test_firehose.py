@@ -17,11 +17,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from prometheus_client import REGISTRY
 from websockets.asyncio.client import connect
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
+from sigil_push.bridge import committer
 from sigil_push.nostr.event import sign_event
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.store.seen import SeenEvents
@@ -309,6 +311,60 @@ async def test_a_copy_reuses_the_verified_original_and_a_forged_body_gains_nothi
             "SELECT COUNT(*) FROM outbox WHERE event_id = ?", (original.id,)
         )
         assert list(wakeups_queued) == [(1,)]
+
+
+async def test_copies_in_later_batches_share_one_row_and_are_recorded_once_on_disk(
+    tmp_path: Path, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Copies of an already committed event that arrive in two later batches are held and
+    written together by a later commit: one `seen_on_relay` row for both relays, each
+    delivery's `seen` record logged only with its row, a repeat from one of those relays
+    counted as a duplicate even while held, and no second wakeup."""
+    monkeypatch.setattr(committer, "FURTHER_HOLD_SECONDS", 3600.0)
+    relays = [f"wss://held{i}-{secrets.token_hex(4)}.example" for i in range(3)]
+    async with in_process_bridge(tmp_path, engine.database("push.db")) as parts:
+        db, devices, bridge = parts.db, parts.devices, parts.bridge
+        alice, sender = SecretKey.generate(), SecretKey.generate()
+        me = alice.public_key_hex
+        await devices.register(me, "android", "fcm-alice", "opaque", (), None, 0)
+        await poll(lambda: me in bridge._registry.keys, what="alice watched")
+        original = sign_event(sender, 4, "one event, three relays", [["p", me]])
+        now_ms = int(time.time() * 1000)
+        bridge.on_user_event(relays[0], me, original.to_json(), now_ms, False)
+        await poll(lambda: len(seen_records(tmp_path)) == 1, what="the first delivery committed")
+        seen = bridge._ingest._seen
+        for relay in relays[1:]:
+            bridge.on_user_event(relay, me, original.to_json(), now_ms, False)
+            await poll(lambda r=relay: seen.delivered_by(original.id, r),
+                       what="the copy decided in a batch of its own")
+
+        def duplicates() -> float:
+            return REGISTRY.get_sample_value(
+                "sigil_push_bridge_events_duplicate_total", {"relay": relays[1]}
+            ) or 0.0
+
+        bridge.on_user_event(relays[1], me, original.to_json(), now_ms, False)
+        assert duplicates() == 1, "a held delivery is known at once"
+        assert len(seen_records(tmp_path)) == 1, "held: not logged before its row is written"
+        rows = await db.execute_fetchall(
+            "SELECT relay FROM seen_on_relay WHERE event_id = ?", (original.id,)
+        )
+        assert list(rows) == []
+
+        monkeypatch.setattr(committer, "FURTHER_HOLD_SECONDS", 0.0)
+        another = sign_event(sender, 4, "the next one carries them", [["p", me]])
+        bridge.on_user_event(relays[0], me, another.to_json(), now_ms, False)
+        await poll(lambda: len(seen_records(tmp_path)) == 4, what="the held copies recorded")
+        assert sorted(r["relay"] for r in seen_records(tmp_path) if r["event_id"] == original.id
+                      ) == sorted(relays)
+        rows = await db.execute_fetchall(
+            "SELECT relay FROM seen_on_relay WHERE event_id = ?", (original.id,)
+        )
+        assert list(rows) == [(" ".join(relays[1:]),)], "one row for both later copies"
+        wakeups = await db.execute_fetchall(
+            "SELECT COUNT(*) FROM outbox WHERE event_id = ?", (original.id,)
+        )
+        assert list(wakeups) == [(1,)]
 
 
 async def test_the_raw_frame_scan_never_drops_an_addressed_event(

@@ -37,6 +37,10 @@ log = logging.getLogger(__name__)
 COMMIT_ATTEMPTS = 5
 POISON_ATTEMPTS = 2
 DEVICE_CACHE_SIZE = 50_000
+FURTHER_HOLD_SECONDS = 1.0
+"""How long a further relay's delivery of an already committed event waits, so the copies of
+one event that land in several batches share one `seen_on_relay` row, written in one commit."""
+FURTHER_HOLD_EVENTS = 10_000
 
 CommitListener = Callable[[Sequence[tuple[str, int]]], None]
 
@@ -80,6 +84,9 @@ class Committer:
         self._device_cache: dict[str, list[Device]] = {}
         self._device_generation = 0
         self._stopping = False
+        self._held: dict[str, tuple[list[str], int]] = {}
+        self._held_records: list[SeenRecord] = []
+        self._held_since = 0.0
 
     def attach(
         self, db: Database, writer: OutboxStore, seen: SeenStore, lists: RelayLists
@@ -104,12 +111,26 @@ class Committer:
     async def run(self) -> None:
         work = self._pending.work
         while True:
-            await work.wait()
+            if self._held:
+                wait = self._held_since + FURTHER_HOLD_SECONDS - time.monotonic()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(work.wait(), max(0.0, wait))
+            else:
+                await work.wait()
             work.clear()
             while self._pending:
                 await self._commit_pending()
+            if self._held and (self._stopping or self._hold_expired()):
+                # no batch came to carry the held deliveries: a commit of their own
+                await self._commit_pending()
             if self._stopping:
                 return
+
+    def _hold_expired(self) -> bool:
+        return (
+            time.monotonic() - self._held_since >= FURTHER_HOLD_SECONDS
+            or len(self._held) >= FURTHER_HOLD_EVENTS
+        )
 
     async def _commit_pending(self) -> None:
         """Commit the next batch. A batch that raises is retried once, then committed event
@@ -161,11 +182,28 @@ class Committer:
 
     async def _commit(self, batch: list[Arrival], ops: list[DbOp]) -> None:
         """Decide, write, and only then remember the batch's ids as seen and log what the
-        relays delivered (a batch retried after a failed write is logged once)."""
-        new_events, further, to_push, decided, delivered = await self._decide(batch)
+        relays delivered (a batch retried after a failed write is logged once).
+
+        A further relay's delivery of an event committed in an earlier batch is held back
+        (`FURTHER_HOLD_SECONDS`) and written, with its `seen` record logged, together with the
+        other relays' copies of that event held meanwhile: one row per event, not one per
+        batch its copies happen to fall in. It is remembered at once, so a repeat counts as a
+        duplicate. A crash loses a held delivery's row and its record alike, so a relay's
+        replay after the restart is recorded once, as it would have been."""
+        new_events, further, further_seen, to_push, decided, delivered = await self._decide(batch)
         writes = await self._targets(to_push)
-        await self._write(writes, new_events, further, ops)
+        flush = bool(self._held) and (self._stopping or self._hold_expired())
+        held_rows = [
+            (event_id, relay, created_at)
+            for event_id, (relays, created_at) in self._held.items()
+            for relay in relays
+        ] if flush else []
+        await self._write(writes, new_events, held_rows, ops)
         self._seen.remember(decided)
+        if flush:
+            delivered.extend(self._held_records)
+            self._held, self._held_records = {}, []
+        self._hold(further, further_seen)
         self._observations.seen_many(delivered)
         for arrival in to_push:
             self._expect(arrival)
@@ -181,13 +219,29 @@ class Committer:
             for listener in self._listeners:
                 listener(committed)
 
+    def _hold(self, further: list[tuple[str, str, int]], records: list[SeenRecord]) -> None:
+        """Add this batch's further deliveries, and their `seen` records, to the held ones."""
+        if not further:
+            return
+        if not self._held:
+            self._held_since = time.monotonic()
+        held = self._held
+        for event_id, relay, created_at in further:
+            entry = held.get(event_id)
+            if entry is None:
+                held[event_id] = ([relay], created_at)
+            else:
+                entry[0].append(relay)
+        self._held_records.extend(records)
+
     async def _decide(self, batch: list[Arrival]) -> tuple[
-        list[tuple[str, tuple[str, ...], int, int]], list[tuple[str, str, int]], list[Arrival],
-        dict[str, tuple[str, ...]], list[SeenRecord],
+        list[tuple[str, tuple[str, ...], int, int]], list[tuple[str, str, int]],
+        list[SeenRecord], list[Arrival], dict[str, tuple[str, ...]], list[SeenRecord],
     ]:
-        """Which arrivals are new events, deliveries by a further relay, and wanted pushes;
-        the deliveries to remember once they are on disk (not before: a failed write must
-        not make them look handled), and their `seen` records. One pass, once per event.
+        """Which arrivals are new events, deliveries by a further relay (with their `seen`
+        records apart: they are held, see `_commit`), and wanted pushes; the deliveries to
+        remember once they are on disk (not before: a failed write must not make them look
+        handled), and the `seen` records of the rest. One pass, once per event.
 
         A further relay's copy of an event that is new in this same batch is no row of its
         own: it is among the relays of the event's `seen_events` row (`decided` holds them
@@ -196,6 +250,7 @@ class Committer:
         first_delivery = self._seen.first_delivery
         new_here: dict[str, tuple[int, int]] = {}
         further: list[tuple[str, str, int]] = []
+        further_seen: list[SeenRecord] = []
         to_push: list[Arrival] = []
         decided: dict[str, tuple[str, ...]] = {}
         delivered: list[SeenRecord] = []
@@ -207,23 +262,26 @@ class Committer:
             if not first_here:
                 self._counters[relay].duplicates.inc()
                 continue
-            delivered.append((relay, event_id, event.kind, created_at, arrival.received_ms))
-            if not is_new:
-                if event_id not in new_here:
-                    further.append((event_id, relay, created_at))
-                continue
-            new_here[event_id] = (arrival.received_ms, created_at)
-            if arrival.push_to:
-                to_push.append(arrival)
+            record = (relay, event_id, event.kind, created_at, arrival.received_ms)
+            if is_new:
+                new_here[event_id] = (arrival.received_ms, created_at)
+                delivered.append(record)
+                if arrival.push_to:
+                    to_push.append(arrival)
+                else:
+                    baselined += 1
+            elif event_id in new_here:
+                delivered.append(record)
             else:
-                baselined += 1
+                further.append((event_id, relay, created_at))
+                further_seen.append(record)
         if baselined:
             BASELINED.inc(baselined)
         new_events = [
             (event_id, decided[event_id], received_ms, created_at)
             for event_id, (received_ms, created_at) in new_here.items()
         ]
-        return new_events, further, to_push, decided, delivered
+        return new_events, further, further_seen, to_push, decided, delivered
 
     def _expect(self, arrival: Arrival) -> None:
         """Observation: the recipients' inbox relays that were connected as their DM arrived."""
