@@ -103,3 +103,34 @@ async def test_a_verified_id_in_another_body_routes_only_the_original(
             "SELECT d.token, o.event_id FROM outbox o JOIN devices d ON d.id = o.device_id"
         )
         assert list(rows) == [("fcm-alice", original.id)]
+
+
+async def test_a_frame_that_only_looks_like_a_copy_takes_the_full_path(
+    tmp_path: Path, engine: Engine
+) -> None:
+    """A verified id quoted inside another event's content is not that event's id: the frame
+    is parsed and checked in full, so a forged signature behind it is refused as `forged` and
+    nothing is recorded for the quoted id. Only a frame whose own `id` is the verified one is
+    taken as a copy."""
+    async with in_process_bridge(
+        tmp_path, engine.database("push.db"), [{"url": RELAY, "mode": "firehose"}]
+    ) as parts:
+        alice, sender = SecretKey.generate(), SecretKey.generate()
+        me = alice.public_key_hex
+        await parts.devices.register(me, "android", "fcm-alice", "opaque", (), None, 0)
+        await poll(lambda: me in parts.bridge._pool.subs[RELAY].keys, what="alice watched")
+        known = sign_event(sender, 4, "verified first", [["p", me]])
+        now_ms = time.time_ns() // 1_000_000
+        assert parts.bridge.raw_event(RELAY, frame(known.to_json()), now_ms)
+
+        lookalike = sign_event(sender, 4, f'{{"id":"{known.id}"}}', [["p", me]]).to_json()
+        lookalike["sig"] = known.sig  # a signature that was verified, but for another id
+        text = json.dumps(
+            ["EVENT", "sp0.1", {"content": lookalike["content"],
+                                **{k: v for k, v in lookalike.items() if k != "content"}}],
+            separators=(",", ":"),
+        )
+        assert text.index(known.id) < text.index(lookalike["id"]), "the quoted id comes first"
+        forged = dropped("forged")
+        assert parts.bridge.raw_event(RELAY, text, now_ms)
+        assert dropped("forged") == forged + 1
