@@ -1,7 +1,7 @@
 """Benchmark of `sigil-push serve` scaled out on PostgreSQL: real worker processes, a real server.
 
 A PostgreSQL cluster is started from the machine's binaries (tests.support.postgres), a local
-APNs (tests.fakes.fake_apns) answers the wakeups, and a routing relay written here (a
+APNs answers the wakeups, and a routing relay written here (a
 `websockets` server, like bench/ingest.py's tiny relay) answers every REQ with EOSE and, on a
 control message, streams pre-signed kind 4 DMs to the subscription whose `#p` filter holds the
 recipient, as a real relay does: each worker receives only the DMs of the keys it watches.
@@ -22,10 +22,19 @@ Phases:
   handover  — 2 workers, SIGKILL one: seconds until the survivor holds every shard, and until a
               DM to a key of a moved shard is pushed;
   register  — NIP-98 signed registrations (bench/api.py's requests) through 2 workers at once.
-The machine has 2 cores and is shared with other engineers' tests, so every figure is a floor.
+The machine has 2 cores and is shared with other engineers' tests, so every figure is a floor;
+each throughput run also reports where each worker's event loop spent it (on a CPU, runnable
+but waiting for one, asleep) and the CPU milliseconds per wakeup of every process.
+
+The APNs endpoint (`--apns`): `nginx` (default; bench/native_apns.py, C, about 0.01 ms of CPU
+per wakeup, checks nothing; needs `apt-get install -y nginx-light`) or `python`, the tests'
+fake (checks provider tokens and headers, about 0.4 ms of CPU per wakeup: on these 2 cores it
+takes CPU from the workers and takes turns with them, so a scaling figure measured against it
+mostly measures the fake).
 Writes bench/results/scale.json.
 
 Usage: python bench/scale.py [--keys 1000000] [--quick] [--profile] [--spy] [--phases ...]
+                             [--apns nginx|python] [--pairs N] [--throughput-workers 1 2]
 """
 
 from __future__ import annotations
