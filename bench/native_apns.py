@@ -51,7 +51,10 @@ http {{
     fastcgi_temp_path {folder}/fastcgi;
     uwsgi_temp_path {folder}/uwsgi;
     scgi_temp_path {folder}/scgi;
+    # answers as close to Apple's (`:status` and `apns-id`) as stock nginx allows: no
+    # content-type; `server`, `date` and `content-length: 0` stay (HPACK-indexed after the first)
     server_tokens off;
+    default_type "";
     # aioapns keeps its connections for the whole run: never close one after N requests
     keepalive_requests 1000000000;
     keepalive_timeout 3600s;
