@@ -12,13 +12,15 @@ if TYPE_CHECKING:
 
 
 class Verified:
-    """A verified event, and whether it was already handed to the committer (then a copy from
+    """A verified event, its distinct `p` tag values in order (read once, not again for each
+    relay's copy), and whether it was already handed to the committer (then a copy from
     another relay only records that relay's delivery and spends no recipient quota)."""
 
-    __slots__ = ("enqueued", "event")
+    __slots__ = ("enqueued", "event", "tagged")
 
     def __init__(self, event: Event) -> None:
         self.event = event
+        self.tagged = tuple(dict.fromkeys(event.tag_values("p")))
         self.enqueued = False
 
 

@@ -185,7 +185,7 @@ class Ingest:
         subscribed: Mapping[str, int] = subs.keys if subs is not None else {}
         event = entry.event
         if event.kind in DM_KINDS:
-            recipients = tuple(dict.fromkeys(p for p in event.tag_values("p") if p in subscribed))
+            recipients = tuple(p for p in entry.tagged if p in subscribed)
             if not recipients:
                 counters.dropped["unknown_recipient"].inc()
                 return
