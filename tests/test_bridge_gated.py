@@ -448,6 +448,69 @@ async def test_a_shared_relay_that_turns_one_key_per_connection_is_read_per_user
             await eventually(lambda w=wrap: wakeups(service)[w["id"]] == 1, "pushed per user")
 
 
+async def test_a_one_key_relay_keeps_the_key_it_accepted_when_auths_arrive_out_of_order(
+    tmp_path: Path, engine: Engine
+) -> None:
+    """The interleaving behind a flake of the test above under load, forced: after the shared
+    relay restarts as strfry, the last user on the shared connection gets its AUTH to the relay
+    first (its signer answers first) and is accepted, and before its REQ is answered the other
+    users' AUTHs are refused ("already authenticated"). The bridge keeps the key the relay
+    accepted on the shared connection (its signer asked once), moves the others to connections
+    of their own, and every user reads: nobody is taken as refused. It used to keep the first
+    other member instead, whose own AUTH the relay then refused, and mark that user failed."""
+    with delegating(tmp_path, AuthRelay(tmp_path / "gated", "multi"), engine) as (
+        open_relay, gated, service, started
+    ):
+        signers = delegating_users(service, open_relay, gated.url, started, 3)
+        by_key = {s.user_hex: s for s in signers}
+        await eventually(lambda: users_on(service, gated.url) == (3, 0), "all reading", 90)
+        assert health(service)["relays"][gated.url]["auth_mode"] == "multi"
+
+        for signer in signers:
+            signer.hold()
+        asked_before = {key: sign_requests(s) for key, s in by_key.items()}
+        gated.stop()
+        gated.mode = "strfry"
+        gated.start()
+
+        def shared_order() -> list[str] | None:
+            """The users' keys in the order the shared connection asked for them again."""
+            for requests in gated.dm_requests_by_connection():
+                keys = [r[0] for r in requests if len(r) == 1 and r[0] in by_key]
+                if len(set(keys)) == len(by_key):
+                    return list(dict.fromkeys(keys))
+            return None
+
+        await eventually(lambda: shared_order() is not None, "the shared connection back", 60)
+        order = shared_order()
+        assert order is not None
+        accepted, *refused = reversed(order)
+        gated.hold_reads({accepted})
+        by_key[accepted].release()
+        await eventually(
+            lambda: [accepted] in gated.keys_by_connection(), "the last user's AUTH accepted"
+        )
+        for key in refused:
+            by_key[key].release()
+        await eventually(
+            lambda: health(service)["relays"][gated.url]["auth_mode"] == "single",
+            "fell back to one key per connection",
+            60,
+        )
+        gated.release_reads()
+
+        await eventually(lambda: users_on(service, gated.url) == (3, 0), "all reading again", 90)
+        carried = [k for k in gated.keys_by_connection() if set(k) & set(by_key)]
+        assert sorted(len(k) for k in carried) == [1, 1, 1]
+        asked = {key: sign_requests(s) - asked_before[key] for key, s in by_key.items()}
+        assert asked[accepted] == 1, "the accepted key stays on the shared connection"
+        assert all(asked[key] == 2 for key in refused), asked
+        wraps = [gift_wrap(user(), s.user, "after the change") for s in signers]
+        await publish(gated.upstream.url, *wraps)
+        for wrap in wraps:
+            await eventually(lambda w=wrap: wakeups(service)[w["id"]] == 1, "pushed per user")
+
+
 @pytest.mark.parametrize(
     ("style", "store_backend"),
     [("chorus-multi", "sqlite"), ("strfry", "sqlite"), ("chorus-multi", "postgres")],

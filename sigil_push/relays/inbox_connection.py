@@ -51,6 +51,8 @@ class _Member:
     sub_id: str | None = None
     authed: bool = False
     """This user's AUTH went out on the current socket."""
+    accepted: bool = False
+    """The relay answered this user's AUTH on the current socket with `OK true`."""
     fresh: bool = False
     eosed: bool = False
     authenticated: bool = False
@@ -179,7 +181,12 @@ class InboxConnection:
         self, connection: RelayConnection, event_id: str, accepted: bool, reason: str
     ) -> None:
         pubkey = self._auth_ids.pop(event_id, None)
-        if pubkey is None or accepted:
+        if pubkey is None:
+            return
+        if accepted:
+            member = self.members.get(pubkey)
+            if member is not None:
+                member.accepted = True
             return
         if self._manager.mode(self.url) != "single" and self._others_authed(pubkey):
             # strfry: "already authenticated"
@@ -232,6 +239,7 @@ class InboxConnection:
         for member in self.members.values():
             member.sub_id = None
             member.authed = False
+            member.accepted = False
             member.eosed = False
         for member in list(self.members.values()):
             self._subscribe(member)
@@ -420,10 +428,16 @@ class InboxConnection:
         return any(m.authed for p, m in self.members.items() if p != pubkey)
 
     def _survivor(self, excluding: str) -> str | None:
-        return next(
-            (p for p, m in self.members.items() if p != excluding and m.authenticated),
-            next((p for p in self.members if p != excluding), None),
+        """The key a one-key relay keeps serving on this socket: one whose AUTH it accepted
+        (strfry accepts the first AUTH *sent*, which under load need not be the first member's,
+        nor one whose REQ has been answered yet), else one already reading, else the first."""
+        others = [m for p, m in self.members.items() if p != excluding]
+        chosen = (
+            next((m for m in others if m.accepted), None)
+            or next((m for m in others if m.authenticated), None)
+            or next(iter(others), None)
         )
+        return None if chosen is None else chosen.pubkey
 
     # state ------------------------------------------------------------------------------
 

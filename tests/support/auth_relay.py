@@ -21,6 +21,9 @@ authenticated"`, `silent` (nostr-rs-relay) says OK and keeps the first key, `mul
 `late_closed=True` holds the CLOSED of a refused REQ back until the connection authenticated,
 the order that made the bridge mistake its pre-AUTH REQ's answer for a refusal after AUTH.
 `any_key_reads=True` lets any authenticated key read every DM (so the bridge's own key can).
+`hold_reads(keys)` keeps the DM REQs it allows for those keys from the real relay (so they get
+no EOSE) until `release_reads()`: a test decides when a key starts reading, as a slow relay
+would. Each connection's DM REQs are recorded with their `#p` values, in arrival order.
 
 It runs in its own thread and event loop (tests call the service synchronously), on a fixed
 port so a restart keeps its URL. AUTH events are checked with nostr-sdk, not our own code.
@@ -74,6 +77,7 @@ class AuthRelay:
         self.refused_second_auth = 0
         self.refused_reqs = 0
         self.served_reqs = 0
+        self.held_reads: set[str] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._server: Server | None = None
@@ -133,6 +137,26 @@ class AuthRelay:
         finally:
             self.open_sessions.discard(session)
 
+    def hold_reads(self, keys: set[str]) -> None:
+        """Allowed DM REQs for `keys` wait here (no EOSE, no events) until `release_reads`."""
+        self.held_reads = set(keys)
+
+    def release_reads(self) -> None:
+        assert self._loop is not None
+        asyncio.run_coroutine_threadsafe(self._release_reads(), self._loop).result(10)
+
+    async def _release_reads(self) -> None:
+        self.held_reads = set()
+        for session in list(self.open_sessions):
+            held, session.held_reqs = session.held_reqs, []
+            for _, frame in held:
+                with contextlib.suppress(ConnectionClosed):
+                    await session.upstream.send(frame)
+
+    def dm_requests_by_connection(self) -> list[list[list[str]]]:
+        """The `#p` values of each open connection's DM REQs, in the order they arrived."""
+        return [list(session.dm_requests) for session in list(self.open_sessions)]
+
     def keys_by_connection(self) -> list[list[str]]:
         """The keys each open connection is authenticated as (read from the test's thread)."""
         return [list(session.keys) for session in list(self.open_sessions) if session.keys]
@@ -145,6 +169,8 @@ class _Session:
         self.challenge = challenge
         self.keys: list[str] = []
         self.held_closed: list[str] = []
+        self.held_reqs: list[tuple[str, str | bytes]] = []
+        self.dm_requests: list[list[str]] = []
         self.upstream: Any = None
 
     async def send(self, message: list[Any]) -> None:
@@ -174,14 +200,33 @@ class _Session:
         async for frame in self.ws:
             message = json.loads(frame)
             verb = message[0]
+            if verb == "REQ":
+                self._record(message[2:])
             if verb == "AUTH":
                 await self._auth(message[1])
             elif verb == "REQ" and not self._allowed(message[2:]):
                 await self._refuse(message[1])
+            elif verb == "REQ" and self._held(message[2:]):
+                self.relay.served_reqs += 1
+                self.held_reqs.append((message[1], frame))
             else:
                 if verb == "REQ":
                     self.relay.served_reqs += 1
+                elif verb == "CLOSE":
+                    self.held_reqs = [(s, f) for s, f in self.held_reqs if s != message[1]]
                 await self.upstream.send(frame)
+
+    def _record(self, filters: list[Any]) -> None:
+        for query in filters:
+            if isinstance(query, dict) and DM_KINDS & set(query.get("kinds", [])):
+                self.dm_requests.append([str(p) for p in query.get("#p", [])])
+
+    def _held(self, filters: list[Any]) -> bool:
+        held = self.relay.held_reads
+        return any(
+            isinstance(query, dict) and bool(held & set(query.get("#p", [])))
+            for query in filters
+        )
 
     async def _auth(self, raw: dict[str, Any]) -> None:
         event = nostr_sdk.Event.from_json(json.dumps(raw))
