@@ -46,6 +46,8 @@ from typing import Any, TypeVar
 
 from prometheus_client import Gauge
 
+from sigil_push.supervisor import supervise
+
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
@@ -135,9 +137,12 @@ class ObservationLog:
 
     async def start(self) -> None:
         self._folder.mkdir(parents=True, exist_ok=True)
+        # supervised: a round that fails on something other than the disk (a damaged `.gz`
+        # raises EOFError or zlib.error) is logged, counted and retried instead of ending
+        # housekeeping for good without a word
         self._tasks = [
-            asyncio.create_task(self._run(), name="observation-log"),
-            asyncio.create_task(self._housekeeping_loop(), name="observation-housekeeping"),
+            supervise("observation-log", self._run),
+            supervise("observation-housekeeping", self._housekeeping_loop),
         ]
 
     async def stop(self) -> None:

@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+from prometheus_client import REGISTRY
+
 from sigil_push.observations import LOCK_NAME, ObservationLog, file_name_for
 from tests.support.bridge_harness import eventually, metric
 from tests.support.service import ServiceProcess
@@ -228,3 +230,29 @@ async def test_a_staged_hour_is_finished_by_one_worker_only(tmp_path: Path) -> N
 
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([orphan + ".gz", LOCK_NAME])
     assert read_hour(tmp_path, orphan) == lines(2, "compressed earlier") + lines(3, "staged by w0")
+
+
+async def test_housekeeping_that_fails_on_a_damaged_file_is_restarted_not_lost(
+    tmp_path: Path,
+) -> None:
+    """A finished hour's `.gz` was cut short (a copy, a disk fault) and a late record for that
+    hour waits to be merged into it: reading the `.gz` fails with EOFError, which is not an
+    OSError. Housekeeping is restarted and counted in `sigil_push_task_restarts_total` (what
+    the SigilPushTaskRestarting alert watches) instead of ending for good without a word, the
+    late record stays on disk, and the log stops cleanly."""
+    now = int(time.time() * 1000)
+    hour = file_name_for(now - 3 * HOUR_MS)
+    whole = gzip.compress(lines(100, "earlier"))
+    (tmp_path / (hour + ".gz")).write_bytes(whole[: len(whole) // 2])
+    (tmp_path / hour).write_bytes(lines(1, "late"))
+
+    def restarts() -> float:
+        labels = {"task": "observation-housekeeping"}
+        return REGISTRY.get_sample_value("sigil_push_task_restarts_total", labels) or 0.0
+
+    before = restarts()
+    log = ObservationLog(tmp_path, retention_days=0)
+    await log.start()
+    await eventually(lambda: restarts() >= before + 2, "housekeeping failed, and again")
+    await log.stop()
+    assert (tmp_path / (hour + ".compressing")).read_bytes() == lines(1, "late")
