@@ -352,8 +352,10 @@ class ObservationLog:
         files = size = 0
         for path in self._folder.iterdir():
             if hour_of(path.name) is not None:
-                files += 1
-                size += path.stat().st_size
+                # another worker's round (which may run meanwhile) can move a file away
+                with contextlib.suppress(FileNotFoundError):
+                    size += path.stat().st_size
+                    files += 1
         LOG_BYTES.set(size)
         LOG_FILES.set(files)
         return Tidied(compressed, deleted, files, size)
