@@ -24,6 +24,9 @@ the order that made the bridge mistake its pre-AUTH REQ's answer for a refusal a
 `hold_reads(keys)` keeps the DM REQs it allows for those keys from the real relay (so they get
 no EOSE) until `release_reads()`: a test decides when a key starts reading, as a slow relay
 would. Each connection's DM REQs are recorded with their `#p` values, in arrival order.
+`max_subscriptions` publishes that NIP-11 limit (otherwise the relay has no NIP-11 document).
+`withhold_oks(keys)` accepts those keys' AUTHs without ever saying `OK` (a reply still under
+way when the client acts).
 
 It runs in its own thread and event loop (tests call the service synchronously), on a fixed
 port so a restart keeps its URL. AUTH events are checked with nostr-sdk, not our own code.
@@ -36,6 +39,7 @@ import contextlib
 import json
 import secrets
 import threading
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +47,7 @@ import nostr_sdk
 from websockets.asyncio.client import connect
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request, Response
 
 from tests.support.relay import RelayProcess, free_port
 
@@ -58,6 +63,7 @@ class AuthRelay:
         closed_first: bool = False,
         late_closed: bool = False,
         any_key_reads: bool = False,
+        max_subscriptions: int | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode}")
@@ -65,6 +71,7 @@ class AuthRelay:
         self.closed_first = closed_first
         self.late_closed = late_closed
         self.any_key_reads = any_key_reads
+        self.max_subscriptions = max_subscriptions
         self.upstream = RelayProcess(folder / "upstream")
         self.port = free_port()
         self.url = f"ws://127.0.0.1:{self.port}"
@@ -78,6 +85,7 @@ class AuthRelay:
         self.refused_reqs = 0
         self.served_reqs = 0
         self.held_reads: set[str] = set()
+        self.withheld_oks: set[str] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._server: Server | None = None
@@ -107,8 +115,18 @@ class AuthRelay:
 
     async def _serve(self) -> None:
         self._server = await serve(
-            self._handle, "127.0.0.1", self.port, compression=None, max_size=None
+            self._handle, "127.0.0.1", self.port, compression=None, max_size=None,
+            process_request=self._nip11,
         )
+
+    def _nip11(self, connection: ServerConnection, request: Request) -> Response | None:
+        """The NIP-11 document, for a plain HTTP request asking for it."""
+        if self.max_subscriptions is None or "application/nostr+json" not in request.headers.get(
+            "Accept", ""
+        ):
+            return None
+        document = {"limitation": {"max_subscriptions": self.max_subscriptions}}
+        return connection.respond(HTTPStatus.OK, json.dumps(document))
 
     async def _close(self) -> None:
         if self._server is not None:
@@ -136,6 +154,10 @@ class AuthRelay:
             return
         finally:
             self.open_sessions.discard(session)
+
+    def withhold_oks(self, keys: set[str]) -> None:
+        """Accepted AUTHs of `keys` get no `OK` frame."""
+        self.withheld_oks = set(keys)
 
     def hold_reads(self, keys: set[str]) -> None:
         """Allowed DM REQs for `keys` wait here (no EOSE, no events) until `release_reads`."""
@@ -249,7 +271,8 @@ class _Session:
         elif pubkey not in self.keys:
             self.keys.append(pubkey)
             self.relay.authenticated.append(pubkey)
-        await self.send(["OK", raw["id"], True, ""])
+        if pubkey not in self.relay.withheld_oks:
+            await self.send(["OK", raw["id"], True, ""])
         held, self.held_closed = self.held_closed, []
         for sub_id in held:
             await self.send(["CLOSED", sub_id, "auth-required: this REQ came before AUTH"])
