@@ -184,6 +184,8 @@ class KeyRegistry:
                     await self._take(db, owns, items[start : start + RESHARD_CHUNK])
                     self.chunks_applied += 1
                     await asyncio.sleep(0)
+            # once: relays wanted only by keys that left close, those of arriving keys open
+            self.apply(set())
 
     async def _release(self, owns: Callable[[str], bool]) -> None:
         """Unwatch the keys `owns` no longer accepts, RESHARD_CHUNK at a time."""
@@ -195,7 +197,7 @@ class KeyRegistry:
             for pubkey in leaving:
                 self._unwatch(pubkey)
             if leaving:
-                self.apply(leaving, leaving)
+                self.apply(leaving, leaving, replan=False)
                 self.chunks_applied += 1
                 await asyncio.sleep(0)
 
@@ -209,7 +211,7 @@ class KeyRegistry:
         await self._relays.adopt(db, [p for p, _ in arriving])
         for pubkey, relays in arriving:
             self._add_relays(pubkey, relays)
-        self.apply({p for p, _ in arriving})
+        self.apply({p for p, _ in arriving}, replan=False)
 
     def _add_relays(self, pubkey: str, relays: tuple[str, ...]) -> None:
         """Watch `pubkey` with these device relays too (a key with several devices may come in
@@ -222,10 +224,13 @@ class KeyRegistry:
         if merged != before:
             self._set_key(pubkey, merged)
 
-    def apply(self, changed: set[str], elsewhere: Collection[str] = ()) -> None:
+    def apply(
+        self, changed: set[str], elsewhere: Collection[str] = (), replan: bool = True
+    ) -> None:
         """Bring connections and shards in line with the plan for the `changed` keys; the
-        baselines of keys now watched `elsewhere` (another worker) stay in the database."""
-        left = [(url, key) for url, key in self._pool.apply(self.keys, changed)
+        baselines of keys now watched `elsewhere` (another worker) stay in the database.
+        Without `replan`, on the relays chosen last time (see `RelayPool.apply`)."""
+        left = [(url, key) for url, key in self._pool.apply(self.keys, changed, replan)
                 if key not in elsewhere]
         if left:
             self._relays.forget_baselines(left)

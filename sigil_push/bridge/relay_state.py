@@ -26,9 +26,10 @@ BASELINE_PAGE = 10_000
 once, and a million rows alive together were the biggest part of a restart's peak."""
 
 
-ADOPT_BATCH = 1_000
-"""Keys per query when a reshard takes the baselines of arriving keys (one `IN` list; both
-engines allow far more parameters than that)."""
+ADOPT_BATCH = 10_000
+"""Keys per query when a reshard takes the baselines of arriving keys: one `IN` list (within
+both engines' parameter limits: 32,767 on PostgreSQL, 32,766 on SQLite since 3.32). At 1,000
+per query the round trips took 6x as long."""
 
 
 async def _baseline_rows(db: Database, turn: asyncio.Lock) -> AsyncIterator[tuple[str, str]]:
