@@ -134,7 +134,7 @@ class Bridge:
             ("bridge-housekeeping", self._housekeeping_loop),
         ):
             self._tasks.append(self.supervisor.spawn(name, loop, core=True))
-        self._registry.apply(self._registry.keys)
+        await self._registry.subscribe_loaded()
         if self._inboxes is not None:
             self._inboxes.start()
         log.info(

@@ -202,14 +202,15 @@ class RelayPool:
         self.cursors = cursors
 
     def apply(
-        self, keys: set[str], changed: Iterable[str], replan: bool = True
+        self, keys: set[str], changed: Iterable[str], replan: bool = True, opening: bool = True
     ) -> list[tuple[str, str]]:
         """Open, close and re-shard after `changed` keys moved; returns the (relay, key) pairs
         whose baseline is void because the key left that relay.
 
         Without `replan`, the relays chosen last time stay (no relay opens or closes): a
         reshard applies many chunks of keys and chooses once at the end, as choosing ranks
-        every key's relays."""
+        every key's relays. Without `opening`, a relay opened now starts with none of its keys
+        (its mode chosen for all of them), for the caller to add them as `changed` chunks."""
         if replan or self._chosen is None:
             self._chosen = self.plan.choose()
         chosen = self._chosen
@@ -223,8 +224,9 @@ class RelayPool:
             if subs is None:
                 subs = self._open(url)
                 subs.set_firehose(firehose)
-                for pubkey in keys_here:
-                    subs.add(pubkey)
+                if opening:
+                    for pubkey in keys_here:
+                        subs.add(pubkey)
                 continue
             touched = subs.set_firehose(firehose)
             for pubkey in changed:
