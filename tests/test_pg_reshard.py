@@ -20,6 +20,7 @@ from typing import Any
 import asyncpg
 import pytest
 
+from sigil_push.bridge import Bridge
 from sigil_push.bridge.pending import (
     DELETE_BASELINE,
     DELETE_BASELINES_OF,
@@ -27,7 +28,11 @@ from sigil_push.bridge.pending import (
     DbOp,
     in_lock_order,
 )
+from sigil_push.config import parse_config
+from sigil_push.nostr.keys import SecretKey
+from sigil_push.observations import ObservationLog
 from sigil_push.shards import DEFAULT_SHARDS, ShardSet, shard_of
+from sigil_push.store.factory import open_store
 from sigil_push.store.postgres.database import numbered
 from sigil_push.store.postgres.migrate import migrate
 from tests.support.in_process import in_process_bridge
@@ -118,6 +123,48 @@ async def test_a_large_reshard_runs_in_chunks_the_loop_gets_between(
             assert any(min(start, end) < c < max(start, end) for c in counts), (
                 f"{phase}: the other coroutine never ran mid-way"
             )
+
+
+async def test_start_up_subscribes_the_loaded_keys_in_chunks(
+    postgres_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bridge starting with many keys subscribes them a chunk per turn of the event loop
+    (the lease heartbeats wait otherwise), and ends with every key subscribed."""
+    monkeypatch.setattr("sigil_push.bridge.keys.RESHARD_CHUNK", CHUNK)
+    await migrate(postgres_url)
+    keys = [secrets.token_hex(32) for _ in range(KEYS)]
+    await _store(postgres_url, keys)
+    config = parse_config(
+        {"server": {"database": postgres_url}, "relay": [{"url": RELAY, "mode": "firehose"}]},
+        tmp_path / "relays.toml",
+    )
+    store = await open_store(config)
+    observations = ObservationLog(tmp_path / "observations")
+    await observations.start()
+    bridge = Bridge(config, store.devices, store.outbox, observations, SecretKey.generate())
+    seen: list[int] = []
+    done = asyncio.Event()
+
+    async def other_coroutine() -> None:
+        while not done.is_set():
+            subs = bridge._pool.subs.get(RELAY)
+            seen.append(len(subs.keys) if subs is not None else 0)
+            await asyncio.sleep(0)
+
+    ticker = asyncio.create_task(other_coroutine())
+    try:
+        await bridge.start()
+        done.set()
+        await ticker
+        assert len(bridge._pool.subs[RELAY].keys) == KEYS
+        assert bridge._pool.subs[RELAY].firehose, "the mode is chosen for every key at once"
+        steps = [b - a for a, b in zip([0, *seen], [*seen, KEYS], strict=True)]
+        assert max(steps) <= CHUNK, f"{max(steps)} keys subscribed in one loop turn"
+        assert any(0 < count < KEYS for count in seen), "the loop never turned mid-way"
+        await bridge.stop()
+    finally:
+        await observations.stop()
+        await store.close()
 
 
 def test_lock_order_keeps_what_the_writes_leave() -> None:

@@ -63,8 +63,6 @@ class KeyRegistry:
         self._lists: RelayLists
         self.changing = asyncio.Lock()
         """Held while the keys are loaded or resharded: one change at a time."""
-        self.chunks_applied = 0
-        """Chunks of keys reshards released or took (each followed by a turn of the loop)."""
 
     def attach(self, db: Database, lists: RelayLists) -> None:
         """The database and relay lists, as the bridge starts (from then on `reshard` acts)."""
@@ -194,7 +192,6 @@ class KeyRegistry:
                 del chunk
                 for start in range(0, len(items), RESHARD_CHUNK):
                     await self._take(db, owns, items[start : start + RESHARD_CHUNK])
-                    self.chunks_applied += 1
                     await asyncio.sleep(0)
             # once: relays wanted only by keys that left close, those of arriving keys open
             self.apply(set())
@@ -210,7 +207,6 @@ class KeyRegistry:
                 self._unwatch(pubkey)
             if leaving:
                 self.apply(leaving, leaving, replan=False)
-                self.chunks_applied += 1
                 await asyncio.sleep(0)
 
     async def _take(
