@@ -25,7 +25,9 @@ from sigil_push.bridge.pending import (
     DELETE_BASELINE,
     DELETE_BASELINES_OF,
     INSERT_BASELINES,
+    OP_ROWS_PER_COMMIT,
     DbOp,
+    Pending,
     in_lock_order,
 )
 from sigil_push.config import parse_config
@@ -165,6 +167,30 @@ async def test_start_up_subscribes_the_loaded_keys_in_chunks(
     finally:
         await observations.stop()
         await store.close()
+
+
+def test_a_million_baselines_are_written_in_slices() -> None:
+    """A firehose's EOSE baselines every key at once; the committer gets them a slice per
+    transaction, in order, so no transaction holds row locks another worker waits on for
+    long (its lock timeout is 5 s)."""
+    pending = Pending()
+    keys = sorted(secrets.token_hex(32) for _ in range(2 * OP_ROWS_PER_COMMIT + 5))
+    queued: list[DbOp] = [(DELETE_BASELINES_OF, [("a" * 64,)]),
+                          (INSERT_BASELINES, [(RELAY, key, 1) for key in keys])]
+    for sql, rows in queued:
+        pending.add_op(sql, rows)
+    written: list[tuple[Any, ...]] = []
+    slices = 0
+    while pending:
+        batch, ops = pending.take()
+        assert not batch
+        rows = [row for _, op_rows in ops for row in op_rows]
+        assert 0 < len(rows) <= OP_ROWS_PER_COMMIT
+        written.extend(rows)
+        slices += 1
+    assert slices == 3
+    assert written == [row for _, rows in in_lock_order(queued) for row in rows]
+    assert len(written) == len(keys) + 1
 
 
 def test_lock_order_keeps_what_the_writes_leave() -> None:

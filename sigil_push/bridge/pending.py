@@ -15,6 +15,11 @@ from sigil_push.nostr.event import Event
 COMMIT_BATCH = 2000
 CONGESTED_AT = 20_000
 DRAINED_AT = 5_000
+OP_ROWS_PER_COMMIT = 20_000
+"""Bookkeeping rows per transaction. A firehose baselines every key at its EOSE: a million
+rows in one transaction held their row locks for tens of seconds, and a second worker taking
+over some of those keys waited past its 5 s lock timeout (retried, and with five failures the
+batch's wakeups would be lost). In slices, each transaction holds its locks for about a second."""
 RELAY_QUEUE_CAP = 2 * COMMIT_BATCH
 """A relay whose events fill this much of the commit queue waits (its reader only)."""
 
@@ -88,6 +93,20 @@ def in_lock_order(ops: list[DbOp]) -> list[DbOp]:
     return others + ordered
 
 
+def _first_rows(ops: list[DbOp], most: int) -> tuple[list[DbOp], list[DbOp]]:
+    """The first `most` rows of `ops` (for this transaction), and the rest (for the next)."""
+    now: list[DbOp] = []
+    for index, (sql, rows) in enumerate(ops):
+        if len(rows) >= most:
+            if most:
+                now.append((sql, rows[:most]))
+            rest = [(sql, rows[most:])] if len(rows) > most else []
+            return now, rest + ops[index + 1 :]
+        now.append((sql, rows))
+        most -= len(rows)
+    return now, []
+
+
 _BASELINE_WRITES = frozenset((INSERT_BASELINES, DELETE_BASELINE, DELETE_BASELINES_OF))
 
 
@@ -138,7 +157,7 @@ class Pending:
         if not self._arrivals:
             # a baseline (from an EOSE) is stored only with or after every event the relay sent
             # before that EOSE, or a crash could leave a baseline whose events were never seen
-            ops, self._ops = in_lock_order(self._ops), []
+            ops, self._ops = _first_rows(in_lock_order(self._ops), OP_ROWS_PER_COMMIT)
         QUEUE.set(len(self._arrivals))
         self._drained.set()
         return batch, ops
