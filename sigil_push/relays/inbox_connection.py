@@ -25,6 +25,7 @@ from sigil_push.config import BridgeConfig
 from sigil_push.observations import ObservationLog
 from sigil_push.relays.connection import AuthSigner, AuthUnavailable, RelayConnection
 from sigil_push.relays.subscriptions import DM_KINDS
+from sigil_push.supervisor import BackgroundTasks
 
 if TYPE_CHECKING:
     from sigil_push.relays.user_inbox import UserInboxes
@@ -105,7 +106,7 @@ class InboxConnection:
         included: which one a one-key relay serves is its choice, not ours."""
         self._authenticating: set[str] = set()
         """Users whose signer is being asked right now."""
-        self._tasks: set[asyncio.Task[object]] = set()
+        self._tasks = BackgroundTasks("inbox-connection")
         self.connection = RelayConnection(
             url,
             self,
@@ -122,8 +123,7 @@ class InboxConnection:
 
     async def stop(self) -> None:
         await self.connection.stop()
-        for task in list(self._tasks):
-            task.cancel()
+        self._tasks.cancel()
         for member in self.members.values():
             self._set_authenticated(member, False)
 
@@ -459,9 +459,7 @@ class InboxConnection:
             self._manager.authenticated_changed(self.url, value)
 
     def _spawn(self, coroutine: Coroutine[Any, Any, object]) -> None:
-        task: asyncio.Task[object] = asyncio.create_task(coroutine)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(coroutine)
 
 
 def _keeper(members: list[_Member]) -> str | None:

@@ -28,6 +28,7 @@ from sigil_push.config import BridgeConfig
 from sigil_push.observations import ObservationLog
 from sigil_push.relays.connection import AuthSigner, RelayConnection
 from sigil_push.relays.subscriptions import RelaySubscriptions, Request
+from sigil_push.supervisor import BackgroundTasks
 
 GIFT_WRAP_SKEW_SECONDS = 2 * 24 * 3600
 CURSOR_MARGIN_SECONDS = 600
@@ -193,7 +194,7 @@ class RelayPool:
         self._locks: dict[str, asyncio.Lock] = {}
         self._baselines: dict[str, set[str]] = {}
         self.cursors: dict[str, int] = {}
-        self._background: set[asyncio.Task[None]] = set()
+        self._background = BackgroundTasks("relay-pool")
         self._maybe_gated: set[str] = set()
         self._chosen: list[str] | None = None
 
@@ -292,14 +293,10 @@ class RelayPool:
 
     async def stop(self) -> None:
         await asyncio.gather(*(c.stop() for c in self._connections.values()))
-        for task in list(self._background):
-            task.cancel()
+        self._background.cancel()
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
-        """Run in the background, keeping a reference so the task is not collected mid-way."""
-        task = asyncio.get_running_loop().create_task(coroutine)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._background.spawn(coroutine)
 
     def _since(self, url: str) -> tuple[int, int]:
         """(window for fresh keys, window for a catch-up of baselined keys)."""

@@ -20,6 +20,7 @@ from prometheus_client import Gauge
 
 from sigil_push.shards import ShardSet
 from sigil_push.store.postgres.leases import ShardLeaser
+from sigil_push.supervisor import supervise
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +64,11 @@ class ShardWatch:
         """
         self._target = await self._tick()
         await self._apply_held()
+        # supervised: a heartbeat loop ended by an error nobody expected (asyncpg's
+        # ProtocolError, say) would otherwise stop renewing without a word
         self._tasks = [
-            asyncio.create_task(self._renew(), name="shard-leases"),
-            asyncio.create_task(self._apply_changes(), name="shard-apply"),
+            supervise("shard-leases", self._renew),
+            supervise("shard-apply", self._apply_changes),
         ]
 
     async def _tick(self) -> frozenset[int]:
