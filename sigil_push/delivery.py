@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from sigil_push.config import LimitsConfig, PushConfig
-from sigil_push.observations import ObservationLog, now_ms
+from sigil_push.observations import ObservationLog, PushRecord, now_ms
 from sigil_push.push import metrics
 from sigil_push.push.base import Outcome, Sender, Status, WakeupMessage
 from sigil_push.push.limits import DeviceRateLimiter
@@ -76,6 +76,10 @@ class Push:
     message: WakeupMessage
 
 
+Answer = tuple[Push, str, str, int]
+"""(push, provider, status, answered_ms): one provider answer to record."""
+
+
 class Delivery:
     def __init__(
         self,
@@ -124,6 +128,8 @@ class Delivery:
         self._senders_running: dict[str, int] = defaultdict(int)
         self._tasks: set[asyncio.Task[None]] = set()
         self._to_complete: list[int] = []
+        # accepted pushes whose metrics and records wait for their burst's deletion
+        self._accepted: list[Answer] = []
         self._completion_due = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self._completer_task: asyncio.Task[None] | None = None
@@ -135,7 +141,6 @@ class Delivery:
             (s.provider, status.value): metrics.PUSHES.labels(s.provider, status.value)
             for s in senders.values() for status in Status
         }
-        self._latency = {s.provider: metrics.LATENCY.labels(s.provider) for s in senders.values()}
 
     async def start(self) -> None:
         """Resume what a previous run left in the outbox, then start sending."""
@@ -429,8 +434,8 @@ class Delivery:
     async def _settle(self, push: Push, provider: str, outcome: Outcome) -> None:
         answered = now_ms()
         status = outcome.status
-        if status is Status.ACCEPTED:  # most outcomes: nothing to await
-            self._record(push, provider, status, answered)
+        if status is Status.ACCEPTED:  # most outcomes: recorded with the burst's deletion
+            self._accepted.append((push, provider, Status.ACCEPTED.value, answered))
             self._to_complete.extend([w.id for w in push.wakeups])
             self._completion_due.set()
             return
@@ -501,20 +506,33 @@ class Delivery:
         await self._outbox.complete([w.id for w in wakeups])
 
     def _record(self, push: Push, provider: str, status: Status, answered_ms: int) -> None:
-        value = str(status)
-        self._pushes[provider, value].inc()
-        wakeups = push.wakeups
-        if len(wakeups) == 1:
-            oldest = wakeups[0].first_seen_ms
-        else:
-            oldest = min(w.first_seen_ms for w in wakeups)
-        self._latency[provider].observe(max(0, answered_ms - oldest) / 1000)
-        if self._record_outcomes:
+        self._record_many([(push, provider, status.value, answered_ms)])
+
+    def _record_many(self, answers: list[Answer]) -> None:
+        """Metrics and observation records of answered pushes: per burst one counter increment
+        per outcome, one histogram call and one batch of records (stamped with the burst's
+        last answer), instead of a lock, a dict and a JSON encoding per push."""
+        counts: dict[tuple[str, str], int] = defaultdict(int)
+        latencies: dict[str, list[float]] = defaultdict(list)
+        records: list[PushRecord] = []
+        for push, provider, status, answered_ms in answers:
+            counts[provider, status] += 1
+            wakeups = push.wakeups
+            if len(wakeups) == 1:
+                oldest = wakeups[0].first_seen_ms
+            else:
+                oldest = min(w.first_seen_ms for w in wakeups)
+            latencies[provider].append(max(0, answered_ms - oldest) / 1000)
             platform = push.device.platform
-            for wakeup in wakeups:
-                self._observations.push(
-                    wakeup.event_id, platform, value, answered_ms - wakeup.first_seen_ms
-                )
+            records.extend(
+                (w.event_id, platform, status, answered_ms - w.first_seen_ms) for w in wakeups
+            )
+        for key, count in counts.items():
+            self._pushes[key].inc(count)
+        for provider, seconds in latencies.items():
+            metrics.LATENCY.observe_many(provider, seconds)
+        if self._record_outcomes:
+            self._observations.push_many(records, max(a[3] for a in answers))
 
     async def _complete_forever(self) -> None:
         while True:
@@ -528,6 +546,9 @@ class Delivery:
                 self._completion_due.set()
 
     async def _flush_completions(self) -> None:
+        if self._accepted:
+            accepted, self._accepted = self._accepted, []
+            self._record_many(accepted)
         ids, self._to_complete = self._to_complete, []
         if not ids:
             return

@@ -52,9 +52,13 @@ RETRY_STATUSES = frozenset({"403", "429", "500", "503"})
 """403 is a provider-token problem (expired or bad key): fixable by the operator, so retried."""
 
 
+_ACCEPTED = Outcome(Status.ACCEPTED)
+"""Nearly every answer: one immutable value for all of them."""
+
+
 def _outcome(result: NotificationResult) -> Outcome:
     if result.is_successful:
-        return Outcome(Status.ACCEPTED)
+        return _ACCEPTED
     reason = result.description or f"status {result.status}"
     if result.status == "410" or reason in DEAD_TOKEN_REASONS:
         return Outcome(Status.UNREGISTERED, detail=reason)
