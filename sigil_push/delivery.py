@@ -76,6 +76,9 @@ class Push:
     message: WakeupMessage
 
 
+_ACCEPTED, _ACCEPTED_VALUE = Status.ACCEPTED, Status.ACCEPTED.value
+"""Looked up once: an enum member's attribute is a descriptor call in Python 3.11."""
+
 Answer = tuple[Push, str, str, int]
 """(push, provider, status, answered_ms): one provider answer to record."""
 
@@ -434,9 +437,13 @@ class Delivery:
     async def _settle(self, push: Push, provider: str, outcome: Outcome) -> None:
         answered = now_ms()
         status = outcome.status
-        if status is Status.ACCEPTED:  # most outcomes: recorded with the burst's deletion
-            self._accepted.append((push, provider, Status.ACCEPTED.value, answered))
-            self._to_complete.extend([w.id for w in push.wakeups])
+        if status is _ACCEPTED:  # most outcomes: recorded with the burst's deletion
+            self._accepted.append((push, provider, _ACCEPTED_VALUE, answered))
+            wakeups = push.wakeups
+            if len(wakeups) == 1:
+                self._to_complete.append(wakeups[0].id)
+            else:
+                self._to_complete.extend([w.id for w in wakeups])
             self._completion_due.set()
             return
         ids = [w.id for w in push.wakeups]
