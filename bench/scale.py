@@ -1,7 +1,7 @@
 """Benchmark of `sigil-push serve` scaled out on PostgreSQL: real worker processes, a real server.
 
 A PostgreSQL cluster is started from the machine's binaries (tests.support.postgres), a local
-APNs (tests.fakes.fake_apns) answers the wakeups, and a routing relay written here (a
+APNs answers the wakeups, and a routing relay written here (a
 `websockets` server, like bench/ingest.py's tiny relay) answers every REQ with EOSE and, on a
 control message, streams pre-signed kind 4 DMs to the subscription whose `#p` filter holds the
 recipient, as a real relay does: each worker receives only the DMs of the keys it watches.
@@ -22,10 +22,19 @@ Phases:
   handover  — 2 workers, SIGKILL one: seconds until the survivor holds every shard, and until a
               DM to a key of a moved shard is pushed;
   register  — NIP-98 signed registrations (bench/api.py's requests) through 2 workers at once.
-The machine has 2 cores and is shared with other engineers' tests, so every figure is a floor.
+The machine has 2 cores and is shared with other engineers' tests, so every figure is a floor;
+each throughput run also reports where each worker's event loop spent it (on a CPU, runnable
+but waiting for one, asleep) and the CPU milliseconds per wakeup of every process.
+
+The APNs endpoint (`--apns`): `nginx` (default; bench/native_apns.py, C, about 0.01 ms of CPU
+per wakeup, checks nothing; needs `apt-get install -y nginx-light`) or `python`, the tests'
+fake (checks provider tokens and headers, about 0.4 ms of CPU per wakeup: on these 2 cores it
+takes CPU from the workers and takes turns with them, so a scaling figure measured against it
+mostly measures the fake).
 Writes bench/results/scale.json.
 
 Usage: python bench/scale.py [--keys 1000000] [--quick] [--profile] [--spy] [--phases ...]
+                             [--apns nginx|python] [--pairs N] [--throughput-workers 1 2]
 """
 
 from __future__ import annotations
@@ -56,6 +65,7 @@ import api as api_bench
 import asyncpg
 import uvloop
 from ingest import make_events, write_events
+from native_apns import NativeApns, children_of
 from push import start_fake
 
 from sigil_push.shards import DEFAULT_SHARDS, fair_share, shard_of
@@ -212,6 +222,12 @@ class Worker(ServiceProcess):
     def cpu_seconds(self) -> float:
         return api_bench.cpu_seconds(self.pid)
 
+    def loop_schedstat(self) -> tuple[float, float]:
+        """Seconds the event loop's thread (the main thread) has run on a CPU and has waited,
+        runnable, for one (/proc/<pid>/task/<pid>/schedstat)."""
+        fields = Path(f"/proc/{self.pid}/task/{self.pid}/schedstat").read_text().split()
+        return int(fields[0]) / 1e9, int(fields[1]) / 1e9
+
     def admin(self, path: str) -> str:
         try:
             with urllib.request.urlopen(self.admin_url + path, timeout=60) as response:
@@ -307,32 +323,28 @@ async def wait_for(condition: Callable[[], bool], what: str, timeout: float, pol
 
 class Others:
     """The processes that are not workers but share the cores with them: the routing relay,
-    the fake APNs and PostgreSQL (postmaster and every backend). Their CPU time, next to the
-    workers', shows what the 2 cores were spent on during a run."""
+    the APNs endpoint (the Python fake, or nginx's master and worker) and PostgreSQL
+    (postmaster and every backend). Their CPU time, next to the workers', shows what the 2
+    cores were spent on during a run."""
 
-    def __init__(self, relay: RoutingRelay, fake_pid: int, server: PostgresServer) -> None:
-        self.pids = {"relay": [relay.pid], "fake_apns": [fake_pid]}
+    def __init__(self, relay: RoutingRelay, apns_pids: Callable[[], list[int]],
+                 server: PostgresServer) -> None:
+        self.relay = relay
+        self.apns_pids = apns_pids
         self.server = server
 
     def _postgres(self) -> list[int]:
         postmaster = int((self.server.data / "postmaster.pid").read_text().split()[0])
-        children = []
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                fields = stat.read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == postmaster:
-                children.append(int(stat.parent.name))
-        return [postmaster, *children]
+        return [postmaster, *children_of(postmaster)]
 
     def cpu(self) -> dict[str, dict[int, float]]:
         """CPU seconds per process, by component (a backend that exits between two readings
         loses its share: the pools keep theirs open for the whole run)."""
         found: dict[str, dict[int, float]] = {}
-        for name, pids in {**self.pids, "postgres": self._postgres()}.items():
+        pids = {"relay": [self.relay.pid], "apns": self.apns_pids(), "postgres": self._postgres()}
+        for name, group in pids.items():
             found[name] = {}
-            for pid in pids:
+            for pid in group:
                 try:
                     found[name][pid] = api_bench.cpu_seconds(pid)
                 except (OSError, ValueError):
@@ -523,7 +535,8 @@ def spy_top(path: Path, lines: int = 25) -> list[str]:
 
 
 async def phase_throughput(instance: Instance, events_file: Path, events: int, workers: int,
-                           others: Others, spy: bool = False) -> dict[str, Any]:
+                           others: Others, spy: bool = False,
+                           server_answered: Callable[[], int] | None = None) -> dict[str, Any]:
     for _ in range(workers):
         instance.add_worker().start(wait=False)
     dm_keys = int(events_file.with_suffix(".keys").read_text())
@@ -531,7 +544,9 @@ async def phase_throughput(instance: Instance, events_file: Path, events: int, w
     await instance.relay.load(events_file)
     pushed0 = instance.total("sigil_push_bridge_events_pushed_total")
     sent0 = instance.total("sigil_push_pushes_total")
+    seen0 = server_answered() if server_answered else 0
     cpu0 = [w.cpu_seconds() for w in instance.workers]
+    sched0 = [w.loop_schedstat() for w in instance.workers]
     others0 = others.cpu()
     load0 = os.getloadavg()[0]
     bench0 = time.process_time()
@@ -549,13 +564,26 @@ async def phase_throughput(instance: Instance, events_file: Path, events: int, w
                    "every wakeup answered by APNs", 600, 0.25)
     delivered = time.monotonic() - started
     cpu = [round(w.cpu_seconds() - c, 2) for w, c in zip(instance.workers, cpu0)]
+    # where each worker's event loop spent the run: on a CPU, waiting for one (the cores were
+    # busy with something else), or asleep with nothing to do (waiting on PostgreSQL, APNs or
+    # the relay: a latency bound, not a CPU bound)
+    loops = []
+    for worker, (ran0, waited0) in zip(instance.workers, sched0):
+        ran, waited = worker.loop_schedstat()
+        ran, waited = ran - ran0, waited - waited0
+        loops.append({"on_cpu": round(ran / delivered, 2), "runnable_waiting_for_cpu":
+                      round(waited / delivered, 2),
+                      "asleep": round(max(0.0, delivered - ran - waited) / delivered, 2)})
     spent = Others.spent(others0, others.cpu())
     spent["bench_process"] = round(time.process_time() - bench0, 2)
     for process, _ in spies:
         if process is not None:
             process.send_signal(signal.SIGINT)
             process.wait(60)
+    seen = server_answered() - seen0 if server_answered else None
     all_cpu = sum(cpu) + sum(spent.values())
+    per_wakeup = {"workers": round(1000 * sum(cpu) / events, 3),
+                  **{name: round(1000 * seconds / events, 3) for name, seconds in spent.items()}}
     result = {
         "workers": workers,
         "events": events,
@@ -564,10 +592,13 @@ async def phase_throughput(instance: Instance, events_file: Path, events: int, w
         "events_per_second": round(events / handled, 1),
         "wakeups_per_second": round(events / delivered, 1),
         "seconds_to_all_answered": round(delivered, 2),
+        "apns_requests_seen_by_server": seen,
         "worker_cpu_seconds": cpu,
         "other_cpu_seconds": spent,
+        "cpu_ms_per_wakeup": per_wakeup,
         "cores_busy_on_this_bench": round(all_cpu / delivered, 2),
         "worker_cores": round(sum(cpu) / delivered, 2),
+        "worker_event_loop_share_of_run": loops,
         "wakeups_per_worker_cpu_second": round(events / sum(cpu), 1),
         "load_average_before_after": [round(load0, 2), round(os.getloadavg()[0], 2)],
         "per_worker": [w.memory_mb() for w in instance.workers],
@@ -639,6 +670,36 @@ async def phase_register(instance: Instance, count: int, concurrency: int) -> di
     return result
 
 
+def throughput_summary(runs: dict[int, list[dict[str, Any]]], apns: str) -> dict[str, Any]:
+    """The runs, and for 1 and 2 workers the medians and the 2:1 ratios of each interleaved
+    pair (a pair's two runs are minutes apart, so they saw about the same machine)."""
+
+    def median(values: list[float]) -> float:
+        ordered = sorted(values)
+        middle = len(ordered) // 2
+        return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+    summary: dict[str, Any] = {"apns_endpoint": apns, "runs": [r for n in sorted(runs) for r in runs[n]]}
+    for n, group in runs.items():
+        summary[f"median_{n}_worker"] = {
+            key: round(median([r[key] for r in group]), 1)
+            for key in ("events_per_second", "wakeups_per_second", "cores_busy_on_this_bench",
+                        "worker_cores")
+        }
+    if 1 in runs and 2 in runs:
+        pairs = list(zip(runs[1], runs[2]))
+        for what in ("events", "wakeups"):
+            ratios = [round(two[f"{what}_per_second"] / one[f"{what}_per_second"], 2) for one, two in pairs]
+            summary[f"ratio_2_to_1_{what}_per_pair"] = ratios
+            summary[f"ratio_2_to_1_{what}"] = round(median(ratios), 2)
+        # per CPU second the workers spent: 1.0 means a second worker costs nothing extra per
+        # wakeup, so on cores of their own 2 workers would give 2x
+        summary["ratio_2_to_1_wakeups_per_worker_cpu_second"] = round(median(
+            [two["wakeups_per_worker_cpu_second"] / one["wakeups_per_worker_cpu_second"]
+             for one, two in pairs]), 2)
+    return summary
+
+
 # main -------------------------------------------------------------------------------------
 
 
@@ -651,9 +712,20 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     tls = make_tls(folder)
     apns_key, apns_public = make_apns_key(folder)
     (folder / "apns-public.pem").write_bytes(apns_public)
-    apns_port = api_bench.free_port()
-    fake = start_fake(["tests.fakes.fake_apns", "--cert", str(tls.cert_file), "--key", str(tls.key_file),
-                       "--public-key", str(folder / "apns-public.pem"), "--port", str(apns_port)], None, False)
+    fake: subprocess.Popen[str] | None = None
+    native: NativeApns | None = None
+    if args.apns == "nginx":
+        native = NativeApns(folder, tls.cert_file, tls.key_file)
+        apns_port, apns_pids = native.port, native.pids
+    else:
+        apns_port = api_bench.free_port()
+        fake = start_fake(["tests.fakes.fake_apns", "--cert", str(tls.cert_file), "--key",
+                           str(tls.key_file), "--public-key", str(folder / "apns-public.pem"),
+                           "--port", str(apns_port)], None, False)
+        fake_pid = fake.pid
+
+        def apns_pids() -> list[int]:
+            return [fake_pid]
     apns_toml = (
         f'[apns]\nteam_id = "{TEAM_ID}"\nkey_id = "{KEY_ID}"\nkey_file = "{apns_key}"\n'
         f'topic = "{TOPIC}"\nenvironment = "sandbox"\nendpoint = "https://127.0.0.1:{apns_port}"\n'
@@ -664,7 +736,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
               "wakeups_per_minute_per_device = 0\ncoalesce_window_ms = 0\n")
     relay = RoutingRelay(folder)
     server = PostgresServer(binaries).start()
-    others = Others(relay, fake.pid, server)
+    others = Others(relay, apns_pids, server)
     results: dict[str, Any] = {}
     load = [os.getloadavg()[0]]
     try:
@@ -701,28 +773,25 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             write_events(make_events(dm_keys, args.events), events_file)
             events_file.with_suffix(".keys").write_text(str(len(dm_keys)))
         if "throughput" in args.phases:
-            runs = []
-            for workers in (1, 2):
-                url = await fresh_database(server, f"scale_dms_{workers}")
-                await copy_devices(url, dm_keys)
-                one = instance(url)
-                try:
-                    runs.append(await phase_throughput(one, events_file, args.events, workers,
-                                                       others, args.spy))
-                finally:
-                    one.stop()
-                load.append(os.getloadavg()[0])
-            results["throughput"] = {
-                "runs": runs,
-                "ratio_2_to_1_events": round(runs[1]["events_per_second"] / runs[0]["events_per_second"], 2),
-                "ratio_2_to_1_wakeups": round(runs[1]["wakeups_per_second"] / runs[0]["wakeups_per_second"], 2),
-                # per CPU second the workers spent: 1.0 means a second worker costs nothing
-                # extra per wakeup, so on cores of their own 2 workers would give 2x
-                "ratio_2_to_1_wakeups_per_worker_cpu_second": round(
-                    runs[1]["wakeups_per_worker_cpu_second"] / runs[0]["wakeups_per_worker_cpu_second"], 2),
-            }
-            print("ratio 2 workers : 1 worker — events", results["throughput"]["ratio_2_to_1_events"],
-                  "wakeups", results["throughput"]["ratio_2_to_1_wakeups"], flush=True)
+            runs: dict[int, list[dict[str, Any]]] = {n: [] for n in args.throughput_workers}
+            server_answered = native.answered if native is not None else None
+            for pair in range(args.pairs):
+                for workers in args.throughput_workers:
+                    url = await fresh_database(server, f"scale_dms_{workers}_{pair}")
+                    await copy_devices(url, dm_keys)
+                    one = instance(url)
+                    try:
+                        runs[workers].append(await phase_throughput(
+                            one, events_file, args.events, workers, others, args.spy,
+                            server_answered))
+                    finally:
+                        one.stop()
+                    load.append(os.getloadavg()[0])
+            results["throughput"] = throughput_summary(runs, args.apns)
+            if "ratio_2_to_1_wakeups" in results["throughput"]:
+                print("ratio 2 workers : 1 worker (median) — events",
+                      results["throughput"]["ratio_2_to_1_events"],
+                      "wakeups", results["throughput"]["ratio_2_to_1_wakeups"], flush=True)
         if "handover" in args.phases:
             url = await fresh_database(server, "scale_handover")
             await copy_devices(url, dm_keys)
@@ -741,8 +810,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             load.append(os.getloadavg()[0])
     finally:
         relay.stop()
-        fake.terminate()
-        fake.wait(10)
+        if fake is not None:
+            fake.terminate()
+            fake.wait(10)
+        if native is not None:
+            native.stop()
         server.stop()
     return {
         "benchmark": "serve on PostgreSQL, 1 and 2 workers (real processes, real PostgreSQL)",
@@ -769,6 +841,12 @@ def main() -> None:
     parser.add_argument("--startup-workers", type=int, nargs="*", default=[1, 2])
     parser.add_argument("--startup-lease-seconds", type=float, default=LEASE_SECONDS,
                         help="lease_seconds in the start-up phase (a stalled loop loses shorter leases)")
+    parser.add_argument("--throughput-workers", type=int, nargs="*", default=[1, 2])
+    parser.add_argument("--pairs", type=int, default=1,
+                        help="throughput: how many interleaved rounds of --throughput-workers")
+    parser.add_argument("--apns", choices=["nginx", "python"], default="nginx",
+                        help="the APNs endpoint: nginx (native, cheap: apt-get install -y"
+                             " nginx-light) or the tests' Python fake (checks tokens, costs CPU)")
     parser.add_argument("--profile", action="store_true", help="one more 1-worker start-up under cProfile")
     parser.add_argument("--spy", action="store_true",
                         help="sample the workers with py-spy during the throughput runs")

@@ -103,6 +103,11 @@ class PostgresOutbox:
         locked (SKIP LOCKED) as they are picked: otherwise a worker racing another one would
         see the same head, find every row of it locked, and take an empty batch for "nothing
         due".
+
+        The head's phones are read in the same pass that picks the head rows, and their other
+        registrations are found through the token index (`token = ANY(...)`): joined on
+        (platform, token) alone, the planner hashed the whole `devices` table twice per batch,
+        a cost that grows with the registered keys rather than with the batch.
         """
         free = "o.next_attempt_ms <= $1 AND (o.claimed_until_ms IS NULL OR o.claimed_until_ms <= $1)"
         only = "" if platforms is None else " AND d.platform = ANY($6::text[])"
@@ -112,14 +117,14 @@ class PostgresOutbox:
         if platforms is not None:
             args.append(list(platforms))
         rows = await self._db.fetch(
-            "WITH head AS (SELECT DISTINCT d.platform, d.token FROM"
-            "  (SELECT o.device_id FROM outbox o JOIN devices d ON d.id = o.device_id"
+            "WITH head AS (SELECT DISTINCT platform, token FROM"
+            "  (SELECT d.platform, d.token FROM outbox o JOIN devices d ON d.id = o.device_id"
             f"   WHERE {free}{only} ORDER BY o.next_attempt_ms, o.id LIMIT $2"
-            "   FOR UPDATE OF o SKIP LOCKED) first"
-            "  JOIN devices d ON d.id = first.device_id),"
-            " picked AS (SELECT o.id FROM outbox o JOIN devices d ON d.id = o.device_id"
+            "   FOR UPDATE OF o SKIP LOCKED) first),"
+            " picked AS (SELECT o.id FROM devices d"
             "  JOIN head h ON h.platform = d.platform AND h.token = d.token"
-            f"  WHERE {free}"
+            "  JOIN outbox o ON o.device_id = d.id"
+            f"  WHERE d.token = ANY(ARRAY(SELECT token FROM head)) AND {free}"
             "  ORDER BY o.next_attempt_ms, o.id LIMIT $5 FOR UPDATE OF o SKIP LOCKED),"
             " reserved AS (UPDATE outbox SET claimed_by = $3, claimed_ms = $1,"
             "  claimed_until_ms = $4 FROM picked WHERE outbox.id = picked.id RETURNING outbox.*)"
