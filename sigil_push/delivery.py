@@ -42,6 +42,13 @@ IDLE_POLL_SECONDS = 1.0
 HOUSEKEEPING_SECONDS = 1.0
 STOP_GRACE_SECONDS = 5.0
 ERROR_PAUSE_SECONDS = 1.0
+COMPLETE_WITHIN_SECONDS = 0.02
+"""How long an answered wakeup's row may wait for its DELETE, so one statement deletes a burst
+of answers rather than the few that came back during the previous DELETE's round trip (at a
+few thousand answers a second that was a statement, and a trip to the database thread, per
+two or three pushes). A crash resends at most the rows answered in this time plus those of
+the one DELETE in flight (which itself holds at most this time's answers). BATCH_SIZE rows
+already waiting are deleted without the wait."""
 HOST_SHARE = 8
 """A UnifiedPush endpoint host may hold at most 1/HOST_SHARE of its platform's window (a push
 to a host with nothing in flight always may go, however many wakeups it carries)."""
@@ -544,6 +551,8 @@ class Delivery:
     async def _complete_forever(self) -> None:
         while True:
             await self._completion_due.wait()
+            if len(self._to_complete) < BATCH_SIZE:
+                await asyncio.sleep(COMPLETE_WITHIN_SECONDS)
             self._completion_due.clear()
             try:
                 await self._flush_completions()
