@@ -433,11 +433,20 @@ class ShardTimeline:
     def __init__(self, instance: Instance, keys: int, started: float) -> None:
         self.instance, self.keys, self.started = instance, keys, started
         self.samples: list[tuple[float, list[int], int]] = []
+        self.slowest_poll = 0.0
+        self.slowest_poll_holding = 0.0
 
     def sample(self) -> bool:
         """Take one sample; whether the workers are balanced with every key watched."""
+        asked = time.monotonic()
         held = self.instance.shards()
         watched = self.instance.watched()
+        # both polls go through every worker's API on its event loop: a loop stalled by a
+        # reshard answers late
+        took = time.monotonic() - asked
+        self.slowest_poll = max(self.slowest_poll, took)
+        if all(held):  # past every worker's start-up: each holds shards
+            self.slowest_poll_holding = max(self.slowest_poll_holding, took)
         self.samples.append((round(time.monotonic() - self.started, 1), [len(h) for h in held], watched))
         least, most = DEFAULT_SHARDS // len(held), fair_share(DEFAULT_SHARDS, len(held))
         every = sorted(s for h in held for s in h)
@@ -465,9 +474,11 @@ async def phase_startup(instance: Instance, keys: int, workers: int, profile: bo
     for index in range(workers):
         path = instance.folder / f"startup-{workers}w-{index}.prof" if profile else None
         instance.add_worker(path).start(wait=False)
-    await wait_for(lambda: instance.watched() == keys, f"{keys} keys watched", 900, 0.5)
-    seconds = time.monotonic() - started
+    # sampled from the start: the shard moves and keys watched while the workers load, too
     timeline = ShardTimeline(instance, keys, started)
+    await wait_for(lambda: timeline.sample() or timeline.samples[-1][2] == keys,
+                   f"{keys} keys watched", 900, 0.5)
+    seconds = time.monotonic() - started
     await wait_for(timeline.sample, "shards split fairly, every key watched", 600, 0.25)
     balanced = time.monotonic() - started
     result = {
@@ -477,6 +488,9 @@ async def phase_startup(instance: Instance, keys: int, workers: int, profile: bo
         "seconds_to_balanced": round(balanced, 1),
         "shard_moves_while_settling": timeline.moves(),
         "settling_timeline_s_shards_keys": timeline.changes(),
+        "load_average_1min_at_end": round(os.getloadavg()[0], 2),
+        "slowest_health_poll_of_all_workers_s": round(timeline.slowest_poll, 2),
+        "slowest_poll_once_every_worker_holds_shards_s": round(timeline.slowest_poll_holding, 2),
         "per_worker": [
             {**worker.memory_mb(), "cpu_seconds": round(worker.cpu_seconds(), 1),
              "keys_watched": int((worker.health().get("relays", {}).get(instance.relay.url) or {}).get("keys") or 0),

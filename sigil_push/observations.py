@@ -14,12 +14,22 @@ retention are deleted, and the folder's size is a gauge. It runs in a worker thr
 lock is held only while a finished hour is moved aside for compression, so the writer never
 waits on gzip and a late record for that hour is never lost: it lands in a fresh `.jsonl` that
 the next round merges into the hour's `.gz`.
+
+Workers sharing a folder take turns at housekeeping: a round holds an exclusive `flock` on the
+folder's `.observations.lock` (a worker that finds it held skips its round; the holder does the
+folder's work). Compressing is a read-modify-write of the hour's `.gz` through a moved-aside
+`.compressing` file and a `.partial` one, so two rounds at once would finish one staged file
+twice (records doubled, or a `.partial` truncated under the other) or rewrite one `.gz` from two
+starting points (records lost). Under the lock, a `.compressing` file that a round finds was
+left by a round that died with its process (the kernel drops a dead process's lock); it is
+finished before anything else is moved aside, so a new `.compressing` never replaces it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import gzip
 import json
 import logging
@@ -28,13 +38,15 @@ import re
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
 from prometheus_client import Gauge
+
+from sigil_push.supervisor import supervise
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -47,11 +59,18 @@ HOUSEKEEPING_SECONDS = 300.0
 HOUR_MS = 3_600_000
 DAY_MS = 24 * HOUR_MS
 STAGED_SUFFIX = ".compressing"
+LOCK_NAME = ".observations.lock"
+"""Held (flock) by the one housekeeping round running on the folder, whichever process runs it;
+a dot-file, so analytics never reads it."""
 _ENCODER = json.JSONEncoder(separators=(",", ":"))
 """One encoder for every record: json.dumps with options builds a new one per call."""
 _HEX64 = re.compile(r"[0-9a-f]{64}").fullmatch
 SeenRecord = tuple[str, str, int, int, int]
 """(relay, event_id, kind, created_at, ts_ms): one relay's delivery of one event."""
+PushRecord = tuple[str, str, str, int]
+"""(event_id, platform, status, latency_ms): one wakeup's answer from its provider."""
+_PLAIN_WORD = re.compile(r"[a-z_]{1,32}").fullmatch
+"""A platform or status name: needs no JSON escaping."""
 FILE_NAME = re.compile(r"^observations-(?:([A-Za-z0-9._-]+)-)?(\d{8}T\d{2})\.jsonl(\.gz)?$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
@@ -122,9 +141,12 @@ class ObservationLog:
 
     async def start(self) -> None:
         self._folder.mkdir(parents=True, exist_ok=True)
+        # supervised: a round that fails on something other than the disk (a damaged `.gz`
+        # raises EOFError or zlib.error) is logged, counted and retried instead of ending
+        # housekeeping for good without a word
         self._tasks = [
-            asyncio.create_task(self._run(), name="observation-log"),
-            asyncio.create_task(self._housekeeping_loop(), name="observation-housekeeping"),
+            supervise("observation-log", self._run),
+            supervise("observation-housekeeping", self._housekeeping_loop),
         ]
 
     async def stop(self) -> None:
@@ -183,10 +205,31 @@ class ObservationLog:
         )
 
     def push(self, event_id: str, platform: str, status: str, latency_ms: int) -> None:
-        self._append(
-            {"type": "push", "ts": now_ms(), "event_id": event_id, "platform": platform,
-             "status": status, "latency_ms": latency_ms}
-        )
+        """One wakeup's answer (see `push_many`)."""
+        self.push_many(((event_id, platform, status, latency_ms),), now_ms())
+
+    def push_many(self, records: Iterable[PushRecord], ts_ms: int) -> None:
+        """`push` records of wakeups answered together, all stamped `ts_ms`: delivery hands
+        over every answer of a burst in one call, and each is encoded here in one f-string (a
+        hex id, a platform or status name and an integer need no escaping) rather than as a
+        dict in the writer, which was the larger part of a push's record. A record whose
+        fields are not of those forms takes the general path, so nothing else is spliced in."""
+        lines: list[dict[str, Any] | tuple[int, str]] = []
+        for event_id, platform, status, latency_ms in records:
+            if not (type(latency_ms) is int and type(event_id) is str
+                    and _HEX64(event_id) is not None and type(platform) is str
+                    and _PLAIN_WORD(platform) is not None and type(status) is str
+                    and _PLAIN_WORD(status) is not None and type(ts_ms) is int):
+                lines.append(
+                    {"type": "push", "ts": ts_ms, "event_id": event_id, "platform": platform,
+                     "status": status, "latency_ms": latency_ms}
+                )
+                continue
+            lines.append((ts_ms, (
+                f'{{"type":"push","ts":{ts_ms},"event_id":"{event_id}","platform":"{platform}",'
+                f'"status":"{status}","latency_ms":{latency_ms}}}'
+            )))
+        self._extend(lines)
 
     def expect(self, ts_ms: int, event_id: str, relays: Sequence[str]) -> None:
         """The recipient's inbox relays that were connected when the bridge handled a DM: one
@@ -297,24 +340,28 @@ class ObservationLog:
         An hour is past retention when it ended more than `retention_days` before `at_ms`.
         In a folder that several workers share, another worker's file is compressed only an
         hour after its hour ended (that worker may still be appending its last records), and
-        the files of workers gone long ago are compressed and deleted like our own.
+        the files of workers gone long ago are compressed and deleted like our own. While
+        another process's round holds the folder's lock, this round only measures the folder.
         Blocking file work: call it in a worker thread.
         """
-        with self._tidying:
-            return self._tidy(at_ms)
+        with self._tidying, _folder_turn(self._folder) as ours:
+            compressed, deleted = self._tidy(at_ms) if ours else (0, 0)
+        return self._measure(compressed, deleted)
 
-    def _tidy(self, at_ms: int) -> Tidied:
+    def _tidy(self, at_ms: int) -> tuple[int, int]:
+        """One round's work (the folder's lock held): how many hours it compressed and deleted."""
         current_hour = at_ms - at_ms % HOUR_MS
         cutoff = at_ms - self._retention_days * DAY_MS if self._retention_days else None
         compressed = deleted = 0
-        for path in sorted(self._folder.iterdir()):
+        paths = sorted(self._folder.iterdir())
+        for path in paths:
             if path.name.endswith(STAGED_SUFFIX):
                 staged_hour = hour_of(path.name.removesuffix(STAGED_SUFFIX))
                 if staged_hour is not None and staged_hour < self._finished_before(
                     path, current_hour
                 ):
-                    self._gzip_staged(path)  # left by a crash mid-compression
-                continue
+                    self._gzip_staged(path)  # left by a round that died mid-compression
+        for path in paths:
             hour = hour_of(path.name)
             if hour is None:
                 continue
@@ -324,11 +371,16 @@ class ObservationLog:
             elif path.suffix == ".jsonl" and hour < self._finished_before(path, current_hour):
                 self._compress(path)
                 compressed += 1
+        return compressed, deleted
+
+    def _measure(self, compressed: int, deleted: int) -> Tidied:
         files = size = 0
         for path in self._folder.iterdir():
             if hour_of(path.name) is not None:
-                files += 1
-                size += path.stat().st_size
+                # another worker's round (which may run meanwhile) can move a file away
+                with contextlib.suppress(FileNotFoundError):
+                    size += path.stat().st_size
+                    files += 1
         LOG_BYTES.set(size)
         LOG_FILES.set(files)
         return Tidied(compressed, deleted, files, size)
@@ -363,3 +415,20 @@ class ObservationLog:
                 shutil.copyfileobj(source, out)
         os.replace(partial, target)
         staged.unlink()
+
+
+@contextlib.contextmanager
+def _folder_turn(folder: Path) -> Iterator[bool]:
+    """Whether this round may tidy `folder`: True while it holds the folder's lock, False when
+    another process's round holds it. Closing the file releases the lock, and so does the
+    holder's death. On NFS, Linux turns `flock` into a lock the server enforces."""
+    fd = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)

@@ -44,6 +44,20 @@ def shard_of(pubkey_hex: str, shards: int = DEFAULT_SHARDS) -> int:
     return int(pubkey_hex[:8], 16) % shards
 
 
+@dataclass(frozen=True)
+class ShardSet:
+    """A worker's shards after a lease change, as the test of which keys are its own
+    (`owns(pubkey)`), with the shards `gained` by that change: a reshard reads the keys and
+    baselines of those only, not of every shard it holds."""
+
+    held: frozenset[int]
+    count: int
+    gained: frozenset[int]
+
+    def __call__(self, pubkey_hex: str) -> bool:
+        return shard_of(pubkey_hex, self.count) in self.held
+
+
 def fair_share(shards: int, workers: int) -> int:
     """The most shards one of `workers` live workers should hold (rounded up, so all are held)."""
     return -(-shards // max(workers, 1))

@@ -13,7 +13,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 
 from prometheus_client import Counter
 
@@ -21,6 +22,12 @@ log = logging.getLogger(__name__)
 
 RESTARTS = Counter(
     "sigil_push_task_restarts_total", "Long-running tasks restarted after an exception", ["task"]
+)
+BACKGROUND_FAILURES = Counter(
+    "sigil_push_background_task_failures_total",
+    "One-off background tasks (an AUTH answer, a subscription sync, a connection's stop) that"
+    " ended with an exception",
+    ["task"],
 )
 BACKOFF_FIRST_SECONDS = 0.1
 BACKOFF_MAX_SECONDS = 30.0
@@ -108,3 +115,44 @@ async def _restarting(
             if down is not None:
                 down.discard(name)
         delay = min(BACKOFF_MAX_SECONDS, delay * 2)
+
+
+class BackgroundTasks:
+    """One-off tasks a component starts and does not await: an AUTH answer, a subscription
+    sync, a closed connection's stop.
+
+    asyncio keeps only weak references to tasks, so each is held here until it ends. A task
+    that fails is not restarted (it was one step, and the component's own loop retries what
+    matters), but it must not vanish either: asyncio would report it only when the task is
+    garbage-collected, as "exception never retrieved" with a traceback that may carry event
+    data. Here the failure is logged at once by its type and counted under the fixed label
+    `kind` (never a URL).
+    """
+
+    def __init__(self, kind: str) -> None:
+        self._kind = kind
+        self._tasks: set[asyncio.Task[Any]] = set()
+        BACKGROUND_FAILURES.labels(kind)  # the series exists at zero
+
+    def spawn(self, coroutine: Coroutine[Any, Any, object]) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is not None:
+            BACKGROUND_FAILURES.labels(self._kind).inc()
+            log.error("background task %s failed (%s)", self._kind, type(error).__name__)
+
+    def running(self) -> list[asyncio.Task[Any]]:
+        """The tasks not yet ended (a copy: ending tasks leave the set meanwhile)."""
+        return list(self._tasks)
+
+    def cancel(self) -> None:
+        """Cancel every task still running, without waiting for them."""
+        for task in list(self._tasks):
+            task.cancel()

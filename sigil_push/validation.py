@@ -36,7 +36,7 @@ class RegisterRequest:
 def parse_json_object(body: bytes) -> dict[str, Any]:
     try:
         value = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: deep nesting
         raise BadRequest("invalid_json", "body is not valid JSON") from None
     if not isinstance(value, dict):
         raise BadRequest("invalid_json", "body must be a JSON object")

@@ -32,7 +32,11 @@ def register_body(user: SdkUser, **fields: object) -> dict[str, object]:
 # -- body and media type -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("raw", [b"{not json", b"[1, 2]", b"\xff\xfe", b'"string"'])
+# nested deeper than Python's recursion limit: json.loads raises RecursionError, not ValueError
+NESTED = b"[" * 5000
+
+
+@pytest.mark.parametrize("raw", [b"{not json", b"[1, 2]", b"\xff\xfe", b'"string"', NESTED])
 def test_invalid_json(api: ApiCaller, raw: bytes) -> None:
     assert_error(api.call("POST", "/register", SdkUser(), raw=raw), 400, "invalid_json")
 
@@ -89,7 +93,10 @@ def _post_with_auth(api: ApiCaller, authorization: str, body: bytes) -> httpx.Re
 
 @pytest.mark.parametrize(
     "breakage",
-    ["base64", "json", "kind", "id", "signature", "u", "method", "payload", "missing_payload"],
+    [
+        "base64", "json", "nested", "kind", "id", "signature", "u", "method", "payload",
+        "missing_payload",
+    ],
 )
 def test_auth_invalid(api: ApiCaller, breakage: str) -> None:
     """Each NIP-98 check refuses with auth_invalid on its own."""
@@ -100,6 +107,8 @@ def test_auth_invalid(api: ApiCaller, breakage: str) -> None:
         header = "Nostr %%%not-base64%%%"
     elif breakage == "json":
         header = "Nostr " + base64.b64encode(b"{not json").decode()
+    elif breakage == "nested":
+        header = "Nostr " + base64.b64encode(NESTED[:3000]).decode()
     elif breakage == "kind":
         header = encode_header(_signed(api, user, body, kind=1))
     elif breakage == "id":

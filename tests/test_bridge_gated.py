@@ -448,6 +448,138 @@ async def test_a_shared_relay_that_turns_one_key_per_connection_is_read_per_user
             await eventually(lambda w=wrap: wakeups(service)[w["id"]] == 1, "pushed per user")
 
 
+async def test_a_one_key_relay_keeps_the_key_it_accepted_when_auths_arrive_out_of_order(
+    tmp_path: Path, engine: Engine
+) -> None:
+    """The interleaving behind a flake of the test above under load, forced: after the shared
+    relay restarts as strfry, the last user on the shared connection gets its AUTH to the relay
+    first (its signer answers first) and is accepted, and before its REQ is answered the other
+    users' AUTHs are refused ("already authenticated"). The bridge keeps the key the relay
+    accepted on the shared connection (its signer asked once), moves the others to connections
+    of their own, and every user reads: nobody is taken as refused. It used to keep the first
+    other member instead, whose own AUTH the relay then refused, and mark that user failed."""
+    with delegating(tmp_path, AuthRelay(tmp_path / "gated", "multi"), engine) as (
+        open_relay, gated, service, started
+    ):
+        signers = delegating_users(service, open_relay, gated.url, started, 3)
+        by_key = {s.user_hex: s for s in signers}
+        await eventually(lambda: users_on(service, gated.url) == (3, 0), "all reading", 90)
+        assert health(service)["relays"][gated.url]["auth_mode"] == "multi"
+
+        for signer in signers:
+            signer.hold()
+        asked_before = {key: sign_requests(s) for key, s in by_key.items()}
+        gated.stop()
+        gated.mode = "strfry"
+        gated.start()
+
+        def shared_order() -> list[str] | None:
+            """The users' keys in the order the shared connection asked for them again."""
+            for requests in gated.dm_requests_by_connection():
+                keys = [r[0] for r in requests if len(r) == 1 and r[0] in by_key]
+                if len(set(keys)) == len(by_key):
+                    return list(dict.fromkeys(keys))
+            return None
+
+        await eventually(lambda: shared_order() is not None, "the shared connection back", 60)
+        order = shared_order()
+        assert order is not None
+        accepted, *refused = reversed(order)
+        gated.hold_reads({accepted})
+        by_key[accepted].release()
+        await eventually(
+            lambda: [accepted] in gated.keys_by_connection(), "the last user's AUTH accepted"
+        )
+        for key in refused:
+            by_key[key].release()
+        await eventually(
+            lambda: health(service)["relays"][gated.url]["auth_mode"] == "single",
+            "fell back to one key per connection",
+            60,
+        )
+        gated.release_reads()
+
+        await eventually(lambda: users_on(service, gated.url) == (3, 0), "all reading again", 90)
+        carried = [k for k in gated.keys_by_connection() if set(k) & set(by_key)]
+        assert sorted(len(k) for k in carried) == [1, 1, 1]
+        asked = {key: sign_requests(s) - asked_before[key] for key, s in by_key.items()}
+        assert asked[accepted] == 1, "the accepted key stays on the shared connection"
+        assert all(asked[key] == 2 for key in refused), asked
+        wraps = [gift_wrap(user(), s.user, "after the change") for s in signers]
+        await publish(gated.upstream.url, *wraps)
+        for wrap in wraps:
+            await eventually(lambda w=wrap: wakeups(service)[w["id"]] == 1, "pushed per user")
+
+
+@pytest.mark.parametrize("ok", ["said", "withheld"])
+async def test_every_shared_connection_keeps_the_key_its_relay_serves(
+    tmp_path: Path, engine: Engine, ok: str
+) -> None:
+    """Two shared connections of two users each (NIP-11 `max_subscriptions = 4`) when the
+    relay restarts as strfry. On the second connection the second user's AUTH reaches the
+    relay first and is accepted; then the first connection's answers turn the relay `single`,
+    and each connection keeps one user. The second connection keeps the user the relay accepted
+    when its `OK` has come (`said`: asked once, the other user moves). When the `OK` has not
+    come (`withheld`), it can only keep its first user, whose own AUTH the relay then refuses:
+    that refusal is the relay serving the other key, so the connection reconnects for that
+    user alone instead of marking them failed. Either way every user reads."""
+    relay = AuthRelay(tmp_path / "gated", "multi", max_subscriptions=4)
+    with delegating(tmp_path, relay, engine) as (open_relay, gated, service, started):
+        signers = delegating_users(service, open_relay, gated.url, started, 4)
+        by_key = {s.user_hex: s for s in signers}
+        await eventually(lambda: users_on(service, gated.url) == (4, 0), "all reading", 90)
+        carried = [k for k in gated.keys_by_connection() if set(k) & set(by_key)]
+        assert sorted(len(k) for k in carried) == [2, 2]
+
+        for signer in signers:
+            signer.hold()
+        asked_before = {key: sign_requests(s) for key, s in by_key.items()}
+        gated.stop()
+        gated.mode = "strfry"
+        gated.start()
+
+        def shared_orders() -> list[list[str]]:
+            """Per user connection, its users' keys in the order it asked for them again."""
+            orders = []
+            for requests in gated.dm_requests_by_connection():
+                keys = [r[0] for r in requests if len(r) == 1 and r[0] in by_key]
+                orders.append(list(dict.fromkeys(keys)))
+            return sorted(o for o in orders if len(o) == 2)
+
+        await eventually(lambda: len(shared_orders()) == 2, "both shared connections back", 60)
+        (refused, first_accepted), (kept_first, accepted_second) = shared_orders()
+        gated.hold_reads({first_accepted, accepted_second})
+        if ok == "withheld":
+            gated.withhold_oks({accepted_second})
+        by_key[first_accepted].release()
+        by_key[accepted_second].release()
+        await eventually(
+            lambda: {(first_accepted,), (accepted_second,)}
+            <= set(map(tuple, gated.keys_by_connection())),
+            "each connection's second user accepted",
+        )
+        by_key[refused].release()
+        await eventually(
+            lambda: health(service)["relays"][gated.url]["auth_mode"] == "single",
+            "fell back to one key per connection",
+            60,
+        )
+        by_key[kept_first].release()
+        gated.release_reads()
+
+        await eventually(lambda: users_on(service, gated.url) == (4, 0), "all reading again", 90)
+        carried = [k for k in gated.keys_by_connection() if set(k) & set(by_key)]
+        assert sorted(len(k) for k in carried) == [1, 1, 1, 1]
+        asked = {key: sign_requests(s) - asked_before[key] for key, s in by_key.items()}
+        assert (asked[first_accepted], asked[refused]) == (1, 2), asked
+        if ok == "said":
+            assert (asked[accepted_second], asked[kept_first]) == (1, 2), asked
+        wraps = [gift_wrap(user(), s.user, "after the change") for s in signers]
+        await publish(gated.upstream.url, *wraps)
+        for wrap in wraps:
+            await eventually(lambda w=wrap: wakeups(service)[w["id"]] == 1, "pushed per user")
+
+
 @pytest.mark.parametrize(
     ("style", "store_backend"),
     [("chorus-multi", "sqlite"), ("strfry", "sqlite"), ("chorus-multi", "postgres")],

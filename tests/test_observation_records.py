@@ -78,3 +78,29 @@ async def test_expect_records_carry_the_relay_list(tmp_path: Path) -> None:
         {"type": "expect", "ts": TS + 1, "event_id": EVENT_ID, "relays": relays},
         {"type": "expect", "ts": TS + 2, "event_id": EVENT_ID, "relays": []},
     ]
+
+
+@pytest.mark.asyncio
+async def test_a_burst_of_push_records_is_the_dict_paths_json(tmp_path: Path) -> None:
+    """Delivery hands a burst of answers over in one call: one record per wakeup, stamped with
+    the burst's time, the same JSON the dict path writes, and nothing but the record's fields;
+    an id or a name that would need escaping goes through the JSON encoder."""
+    sneaky = 'x","pubkey":"' + "cd" * 32
+    records = await written(
+        tmp_path,
+        lambda log: log.push_many(
+            [(EVENT_ID, "ios", "accepted", 12), (sneaky, "android", "retry", 3),
+             (EVENT_ID, 'ios","npub":"npub1x', "accepted", 5)],
+            TS,
+        ),
+    )
+    assert records == [
+        {"type": "push", "ts": TS, "event_id": EVENT_ID, "platform": "ios", "status": "accepted",
+         "latency_ms": 12},
+        {"type": "push", "ts": TS, "event_id": sneaky, "platform": "android", "status": "retry",
+         "latency_ms": 3},
+        {"type": "push", "ts": TS, "event_id": EVENT_ID, "platform": 'ios","npub":"npub1x',
+         "status": "accepted", "latency_ms": 5},
+    ]
+    assert all(set(r) == {"type", "ts", "event_id", "platform", "status", "latency_ms"}
+               for r in records)

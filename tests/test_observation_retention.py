@@ -1,6 +1,8 @@
 """Observation log housekeeping on real files: finished hours are gzip-compressed under the name
 analytics reads (`observations-YYYYMMDDTHH.jsonl.gz`), hours past the retention are deleted,
 a late record for a compressed hour is merged in, and the folder's size is on /metrics.
+Workers sharing a folder take turns (`.observations.lock`): real processes, one held in the
+middle of finishing a staged hour, show that another's round leaves it alone.
 
 The log is files, not the store: the running service here uses the default engine (worker
 file names on PostgreSQL: tests/analytics/test_worker_logs.py)."""
@@ -11,10 +13,14 @@ import asyncio
 import gzip
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
-from sigil_push.observations import ObservationLog, file_name_for
+from prometheus_client import REGISTRY
+
+from sigil_push.observations import LOCK_NAME, ObservationLog, file_name_for
 from tests.support.bridge_harness import eventually, metric
 from tests.support.service import ServiceProcess
 
@@ -64,7 +70,7 @@ def test_tidy_compresses_finished_hours_and_deletes_expired_ones(tmp_path: Path)
 
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == sorted(
-        [kept_old + ".gz", last_hour + ".gz", current, "notes.txt"]
+        [kept_old + ".gz", last_hour + ".gz", current, "notes.txt", LOCK_NAME]
     )
     assert read_hour(tmp_path, kept_old) == lines(500, "two-days")
     assert read_hour(tmp_path, last_hour) == lines(2, "early") + lines(1, "late")
@@ -86,7 +92,7 @@ def test_retention_zero_keeps_everything_and_a_crash_leftover_is_finished(tmp_pa
     ObservationLog(tmp_path, retention_days=0).tidy(now)
 
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        [ancient + ".gz", interrupted + ".gz"]
+        [ancient + ".gz", interrupted + ".gz", LOCK_NAME]
     )
     assert read_hour(tmp_path, interrupted) == lines(2, "interrupted")
 
@@ -151,6 +157,102 @@ async def test_records_for_an_hour_being_compressed_are_never_lost(tmp_path: Pat
     log.tidy(now)
 
     name = file_name_for(last_hour)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [name + ".gz"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([name + ".gz", LOCK_NAME])
     written = [json.loads(line)["event_id"] for line in read_hour(tmp_path, name).splitlines()]
     assert sorted(written) == ids
+
+
+def test_a_crash_leftover_is_finished_before_its_hour_is_staged_again(tmp_path: Path) -> None:
+    """A process died while compressing an hour (its `.compressing` file is left), and after the
+    restart a late record for that hour started a new `.jsonl`: the next round keeps both. It
+    used to move the new file aside onto the leftover's name, losing the leftover's records."""
+    now = int(time.time() * 1000)
+    hour = file_name_for(now - 3 * HOUR_MS)
+    (tmp_path / (hour + ".compressing")).write_bytes(lines(3, "before the crash"))
+    (tmp_path / hour).write_bytes(lines(1, "after the restart"))
+
+    done = ObservationLog(tmp_path, retention_days=0).tidy(now)
+
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([hour + ".gz", LOCK_NAME])
+    assert read_hour(tmp_path, hour) == lines(3, "before the crash") + lines(1, "after the restart")
+    assert done.compressed == 1
+
+
+TIDY_ONCE = """
+import dataclasses, json, sys
+from pathlib import Path
+from sigil_push.observations import ObservationLog
+done = ObservationLog(Path(sys.argv[1]), 0, sys.argv[2]).tidy(int(sys.argv[3]))
+print(json.dumps(dataclasses.asdict(done)))
+"""
+
+
+def tidy_in_process(folder: Path, worker: str, at_ms: int) -> subprocess.Popen[str]:
+    """One housekeeping round of worker `worker` in a process of its own."""
+    return subprocess.Popen(
+        [sys.executable, "-c", TIDY_ONCE, str(folder), worker, str(at_ms)],
+        stdout=subprocess.PIPE, text=True,
+    )
+
+
+async def test_a_staged_hour_is_finished_by_one_worker_only(tmp_path: Path) -> None:
+    """Worker `w0` died while compressing an hour, leaving its `.compressing` file in the folder
+    that workers `wa` and `wb` share. `wa`'s round takes it up and is held in the middle of it
+    (the staged file is a named pipe: its contents come only when the test writes them). `wb`'s
+    round meanwhile must not touch it (it used to finish the same file at the same time, over
+    the same `.partial`: records doubled or lost, or its round failing), and returns at once;
+    once `wa` goes on, the hour's `.gz` holds its earlier records and the leftover's, once."""
+    now = int(time.time() * 1000)
+    hour = file_name_for(now - 3 * HOUR_MS)
+    orphan = hour.replace("observations-", "observations-w0-", 1)
+    (tmp_path / (orphan + ".gz")).write_bytes(gzip.compress(lines(2, "compressed earlier")))
+    staged = tmp_path / (orphan + ".compressing")
+    os.mkfifo(staged)
+    partial = tmp_path / (orphan + ".gz.partial")
+
+    first = tidy_in_process(tmp_path, "wa", now)
+    try:
+        await eventually(lambda: partial.exists(), "worker wa finishing the staged hour", 60)
+        second = tidy_in_process(tmp_path, "wb", now)
+        try:
+            out, _ = second.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            second.kill()
+            second.communicate()
+            raise AssertionError("worker wb's round went for the file worker wa is finishing")
+        assert second.returncode == 0
+        assert json.loads(out)["compressed"] == 0
+    finally:
+        # let wa read the staged hour (opening the pipe for writing waits for its reader)
+        await asyncio.to_thread(staged.write_bytes, lines(3, "staged by w0"))
+        out, _ = first.communicate(timeout=60)
+    assert first.returncode == 0
+
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([orphan + ".gz", LOCK_NAME])
+    assert read_hour(tmp_path, orphan) == lines(2, "compressed earlier") + lines(3, "staged by w0")
+
+
+async def test_housekeeping_that_fails_on_a_damaged_file_is_restarted_not_lost(
+    tmp_path: Path,
+) -> None:
+    """A finished hour's `.gz` was cut short (a copy, a disk fault) and a late record for that
+    hour waits to be merged into it: reading the `.gz` fails with EOFError, which is not an
+    OSError. Housekeeping is restarted and counted in `sigil_push_task_restarts_total` (what
+    the SigilPushTaskRestarting alert watches) instead of ending for good without a word, the
+    late record stays on disk, and the log stops cleanly."""
+    now = int(time.time() * 1000)
+    hour = file_name_for(now - 3 * HOUR_MS)
+    whole = gzip.compress(lines(100, "earlier"))
+    (tmp_path / (hour + ".gz")).write_bytes(whole[: len(whole) // 2])
+    (tmp_path / hour).write_bytes(lines(1, "late"))
+
+    def restarts() -> float:
+        labels = {"task": "observation-housekeeping"}
+        return REGISTRY.get_sample_value("sigil_push_task_restarts_total", labels) or 0.0
+
+    before = restarts()
+    log = ObservationLog(tmp_path, retention_days=0)
+    await log.start()
+    await eventually(lambda: restarts() >= before + 2, "housekeeping failed, and again")
+    await log.stop()
+    assert (tmp_path / (hour + ".compressing")).read_bytes() == lines(1, "late")

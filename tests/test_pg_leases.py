@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable
 
 import asyncpg
 import pytest
+from prometheus_client import REGISTRY
 
 from sigil_push.shards import DEFAULT_SHARDS, Lease, StaleLease, fair_share, shard_of
 from sigil_push.store.postgres.leases import ShardLeaser, check_lease, rebalance
@@ -298,6 +299,43 @@ async def test_a_slow_reshard_does_not_let_the_leases_lapse(pool: asyncpg.Pool) 
         await other.stop()
         await first.stop()
         await monitor.close()
+
+
+class _BreaksOnce(ShardLeaser):
+    """A leaser whose third heartbeat fails with an error the heartbeat does not expect."""
+
+    beats = 0
+
+    async def tick(self) -> dict[int, int]:
+        self.beats += 1
+        if self.beats == 3:
+            raise LookupError("not a database error")
+        return await super().tick()
+
+
+async def test_a_heartbeat_loop_that_fails_unexpectedly_is_restarted(pool: asyncpg.Pool) -> None:
+    """Only database and network errors are expected by the heartbeat; any other one used to
+    end the renewal task for good, so the worker's leases lapsed without a word. Supervised,
+    the loop comes back, counted, and keeps the shards."""
+    def restarts() -> float:
+        return REGISTRY.get_sample_value("sigil_push_task_restarts_total", {"task": "shard-leases"}) or 0.0
+
+    async def reshard(_owns: Callable[[str], bool]) -> None:
+        return None
+
+    leaser = _BreaksOnce(pool, "breaks", LEASE_SECONDS, shards=8)
+    watch = ShardWatch(leaser, reshard)
+    before = restarts()
+    try:
+        await watch.start()
+        await until(lambda: restarts() > before)
+        beats = leaser.beats
+        await until(lambda: leaser.beats >= beats + 3)  # renewing again after the restart
+        assert watch.held() == list(range(8))
+        assert len(leaser.held()) == 8, "the leases lapsed"
+    finally:
+        await watch.halt()
+        await leaser.stop()
 
 
 async def test_a_failed_reshard_is_applied_again_at_the_next_heartbeat(pool: asyncpg.Pool) -> None:

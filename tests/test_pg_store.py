@@ -49,6 +49,21 @@ async def test_outbox_enqueues_each_event_device_pair_once(store: Store) -> None
     assert await store.outbox.oldest_first_seen_ms() == NOW
 
 
+async def test_outbox_ids_and_so_collapse_ids_are_never_reused(store: Store) -> None:
+    """A push's apns-collapse-id is keyed on its first row's id: an id handed out again after
+    the outbox emptied (SQLite's max(id) + 1 without AUTOINCREMENT) made unrelated wakeups
+    share a collapse id, so a phone replaced one notification with the next."""
+    outbox = store.outbox
+    await outbox.resume(NOW)
+    collapse_ids = set()
+    for _ in range(3):
+        await outbox.enqueue(_event(), "wss://a", NOW, await _devices(store, 1))
+        [wakeup] = await outbox.due(NOW, 10)
+        await outbox.complete([wakeup.id])  # delivered: the outbox is empty again
+        collapse_ids.add(outbox.collapse_id(wakeup.id))
+    assert len(collapse_ids) == 3
+
+
 async def test_outbox_claim_reschedule_complete_and_crash_resume(store: Store) -> None:
     outbox = store.outbox
     devices = await _devices(store, 3)

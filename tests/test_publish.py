@@ -28,9 +28,11 @@ TIMEOUT_SECONDS = 20.0
 class LazyAuthRelay(LoopbackRelay):
     """Accepts writes only from `allowed` after AUTH; challenges only when it refuses."""
 
-    def __init__(self, allowed: str, send_challenge: bool = True) -> None:
+    def __init__(self, allowed: str, send_challenge: bool = True, junk: str = "") -> None:
+        """`junk`: a frame sent before each OK (a relay's garbage)."""
         self.allowed = allowed
         self.send_challenge = send_challenge
+        self.junk = junk
         self.stored: list[str] = []
         self.auths = 0
 
@@ -48,6 +50,8 @@ class LazyAuthRelay(LoopbackRelay):
                     await ws.send(json.dumps(["OK", auth.id, ok, "" if ok else "invalid: bad"]))
                 elif message[0] == "EVENT":
                     event_id = message[1]["id"]
+                    if self.junk:
+                        await ws.send(self.junk)
                     if authed == self.allowed:
                         self.stored.append(event_id)
                         await ws.send(json.dumps(["OK", event_id, True, ""]))
@@ -108,3 +112,15 @@ async def test_a_plain_relay_accepts_and_serves_the_gift_wrap(tmp_path: Path) ->
         assert result.accepted
     down = await publish(relay.url, event, BridgeKeySigner(SecretKey.generate()), 5.0)
     assert (down.accepted, down.reason) == (False, "connect")
+
+
+async def test_a_frame_nested_past_the_recursion_limit_is_ignored() -> None:
+    """A relay's frame nested deeper than Python's recursion limit (json.loads raises
+    RecursionError, not ValueError) is junk like any other: the publish still gets its OK,
+    instead of the canary probe failing on it."""
+    bridge = SecretKey.generate()
+    event = probe()
+    nested = "[" * 5000 + "]" * 5000
+    async with LazyAuthRelay(bridge.public_key_hex, junk=nested) as relay:
+        result = await publish(relay.url, event, BridgeKeySigner(bridge), TIMEOUT_SECONDS)
+        assert result.accepted and relay.stored == [event.id]

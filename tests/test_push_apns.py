@@ -148,3 +148,29 @@ async def test_environment_picks_apples_production_or_sandbox_host(credentials) 
         hosts[environment] = sender._client.pool.protocol_class.APNS_SERVER
         await sender.close()
     assert hosts == {"production": "api.push.apple.com", "sandbox": "api.development.push.apple.com"}
+
+
+async def test_per_push_headers_stay_out_of_the_hpack_table(make_harness, fake_apns: FakeApns) -> None:
+    """A push's path (the token), apns-id, collapse id and expiration are new nearly every time:
+    the client sends them as literals that never enter the HTTP/2 header table, so the table
+    keeps only the constant headers, and APNs (the fake decodes with h2's HPACK) still reads
+    every header of every push."""
+    harness = await make_harness()
+    tokens = [apns_token() for _ in range(40)]
+    for token in tokens:
+        await harness.enqueue([await harness.register("ios", token, "event_id")])
+    await eventually(harness.drained, what="outbox drained")
+
+    requests = [r for r in fake_apns.requests if r.token in set(tokens)]
+    assert sorted(r.token for r in requests) == sorted(tokens)
+    assert len({r.headers["apns-id"] for r in requests}) == len(tokens)
+    assert all(len(r.headers["apns-collapse-id"]) == 32 for r in requests)
+    assert all(r.headers["authorization"].startswith("bearer ") for r in requests)
+    assert all(r.headers[":path"] == f"/3/device/{r.token}" for r in requests)
+    assert harness.delivery is not None
+    sender = harness.delivery._senders["ios"].inner  # type: ignore[attr-defined]
+    tables = [c.conn.encoder.header_table.dynamic_entries for c in sender._client.pool.connections]
+    assert tables
+    assert {name for table in tables for name, _ in table} == {
+        b"host", b"apns-topic", b"apns-priority", b"apns-push-type"
+    }

@@ -161,6 +161,41 @@ async def test_no_push_carries_a_key_or_the_content(make_harness, fake_apns: Fak
         assert token not in logged
 
 
+async def test_a_burst_of_answers_is_recorded_once_per_wakeup_without_keys_or_content(
+    make_harness, fake_apns: FakeApns
+) -> None:
+    """Accepted pushes are counted and logged per answer burst, not per push: still one record
+    per wakeup with only the record's fields (no content, no sender or recipient key in any
+    form, no token), one latency observation and one counted outcome per push."""
+    from prometheus_client import REGISTRY
+
+    def sample(name: str, **labels: str) -> float:
+        return REGISTRY.get_sample_value(name, {"provider": "apns", **labels}) or 0.0
+
+    accepted_before = sample("sigil_push_pushes_total", outcome="accepted")
+    observed_before = sample("sigil_push_push_latency_seconds_count")
+    harness = await make_harness(start=False)
+    tokens = [apns_token() for _ in range(30)]
+    devices = [await harness.register("ios", token, payload="event_id") for token in tokens]
+    content = "meet me at the old mill at noon"
+    events = [await harness.enqueue([device], harness.event(f"{content} {i}"))
+              for i, device in enumerate(devices)]
+    await harness.start()
+
+    await eventually(harness.drained, what="outbox drained")
+    records = await eventually(lambda: len(harness.push_records()) == 30 and harness.push_records())
+    assert sorted(r["event_id"] for r in records) == sorted(e.id for e in events)
+    assert all(set(r) == {"type", "ts", "event_id", "platform", "status", "latency_ms"}
+               and (r["platform"], r["status"]) == ("ios", "accepted") for r in records)
+    logged = "\n".join(p.read_text() for p in (harness.folder / "observations").glob("*.jsonl"))
+    for secret in [content, harness.sender_key.public_key_hex, harness.recipient_key.public_key_hex,
+                   encode_npub(harness.sender_key.public_key_hex),
+                   encode_npub(harness.recipient_key.public_key_hex), *tokens]:
+        assert secret not in logged
+    assert sample("sigil_push_pushes_total", outcome="accepted") - accepted_before == 30
+    assert sample("sigil_push_push_latency_seconds_count") - observed_before == 30
+
+
 async def test_stale_wakeups_are_dropped_as_failed(make_harness, fake_apns: FakeApns) -> None:
     harness = await make_harness(push={"max_wakeup_age_seconds": 60})
     token = apns_token()

@@ -67,8 +67,12 @@ class Committer:
         counters: dict[str, RelayCounters],
         registration_relays: Mapping[str, tuple[str, ...]],
         insecure: bool,
+        turn: asyncio.Lock | None = None,
     ) -> None:
+        """`turn` is held for each transaction: the bridge's other readers of the connection
+        (`RelayState`) take it too, so their statements never run inside one."""
         self._pending = pending
+        self._turn = turn if turn is not None else asyncio.Lock()
         self._devices = devices
         self._outbox = outbox
         self._observations = observations
@@ -341,16 +345,17 @@ class Committer:
         """One transaction: the batch's wakeups, its seen ids, and the queued bookkeeping."""
         db, writer = self._db, self._writer
         assert db is not None and writer is not None
-        await db.execute("BEGIN IMMEDIATE")
-        try:
-            await writer.enqueue_many(
-                [(a.event, a.relay, a.received_ms, targets) for a, targets in writes]
-            )
-            await self._seen.save(new_events, further)
-            for sql, rows in ops:
-                await db.executemany(sql, rows)
-            await db.execute("COMMIT")
-        except BaseException:
-            with contextlib.suppress(*TRANSIENT_ERRORS):
-                await db.execute("ROLLBACK")
-            raise
+        async with self._turn:
+            await db.execute("BEGIN IMMEDIATE")
+            try:
+                await writer.enqueue_many(
+                    [(a.event, a.relay, a.received_ms, targets) for a, targets in writes]
+                )
+                await self._seen.save(new_events, further)
+                for sql, rows in ops:
+                    await db.executemany(sql, rows)
+                await db.execute("COMMIT")
+            except BaseException:
+                with contextlib.suppress(*TRANSIENT_ERRORS):
+                    await db.execute("ROLLBACK")
+                raise

@@ -89,7 +89,9 @@ class Bridge:
             self._inboxes = UserInboxes(self, delegated_auth, observations, self._bridge)
             delegated_auth.add_listener(self._inboxes.session_changed)
         pending = Pending()
-        self._relays = RelayState(self._pool, pending, self._inboxes)
+        # the committer's transactions and the baseline reads take turns on the one connection
+        turn = asyncio.Lock()
+        self._relays = RelayState(self._pool, pending, self._inboxes, turn)
         self._registry = KeyRegistry(
             self._insecure, self._pool, devices, self._relays, self._inboxes
         )
@@ -98,7 +100,7 @@ class Bridge:
         )
         self._committer = Committer(
             pending, devices, outbox, observations, self._pool, self._ingest.counters,
-            self._registry.registration_relays, self._insecure,
+            self._registry.registration_relays, self._insecure, turn,
         )
         self._tasks: list[asyncio.Task[None]] = []
         # the pool's and the per-user connections' callbacks (PoolOwner, InboxOwner) and the
@@ -132,7 +134,7 @@ class Bridge:
             ("bridge-housekeeping", self._housekeeping_loop),
         ):
             self._tasks.append(self.supervisor.spawn(name, loop, core=True))
-        self._registry.apply(self._registry.keys)
+        await self._registry.subscribe_loaded()
         if self._inboxes is not None:
             self._inboxes.start()
         log.info(
@@ -151,8 +153,9 @@ class Bridge:
         self._committer.attach(db, link.outbox, self._seen, lists)
         await self._seen.load()
         await lists.load()
-        baselined = await self._relays.load(db, lists, self._registry.holds)
-        await self._registry.load(baselined)
+        async with self._registry.changing:  # a reshard meanwhile waits for the whole load
+            baselined = await self._relays.load(db, lists, self._registry.holds)
+            await self._registry.load(baselined)
 
     async def stop(self) -> None:
         """Close relays first, then finish what was already received, so nothing is lost."""

@@ -13,10 +13,15 @@ from sigil_push.bridge.relay_state import RelayState
 from sigil_push.relays.discovery import RelayLists, normalize_relay_url
 from sigil_push.relays.pool import NO_RELAYS, RelayPool
 from sigil_push.relays.user_inbox import UserInboxes
+from sigil_push.shards import ShardSet
 from sigil_push.store.interface import Database, DeviceStore
 
 if TYPE_CHECKING:
     from sigil_push.canary import Canary
+
+
+RESHARD_CHUNK = 10_000
+"""Keys a reshard handles between two turns of the event loop (tens of milliseconds)."""
 
 
 def _every_key(_pubkey: str) -> bool:
@@ -56,6 +61,8 @@ class KeyRegistry:
         self._probe: Canary | None = None
         self._db: Database | None = None
         self._lists: RelayLists
+        self.changing = asyncio.Lock()
+        """Held while the keys are loaded or resharded: one change at a time."""
 
     def attach(self, db: Database, lists: RelayLists) -> None:
         """The database and relay lists, as the bridge starts (from then on `reshard` acts)."""
@@ -63,10 +70,13 @@ class KeyRegistry:
 
     async def load(self, known: Mapping[str, str]) -> None:
         """Watch the registered keys of our shards (before any relay is opened); a key already
-        `known` (baselined) is held as that string, so the two share one."""
-        for pubkey, relays in (await self._devices.watched_keys()).items():
-            if self._owns(pubkey):
-                self._set_key(known.get(pubkey, pubkey), relays)
+        `known` (baselined) is held as that string, so the two share one. A chunk at a time,
+        yielding between chunks: the lease heartbeats run on this loop meanwhile."""
+        async for chunk in self._devices.key_chunks():
+            for pubkey, relays in chunk.items():
+                if self._owns(pubkey):
+                    self._add_relays(known.get(pubkey, pubkey), relays)
+            await asyncio.sleep(0)
 
     def holds(self, pubkey: str) -> bool:
         """Ours to watch: in our shards, or the canary's."""
@@ -147,33 +157,88 @@ class KeyRegistry:
         self._user_relays.pop(pubkey, None)
         self._pool.plan.remove_key(pubkey)
 
-    async def reshard(self, owns: Callable[[str], bool]) -> None:
+    async def subscribe_loaded(self) -> None:
+        """At start, after `load`: open the relays, then subscribe the keys RESHARD_CHUNK at a
+        time with a turn of the event loop after each chunk (a million keys took 0.8 s of CPU
+        in one piece, seconds on a loaded machine, with the lease heartbeats waiting)."""
+        async with self.changing:
+            keys = list(self.keys)
+            self._pool.apply(self.keys, (), opening=False)
+            for start in range(0, len(keys), RESHARD_CHUNK):
+                self.apply(set(keys[start : start + RESHARD_CHUNK]), replan=False)
+                await asyncio.sleep(0)
+            self.apply(set())
+
+    async def reshard(self, owns: ShardSet) -> None:
         """Watch only the registered keys `owns` accepts (this worker's key shards).
 
-        Keys that leave are unsubscribed, their baselines kept for their new owner; keys that
-        arrive first take the baselines other workers stored, so their catch-up from the
-        relays' cursors pushes what arrived meanwhile instead of swallowing it as a baseline.
+        Keys that leave are unsubscribed first, their baselines kept for their new owner; then
+        the keys of the shards `owns.gained` arrive, first taking the baselines other workers
+        stored for them, so their catch-up from the relays' cursors pushes what arrived
+        meanwhile instead of swallowing it as a baseline. Both go RESHARD_CHUNK keys at a time,
+        yielding to the event loop after each chunk: a hand-over of half a million keys must
+        not stall the lease heartbeats, the API and ingest for seconds. Releasing before
+        loading keeps a worker's memory at the larger of its old and new share, not the sum;
+        only the arriving keys' baselines are read.
         """
         self._owns = owns
         db = self._db
         if db is None:  # not started yet: `load` watches only what `owns` accepts
             return
-        watched = await self._devices.watched_keys()
-        probe = self._probe.pubkey if self._probe is not None else None
-        arriving = {p for p in watched if owns(p) and p not in self.keys}
-        leaving = {p for p in self.keys if p != probe and not owns(p)}
-        if arriving:
-            await self._relays.adopt(db, arriving)
-        for pubkey in arriving:
-            self._set_key(pubkey, watched[pubkey])
-        for pubkey in leaving:
-            self._unwatch(pubkey)
-        self.apply(arriving | leaving, leaving)
+        async with self.changing:
+            await self._release(owns)
+            async for chunk in self._devices.key_chunks(owns.gained, owns.count):
+                items = list(chunk.items())
+                del chunk
+                for start in range(0, len(items), RESHARD_CHUNK):
+                    await self._take(db, owns, items[start : start + RESHARD_CHUNK])
+                    await asyncio.sleep(0)
+            # once: relays wanted only by keys that left close, those of arriving keys open
+            self.apply(set())
 
-    def apply(self, changed: set[str], elsewhere: Collection[str] = ()) -> None:
+    async def _release(self, owns: Callable[[str], bool]) -> None:
+        """Unwatch the keys `owns` no longer accepts, RESHARD_CHUNK at a time."""
+        probe = self._probe.pubkey if self._probe is not None else None
+        keys = list(self.keys)
+        for start in range(0, len(keys), RESHARD_CHUNK):
+            leaving = {p for p in keys[start : start + RESHARD_CHUNK]
+                       if p != probe and not owns(p) and p in self.keys}
+            for pubkey in leaving:
+                self._unwatch(pubkey)
+            if leaving:
+                self.apply(leaving, leaving, replan=False)
+                await asyncio.sleep(0)
+
+    async def _take(
+        self, db: Database, owns: Callable[[str], bool], chunk: list[tuple[str, tuple[str, ...]]]
+    ) -> None:
+        """Watch one chunk of arriving keys, with the baselines stored for them."""
+        arriving = [(p, relays) for p, relays in chunk if owns(p)]
+        if not arriving:
+            return
+        await self._relays.adopt(db, [p for p, _ in arriving])
+        for pubkey, relays in arriving:
+            self._add_relays(pubkey, relays)
+        self.apply({p for p, _ in arriving}, replan=False)
+
+    def _add_relays(self, pubkey: str, relays: tuple[str, ...]) -> None:
+        """Watch `pubkey` with these device relays too (a key with several devices may come in
+        several chunks, and a registration change may have watched it already)."""
+        if pubkey not in self.keys:
+            self._set_key(pubkey, relays)
+            return
+        before = self.registration_relays.get(pubkey, ())
+        merged = tuple(sorted(set(before).union(relays)))
+        if merged != before:
+            self._set_key(pubkey, merged)
+
+    def apply(
+        self, changed: set[str], elsewhere: Collection[str] = (), replan: bool = True
+    ) -> None:
         """Bring connections and shards in line with the plan for the `changed` keys; the
-        baselines of keys now watched `elsewhere` (another worker) stay in the database."""
-        left = [(url, key) for url, key in self._pool.apply(self.keys, changed)
+        baselines of keys now watched `elsewhere` (another worker) stay in the database.
+        Without `replan`, on the relays chosen last time (see `RelayPool.apply`)."""
+        left = [(url, key) for url, key in self._pool.apply(self.keys, changed, replan)
                 if key not in elsewhere]
         if left:
             self._relays.forget_baselines(left)

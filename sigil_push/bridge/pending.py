@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 from sigil_push.bridge.metrics import QUEUE
@@ -14,11 +15,99 @@ from sigil_push.nostr.event import Event
 COMMIT_BATCH = 2000
 CONGESTED_AT = 20_000
 DRAINED_AT = 5_000
+OP_ROWS_PER_COMMIT = 20_000
+"""Bookkeeping rows per transaction. A firehose baselines every key at its EOSE: a million
+rows in one transaction held their row locks for tens of seconds, and a second worker taking
+over some of those keys waited past its 5 s lock timeout (retried, and with five failures the
+batch's wakeups would be lost). In slices, each transaction holds its locks for about a second."""
 RELAY_QUEUE_CAP = 2 * COMMIT_BATCH
 """A relay whose events fill this much of the commit queue waits (its reader only)."""
 
 DbOp = tuple[str, list[tuple[Any, ...]]]
 """One statement and its rows, written in the committer's next transaction."""
+
+INSERT_BASELINES = (
+    "INSERT INTO relay_baselines (relay, pubkey, baselined_at) VALUES (?, ?, ?)"
+    " ON CONFLICT DO NOTHING"
+)
+DELETE_BASELINE = "DELETE FROM relay_baselines WHERE relay = ? AND pubkey = ?"
+DELETE_BASELINES_OF = "DELETE FROM relay_baselines WHERE pubkey = ?"
+
+
+def in_lock_order(ops: list[DbOp]) -> list[DbOp]:
+    """The same writes, with every `relay_baselines` row written in (pubkey, relay) order.
+
+    Workers that overlap on a key during a hand-over write baselines of the same keys, each
+    in its own order (per EOSE, per relay): two transactions that take row locks in opposite
+    orders deadlock, and PostgreSQL aborts one of them. In one global order they only wait.
+    The other statements (other tables) keep their order, before the baselines.
+
+    A row's outcome is unchanged: writes of one (relay, pubkey) pair keep their order (a
+    stable sort), and a key's deletion from every relay comes first for that key, so the
+    pair writes queued before it (which it undoes) are dropped.
+    """
+    if not any(sql in _BASELINE_WRITES for sql, _ in ops):
+        return ops
+    others = [op for op in ops if op[0] not in _BASELINE_WRITES]
+    inserts = [rows for sql, rows in ops if sql == INSERT_BASELINES]
+    if len(inserts) + len(others) == len(ops):
+        # the usual case (EOSEs only): no deletion to keep in place; one EOSE's rows come
+        # sorted by key already (`RelayState.baselined`), several are merged
+        if len(inserts) == 1:
+            return ops
+        merged = [row for rows in inserts for row in rows]
+        merged.sort(key=itemgetter(1, 0))
+        return [*others, (INSERT_BASELINES, merged)]
+    forgotten: dict[str, int] = {}
+    pairs: list[tuple[str, str, int, str, tuple[Any, ...]]] = []
+    seq = 0
+    for sql, rows in ops:
+        if sql == DELETE_BASELINES_OF:
+            for row in rows:
+                seq += 1
+                forgotten[row[0]] = seq
+        elif sql in _BASELINE_WRITES:
+            for row in rows:
+                seq += 1
+                pairs.append((row[1], row[0], seq, sql, row))
+    pairs.sort(key=lambda pair: (pair[0], pair[1], pair[2]))
+    ordered: list[DbOp] = []
+
+    def write(sql: str, row: tuple[Any, ...]) -> None:
+        if ordered and ordered[-1][0] == sql:
+            ordered[-1][1].append(row)
+        else:
+            ordered.append((sql, [row]))
+
+    # a pubkey sorts before any (pubkey, relay) pair
+    deletions = sorted(forgotten.items())
+    index = 0
+    for pubkey, relay, at, sql, row in pairs:
+        while index < len(deletions) and deletions[index][0] <= pubkey:
+            write(DELETE_BASELINES_OF, (deletions[index][0],))
+            index += 1
+        if forgotten.get(pubkey, 0) < at:
+            write(sql, row)
+    for pubkey, _ in deletions[index:]:
+        write(DELETE_BASELINES_OF, (pubkey,))
+    return others + ordered
+
+
+def _first_rows(ops: list[DbOp], most: int) -> tuple[list[DbOp], list[DbOp]]:
+    """The first `most` rows of `ops` (for this transaction), and the rest (for the next)."""
+    now: list[DbOp] = []
+    for index, (sql, rows) in enumerate(ops):
+        if len(rows) >= most:
+            if most:
+                now.append((sql, rows[:most]))
+            rest = [(sql, rows[most:])] if len(rows) > most else []
+            return now, rest + ops[index + 1 :]
+        now.append((sql, rows))
+        most -= len(rows)
+    return now, []
+
+
+_BASELINE_WRITES = frozenset((INSERT_BASELINES, DELETE_BASELINE, DELETE_BASELINES_OF))
 
 
 @dataclass(slots=True)
@@ -68,7 +157,7 @@ class Pending:
         if not self._arrivals:
             # a baseline (from an EOSE) is stored only with or after every event the relay sent
             # before that EOSE, or a crash could leave a baseline whose events were never seen
-            ops, self._ops = self._ops, []
+            ops, self._ops = _first_rows(in_lock_order(self._ops), OP_ROWS_PER_COMMIT)
         QUEUE.set(len(self._arrivals))
         self._drained.set()
         return batch, ops

@@ -10,33 +10,39 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Iterable
 
-from sigil_push.bridge.pending import Pending
+from sigil_push.bridge.pending import (
+    DELETE_BASELINE,
+    DELETE_BASELINES_OF,
+    INSERT_BASELINES,
+    Pending,
+)
 from sigil_push.relays.discovery import RelayLists
 from sigil_push.relays.pool import RelayPool
 from sigil_push.relays.user_inbox import UserInboxes
 from sigil_push.store.interface import Database
-
-INSERT_BASELINES = (
-    "INSERT INTO relay_baselines (relay, pubkey, baselined_at) VALUES (?, ?, ?)"
-    " ON CONFLICT DO NOTHING"
-)
-
 
 BASELINE_PAGE = 10_000
 """Rows of `relay_baselines` per query at start-up: PostgreSQL hands a query's rows over all at
 once, and a million rows alive together were the biggest part of a restart's peak."""
 
 
-async def _baseline_rows(db: Database) -> AsyncIterator[tuple[str, str]]:
+ADOPT_BATCH = 10_000
+"""Keys per query when a reshard takes the baselines of arriving keys: one `IN` list (within
+both engines' parameter limits: 32,767 on PostgreSQL, 32,766 on SQLite since 3.32). At 1,000
+per query the round trips took 6x as long."""
+
+
+async def _baseline_rows(db: Database, turn: asyncio.Lock) -> AsyncIterator[tuple[str, str]]:
     """Every (relay, pubkey) baseline, BASELINE_PAGE rows per query in primary key order (each
     page starts after the last row of the one before, so it is an index range on both engines)."""
     after = ("", "")
     while True:
-        rows = list(await db.execute_fetchall(
-            "SELECT relay, pubkey FROM relay_baselines WHERE (relay, pubkey) > (?, ?)"
-            " ORDER BY relay, pubkey LIMIT ?",
-            (*after, BASELINE_PAGE),
-        ))
+        async with turn:
+            rows = list(await db.execute_fetchall(
+                "SELECT relay, pubkey FROM relay_baselines WHERE (relay, pubkey) > (?, ?)"
+                " ORDER BY relay, pubkey LIMIT ?",
+                (*after, BASELINE_PAGE),
+            ))
         for relay, pubkey in rows:
             yield str(relay), str(pubkey)
         if len(rows) < BASELINE_PAGE:
@@ -48,15 +54,24 @@ class RelayState:
     """The pool's and the per-user connections' persistent bookkeeping (`baselined`,
     `baselines_of`, `gated_relays`, `relay_gated`), loaded at start and saved as it changes."""
 
-    def __init__(self, pool: RelayPool, pending: Pending, inboxes: UserInboxes | None) -> None:
+    def __init__(
+        self,
+        pool: RelayPool,
+        pending: Pending,
+        inboxes: UserInboxes | None,
+        turn: asyncio.Lock | None = None,
+    ) -> None:
+        """`turn` is held by the committer for each of its transactions on the bridge's one
+        connection: the reads here take it too, so none lands inside (or, after a failed
+        statement, in the aborted remains of) a committer's transaction."""
         self._pool = pool
         self._pending = pending
         self._inboxes = inboxes
         self._db: Database | None = None
         self._lists: RelayLists
-        # a reshard may come while the start-up still reads its pages: they take turns on the
-        # bridge's one connection
-        self._reading = asyncio.Lock()
+        self._turn = turn if turn is not None else asyncio.Lock()
+        self.rows_adopted = 0
+        """Baseline rows read by `adopt` (what a reshard costs the database)."""
 
     async def load(
         self, db: Database, lists: RelayLists, held: Callable[[str], bool]
@@ -69,44 +84,45 @@ class RelayState:
         self._db, self._lists = db, lists
         canonical: dict[str, str] = {}
         baselines: dict[str, set[str]] = {}
-        async with self._reading:
-            async for relay, pubkey in _baseline_rows(db):
-                # several workers: hold only our shards' baselines (`adopt` loads the others')
-                if held(pubkey):
-                    baselines.setdefault(relay, set()).add(canonical.setdefault(pubkey, pubkey))
-            async with db.execute("SELECT relay, live_until FROM relay_cursors") as cursor:
-                cursors = {str(relay): int(live_until) async for relay, live_until in cursor}
+        async for relay, pubkey in _baseline_rows(db, self._turn):
+            # several workers: hold only our shards' baselines (`adopt` loads the others')
+            if held(pubkey):
+                baselines.setdefault(relay, set()).add(canonical.setdefault(pubkey, pubkey))
+        async with self._turn:
+            rows = await db.execute_fetchall("SELECT relay, live_until FROM relay_cursors")
+        cursors = {str(relay): int(live_until) for relay, live_until in rows}
         self._pool.load(baselines, cursors)
         return canonical
 
     async def adopt(self, db: Database, arriving: Collection[str]) -> None:
         """Keys another worker watched until now: take the baselines it stored for them (as
-        the very strings of `arriving`).
-
-        One query, not pages: this runs while the committer uses the same connection, and
-        each further query would be one more chance to collide with it."""
-        canonical = {key: key for key in arriving}
-        async with self._reading:
-            for relay, pubkey in await db.execute_fetchall(
-                "SELECT relay, pubkey FROM relay_baselines"
-            ):
-                key = canonical.get(pubkey)
-                if key is not None:
-                    self._pool.baselines_of(str(relay)).add(key)
+        the very strings of `arriving`), reading those keys' rows only (by the pubkey index),
+        ADOPT_BATCH keys per query."""
+        keys = list(arriving)
+        for start in range(0, len(keys), ADOPT_BATCH):
+            batch = keys[start : start + ADOPT_BATCH]
+            canonical = {key: key for key in batch}
+            async with self._turn:
+                rows = list(await db.execute_fetchall(
+                    "SELECT relay, pubkey FROM relay_baselines WHERE pubkey IN"
+                    f" ({', '.join('?' * len(batch))})",
+                    batch,
+                ))
+            self.rows_adopted += len(rows)
+            for relay, pubkey in rows:
+                self._pool.baselines_of(str(relay)).add(canonical[pubkey])
 
     def forget_keys(self, removed: list[str]) -> None:
         """Keys no longer registered anywhere: their lists and baselines go."""
         self._lists.forget(removed)
         self._pending.add_op(
-            "DELETE FROM relay_baselines WHERE pubkey = ?", [(p,) for p in removed]
+            DELETE_BASELINES_OF, [(p,) for p in removed]
         )
         self._pending.add_op("DELETE FROM relay_lists WHERE pubkey = ?", [(p,) for p in removed])
 
     def forget_baselines(self, left: Iterable[tuple[str, str]]) -> None:
         """(relay, key) pairs whose baseline is void: the key left that relay."""
-        self._pending.add_op(
-            "DELETE FROM relay_baselines WHERE relay = ? AND pubkey = ?", list(left)
-        )
+        self._pending.add_op(DELETE_BASELINE, list(left))
 
     async def save_cursors(self) -> None:
         if self._pool.cursors and self._db is not None:

@@ -138,7 +138,7 @@ def signed_auth_event(result: str, user_pubkey: str, relay_url: str, challenge: 
     try:
         event = Event.from_json(json.loads(result))
         event.verify()
-    except (ValueError, InvalidEvent) as exc:
+    except (ValueError, RecursionError, InvalidEvent) as exc:  # RecursionError: deep nesting
         raise SignerError("signer returned an invalid event") from exc
     if (
         event.kind != AUTH_KIND

@@ -56,7 +56,7 @@ def verify_http_auth(
         raise AuthMissing("Authorization header with scheme 'Nostr' is required")
     try:
         decoded = json.loads(base64.b64decode(token.strip(), validate=True))
-    except (binascii.Error, ValueError):
+    except (binascii.Error, ValueError, RecursionError):  # RecursionError: deep nesting
         raise AuthInvalid("token is not base64-encoded JSON") from None
     try:
         event = Event.from_json(decoded)

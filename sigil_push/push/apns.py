@@ -28,6 +28,8 @@ from aioapns.connection import (
 )
 from aioapns.exceptions import ConnectionClosed, ConnectionError, MaxAttemptsExceeded
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
+from hpack import Encoder, HeaderTuple
+from hpack.hpack import encode_integer
 
 from sigil_push.config import ApnsConfig, ConfigError
 from sigil_push.push.base import Outcome, Status, WakeupMessage
@@ -50,9 +52,13 @@ RETRY_STATUSES = frozenset({"403", "429", "500", "503"})
 """403 is a provider-token problem (expired or bad key): fixable by the operator, so retried."""
 
 
+_ACCEPTED = Outcome(Status.ACCEPTED)
+"""Nearly every answer: one immutable value for all of them."""
+
+
 def _outcome(result: NotificationResult) -> Outcome:
     if result.is_successful:
-        return Outcome(Status.ACCEPTED)
+        return _ACCEPTED
     reason = result.description or f"status {result.status}"
     if result.status == "410" or reason in DEAD_TOKEN_REASONS:
         return Outcome(Status.UNREGISTERED, detail=reason)
@@ -73,15 +79,63 @@ def _ssl_context(ca_file: Path | None) -> ssl.SSLContext:
     return context
 
 
+_UNINDEXED_NAMES = {
+    b":path": b"\x04",  # the static table's name 4
+    b"apns-id": b"\x00\x07apns-id",
+    b"apns-collapse-id": b"\x00\x10apns-collapse-id",
+    b"apns-expiration": b"\x00\x0fapns-expiration",
+}
+"""The headers whose value is new in (nearly) every push, as the start of an HPACK "literal
+without indexing" (RFC 7541 6.2.2) with the name as the static index or the literal name."""
+
+
+class _HeaderEncoder(Encoder):
+    """HPACK for APNs requests: what changes per push is sent as a plain literal.
+
+    h2's encoder adds every header it has not seen to the dynamic table and Huffman-codes it
+    in Python, byte by byte. A push's path (the device token), apns-id, collapse id and
+    expiration are new almost every time, so each push added three or four entries that
+    pushed the constant headers out of the 4 KiB table (which then came back as literals
+    too), and Huffman coding them, with the provider token that h2 never indexes, was most of
+    a push's HPACK time. Here those values go out as literals without indexing and without
+    Huffman coding (a few more bytes on the wire, no table churn); the constant headers are
+    indexed as before, and a never-indexed header (h2 marks `authorization` so) stays never
+    indexed, just not Huffman-coded, since it is sent in full with every push anyway.
+    """
+
+    def encode(self, headers: Any, huffman: bool = True) -> bytes:
+        block = []
+        if self.header_table.resized:
+            block.append(self._encode_table_size_change())
+            self.header_table.resized = False
+        for header in headers:
+            name, value = header[0], header[1]
+            if not isinstance(name, bytes):
+                name, value = str(name).encode(), str(value).encode()
+            prefix = _UNINDEXED_NAMES.get(name)
+            if prefix is not None:
+                block += (prefix, bytes(encode_integer(len(value), 7)), value)
+            elif isinstance(header, HeaderTuple) and not header.indexable:
+                block.append(self.add((name, value), True, False))
+            else:
+                block.append(self.add((name, value), False, huffman))
+        return b"".join(block)
+
+
 class _FlushOncePerTick(APNsTLSClientProtocol):
     """aioapns writes to the socket after every request; this writes once per event-loop tick.
 
     Under load many requests are framed in the same tick, so they share one TLS record and one
     system call instead of one each, which is most of a push's cost on a busy host. Mixed in
-    before the protocol class aioapns would pick (production or sandbox).
+    before the protocol class aioapns would pick (production or sandbox). It also gives the
+    connection's HTTP/2 state the header encoder above.
     """
 
     _flush_pending = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.conn.encoder = _HeaderEncoder()
 
     def flush(self) -> None:
         if not self._flush_pending:

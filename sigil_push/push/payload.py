@@ -43,8 +43,8 @@ def fallback(data: dict[str, str], event_id: str, relay: str) -> dict[str, str]:
 
 def apns_body(data: dict[str, str]) -> dict[str, Any]:
     """The APNs JSON body: the fixed alert plus the mode's extras (never `type`)."""
-    body: dict[str, Any] = {"aps": APS}
-    body.update((key, value) for key, value in data.items() if key != "type")
+    body: dict[str, Any] = {"aps": APS, **data}
+    body.pop("type", None)
     return body
 
 

@@ -28,7 +28,7 @@ import logging
 import random
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -42,7 +42,7 @@ from sigil_push.nostr.nip42 import auth_event
 from sigil_push.observations import ObservationLog
 from sigil_push.relays.nip11 import RelayLimits, fetch_limits
 from sigil_push.relays.reader_socket import ReaderSocket, open_reader
-from sigil_push.supervisor import supervise
+from sigil_push.supervisor import BackgroundTasks, supervise
 
 log = logging.getLogger(__name__)
 # websockets logs every frame, truncated, at DEBUG: REQ filters would put pieces of users'
@@ -247,7 +247,7 @@ class RelayConnection:
         self._awaiting_challenge: ReaderSocket | None = None
         self._live_subs = 0
         self._malformed = 0
-        self._side_tasks: set[asyncio.Task[None]] = set()
+        self._side_tasks = BackgroundTasks("relay-connection")
         if not per_user:
             CONNECTED.labels(url).set(0)
             GATED.labels(url).set(0)
@@ -268,7 +268,7 @@ class RelayConnection:
         if self.state is State.CONNECTED and not self.per_user:
             self._observations.relay_state(self.url, "disconnected", "bridge stopped")
         self.state = State.STOPPED
-        tasks = [t for t in (self._task, *self._side_tasks) if t is not None]
+        tasks = [t for t in (self._task, *self._side_tasks.running()) if t is not None]
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -601,10 +601,8 @@ class RelayConnection:
                 log.info("relay %s: answered NIP-42 AUTH", self.url)
             self._handler.on_authenticated(self)
 
-    def _spawn(self, coroutine: Any) -> None:
-        task = asyncio.create_task(coroutine)
-        self._side_tasks.add(task)
-        task.add_done_callback(self._side_tasks.discard)
+    def _spawn(self, coroutine: Coroutine[Any, Any, object]) -> None:
+        self._side_tasks.spawn(coroutine)
 
 
 class ProtocolViolation(Exception):

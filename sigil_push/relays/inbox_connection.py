@@ -25,6 +25,7 @@ from sigil_push.config import BridgeConfig
 from sigil_push.observations import ObservationLog
 from sigil_push.relays.connection import AuthSigner, AuthUnavailable, RelayConnection
 from sigil_push.relays.subscriptions import DM_KINDS
+from sigil_push.supervisor import BackgroundTasks
 
 if TYPE_CHECKING:
     from sigil_push.relays.user_inbox import UserInboxes
@@ -51,6 +52,8 @@ class _Member:
     sub_id: str | None = None
     authed: bool = False
     """This user's AUTH went out on the current socket."""
+    accepted: bool = False
+    """The relay answered this user's AUTH on the current socket with `OK true`."""
     fresh: bool = False
     eosed: bool = False
     authenticated: bool = False
@@ -98,9 +101,12 @@ class InboxConnection:
         """The relay refused a pre-AUTH REQ out loud on this socket (CLOSED or NOTICE)."""
         self._probe: _Probe | None = None
         self._auth_ids: dict[str, str] = {}
+        self._auth_keys: set[str] = set()
+        """Every key whose AUTH went out on the current socket, users moved off it since
+        included: which one a one-key relay serves is its choice, not ours."""
         self._authenticating: set[str] = set()
         """Users whose signer is being asked right now."""
-        self._tasks: set[asyncio.Task[object]] = set()
+        self._tasks = BackgroundTasks("inbox-connection")
         self.connection = RelayConnection(
             url,
             self,
@@ -117,8 +123,7 @@ class InboxConnection:
 
     async def stop(self) -> None:
         await self.connection.stop()
-        for task in list(self._tasks):
-            task.cancel()
+        self._tasks.cancel()
         for member in self.members.values():
             self._set_authenticated(member, False)
 
@@ -154,9 +159,8 @@ class InboxConnection:
             self._probe = None
 
     def primary(self) -> str | None:
-        """The user to keep when the relay allows one key: the first one reading, else the first."""
-        reading = next((p for p, m in self.members.items() if m.authenticated), None)
-        return reading or next(iter(self.members), None)
+        """The user to keep when the relay allows one key (see `_keeper`)."""
+        return _keeper(list(self.members.values()))
 
     # AuthResponder ---------------------------------------------------------------------
 
@@ -179,7 +183,12 @@ class InboxConnection:
         self, connection: RelayConnection, event_id: str, accepted: bool, reason: str
     ) -> None:
         pubkey = self._auth_ids.pop(event_id, None)
-        if pubkey is None or accepted:
+        if pubkey is None:
+            return
+        if accepted:
+            member = self.members.get(pubkey)
+            if member is not None:
+                member.accepted = True
             return
         if self._manager.mode(self.url) != "single" and self._others_authed(pubkey):
             # strfry: "already authenticated"
@@ -214,6 +223,7 @@ class InboxConnection:
         if not await self.connection.send_auth(event, generation):
             self._auth_ids.pop(event.id, None)
             return False
+        self._auth_keys.add(member.pubkey)
         if self.members.get(member.pubkey) is not member:
             return False  # the relay's answer to this AUTH already moved the user elsewhere
         member.authed = True
@@ -226,12 +236,14 @@ class InboxConnection:
         """Ask straight away: the relay may never challenge until it has a REQ to refuse."""
         self._subs.clear()
         self._auth_ids.clear()
+        self._auth_keys.clear()
         self._challenge = None
         self._said_no = False
         self._probe = None
         for member in self.members.values():
             member.sub_id = None
             member.authed = False
+            member.accepted = False
             member.eosed = False
         for member in list(self.members.values()):
             self._subscribe(member)
@@ -300,6 +312,12 @@ class InboxConnection:
             )
             if pubkey not in self.members:
                 return
+        if self._auth_keys - {pubkey}:
+            # another key's AUTH went out on this socket too (its user was moved off it before
+            # the relay's OK for it came): the relay may be serving that key, which says
+            # nothing about this user. A socket of their own answers for them alone.
+            self._spawn(self.connection.drop(self.connection.socket_generation))
+            return
         self._refused(member)
 
     def on_gated(self, connection: RelayConnection) -> None:
@@ -420,10 +438,7 @@ class InboxConnection:
         return any(m.authed for p, m in self.members.items() if p != pubkey)
 
     def _survivor(self, excluding: str) -> str | None:
-        return next(
-            (p for p, m in self.members.items() if p != excluding and m.authenticated),
-            next((p for p in self.members if p != excluding), None),
-        )
+        return _keeper([m for p, m in self.members.items() if p != excluding])
 
     # state ------------------------------------------------------------------------------
 
@@ -444,6 +459,16 @@ class InboxConnection:
             self._manager.authenticated_changed(self.url, value)
 
     def _spawn(self, coroutine: Coroutine[Any, Any, object]) -> None:
-        task: asyncio.Task[object] = asyncio.create_task(coroutine)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(coroutine)
+
+
+def _keeper(members: list[_Member]) -> str | None:
+    """Of `members`, the key a one-key relay keeps serving on their socket: one whose AUTH it
+    accepted (strfry accepts the first AUTH *sent*, which under load need not be the first
+    member's, nor one whose REQ has been answered yet), else one reading, else the first."""
+    chosen = (
+        next((m for m in members if m.accepted), None)
+        or next((m for m in members if m.authenticated), None)
+        or next(iter(members), None)
+    )
+    return None if chosen is None else chosen.pubkey

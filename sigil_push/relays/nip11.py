@@ -90,5 +90,5 @@ async def fetch_limits(relay_url: str, guard: OutboundGuard | None = None) -> Re
         return RelayLimits()
     try:
         return parse_limits(json.loads(body))
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: deep nesting
         return RelayLimits()

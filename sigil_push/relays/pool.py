@@ -28,6 +28,7 @@ from sigil_push.config import BridgeConfig
 from sigil_push.observations import ObservationLog
 from sigil_push.relays.connection import AuthSigner, RelayConnection
 from sigil_push.relays.subscriptions import RelaySubscriptions, Request
+from sigil_push.supervisor import BackgroundTasks
 
 GIFT_WRAP_SKEW_SECONDS = 2 * 24 * 3600
 CURSOR_MARGIN_SECONDS = 600
@@ -193,17 +194,27 @@ class RelayPool:
         self._locks: dict[str, asyncio.Lock] = {}
         self._baselines: dict[str, set[str]] = {}
         self.cursors: dict[str, int] = {}
-        self._background: set[asyncio.Task[None]] = set()
+        self._background = BackgroundTasks("relay-pool")
         self._maybe_gated: set[str] = set()
+        self._chosen: list[str] | None = None
 
     def load(self, baselines: dict[str, set[str]], cursors: dict[str, int]) -> None:
         self._baselines = baselines
         self.cursors = cursors
 
-    def apply(self, keys: set[str], changed: Iterable[str]) -> list[tuple[str, str]]:
+    def apply(
+        self, keys: set[str], changed: Iterable[str], replan: bool = True, opening: bool = True
+    ) -> list[tuple[str, str]]:
         """Open, close and re-shard after `changed` keys moved; returns the (relay, key) pairs
-        whose baseline is void because the key left that relay."""
-        chosen = self.plan.choose()
+        whose baseline is void because the key left that relay.
+
+        Without `replan`, the relays chosen last time stay (no relay opens or closes): a
+        reshard applies many chunks of keys and chooses once at the end, as choosing ranks
+        every key's relays. Without `opening`, a relay opened now starts with none of its keys
+        (its mode chosen for all of them), for the caller to add them as `changed` chunks."""
+        if replan or self._chosen is None:
+            self._chosen = self.plan.choose()
+        chosen = self._chosen
         for url in [u for u in self.subs if u not in chosen]:
             self._drop(url)
         left: list[tuple[str, str]] = []
@@ -214,8 +225,9 @@ class RelayPool:
             if subs is None:
                 subs = self._open(url)
                 subs.set_firehose(firehose)
-                for pubkey in keys_here:
-                    subs.add(pubkey)
+                if opening:
+                    for pubkey in keys_here:
+                        subs.add(pubkey)
                 continue
             touched = subs.set_firehose(firehose)
             for pubkey in changed:
@@ -281,14 +293,10 @@ class RelayPool:
 
     async def stop(self) -> None:
         await asyncio.gather(*(c.stop() for c in self._connections.values()))
-        for task in list(self._background):
-            task.cancel()
+        self._background.cancel()
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
-        """Run in the background, keeping a reference so the task is not collected mid-way."""
-        task = asyncio.get_running_loop().create_task(coroutine)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._background.spawn(coroutine)
 
     def _since(self, url: str) -> tuple[int, int]:
         """(window for fresh keys, window for a catch-up of baselined keys)."""

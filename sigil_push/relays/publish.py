@@ -126,7 +126,7 @@ class _Publication:
     async def _on_frame(self, ws: ClientConnection, raw: str | bytes) -> PublishResult | None:
         try:
             message = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: deep nesting
             return None
         if not isinstance(message, list) or len(message) < 2:
             return None

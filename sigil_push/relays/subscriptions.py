@@ -99,9 +99,10 @@ class RelaySubscriptions:
             return
         if self.firehose:
             self.shard_of[key] = 0
-            if self._firehose_live():
+            if self._firehose_live() and key not in self.baselined:
                 # its events arrive live from now on; older ones come only in a later REQ's
                 # stored answer, where the bridge checks them against the registration time
+                # (a key that came with a stored baseline, from another worker, has one)
                 self.baselined.add(key)
                 self._newly_baselined.add(key)
             return

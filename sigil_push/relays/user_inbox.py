@@ -62,6 +62,7 @@ from sigil_push.relays.connection import AuthSigner
 from sigil_push.relays.inbox_connection import USER_AUTHS, AuthMode, InboxConnection
 from sigil_push.store.auth_modes import LearnedAuthModes
 from sigil_push.store.errors import STORE_UNAVAILABLE
+from sigil_push.supervisor import BackgroundTasks
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +154,7 @@ class UserInboxes:
         self._authenticated: Tally[str] = Tally()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._stopping: set[asyncio.Task[None]] = set()
+        self._stopping = BackgroundTasks("user-inboxes")
         self._labelled: set[str] = set()
         GATED_RELAYS.set(0)
         USER_CONNECTIONS.set(0)
@@ -173,7 +174,7 @@ class UserInboxes:
                 await self._task
         connections = [c for conns in self._by_url.values() for c in conns]
         self._by_url, self._where = {}, {}
-        await asyncio.gather(*(c.stop() for c in connections), *self._stopping)
+        await asyncio.gather(*(c.stop() for c in connections), *self._stopping.running())
 
     def changed(self) -> None:
         """Some input changed (gating, relays, registrations): reconcile soon, coalesced."""
@@ -384,9 +385,7 @@ class UserInboxes:
     def _spawn_tracked(self, coroutine: Coroutine[Any, Any, None]) -> None:
         """Run `coroutine` (a connection's stop, a verdict's save) in the background; `stop()`
         waits for every such task before it returns."""
-        task = asyncio.create_task(coroutine)
-        self._stopping.add(task)
-        task.add_done_callback(self._stopping.discard)
+        self._stopping.spawn(coroutine)
 
     # health -----------------------------------------------------------------------------
 

@@ -35,6 +35,17 @@ def add_device_relays(watched: dict[str, tuple[str, ...]], pubkey: str, relays_j
         watched[pubkey] = tuple(sorted(set(before).union(relays)))
 
 
+def add_device_relays_tuple(
+    watched: dict[str, tuple[str, ...]], pubkey: str, relays: tuple[str, ...]
+) -> None:
+    """`add_device_relays` for relays already read (a chunk of `DeviceStore.key_chunks`)."""
+    before = watched.get(pubkey)
+    if before is None:
+        watched[pubkey] = relays
+    elif relays:
+        watched[pubkey] = tuple(sorted(set(before).union(relays)))
+
+
 @dataclass(frozen=True, slots=True)
 class WebPushKeys:
     """RFC 8291 keys of a UnifiedPush/WebPush subscription (base64url, as clients give them)."""

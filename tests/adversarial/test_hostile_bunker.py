@@ -16,7 +16,12 @@ from websockets.asyncio.server import ServerConnection
 
 from sigil_push.delegated_auth import DelegatedAuth
 from sigil_push.nostr.keys import SecretKey
-from sigil_push.nostr.nip46 import BunkerUri, get_public_key_request
+from sigil_push.nostr.nip46 import (
+    BunkerUri,
+    SignerError,
+    get_public_key_request,
+    signed_auth_event,
+)
 from sigil_push.relays.signer_link import SignerLinks, SignerRelayLink, SignerUnreachable
 from sigil_push.store.factory import PostgresStore, SqliteStore
 from tests.adversarial.hostile import HostileRelay, eventually, hostile_relay
@@ -161,3 +166,12 @@ async def test_a_user_cycling_bunker_relays_leaves_no_sockets_behind(
             assert len(delegated._links) == 0
     finally:
         await delegated.stop()
+
+
+def test_a_signed_event_nested_past_the_recursion_limit_is_a_signer_error() -> None:
+    """A bunker's `sign_event` result is JSON inside the answer's JSON, parsed again: nested
+    deeper than Python's recursion limit it raised RecursionError, which ended the per-user
+    connection's AUTH task with an exception nobody handles (the user neither reading nor
+    counted as failed) instead of counting the signer as refusing."""
+    with pytest.raises(SignerError):
+        signed_auth_event("[" * 5000, "ab" * 32, "wss://relay.example", "challenge")

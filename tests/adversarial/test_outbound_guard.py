@@ -156,6 +156,10 @@ async def test_nip11_to_a_private_address_is_never_requested() -> None:
         await runner.cleanup()
 
 
+async def _respond(body: bytes) -> web.Response:
+    return web.Response(body=body, headers={"Content-Type": "application/nostr+json"})
+
+
 async def test_nip11_slow_dribble_and_huge_body_are_cut_off() -> None:
     async def dribble(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "application/nostr+json"})
@@ -171,6 +175,8 @@ async def test_nip11_slow_dribble_and_huge_body_are_cut_off() -> None:
     app = web.Application()
     app.router.add_get("/slow", dribble)
     app.router.add_get("/huge", huge)
+    # nested past Python's recursion limit: json.loads raises RecursionError, not ValueError
+    app.router.add_get("/nested", lambda _: _respond(b"[" * 5000 + b"]" * 5000))
     runner, port = await _http_server(app)
     guard = OutboundGuard(allow_private=True)
     try:
@@ -180,6 +186,7 @@ async def test_nip11_slow_dribble_and_huge_body_are_cut_off() -> None:
         # one overall deadline, not one per read: a byte every 0.5 s would otherwise go on forever
         assert loop.time() - started < FETCH_TIMEOUT_SECONDS + 5
         assert await fetch_limits(f"ws://127.0.0.1:{port}/huge", guard) == RelayLimits()
+        assert await fetch_limits(f"ws://127.0.0.1:{port}/nested", guard) == RelayLimits()
         assert guard.open_count("127.0.0.1", "nip11") == 0
     finally:
         await runner.cleanup()

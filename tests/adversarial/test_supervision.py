@@ -5,17 +5,19 @@ by event, the poison skipped and counted, and nothing is remembered as seen befo
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from prometheus_client import REGISTRY
 
 from sigil_push.bridge.pending import Arrival
 from sigil_push.nostr.event import sign_event
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.store.records import Device
-from sigil_push.supervisor import Supervisor
+from sigil_push.supervisor import BackgroundTasks, Supervisor
 from tests.fakes.harness import eventually
 from tests.support.in_process import in_process_bridge
 from tests.support.stores import Engine
@@ -48,6 +50,36 @@ async def test_a_failing_task_is_restarted_counted_and_reported_down() -> None:
     assert ["flaky"] in seen_down
     assert supervisor.down() == []
     assert runs[2] - runs[1] > runs[1] - runs[0] > 0, "backoff grows"
+
+
+async def test_a_failed_background_task_is_logged_by_type_and_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A one-off task (an AUTH answer, a subscription sync) that raises is reported at once,
+    its type only (the message may carry event data); a cancelled one is not a failure."""
+    def failures() -> float:
+        labels = {"task": "test-kind"}
+        return REGISTRY.get_sample_value("sigil_push_background_task_failures_total", labels) or 0.0
+
+    before = failures()
+    tasks = BackgroundTasks("test-kind")
+    hold = asyncio.Event()
+
+    async def fails() -> None:
+        raise KeyError("npub1secret")
+
+    tasks.spawn(fails())
+    tasks.spawn(hold.wait())
+    with caplog.at_level(logging.ERROR, logger="sigil_push.supervisor"):
+        while failures() == before:
+            await asyncio.sleep(0.005)
+        assert len(tasks.running()) == 1
+        tasks.cancel()
+        while tasks.running():
+            await asyncio.sleep(0.005)
+    assert failures() - before == 1
+    assert "test-kind failed (KeyError)" in caplog.text
+    assert "npub1secret" not in caplog.text
 
 
 async def test_a_poison_event_is_skipped_after_two_failures_and_the_rest_is_committed(

@@ -21,6 +21,12 @@ authenticated"`, `silent` (nostr-rs-relay) says OK and keeps the first key, `mul
 `late_closed=True` holds the CLOSED of a refused REQ back until the connection authenticated,
 the order that made the bridge mistake its pre-AUTH REQ's answer for a refusal after AUTH.
 `any_key_reads=True` lets any authenticated key read every DM (so the bridge's own key can).
+`hold_reads(keys)` keeps the DM REQs it allows for those keys from the real relay (so they get
+no EOSE) until `release_reads()`: a test decides when a key starts reading, as a slow relay
+would. Each connection's DM REQs are recorded with their `#p` values, in arrival order.
+`max_subscriptions` publishes that NIP-11 limit (otherwise the relay has no NIP-11 document).
+`withhold_oks(keys)` accepts those keys' AUTHs without ever saying `OK` (a reply still under
+way when the client acts).
 
 It runs in its own thread and event loop (tests call the service synchronously), on a fixed
 port so a restart keeps its URL. AUTH events are checked with nostr-sdk, not our own code.
@@ -33,6 +39,7 @@ import contextlib
 import json
 import secrets
 import threading
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +47,7 @@ import nostr_sdk
 from websockets.asyncio.client import connect
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request, Response
 
 from tests.support.relay import RelayProcess, free_port
 
@@ -55,6 +63,7 @@ class AuthRelay:
         closed_first: bool = False,
         late_closed: bool = False,
         any_key_reads: bool = False,
+        max_subscriptions: int | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode}")
@@ -62,6 +71,7 @@ class AuthRelay:
         self.closed_first = closed_first
         self.late_closed = late_closed
         self.any_key_reads = any_key_reads
+        self.max_subscriptions = max_subscriptions
         self.upstream = RelayProcess(folder / "upstream")
         self.port = free_port()
         self.url = f"ws://127.0.0.1:{self.port}"
@@ -74,6 +84,8 @@ class AuthRelay:
         self.refused_second_auth = 0
         self.refused_reqs = 0
         self.served_reqs = 0
+        self.held_reads: set[str] = set()
+        self.withheld_oks: set[str] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._server: Server | None = None
@@ -103,8 +115,18 @@ class AuthRelay:
 
     async def _serve(self) -> None:
         self._server = await serve(
-            self._handle, "127.0.0.1", self.port, compression=None, max_size=None
+            self._handle, "127.0.0.1", self.port, compression=None, max_size=None,
+            process_request=self._nip11,
         )
+
+    def _nip11(self, connection: ServerConnection, request: Request) -> Response | None:
+        """The NIP-11 document, for a plain HTTP request asking for it."""
+        if self.max_subscriptions is None or "application/nostr+json" not in request.headers.get(
+            "Accept", ""
+        ):
+            return None
+        document = {"limitation": {"max_subscriptions": self.max_subscriptions}}
+        return connection.respond(HTTPStatus.OK, json.dumps(document))
 
     async def _close(self) -> None:
         if self._server is not None:
@@ -133,6 +155,30 @@ class AuthRelay:
         finally:
             self.open_sessions.discard(session)
 
+    def withhold_oks(self, keys: set[str]) -> None:
+        """Accepted AUTHs of `keys` get no `OK` frame."""
+        self.withheld_oks = set(keys)
+
+    def hold_reads(self, keys: set[str]) -> None:
+        """Allowed DM REQs for `keys` wait here (no EOSE, no events) until `release_reads`."""
+        self.held_reads = set(keys)
+
+    def release_reads(self) -> None:
+        assert self._loop is not None
+        asyncio.run_coroutine_threadsafe(self._release_reads(), self._loop).result(10)
+
+    async def _release_reads(self) -> None:
+        self.held_reads = set()
+        for session in list(self.open_sessions):
+            held, session.held_reqs = session.held_reqs, []
+            for _, frame in held:
+                with contextlib.suppress(ConnectionClosed):
+                    await session.upstream.send(frame)
+
+    def dm_requests_by_connection(self) -> list[list[list[str]]]:
+        """The `#p` values of each open connection's DM REQs, in the order they arrived."""
+        return [list(session.dm_requests) for session in list(self.open_sessions)]
+
     def keys_by_connection(self) -> list[list[str]]:
         """The keys each open connection is authenticated as (read from the test's thread)."""
         return [list(session.keys) for session in list(self.open_sessions) if session.keys]
@@ -145,6 +191,8 @@ class _Session:
         self.challenge = challenge
         self.keys: list[str] = []
         self.held_closed: list[str] = []
+        self.held_reqs: list[tuple[str, str | bytes]] = []
+        self.dm_requests: list[list[str]] = []
         self.upstream: Any = None
 
     async def send(self, message: list[Any]) -> None:
@@ -174,14 +222,33 @@ class _Session:
         async for frame in self.ws:
             message = json.loads(frame)
             verb = message[0]
+            if verb == "REQ":
+                self._record(message[2:])
             if verb == "AUTH":
                 await self._auth(message[1])
             elif verb == "REQ" and not self._allowed(message[2:]):
                 await self._refuse(message[1])
+            elif verb == "REQ" and self._held(message[2:]):
+                self.relay.served_reqs += 1
+                self.held_reqs.append((message[1], frame))
             else:
                 if verb == "REQ":
                     self.relay.served_reqs += 1
+                elif verb == "CLOSE":
+                    self.held_reqs = [(s, f) for s, f in self.held_reqs if s != message[1]]
                 await self.upstream.send(frame)
+
+    def _record(self, filters: list[Any]) -> None:
+        for query in filters:
+            if isinstance(query, dict) and DM_KINDS & set(query.get("kinds", [])):
+                self.dm_requests.append([str(p) for p in query.get("#p", [])])
+
+    def _held(self, filters: list[Any]) -> bool:
+        held = self.relay.held_reads
+        return any(
+            isinstance(query, dict) and bool(held & set(query.get("#p", [])))
+            for query in filters
+        )
 
     async def _auth(self, raw: dict[str, Any]) -> None:
         event = nostr_sdk.Event.from_json(json.dumps(raw))
@@ -204,7 +271,8 @@ class _Session:
         elif pubkey not in self.keys:
             self.keys.append(pubkey)
             self.relay.authenticated.append(pubkey)
-        await self.send(["OK", raw["id"], True, ""])
+        if pubkey not in self.relay.withheld_oks:
+            await self.send(["OK", raw["id"], True, ""])
         held, self.held_closed = self.held_closed, []
         for sub_id in held:
             await self.send(["CLOSED", sub_id, "auth-required: this REQ came before AUTH"])

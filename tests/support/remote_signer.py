@@ -2,7 +2,9 @@
 
 It runs in its own thread and event loop, listens for kind 24133 requests on one relay,
 answers `connect`, `get_public_key` and `sign_event` with the user's keys, and records every
-request it receives so tests can prove what the bridge asked for.
+request it receives so tests can prove what the bridge asked for. `hold()` keeps its
+`sign_event` answers back until `release()`, so a test decides the order in which several
+users' AUTHs reach a relay (as a loaded machine may order them), not the scheduler.
 """
 
 from __future__ import annotations
@@ -88,6 +90,9 @@ class RemoteSigner:
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._ready = threading.Event()
         self._stop: asyncio.Event | None = None
+        self._signing = asyncio.Event()
+        """Set while `sign_event` is answered; cleared by `hold()` (used on the signer's loop)."""
+        self._signing.set()
 
     @property
     def bunker_uri(self) -> str:
@@ -105,7 +110,21 @@ class RemoteSigner:
             raise TimeoutError(f"remote signer did not subscribe in time: {serving!r}")
         return self
 
+    def hold(self) -> None:
+        """Answer no `sign_event` until `release()` (the requests are still recorded)."""
+        self._on_loop(self._signing.clear)
+
+    def release(self) -> None:
+        self._on_loop(self._signing.set)
+
+    def _on_loop(self, action: Any) -> None:
+        async def run() -> None:
+            action()
+
+        asyncio.run_coroutine_threadsafe(run(), self._loop).result(5)
+
     def stop(self) -> None:
+        self._loop.call_soon_threadsafe(self._signing.set)
         if self._stop is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
         self._loop.call_later(1.0, self._loop.stop)
@@ -164,6 +183,7 @@ class RemoteSigner:
         elif method == "sign_event":
             template = json.loads(params[0])
             record.signed_kind = int(template["kind"])
+            await self._signing.wait()
             result = sign_template(template, self.user)
         else:
             error = f"unsupported method {method}"

@@ -19,10 +19,11 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Sequence
 
 import asyncpg
 
+from sigil_push.shards import DEFAULT_SHARDS
 from sigil_push.store.errors import TooManyAccounts, TooManyDevices
 from sigil_push.store.postgres.database import PostgresDatabase
 from sigil_push.store.records import (
@@ -31,6 +32,7 @@ from sigil_push.store.records import (
     RegistrationListener,
     WebPushKeys,
     add_device_relays,
+    add_device_relays_tuple,
 )
 
 _COLUMNS = (
@@ -243,23 +245,42 @@ class PostgresDevices:
 
     async def watched_keys(self) -> dict[str, tuple[str, ...]]:
         """Every registered pubkey (of this worker's shards, once narrowed) with the union of
-        its devices' own relays.
+        its devices' own relays."""
+        watched: dict[str, tuple[str, ...]] = {}
+        async for chunk in self.key_chunks():
+            for pubkey, relays in chunk.items():
+                add_device_relays_tuple(watched, pubkey, relays)
+        return watched
 
-        Read through a server-side cursor, KEY_CHUNK rows at a time: a million rows fetched at
-        once were a million records and relay strings alive together, the start-up's memory
-        peak, and memory Python then keeps.
+    async def key_chunks(
+        self, shards: Collection[int] | None = None, count: int = DEFAULT_SHARDS
+    ) -> AsyncIterator[dict[str, tuple[str, ...]]]:
+        """The registered keys of `shards` (of `count`; None: of this worker's shards once
+        narrowed, else all), KEY_CHUNK rows at a time, each key with its devices' relays.
+
+        Read through a server-side cursor on a pool connection: a million rows fetched at once
+        were a million records and relay strings alive together, the start-up's memory peak;
+        and the caller applies each chunk before the next is read, yielding to the event loop
+        in between. A key with several devices may come in more than one chunk (no order is
+        asked for: it would cost the server a sort of every row).
         """
         args: tuple[object, ...] = ()
-        if self._shards is None:
-            sql = "SELECT pubkey, relays FROM devices"
+        if shards is not None:
+            sql, args = shard_keys_sql(count), (sorted(shards),)
+        elif self._shards is not None:
+            narrowed, narrowed_count = self._shards
+            sql, args = shard_keys_sql(narrowed_count), (narrowed,)
         else:
-            shards, count = self._shards
-            sql, args = shard_keys_sql(count), (shards,)
-        watched: dict[str, tuple[str, ...]] = {}
+            sql = "SELECT pubkey, relays FROM devices"
         async with self._db.connection() as connection, connection.transaction():
+            chunk: dict[str, tuple[str, ...]] = {}
             async for row in connection.cursor(sql, *args, prefetch=KEY_CHUNK):
-                add_device_relays(watched, row[0], row[1])
-        return watched
+                add_device_relays(chunk, row[0], row[1])
+                if len(chunk) >= KEY_CHUNK:
+                    yield chunk
+                    chunk = {}
+            if chunk:
+                yield chunk
 
     async def count(self) -> int:
         return int(await self._db.fetchval("SELECT count(*) FROM devices"))

@@ -18,8 +18,9 @@ from collections.abc import Awaitable, Callable, Collection
 import asyncpg
 from prometheus_client import Gauge
 
-from sigil_push.shards import shard_of
+from sigil_push.shards import ShardSet
 from sigil_push.store.postgres.leases import ShardLeaser
+from sigil_push.supervisor import supervise
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +28,7 @@ CANARY_SHARD = 0  # its lease holder is the one worker that runs the canary prob
 
 SHARDS_HELD = Gauge("sigil_push_worker_shards", "Key shards this worker holds", ["worker"])
 
-Reshard = Callable[[Callable[[str], bool]], Awaitable[None]]
+Reshard = Callable[[ShardSet], Awaitable[None]]
 Narrow = Callable[[Collection[int], int], None]
 
 
@@ -63,9 +64,11 @@ class ShardWatch:
         """
         self._target = await self._tick()
         await self._apply_held()
+        # supervised: a heartbeat loop ended by an error nobody expected (asyncpg's
+        # ProtocolError, say) would otherwise stop renewing without a word
         self._tasks = [
-            asyncio.create_task(self._renew(), name="shard-leases"),
-            asyncio.create_task(self._apply_changes(), name="shard-apply"),
+            supervise("shard-leases", self._renew),
+            supervise("shard-apply", self._apply_changes),
         ]
 
     async def _tick(self) -> frozenset[int]:
@@ -97,7 +100,7 @@ class ShardWatch:
             try:
                 if self._narrow is not None:
                     self._narrow(held, shards)
-                await self._reshard(lambda pubkey: shard_of(pubkey, shards) in held)
+                await self._reshard(ShardSet(held, shards, held - (told or frozenset())))
             except BaseException:
                 # not applied: the next heartbeat must see a change and apply it again
                 self._held = told

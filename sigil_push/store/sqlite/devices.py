@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Collection, Iterable, Sequence
 
 import aiosqlite
 
+from sigil_push.shards import DEFAULT_SHARDS, shard_of
 from sigil_push.store.errors import TooManyAccounts, TooManyDevices
 from sigil_push.store.records import (
     Device,
@@ -28,6 +29,8 @@ from sigil_push.store.records import (
     add_device_relays,
 )
 
+KEY_CHUNK = 10_000
+"""Keys per chunk of `key_chunks`, as on PostgreSQL."""
 _COLUMNS = (
     "id, pubkey, platform, token, payload, relays, webpush_p256dh, webpush_auth, registered_at"
 )
@@ -160,6 +163,20 @@ class Devices:
         for pubkey, relays in await self._db.execute_fetchall("SELECT pubkey, relays FROM devices"):
             add_device_relays(watched, str(pubkey), str(relays))
         return watched
+
+    async def key_chunks(
+        self, shards: Collection[int] | None = None, count: int = DEFAULT_SHARDS
+    ) -> AsyncIterator[dict[str, tuple[str, ...]]]:
+        """`watched_keys` (of `shards` out of `count` only, when given) in chunks, as
+        `PostgresDevices.key_chunks` gives them: one worker on SQLite holds every shard, so
+        this is one read, handed over in pieces."""
+        watched = await self.watched_keys()
+        if shards is not None:
+            wanted = frozenset(shards)
+            watched = {k: r for k, r in watched.items() if shard_of(k, count) in wanted}
+        keys = list(watched)
+        for start in range(0, len(keys), KEY_CHUNK):
+            yield {k: watched[k] for k in keys[start : start + KEY_CHUNK]}
 
     async def count(self) -> int:
         [(count,)] = await self._db.execute_fetchall("SELECT COUNT(*) FROM devices")
