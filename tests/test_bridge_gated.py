@@ -448,6 +448,20 @@ async def test_a_shared_relay_that_turns_one_key_per_connection_is_read_per_user
             await eventually(lambda w=wrap: wakeups(service)[w["id"]] == 1, "pushed per user")
 
 
+def _restart_as_strfry_with_signers_held(
+    gated: AuthRelay, signers: list[RemoteSigner]
+) -> dict[str, int]:
+    """Hold every signer's answers, then restart the relay as strfry (one key per connection,
+    the first AUTH sent wins); how often each user's signer had been asked before."""
+    for signer in signers:
+        signer.hold()
+    asked_before = {s.user_hex: sign_requests(s) for s in signers}
+    gated.stop()
+    gated.mode = "strfry"
+    gated.start()
+    return asked_before
+
+
 async def test_a_one_key_relay_keeps_the_key_it_accepted_when_auths_arrive_out_of_order(
     tmp_path: Path, engine: Engine
 ) -> None:
@@ -466,12 +480,7 @@ async def test_a_one_key_relay_keeps_the_key_it_accepted_when_auths_arrive_out_o
         await eventually(lambda: users_on(service, gated.url) == (3, 0), "all reading", 90)
         assert health(service)["relays"][gated.url]["auth_mode"] == "multi"
 
-        for signer in signers:
-            signer.hold()
-        asked_before = {key: sign_requests(s) for key, s in by_key.items()}
-        gated.stop()
-        gated.mode = "strfry"
-        gated.start()
+        asked_before = _restart_as_strfry_with_signers_held(gated, signers)
 
         def shared_order() -> list[str] | None:
             """The users' keys in the order the shared connection asked for them again."""
@@ -531,12 +540,7 @@ async def test_every_shared_connection_keeps_the_key_its_relay_serves(
         carried = [k for k in gated.keys_by_connection() if set(k) & set(by_key)]
         assert sorted(len(k) for k in carried) == [2, 2]
 
-        for signer in signers:
-            signer.hold()
-        asked_before = {key: sign_requests(s) for key, s in by_key.items()}
-        gated.stop()
-        gated.mode = "strfry"
-        gated.start()
+        asked_before = _restart_as_strfry_with_signers_held(gated, signers)
 
         def shared_orders() -> list[list[str]]:
             """Per user connection, its users' keys in the order it asked for them again."""

@@ -39,7 +39,7 @@ from tests.support.bridge_harness import (
     unregister,
     wakeups,
 )
-from tests.support.in_process import in_process_bridge
+from tests.support.in_process import InProcessBridge, in_process_bridge
 from tests.support.loopback_relay import LoopbackRelay
 from tests.support.nostr_client import gift_wrap, hex_of, kind4_dm, npub_of, publish, user
 from tests.support.relay import RelayProcess
@@ -271,11 +271,8 @@ async def test_a_copy_reuses_the_verified_original_and_a_forged_body_gains_nothi
     # fresh names: the drop counters are per relay and live as long as the test process
     relays = [f"wss://copy{i}-{secrets.token_hex(4)}.example" for i in range(5)]
     async with in_process_bridge(tmp_path, engine.database("push.db")) as parts:
-        db, devices, bridge = parts.db, parts.devices, parts.bridge
-        alice, sender = SecretKey.generate(), SecretKey.generate()
-        me = alice.public_key_hex
-        await devices.register(me, "android", "fcm-alice", "opaque", (), None, 0)
-        await poll(lambda: me in bridge._registry.keys, what="alice watched")
+        db, bridge = parts.db, parts.bridge
+        sender, me = SecretKey.generate(), await _alice_watched(parts)
         now_ms = int(time.time() * 1000)
         original = sign_event(sender, 4, "the real one", [["p", me]])
         altered = {**original.to_json(), "content": "injected", "created_at": 12345}
@@ -323,11 +320,8 @@ async def test_copies_in_later_batches_share_one_row_and_are_recorded_once_on_di
     monkeypatch.setattr(committer, "FURTHER_HOLD_SECONDS", 3600.0)
     relays = [f"wss://held{i}-{secrets.token_hex(4)}.example" for i in range(3)]
     async with in_process_bridge(tmp_path, engine.database("push.db")) as parts:
-        db, devices, bridge = parts.db, parts.devices, parts.bridge
-        alice, sender = SecretKey.generate(), SecretKey.generate()
-        me = alice.public_key_hex
-        await devices.register(me, "android", "fcm-alice", "opaque", (), None, 0)
-        await poll(lambda: me in bridge._registry.keys, what="alice watched")
+        db, bridge = parts.db, parts.bridge
+        sender, me = SecretKey.generate(), await _alice_watched(parts)
         original = sign_event(sender, 4, "one event, three relays", [["p", me]])
         now_ms = int(time.time() * 1000)
         bridge.on_user_event(relays[0], me, original.to_json(), now_ms, False)
@@ -491,3 +485,11 @@ def test_a_bad_relay_mode_or_threshold_stops_the_service_with_exit_2(tmp_path: P
         )
         assert done.returncode == 2, done.stderr
         assert key in done.stderr
+
+
+async def _alice_watched(parts: InProcessBridge) -> str:
+    """Register alice on one Android phone; her key once the bridge watches it."""
+    me = SecretKey.generate().public_key_hex
+    await parts.devices.register(me, "android", "fcm-alice", "opaque", (), None, 0)
+    await poll(lambda: me in parts.bridge._registry.keys, what="alice watched")
+    return me

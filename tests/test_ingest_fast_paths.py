@@ -15,7 +15,7 @@ from prometheus_client import REGISTRY
 from sigil_push.nostr.event import compute_id, sign_event
 from sigil_push.nostr.keys import SecretKey
 from tests.fakes.harness import eventually as poll
-from tests.support.in_process import in_process_bridge
+from tests.support.in_process import InProcessBridge, in_process_bridge
 from tests.support.stores import Engine
 
 RELAY = "ws://127.0.0.1:9"  # nothing listens: frames are fed to the bridge directly
@@ -41,10 +41,7 @@ async def test_frames_parsed_by_the_bridge_are_verified_like_any_other(
     async with in_process_bridge(
         tmp_path, engine.database("push.db"), [{"url": RELAY, "mode": "firehose"}]
     ) as parts:
-        alice, sender = SecretKey.generate(), SecretKey.generate()
-        me = alice.public_key_hex
-        await parts.devices.register(me, "android", "fcm-alice", "opaque", (), None, 0)
-        await poll(lambda: me in parts.bridge._pool.subs[RELAY].keys, what="alice watched")
+        sender, me = SecretKey.generate(), await _alice_on_the_firehose(parts)
         genuine = sign_event(sender, 4, "hello", [["p", me]]).to_json()
         altered = {**genuine, "content": "hellp"}
         forged = dict(genuine)
@@ -115,10 +112,7 @@ async def test_a_frame_that_only_looks_like_a_copy_takes_the_full_path(
     async with in_process_bridge(
         tmp_path, engine.database("push.db"), [{"url": RELAY, "mode": "firehose"}]
     ) as parts:
-        alice, sender = SecretKey.generate(), SecretKey.generate()
-        me = alice.public_key_hex
-        await parts.devices.register(me, "android", "fcm-alice", "opaque", (), None, 0)
-        await poll(lambda: me in parts.bridge._pool.subs[RELAY].keys, what="alice watched")
+        sender, me = SecretKey.generate(), await _alice_on_the_firehose(parts)
         known = sign_event(sender, 4, "verified first", [["p", me]])
         now_ms = time.time_ns() // 1_000_000
         assert parts.bridge.raw_event(RELAY, frame(known.to_json()), now_ms)
@@ -134,3 +128,11 @@ async def test_a_frame_that_only_looks_like_a_copy_takes_the_full_path(
         forged = dropped("forged")
         assert parts.bridge.raw_event(RELAY, text, now_ms)
         assert dropped("forged") == forged + 1
+
+
+async def _alice_on_the_firehose(parts: InProcessBridge) -> str:
+    """Register alice on one Android phone; her key once the firehose relay matches it."""
+    me = SecretKey.generate().public_key_hex
+    await parts.devices.register(me, "android", "fcm-alice", "opaque", (), None, 0)
+    await poll(lambda: me in parts.bridge._pool.subs[RELAY].keys, what="alice watched")
+    return me
