@@ -28,6 +28,7 @@ relays that honour it drop them) across restarts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import secrets
@@ -233,10 +234,11 @@ class Canary:
                 log.info("canary %s: not published (%s)", relay, result.reason)
                 self._observations.canary(started_ms, relay, event.id, False, result.message, None)
                 return
-            try:
-                await asyncio.wait_for(probe.received.wait(), max(0.0, deadline - time.monotonic()))
-            except TimeoutError:
-                pass
+            # asyncio.timeout, not wait_for (3.11 swallows a cancellation that lands as the
+            # probe arrives, and the round would outlive stop())
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                    await probe.received.wait()
             PROBES.labels(relay).inc()
             received_ms = None
             if probe.received_at_ms is not None:

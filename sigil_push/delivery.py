@@ -17,6 +17,7 @@ per registration, since each names one account's event.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 from collections import defaultdict, deque
@@ -228,10 +229,11 @@ class Delivery:
             next_due = await self._outbox.next_due_ms()
             if next_due is not None:
                 timeout = min(timeout, max(0.0, (next_due - now_ms()) / 1000))
-        try:
-            await asyncio.wait_for(self._outbox.ready.wait(), timeout)
-        except TimeoutError:
-            pass
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancellation that
+        # lands as the event is set, and stop() then waits for ever on a loop that goes on
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await self._outbox.ready.wait()
 
     async def _measure_outbox_age(self) -> None:
         """A stuck outbox shows as age, not depth: a quiet instance may have few rows."""

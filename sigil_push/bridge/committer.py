@@ -117,8 +117,11 @@ class Committer:
         while True:
             if self._held:
                 wait = self._held_since + FURTHER_HOLD_SECONDS - time.monotonic()
+                # asyncio.timeout, not wait_for (3.11 swallows a cancellation that lands as
+                # the event is set, and the loop would outlive stop())
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(work.wait(), max(0.0, wait))
+                    async with asyncio.timeout(max(0.0, wait)):
+                        await work.wait()
             else:
                 await work.wait()
             work.clear()
