@@ -128,6 +128,22 @@ async def test_seen_ids_survive_a_restart_and_are_pruned_after_retention(store: 
     assert await again.prune(now=2001) == 3
 
 
+async def test_seen_lookup_finds_exactly_the_saved_ids_in_batches_of_any_size(
+    store: Store,
+) -> None:
+    """Lookups are padded to a few statement sizes and split in chunks of 500: the ids found
+    are the saved ones, whatever the number asked for, and no unknown id is taken as seen."""
+    saved = sorted(secrets.token_hex(32) for _ in range(700))
+    writer = SeenEvents(store.db, retention_seconds=1000, cache_size=10)
+    await writer.save([(i, ("wss://a",), 1_000_000, 1000) for i in saved], [])
+    for known, unknown in ((1, 0), (0, 3), (9, 4), (650, 13)):
+        asked = saved[:known] + [secrets.token_hex(32) for _ in range(unknown)]
+        reader = SeenEvents(store.db, retention_seconds=1000, cache_size=1000)
+        await reader.lookup(asked)
+        assert [i for i in asked if reader.known(i)] == saved[:known]
+        assert len(reader) == known
+
+
 async def test_device_limit_holds_under_concurrent_registrations(store: Store) -> None:
     pubkey = secrets.token_hex(32)
 
