@@ -1,6 +1,7 @@
-"""Two workers' committers that overlap on events during a shard hand-over, on a real
-PostgreSQL server: each writes a batch's rows in one lock order (by event id), so the later
-one waits for the earlier one instead of PostgreSQL aborting one of them as a deadlock.
+"""Two workers that overlap on events and keys during a shard hand-over, on a real PostgreSQL
+server: each writes a batch's rows in one lock order (by event id; relay lists by key, relay
+cursors by relay), so the later one waits for the earlier one instead of PostgreSQL aborting
+one of them as a deadlock.
 
 Each worker handles the same events, arrived in opposite orders. The interleaving is forced by
 lock state, not by time: two held rows (a third and fourth connection's uncommitted inserts of
@@ -24,6 +25,7 @@ from sigil_push.bridge.committer import Committer
 from sigil_push.bridge.pending import Arrival
 from sigil_push.nostr.event import Event, sign_event
 from sigil_push.nostr.keys import SecretKey
+from sigil_push.relays.discovery import DM_RELAYS_KIND, RelayLists
 from sigil_push.store.postgres.database import PostgresDatabase
 from sigil_push.store.postgres.migrate import migrate
 from sigil_push.store.postgres.outbox import PostgresOutbox
@@ -52,19 +54,18 @@ def _rows(table: str, events: list[Event], device: Device) -> Rows:
     return [], [], [(e.id, RELAY, e.created_at) for e in events]
 
 
-async def _hold(url: str, table: str, event: Event, device: Device) -> asyncpg.Connection:
-    """A connection whose open transaction has inserted the row `event` makes in `table`."""
-    connection = await asyncpg.connect(url)
-    await connection.execute("BEGIN")
+Hold = tuple[str, tuple[object, ...]]
+"""An INSERT a holding connection runs and leaves uncommitted: it holds that row's key."""
+
+
+def _held_rows(table: str, events: tuple[Event, ...], device: Device) -> list[Hold]:
+    """The rows `events` make in `table`, as another transaction's uncommitted inserts."""
     if table == "outbox":
-        await connection.execute(
-            "INSERT INTO outbox (device_id, event_id, relay, first_seen_ms, next_attempt_ms)"
-            " VALUES ($1, $2, $3, 0, 0)", device.id, event.id, RELAY)
-    else:
-        await connection.execute(
-            f"INSERT INTO {table} (event_id, relay, keep_until) VALUES ($1, $2, 1)",
-            event.id, RELAY)
-    return connection
+        sql = ("INSERT INTO outbox (device_id, event_id, relay, first_seen_ms, next_attempt_ms)"
+               " VALUES ($1, $2, $3, 0, 0)")
+        return [(sql, (device.id, e.id, RELAY)) for e in events]
+    return [(f"INSERT INTO {table} (event_id, relay, keep_until) VALUES ($1, $2, 1)",
+             (e.id, RELAY)) for e in events]
 
 
 async def _waiting_on_locks(watcher: asyncpg.Connection) -> int:
@@ -74,14 +75,17 @@ async def _waiting_on_locks(watcher: asyncpg.Connection) -> int:
 
 
 async def _race(
-    url: str, table: str, device: Device, held: tuple[Event, Event],
+    url: str, holds: list[Hold],
     writers: tuple[Callable[[], Awaitable[None]], Callable[[], Awaitable[None]]],
 ) -> list[BaseException | None]:
-    """Hold the rows of `held`, start both writers, wait until both wait on a lock, let the
-    held rows go (roll back), and return each writer's error."""
+    """Hold the rows of `holds` (one transaction each), start both writers, wait until both
+    wait on a lock, let the held rows go (roll back), and return each writer's error."""
     watcher = await asyncpg.connect(url)
-    holders = [await _hold(url, table, event, device) for event in held]
+    holders = [await asyncpg.connect(url) for _ in holds]
     try:
+        for holder, (sql, args) in zip(holders, holds, strict=True):
+            await holder.execute("BEGIN")
+            await holder.execute(sql, *args)
         tasks = [asyncio.create_task(write()) for write in writers]
         deadline = asyncio.get_running_loop().time() + 60
         while await _waiting_on_locks(watcher) < 2:
@@ -141,7 +145,8 @@ async def test_overlapping_committers_wait_instead_of_deadlocking(
             key.public_key_hex, "android", "token-" + "a" * 20, "minimal", [], None, 10)
         (device,) = await workers[0].devices.of_pubkeys([key.public_key_hex])
 
-        as_queued = await _race(postgres_url, table, device, (p, q), (
+        held = _held_rows(table, (p, q), device)
+        as_queued = await _race(postgres_url, held, (
             await _arrival_order_writer(postgres_url, "a", _rows(table, a_events, device)),
             await _arrival_order_writer(postgres_url, "b", _rows(table, b_events, device)),
         ))
@@ -151,7 +156,7 @@ async def test_overlapping_committers_wait_instead_of_deadlocking(
         await connection.execute(f"DELETE FROM {table}")
 
         committers: list[Committer] = [w.bridge._committer for w in workers]
-        ordered = await _race(postgres_url, table, device, (p, q), (
+        ordered = await _race(postgres_url, held, (
             lambda: committers[0]._write(*_rows(table, a_events, device), []),
             lambda: committers[1]._write(*_rows(table, b_events, device), []),
         ))
@@ -159,3 +164,61 @@ async def test_overlapping_committers_wait_instead_of_deadlocking(
         rows = await connection.fetch(f"SELECT event_id FROM {table}")
         assert sorted(r[0] for r in rows) == sorted(e.id for e in (x, p, q, y))
 
+
+
+def _list_of(key: SecretKey, relay: str) -> Event:
+    return sign_event(key, DM_RELAYS_KIND, "", [("relay", relay)], 1_700_000_000)
+
+
+async def test_overlapping_workers_save_relay_lists_without_deadlock(postgres_url: str) -> None:
+    """Workers A and B both take the DM relay lists of keys x and y (B got y's first), and one
+    more each, held by another transaction. Saved in key order, B waits for A and both
+    commit (in the order each took them, they deadlocked)."""
+    await migrate(postgres_url)
+    x, p, q, y = (SecretKey.generate() for _ in range(4))
+    saves = []
+    for worker, keys in (("a", [x, p, y]), ("b", [y, q, x])):
+        db = PostgresDatabase(await asyncpg.connect(postgres_url))
+        lists = RelayLists(db, allow_insecure=False)
+        for key in keys:
+            lists.offer(_list_of(key, f"wss://{worker}.example"))
+        saves.append((db, lists))
+
+    async def save(index: int) -> None:
+        db, lists = saves[index]
+        try:
+            await lists.save()
+        finally:
+            await db.close()
+
+    sql = "INSERT INTO relay_lists (pubkey, kind, created_at, relays) VALUES ($1, $2, 1, '[]')"
+    held: list[Hold] = [(sql, (k.public_key_hex, DM_RELAYS_KIND)) for k in (p, q)]
+    assert await _race(postgres_url, held, (lambda: save(0), lambda: save(1))) == [None, None]
+    connection = await asyncpg.connect(postgres_url)
+    try:
+        rows = await connection.fetch("SELECT pubkey FROM relay_lists")
+    finally:
+        await connection.close()
+    assert sorted(r[0] for r in rows) == sorted(k.public_key_hex for k in (x, p, q, y))
+
+
+async def test_overlapping_workers_save_relay_cursors_without_deadlock(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    """Every worker saves the cursor of every relay it reads; A connected relays x then y, B
+    y then x, and each has one more relay whose row another transaction holds. Saved in relay
+    order, both commit (in connection order, they deadlocked)."""
+    await migrate(postgres_url)
+    x, p, q, y = (f"wss://{name}.example" for name in "xpqy")
+    async with AsyncExitStack() as stack:
+        workers = [await stack.enter_async_context(
+            in_process_bridge(tmp_path / name, postgres_url)) for name in ("a", "b")]
+        for worker, relays in zip(workers, ([x, p, y], [y, q, x]), strict=True):
+            worker.bridge._pool.cursors.update((relay, 1_700_000_000) for relay in relays)
+        held: list[Hold] = [("INSERT INTO relay_cursors (relay, live_until) VALUES ($1, 1)",
+                             (relay,)) for relay in (p, q)]
+        saved = await _race(postgres_url, held, (
+            workers[0].bridge._relays.save_cursors, workers[1].bridge._relays.save_cursors))
+        assert saved == [None, None]
+        rows = await workers[0].db.execute_fetchall("SELECT relay FROM relay_cursors")
+        assert sorted(r[0] for r in rows) == sorted((x, p, q, y))

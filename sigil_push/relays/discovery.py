@@ -122,14 +122,18 @@ class RelayLists:
         return gone
 
     async def save(self, forgotten: Iterable[str] = ()) -> None:
+        """Write the lists taken since the last save, and delete `forgotten` keys' lists, in
+        key order: workers that overlap on keys during a hand-over save the same keys' lists,
+        and in their own arrival orders each could lock a row the other waits for (a deadlock
+        PostgreSQL settles by aborting one)."""
         unsaved, self._unsaved = self._unsaved, {}
         if unsaved:
             await self._db.executemany(
                 "INSERT INTO relay_lists (pubkey, kind, created_at, relays) VALUES (?, ?, ?, ?)"
                 " ON CONFLICT (pubkey, kind) DO UPDATE SET created_at = excluded.created_at,"
                 " relays = excluded.relays",
-                [(p, k, c, json.dumps(list(r))) for (p, k), (c, r) in unsaved.items()],
+                [(p, k, c, json.dumps(list(r))) for (p, k), (c, r) in sorted(unsaved.items())],
             )
-        gone = [(p,) for p in forgotten]
+        gone = [(p,) for p in sorted(forgotten)]
         if gone:
             await self._db.executemany("DELETE FROM relay_lists WHERE pubkey = ?", gone)
