@@ -126,24 +126,18 @@ class SeenEvents:
         adds a few bytes to that row rather than an entry in another table and its index
         (an entry keyed by a random id dirties its own page in every commit: measured, the
         `seen_on_relay` rows were most of SQLite's work with four relays per event). Further
-        relays of one event in one later batch share one `seen_on_relay` row.
-
-        Rows go in id order: workers that handle the same event (a DM to keys in two workers'
-        shards, or a hand-over's overlap) insert the same ids, and two transactions that take
-        them in opposite orders deadlock (PostgreSQL aborts one, and its batch is retried)."""
+        relays of one event in one later batch share one `seen_on_relay` row."""
         if new_events:
             # `_keep_until` inlined: this runs once per event handled
             keep, most, join = self._retention, MAX_KEEP_UNTIL, RELAY_SEPARATOR.join
-            rows = [
-                (i, relays[0] if len(relays) == 1 else join(relays),
-                 min(max(ms // 1000, c) + keep, most))
-                for i, relays, ms, c in new_events
-            ]
-            rows.sort()
             await self._db.executemany(
                 "INSERT INTO seen_events (event_id, relay, keep_until) VALUES (?, ?, ?)"
                 " ON CONFLICT DO NOTHING",
-                rows,
+                [
+                    (i, relays[0] if len(relays) == 1 else join(relays),
+                     min(max(ms // 1000, c) + keep, most))
+                    for i, relays, ms, c in new_events
+                ],
             )
         if further:
             now = time.time_ns() // 1_000_000
@@ -157,7 +151,7 @@ class SeenEvents:
                 " ON CONFLICT DO NOTHING",
                 [
                     (event_id, RELAY_SEPARATOR.join(relays), self._keep_until(now, created_at))
-                    for event_id, (relays, created_at) in sorted(grouped.items())
+                    for event_id, (relays, created_at) in grouped.items()
                 ],
             )
 
