@@ -88,7 +88,7 @@ class Committer:
         self._device_cache: dict[str, list[Device]] = {}
         self._device_generation = 0
         self._stopping = False
-        self._held: dict[str, tuple[list[str], int]] = {}
+        self._held: dict[str, list[str]] = {}
         self._held_records: list[SeenRecord] = []
         self._held_since = 0.0
 
@@ -201,9 +201,7 @@ class Committer:
         writes = await self._targets(to_push)
         flush = bool(self._held) and (self._stopping or self._hold_expired())
         held_rows = [
-            (event_id, relay, created_at)
-            for event_id, (relays, created_at) in self._held.items()
-            for relay in relays
+            (event_id, relay) for event_id, relays in self._held.items() for relay in relays
         ] if flush else []
         await self._write(writes, new_events, held_rows, ops)
         self._seen.remember(decided)
@@ -226,23 +224,23 @@ class Committer:
             for listener in self._listeners:
                 listener(committed)
 
-    def _hold(self, further: list[tuple[str, str, int]], records: list[SeenRecord]) -> None:
+    def _hold(self, further: list[tuple[str, str]], records: list[SeenRecord]) -> None:
         """Add this batch's further deliveries, and their `seen` records, to the held ones."""
         if not further:
             return
         if not self._held:
             self._held_since = time.monotonic()
         held = self._held
-        for event_id, relay, created_at in further:
-            entry = held.get(event_id)
-            if entry is None:
-                held[event_id] = ([relay], created_at)
+        for event_id, relay in further:
+            relays = held.get(event_id)
+            if relays is None:
+                held[event_id] = [relay]
             else:
-                entry[0].append(relay)
+                relays.append(relay)
         self._held_records.extend(records)
 
     async def _decide(self, batch: list[Arrival]) -> tuple[
-        list[tuple[str, tuple[str, ...], int, int]], list[tuple[str, str, int]],
+        list[tuple[str, tuple[str, ...], int, int]], list[tuple[str, str]],
         list[SeenRecord], list[Arrival], dict[str, tuple[str, ...]], list[SeenRecord],
     ]:
         """Which arrivals are new events, deliveries by a further relay (with their `seen`
@@ -256,7 +254,7 @@ class Committer:
         await self._seen.lookup([a.event.id for a in batch])
         first_delivery = self._seen.first_delivery
         new_here: dict[str, tuple[int, int]] = {}
-        further: list[tuple[str, str, int]] = []
+        further: list[tuple[str, str]] = []
         further_seen: list[SeenRecord] = []
         to_push: list[Arrival] = []
         decided: dict[str, tuple[str, ...]] = {}
@@ -280,7 +278,7 @@ class Committer:
             elif event_id in new_here:
                 delivered.append(record)
             else:
-                further.append((event_id, relay, created_at))
+                further.append((event_id, relay))
                 further_seen.append(record)
         if baselined:
             BASELINED.inc(baselined)
@@ -342,7 +340,7 @@ class Committer:
         self,
         writes: list[tuple[Arrival, list[Device]]],
         new_events: list[tuple[str, tuple[str, ...], int, int]],
-        further: list[tuple[str, str, int]],
+        further: list[tuple[str, str]],
         ops: list[DbOp],
     ) -> None:
         """One transaction: the batch's wakeups, its seen ids, and the queued bookkeeping."""
