@@ -40,7 +40,7 @@ POISON_ATTEMPTS = 2
 DEVICE_CACHE_SIZE = 50_000
 FURTHER_HOLD_SECONDS = 1.0
 """How long a further relay's delivery of an already committed event waits, so the copies of
-one event that land in several batches share one `seen_on_relay` row, written in one commit."""
+one event that land in several batches are appended to its `seen_events` row in one update."""
 FURTHER_HOLD_EVENTS = 10_000
 
 CommitListener = Callable[[Sequence[tuple[str, int]]], None]
@@ -49,19 +49,20 @@ CommitListener = Callable[[Sequence[tuple[str, int]]], None]
 def in_lock_order(
     writes: list[tuple[Arrival, list[Device]]],
     new_events: list[tuple[str, tuple[str, ...], int, int]],
-    further: list[tuple[str, str, int]],
+    further: list[tuple[str, str]],
 ) -> tuple[
     list[tuple[Arrival, list[Device]]],
     list[tuple[str, tuple[str, ...], int, int]],
-    list[tuple[str, str, int]],
+    list[tuple[str, str]],
 ]:
     """A batch's rows in the order every worker writes them: by event id (an event's devices
     by id). Two workers that overlap on a shard during a hand-over may handle the same events
     in different arrival orders; each row a transaction inserts holds its unique key until
     commit, so in arrival order each could hold a row the other waits for, and PostgreSQL
     aborts one as a deadlock. In one order the later one waits, then skips the rows the first
-    wrote. (The tables are written in one order too: outbox, `seen_events`, `seen_on_relay`,
-    then the queued bookkeeping, already in its own lock order.) The rest of the commit keeps
+    wrote. (The tables are written in one order too: outbox, `seen_events` (its new rows, then
+    the further relays appended to rows already there), then the queued bookkeeping, already
+    in its own lock order.) The rest of the commit keeps
     arrival order; only the outbox ids of one batch follow this order."""
     return (
         sorted(((a, sorted(ds, key=attrgetter("id"))) for a, ds in writes),
