@@ -237,9 +237,19 @@ async def test_seen_events_survive_a_restart_and_memory_stays_bounded(
     await looked_up.lookup([KEYS[1]])
     assert looked_up.first_delivery(KEYS[1], "wss://c", {}) == (False, False)
     assert restarted.first_delivery(KEYS[0], "wss://b", {}) == (False, True)
-    await restarted.save([], [(KEYS[0], "wss://b", 1000)])
+    await restarted.save([], [(KEYS[0], "wss://b"), (KEYS[0], "wss://c"), (KEYS[0], "wss://b")])
+    row = await db.execute_fetchall("SELECT relay FROM seen_events WHERE event_id = ?", (KEYS[0],))
+    assert list(row) == [("wss://a wss://b wss://c",)], "further relays appended to its row once"
     again = SeenEvents(db, retention_seconds=1000, cache_size=10)
     await again.lookup([KEYS[0]])
-    assert again.delivered_by(KEYS[0], "wss://a") and again.delivered_by(KEYS[0], "wss://b")
+    assert all(again.delivered_by(KEYS[0], r) for r in ("wss://a", "wss://b", "wss://c"))
+    # further relays recorded before they were appended in place are still read
+    await db.execute(
+        "INSERT INTO seen_on_relay (event_id, relay, keep_until) VALUES (?, ?, ?)",
+        (KEYS[2], "wss://d wss://e", 2000),
+    )
+    legacy = SeenEvents(db, retention_seconds=1000, cache_size=10)
+    await legacy.lookup([KEYS[2]])
+    assert all(legacy.delivered_by(KEYS[2], r) for r in ("wss://a", "wss://d", "wss://e"))
     assert await restarted.prune(now=1999) == 0
     assert await restarted.prune(now=2001) == 3

@@ -102,6 +102,57 @@ async def test_a_verified_id_in_another_body_routes_only_the_original(
         assert list(rows) == [("fcm-alice", original.id)]
 
 
+async def test_a_copy_is_recognised_in_any_layout_and_recorded_per_relay(
+    tmp_path: Path, engine: Engine
+) -> None:
+    """The same verified event from three relays: compact with the id first (the one-match
+    path), spaced with the id last (the search path), and spaced with the id last around
+    another body naming another key. Each relay's delivery is recorded once, the event wakes
+    its recipient once, the altered body wakes nobody, and no copy counts as a drop."""
+    relays = [RELAY, "ws://127.0.0.1:10", "ws://127.0.0.1:11"]
+    async with in_process_bridge(
+        tmp_path, engine.database("push.db"), [{"url": url, "mode": "firehose"} for url in relays]
+    ) as parts:
+        alice, bob, sender = SecretKey.generate(), SecretKey.generate(), SecretKey.generate()
+        for key, token in ((alice, "fcm-alice"), (bob, "fcm-bob")):
+            await parts.devices.register(key.public_key_hex, "android", token, "opaque", (), None, 0)
+        await poll(
+            lambda: all(bob.public_key_hex in parts.bridge._pool.subs[url].keys for url in relays),
+            what="both keys watched on every relay",
+        )
+        original = sign_event(sender, 4, "hello", [["p", alice.public_key_hex]]).to_json()
+        id_last = {**{k: v for k, v in original.items() if k != "id"}, "id": original["id"]}
+        altered = {**id_last, "tags": [["p", bob.public_key_hex]], "content": "x"}
+        def drops() -> list[float]:
+            return [
+                REGISTRY.get_sample_value(
+                    "sigil_push_bridge_events_dropped_total", {"relay": url, "reason": reason}
+                ) or 0.0
+                for url in relays for reason in ("forged", "wrong_id", "malformed")
+            ]
+
+        before = drops()  # the counters live as long as the test process
+        now_ms = time.time_ns() // 1_000_000
+        assert parts.bridge.raw_event(relays[0], frame(original), now_ms)
+        assert parts.bridge.raw_event(relays[1], json.dumps(["EVENT", "sp0.1", id_last]), now_ms)
+        assert parts.bridge.raw_event(relays[2], json.dumps(["EVENT", "sp0.1", altered]), now_ms)
+
+        def recorded() -> list[str]:
+            return sorted(
+                record["relay"]
+                for path in (tmp_path / "observations").glob("*.jsonl")
+                for record in map(json.loads, path.read_text().splitlines())
+                if record["type"] == "seen" and record["event_id"] == original["id"]
+            )
+
+        await poll(lambda: recorded() == sorted(relays), what="each relay's delivery recorded")
+        rows = await parts.db.execute_fetchall(
+            "SELECT d.token, o.event_id FROM outbox o JOIN devices d ON d.id = o.device_id"
+        )
+        assert list(rows) == [("fcm-alice", original["id"])]
+        assert drops() == before
+
+
 async def test_a_frame_that_only_looks_like_a_copy_takes_the_full_path(
     tmp_path: Path, engine: Engine
 ) -> None:

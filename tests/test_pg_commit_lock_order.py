@@ -34,12 +34,13 @@ from sigil_push.store.seen import SeenEvents
 from tests.support.in_process import in_process_bridge
 
 RELAY = "ws://127.0.0.1:9"
-TABLES = ("outbox", "seen_events", "seen_on_relay")
+TABLES = ("outbox", "seen_events", "further")
+"""Where the rows go; `further`: relays appended to `seen_events` rows already there."""
 
 Rows = tuple[
     list[tuple[Arrival, list[Device]]],
     list[tuple[str, tuple[str, ...], int, int]],
-    list[tuple[str, str, int]],
+    list[tuple[str, str]],
 ]
 """What `Committer._write` takes: wakeups, new events, further relays' deliveries."""
 
@@ -51,11 +52,14 @@ def _rows(table: str, events: list[Event], device: Device) -> Rows:
                 for e in events], [], []
     if table == "seen_events":
         return [], [(e.id, (RELAY,), e.created_at * 1000, e.created_at) for e in events], []
-    return [], [], [(e.id, RELAY, e.created_at) for e in events]
+    return [], [], [(e.id, RELAY) for e in events]
 
 
 Hold = tuple[str, tuple[object, ...]]
-"""An INSERT a holding connection runs and leaves uncommitted: it holds that row's key."""
+"""A write a holding connection runs and leaves uncommitted: it holds that row's key (an
+INSERT) or the row itself (an UPDATE)."""
+FIRST = "wss://first.example"
+"""The relay of the committed `seen_events` rows that further relays are appended to."""
 
 
 def _held_rows(table: str, events: tuple[Event, ...], device: Device) -> list[Hold]:
@@ -64,6 +68,9 @@ def _held_rows(table: str, events: tuple[Event, ...], device: Device) -> list[Ho
         sql = ("INSERT INTO outbox (device_id, event_id, relay, first_seen_ms, next_attempt_ms)"
                " VALUES ($1, $2, $3, 0, 0)")
         return [(sql, (device.id, e.id, RELAY)) for e in events]
+    if table == "further":
+        return [("UPDATE seen_events SET relay = relay WHERE event_id = $1", (e.id,))
+                for e in events]
     return [(f"INSERT INTO {table} (event_id, relay, keep_until) VALUES ($1, $2, 1)",
              (e.id, RELAY)) for e in events]
 
@@ -145,15 +152,26 @@ async def test_overlapping_committers_wait_instead_of_deadlocking(
             key.public_key_hex, "android", "token-" + "a" * 20, "minimal", [], None, 10)
         (device,) = await workers[0].devices.of_pubkeys([key.public_key_hex])
 
+        connection = await asyncpg.connect(postgres_url)
+        stack.push_async_callback(connection.close)
+
+        async def fresh() -> None:
+            """The table as each race finds it: empty, or with the events' first rows."""
+            await connection.execute(
+                f"DELETE FROM {'seen_events' if table == 'further' else table}")
+            if table == "further":
+                await connection.executemany(
+                    "INSERT INTO seen_events (event_id, relay, keep_until) VALUES ($1, $2, 1)",
+                    [(e.id, FIRST) for e in (x, p, q, y)])
+
+        await fresh()
         held = _held_rows(table, (p, q), device)
         as_queued = await _race(postgres_url, held, (
             await _arrival_order_writer(postgres_url, "a", _rows(table, a_events, device)),
             await _arrival_order_writer(postgres_url, "b", _rows(table, b_events, device)),
         ))
         assert any(isinstance(e, asyncpg.DeadlockDetectedError) for e in as_queued), as_queued
-        connection = await asyncpg.connect(postgres_url)
-        stack.push_async_callback(connection.close)
-        await connection.execute(f"DELETE FROM {table}")
+        await fresh()
 
         committers: list[Committer] = [w.bridge._committer for w in workers]
         ordered = await _race(postgres_url, held, (
@@ -161,6 +179,13 @@ async def test_overlapping_committers_wait_instead_of_deadlocking(
             lambda: committers[1]._write(*_rows(table, b_events, device), []),
         ))
         assert ordered == [None, None]
+        if table == "further":
+            rows = await connection.fetch("SELECT event_id, relay FROM seen_events")
+            appended = {e.id: FIRST for e in (x, p, q, y)}
+            for event in [*a_events, *b_events]:
+                appended[event.id] += " " + RELAY
+            assert dict(rows) == appended, "each worker's relay appended once per event"
+            return
         rows = await connection.fetch(f"SELECT event_id FROM {table}")
         assert sorted(r[0] for r in rows) == sorted(e.id for e in (x, p, q, y))
 

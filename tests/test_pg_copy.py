@@ -35,7 +35,7 @@ async def _old_instance(path: Path) -> dict[str, object]:
         collapse = {w.id: store.outbox.collapse_id(w.id) for w in due}
         seen = SeenEvents(store.db, 3600, 10)
         await seen.save([(event.id, ("wss://a.example",), NOW_MS, event.created_at)],
-                        [(event.id, "wss://b.example", event.created_at)])
+                        [(event.id, "wss://b.example")])
         await store.db.execute(
             "INSERT INTO relay_baselines VALUES (?, ?, ?)", ("wss://a.example", alice, 1)
         )

@@ -40,7 +40,7 @@ POISON_ATTEMPTS = 2
 DEVICE_CACHE_SIZE = 50_000
 FURTHER_HOLD_SECONDS = 1.0
 """How long a further relay's delivery of an already committed event waits, so the copies of
-one event that land in several batches share one `seen_on_relay` row, written in one commit."""
+one event that land in several batches are appended to its `seen_events` row in one update."""
 FURTHER_HOLD_EVENTS = 10_000
 
 CommitListener = Callable[[Sequence[tuple[str, int]]], None]
@@ -49,19 +49,20 @@ CommitListener = Callable[[Sequence[tuple[str, int]]], None]
 def in_lock_order(
     writes: list[tuple[Arrival, list[Device]]],
     new_events: list[tuple[str, tuple[str, ...], int, int]],
-    further: list[tuple[str, str, int]],
+    further: list[tuple[str, str]],
 ) -> tuple[
     list[tuple[Arrival, list[Device]]],
     list[tuple[str, tuple[str, ...], int, int]],
-    list[tuple[str, str, int]],
+    list[tuple[str, str]],
 ]:
     """A batch's rows in the order every worker writes them: by event id (an event's devices
     by id). Two workers that overlap on a shard during a hand-over may handle the same events
     in different arrival orders; each row a transaction inserts holds its unique key until
     commit, so in arrival order each could hold a row the other waits for, and PostgreSQL
     aborts one as a deadlock. In one order the later one waits, then skips the rows the first
-    wrote. (The tables are written in one order too: outbox, `seen_events`, `seen_on_relay`,
-    then the queued bookkeeping, already in its own lock order.) The rest of the commit keeps
+    wrote. (The tables are written in one order too: outbox, `seen_events` (its new rows, then
+    the further relays appended to rows already there), then the queued bookkeeping, already
+    in its own lock order.) The rest of the commit keeps
     arrival order; only the outbox ids of one batch follow this order."""
     return (
         sorted(((a, sorted(ds, key=attrgetter("id"))) for a, ds in writes),
@@ -114,7 +115,7 @@ class Committer:
         self._device_cache: dict[str, list[Device]] = {}
         self._device_generation = 0
         self._stopping = False
-        self._held: dict[str, tuple[list[str], int]] = {}
+        self._held: dict[str, list[str]] = {}
         self._held_records: list[SeenRecord] = []
         self._held_since = 0.0
 
@@ -227,9 +228,7 @@ class Committer:
         writes = await self._targets(to_push)
         flush = bool(self._held) and (self._stopping or self._hold_expired())
         held_rows = [
-            (event_id, relay, created_at)
-            for event_id, (relays, created_at) in self._held.items()
-            for relay in relays
+            (event_id, relay) for event_id, relays in self._held.items() for relay in relays
         ] if flush else []
         await self._write(writes, new_events, held_rows, ops)
         self._seen.remember(decided)
@@ -252,23 +251,23 @@ class Committer:
             for listener in self._listeners:
                 listener(committed)
 
-    def _hold(self, further: list[tuple[str, str, int]], records: list[SeenRecord]) -> None:
+    def _hold(self, further: list[tuple[str, str]], records: list[SeenRecord]) -> None:
         """Add this batch's further deliveries, and their `seen` records, to the held ones."""
         if not further:
             return
         if not self._held:
             self._held_since = time.monotonic()
         held = self._held
-        for event_id, relay, created_at in further:
-            entry = held.get(event_id)
-            if entry is None:
-                held[event_id] = ([relay], created_at)
+        for event_id, relay in further:
+            relays = held.get(event_id)
+            if relays is None:
+                held[event_id] = [relay]
             else:
-                entry[0].append(relay)
+                relays.append(relay)
         self._held_records.extend(records)
 
     async def _decide(self, batch: list[Arrival]) -> tuple[
-        list[tuple[str, tuple[str, ...], int, int]], list[tuple[str, str, int]],
+        list[tuple[str, tuple[str, ...], int, int]], list[tuple[str, str]],
         list[SeenRecord], list[Arrival], dict[str, tuple[str, ...]], list[SeenRecord],
     ]:
         """Which arrivals are new events, deliveries by a further relay (with their `seen`
@@ -282,7 +281,7 @@ class Committer:
         await self._seen.lookup([a.event.id for a in batch])
         first_delivery = self._seen.first_delivery
         new_here: dict[str, tuple[int, int]] = {}
-        further: list[tuple[str, str, int]] = []
+        further: list[tuple[str, str]] = []
         further_seen: list[SeenRecord] = []
         to_push: list[Arrival] = []
         decided: dict[str, tuple[str, ...]] = {}
@@ -306,7 +305,7 @@ class Committer:
             elif event_id in new_here:
                 delivered.append(record)
             else:
-                further.append((event_id, relay, created_at))
+                further.append((event_id, relay))
                 further_seen.append(record)
         if baselined:
             BASELINED.inc(baselined)
@@ -368,7 +367,7 @@ class Committer:
         self,
         writes: list[tuple[Arrival, list[Device]]],
         new_events: list[tuple[str, tuple[str, ...], int, int]],
-        further: list[tuple[str, str, int]],
+        further: list[tuple[str, str]],
         ops: list[DbOp],
     ) -> None:
         """One transaction: the batch's wakeups, its seen ids, and the queued bookkeeping,

@@ -185,7 +185,12 @@ class Ingest:
         subscribed: Mapping[str, int] = subs.keys if subs is not None else {}
         event = entry.event
         if event.kind in DM_KINDS:
-            recipients = tuple(p for p in entry.tagged if p in subscribed)
+            tagged = entry.tagged
+            recipients: tuple[str, ...]
+            if len(tagged) == 1:  # nearly every DM: no generator
+                recipients = tagged if tagged[0] in subscribed else ()
+            else:
+                recipients = tuple(p for p in tagged if p in subscribed)
             if not recipients:
                 counters.dropped["unknown_recipient"].inc()
                 return
@@ -207,7 +212,13 @@ class Ingest:
             since_registration = tuple(r for r in recipients if subs.catching_up(sub_id, r))
             self._hand_over(counters, entry, url, received_ms, recipients, since_registration)
             return
-        push_to = tuple(r for r in recipients if subs is None or not subs.is_baseline(sub_id, r))
+        push_to: tuple[str, ...]
+        if subs is None:
+            push_to = recipients
+        elif len(recipients) == 1:
+            push_to = () if subs.is_baseline(sub_id, recipients[0]) else recipients
+        else:
+            push_to = tuple(r for r in recipients if not subs.is_baseline(sub_id, r))
         self._hand_over(counters, entry, url, received_ms, push_to)
 
     def raw_event(self, url: str, frame: str, received_ms: int) -> bool:
@@ -231,14 +242,23 @@ class Ingest:
             return False
         if subs.streaming and self._unaddressed_frame(url, frame, subs.keys):
             return True
-        found = _EVENT_ID.search(frame)
-        entry = self._recent.get(found.group(1)) if found is not None else None
-        head = _FRAME_HEAD.match(frame) if entry is not None else None
-        if entry is None or head is None:
+        # the usual layout, the id first in the event: one match finds the sub id and the id
+        # (the same id the search below finds: a sub id holds no quote)
+        head = _COPY_HEAD.match(frame)
+        if head is not None:
+            sub_id, event_id = head.groups()
+        else:
+            found = _EVENT_ID.search(frame)
+            head = _FRAME_HEAD.match(frame)
+            if found is None or head is None:
+                return self._parsed_event(url, frame, received_ms)
+            sub_id, event_id = head.group(1), found.group(1)
+        entry = self._recent.get(event_id)
+        if entry is None:
             return self._parsed_event(url, frame, received_ms)
         counters = self.counters[url]
         self._count_received(url)
-        sub_id, event = head.group(1), entry.event
+        event = entry.event
         if self._seen.delivered_by(event.id, url):
             counters.duplicates.inc()
             if event.kind in DM_KINDS:
@@ -418,6 +438,7 @@ _ADDRESSING = re.compile(r'"p"\s*,\s*"([0-9a-f]{64})"|"kind"\s*:\s*(10050|10002)
 """A `p` tag's key, or a relay-list kind, in a raw EVENT frame (one pass over the text)."""
 _EVENT_ID = re.compile(r'"id"\s*:\s*"([0-9a-f]{64})"')
 _FRAME_HEAD = re.compile(r'\["EVENT"\s*,\s*"([^"\\]{1,64})"\s*,')
+_COPY_HEAD = re.compile(r'\["EVENT","([^"\\]{1,64})",\{"id":"([0-9a-f]{64})"')
 
 
 def _addressed(raw: Any, keys: Mapping[str, int]) -> bool:

@@ -186,7 +186,7 @@ class SeenStore(Protocol):
     async def save(
         self,
         new_events: Sequence[tuple[str, tuple[str, ...], int, int]],
-        further: Sequence[tuple[str, str, int]],
+        further: Sequence[tuple[str, str]],
     ) -> None: ...
 
     async def prune(self, now: int | None = None) -> int: ...

@@ -18,9 +18,9 @@ from sigil_push.store.interface import Database
 LOOKUP_CHUNK = 500
 MAX_KEEP_UNTIL = 2**62
 RELAY_SEPARATOR = " "
-"""Joins the relays of one event in one row (no URL has a space): in `seen_events.relay` the
-relays that delivered it in the batch that first handled it, the first one first; in
-`seen_on_relay.relay` the further relays of a later batch."""
+"""Joins the relays of one event in one row (no URL has a space): `seen_events.relay` lists
+every relay that delivered it, in the order they were committed, the first one first
+(`seen_on_relay.relay`: further relays recorded before they were appended there)."""
 
 
 class SeenEvents:
@@ -115,20 +115,24 @@ class SeenEvents:
     async def save(
         self,
         new_events: Sequence[tuple[str, tuple[str, ...], int, int]],
-        further: Sequence[tuple[str, str, int]],
+        further: Sequence[tuple[str, str]],
     ) -> None:
         """Persist new events as (event_id, relays, first_seen_ms, created_at), `relays` being
         every relay that delivered the event in the batch that first handled it, and the
-        deliveries by further relays of a later batch as (event_id, relay, created_at).
+        deliveries by further relays of a later batch as (event_id, relay).
 
-        With every DM arriving from several relays at once, nearly all copies land in the
-        batch of the first one: their relays share the event's `seen_events` row, so a copy
-        adds a few bytes to that row rather than an entry in another table and its index
-        (an entry keyed by a random id dirties its own page in every commit: measured, the
-        `seen_on_relay` rows were most of SQLite's work with four relays per event). Further
-        relays of one event in one later batch share one `seen_on_relay` row."""
+        Every relay that delivered an event is listed in the event's own `seen_events` row:
+        the copies sharing the batch of the first delivery with it as it is inserted, the
+        further relays of a later batch appended to it in place (one UPDATE per event). Why
+        not a row of their own: with every DM arriving from several relays, an insert keyed
+        by a random 64-character id dirties a page of `seen_on_relay` and one of its expiry
+        index in every commit (measured, the `seen_on_relay` rows were most of SQLite's work
+        with four relays per event, half of it system time in WAL writes), while the event's
+        row is updated in place and its index entry stays. An event whose row is gone (past
+        retention) is past any catch-up too: no row is made for it. `seen_on_relay` keeps
+        the further relays recorded before this change, read with the rest."""
         if new_events:
-            # `_keep_until` inlined: this runs once per event handled
+            # the later of arrival and created_at, plus retention, within int64
             keep, most, join = self._retention, MAX_KEEP_UNTIL, RELAY_SEPARATOR.join
             await self._db.executemany(
                 "INSERT INTO seen_events (event_id, relay, keep_until) VALUES (?, ?, ?)"
@@ -140,24 +144,18 @@ class SeenEvents:
                 ],
             )
         if further:
-            now = time.time_ns() // 1_000_000
-            grouped: dict[str, tuple[list[str], int]] = {}
-            for event_id, relay, created_at in further:
-                relays = grouped.setdefault(event_id, ([], created_at))[0]
+            grouped: dict[str, list[str]] = {}
+            for event_id, relay in further:
+                relays = grouped.setdefault(event_id, [])
                 if relay not in relays:
                     relays.append(relay)
             await self._db.executemany(
-                "INSERT INTO seen_on_relay (event_id, relay, keep_until) VALUES (?, ?, ?)"
-                " ON CONFLICT DO NOTHING",
+                "UPDATE seen_events SET relay = relay || ? WHERE event_id = ?",
                 [
-                    (event_id, RELAY_SEPARATOR.join(relays), self._keep_until(now, created_at))
-                    for event_id, (relays, created_at) in grouped.items()
+                    (RELAY_SEPARATOR + RELAY_SEPARATOR.join(relays), event_id)
+                    for event_id, relays in grouped.items()
                 ],
             )
-
-    def _keep_until(self, seen_ms: int, created_at: int) -> int:
-        # the bridge drops far-future events; this bound keeps any caller within SQLite's int64
-        return min(max(seen_ms // 1000, created_at) + self._retention, MAX_KEEP_UNTIL)
 
     async def prune(self, now: int | None = None) -> int:
         """Forget ids past retention (they can no longer be returned by a catch-up)."""
