@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -467,10 +468,74 @@ class ShardTimeline:
         return kept
 
 
+class LeaseLog:
+    """The lease table itself, polled every 0.1 s from process start: the truth the workers'
+    /health lags (a bridge is told of a change only once its reshard begins). Records each
+    live owner's count whenever it changes, every shard's owners in turn, and the bounces: a
+    shard that leaves an owner and comes back to it."""
+
+    def __init__(self, url: str, started: float) -> None:
+        self.url, self.started = url, started
+        self.counts: list[tuple[float, list[int]]] = []
+        self.owners: dict[int, list[tuple[float, str]]] = {}
+        self.names: dict[str, int] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        connection = await asyncpg.connect(self.url)
+        try:
+            while True:
+                rows = await connection.fetch(
+                    "SELECT shard, owner FROM shard_leases WHERE owner IS NOT NULL"
+                    " AND expires_at > now()")
+                at = round(time.monotonic() - self.started, 1)
+                held: dict[int, str] = {int(r["shard"]): str(r["owner"]) for r in rows}
+                for shard in range(DEFAULT_SHARDS):
+                    owner = held.get(shard, "-")
+                    history = self.owners.setdefault(shard, [])
+                    if not history or history[-1][1] != owner:
+                        history.append((at, owner))
+                for owner in held.values():
+                    self.names.setdefault(owner, len(self.names))
+                counts = [0] * len(self.names)
+                for owner in held.values():
+                    counts[self.names[owner]] += 1
+                if not self.counts or self.counts[-1][1] != counts:
+                    self.counts.append((at, counts))
+                await asyncio.sleep(0.1)
+        finally:
+            await connection.close()
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def bounces(self) -> list[tuple[int, float, float]]:
+        """(shard, left at, back at): an owner lost a shard (to another or to expiry) and took
+        it again later."""
+        found = []
+        for shard, history in self.owners.items():
+            owners = [(at, o) for at, o in history if o != "-"]
+            for (left, a), (_, b), (back, c) in zip(owners, owners[1:], owners[2:]):
+                if a == c != b:
+                    found.append((shard, left, back))
+            for (at, a), (back, c) in itertools.pairwise(owners):
+                if a == c:  # expired and taken again by the same owner
+                    found.append((shard, at, back))
+        return sorted(found, key=lambda f: f[1])
+
+
 async def phase_startup(instance: Instance, keys: int, workers: int, profile: bool) -> dict[str, Any]:
     """Start `workers` workers together; seconds until all keys are watched, then until the
     shards are split fairly with every key watched (the settling), memory of each."""
     started = time.monotonic()
+    leases = LeaseLog(instance.database, started)
+    leases.start()
     for index in range(workers):
         path = instance.folder / f"startup-{workers}w-{index}.prof" if profile else None
         instance.add_worker(path).start(wait=False)
@@ -481,6 +546,7 @@ async def phase_startup(instance: Instance, keys: int, workers: int, profile: bo
     seconds = time.monotonic() - started
     await wait_for(timeline.sample, "shards split fairly, every key watched", 600, 0.25)
     balanced = time.monotonic() - started
+    await leases.stop()
     result = {
         "workers": workers,
         "keys": keys,
@@ -488,6 +554,9 @@ async def phase_startup(instance: Instance, keys: int, workers: int, profile: bo
         "seconds_to_balanced": round(balanced, 1),
         "shard_moves_while_settling": timeline.moves(),
         "settling_timeline_s_shards_keys": timeline.changes(),
+        "lease_table_s_live_counts": leases.counts,
+        "lease_bounces_shard_left_back": leases.bounces()[:40],
+        "lease_bounce_count": len(leases.bounces()),
         "load_average_1min_at_end": round(os.getloadavg()[0], 2),
         "slowest_health_poll_of_all_workers_s": round(timeline.slowest_poll, 2),
         "slowest_poll_once_every_worker_holds_shards_s": round(timeline.slowest_poll_holding, 2),

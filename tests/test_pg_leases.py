@@ -7,6 +7,7 @@ workers at once, and no (shard, epoch) ever has two owners. Waits poll with gene
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import time
 from collections.abc import AsyncIterator, Callable
@@ -16,7 +17,9 @@ import pytest
 from prometheus_client import REGISTRY
 
 from sigil_push.shards import DEFAULT_SHARDS, Lease, StaleLease, fair_share, shard_of
-from sigil_push.store.postgres.leases import ShardLeaser, check_lease, rebalance
+from sigil_push.store.postgres.database import PostgresDatabase
+from sigil_push.store.postgres.devices import PostgresDevices
+from sigil_push.store.postgres.leases import SHARDS_CHANNEL, ShardLeaser, check_lease, rebalance
 from sigil_push.store.postgres.migrate import migrate
 from sigil_push.store.postgres.sharding import ShardWatch
 from tests.support.postgres import PostgresServer
@@ -109,15 +112,19 @@ def test_rebalance_aims_at_a_fair_split_with_a_dead_band() -> None:
     assert rebalance(3, [], 256) == (0, 253)  # alone: everything
 
 
-async def test_a_join_settles_in_steps_and_then_nothing_moves(pool: asyncpg.Pool) -> None:
+async def test_a_join_settles_in_one_give_back_and_then_nothing_moves(pool: asyncpg.Pool) -> None:
     """Heartbeats driven one by one: the worker that holds everything gives the newcomer its
-    half in steps of shards / 8, starting one beat after it first sees it (confirmation);
-    neither count ever moves back. Once fair, heartbeats move no shard (epochs unchanged), and
-    a third worker is settled the same way to 86/85/85."""
+    half in one go, one beat after it first sees it (confirmation), and neither count ever
+    moves back. A first heartbeat and a give-back are `moved` (announced to the others), a
+    plain renewal is not; the beat that finds a worker over its share asks for an early next
+    one (`confirming`). Once fair, heartbeats move no shard (epochs unchanged), and a third
+    worker is settled the same way to 86/85/85."""
     lease = 60.0  # heartbeats are driven by hand: nothing expires during the test
     first, second, third = (ShardLeaser(pool, name, lease) for name in ("a", "b", "c"))
     assert len(await first.tick()) == DEFAULT_SHARDS
+    assert first.moved and not first.confirming
     assert await second.tick() == {}
+    assert second.moved
 
     async def beat(leasers: list[ShardLeaser]) -> list[int]:
         return [len(await leaser.tick()) for leaser in leasers]
@@ -133,12 +140,12 @@ async def test_a_join_settles_in_steps_and_then_nothing_moves(pool: asyncpg.Pool
         least, extra = divmod(DEFAULT_SHARDS, workers)
         return [least + 1] * extra + [least] * (workers - extra)
 
-    counts = await settle([first, second])
-    assert counts[0] == [DEFAULT_SHARDS, 0], "the first beat that sees the newcomer gives nothing"
-    for before, after in itertools.pairwise(counts):
-        assert 0 <= before[0] - after[0] <= first.step  # given back in steps, never taken back
-        assert after[1] >= before[1]
-    assert counts[-1] == [128, 128]
+    assert await beat([first, second]) == [DEFAULT_SHARDS, 0], "the first beat that sees it"
+    assert first.confirming and not first.moved and not second.moved
+    assert await beat([first, second]) == [128, 128], "the whole excess in one give-back"
+    assert first.moved and not first.confirming
+    assert await beat([first, second]) == [128, 128]
+    assert not first.moved and not second.moved
 
     async def epochs() -> dict[int, tuple[str, int]]:
         rows = await pool.fetch("SELECT shard, owner, epoch FROM shard_leases")
@@ -285,7 +292,7 @@ async def test_a_slow_reshard_does_not_let_the_leases_lapse(pool: asyncpg.Pool) 
     try:
         await watch.start()
         await until(lambda: covered([first], DEFAULT_SHARDS))
-        other.start()  # `slow` gives half back in steps, and its first reshard then hangs
+        other.start()  # `slow` gives half back, and its first reshard then hangs
         await asyncio.wait_for(applying.wait(), 60)
         await until(lambda: covered([first, other], fair_share(DEFAULT_SHARDS, 2)))
         hung = time.monotonic()
@@ -388,7 +395,7 @@ async def test_a_heartbeat_that_returns_late_does_not_make_the_bridge_reload(
                 async def heartbeat_waits() -> bool:
                     return bool(await observer.fetchval(
                         "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                        " AND query LIKE 'INSERT INTO workers%'"
+                        " AND query LIKE '%INSERT INTO workers (worker_id)%'"
                     ))
 
                 deadline = time.monotonic() + 60
@@ -437,3 +444,43 @@ async def test_renewal_does_not_wait_for_the_takeover_of_an_expired_lease(
             held = await asyncio.wait_for(worker.tick(), 30)
     assert sorted(held) == [0, 1, 2]
     assert sorted(await worker.tick()) == [0, 1, 2, 3]  # free again: taken back
+
+
+async def test_workers_started_together_split_at_once_through_announcements(
+    pool: asyncpg.Pool, postgres_url: str
+) -> None:
+    """Two workers started one after the other with a lease of 10 minutes (a heartbeat every
+    200 s): the second's join and the first's give-back are announced over NOTIFY, each heard
+    as a nudge, so the split reaches 128/128 in a few beats (the confirming one 0.5 s after
+    the first that saw the newcomer), long before any heartbeat falls due; no shard moved more
+    than once."""
+    lease = 600.0
+    leasers = [ShardLeaser(pool, f"w{i}", lease, confirm_seconds=0.5) for i in range(2)]
+    stores = [PostgresDevices(PostgresDatabase(pool), leaser.worker_id) for leaser in leasers]
+
+    async def reshard(_owns: Callable[[str], bool]) -> None:
+        return None
+
+    watches = [
+        ShardWatch(leaser, reshard, announce=functools.partial(devices.announce, SHARDS_CHANNEL, "m"))
+        for leaser, devices in zip(leasers, stores, strict=True)
+    ]
+    try:
+        for watch, devices in zip(watches, stores, strict=True):
+            await devices.listen(postgres_url)
+            await devices.also_listen(SHARDS_CHANNEL, lambda _moved, w=watch: w.nudge())
+        await watches[0].start()
+        assert watches[0].held() == list(range(DEFAULT_SHARDS))
+        await watches[1].start()
+        await until(lambda: [len(watch.held()) for watch in watches] == [128, 128], timeout=120)
+        assert covered(leasers, fair_share(DEFAULT_SHARDS, 2))
+        owners = await pool.fetch("SELECT owner, epoch FROM shard_leases")
+        # taken once by w0 (epoch 1); the half w1 holds moved once more (epoch 2)
+        assert {(str(r["owner"]), int(r["epoch"])) for r in owners} == {("w0", 1), ("w1", 2)}
+    finally:
+        for watch in watches:
+            await watch.halt()
+        for leaser in leasers:
+            await leaser.stop()
+        for devices in stores:
+            await devices.close()
