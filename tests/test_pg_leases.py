@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
+import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -16,7 +17,14 @@ import asyncpg
 import pytest
 from prometheus_client import REGISTRY
 
-from sigil_push.shards import DEFAULT_SHARDS, Lease, StaleLease, fair_share, shard_of
+from sigil_push.shards import (
+    DEFAULT_SHARDS,
+    Lease,
+    ShardSet,
+    StaleLease,
+    fair_share,
+    shard_of,
+)
 from sigil_push.store.postgres.database import PostgresDatabase
 from sigil_push.store.postgres.devices import PostgresDevices
 from sigil_push.store.postgres.leases import SHARDS_CHANNEL, ShardLeaser, check_lease, rebalance
@@ -92,6 +100,17 @@ def test_shard_of_is_stable_and_spreads() -> None:
     assert fair_share(256, 3) == 86 and fair_share(256, 0) == 256
     with pytest.raises(ValueError):
         shard_of("abc")
+
+
+def test_hex_pairs_select_exactly_the_keys_of_the_shards() -> None:
+    """`ShardSet.hex_pairs` (the query filter of a restart's baseline read) accepts a key
+    exactly when the shard set does, for shard counts dividing 256; None for the others."""
+    keys = [secrets.token_hex(32) for _ in range(2_000)]
+    for count, held in ((256, frozenset(range(0, 256, 3))), (8, frozenset({1, 6}))):
+        shards = ShardSet(held, count, held)
+        pairs = set(shards.hex_pairs() or ())
+        assert [key[6:8] in pairs for key in keys] == [shards(key) for key in keys]
+    assert ShardSet(frozenset({0}), 3, frozenset()).hex_pairs() is None
 
 
 def test_rebalance_aims_at_a_fair_split_with_a_dead_band() -> None:

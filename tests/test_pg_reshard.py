@@ -169,6 +169,39 @@ async def test_start_up_subscribes_the_loaded_keys_in_chunks(
         await store.close()
 
 
+async def test_a_restart_reads_only_its_shards_baselines(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    """A worker starting with half the shards reads the stored baselines of those shards' keys
+    only (narrowed in the query, not every row filtered here), and holds every one of them;
+    one starting with no shards (the others hold them all) reads none."""
+    await migrate(postgres_url)
+    keys = [secrets.token_hex(32) for _ in range(4_000)]
+    await _store(postgres_url, keys)
+    config = parse_config(
+        {"server": {"database": postgres_url}, "relay": [{"url": RELAY, "mode": "firehose"}]},
+        tmp_path / "relays.toml",
+    )
+    store = await open_store(config)
+    observations = ObservationLog(tmp_path / "observations")
+    await observations.start()
+    try:
+        for held in (frozenset(range(0, DEFAULT_SHARDS, 2)), frozenset()):
+            bridge = Bridge(config, store.devices, store.outbox, observations, SecretKey.generate())
+            ours = {key for key in keys if shard_of(key) in held}
+            store.devices.narrow_to(held, DEFAULT_SHARDS)
+            await bridge.reshard(ShardSet(held, DEFAULT_SHARDS, held))
+            await bridge.start()
+            assert bridge.baselines_of(RELAY) == ours
+            assert bridge._relays.rows_loaded == len(ours), "other shards' rows were read"
+            subs = bridge._pool.subs.get(RELAY)
+            assert set(subs.keys if subs is not None else ()) == ours
+            await bridge.stop()
+    finally:
+        await observations.stop()
+        await store.close()
+
+
 def test_a_million_baselines_are_written_in_slices() -> None:
     """A firehose's EOSE baselines every key at once; the committer gets them a slice per
     transaction, in order, so no transaction holds row locks another worker waits on for

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Collection, Iterable
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Sequence
 
 from sigil_push.bridge.pending import (
     DELETE_BASELINE,
@@ -32,16 +32,25 @@ both engines' parameter limits: 32,767 on PostgreSQL, 32,766 on SQLite since 3.3
 per query the round trips took 6x as long."""
 
 
-async def _baseline_rows(db: Database, turn: asyncio.Lock) -> AsyncIterator[tuple[str, str]]:
+async def _baseline_rows(
+    db: Database, turn: asyncio.Lock, pairs: Sequence[str] | None
+) -> AsyncIterator[tuple[str, str]]:
     """Every (relay, pubkey) baseline, BASELINE_PAGE rows per query in primary key order (each
-    page starts after the last row of the one before, so it is an index range on both engines)."""
+    page starts after the last row of the one before, so it is an index range on both engines);
+    with `pairs`, only keys whose `pubkey[6:8]` is one of them (a worker's shards): the server
+    skips the other workers' rows instead of sending them all to be dropped here."""
+    narrow = ""
+    if pairs is not None:
+        if not pairs:  # no shards (yet): none of the rows is ours
+            return
+        narrow = f" AND substr(pubkey, 7, 2) IN ({', '.join('?' * len(pairs))})"
     after = ("", "")
     while True:
         async with turn:
             rows = list(await db.execute_fetchall(
                 "SELECT relay, pubkey FROM relay_baselines WHERE (relay, pubkey) > (?, ?)"
-                " ORDER BY relay, pubkey LIMIT ?",
-                (*after, BASELINE_PAGE),
+                f"{narrow} ORDER BY relay, pubkey LIMIT ?",
+                (*after, *(pairs or ()), BASELINE_PAGE),
             ))
         for relay, pubkey in rows:
             yield str(relay), str(pubkey)
@@ -72,11 +81,19 @@ class RelayState:
         self._turn = turn if turn is not None else asyncio.Lock()
         self.rows_adopted = 0
         """Baseline rows read by `adopt` (what a reshard costs the database)."""
+        self.rows_loaded = 0
+        """Baseline rows read by `load` (what a start costs the database)."""
 
     async def load(
-        self, db: Database, lists: RelayLists, held: Callable[[str], bool]
+        self,
+        db: Database,
+        lists: RelayLists,
+        held: Callable[[str], bool],
+        pairs: Sequence[str] | None = None,
     ) -> dict[str, str]:
-        """The stored baselines of the keys `held` accepts, and every relay's cursor.
+        """The stored baselines of the keys `held` accepts (read narrowed to the keys whose
+        `pubkey[6:8]` is in `pairs`, when given: see `KeyRegistry.held_pairs`), and every
+        relay's cursor.
 
         Returns each baselined key's string, for the key registry to use as its own: a key is
         one string shared by its baselines on every relay and the registry, not a copy per
@@ -84,7 +101,8 @@ class RelayState:
         self._db, self._lists = db, lists
         canonical: dict[str, str] = {}
         baselines: dict[str, set[str]] = {}
-        async for relay, pubkey in _baseline_rows(db, self._turn):
+        async for relay, pubkey in _baseline_rows(db, self._turn, pairs):
+            self.rows_loaded += 1
             # several workers: hold only our shards' baselines (`adopt` loads the others')
             if held(pubkey):
                 baselines.setdefault(relay, set()).add(canonical.setdefault(pubkey, pubkey))
