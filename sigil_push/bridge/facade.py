@@ -164,6 +164,7 @@ class Bridge:
             await self._inboxes.stop()
         await self._pool.stop()
         self._ingest.stop()
+        await self._relays.sorting_done()  # baselines still being sorted go with the last commit
         self._committer.stop()
         committer, *others = self._tasks
         for task in others:
