@@ -367,3 +367,26 @@ async def test_many_baselines_are_sorted_a_chunk_per_loop_turn(
     inserts = [key for sql, key in written if sql == INSERT_BASELINES]
     assert inserts == sorted(keys)
     assert written.index((DELETE_BASELINE, leaving)) > written.index((INSERT_BASELINES, leaving))
+
+
+async def test_a_narrowed_key_read_skips_shards_given_back_meanwhile(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    """A worker takes every shard at start-up and gives half back a second later, while it is
+    still reading its keys: the rest of the read skips the shards given back (read a group of
+    shards per query), so it reads its half of a million keys, not all of them."""
+    await migrate(postgres_url)
+    keys = [secrets.token_hex(32) for _ in range(4_000)]
+    await _store(postgres_url, keys)
+    config = parse_config({"server": {"database": postgres_url}}, tmp_path / "relays.toml")
+    store = await open_store(config)
+    kept = frozenset(range(DEFAULT_SHARDS // 2))
+    try:
+        store.devices.narrow_to(range(DEFAULT_SHARDS), DEFAULT_SHARDS)
+        read: set[str] = set()
+        async for chunk in store.devices.key_chunks():
+            read.update(chunk)
+            store.devices.narrow_to(kept, DEFAULT_SHARDS)  # given back after the first chunk
+        assert read == {key for key in keys if shard_of(key) in kept}
+    finally:
+        await store.close()

@@ -155,7 +155,7 @@ class Bridge:
         await lists.load()
         async with self._registry.changing:  # a reshard meanwhile waits for the whole load
             registry = self._registry
-            baselined = await self._relays.load(db, lists, registry.holds, registry.held_pairs())
+            baselined = await self._relays.load(db, lists, registry.holds, registry.held_pairs)
             await self._registry.load(baselined)
 
     async def stop(self) -> None:

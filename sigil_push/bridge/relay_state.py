@@ -37,19 +37,21 @@ per query the round trips took 6x as long."""
 
 
 async def _baseline_rows(
-    db: Database, turn: asyncio.Lock, pairs: Sequence[str] | None
+    db: Database, turn: asyncio.Lock, held_pairs: Callable[[], Sequence[str] | None]
 ) -> AsyncIterator[tuple[str, str]]:
     """Every (relay, pubkey) baseline, BASELINE_PAGE rows per query in primary key order (each
     page starts after the last row of the one before, so it is an index range on both engines);
-    with `pairs`, only keys whose `pubkey[6:8]` is one of them (a worker's shards): the server
-    skips the other workers' rows instead of sending them all to be dropped here."""
-    narrow = ""
-    if pairs is not None:
-        if not pairs:  # no shards (yet): none of the rows is ours
-            return
-        narrow = f" AND substr(pubkey, 7, 2) IN ({', '.join('?' * len(pairs))})"
+    with `held_pairs()` (asked again for every page: shards given back meanwhile drop out),
+    only keys whose `pubkey[6:8]` is one of them (a worker's shards): the server skips the
+    other workers' rows instead of sending them all to be dropped here."""
     after = ("", "")
     while True:
+        pairs = held_pairs()
+        narrow = ""
+        if pairs is not None:
+            if not pairs:  # no shards (left): none of the rows is ours
+                return
+            narrow = f" AND substr(pubkey, 7, 2) IN ({', '.join('?' * len(pairs))})"
         async with turn:
             rows = list(await db.execute_fetchall(
                 "SELECT relay, pubkey FROM relay_baselines WHERE (relay, pubkey) > (?, ?)"
@@ -94,11 +96,11 @@ class RelayState:
         db: Database,
         lists: RelayLists,
         held: Callable[[str], bool],
-        pairs: Sequence[str] | None = None,
+        held_pairs: Callable[[], Sequence[str] | None] = lambda: None,
     ) -> dict[str, str]:
         """The stored baselines of the keys `held` accepts (read narrowed to the keys whose
-        `pubkey[6:8]` is in `pairs`, when given: see `KeyRegistry.held_pairs`), and every
-        relay's cursor.
+        `pubkey[6:8]` is in `held_pairs()`, unless None: see `KeyRegistry.held_pairs`), and
+        every relay's cursor.
 
         Returns each baselined key's string, for the key registry to use as its own: a key is
         one string shared by its baselines on every relay and the registry, not a copy per
@@ -106,7 +108,7 @@ class RelayState:
         self._db, self._lists = db, lists
         canonical: dict[str, str] = {}
         baselines: dict[str, set[str]] = {}
-        async for relay, pubkey in _baseline_rows(db, self._turn, pairs):
+        async for relay, pubkey in _baseline_rows(db, self._turn, held_pairs):
             self.rows_loaded += 1
             # several workers: hold only our shards' baselines (`adopt` loads the others')
             if held(pubkey):
