@@ -143,6 +143,7 @@ class Service:
         await bridge.start()
         stack.push_async_callback(bridge.stop)
         if self._shards is not None:
+            self._shards.watching()
             stack.push_async_callback(self._shards.halt)
         if canary is not None:
             # several workers: only the holder of shard 0 probes, so N workers send one probe

@@ -131,13 +131,17 @@ def test_rebalance_aims_at_a_fair_split_with_a_dead_band() -> None:
     assert rebalance(3, [], 256) == (0, 253)  # alone: everything
 
 
-async def test_a_join_settles_in_one_give_back_and_then_nothing_moves(pool: asyncpg.Pool) -> None:
-    """Heartbeats driven one by one: the worker that holds everything gives the newcomer its
-    half in one go, one beat after it first sees it (confirmation), and neither count ever
-    moves back. A first heartbeat and a give-back are `moved` (announced to the others), a
-    plain renewal is not; the beat that finds a worker over its share asks for an early next
-    one (`confirming`). Once fair, heartbeats move no shard (epochs unchanged), and a third
-    worker is settled the same way to 86/85/85."""
+async def test_a_join_settles_in_one_give_back_at_start_up_then_in_steps(
+    pool: asyncpg.Pool,
+) -> None:
+    """Heartbeats driven one by one. At start-up (nothing watched yet) the worker that holds
+    everything gives the newcomer its half in one go, one beat after it first sees it
+    (confirmation); once its keys are watched (`limit_steps`), a later join is settled in steps
+    of shards / 8, so the keys left unwatched until the taker loads them stay few. Neither
+    count ever moves back. A first heartbeat and a give-back are `moved` (announced to the
+    others), a plain renewal is not; the beat that finds a worker over its share asks for an
+    early next one (`confirming`). Once fair, heartbeats move no shard (epochs unchanged):
+    86/85/85 on three workers."""
     lease = 60.0  # heartbeats are driven by hand: nothing expires during the test
     first, second, third = (ShardLeaser(pool, name, lease) for name in ("a", "b", "c"))
     assert len(await first.tick()) == DEFAULT_SHARDS
@@ -175,9 +179,15 @@ async def test_a_join_settles_in_one_give_back_and_then_nothing_moves(pool: asyn
         await beat([first, second])
     assert await epochs() == settled, "a settled split moved"
 
+    for leaser in (first, second):
+        leaser.limit_steps()  # their keys are watched now
     assert await third.tick() == {}
     counts = await settle([first, second, third])
-    assert all(before[2] <= after[2] for before, after in itertools.pairwise(counts))
+    assert len(counts) > 2, "given back in one go"
+    for before, after in itertools.pairwise(counts):
+        # at most a step given back per beat (the 256th shard is taken by whoever beats first)
+        assert all(b - a <= first.step for b, a in zip(before[:2], after[:2], strict=True)), counts
+        assert before[2] <= after[2]
     settled = await epochs()
     for _ in range(5):
         await beat([first, second, third])

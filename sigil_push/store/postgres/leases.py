@@ -15,10 +15,12 @@ Giving back is damped so that shards settle instead of flapping:
   heartbeat, so a worker seen for one beat (started and crashed) pulls nothing away. That
   confirming beat comes early (`confirming`: `confirm_seconds`, lease_seconds / 15, later, not
   lease_seconds / 3), or confirming alone would cost a join a whole heartbeat.
-The excess then goes back in one heartbeat, not in steps: the taker loads the keys of what it
-takes a chunk per event-loop turn (`KeyRegistry.reshard`), so a large take no longer stalls its
-heartbeats, and steps only made two workers started together settle a step per heartbeat
-(four heartbeats plus four loads for 256 shards on two workers).
+- steps, once the worker watches its keys (`limit_steps`, when its bridge has started): at
+  most shards / 8 (32 of 256) go back per heartbeat, so the keys given back (unwatched until
+  the taker has loaded them) are few enough for the taker to load well within a lease. Before
+  that, at start-up, the whole excess goes back at once: nothing is watched yet that a step
+  would keep watched, and two workers started together settle at once instead of a step per
+  heartbeat (four heartbeats plus four loads for 256 shards on two workers).
 Taking is not limited: expired shards (a dead worker's) are taken in one beat.
 
 A heartbeat that changed the split for others (this worker's first, which makes it a live
@@ -45,6 +47,9 @@ from asyncpg.pool import PoolConnectionProxy
 from sigil_push.shards import DEFAULT_SHARDS, Lease, StaleLease
 
 log = logging.getLogger(__name__)
+
+GIVE_BACK_STEP_DIVISOR = 8
+"""Once `limit_steps`: at most shards / 8 are given back per heartbeat (module docstring)."""
 
 SHARDS_CHANNEL = "sigil_push_shards"
 """NOTIFY channel on which a worker announces a heartbeat that moved shards (see above)."""
@@ -147,12 +152,17 @@ class ShardLeaser:
         self._task: asyncio.Task[None] | None = None
         self._seeded = False
         self._over_share = False  # at the last heartbeat: held more than the fair share
+        self.step = shards  # the whole excess at once, until `limit_steps`
         self.moved = False
+        """Whether the last heartbeat changed what the others may take: it was this worker's
+        first (a new live worker to share with) or it gave shards back."""
         self.confirming = False
         """Whether the last heartbeat found this worker over its share for the first time: the
         next one, which gives back, is due early."""
-        """Whether the last heartbeat changed what the others may take: it was this worker's
-        first (a new live worker to share with) or it gave shards back."""
+
+    def limit_steps(self) -> None:
+        """This worker now watches its keys: give back at most shards / 8 per heartbeat."""
+        self.step = max(1, self.shards // GIVE_BACK_STEP_DIVISOR)
 
     def held(self) -> dict[int, int]:
         """Shard -> epoch currently held; empty once the last renewal is a lease period old."""
@@ -191,7 +201,7 @@ class ShardLeaser:
             over_share = give > 0
             gave = over_share and self._over_share
             if gave:
-                give_back = sorted(held)[-give:]
+                give_back = sorted(held)[-min(give, self.step):]
                 await connection.execute(
                     "UPDATE shard_leases SET owner = NULL, expires_at = '-infinity'"
                     " WHERE owner = $1 AND shard = ANY($2::int[])",

@@ -86,6 +86,11 @@ class ShardWatch:
             supervise("shard-apply", self._apply_changes),
         ]
 
+    def watching(self) -> None:
+        """The bridge has started: its keys are watched, so give shards back in steps from
+        now on (see `ShardLeaser.limit_steps`)."""
+        self._leaser.limit_steps()
+
     def nudge(self) -> None:
         """Another worker moved shards (joined, gave some back, stopped): beat now."""
         self._nudged.set()
