@@ -36,8 +36,6 @@ database's expiry, so two workers never both believe they hold one shard.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
 
@@ -128,7 +126,9 @@ number of live leases of every other live worker, and workers silent for ten lea
 
 
 class ShardLeaser:
-    """One worker's side of the lease table: acquire, renew, balance and release."""
+    """One worker's side of the lease table: acquire, renew, balance and release.
+
+    Each `tick` is one heartbeat; `ShardWatch` (sharding.py) runs them, in a supervised loop."""
 
     def __init__(
         self,
@@ -149,7 +149,6 @@ class ShardLeaser:
         self.confirm_seconds = lease_seconds / 15 if confirm_seconds is None else confirm_seconds
         self._held: dict[int, int] = {}
         self._valid_until = 0.0
-        self._task: asyncio.Task[None] | None = None
         self._seeded = False
         self._over_share = False  # at the last heartbeat: held more than the fair share
         self.step = shards  # the whole excess at once, until `limit_steps`
@@ -235,32 +234,8 @@ class ShardLeaser:
         self._valid_until = started + lease
         return dict(held)
 
-    async def _run(self) -> None:
-        while True:
-            try:
-                await self.tick()
-            except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
-                # keep trying: the local view lapses by itself if renewals keep failing
-                log.warning("shard lease heartbeat failed: %s", type(exc).__name__)
-            await asyncio.sleep(self.lease_seconds / 3)
-
-    def start(self) -> None:
-        """Heartbeat in the background every lease_seconds / 3."""
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name=f"leases-{self.worker_id}")
-
-    async def halt(self) -> None:
-        """Stop heartbeating without giving anything back (what a crash or stall looks like:
-        the leases expire after lease_seconds)."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-
-    async def stop(self) -> None:
-        """Clean shutdown: stop heartbeating and give every shard back for others to take."""
-        await self.halt()
+    async def release(self) -> None:
+        """Clean shutdown, once heartbeats stopped: give every shard back for others to take."""
         self._held = {}
         async with self.pool.acquire() as connection, connection.transaction():
             await connection.execute(
