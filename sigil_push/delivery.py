@@ -310,7 +310,7 @@ class Delivery:
         for platform in self._queues:
             self._start_senders(platform)
         for at_ms, ids in held.items():
-            await self._outbox.reschedule(ids, at_ms)
+            await self._outbox.hold(ids, at_ms)
         if expired:
             await self._give_up(expired, "too old or too many attempts")
         if unsendable:

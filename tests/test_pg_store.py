@@ -72,7 +72,7 @@ async def test_outbox_claim_reschedule_complete_and_crash_resume(store: Store) -
     assert len(outbox.collapse_id(1)) == 32 and outbox.collapse_id(1) == outbox.collapse_id(1)
     first, second, third = await outbox.due(NOW, 10)
     await outbox.claim([first.id, second.id], NOW)
-    await outbox.reschedule([third.id], NOW + 5_000)
+    await outbox.hold([third.id], NOW + 5_000)
     assert await outbox.due(NOW + 1_000, 10) == []
     assert await outbox.next_due_ms() is not None
     await outbox.complete([first.id])
@@ -82,7 +82,8 @@ async def test_outbox_claim_reschedule_complete_and_crash_resume(store: Store) -
     assert await outbox.release_claims(NOW + 1, live=set()) == 1
     later = await outbox.due(NOW + 5_000, 10)
     assert sorted(w.id for w in later) == sorted([second.id, third.id])
-    assert {w.id: w.attempts for w in later}[second.id] == 1
+    # the sent one counts an attempt, the one held back without a send does not
+    assert {w.id: w.attempts for w in later} == {second.id: 1, third.id: 0}
     # a crash with claims held: the next start makes them due again at once
     await outbox.claim([second.id], NOW + 5_000)
     restarted = await open_test_store(_url(store), "after-crash")
@@ -125,6 +126,22 @@ async def test_seen_ids_survive_a_restart_and_are_pruned_after_retention(store: 
     assert again.delivered_by(ids[0], "wss://b")
     assert await again.prune(now=1999) == 0
     assert await again.prune(now=2001) == 3
+
+
+async def test_seen_lookup_finds_exactly_the_saved_ids_in_batches_of_any_size(
+    store: Store,
+) -> None:
+    """Lookups are padded to a few statement sizes and split in chunks of 500: the ids found
+    are the saved ones, whatever the number asked for, and no unknown id is taken as seen."""
+    saved = sorted(secrets.token_hex(32) for _ in range(700))
+    writer = SeenEvents(store.db, retention_seconds=1000, cache_size=10)
+    await writer.save([(i, ("wss://a",), 1_000_000, 1000) for i in saved], [])
+    for known, unknown in ((1, 0), (0, 3), (9, 4), (650, 13)):
+        asked = saved[:known] + [secrets.token_hex(32) for _ in range(unknown)]
+        reader = SeenEvents(store.db, retention_seconds=1000, cache_size=1000)
+        await reader.lookup(asked)
+        assert [i for i in asked if reader.known(i)] == saved[:known]
+        assert len(reader) == known
 
 
 async def test_device_limit_holds_under_concurrent_registrations(store: Store) -> None:
@@ -213,6 +230,54 @@ async def test_a_dead_workers_claims_lapse_and_another_worker_sends_them(
         assert await store.outbox.depth() == 3
     finally:
         await other.close()
+
+
+async def test_attempts_count_sends_not_holds_nor_reads(store: Store) -> None:
+    """`push.max_attempts` counts sends: a wakeup held back again and again (a coalescing
+    window, a rate limit) never runs out of attempts, and a retried one counts each send, on
+    both engines (PostgreSQL counts in `due` and undoes the count in `hold`)."""
+    outbox = store.outbox
+    await outbox.enqueue(_event(), "wss://a", NOW, await _devices(store, 2))
+    await outbox.resume(NOW)
+    for round_ in range(3):
+        now = NOW + round_ * 1_000
+        sent, held = await outbox.due(now, 10)
+        assert (sent.attempts, held.attempts) == (round_, 0)
+        await outbox.claim([sent.id], now)
+        await outbox.hold([held.id], now + 1_000)
+        await outbox.reschedule([sent.id], now + 1_000)  # a provider said: retry later
+    assert await outbox.depth() == 2
+
+
+async def test_a_worker_killed_between_due_and_claim_leaves_rows_another_sends_once(
+    store: Store, store_backend: str
+) -> None:
+    """A worker that reserved a batch and died before sending (or before `claim` returned):
+    its reservation lapses, another worker takes the rows once, and the lost batch counts
+    as an attempt (PostgreSQL counts in `due`; docs/operations.md)."""
+    if store_backend != "postgres":
+        pytest.skip("claims lapse only between PostgreSQL workers")
+    await store.outbox.enqueue(_event(), "wss://a", NOW, await _devices(store, 3))
+    other = await open_test_store(_url(store), "w2")
+    third = await open_test_store(_url(store), "w3")
+    try:
+        await store.outbox.resume(NOW)
+        reserved = await store.outbox.due(NOW, 10)  # and then the worker is gone
+        assert len(reserved) == 3
+        assert await other.outbox.due(NOW + 59_999, 10) == []
+        taken = await asyncio.gather(
+            other.outbox.due(NOW + 60_000, 10), third.outbox.due(NOW + 60_000, 10)
+        )
+        retaken = [w for batch in taken for w in batch]
+        assert sorted(w.id for w in retaken) == sorted(w.id for w in reserved)
+        assert {w.attempts for w in retaken} == {1}
+        for worker, batch in zip((other, third), taken, strict=True):
+            await worker.outbox.claim([w.id for w in batch], NOW + 60_000)
+            await worker.outbox.complete([w.id for w in batch])
+        assert await store.outbox.depth() == 0
+    finally:
+        await other.close()
+        await third.close()
 
 
 async def _terminate(url: str, condition: str) -> int:

@@ -56,7 +56,12 @@ class SeenEvents:
         missing = [i for i in dict.fromkeys(event_ids) if i not in self._relays]
         for start in range(0, len(missing), LOOKUP_CHUNK):
             chunk = missing[start : start + LOOKUP_CHUNK]
-            marks = ",".join("?" * len(chunk))
+            # padded (with its last id) to one of a few sizes: each size is its own statement
+            # text, which PostgreSQL parses and plans anew and asyncpg prepares in an extra
+            # round trip, where a size seen before reuses the prepared statement
+            size = min(LOOKUP_CHUNK, max(8, 1 << (len(chunk) - 1).bit_length()))
+            chunk += [chunk[-1]] * (size - len(chunk))
+            marks = ",".join("?" * size)
             async with self._db.execute(
                 f"SELECT e.event_id, e.relay, r.relay FROM seen_events e LEFT JOIN seen_on_relay r"
                 f" ON r.event_id = e.event_id WHERE e.event_id IN ({marks})",

@@ -3,7 +3,11 @@
 The modules whose SQL is the same on both engines (seen ids, NIP-98 ids, relay lists, the
 bridge's baselines and cursors, delegated-auth sessions, the bridge key) talk to this handle
 exactly as they talk to an aiosqlite connection. Placeholders are numbered (`?` → `$n`),
-SQLite's `BEGIN IMMEDIATE` becomes `BEGIN`, and `PRAGMA`s (SQLite tuning) are no-ops.
+SQLite's `BEGIN IMMEDIATE` becomes `BEGIN`, and `PRAGMA`s (SQLite tuning) are no-ops. A
+many-row `INSERT ... VALUES (?, ...)` given to `executemany` runs as one INSERT over arrays
+(`unnest`), in the rows' order: asyncpg's executemany binds and executes the statement once
+per row, and for the bridge's per-event rows (`seen_events`, `relay_baselines`) that per-row
+execution was most of PostgreSQL's CPU in a commit.
 
 A handle either borrows a pool connection per statement (the shared handle: API, delivery) or
 owns one connection (the bridge committer, whose batches are one transaction each).
@@ -35,6 +39,14 @@ BROKEN = (
 _PLACEHOLDER = re.compile(r"\?")
 _QUOTED = re.compile(r"'[^']*'")
 _ROWS = re.compile(r"^\s*(SELECT|WITH|VALUES)\b|\bRETURNING\b", re.IGNORECASE)
+_ROW_INSERT = re.compile(
+    r"^\s*INSERT INTO (\w+) \(([\w, ]+)\) VALUES \((\?(?:, ?\?)*)\)"
+    r"(\s+ON CONFLICT(?: \([\w, ]+\))? DO NOTHING)?\s*$",
+    re.IGNORECASE,
+)
+"""An INSERT of one row whose outcome does not depend on the other rows of its batch: without
+ON CONFLICT a duplicate fails the batch either way, and DO NOTHING skips a row already there
+or earlier in the same statement alike (DO UPDATE would touch a row twice and fail)."""
 
 
 def numbered(sql: str) -> str:
@@ -70,6 +82,10 @@ def _rowcount(status: str) -> int:
     """The row count in a command tag such as `DELETE 3` or `INSERT 0 1`."""
     last = status.rsplit(" ", 1)[-1]
     return int(last) if last.isdigit() else -1
+
+
+_UNNEST_INSERTS: dict[str, str] = {}
+"""`executemany`'s one-row INSERTs, as their one-statement form over arrays."""
 
 
 class _Cursor:
@@ -186,10 +202,38 @@ class PostgresDatabase:
 
     async def executemany(self, sql: str, parameters: Iterable[Iterable[Any]]) -> _Cursor:
         rows = [tuple(row) for row in parameters]
-        if rows:
-            async with self.connection() as connection:
-                await connection.executemany(numbered(sql), rows)
+        if not rows:
+            return _Cursor([], -1)
+        single = numbered(sql)
+        insert = _ROW_INSERT.match(sql) if len(rows) > 1 else None
+        async with self.connection() as connection:
+            if insert is None:
+                await connection.executemany(single, rows)
+            else:
+                statement = await self._unnest_insert(connection, sql, single, insert)
+                await connection.execute(statement, *(list(c) for c in zip(*rows, strict=True)))
         return _Cursor([], -1)
+
+    async def _unnest_insert(
+        self, connection: Connection, sql: str, single: str, insert: re.Match[str]
+    ) -> str:
+        """The INSERT of `sql`'s rows as one statement over one array per column, typed as the
+        one-row statement's parameters (learnt once per statement text)."""
+        statement = _UNNEST_INSERTS.get(sql)
+        if statement is None:
+            prepared = await connection.prepare(single)
+            types = [f"{t.schema}.{t.name}" for t in prepared.get_parameters()]
+            table, columns, _, conflict = insert.groups()
+            names = [c.strip() for c in columns.split(",")]
+            if len(types) != len(names):
+                raise ValueError(f"cannot batch {sql!r}: one placeholder per column expected")
+            arrays = ", ".join(f"${n}::{t}[]" for n, t in enumerate(types, 1))
+            statement = (
+                f"INSERT INTO {table} ({', '.join(names)}) SELECT * FROM unnest({arrays})"
+                f"{conflict or ''}"
+            )
+            _UNNEST_INSERTS[sql] = statement
+        return statement
 
     async def fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
         """Native `$n` SQL."""

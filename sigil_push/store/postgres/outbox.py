@@ -3,11 +3,16 @@
 The same `OutboxStore` as SQLite's, made safe for several workers: the (device_id, event_id)
 unique constraint makes enqueueing
 exactly-once; `due` reserves the rows it returns for this worker (`FOR UPDATE SKIP LOCKED`, so
-concurrent workers never get the same row) until `claimed_until_ms`; `claim` counts the attempt
-and extends the claim for a send. A killed worker's claims lapse and any worker takes them
-again (at-least-once at the provider boundary, made harmless by the row's collapse id).
-Completing, rescheduling and releasing touch only this worker's claims, so a slow worker
-cannot delete a row another worker has reclaimed and is sending.
+concurrent workers never get the same row) until `claimed_until_ms` and counts their attempt
+in the same statement, so `claim` has nothing left to write; `hold` gives back the rows
+delivery does not send now (coalescing, rate limits) with the count undone. One statement and
+one new row version per batch instead of two: the second UPDATE was a round trip and a dead
+tuple per wakeup, paid on the cores the workers share with PostgreSQL. A killed worker's claims
+lapse and any worker takes them again (at-least-once at the provider boundary, made harmless
+by the row's collapse id); a worker killed between `due` and its sends has counted an attempt
+it never made, which only brings `push.max_attempts` one attempt nearer for those rows.
+Completing, holding, rescheduling and releasing touch only this worker's claims, so a slow
+worker cannot delete a row another worker has reclaimed and is sending.
 """
 
 from __future__ import annotations
@@ -104,6 +109,9 @@ class PostgresOutbox:
         see the same head, find every row of it locked, and take an empty batch for "nothing
         due".
 
+        The attempt is counted here (`attempts + 1` in the reserving UPDATE), and each
+        `Wakeup.attempts` is the count before it, as on SQLite where `claim` counts.
+
         The head's phones are read in the same pass that picks the head rows, and their other
         registrations are found through the token index (`token = ANY(...)`): joined on
         (platform, token) alone, the planner hashed the whole `devices` table twice per batch,
@@ -127,16 +135,23 @@ class PostgresOutbox:
             f"  WHERE d.token = ANY(ARRAY(SELECT token FROM head)) AND {free}"
             "  ORDER BY o.next_attempt_ms, o.id LIMIT $5 FOR UPDATE OF o SKIP LOCKED),"
             " reserved AS (UPDATE outbox SET claimed_by = $3, claimed_ms = $1,"
-            "  claimed_until_ms = $4 FROM picked WHERE outbox.id = picked.id RETURNING outbox.*)"
+            "  claimed_until_ms = $4, attempts = outbox.attempts + 1"
+            "  FROM picked WHERE outbox.id = picked.id RETURNING outbox.*)"
             f" SELECT {_WAKEUP_COLUMNS} FROM reserved o JOIN devices d ON d.id = o.device_id"
             " ORDER BY o.next_attempt_ms, o.id",
             *args,
         )
-        return [
-            Wakeup(int(r[0]), Device.from_row(tuple(r)[6:]), str(r[1]), str(r[2]),
-                   None if r[3] is None else str(r[3]), int(r[4]), int(r[5]))
-            for r in rows
-        ]
+        devices: dict[int, Device] = {}  # a registration's rows share one object
+        wakeups = []
+        for r in rows:
+            device = devices.get(r[6])
+            if device is None:
+                device = devices[r[6]] = Device.from_row(tuple(r)[6:])
+            wakeups.append(
+                Wakeup(int(r[0]), device, str(r[1]), str(r[2]),
+                       None if r[3] is None else str(r[3]), int(r[4]), int(r[5]) - 1)
+            )
+        return wakeups
 
     async def next_due_ms(self) -> int | None:
         """When the next row becomes due, counting lapsing claims as becoming due then."""
@@ -146,13 +161,18 @@ class PostgresOutbox:
         return None if due is None else int(due)
 
     async def claim(self, wakeup_ids: Sequence[int], now_ms: int) -> None:
-        """Count the attempt and hold the reserved rows for a send."""
+        """Nothing to write: `due` counted the attempt and holds the rows for `claim_ms`,
+        longer than a send can take (delivery claims at once after `due`)."""
+
+    async def hold(self, wakeup_ids: Sequence[int], next_attempt_ms: int) -> None:
+        """Give back reserved rows not sent now, undoing the attempt `due` counted; a row
+        another worker took meanwhile (this worker's claim lapsed) is left to it."""
         if wakeup_ids:
             await self._db.run(
-                "UPDATE outbox SET claimed_by = $2, claimed_ms = $3, claimed_until_ms = $4,"
-                " attempts = attempts + 1 WHERE id = ANY($1::bigint[])"
-                " AND (claimed_by IS NULL OR claimed_by = $2)",
-                list(wakeup_ids), self._worker, now_ms, now_ms + self._claim_ms,
+                "UPDATE outbox SET claimed_by = NULL, claimed_ms = NULL, claimed_until_ms = NULL,"
+                " next_attempt_ms = $3, attempts = GREATEST(attempts - 1, 0)"
+                " WHERE id = ANY($1::bigint[]) AND claimed_by = $2",
+                list(wakeup_ids), self._worker, next_attempt_ms,
             )
 
     async def complete(self, wakeup_ids: Sequence[int]) -> None:

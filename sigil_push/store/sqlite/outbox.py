@@ -168,6 +168,10 @@ class Outbox:
                 (next_attempt_ms, *chunk),
             )
 
+    async def hold(self, wakeup_ids: Sequence[int], next_attempt_ms: int) -> None:
+        """Give back rows `due` returned without sending them: `due` counted nothing here."""
+        await self.reschedule(wakeup_ids, next_attempt_ms)
+
     async def release_claims(self, claimed_before_ms: int, live: Collection[int]) -> int:
         """Release claims older than `claimed_before_ms` that no push in flight (`live`) holds:
         a claim whose outcome was never written must not keep its wakeup forever."""
