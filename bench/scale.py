@@ -9,10 +9,12 @@ recipient, as a real relay does: each worker receives only the DMs of the keys i
 Phases:
   startup   — `--keys` registered keys (COPY into `devices`); the narrowed key query with and
               without the shard index; then 1 worker and then 2 workers started together:
-              seconds from process start until every key is subscribed on a live relay
-              connection (summed over the workers' /health), then until the shards are split
-              fairly (128/128) with every key watched, with the shard counts over time, and
-              each worker's RSS (VmRSS, VmHWM);
+              seconds from process start until every key is watched by some worker (the shards
+              of the workers whose keys watched are exactly their shards' registered keys cover
+              all 256), then until the shards are split fairly (128/128) with every key
+              watched, with the shard counts over time as /health shows them and as the lease
+              table holds them (polled directly: live counts, shards that bounced back to an
+              owner they left), and each worker's RSS (VmRSS, VmHWM);
   throughput — `--events` DMs, one to each of as many registered keys (iOS devices), streamed as fast as
               the relay sends (parsed before the clock starts); 1 then 2 workers: events/s
               (bridge `events_pushed_total` reaching the count) and wakeups/s (APNs answers
@@ -41,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -427,30 +430,55 @@ async def phase_key_query(url: str, repeats: int = 3) -> dict[str, Any]:
 
 class ShardTimeline:
     """Samples how many shards each worker holds, and how many keys are watched, over time:
-    when the split became fair (every worker at its share, every key watched) and how many
-    shards changed hands on the way (a shard that flaps counts at every move)."""
+    when every key was first watched by some worker, when the split became fair (every worker
+    at its share, every key watched) and how many shards changed hands on the way (a shard
+    that flaps counts at every move).
 
-    def __init__(self, instance: Instance, keys: int, started: float) -> None:
+    A worker counts as watching the keys of the shards its /health lists only once the keys it
+    watches are exactly as many as are registered in those shards (`per_shard`, counted in the
+    database): a worker whose reshard is still loading or releasing keys covers none of them.
+    Every key is watched when the shards of such complete workers cover all of them; the sum
+    of the keys watched alone would count a key twice while two workers overlap on it."""
+
+    def __init__(self, instance: Instance, keys: int, started: float, per_shard: list[int]) -> None:
         self.instance, self.keys, self.started = instance, keys, started
+        self.per_shard = per_shard
         self.samples: list[tuple[float, list[int], int]] = []
         self.slowest_poll = 0.0
         self.slowest_poll_holding = 0.0
+        self.every_key_watched_at: float | None = None
 
     def sample(self) -> bool:
         """Take one sample; whether the workers are balanced with every key watched."""
         asked = time.monotonic()
-        held = self.instance.shards()
-        watched = self.instance.watched()
-        # both polls go through every worker's API on its event loop: a loop stalled by a
+        healths = [worker.health() for worker in self.instance.workers]
+        # the polls go through every worker's API on its event loop: a loop stalled by a
         # reshard answers late
         took = time.monotonic() - asked
+        held = [list(h.get("shards", [])) for h in healths]
+        counts: list[int | None] = []
+        for health in healths:
+            state = health.get("relays", {}).get(self.instance.relay.url) or {}
+            counts.append(int(state.get("keys") or 0) if state.get("live") else None)
+        watched = -1 if None in counts else sum(c or 0 for c in counts)
         self.slowest_poll = max(self.slowest_poll, took)
         if all(held):  # past every worker's start-up: each holds shards
             self.slowest_poll_holding = max(self.slowest_poll_holding, took)
-        self.samples.append((round(time.monotonic() - self.started, 1), [len(h) for h in held], watched))
+        at = round(time.monotonic() - self.started, 1)
+        self.samples.append((at, [len(h) for h in held], watched))
+        covered: set[int] = set()
+        complete = True
+        for shards, count in zip(held, counts, strict=True):
+            if count is not None and count == sum(self.per_shard[s] for s in shards):
+                covered.update(shards)
+            else:
+                complete = False
+        every_key = covered == set(range(DEFAULT_SHARDS))
+        if every_key and self.every_key_watched_at is None:
+            self.every_key_watched_at = at
         least, most = DEFAULT_SHARDS // len(held), fair_share(DEFAULT_SHARDS, len(held))
         every = sorted(s for h in held for s in h)
-        return (watched == self.keys and every == list(range(DEFAULT_SHARDS))
+        return (every_key and complete and every == list(range(DEFAULT_SHARDS))
                 and all(least <= len(h) <= most for h in held))
 
     def moves(self) -> int:
@@ -467,27 +495,105 @@ class ShardTimeline:
         return kept
 
 
+class LeaseLog:
+    """The lease table itself, polled every 0.1 s from process start: the truth the workers'
+    /health lags (a bridge is told of a change only once its reshard begins). Records each
+    live owner's count whenever it changes, every shard's owners in turn, and the bounces: a
+    shard that leaves an owner and comes back to it."""
+
+    def __init__(self, url: str, started: float) -> None:
+        self.url, self.started = url, started
+        self.counts: list[tuple[float, list[int]]] = []
+        self.owners: dict[int, list[tuple[float, str]]] = {}
+        self.names: dict[str, int] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        connection = await asyncpg.connect(self.url)
+        try:
+            while True:
+                rows = await connection.fetch(
+                    "SELECT shard, owner FROM shard_leases WHERE owner IS NOT NULL"
+                    " AND expires_at > now()")
+                at = round(time.monotonic() - self.started, 1)
+                held: dict[int, str] = {int(r["shard"]): str(r["owner"]) for r in rows}
+                for shard in range(DEFAULT_SHARDS):
+                    owner = held.get(shard, "-")
+                    history = self.owners.setdefault(shard, [])
+                    if not history or history[-1][1] != owner:
+                        history.append((at, owner))
+                for owner in held.values():
+                    self.names.setdefault(owner, len(self.names))
+                counts = [0] * len(self.names)
+                for owner in held.values():
+                    counts[self.names[owner]] += 1
+                if not self.counts or self.counts[-1][1] != counts:
+                    self.counts.append((at, counts))
+                await asyncio.sleep(0.1)
+        finally:
+            await connection.close()
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def bounces(self) -> list[tuple[int, float, float]]:
+        """(shard, left at, back at): an owner lost a shard (to another or to expiry) and took
+        it again later."""
+        found = []
+        for shard, history in self.owners.items():
+            owners = [(at, o) for at, o in history if o != "-"]
+            for (left, a), (_, b), (back, c) in zip(owners, owners[1:], owners[2:]):
+                if a == c != b:
+                    found.append((shard, left, back))
+            for (at, a), (back, c) in itertools.pairwise(owners):
+                if a == c:  # expired and taken again by the same owner
+                    found.append((shard, at, back))
+        return sorted(found, key=lambda f: f[1])
+
+
 async def phase_startup(instance: Instance, keys: int, workers: int, profile: bool) -> dict[str, Any]:
     """Start `workers` workers together; seconds until all keys are watched, then until the
     shards are split fairly with every key watched (the settling), memory of each."""
+    connection = await asyncpg.connect(instance.database)
+    try:
+        rows = await connection.fetch(
+            "SELECT ((('x' || substr(pubkey, 1, 8))::bit(32)::bigint % $1)::integer) AS shard,"
+            " count(DISTINCT pubkey) AS keys FROM devices GROUP BY 1", DEFAULT_SHARDS)
+    finally:
+        await connection.close()
+    per_shard = [0] * DEFAULT_SHARDS
+    for row in rows:
+        per_shard[int(row["shard"])] = int(row["keys"])
     started = time.monotonic()
+    leases = LeaseLog(instance.database, started)
+    leases.start()
     for index in range(workers):
         path = instance.folder / f"startup-{workers}w-{index}.prof" if profile else None
         instance.add_worker(path).start(wait=False)
     # sampled from the start: the shard moves and keys watched while the workers load, too
-    timeline = ShardTimeline(instance, keys, started)
-    await wait_for(lambda: timeline.sample() or timeline.samples[-1][2] == keys,
-                   f"{keys} keys watched", 900, 0.5)
-    seconds = time.monotonic() - started
+    timeline = ShardTimeline(instance, keys, started, per_shard)
+    await wait_for(lambda: timeline.sample() or timeline.every_key_watched_at is not None,
+                   f"{keys} keys watched", 900, 0.25)
     await wait_for(timeline.sample, "shards split fairly, every key watched", 600, 0.25)
     balanced = time.monotonic() - started
+    seconds = timeline.every_key_watched_at
+    await leases.stop()
     result = {
         "workers": workers,
         "keys": keys,
-        "seconds_to_all_keys_watched": round(seconds, 1),
+        "seconds_to_every_key_watched": seconds,
         "seconds_to_balanced": round(balanced, 1),
         "shard_moves_while_settling": timeline.moves(),
         "settling_timeline_s_shards_keys": timeline.changes(),
+        "lease_table_s_live_counts": leases.counts,
+        "lease_bounces_shard_left_back": leases.bounces()[:40],
+        "lease_bounce_count": len(leases.bounces()),
         "load_average_1min_at_end": round(os.getloadavg()[0], 2),
         "slowest_health_poll_of_all_workers_s": round(timeline.slowest_poll, 2),
         "slowest_poll_once_every_worker_holds_shards_s": round(timeline.slowest_poll_holding, 2),

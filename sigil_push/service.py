@@ -27,7 +27,7 @@ from sigil_push.outbound import OutboundGuard
 from sigil_push.push.factory import build_senders
 from sigil_push.store.factory import PostgresStore, check_instance_key, open_store
 from sigil_push.store.interface import AuthIdStore, Database, DeviceStore, OutboxStore
-from sigil_push.store.postgres.leases import ShardLeaser
+from sigil_push.store.postgres.leases import SHARDS_CHANNEL, ShardLeaser
 from sigil_push.store.postgres.sharding import ShardWatch
 from sigil_push.store.postgres.signers import SignerSessionSync
 from sigil_push.supervisor import Supervisor
@@ -128,16 +128,22 @@ class Service:
             bridge.add_probe(canary)
         if isinstance(store, PostgresStore):
             # several workers: the bridge watches the keys of this worker's shards only
-            self._shards = ShardWatch(
+            # a join or give-back is announced, and heard as a nudge to beat at once
+            shared = store.devices
+            watch = ShardWatch(
                 ShardLeaser(store.pool, store.worker_id, config.bridge.lease_seconds),
                 bridge.reshard,
-                store.devices.narrow_to,
+                shared.narrow_to,
+                lambda: shared.announce(SHARDS_CHANNEL, "moved"),
             )
-            await self._shards.start()
+            self._shards = watch
+            await shared.also_listen(SHARDS_CHANNEL, lambda _moved: watch.nudge())
+            await watch.start()
             stack.push_async_callback(self._shards.release)
         await bridge.start()
         stack.push_async_callback(bridge.stop)
         if self._shards is not None:
+            self._shards.watching()
             stack.push_async_callback(self._shards.halt)
         if canary is not None:
             # several workers: only the holder of shard 0 probes, so N workers send one probe

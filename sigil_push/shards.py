@@ -57,6 +57,14 @@ class ShardSet:
     def __call__(self, pubkey_hex: str) -> bool:
         return shard_of(pubkey_hex, self.count) in self.held
 
+    def hex_pairs(self) -> list[str] | None:
+        """The 7th and 8th hex digits (`pubkey[6:8]`) of the keys in these shards, for a query
+        to select them by with plain SQL on either engine; None when the shard count does not
+        divide 256 (the shard then depends on more than those two digits)."""
+        if 256 % self.count:
+            return None
+        return [f"{low:02x}" for low in range(256) if low % self.count in self.held]
+
 
 def fair_share(shards: int, workers: int) -> int:
     """The most shards one of `workers` live workers should hold (rounded up, so all are held)."""

@@ -7,7 +7,9 @@ workers at once, and no (shard, epoch) ever has two owners. Waits poll with gene
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
+import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -23,7 +25,9 @@ from sigil_push.shards import (
     fair_share,
     shard_of,
 )
-from sigil_push.store.postgres.leases import ShardLeaser, check_lease, rebalance
+from sigil_push.store.postgres.database import PostgresDatabase
+from sigil_push.store.postgres.devices import PostgresDevices
+from sigil_push.store.postgres.leases import SHARDS_CHANNEL, ShardLeaser, check_lease, rebalance
 from sigil_push.store.postgres.migrate import migrate
 from sigil_push.store.postgres.sharding import ShardWatch
 from tests.support.postgres import PostgresServer
@@ -108,6 +112,17 @@ def test_shard_of_is_stable_and_spreads() -> None:
         shard_of("abc")
 
 
+def test_hex_pairs_select_exactly_the_keys_of_the_shards() -> None:
+    """`ShardSet.hex_pairs` (the query filter of a restart's baseline read) accepts a key
+    exactly when the shard set does, for shard counts dividing 256; None for the others."""
+    keys = [secrets.token_hex(32) for _ in range(2_000)]
+    for count, held in ((256, frozenset(range(0, 256, 3))), (8, frozenset({1, 6}))):
+        shards = ShardSet(held, count, held)
+        pairs = set(shards.hex_pairs() or ())
+        assert [key[6:8] in pairs for key in keys] == [shards(key) for key in keys]
+    assert ShardSet(frozenset({0}), 3, frozenset()).hex_pairs() is None
+
+
 def test_rebalance_aims_at_a_fair_split_with_a_dead_band() -> None:
     """256 shards: 2 workers rest at 128/128, 3 at 86/85/85 (85 and 86 both fair); a worker
     gives down to 85 only while another has fewer than 85, takes an extra shard only while
@@ -126,15 +141,23 @@ def test_rebalance_aims_at_a_fair_split_with_a_dead_band() -> None:
     assert rebalance(3, [], 256) == (0, 253)  # alone: everything
 
 
-async def test_a_join_settles_in_steps_and_then_nothing_moves(pool: asyncpg.Pool) -> None:
-    """Heartbeats driven one by one: the worker that holds everything gives the newcomer its
-    half in steps of shards / 8, starting one beat after it first sees it (confirmation);
-    neither count ever moves back. Once fair, heartbeats move no shard (epochs unchanged), and
-    a third worker is settled the same way to 86/85/85."""
+async def test_a_join_settles_in_one_give_back_at_start_up_then_in_steps(
+    pool: asyncpg.Pool,
+) -> None:
+    """Heartbeats driven one by one. At start-up (nothing watched yet) the worker that holds
+    everything gives the newcomer its half in one go, one beat after it first sees it
+    (confirmation); once its keys are watched (`limit_steps`), a later join is settled in steps
+    of shards / 8, so the keys left unwatched until the taker loads them stay few. Neither
+    count ever moves back. A first heartbeat and a give-back are `moved` (announced to the
+    others), a plain renewal is not; the beat that finds a worker over its share asks for an
+    early next one (`confirming`). Once fair, heartbeats move no shard (epochs unchanged):
+    86/85/85 on three workers."""
     lease = 60.0  # heartbeats are driven by hand: nothing expires during the test
     first, second, third = (ShardLeaser(pool, name, lease) for name in ("a", "b", "c"))
     assert len(await first.tick()) == DEFAULT_SHARDS
+    assert first.moved and not first.confirming
     assert await second.tick() == {}
+    assert second.moved
 
     async def beat(leasers: list[ShardLeaser]) -> list[int]:
         return [len(await leaser.tick()) for leaser in leasers]
@@ -150,12 +173,12 @@ async def test_a_join_settles_in_steps_and_then_nothing_moves(pool: asyncpg.Pool
         least, extra = divmod(DEFAULT_SHARDS, workers)
         return [least + 1] * extra + [least] * (workers - extra)
 
-    counts = await settle([first, second])
-    assert counts[0] == [DEFAULT_SHARDS, 0], "the first beat that sees the newcomer gives nothing"
-    for before, after in itertools.pairwise(counts):
-        assert 0 <= before[0] - after[0] <= first.step  # given back in steps, never taken back
-        assert after[1] >= before[1]
-    assert counts[-1] == [128, 128]
+    assert await beat([first, second]) == [DEFAULT_SHARDS, 0], "the first beat that sees it"
+    assert first.confirming and not first.moved and not second.moved
+    assert await beat([first, second]) == [128, 128], "the whole excess in one give-back"
+    assert first.moved and not first.confirming
+    assert await beat([first, second]) == [128, 128]
+    assert not first.moved and not second.moved
 
     async def epochs() -> dict[int, tuple[str, int]]:
         rows = await pool.fetch("SELECT shard, owner, epoch FROM shard_leases")
@@ -166,9 +189,15 @@ async def test_a_join_settles_in_steps_and_then_nothing_moves(pool: asyncpg.Pool
         await beat([first, second])
     assert await epochs() == settled, "a settled split moved"
 
+    for leaser in (first, second):
+        leaser.limit_steps()  # their keys are watched now
     assert await third.tick() == {}
     counts = await settle([first, second, third])
-    assert all(before[2] <= after[2] for before, after in itertools.pairwise(counts))
+    assert len(counts) > 2, "given back in one go"
+    for before, after in itertools.pairwise(counts):
+        # at most a step given back per beat (the 256th shard is taken by whoever beats first)
+        assert all(b - a <= first.step for b, a in zip(before[:2], after[:2], strict=True)), counts
+        assert before[2] <= after[2]
     settled = await epochs()
     for _ in range(5):
         await beat([first, second, third])
@@ -306,7 +335,7 @@ async def test_a_slow_reshard_does_not_let_the_leases_lapse(pool: asyncpg.Pool) 
     try:
         await watch.start()
         await until(lambda: covered([first], DEFAULT_SHARDS))
-        await other_watch.start()  # `slow` gives half back in steps, and its first reshard then hangs
+        await other_watch.start()  # `slow` gives half back, and its first reshard then hangs
         await asyncio.wait_for(applying.wait(), 60)
         await until(lambda: covered([first, other], fair_share(DEFAULT_SHARDS, 2)))
         hung = time.monotonic()
@@ -412,7 +441,7 @@ async def test_a_heartbeat_that_returns_late_does_not_make_the_bridge_reload(
                 async def heartbeat_waits() -> bool:
                     return bool(await observer.fetchval(
                         "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                        " AND query LIKE 'INSERT INTO workers%'"
+                        " AND query LIKE '%INSERT INTO workers (worker_id)%'"
                     ))
 
                 deadline = time.monotonic() + 60
@@ -461,3 +490,43 @@ async def test_renewal_does_not_wait_for_the_takeover_of_an_expired_lease(
             held = await asyncio.wait_for(worker.tick(), 30)
     assert sorted(held) == [0, 1, 2]
     assert sorted(await worker.tick()) == [0, 1, 2, 3]  # free again: taken back
+
+
+async def test_workers_started_together_split_at_once_through_announcements(
+    pool: asyncpg.Pool, postgres_url: str
+) -> None:
+    """Two workers started one after the other with a lease of 10 minutes (a heartbeat every
+    200 s): the second's join and the first's give-back are announced over NOTIFY, each heard
+    as a nudge, so the split reaches 128/128 in a few beats (the confirming one 0.5 s after
+    the first that saw the newcomer), long before any heartbeat falls due; no shard moved more
+    than once."""
+    lease = 600.0
+    leasers = [ShardLeaser(pool, f"w{i}", lease, confirm_seconds=0.5) for i in range(2)]
+    stores = [PostgresDevices(PostgresDatabase(pool), leaser.worker_id) for leaser in leasers]
+
+    async def reshard(_owns: Callable[[str], bool]) -> None:
+        return None
+
+    watches = [
+        ShardWatch(leaser, reshard, announce=functools.partial(devices.announce, SHARDS_CHANNEL, "m"))
+        for leaser, devices in zip(leasers, stores, strict=True)
+    ]
+    try:
+        for watch, devices in zip(watches, stores, strict=True):
+            await devices.listen(postgres_url)
+            await devices.also_listen(SHARDS_CHANNEL, lambda _moved, w=watch: w.nudge())
+        await watches[0].start()
+        assert watches[0].held() == list(range(DEFAULT_SHARDS))
+        await watches[1].start()
+        await until(lambda: [len(watch.held()) for watch in watches] == [128, 128], timeout=120)
+        assert covered(leasers, fair_share(DEFAULT_SHARDS, 2))
+        owners = await pool.fetch("SELECT owner, epoch FROM shard_leases")
+        # taken once by w0 (epoch 1); the half w1 holds moved once more (epoch 2)
+        assert {(str(r["owner"]), int(r["epoch"])) for r in owners} == {("w0", 1), ("w1", 2)}
+    finally:
+        for watch in watches:
+            await watch.halt()
+        for leaser in leasers:
+            await leaser.release()
+        for devices in stores:
+            await devices.close()

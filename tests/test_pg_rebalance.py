@@ -3,7 +3,7 @@
 Real `sigil-push serve` processes on a real PostgreSQL server and a real `nostr-relay`;
 pushes are the dry-run sender's log lines, counted over every worker's log. One worker runs
 alone with every shard; a second and then a third join while DMs keep arriving. The first
-gives shards back in steps, the newcomers take them and catch up from the relay's cursors,
+gives its excess back once confirmed, the newcomers take it and catch up from the relay's cursors,
 and the instance ends at 86/85/85 shards with each key watched by exactly one worker. Every DM
 is pushed exactly once (no worker dies, so nothing is in doubt), and once settled the split
 stays put: no lease changes owner while every worker renews several times.

@@ -15,7 +15,7 @@ import secrets
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import asyncpg
 import pytest
@@ -30,9 +30,11 @@ from sigil_push.bridge.pending import (
     Pending,
     in_lock_order,
 )
+from sigil_push.bridge.relay_state import RelayState
 from sigil_push.config import parse_config
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.observations import ObservationLog
+from sigil_push.relays.pool import RelayPool
 from sigil_push.shards import DEFAULT_SHARDS, ShardSet, shard_of
 from sigil_push.store.factory import open_store
 from sigil_push.store.postgres.database import numbered
@@ -164,6 +166,39 @@ async def test_start_up_subscribes_the_loaded_keys_in_chunks(
         assert max(steps) <= CHUNK, f"{max(steps)} keys subscribed in one loop turn"
         assert any(0 < count < KEYS for count in seen), "the loop never turned mid-way"
         await bridge.stop()
+    finally:
+        await observations.stop()
+        await store.close()
+
+
+async def test_a_restart_reads_only_its_shards_baselines(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    """A worker starting with half the shards reads the stored baselines of those shards' keys
+    only (narrowed in the query, not every row filtered here), and holds every one of them;
+    one starting with no shards (the others hold them all) reads none."""
+    await migrate(postgres_url)
+    keys = [secrets.token_hex(32) for _ in range(4_000)]
+    await _store(postgres_url, keys)
+    config = parse_config(
+        {"server": {"database": postgres_url}, "relay": [{"url": RELAY, "mode": "firehose"}]},
+        tmp_path / "relays.toml",
+    )
+    store = await open_store(config)
+    observations = ObservationLog(tmp_path / "observations")
+    await observations.start()
+    try:
+        for held in (frozenset(range(0, DEFAULT_SHARDS, 2)), frozenset()):
+            bridge = Bridge(config, store.devices, store.outbox, observations, SecretKey.generate())
+            ours = {key for key in keys if shard_of(key) in held}
+            store.devices.narrow_to(held, DEFAULT_SHARDS)
+            await bridge.reshard(ShardSet(held, DEFAULT_SHARDS, held))
+            await bridge.start()
+            assert bridge.baselines_of(RELAY) == ours
+            assert bridge._relays.rows_loaded == len(ours), "other shards' rows were read"
+            subs = bridge._pool.subs.get(RELAY)
+            assert set(subs.keys if subs is not None else ()) == ours
+            await bridge.stop()
     finally:
         await observations.stop()
         await store.close()
@@ -301,3 +336,57 @@ async def test_overlapping_baseline_writers_do_not_deadlock(postgres_url: str) -
         assert sorted(tuple(r) for r in rows) == [("wss://a", low), ("wss://b", high)]
     finally:
         await connection.close()
+
+
+async def test_many_baselines_are_sorted_a_chunk_per_loop_turn(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A firehose's EOSE baselines every key at once: the keys are sorted a chunk per turn of
+    the event loop (a million in one piece stalled it for seconds, past a 3 s lease), and the
+    write keeps its place in the queue meanwhile: nothing queued after it (a key leaving that
+    relay at once) is taken before it, so that key's deletion still comes after its insert."""
+    monkeypatch.setattr("sigil_push.bridge.relay_state.SORT_CHUNK", CHUNK)
+    pending = Pending()
+    state = RelayState(cast(RelayPool, None), pending, None)
+    keys = frozenset(secrets.token_hex(32) for _ in range(5 * CHUNK))
+    leaving = min(keys)
+    state.baselined(RELAY, keys)
+    state.forget_baselines([(RELAY, leaving)])
+    sizes: list[int] = []
+    rows = pending._ops[0][1]
+    while not pending:
+        assert pending.take() == ([], []), "an op was taken while the baselines were sorted"
+        sizes.append(len(rows))
+        assert len(sizes) < 10_000, "never sorted"
+        await asyncio.sleep(0)
+    await state.sorting_done()
+    assert max(b - a for a, b in zip([0, *sizes], sizes, strict=False)) <= 2 * CHUNK
+    assert len([s for s in sizes if 0 < s < len(keys)]) > 1, "the loop never turned mid-way"
+    _, ops = pending.take()
+    written = [(sql, row[1]) for sql, op_rows in ops for row in op_rows]
+    inserts = [key for sql, key in written if sql == INSERT_BASELINES]
+    assert inserts == sorted(keys)
+    assert written.index((DELETE_BASELINE, leaving)) > written.index((INSERT_BASELINES, leaving))
+
+
+async def test_a_narrowed_key_read_skips_shards_given_back_meanwhile(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    """A worker takes every shard at start-up and gives half back a second later, while it is
+    still reading its keys: the rest of the read skips the shards given back (read a group of
+    shards per query), so it reads its half of a million keys, not all of them."""
+    await migrate(postgres_url)
+    keys = [secrets.token_hex(32) for _ in range(4_000)]
+    await _store(postgres_url, keys)
+    config = parse_config({"server": {"database": postgres_url}}, tmp_path / "relays.toml")
+    store = await open_store(config)
+    kept = frozenset(range(DEFAULT_SHARDS // 2))
+    try:
+        store.devices.narrow_to(range(DEFAULT_SHARDS), DEFAULT_SHARDS)
+        read: set[str] = set()
+        async for chunk in store.devices.key_chunks():
+            read.update(chunk)
+            store.devices.narrow_to(kept, DEFAULT_SHARDS)  # given back after the first chunk
+        assert read == {key for key in keys if shard_of(key) in kept}
+    finally:
+        await store.close()

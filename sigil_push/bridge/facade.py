@@ -154,7 +154,8 @@ class Bridge:
         await self._seen.load()
         await lists.load()
         async with self._registry.changing:  # a reshard meanwhile waits for the whole load
-            baselined = await self._relays.load(db, lists, self._registry.holds)
+            registry = self._registry
+            baselined = await self._relays.load(db, lists, registry.holds, registry.held_pairs)
             await self._registry.load(baselined)
 
     async def stop(self) -> None:
@@ -163,6 +164,7 @@ class Bridge:
             await self._inboxes.stop()
         await self._pool.stop()
         self._ingest.stop()
+        await self._relays.sorting_done()  # baselines still being sorted go with the last commit
         self._committer.stop()
         committer, *others = self._tasks
         for task in others:

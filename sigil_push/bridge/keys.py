@@ -78,6 +78,15 @@ class KeyRegistry:
                     self._add_relays(known.get(pubkey, pubkey), relays)
             await asyncio.sleep(0)
 
+    def held_pairs(self) -> list[str] | None:
+        """`pubkey[6:8]` of every key `holds` may accept (the canary's included), for reading
+        stored rows of ours only; None: no such narrowing (every key, or an odd shard count)."""
+        owns = self._owns
+        pairs = owns.hex_pairs() if isinstance(owns, ShardSet) else None
+        if pairs is not None and self._probe is not None:
+            pairs = sorted({*pairs, self._probe.pubkey[6:8]})
+        return pairs
+
     def holds(self, pubkey: str) -> bool:
         """Ours to watch: in our shards, or the canary's."""
         return self._owns(pubkey) or (self._probe is not None and pubkey == self._probe.pubkey)

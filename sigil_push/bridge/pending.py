@@ -128,6 +128,7 @@ class Pending:
         self._arrivals: list[Arrival] = []
         self._by_relay: dict[str, int] = {}
         self._ops: list[DbOp] = []
+        self._unready: list[list[tuple[Any, ...]]] = []  # rows of `reserve`d ops being filled
         self.work = asyncio.Event()
         self._drained = asyncio.Event()
 
@@ -140,8 +141,29 @@ class Pending:
         self._ops.append((sql, rows))
         self.work.set()
 
+    def reserve(self, sql: str) -> list[tuple[Any, ...]]:
+        """Queue `sql` now with rows still to come: the caller fills the returned list over
+        several turns of the event loop and then calls `ready`. Until then neither it nor any
+        op queued after it is taken, so the writes keep the order they were queued in."""
+        rows: list[tuple[Any, ...]] = []
+        self._ops.append((sql, rows))
+        self._unready.append(rows)
+        return rows
+
+    def ready(self, rows: list[tuple[Any, ...]]) -> None:
+        """The rows of a `reserve`d op are complete."""
+        self._unready = [other for other in self._unready if other is not rows]
+        self.work.set()
+
+    def _ready_ops(self) -> int:
+        """How many queued ops come before the first one still being filled."""
+        for index, (_, rows) in enumerate(self._ops):
+            if any(rows is other for other in self._unready):
+                return index
+        return len(self._ops)
+
     def __bool__(self) -> bool:
-        return bool(self._arrivals or self._ops)
+        return bool(self._arrivals) or self._ready_ops() > 0
 
     def take(self) -> tuple[list[Arrival], list[DbOp]]:
         """The next batch, and the queued bookkeeping once no arrival is left behind it."""
@@ -157,7 +179,9 @@ class Pending:
         if not self._arrivals:
             # a baseline (from an EOSE) is stored only with or after every event the relay sent
             # before that EOSE, or a crash could leave a baseline whose events were never seen
-            ops, self._ops = _first_rows(in_lock_order(self._ops), OP_ROWS_PER_COMMIT)
+            cut = self._ready_ops()
+            ops, rest = _first_rows(in_lock_order(self._ops[:cut]), OP_ROWS_PER_COMMIT)
+            self._ops = rest + self._ops[cut:]
         QUEUE.set(len(self._arrivals))
         self._drained.set()
         return batch, ops

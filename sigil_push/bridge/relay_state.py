@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Collection, Iterable
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Sequence
 
 from sigil_push.bridge.pending import (
     DELETE_BASELINE,
@@ -26,22 +26,37 @@ BASELINE_PAGE = 10_000
 once, and a million rows alive together were the biggest part of a restart's peak."""
 
 
+SORT_CHUNK = 20_000
+"""Baselined keys sorted per turn of the event loop (see `RelayState.baselined`)."""
+
+
 ADOPT_BATCH = 10_000
 """Keys per query when a reshard takes the baselines of arriving keys: one `IN` list (within
 both engines' parameter limits: 32,767 on PostgreSQL, 32,766 on SQLite since 3.32). At 1,000
 per query the round trips took 6x as long."""
 
 
-async def _baseline_rows(db: Database, turn: asyncio.Lock) -> AsyncIterator[tuple[str, str]]:
+async def _baseline_rows(
+    db: Database, turn: asyncio.Lock, held_pairs: Callable[[], Sequence[str] | None]
+) -> AsyncIterator[tuple[str, str]]:
     """Every (relay, pubkey) baseline, BASELINE_PAGE rows per query in primary key order (each
-    page starts after the last row of the one before, so it is an index range on both engines)."""
+    page starts after the last row of the one before, so it is an index range on both engines);
+    with `held_pairs()` (asked again for every page: shards given back meanwhile drop out),
+    only keys whose `pubkey[6:8]` is one of them (a worker's shards): the server skips the
+    other workers' rows instead of sending them all to be dropped here."""
     after = ("", "")
     while True:
+        pairs = held_pairs()
+        narrow = ""
+        if pairs is not None:
+            if not pairs:  # no shards (left): none of the rows is ours
+                return
+            narrow = f" AND substr(pubkey, 7, 2) IN ({', '.join('?' * len(pairs))})"
         async with turn:
             rows = list(await db.execute_fetchall(
                 "SELECT relay, pubkey FROM relay_baselines WHERE (relay, pubkey) > (?, ?)"
-                " ORDER BY relay, pubkey LIMIT ?",
-                (*after, BASELINE_PAGE),
+                f"{narrow} ORDER BY relay, pubkey LIMIT ?",
+                (*after, *(pairs or ()), BASELINE_PAGE),
             ))
         for relay, pubkey in rows:
             yield str(relay), str(pubkey)
@@ -72,11 +87,20 @@ class RelayState:
         self._turn = turn if turn is not None else asyncio.Lock()
         self.rows_adopted = 0
         """Baseline rows read by `adopt` (what a reshard costs the database)."""
+        self._sorting: set[asyncio.Task[None]] = set()
+        self.rows_loaded = 0
+        """Baseline rows read by `load` (what a start costs the database)."""
 
     async def load(
-        self, db: Database, lists: RelayLists, held: Callable[[str], bool]
+        self,
+        db: Database,
+        lists: RelayLists,
+        held: Callable[[str], bool],
+        held_pairs: Callable[[], Sequence[str] | None] = lambda: None,
     ) -> dict[str, str]:
-        """The stored baselines of the keys `held` accepts, and every relay's cursor.
+        """The stored baselines of the keys `held` accepts (read narrowed to the keys whose
+        `pubkey[6:8]` is in `held_pairs()`, unless None: see `KeyRegistry.held_pairs`), and
+        every relay's cursor.
 
         Returns each baselined key's string, for the key registry to use as its own: a key is
         one string shared by its baselines on every relay and the registry, not a copy per
@@ -84,7 +108,8 @@ class RelayState:
         self._db, self._lists = db, lists
         canonical: dict[str, str] = {}
         baselines: dict[str, set[str]] = {}
-        async for relay, pubkey in _baseline_rows(db, self._turn):
+        async for relay, pubkey in _baseline_rows(db, self._turn, held_pairs):
+            self.rows_loaded += 1
             # several workers: hold only our shards' baselines (`adopt` loads the others')
             if held(pubkey):
                 baselines.setdefault(relay, set()).add(canonical.setdefault(pubkey, pubkey))
@@ -139,11 +164,51 @@ class RelayState:
     # pool and per-user connection callbacks -----------------------------------------------
 
     def baselined(self, url: str, keys: frozenset[str]) -> None:
+        """Store these keys as baselined on `url`, in key order: a firehose baselines every key
+        at once, and a million rows inserted in random order into the table's two B-trees took
+        PostgreSQL 107 s, 33 s sorted, all of it with the committer's connection busy.
+
+        Many keys are sorted over several turns of the event loop (`_sort_into`): sorting a
+        million in one piece took 1.75 s of CPU, seconds on a loaded machine, and the lease
+        heartbeat waiting behind it let a 3 s lease expire. The write keeps its place in the
+        queue meanwhile (`Pending.reserve`)."""
         now = int(time.time())
-        # in key order: a firehose baselines every key at once, and a million rows inserted in
-        # random order into the table's two B-trees took PostgreSQL 107 s, 33 s sorted, all of
-        # it with the committer's connection busy
-        self._pending.add_op(INSERT_BASELINES, [(url, pubkey, now) for pubkey in sorted(keys)])
+        if len(keys) <= SORT_CHUNK:
+            self._pending.add_op(INSERT_BASELINES, [(url, key, now) for key in sorted(keys)])
+            return
+        rows = self._pending.reserve(INSERT_BASELINES)
+        task = asyncio.create_task(self._sort_into(rows, url, keys, now), name="baselines-sort")
+        self._sorting.add(task)
+        task.add_done_callback(self._sorting.discard)
+
+    async def sorting_done(self) -> None:
+        """Wait for the baselines being sorted to be queued (before the last commit)."""
+        while self._sorting:
+            await asyncio.gather(*self._sorting)
+
+    async def _sort_into(
+        self, rows: list[tuple[str, str, int]], url: str, keys: frozenset[str], now: int
+    ) -> None:
+        """Fill `rows` with `keys` in order, SORT_CHUNK keys per turn of the event loop: split
+        by their first two hex digits, then each part sorted in turn (in digit order, so the
+        whole is sorted). Cancelled part-way, the rows so far (a sorted prefix) still go."""
+        try:
+            parts: dict[str, list[str]] = {}
+            for index, key in enumerate(keys, 1):
+                parts.setdefault(key[:2], []).append(key)
+                if index % SORT_CHUNK == 0:
+                    await asyncio.sleep(0)
+            done = 0
+            for prefix in sorted(parts):
+                part = parts.pop(prefix)
+                part.sort()
+                rows.extend((url, key, now) for key in part)
+                done += len(part)
+                if done >= SORT_CHUNK:
+                    done = 0
+                    await asyncio.sleep(0)
+        finally:
+            self._pending.ready(rows)
 
     def baselines_of(self, url: str) -> set[str]:
         return self._pool.baselines_of(url)

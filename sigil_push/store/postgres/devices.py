@@ -47,6 +47,8 @@ def _device(row: asyncpg.Record) -> Device:
 CHANNEL = "sigil_push_devices"
 KEY_CHUNK = 10_000
 """Rows per round trip when `watched_keys` reads the registered keys."""
+SHARD_GROUP = 16
+"""Shards per query when a narrowed worker reads its keys (see `key_chunks`)."""
 RELISTEN_SECONDS = 1.0
 log = logging.getLogger(__name__)
 
@@ -262,16 +264,32 @@ class PostgresDevices:
         were a million records and relay strings alive together, the start-up's memory peak;
         and the caller applies each chunk before the next is read, yielding to the event loop
         in between. A key with several devices may come in more than one chunk (no order is
-        asked for: it would cost the server a sort of every row).
+        asked for: it would cost the server a sort of every row). Narrowed, the shards are read
+        SHARD_GROUP at a time, skipping those no longer ours when their turn comes.
         """
         args: tuple[object, ...] = ()
         if shards is not None:
             sql, args = shard_keys_sql(count), (sorted(shards),)
         elif self._shards is not None:
+            # a group of shards per query, each only if still ours: a worker that took every
+            # shard at start-up and gave half back a second later reads its half, not all
             narrowed, narrowed_count = self._shards
-            sql, args = shard_keys_sql(narrowed_count), (narrowed,)
+            for start in range(0, len(narrowed), SHARD_GROUP):
+                current = self._shards
+                held = set(current[0]) if current[1] == narrowed_count else set()
+                group = [s for s in narrowed[start : start + SHARD_GROUP] if s in held]
+                if group:
+                    async for chunk in self._chunks(shard_keys_sql(narrowed_count), (group,)):
+                        yield chunk
+            return
         else:
             sql = "SELECT pubkey, relays FROM devices"
+        async for chunk in self._chunks(sql, args):
+            yield chunk
+
+    async def _chunks(
+        self, sql: str, args: tuple[object, ...]
+    ) -> AsyncIterator[dict[str, tuple[str, ...]]]:
         async with self._db.connection() as connection, connection.transaction():
             chunk: dict[str, tuple[str, ...]] = {}
             async for row in connection.cursor(sql, *args, prefetch=KEY_CHUNK):

@@ -6,6 +6,11 @@ reshard never delays a renewal. The bridge follows what the last successful hear
 confirmed, even when it came back late. When heartbeats fail, what is held lapses by itself a
 lease period after the last renewal, and the bridge then lets go of those keys too: a worker
 cut off from the database stops watching keys that another worker is about to take over.
+
+A heartbeat that moved shards for the others (a join, a give-back, a clean stop) is announced,
+and hearing another worker's announcement (`nudge`) brings this worker's next heartbeat
+forward: two workers started together split the shards in a few round trips instead of a
+heartbeat per step.
 """
 
 from __future__ import annotations
@@ -30,17 +35,27 @@ SHARDS_HELD = Gauge("sigil_push_worker_shards", "Key shards this worker holds", 
 
 Reshard = Callable[[ShardSet], Awaitable[None]]
 Narrow = Callable[[Collection[int], int], None]
+Announce = Callable[[], Awaitable[None]]
 
 
 class ShardWatch:
     """Drives one worker's `ShardLeaser` and tells `reshard` whenever its shards change."""
 
-    def __init__(self, leaser: ShardLeaser, reshard: Reshard, narrow: Narrow | None = None) -> None:
+    def __init__(
+        self,
+        leaser: ShardLeaser,
+        reshard: Reshard,
+        narrow: Narrow | None = None,
+        announce: Announce | None = None,
+    ) -> None:
         """`narrow` (the device store's) is told the shards before `reshard`, so the keys the
-        bridge then reads are this worker's only."""
+        bridge then reads are this worker's only. `announce` tells the other workers that a
+        heartbeat moved shards (their `nudge`)."""
         self._leaser = leaser
         self._reshard = reshard
         self._narrow = narrow
+        self._announce = announce
+        self._nudged = asyncio.Event()
         self._held: frozenset[int] | None = None  # None: the bridge not yet told anything
         self._target: frozenset[int] = frozenset()  # what the last heartbeat says to watch
         self._tasks: list[asyncio.Task[None]] = []
@@ -71,6 +86,15 @@ class ShardWatch:
             supervise("shard-apply", self._apply_changes),
         ]
 
+    def watching(self) -> None:
+        """The bridge has started: its keys are watched, so give shards back in steps from
+        now on (see `ShardLeaser.limit_steps`)."""
+        self._leaser.limit_steps()
+
+    def nudge(self) -> None:
+        """Another worker moved shards (joined, gave some back, stopped): beat now."""
+        self._nudged.set()
+
     async def _tick(self) -> frozenset[int]:
         """One heartbeat; the shards the bridge should watch now.
 
@@ -83,7 +107,10 @@ class ShardWatch:
         lets go of its keys.
         """
         try:
-            return frozenset(await self._leaser.tick())
+            held = frozenset(await self._leaser.tick())
+            if self._leaser.moved and self._announce is not None:
+                await self._announce()
+            return held
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
             log.warning("shard lease heartbeat failed: %s", type(exc).__name__)
             return frozenset(self._leaser.held())
@@ -108,7 +135,12 @@ class ShardWatch:
 
     async def _renew(self) -> None:
         while True:
-            await asyncio.sleep(self._leaser.lease_seconds / 3)
+            leaser = self._leaser
+            beat = leaser.confirm_seconds if leaser.confirming else leaser.lease_seconds / 3
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(beat):
+                    await self._nudged.wait()
+            self._nudged.clear()
             self._target = await self._tick()
             if self._target != self._held:
                 self._changed.set()
@@ -136,3 +168,5 @@ class ShardWatch:
         self._held = frozenset()
         self._gauge.set(0)
         await self._leaser.release()
+        if self._announce is not None:
+            await self._announce()
