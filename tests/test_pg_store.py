@@ -120,7 +120,7 @@ async def test_seen_ids_survive_a_restart_and_are_pruned_after_retention(store: 
     await restarted.load()
     assert restarted.delivered_by(ids[0], "wss://a")
     assert not restarted.delivered_by(ids[0], "wss://z")
-    await restarted.save([], [(ids[0], "wss://b", 1000)])
+    await restarted.save([], [(ids[0], "wss://b")])
     again = SeenEvents(store.db, retention_seconds=1000, cache_size=10)
     await again.lookup([ids[0]])
     assert again.delivered_by(ids[0], "wss://b")
