@@ -13,7 +13,9 @@ Housekeeping keeps the folder bounded: a finished hour is gzip-compressed to
 retention are deleted, and the folder's size is a gauge. It runs in a worker thread. The writer's
 lock is held only while a finished hour is moved aside for compression, so the writer never
 waits on gzip and a late record for that hour is never lost: it lands in a fresh `.jsonl` that
-the next round merges into the hour's `.gz`.
+the next round merges into the hour's `.gz`. A `.gz` that cannot be read when a late record is
+merged into it (cut short, corrupt) is renamed `<name>.damaged` for an operator, counted and
+logged, and the hour's `.gz` starts afresh: one damaged file never stops the rounds.
 
 Workers sharing a folder take turns at housekeeping: a round holds an exclusive `flock` on the
 folder's `.observations.lock` (a worker that finds it held skips its round; the holder does the
@@ -38,13 +40,14 @@ import re
 import shutil
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from prometheus_client import Gauge
+from prometheus_client import Counter, Gauge
 
 from sigil_push.supervisor import supervise
 
@@ -59,6 +62,10 @@ HOUSEKEEPING_SECONDS = 300.0
 HOUR_MS = 3_600_000
 DAY_MS = 24 * HOUR_MS
 STAGED_SUFFIX = ".compressing"
+DAMAGED_SUFFIX = ".damaged"
+"""Added to a `.gz` housekeeping could not read: kept for an operator, ignored by analytics
+(it reads `.jsonl` and `.jsonl.gz` only) and by the retention."""
+COPY_CHUNK_BYTES = 1 << 20
 LOCK_NAME = ".observations.lock"
 """Held (flock) by the one housekeeping round running on the folder, whichever process runs it;
 a dot-file, so analytics never reads it."""
@@ -78,6 +85,10 @@ LOG_BYTES = Gauge(
     "sigil_push_observations_bytes", "Size on disk of the observation log folder's hourly files"
 )
 LOG_FILES = Gauge("sigil_push_observations_files", "Hourly files in the observation log folder")
+DAMAGED_FILES = Counter(
+    "sigil_push_observations_damaged_files_total",
+    "Compressed hours of the observation log found unreadable by housekeeping and moved aside",
+)
 
 
 def now_ms() -> int:
@@ -141,9 +152,9 @@ class ObservationLog:
 
     async def start(self) -> None:
         self._folder.mkdir(parents=True, exist_ok=True)
-        # supervised: a round that fails on something other than the disk (a damaged `.gz`
-        # raises EOFError or zlib.error) is logged, counted and retried instead of ending
-        # housekeeping for good without a word
+        # supervised: a round that fails on something other than the disk is logged, counted
+        # and retried instead of ending housekeeping for good without a word (a damaged `.gz`
+        # is not such a failure: it is moved aside, see `_gzip_staged`)
         self._tasks = [
             supervise("observation-log", self._run),
             supervise("observation-housekeeping", self._housekeeping_loop),
@@ -404,17 +415,55 @@ class ObservationLog:
     @staticmethod
     def _gzip_staged(staged: Path) -> None:
         """Append a staged hour to that hour's `.gz` (rewritten under a temporary name and
-        renamed, so a reader sees the old or the new file, never half of one)."""
+        renamed, so a reader sees the old or the new file, never half of one).
+
+        A `.gz` that cannot be read to its end (cut short by a copy or a disk fault, or
+        corrupt) would fail this, and with it every later round, until an operator moved it:
+        it is moved aside instead (`DAMAGED_SUFFIX`, a name neither analytics nor the retention
+        reads), counted and logged, and the staged records start the hour's `.gz` afresh."""
         target = staged.with_name(staged.name.removesuffix(STAGED_SUFFIX) + ".gz")
         partial = target.with_name(target.name + ".partial")
-        with gzip.open(partial, "wb") as out:
-            if target.exists():
-                with gzip.open(target, "rb") as earlier:
-                    shutil.copyfileobj(earlier, out)
-            with open(staged, "rb") as source:
-                shutil.copyfileobj(source, out)
+        damage = _gzip_into(partial, target if target.exists() else None, staged)
+        if damage is not None:
+            aside = _set_aside(target)
+            DAMAGED_FILES.inc()
+            # the error's type only: a BadGzipFile message quotes the file's first bytes
+            log.warning("observation log: %s is damaged (%s.%s), moved aside as %s",
+                        target.name, type(damage).__module__, type(damage).__name__, aside.name)
+            _gzip_into(partial, None, staged)
         os.replace(partial, target)
         staged.unlink()
+
+
+def _gzip_into(partial: Path, earlier: Path | None, staged: Path) -> Exception | None:
+    """Write `earlier`'s records (a `.gz`), then `staged`'s, to the `.gz` `partial`. Returns
+    what made `earlier` unreadable, if it was (`partial` is then unfinished); errors writing
+    `partial` or reading `staged` are the disk's and raise."""
+    with gzip.open(partial, "wb") as out:
+        if earlier is not None:
+            with gzip.open(earlier, "rb") as source:
+                while True:
+                    try:
+                        chunk = source.read(COPY_CHUNK_BYTES)
+                    except (EOFError, gzip.BadGzipFile, zlib.error) as damage:
+                        return damage
+                    if not chunk:
+                        break
+                    out.write(chunk)
+        with open(staged, "rb") as source:
+            shutil.copyfileobj(source, out)
+    return None
+
+
+def _set_aside(path: Path) -> Path:
+    """Rename `path` to `<name>.damaged` (`.damaged.2`, ... if taken); returns the new path."""
+    aside = path.with_name(path.name + DAMAGED_SUFFIX)
+    tries = 1
+    while aside.exists():
+        tries += 1
+        aside = path.with_name(f"{path.name}{DAMAGED_SUFFIX}.{tries}")
+    os.replace(path, aside)
+    return aside
 
 
 @contextlib.contextmanager

@@ -13,7 +13,8 @@ import pytest
 
 from sigil_push.delegated_auth import DelegatedAuth, DelegatedAuthUnavailable
 from sigil_push.nostr.keys import SecretKey
-from sigil_push.nostr.nip46 import BunkerUri, ForbiddenRequest, _request
+from sigil_push.nostr.nip46 import BunkerUri, ForbiddenRequest, Response, _request, connect_request
+from sigil_push.relays.signer_link import SignerRelayLink
 from sigil_push.store.factory import PostgresStore, SqliteStore
 from tests.support.relay import RelayProcess, free_port
 from tests.support.remote_signer import RemoteSigner
@@ -154,3 +155,31 @@ async def test_sessions_beyond_one_subscription_chunk_are_answered(
     for signer in signers:
         event = await auth.sign_auth(signer.user_hex, "wss://inbox.example", "c")
         assert event.pubkey == signer.user_hex
+
+
+async def test_a_request_cancelled_as_its_answer_lands_stays_cancelled(
+    signer_relay: RelayProcess,
+) -> None:
+    """A session's handshake is stopped by cancelling it; on Python 3.11 `asyncio.wait_for`
+    returned the answer instead when the cancellation landed in the turn the answer arrived,
+    and a retrying session went on after its stop. Here the answer is set and the request
+    cancelled in one turn, as the link's reader and a stop would: the request ends cancelled.
+    The relay is real; the answer is the test's (a signer cannot be timed to the turn)."""
+    link = SignerRelayLink(signer_relay.url)
+    client, signer = SecretKey.generate(), SecretKey.generate()
+    request_id, message = connect_request(client, BunkerUri(signer.public_key_hex, (), None))
+    task = asyncio.create_task(link.request(client, request_id, message, 60))
+    try:
+        for _ in range(6000):  # until the request waits on its answer
+            entry = link._pending.get(request_id)
+            if entry is not None and entry[1]._callbacks:
+                break
+            await asyncio.sleep(0.01)
+        else:
+            raise AssertionError("the request never waited for its answer")
+        entry[1].set_result(Response(request_id, "ack", None))
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    finally:
+        await link.close()

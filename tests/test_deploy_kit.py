@@ -64,6 +64,7 @@ ALERTS = {
     "SigilPushOutboxStuck",
     "SigilPushWakeupFailures",
     "SigilPushTaskRestarting",
+    "SigilPushObservationFileDamaged",
 }
 
 
@@ -126,7 +127,7 @@ def test_every_dashboard_query_names_a_metric_the_service_exposes(exposed: set[s
 
 
 def test_alert_rules_are_valid_and_name_exposed_metrics(exposed: set[str]) -> None:
-    """The five alerts of issue 12 exist and query only exposed series; with promtool they
+    """The alerts (issue 12's five, and the damaged observation file) exist and query only exposed series; with promtool they
     pass `check rules` and their unit tests (each alert fires where it should, and only)."""
     groups = yaml.safe_load(RULES.read_text())["groups"]
     rules = [rule for group in groups for rule in group["rules"]]

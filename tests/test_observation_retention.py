@@ -12,12 +12,14 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import logging
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
 from prometheus_client import REGISTRY
 
 from sigil_push.observations import LOCK_NAME, ObservationLog, file_name_for
@@ -232,27 +234,72 @@ async def test_a_staged_hour_is_finished_by_one_worker_only(tmp_path: Path) -> N
     assert read_hour(tmp_path, orphan) == lines(2, "compressed earlier") + lines(3, "staged by w0")
 
 
-async def test_housekeeping_that_fails_on_a_damaged_file_is_restarted_not_lost(
-    tmp_path: Path,
+def _damaged(whole: bytes, damage: str) -> bytes:
+    """A `.gz` as a copy cut short, a disk fault or a stray file leave it."""
+    if damage == "truncated":
+        return whole[: len(whole) // 2]
+    if damage == "corrupt":
+        return whole[:40] + bytes(b ^ 0xFF for b in whole[40:80]) + whole[80:]
+    return b"not a gzip file\n"
+
+
+@pytest.mark.parametrize("damage", ["truncated", "corrupt", "not gzip"])
+async def test_a_damaged_hour_is_moved_aside_and_housekeeping_goes_on(
+    tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A finished hour's `.gz` was cut short (a copy, a disk fault) and a late record for that
-    hour waits to be merged into it: reading the `.gz` fails with EOFError, which is not an
-    OSError. Housekeeping is restarted and counted in `sigil_push_task_restarts_total` (what
-    the SigilPushTaskRestarting alert watches) instead of ending for good without a word, the
-    late record stays on disk, and the log stops cleanly."""
+    """A finished hour's `.gz` is damaged and a late record for that hour waits to be merged
+    into it: reading it fails (EOFError, zlib.error or BadGzipFile), which used to fail every
+    round until an operator moved the file, so no later hour was compressed either. Now the
+    damaged file is moved aside as `<name>.damaged` (analytics reads `.jsonl` and `.jsonl.gz`
+    only), counted in `sigil_push_observations_damaged_files_total` and logged by name (no
+    record in the log line); the late record starts the hour's `.gz` afresh and the round goes
+    on to the next hour, with no restart of the housekeeping task."""
     now = int(time.time() * 1000)
     hour = file_name_for(now - 3 * HOUR_MS)
-    whole = gzip.compress(lines(100, "earlier"))
-    (tmp_path / (hour + ".gz")).write_bytes(whole[: len(whole) // 2])
+    later = file_name_for(now - 2 * HOUR_MS)  # after the damaged hour in the round's order
+    damaged = _damaged(gzip.compress(lines(100, "earlier")), damage)
+    (tmp_path / (hour + ".gz")).write_bytes(damaged)
     (tmp_path / hour).write_bytes(lines(1, "late"))
+    (tmp_path / later).write_bytes(lines(2, "later"))
+
+    def sample(name: str, labels: dict[str, str] | None = None) -> float:
+        return REGISTRY.get_sample_value(name, labels or {}) or 0.0
 
     def restarts() -> float:
-        labels = {"task": "observation-housekeeping"}
-        return REGISTRY.get_sample_value("sigil_push_task_restarts_total", labels) or 0.0
+        return sample("sigil_push_task_restarts_total", {"task": "observation-housekeeping"})
 
-    before = restarts()
+    def damaged_files() -> float:
+        return sample("sigil_push_observations_damaged_files_total")
+
+    restarts_before, damaged_before = restarts(), damaged_files()
     log = ObservationLog(tmp_path, retention_days=0)
-    await log.start()
-    await eventually(lambda: restarts() >= before + 2, "housekeeping failed, and again")
-    await log.stop()
-    assert (tmp_path / (hour + ".compressing")).read_bytes() == lines(1, "late")
+    with caplog.at_level(logging.WARNING, logger="sigil_push.observations"):
+        await log.start()
+        await eventually(lambda: (tmp_path / (later + ".gz")).exists(), "the later hour compressed")
+        await log.stop()
+
+    assert damaged_files() == damaged_before + 1
+    assert restarts() == restarts_before
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [hour + ".gz", hour + ".gz.damaged", later + ".gz", LOCK_NAME]
+    )
+    assert (tmp_path / (hour + ".gz.damaged")).read_bytes() == damaged, "kept as it was"
+    assert read_hour(tmp_path, hour) == lines(1, "late")
+    assert read_hour(tmp_path, later) == lines(2, "later")
+    (warning,) = [r.getMessage() for r in caplog.records if "damaged" in r.getMessage()]
+    assert hour in warning
+    assert "earlier" not in warning and "late" not in warning and "relay" not in warning
+
+
+def test_a_second_damage_of_one_hour_keeps_the_first_aside(tmp_path: Path) -> None:
+    """The same hour damaged again: the first damaged file is not overwritten."""
+    now = int(time.time() * 1000)
+    hour = file_name_for(now - 3 * HOUR_MS)
+    log = ObservationLog(tmp_path, retention_days=0)
+    for round_number in (1, 2):
+        (tmp_path / (hour + ".gz")).write_bytes(b"damage %d" % round_number)
+        (tmp_path / hour).write_bytes(lines(1, "late"))
+        log.tidy(now)
+    assert (tmp_path / (hour + ".gz.damaged")).read_bytes() == b"damage 1"
+    assert (tmp_path / (hour + ".gz.damaged.2")).read_bytes() == b"damage 2"
+    assert read_hour(tmp_path, hour) == lines(1, "late")

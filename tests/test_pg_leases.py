@@ -15,7 +15,14 @@ import asyncpg
 import pytest
 from prometheus_client import REGISTRY
 
-from sigil_push.shards import DEFAULT_SHARDS, Lease, StaleLease, fair_share, shard_of
+from sigil_push.shards import (
+    DEFAULT_SHARDS,
+    Lease,
+    ShardSet,
+    StaleLease,
+    fair_share,
+    shard_of,
+)
 from sigil_push.store.postgres.leases import ShardLeaser, check_lease, rebalance
 from sigil_push.store.postgres.migrate import migrate
 from sigil_push.store.postgres.sharding import ShardWatch
@@ -73,6 +80,16 @@ def covered(leasers: list[ShardLeaser], each_at_most: int) -> bool:
     views = [leaser.held() for leaser in leasers]
     shards = set().union(*views)
     return shards == set(range(DEFAULT_SHARDS)) and all(len(view) <= each_at_most for view in views)
+
+
+async def _no_keys(_shards: ShardSet) -> None:
+    """The bridge's side of a shard change, in tests of the leases alone: nothing to load."""
+
+
+def heartbeating(leaser: ShardLeaser) -> ShardWatch:
+    """`leaser` driven as `serve` drives it: a ShardWatch (supervised heartbeats) over a
+    bridge with no keys."""
+    return ShardWatch(leaser, _no_keys)
 
 
 @pytest.fixture
@@ -162,24 +179,26 @@ async def test_a_join_settles_in_steps_and_then_nothing_moves(pool: asyncpg.Pool
 
 async def test_join_leave_and_die(pool: asyncpg.Pool) -> None:
     workers = [ShardLeaser(pool, f"w{i}", LEASE_SECONDS) for i in range(3)]
+    watches = [heartbeating(worker) for worker in workers]
     monitor = Monitor(workers)
     try:
-        workers[0].start()
+        await watches[0].start()
         await until(lambda: covered(workers[:1], DEFAULT_SHARDS))
-        workers[1].start()
+        await watches[1].start()
         await until(lambda: covered(workers[:2], fair_share(DEFAULT_SHARDS, 2)))
-        workers[2].start()
+        await watches[2].start()
         await until(lambda: covered(workers, fair_share(DEFAULT_SHARDS, 3)))
 
         # a clean leave: the shards are given back and taken by the other two
-        await workers[0].stop()
+        await watches[0].halt()
+        await watches[0].release()
         await until(lambda: covered(workers[1:], fair_share(DEFAULT_SHARDS, 2)))
 
         # a death: w1 stops heartbeating without giving anything back
         orphans = workers[1].held()
         assert orphans
         died = time.monotonic()
-        await workers[1].halt()
+        await watches[1].halt()
         await until(lambda: set(orphans) <= set(workers[2].held()))
         handover = time.monotonic() - died
         # design bound: the lease runs out, then the next heartbeat (lease/3) takes it
@@ -201,8 +220,8 @@ async def test_join_leave_and_die(pool: asyncpg.Pool) -> None:
                 await connection.execute("INSERT INTO probe VALUES ($1)", shard)
             assert await connection.fetchval("SELECT count(*) FROM probe") == 1
     finally:
-        for worker in workers:
-            await worker.halt()
+        for watch in watches:
+            await watch.halt()
         await monitor.close()
     assert len(monitor.owners) >= DEFAULT_SHARDS
 
@@ -249,9 +268,10 @@ async def test_heartbeat_survives_a_lost_database_and_the_view_lapses(
     """Cut the worker off: its belief in its leases lapses; reconnected, it takes them back."""
     name = postgres_url.rsplit("/", 1)[1]
     worker = ShardLeaser(pool, "lonely", LEASE_SECONDS, shards=8)
+    watch = heartbeating(worker)
     admin = await asyncpg.connect(postgres_server.url())
     try:
-        worker.start()
+        await watch.start()
         await until(lambda: len(worker.held()) == 8)
         await admin.execute(f"ALTER DATABASE {name} ALLOW_CONNECTIONS false")
         await admin.execute(
@@ -261,7 +281,7 @@ async def test_heartbeat_survives_a_lost_database_and_the_view_lapses(
         await admin.execute(f"ALTER DATABASE {name} ALLOW_CONNECTIONS true")
         await until(lambda: len(worker.held()) == 8)
     finally:
-        await worker.halt()
+        await watch.halt()
         await admin.close()
 
 
@@ -281,11 +301,12 @@ async def test_a_slow_reshard_does_not_let_the_leases_lapse(pool: asyncpg.Pool) 
     first = ShardLeaser(pool, "slow", LEASE_SECONDS)
     watch = ShardWatch(first, reshard)
     other = ShardLeaser(pool, "other", LEASE_SECONDS)
+    other_watch = heartbeating(other)
     monitor = Monitor([first, other])
     try:
         await watch.start()
         await until(lambda: covered([first], DEFAULT_SHARDS))
-        other.start()  # `slow` gives half back in steps, and its first reshard then hangs
+        await other_watch.start()  # `slow` gives half back in steps, and its first reshard then hangs
         await asyncio.wait_for(applying.wait(), 60)
         await until(lambda: covered([first, other], fair_share(DEFAULT_SHARDS, 2)))
         hung = time.monotonic()
@@ -296,8 +317,9 @@ async def test_a_slow_reshard_does_not_let_the_leases_lapse(pool: asyncpg.Pool) 
     finally:
         release.set()
         await watch.halt()
-        await other.stop()
-        await first.stop()
+        await other_watch.halt()
+        await other.release()
+        await first.release()
         await monitor.close()
 
 
@@ -335,7 +357,7 @@ async def test_a_heartbeat_loop_that_fails_unexpectedly_is_restarted(pool: async
         assert len(leaser.held()) == 8, "the leases lapsed"
     finally:
         await watch.halt()
-        await leaser.stop()
+        await leaser.release()
 
 
 async def test_a_failed_reshard_is_applied_again_at_the_next_heartbeat(pool: asyncpg.Pool) -> None:
@@ -353,15 +375,17 @@ async def test_a_failed_reshard_is_applied_again_at_the_next_heartbeat(pool: asy
     first = ShardLeaser(pool, "first", LEASE_SECONDS, shards=shards)
     watch = ShardWatch(first, reshard)
     other = ShardLeaser(pool, "other", LEASE_SECONDS, shards=shards)
+    other_watch = heartbeating(other)
     try:
         await watch.start()
-        other.start()
+        await other_watch.start()
         await until(lambda: applied.count(shards // 2) >= 2)
         assert watch.held() == sorted(first.held())
     finally:
         await watch.halt()
-        await other.stop()
-        await first.stop()
+        await other_watch.halt()
+        await other.release()
+        await first.release()
 
 
 async def test_a_heartbeat_that_returns_late_does_not_make_the_bridge_reload(
@@ -417,7 +441,7 @@ async def test_a_heartbeat_that_returns_late_does_not_make_the_bridge_reload(
         finally:
             await watch.halt()
     assert applied == [shards], "the bridge was told to drop its keys and reload them"
-    await leaser.stop()
+    await leaser.release()
 
 
 async def test_renewal_does_not_wait_for_the_takeover_of_an_expired_lease(

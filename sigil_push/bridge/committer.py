@@ -14,6 +14,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from operator import attrgetter, itemgetter
 
 from sigil_push.bridge.metrics import (
     BASELINED,
@@ -43,6 +44,31 @@ one event that land in several batches share one `seen_on_relay` row, written in
 FURTHER_HOLD_EVENTS = 10_000
 
 CommitListener = Callable[[Sequence[tuple[str, int]]], None]
+
+
+def in_lock_order(
+    writes: list[tuple[Arrival, list[Device]]],
+    new_events: list[tuple[str, tuple[str, ...], int, int]],
+    further: list[tuple[str, str, int]],
+) -> tuple[
+    list[tuple[Arrival, list[Device]]],
+    list[tuple[str, tuple[str, ...], int, int]],
+    list[tuple[str, str, int]],
+]:
+    """A batch's rows in the order every worker writes them: by event id (an event's devices
+    by id). Two workers that overlap on a shard during a hand-over may handle the same events
+    in different arrival orders; each row a transaction inserts holds its unique key until
+    commit, so in arrival order each could hold a row the other waits for, and PostgreSQL
+    aborts one as a deadlock. In one order the later one waits, then skips the rows the first
+    wrote. (The tables are written in one order too: outbox, `seen_events`, `seen_on_relay`,
+    then the queued bookkeeping, already in its own lock order.) The rest of the commit keeps
+    arrival order; only the outbox ids of one batch follow this order."""
+    return (
+        sorted(((a, sorted(ds, key=attrgetter("id"))) for a, ds in writes),
+               key=lambda write: write[0].event.id),
+        sorted(new_events, key=itemgetter(0)),
+        sorted(further, key=itemgetter(0)),
+    )
 
 
 class DatabaseUnavailable(Exception):
@@ -345,8 +371,10 @@ class Committer:
         further: list[tuple[str, str, int]],
         ops: list[DbOp],
     ) -> None:
-        """One transaction: the batch's wakeups, its seen ids, and the queued bookkeeping."""
+        """One transaction: the batch's wakeups, its seen ids, and the queued bookkeeping,
+        each in lock order (`in_lock_order`)."""
         db, writer = self._db, self._writer
+        writes, new_events, further = in_lock_order(writes, new_events, further)
         assert db is not None and writer is not None
         async with self._turn:
             await db.execute("BEGIN IMMEDIATE")

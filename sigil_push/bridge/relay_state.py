@@ -118,18 +118,22 @@ class RelayState:
         self._pending.add_op(
             DELETE_BASELINES_OF, [(p,) for p in removed]
         )
-        self._pending.add_op("DELETE FROM relay_lists WHERE pubkey = ?", [(p,) for p in removed])
+        self._pending.add_op(
+            "DELETE FROM relay_lists WHERE pubkey = ?", [(p,) for p in sorted(removed)]
+        )
 
     def forget_baselines(self, left: Iterable[tuple[str, str]]) -> None:
         """(relay, key) pairs whose baseline is void: the key left that relay."""
         self._pending.add_op(DELETE_BASELINE, list(left))
 
     async def save_cursors(self) -> None:
+        """In relay order: every worker saves the cursors of the same relays, and in the
+        order each connected them two could each lock a row the other waits for."""
         if self._pool.cursors and self._db is not None:
             await self._db.executemany(
                 "INSERT INTO relay_cursors (relay, live_until) VALUES (?, ?)"
                 " ON CONFLICT (relay) DO UPDATE SET live_until = excluded.live_until",
-                list(self._pool.cursors.items()),
+                sorted(self._pool.cursors.items()),
             )
 
     # pool and per-user connection callbacks -----------------------------------------------

@@ -121,15 +121,25 @@ class RelayLists:
                 self._unsaved.pop((pubkey, kind), None)
         return gone
 
-    async def save(self, forgotten: Iterable[str] = ()) -> None:
+    async def save(self) -> None:
+        """Write the lists taken since the last save, in key order: workers that overlap on
+        keys during a hand-over save the same keys' lists, and in their own arrival orders each
+        could lock a row the other waits for (a deadlock PostgreSQL settles by aborting one).
+
+        Lists a failed write did not store stay to be saved next time (a newer list of the same
+        key taken meanwhile wins): they are what another worker, or this one after a restart,
+        reads to find the users' inbox relays."""
         unsaved, self._unsaved = self._unsaved, {}
         if unsaved:
-            await self._db.executemany(
-                "INSERT INTO relay_lists (pubkey, kind, created_at, relays) VALUES (?, ?, ?, ?)"
-                " ON CONFLICT (pubkey, kind) DO UPDATE SET created_at = excluded.created_at,"
-                " relays = excluded.relays",
-                [(p, k, c, json.dumps(list(r))) for (p, k), (c, r) in unsaved.items()],
-            )
-        gone = [(p,) for p in forgotten]
-        if gone:
-            await self._db.executemany("DELETE FROM relay_lists WHERE pubkey = ?", gone)
+            try:
+                await self._db.executemany(
+                    "INSERT INTO relay_lists (pubkey, kind, created_at, relays) VALUES (?, ?, ?, ?)"
+                    " ON CONFLICT (pubkey, kind) DO UPDATE SET created_at = excluded.created_at,"
+                    " relays = excluded.relays",
+                    [(p, k, c, json.dumps(list(r))) for (p, k), (c, r) in sorted(unsaved.items())],
+                )
+            except BaseException:
+                # not a key forgotten meanwhile (`forget` could not take it out of `unsaved`)
+                kept = {slot: entry for slot, entry in unsaved.items() if slot in self._lists}
+                self._unsaved = kept | self._unsaved
+                raise

@@ -102,9 +102,10 @@ class _Publication:
         for _ in range(MAX_FRAMES):
             waiting_for_auth_ok = self._auth_id is not None and not self._authenticated
             try:
-                raw = await asyncio.wait_for(
-                    ws.recv(), AUTH_OK_WAIT_SECONDS if waiting_for_auth_ok else None
-                )
+                # asyncio.timeout, not wait_for (on 3.11 it swallows a cancellation that lands
+                # as a frame arrives, and a stopped canary round would go on)
+                async with asyncio.timeout(AUTH_OK_WAIT_SECONDS if waiting_for_auth_ok else None):
+                    raw = await ws.recv()
             except TimeoutError:
                 # some relays (nostr-relay) never acknowledge AUTH; it was handled in order
                 await self._authenticated_again(ws)

@@ -101,7 +101,10 @@ class SignerRelayLink:
             self._pending[request_id] = (signer, future)
             try:
                 await socket.send(json.dumps(["EVENT", message.to_json()]))
-                return await asyncio.wait_for(future, timeout)
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for returns the answer
+                # when a cancellation lands as it arrives, and the session's loop goes on
+                async with asyncio.timeout(timeout):
+                    return await future
             except TimeoutError:
                 # before OSError, of which TimeoutError is a subclass
                 raise SignerUnreachable("the signer did not answer in time") from None

@@ -25,17 +25,12 @@ database's expiry, so two workers never both believe they hold one shard.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
 import time
 
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
 from sigil_push.shards import DEFAULT_SHARDS, Lease, StaleLease
-
-log = logging.getLogger(__name__)
 
 GIVE_BACK_STEP_DIVISOR = 8
 """At most shards / 8 (32 of 256) are given back per heartbeat; see the module docstring."""
@@ -87,7 +82,9 @@ def rebalance(held: int, others: list[int], shards: int) -> tuple[int, int]:
 
 
 class ShardLeaser:
-    """One worker's side of the lease table: acquire, renew, balance and release."""
+    """One worker's side of the lease table: acquire, renew, balance and release.
+
+    Each `tick` is one heartbeat; `ShardWatch` (sharding.py) runs them, in a supervised loop."""
 
     def __init__(
         self,
@@ -104,7 +101,6 @@ class ShardLeaser:
         self.shards = shards
         self._held: dict[int, int] = {}
         self._valid_until = 0.0
-        self._task: asyncio.Task[None] | None = None
         self._seeded = False
         self._over_share = False  # at the last heartbeat: held more than the fair share
         self.step = max(1, shards // GIVE_BACK_STEP_DIVISOR)
@@ -187,32 +183,8 @@ class ShardLeaser:
         self._valid_until = started + lease
         return dict(held)
 
-    async def _run(self) -> None:
-        while True:
-            try:
-                await self.tick()
-            except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
-                # keep trying: the local view lapses by itself if renewals keep failing
-                log.warning("shard lease heartbeat failed: %s", type(exc).__name__)
-            await asyncio.sleep(self.lease_seconds / 3)
-
-    def start(self) -> None:
-        """Heartbeat in the background every lease_seconds / 3."""
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name=f"leases-{self.worker_id}")
-
-    async def halt(self) -> None:
-        """Stop heartbeating without giving anything back (what a crash or stall looks like:
-        the leases expire after lease_seconds)."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-
-    async def stop(self) -> None:
-        """Clean shutdown: stop heartbeating and give every shard back for others to take."""
-        await self.halt()
+    async def release(self) -> None:
+        """Clean shutdown, once heartbeats stopped: give every shard back for others to take."""
         self._held = {}
         async with self.pool.acquire() as connection, connection.transaction():
             await connection.execute(

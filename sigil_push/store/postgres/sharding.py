@@ -135,4 +135,4 @@ class ShardWatch:
         """Give every shard back at once, so the other workers take them at their next beat."""
         self._held = frozenset()
         self._gauge.set(0)
-        await self._leaser.stop()
+        await self._leaser.release()
