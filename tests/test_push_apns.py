@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
+import pytest
+from h2.config import H2Configuration
+from h2.connection import H2Connection
+from h2.exceptions import TooManyStreamsError
+from h2.settings import SettingCodes
 from prometheus_client import REGISTRY
 
 from sigil_push.push.payload import APS
@@ -176,3 +182,61 @@ async def test_per_push_headers_stay_out_of_the_hpack_table(make_harness, fake_a
     assert {name for table in tables for name, _ in table} == {
         b"host", b"apns-topic", b"apns-priority", b"apns-push-type"
     }
+
+
+def _connected_pair(max_streams: int) -> tuple[Any, H2Connection]:
+    """The sender's HTTP/2 client state and a real h2 server state that allows `max_streams`
+    streams at once, with their SETTINGS exchanged in memory."""
+    from sigil_push.push.apns import _Http2Connection
+
+    client = _Http2Connection()
+    client.initiate_connection()
+    server = H2Connection(H2Configuration(client_side=False))
+    server.initiate_connection()
+    server.update_settings({SettingCodes.MAX_CONCURRENT_STREAMS: max_streams})
+    server.receive_data(client.data_to_send())
+    client.receive_data(server.data_to_send())
+    server.receive_data(client.data_to_send())
+    return client, server
+
+
+_REQUEST = [(":method", "POST"), (":scheme", "https"), (":path", "/3/device/x"), (":authority", "a")]
+
+
+def _answer(client: Any, server: H2Connection, stream_id: int) -> None:
+    server.receive_data(client.data_to_send())
+    server.send_headers(stream_id, [(":status", "200")], end_stream=True)
+    client.receive_data(server.data_to_send())
+
+
+def test_the_peers_stream_limit_holds_as_in_h2() -> None:
+    """The client counts open streams cheaply, but still refuses a stream beyond the peer's
+    MAX_CONCURRENT_STREAMS exactly as h2 does, and allows one again once a stream ends."""
+    client, server = _connected_pair(3)
+    opened = []
+    for _ in range(3):
+        opened.append(client.get_next_available_stream_id())
+        client.send_headers(opened[-1], _REQUEST, end_stream=True)
+    with pytest.raises(TooManyStreamsError):
+        client.send_headers(client.get_next_available_stream_id(), _REQUEST, end_stream=True)
+
+    _answer(client, server, opened[0])
+    client.send_headers(client.get_next_available_stream_id(), _REQUEST, end_stream=True)
+    with pytest.raises(TooManyStreamsError):
+        client.send_headers(client.get_next_available_stream_id(), _REQUEST, end_stream=True)
+
+
+def test_answered_streams_are_dropped_in_batches() -> None:
+    """Closed streams are not walked on every push, but they are still dropped: thousands of
+    answered pushes with ten in flight leave a bounded number of streams held."""
+    client, server = _connected_pair(1000)
+    in_flight: list[int] = []
+    most_held = 0
+    for _ in range(3000):
+        if len(in_flight) == 10:
+            _answer(client, server, in_flight.pop(0))
+        in_flight.append(client.get_next_available_stream_id())
+        client.send_headers(in_flight[-1], _REQUEST, end_stream=True)
+        most_held = max(most_held, len(client.streams))
+    assert most_held <= 2 * 10 + 64 + 1
+    assert sum(stream.open for stream in client.streams.values()) == 10

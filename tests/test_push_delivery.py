@@ -254,3 +254,19 @@ async def test_dry_run_logs_one_line_per_push_and_records_nothing(make_harness, 
     await harness.observations.stop()
     await harness.observations.start()
     assert harness.push_records() == []
+
+
+def test_collapse_ids_are_the_keyed_hmac_of_the_row_id() -> None:
+    """The keyed state is reused across pushes, but every id is still HMAC-SHA256(secret, row
+    id) cut to 32 hex digits: stable across restarts and versions, different per secret."""
+    import hashlib
+    import hmac
+
+    from sigil_push.store.records import collapse_id
+
+    secrets = [bytes([n]) * 32 for n in range(12)]  # more secrets than are kept keyed
+    for wakeup_id in (1, 2, 987654321):
+        for secret in secrets:
+            expected = hmac.digest(secret, str(wakeup_id).encode(), hashlib.sha256).hex()[:32]
+            assert collapse_id(secret, wakeup_id) == expected
+    assert len({collapse_id(secret, 7) for secret in secrets}) == len(secrets)
