@@ -86,18 +86,24 @@ LEASE_SECONDS = 3.0
 
 
 async def run_relay(port_file: Path) -> None:
-    """EOSE to every REQ; ["BENCH", path] streams the file's events, each to the subscription
-    whose `#p` filter names its recipient (events for no subscriber are dropped)."""
+    """EOSE to every REQ; ["BENCH", path] streams the file's events, each to every
+    subscription whose `#p` filter names its recipient, as a real relay matches every open
+    subscription (events for no subscriber are dropped). While a key moves between workers both
+    may hold it for a moment: routing it to the latest REQ alone lost it when the giver's later
+    REQ, dropping the key, removed the route the taker had made."""
     from websockets.asyncio.server import ServerConnection, serve
     from websockets.exceptions import ConnectionClosed
 
-    routes: dict[str, tuple[ServerConnection, str]] = {}
+    routes: dict[str, dict[tuple[ServerConnection, str], None]] = {}
     subs: dict[tuple[ServerConnection, str], list[str]] = {}
 
     def forget(key: tuple[ServerConnection, str]) -> None:
         for pubkey in subs.pop(key, []):
-            if routes.get(pubkey) == key:
-                del routes[pubkey]
+            holders = routes.get(pubkey)
+            if holders is not None:
+                holders.pop(key, None)
+                if not holders:
+                    del routes[pubkey]
 
     loaded: dict[str, list[tuple[str, str]]] = {}
 
@@ -112,9 +118,10 @@ async def run_relay(port_file: Path) -> None:
     async def stream(path: str) -> int:
         sent = 0
         for recipient, line in loaded.pop(path) if path in loaded else []:
-            route = routes.get(recipient)
-            if route is not None:
-                await route[0].send(f'["EVENT","{route[1]}",{line}]')
+            holders = routes.get(recipient)
+            if holders:
+                for connection, sub_id in list(holders):
+                    await connection.send(f'["EVENT","{sub_id}",{line}]')
                 sent += 1
         return sent
 
@@ -128,7 +135,7 @@ async def run_relay(port_file: Path) -> None:
                     keys = [p for f in message[2:] for p in f.get("#p", [])]
                     subs[key] = keys
                     for pubkey in keys:
-                        routes[pubkey] = key
+                        routes.setdefault(pubkey, {})[key] = None
                     await ws.send(json.dumps(["EOSE", message[1]]))
                 elif message[0] == "CLOSE":
                     forget((ws, message[1]))
