@@ -10,10 +10,11 @@ closed loopback port: what is exercised is loading, planning and the database.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import secrets
 import sqlite3
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -31,12 +32,13 @@ from sigil_push.bridge.pending import (
     in_lock_order,
 )
 from sigil_push.bridge.relay_state import RelayState
-from sigil_push.config import parse_config
+from sigil_push.config import Config, parse_config
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.observations import ObservationLog
 from sigil_push.relays.pool import RelayPool
 from sigil_push.shards import DEFAULT_SHARDS, ShardSet, shard_of
 from sigil_push.store.factory import open_store
+from sigil_push.store.interface import Store
 from sigil_push.store.postgres.database import numbered
 from sigil_push.store.postgres.migrate import migrate
 from tests.support.in_process import in_process_bridge
@@ -69,6 +71,28 @@ async def _store(url: str, keys: list[str]) -> None:
         )
     finally:
         await connection.close()
+
+
+@contextlib.asynccontextmanager
+async def _firehose_instance(
+    url: str, folder: Path, keys: list[str]
+) -> AsyncIterator[tuple[Config, Store, ObservationLog]]:
+    """A migrated database holding `keys`, with the config of one firehose relay (nothing
+    listens there), its opened store and a started observation log, closed on the way out."""
+    await migrate(url)
+    await _store(url, keys)
+    config = parse_config(
+        {"server": {"database": url}, "relay": [{"url": RELAY, "mode": "firehose"}]},
+        folder / "relays.toml",
+    )
+    store = await open_store(config)
+    observations = ObservationLog(folder / "observations")
+    await observations.start()
+    try:
+        yield config, store, observations
+    finally:
+        await observations.stop()
+        await store.close()
 
 
 async def test_a_large_reshard_runs_in_chunks_the_loop_gets_between(
@@ -135,28 +159,19 @@ async def test_start_up_subscribes_the_loaded_keys_in_chunks(
     """A bridge starting with many keys subscribes them a chunk per turn of the event loop
     (the lease heartbeats wait otherwise), and ends with every key subscribed."""
     monkeypatch.setattr("sigil_push.bridge.keys.RESHARD_CHUNK", CHUNK)
-    await migrate(postgres_url)
     keys = [secrets.token_hex(32) for _ in range(KEYS)]
-    await _store(postgres_url, keys)
-    config = parse_config(
-        {"server": {"database": postgres_url}, "relay": [{"url": RELAY, "mode": "firehose"}]},
-        tmp_path / "relays.toml",
-    )
-    store = await open_store(config)
-    observations = ObservationLog(tmp_path / "observations")
-    await observations.start()
-    bridge = Bridge(config, store.devices, store.outbox, observations, SecretKey.generate())
-    seen: list[int] = []
-    done = asyncio.Event()
+    async with _firehose_instance(postgres_url, tmp_path, keys) as (config, store, observations):
+        bridge = Bridge(config, store.devices, store.outbox, observations, SecretKey.generate())
+        seen: list[int] = []
+        done = asyncio.Event()
 
-    async def other_coroutine() -> None:
-        while not done.is_set():
-            subs = bridge._pool.subs.get(RELAY)
-            seen.append(len(subs.keys) if subs is not None else 0)
-            await asyncio.sleep(0)
+        async def other_coroutine() -> None:
+            while not done.is_set():
+                subs = bridge._pool.subs.get(RELAY)
+                seen.append(len(subs.keys) if subs is not None else 0)
+                await asyncio.sleep(0)
 
-    ticker = asyncio.create_task(other_coroutine())
-    try:
+        ticker = asyncio.create_task(other_coroutine())
         await bridge.start()
         done.set()
         await ticker
@@ -166,9 +181,6 @@ async def test_start_up_subscribes_the_loaded_keys_in_chunks(
         assert max(steps) <= CHUNK, f"{max(steps)} keys subscribed in one loop turn"
         assert any(0 < count < KEYS for count in seen), "the loop never turned mid-way"
         await bridge.stop()
-    finally:
-        await observations.stop()
-        await store.close()
 
 
 async def test_a_restart_reads_only_its_shards_baselines(
@@ -177,17 +189,8 @@ async def test_a_restart_reads_only_its_shards_baselines(
     """A worker starting with half the shards reads the stored baselines of those shards' keys
     only (narrowed in the query, not every row filtered here), and holds every one of them;
     one starting with no shards (the others hold them all) reads none."""
-    await migrate(postgres_url)
     keys = [secrets.token_hex(32) for _ in range(4_000)]
-    await _store(postgres_url, keys)
-    config = parse_config(
-        {"server": {"database": postgres_url}, "relay": [{"url": RELAY, "mode": "firehose"}]},
-        tmp_path / "relays.toml",
-    )
-    store = await open_store(config)
-    observations = ObservationLog(tmp_path / "observations")
-    await observations.start()
-    try:
+    async with _firehose_instance(postgres_url, tmp_path, keys) as (config, store, observations):
         for held in (frozenset(range(0, DEFAULT_SHARDS, 2)), frozenset()):
             bridge = Bridge(config, store.devices, store.outbox, observations, SecretKey.generate())
             ours = {key for key in keys if shard_of(key) in held}
@@ -199,9 +202,6 @@ async def test_a_restart_reads_only_its_shards_baselines(
             subs = bridge._pool.subs.get(RELAY)
             assert set(subs.keys if subs is not None else ()) == ours
             await bridge.stop()
-    finally:
-        await observations.stop()
-        await store.close()
 
 
 def test_a_million_baselines_are_written_in_slices() -> None:
