@@ -22,7 +22,7 @@ import logging
 import random
 from collections import defaultdict, deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 from urllib.parse import urlsplit
 
 from sigil_push.config import LimitsConfig, PushConfig
@@ -74,10 +74,10 @@ def _push_key(device: Device) -> PushKey:
     return device.platform, device.token, device.webpush_keys
 
 
-@dataclass(frozen=True, slots=True)
-class Push:
+class Push(NamedTuple):
     """One push to one device, standing for one or more outbox rows (of one or more of the
-    accounts registered on it); `device` is the registration whose token and keys it uses."""
+    accounts registered on it); `device` is the registration whose token and keys it uses.
+    A NamedTuple: immutable, and built per push without a frozen dataclass' setattr calls."""
 
     device: Device
     wakeups: tuple[Wakeup, ...]
@@ -377,8 +377,9 @@ class Delivery:
             oldest_ms = min(w.first_seen_ms for w in wakeups)
             event_ids, opaque = tuple(w.event_id for w in wakeups), True
         ttl = max(1, (self._push.max_wakeup_age_seconds * 1000 - (now - oldest_ms)) // 1000)
-        data = opaque_data()
-        if not opaque:
+        if opaque:
+            data = opaque_data()
+        else:
             data = wakeup_data(device.payload, first.event_id, first.relay, first.event_json)
             fits = self._senders[device.platform].fits
             if not fits(data):

@@ -49,6 +49,8 @@ from typing import Any, TypeVar
 
 from prometheus_client import Counter, Gauge
 
+from sigil_push.push.base import Status
+from sigil_push.store.records import PLATFORMS
 from sigil_push.supervisor import supervise
 
 log = logging.getLogger(__name__)
@@ -78,6 +80,9 @@ PushRecord = tuple[str, str, str, int]
 """(event_id, platform, status, latency_ms): one wakeup's answer from its provider."""
 _PLAIN_WORD = re.compile(r"[a-z_]{1,32}").fullmatch
 """A platform or status name: needs no JSON escaping."""
+_KNOWN_PLATFORMS = frozenset(PLATFORMS)
+_KNOWN_STATUSES = frozenset(status.value for status in Status)
+"""Platform and status names known to be plain words (tests hold them to `_PLAIN_WORD`)."""
 FILE_NAME = re.compile(r"^observations-(?:([A-Za-z0-9._-]+)-)?(\d{8}T\d{2})\.jsonl(\.gz)?$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
@@ -224,13 +229,18 @@ class ObservationLog:
         over every answer of a burst in one call, and each is encoded here in one f-string (a
         hex id, a platform or status name and an integer need no escaping) rather than as a
         dict in the writer, which was the larger part of a push's record. A record whose
-        fields are not of those forms takes the general path, so nothing else is spliced in."""
+        fields are not of those forms takes the general path, so nothing else is spliced in.
+        The known platforms and statuses (nearly every record) are matched by a set lookup,
+        anything else by the pattern."""
         lines: list[dict[str, Any] | tuple[int, str]] = []
+        plain_ts = type(ts_ms) is int
         for event_id, platform, status, latency_ms in records:
-            if not (type(latency_ms) is int and type(event_id) is str
-                    and _HEX64(event_id) is not None and type(platform) is str
-                    and _PLAIN_WORD(platform) is not None and type(status) is str
-                    and _PLAIN_WORD(status) is not None and type(ts_ms) is int):
+            if not (plain_ts and type(latency_ms) is int and type(event_id) is str
+                    and _HEX64(event_id) is not None
+                    and type(platform) is str
+                    and (platform in _KNOWN_PLATFORMS or _PLAIN_WORD(platform) is not None)
+                    and type(status) is str
+                    and (status in _KNOWN_STATUSES or _PLAIN_WORD(status) is not None)):
                 lines.append(
                     {"type": "push", "ts": ts_ms, "event_id": event_id, "platform": platform,
                      "status": status, "latency_ms": latency_ms}

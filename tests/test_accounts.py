@@ -358,8 +358,10 @@ async def test_migrating_a_0004_database_keeps_every_row_and_id(tmp_path: Path) 
         assert second.created and second.device.id not in (3, 8)
         [old] = await devices.of_pubkey("a" * 64)
         assert (old.id, old.payload, old.relays) == (3, "event_id", ("wss://inbox.example",))
-        due = await Outbox(db).due(10, 10)
+        outbox = Outbox(db)
+        due = await outbox.due(10, 10)
         assert [(w.id, w.device_id) for w in due] == [(6, 8)], "the claimed row stays claimed"
+        await outbox.hold([6], 6)  # `due` reserved it: given back as it was, attempt undone
     finally:
         await db.close()
     assert _rows(path, "devices")[:2] == devices_before

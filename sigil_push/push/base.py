@@ -10,7 +10,7 @@ import email.utils
 import enum
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from sigil_push.store.records import Device
 
@@ -34,8 +34,7 @@ class Outcome:
     detail: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class WakeupMessage:
+class WakeupMessage(NamedTuple):
     """What one push carries: the event ids it stands for and the payload-mode extras.
 
     `data` is the provider-neutral JSON object of CONTRACT section 4 (`{"type": "wakeup", ...}`);
@@ -43,6 +42,9 @@ class WakeupMessage:
     `collapse_id` is random per wakeup and kept in the outbox, so a resend after a crash
     replaces the first notification instead of adding a second one. `opaque` wakeups may share
     a provider-side collapse key, since any one of them means the same thing.
+
+    Immutable as a NamedTuple rather than a frozen dataclass: one is built per push, and a
+    frozen dataclass' __init__ sets each field through object.__setattr__ (0.9 against 0.3 µs).
     """
 
     event_ids: tuple[str, ...]

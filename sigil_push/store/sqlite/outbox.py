@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 import aiosqlite
 
@@ -30,6 +30,11 @@ _SECRET_KEY = "outbox_collapse_secret"
 
 def _chunks(ids: Sequence[int]) -> list[Sequence[int]]:
     return [ids[i : i + _CHUNK] for i in range(0, len(ids), _CHUNK)]
+
+
+def _id_list(ids: Iterable[int]) -> str:
+    """Row ids as the JSON array `json_each` reads (ids are ints: nothing to escape)."""
+    return f"[{','.join(map(str, ids))}]"
 
 
 class Outbox:
@@ -95,8 +100,9 @@ class Outbox:
     async def due(
         self, now_ms: int, limit: int, platforms: Sequence[str] | None = None
     ) -> list[Wakeup]:
-        """Unclaimed wakeups due by `now_ms`, oldest schedule first, with their device; only
-        for devices on `platforms` when given (those with room in their in-flight window).
+        """Reserve the unclaimed wakeups due by `now_ms`, oldest schedule first, with their
+        device; only for devices on `platforms` when given (those with room in their in-flight
+        window). Each `Wakeup.attempts` is the count before this reservation.
 
         The first `limit` rows pick the device tokens; every other due row for those tokens
         (any account registered on the same phone) comes along, up to SIBLINGS x `limit` rows
@@ -104,38 +110,48 @@ class Outbox:
         together are planned together. The picked rows always come first in the answer.
         CROSS JOIN fixes the join order (tokens, then their devices, then their rows): left to
         itself SQLite walks every due row in schedule order, which a backlog makes slow.
+
+        As on PostgreSQL, the rows are claimed and their attempt counted in the statement that
+        picks them (an UPDATE ... RETURNING), so `claim` has nothing left to write and `hold`
+        undoes the count for rows delivery does not send now: one statement, one commit and
+        one write of each row per batch instead of two, and the ordering sorts row ids rather
+        than whole rows. The devices are then read by id; a row whose device was unregistered
+        in between went with it (ON DELETE CASCADE) and is left out.
         """
         only = ""
         if platforms is not None:
             only = f" AND d.platform IN ({','.join('?' * len(platforms))})"
-        # reads on the shared connection are one call (execute + fetch in its thread): a SELECT
-        # left open between two calls makes any write queued in between fail with SQLITE_BUSY
-        # at once, without the busy timeout, whenever the bridge's connection holds the lock
-        rows = await self._db.execute_fetchall(
+        # RETURNING gives the rows in no set order: sorted back into (next_attempt_ms, id)
+        rows = sorted(await self._db.execute_fetchall(
             "WITH head AS (SELECT d.platform, d.token FROM outbox o"
             " JOIN devices d ON d.id = o.device_id"
             f" WHERE o.claimed_ms IS NULL AND o.next_attempt_ms <= ?{only}"
             " ORDER BY o.next_attempt_ms, o.id LIMIT ?),"
-            " tokens AS (SELECT DISTINCT platform, token FROM head)"
-            " SELECT o.id, o.event_id, o.relay, o.event_json, o.first_seen_ms, o.attempts,"
-            f" {_DEVICE_COLUMNS} FROM tokens t"
+            " tokens AS (SELECT DISTINCT platform, token FROM head),"
+            " picked AS (SELECT o.id FROM tokens t"
             " CROSS JOIN devices d ON d.token = t.token AND d.platform = t.platform"
             " CROSS JOIN outbox o ON o.device_id = d.id"
             " WHERE o.claimed_ms IS NULL AND o.next_attempt_ms <= ?"
-            " ORDER BY o.next_attempt_ms, o.id LIMIT ?",
-            (now_ms, *(platforms or ()), limit, now_ms, SIBLINGS * limit),
-        )
-        devices: dict[object, Device] = {}  # a phone's rows share one registration object
-        wakeups = []
-        for r in rows:
-            device = devices.get(r[6])
-            if device is None:
-                device = devices[r[6]] = Device.from_row(r[6:])
-            wakeups.append(
-                Wakeup(int(r[0]), device, str(r[1]), str(r[2]),
-                       None if r[3] is None else str(r[3]), int(r[4]), int(r[5]))
+            " ORDER BY o.next_attempt_ms, o.id LIMIT ?)"
+            " UPDATE outbox SET claimed_ms = ?, attempts = attempts + 1 WHERE id IN picked"
+            " RETURNING next_attempt_ms, id, device_id, event_id, relay, event_json,"
+            " first_seen_ms, attempts",
+            (now_ms, *(platforms or ()), limit, now_ms, SIBLINGS * limit, now_ms),
+        ))
+        if not rows:
+            return []
+        devices = {
+            r[0]: Device.from_row(r)
+            for r in await self._db.execute_fetchall(
+                f"SELECT {_DEVICE_COLUMNS} FROM devices d"
+                " WHERE d.id IN (SELECT value FROM json_each(?))",
+                (_id_list({r[2] for r in rows}),),
             )
-        return wakeups
+        }
+        return [
+            Wakeup(r[1], device, r[3], r[4], r[5], r[6], r[7] - 1)
+            for r in rows if (device := devices.get(r[2])) is not None
+        ]
 
     async def next_due_ms(self) -> int | None:
         [(due,)] = await self._db.execute_fetchall(
@@ -144,19 +160,16 @@ class Outbox:
         return None if due is None else int(due)
 
     async def claim(self, wakeup_ids: Sequence[int], now_ms: int) -> None:
-        """Mark wakeups as in flight and count the attempt, before anything is sent."""
-        for chunk in _chunks(wakeup_ids):
-            await self._write(
-                "UPDATE outbox SET claimed_ms = ?, attempts = attempts + 1"
-                f" WHERE id IN ({','.join('?' * len(chunk))})",
-                (now_ms, *chunk),
-            )
+        """Nothing to write: `due` claimed the rows and counted their attempt."""
 
     async def complete(self, wakeup_ids: Sequence[int]) -> None:
-        """Remove wakeups that reached a final outcome."""
-        for chunk in _chunks(wakeup_ids):
+        """Remove wakeups that reached a final outcome. The ids travel as one JSON array, so
+        the statement's text is the same for any count (compiled once, kept in the
+        connection's statement cache) and needs no chunking under SQLite's parameter limit."""
+        if wakeup_ids:
             await self._write(
-                f"DELETE FROM outbox WHERE id IN ({','.join('?' * len(chunk))})", tuple(chunk)
+                "DELETE FROM outbox WHERE id IN (SELECT value FROM json_each(?))",
+                (_id_list(wakeup_ids),),
             )
 
     async def reschedule(self, wakeup_ids: Sequence[int], next_attempt_ms: int) -> None:
@@ -169,8 +182,14 @@ class Outbox:
             )
 
     async def hold(self, wakeup_ids: Sequence[int], next_attempt_ms: int) -> None:
-        """Give back rows `due` returned without sending them: `due` counted nothing here."""
-        await self.reschedule(wakeup_ids, next_attempt_ms)
+        """Give back rows `due` reserved without sending them, undoing the attempt it counted,
+        so a wakeup held back again and again never runs out of attempts."""
+        if wakeup_ids:
+            await self._write(
+                "UPDATE outbox SET claimed_ms = NULL, next_attempt_ms = ?,"
+                " attempts = MAX(attempts - 1, 0) WHERE id IN (SELECT value FROM json_each(?))",
+                (next_attempt_ms, _id_list(wakeup_ids)),
+            )
 
     async def release_claims(self, claimed_before_ms: int, live: Collection[int]) -> int:
         """Release claims older than `claimed_before_ms` that no push in flight (`live`) holds:
