@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from sigil_push.observations import ObservationLog
+from sigil_push.observations import _KNOWN_PLATFORMS, _KNOWN_STATUSES, _PLAIN_WORD, ObservationLog
 
 EVENT_ID = "ab" * 32
 TS = 1_790_000_000_123
@@ -104,3 +104,26 @@ async def test_a_burst_of_push_records_is_the_dict_paths_json(tmp_path: Path) ->
     ]
     assert all(set(r) == {"type", "ts", "event_id", "platform", "status", "latency_ms"}
                for r in records)
+
+
+def test_the_names_push_records_splice_unchecked_are_plain_words() -> None:
+    """Known platforms and statuses skip the pattern check: they must pass it."""
+    assert _KNOWN_PLATFORMS and _KNOWN_STATUSES
+    assert all(_PLAIN_WORD(name) for name in _KNOWN_PLATFORMS | _KNOWN_STATUSES)
+
+
+@pytest.mark.asyncio
+async def test_unknown_push_names_are_still_checked(tmp_path: Path) -> None:
+    """A platform or status outside the known sets is spliced only if it is a plain word."""
+    records = await written(
+        tmp_path,
+        lambda log: log.push_many(
+            [(EVENT_ID, "webos", "deferred", 1), (EVENT_ID, "ios", 'ok","npub":"x', 2),
+             (EVENT_ID, ["ios"], "accepted", 3)],  # type: ignore[list-item]
+            TS,
+        ),
+    )
+    assert [(r["platform"], r["status"]) for r in records] == [
+        ("webos", "deferred"), ("ios", 'ok","npub":"x'), (["ios"], "accepted")
+    ]
+    assert all("npub" not in r for r in records)

@@ -249,6 +249,28 @@ async def test_attempts_count_sends_not_holds_nor_reads(store: Store) -> None:
     assert await outbox.depth() == 2
 
 
+async def test_due_reserves_its_rows_and_counts_the_attempt_on_both_engines(store: Store) -> None:
+    """`due` claims what it returns and counts the attempt in the same statement (SQLite's
+    UPDATE ... RETURNING, PostgreSQL's reserving UPDATE): a second `due` does not see the
+    rows, a reservation nobody settles comes back through `release_claims` one attempt on,
+    and `hold` gives rows back with the count undone."""
+    outbox = store.outbox
+    await outbox.enqueue(_event(), "wss://a", NOW, await _devices(store, 2))
+    await outbox.resume(NOW)
+    reserved = await outbox.due(NOW, 10)
+    assert [w.attempts for w in reserved] == [0, 0]
+    assert [w.id for w in reserved] == sorted(w.id for w in reserved), "oldest schedule first"
+    assert await outbox.due(NOW, 10) == [], "reserved rows are not handed out twice"
+    # nothing sent them and no push holds them: the lapsed reservation counted an attempt
+    assert await outbox.release_claims(NOW + 1, live=set()) == 2
+    again = await outbox.due(NOW + 1, 10)
+    assert sorted(w.id for w in again) == sorted(w.id for w in reserved)
+    assert [w.attempts for w in again] == [1, 1]
+    await outbox.hold([w.id for w in again], NOW + 2)
+    assert await outbox.due(NOW + 1, 10) == [], "held until NOW + 2"
+    assert [w.attempts for w in await outbox.due(NOW + 2, 10)] == [1, 1], "hold undid the count"
+
+
 async def test_a_worker_killed_between_due_and_claim_leaves_rows_another_sends_once(
     store: Store, store_backend: str
 ) -> None:

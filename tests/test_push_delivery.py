@@ -265,6 +265,7 @@ def test_collapse_ids_are_the_keyed_hmac_of_the_row_id() -> None:
     from sigil_push.store.records import collapse_id
 
     secrets = [bytes([n]) * 32 for n in range(12)]  # more secrets than are kept keyed
+    secrets += [b"k" * 64, b"l" * 65, b"m"]  # HMAC's key at, above and below its block size
     for wakeup_id in (1, 2, 987654321):
         for secret in secrets:
             expected = hmac.digest(secret, str(wakeup_id).encode(), hashlib.sha256).hex()[:32]
