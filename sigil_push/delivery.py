@@ -70,10 +70,6 @@ def _phone(device: Device) -> PhoneKey:
     return device.platform, device.token
 
 
-def _push_key(device: Device) -> PushKey:
-    return device.platform, device.token, device.webpush_keys
-
-
 class Push(NamedTuple):
     """One push to one device, standing for one or more outbox rows (of one or more of the
     accounts registered on it); `device` is the registration whose token and keys it uses.
@@ -272,13 +268,15 @@ class Delivery:
         unsendable: list[Wakeup] = []
         seen_after = now - self._push.max_wakeup_age_seconds * 1000
         max_attempts = self._push.max_attempts
+        senders = self._senders
         for wakeup in due:
+            device = wakeup.device
             if wakeup.first_seen_ms < seen_after or wakeup.attempts >= max_attempts:
                 expired.append(wakeup)
-            elif wakeup.device.platform not in self._senders:
+            elif device.platform not in senders:
                 unsendable.append(wakeup)
-            else:
-                by_push_key[_push_key(wakeup.device)].append(wakeup)
+            else:  # its PushKey
+                by_push_key[device.platform, device.token, device.webpush_keys].append(wakeup)
         pushes: list[Push] = []
         held: dict[int, list[int]] = defaultdict(list)
         planned_per_host: dict[tuple[str, str], int] = defaultdict(int)
@@ -535,15 +533,17 @@ class Delivery:
         for push, provider, status, answered_ms in answers:
             counts[provider, status] += 1
             wakeups = push.wakeups
-            if len(wakeups) == 1:
-                oldest = wakeups[0].first_seen_ms
+            platform = push.device.platform
+            if len(wakeups) == 1:  # most pushes: no generators
+                wakeup = wakeups[0]
+                oldest = wakeup.first_seen_ms
+                records.append((wakeup.event_id, platform, status, answered_ms - oldest))
             else:
                 oldest = min(w.first_seen_ms for w in wakeups)
+                records.extend(
+                    (w.event_id, platform, status, answered_ms - w.first_seen_ms) for w in wakeups
+                )
             latencies[provider].append(max(0, answered_ms - oldest) / 1000)
-            platform = push.device.platform
-            records.extend(
-                (w.event_id, platform, status, answered_ms - w.first_seen_ms) for w in wakeups
-            )
         for key, count in counts.items():
             self._pushes[key].inc(count)
         for provider, seconds in latencies.items():
