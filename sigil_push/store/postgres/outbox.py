@@ -110,7 +110,7 @@ class PostgresOutbox:
         due".
 
         The attempt is counted here (`attempts + 1` in the reserving UPDATE), and each
-        `Wakeup.attempts` is the count before it, as on SQLite where `claim` counts.
+        `Wakeup.attempts` is the count before it, as on SQLite.
 
         The head's phones are read in the same pass that picks the head rows, and their other
         registrations are found through the token index (`token = ANY(...)`): joined on

@@ -1,9 +1,10 @@
 """The durable outbox: every (event, registration) wakeup is on disk before the first send attempt.
 
 A row leaves the outbox only on a final outcome, so a crash, SIGKILL or provider outage loses
-nothing. A row is *claimed* while its push is in flight; at start-up `resume` releases the
-claims left by a crash so those wakeups go out again (the only window in which a wakeup can
-be sent twice: between the provider accepting it and the row's deletion).
+nothing. A row is *claimed* from the `due` that hands it out until its push is settled (or
+`hold` gives it back); at start-up `resume` releases the claims left by a crash so those
+wakeups go out again (the only window in which a wakeup can be sent twice: between the
+provider accepting it and the row's deletion).
 
 Every statement is a single SQL statement over many rows (`id IN (...)`), because the
 connection is shared in autocommit mode and a statement is the unit of atomicity there.
