@@ -22,6 +22,13 @@ load average around it and the spread (min/median/max) of both ratios. On a load
 wall-clock ratio swings with whoever else runs; the per-CPU-second ratio (pipeline wakeups per
 CPU-second of this process, all threads, over the bare client's) is the robust figure.
 
+The APNs endpoint (`--apns`): `nginx` (default; bench/native_apns.py, C, a few µs of CPU per
+request, checks nothing) or `python` (the test suite's fake, h2 in Python, which checks the
+provider token and topic as Apple does and takes most of a core at these rates). The test suite's
+fake stays the correctness check; for a speed ratio it competed with the measured process for
+the same 2 cores, so the bare client waited on it (this process 0.41-0.64 busy) and its CPU per
+push swung by a third between trials (113-177 µs in session 7).
+
 Running a subset of `--providers` keeps the other providers' last results in the file, marked
 `kept_from_earlier_run` (a fresh entry carries `measured_at`).
 
@@ -46,6 +53,9 @@ from typing import Any
 import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from native_apns import NativeApns
 
 from sigil_push.config import Config, parse_config
 from sigil_push.delivery import Delivery
@@ -112,10 +122,13 @@ def start_fake(args: list[str], port: int | None, pinned: bool) -> subprocess.Po
     return process
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process (from /proc), to show whether a fake was saturated."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU time of processes (from /proc), to show whether a fake was saturated."""
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def spread(ordered: list[float]) -> dict[str, float]:
@@ -164,7 +177,7 @@ def bare_sender(sender: Sender) -> Callable[[Device], Awaitable[bool]]:
 
 async def bare_ceiling(
     send: Callable[[Device], Awaitable[bool]], devices: list[Device], count: int, concurrency: int,
-    fake_pid: int,
+    fake_pids: list[int],
 ) -> tuple[float, float, float]:
     """Wakeups/s of the provider client alone, with the same concurrency, no outbox; and the
     busy fractions of this process and the fake over exactly the timed sends (the warm-up,
@@ -185,12 +198,12 @@ async def bare_ceiling(
         await asyncio.gather(*(sender(numbers) for _ in range(min(concurrency, total))))
 
     await run(min(500, count))  # warm the connections
-    fake_cpu, own_cpu = cpu_seconds(fake_pid), time.process_time()
+    fake_cpu, own_cpu = cpu_seconds(fake_pids), time.process_time()
     started = time.perf_counter()
     await run(count)
     elapsed = time.perf_counter() - started
     own_busy = (time.process_time() - own_cpu) / elapsed
-    fake_busy = (cpu_seconds(fake_pid) - fake_cpu) / elapsed
+    fake_busy = (cpu_seconds(fake_pids) - fake_cpu) / elapsed
     if failures:
         raise RuntimeError(f"{failures} bare sends failed")
     return count / elapsed, own_busy, fake_busy
@@ -220,7 +233,7 @@ class Timed:
 
 
 async def trial(
-    provider: str, config: Config, work: Path, store: Devices, outbox: Outbox, devices: list[Device], events: list[Event], fake_pid: int,
+    provider: str, config: Config, work: Path, store: Devices, outbox: Outbox, devices: list[Device], events: list[Event], fake_pids: list[int],
 ) -> dict[str, Any]:
     """One bare-client run and one full-outbox drain, back to back, with fresh clients."""
     platform_name = PLATFORM_OF[provider]
@@ -229,7 +242,7 @@ async def trial(
     concurrency = senders[platform_name].max_concurrency
     load_before = os.getloadavg()[0]
     ceiling, bare_own_busy, bare_fake_busy = await bare_ceiling(
-        bare, devices, len(events), concurrency, fake_pid
+        bare, devices, len(events), concurrency, fake_pids
     )
 
     seen = now_ms()
@@ -239,13 +252,13 @@ async def trial(
     await observations.start()
     timed = {platform: Timed(sender) for platform, sender in senders.items()}
     delivery = Delivery(outbox, store, dict(timed), observations, True, config.push, config.limits)
-    fake_cpu, own_cpu = cpu_seconds(fake_pid), time.process_time()
+    fake_cpu, own_cpu = cpu_seconds(fake_pids), time.process_time()
     started = time.perf_counter()
     await delivery.start()
     while await outbox.depth():
         await asyncio.sleep(0.25)  # a COUNT(*) competes with delivery for the database: rarely
     drain_seconds = timed[platform_name].last_answer - started
-    fake_busy = (cpu_seconds(fake_pid) - fake_cpu) / drain_seconds
+    fake_busy = (cpu_seconds(fake_pids) - fake_cpu) / drain_seconds
     own_busy = (time.process_time() - own_cpu) / drain_seconds
     await delivery.stop()
     await observations.stop()
@@ -272,7 +285,8 @@ async def trial(
 
 
 async def run_provider(
-    provider: str, document: dict[str, Any], folder: Path, args: argparse.Namespace, fake_pid: int
+    provider: str, document: dict[str, Any], folder: Path, args: argparse.Namespace,
+    fake_pids: list[int],
 ) -> dict[str, Any]:
     platform_name = PLATFORM_OF[provider]
     config = parse_config(document, folder / "relays.toml")
@@ -291,7 +305,7 @@ async def run_provider(
     for number in range(args.trials):
         events = [sign_event(sender_key, 4, f"t{number}m{i}", [["p", recipient.public_key_hex]])
                   for i in range(args.wakeups)]
-        trials.append(await trial(provider, config, work, store, outbox, devices, events, fake_pid))
+        trials.append(await trial(provider, config, work, store, outbox, devices, events, fake_pids))
         print(provider, "trial", number + 1, json.dumps(trials[-1]), flush=True)
     best = max(trials, key=lambda t: t["pipeline_wakeups_per_second"])
     wall_ratios = sorted(t["ratio_to_bare_client"] for t in trials)
@@ -366,11 +380,21 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     fcm_port = free_port()
     account, _ = make_service_account(folder, f"http://127.0.0.1:{fcm_port}/token")
     apns_port = free_port()
+    native = NativeApns(folder, tls.cert_file, tls.key_file) if args.apns == "nginx" else None
     fakes = [
-        start_fake(["tests.fakes.fake_apns", "--cert", str(tls.cert_file), "--key", str(tls.key_file),
-                    "--public-key", str(folder / "apns-public.pem"), "--port", str(apns_port)], None, args.pin),
         start_fake(["tests.fakes.fake_fcm", "--port", str(fcm_port)], fcm_port, args.pin),
     ]
+    if native is None:
+        fakes.append(start_fake(
+            ["tests.fakes.fake_apns", "--cert", str(tls.cert_file), "--key", str(tls.key_file),
+             "--public-key", str(folder / "apns-public.pem"), "--port", str(apns_port)],
+            None, args.pin,
+        ))
+    else:
+        apns_port = native.port
+    fake_pids = {
+        "fcm": [fakes[0].pid], "apns": native.pids() if native else [fakes[1].pid],
+    }
     limits = {"wakeups_per_minute_per_device": 0, "coalesce_window_ms": 0}
     push = {"concurrency_per_provider": CONCURRENCY}
     documents = {
@@ -383,13 +407,18 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     try:
         results = {}
         for provider in args.providers:
-            fake_pid = fakes[0 if provider == "apns" else 1].pid
-            results[provider] = await run_provider(provider, documents[provider], folder, args, fake_pid)
+            results[provider] = await run_provider(
+                provider, documents[provider], folder, args, fake_pids[provider]
+            )
+            if provider == "apns":
+                results[provider]["apns_endpoint"] = args.apns
             print(provider, json.dumps(results[provider]), flush=True)
     finally:
         for fake in fakes:
             fake.terminate()
             fake.wait(10)
+        if native is not None:
+            native.stop()
     return {
         "benchmark": "push delivery from a full outbox",
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
@@ -413,6 +442,11 @@ def main() -> None:
     parser.add_argument("--pin", action="store_true",
                         help="pin this process and the fakes to separate cores (slower under gVisor)")
     parser.add_argument("--providers", nargs="+", default=["apns", "fcm"])
+    parser.add_argument(
+        "--apns", choices=["nginx", "python"], default="nginx",
+        help="the APNs endpoint: nginx (bench/native_apns.py, C, a few µs per request) or the "
+        "test suite's checking fake (h2 in Python, most of a core at these rates)",
+    )
     args = parser.parse_args()
     tune_gc()  # as `sigil-push serve` does
     summary = uvloop.run(main_async(args))  # `sigil-push serve` runs on uvloop through uvicorn
