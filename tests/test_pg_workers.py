@@ -17,11 +17,18 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+import asyncpg
 import nostr_sdk
 
-from sigil_push.shards import DEFAULT_SHARDS
-from tests.support.bridge_harness import eventually, new_token, register, wakeups
-from tests.support.nostr_client import kind4_dm, publish, user
+from sigil_push.shards import DEFAULT_SHARDS, shard_of
+from tests.support.bridge_harness import (
+    eventually,
+    eventually_async,
+    new_token,
+    register,
+    wakeups,
+)
+from tests.support.nostr_client import hex_of, kind4_dm, publish, user
 from tests.support.processes import FAST_RECONNECT, worker_health
 from tests.support.relay import RelayProcess
 from tests.support.service import ServiceProcess
@@ -136,3 +143,54 @@ async def test_rolling_restart_loses_and_doubles_nothing(
     )
     pushes = _pushes(workers)
     assert {i: pushes[i] for i in ids} == dict.fromkeys(ids, 1), "nothing lost, nothing doubled"
+
+
+async def test_a_dm_after_a_new_keys_first_eose_survives_a_kill_before_its_baseline_commits(
+    tmp_path: Path, postgres_url: str, start_relay: Callable[..., RelayProcess],
+    workers: list[ServiceProcess],
+) -> None:
+    """A key registered on a worker that subscribes it (fresh), reaches EOSE and receives a DM
+    live, and is SIGKILLed before its committer's transaction (the baseline, then the DM's
+    outbox row) commits. The worker taking the shard over finds no baseline stored for the
+    key: the DM sent after the registration must still be pushed, not taken for one of the
+    events that predate the registration. The committer is held back by a table lock the
+    test holds on `relay_baselines`, released once the worker is dead."""
+    relay = start_relay("relay")
+    await _instance(tmp_path, postgres_url, relay, workers, 2)
+    await eventually(
+        lambda: sorted(map(len, _shards(workers))) == [128, 128], "the shards settled", 60
+    )
+    victim, survivor = workers
+    held = set(_shards([victim])[0])
+    newcomer = next(k for k in iter(user, None) if shard_of(hex_of(k)) in held)
+    sender = user()
+    history = kind4_dm(sender, newcomer, "before the registration", int(time.time()) - 600)
+    await publish(relay.url, history)
+    watched = _watched(workers, relay.url)
+    blocker = await asyncpg.connect(postgres_url)
+    try:
+        blocking = blocker.transaction()
+        await blocking.start()
+        await blocker.execute("LOCK TABLE relay_baselines IN SHARE MODE")
+        register(survivor, newcomer, new_token())
+        await eventually(
+            lambda: _watched(workers, relay.url) == watched + 1, "the new key subscribed", 60
+        )
+
+        async def baseline_waits() -> bool:
+            return bool(await blocker.fetchval(
+                "SELECT count(*) FROM pg_locks WHERE NOT granted"
+                " AND relation = 'relay_baselines'::regclass"
+            ))
+
+        await eventually_async(baseline_waits, "the victim's baseline held back", 60)
+        dm = kind4_dm(sender, newcomer, "sent after the registration")
+        await publish(relay.url, dm)
+        assert victim.stop(signal.SIGKILL) == -9
+    finally:
+        await blocker.close()
+    await eventually(
+        lambda: _watched([survivor], relay.url) == watched + 1, "the survivor took the key", 60
+    )
+    await eventually(lambda: wakeups(survivor)[dm["id"]] == 1, "the DM pushed", 60)
+    assert _pushes(workers)[history["id"]] == 0, "what predates the registration stays unpushed"
