@@ -16,6 +16,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import nostr_sdk
@@ -67,6 +68,58 @@ def _pushes(services: list[ServiceProcess]) -> Counter[str]:
     return total
 
 
+async def _diagnosis(
+    postgres_url: str, services: list[ServiceProcess], relay: str, dms: list[dict[str, Any]]
+) -> str:
+    """What a failed hand-over left behind, for the failure message: each worker's shards and
+    subscriptions (/health), the lease table, and per DM not pushed exactly once its
+    recipient's shard and its owner, whether the DM is in `seen_events` (handled: swallowed
+    as a baseline, or its outbox row lost) and its outbox row (claimed by whom, until when,
+    attempts), and whether the recipient is baselined on the relay. Worker logs stay in
+    each worker's folder (pytest keeps the last runs' tmp_path)."""
+    pushes = _pushes(services)
+    lines = ["diagnosis:"]
+    for service in services:
+        report = worker_health(service)
+        lines.append(
+            f"  {service.folder.name} ({report.get('worker', 'down')}):"
+            f" {len(report.get('shards', []))} shards,"
+            f" relay {report.get('relays', {}).get(relay)!r}, log {service.log_path}"
+        )
+    connection = await asyncpg.connect(postgres_url)
+    try:
+        leases = await connection.fetch(
+            "SELECT owner, count(*) AS shards, min(expires_at - now()) AS soonest,"
+            " max(epoch) AS epoch FROM shard_leases GROUP BY owner ORDER BY owner"
+        )
+        lines += [f"  leases: {dict(row)}" for row in leases]
+        owners = dict(await connection.fetch("SELECT shard, owner FROM shard_leases"))
+        for dm in dms:
+            if pushes[dm["id"]] == 1:
+                continue
+            recipient = next(t[1] for t in dm["tags"] if t[0] == "p")
+            seen = await connection.fetchval(
+                "SELECT count(*) FROM seen_events WHERE event_id = $1", dm["id"]
+            )
+            outbox = await connection.fetch(
+                "SELECT claimed_by, claimed_until_ms, attempts, next_attempt_ms FROM outbox"
+                " WHERE event_id = $1", dm["id"]
+            )
+            baselined = await connection.fetchval(
+                "SELECT count(*) FROM relay_baselines WHERE relay = $1 AND pubkey = $2",
+                relay, recipient,
+            )
+            shard = shard_of(recipient)
+            lines.append(
+                f"  DM {dm['id'][:12]} pushed {pushes[dm['id']]}x: shard {shard} owner"
+                f" {owners.get(shard)}, seen {seen}, baselined {baselined},"
+                f" outbox {[dict(row) for row in outbox]}"
+            )
+    finally:
+        await connection.close()
+    return "\n".join(lines)
+
+
 async def _instance(
     tmp_path: Path, postgres_url: str, relay: RelayProcess, workers: list[ServiceProcess],
     count: int,
@@ -109,16 +162,30 @@ async def test_sigkill_mid_burst_moves_shards_and_pushes_every_dm(
           f" {len(victim_shards)} shards moved)")
 
     ids = [dm["id"] for dm in dms]
-    await eventually(
-        lambda: all(_pushes(workers)[i] >= 1 for i in ids), "every DM pushed", timeout=90
-    )
+    try:
+        await eventually(
+            lambda: all(_pushes(workers)[i] >= 1 for i in ids), "every DM pushed", timeout=90
+        )
+    except AssertionError as failure:
+        raise AssertionError(
+            f"{failure}\n{await _diagnosis(postgres_url, workers, relay.url, dms)}"
+        ) from None
     pushes = _pushes(workers)
     in_doubt = set(wakeups(victim))
     repeated = {i for i in ids if pushes[i] > 1}
-    assert repeated <= in_doubt, "only the killed worker's in-doubt pushes may repeat"
-    assert all(pushes[i] <= 2 for i in ids)
+    diagnosis = "" if repeated <= in_doubt and all(pushes[i] <= 2 for i in ids) else (
+        await _diagnosis(postgres_url, workers, relay.url, dms)
+    )
+    assert repeated <= in_doubt, f"only the killed worker's in-doubt pushes may repeat{diagnosis}"
+    assert all(pushes[i] <= 2 for i in ids), diagnosis
     print(f"{len(ids)} DMs, {len(repeated)} repeated (in doubt at the kill)")
-    assert _watched(survivors, relay.url) == len(recipients)
+    # the survivors' subscriptions of the moved keys may still await EOSE when the last push
+    # is logged (a push needs the event, not its REQ's EOSE), and /health may be slow to
+    # answer on a loaded machine: this converges, it is not an instant's state
+    await eventually(
+        lambda: _watched(survivors, relay.url) == len(recipients),
+        "the survivors watch every key once", timeout=60,
+    )
 
 
 async def test_rolling_restart_loses_and_doubles_nothing(
