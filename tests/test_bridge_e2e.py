@@ -142,11 +142,14 @@ async def test_forged_and_altered_events_from_a_malicious_relay_are_not_pushed(
 async def test_events_stored_before_registration_are_remembered_not_pushed(
     start_relay: Callable[..., RelayProcess], start_service: Callable[..., ServiceProcess]
 ) -> None:
-    """What a relay returns before EOSE on the key's first subscription predates the
-    registration: recorded as seen, never pushed. The first DM after it is pushed."""
+    """What a relay returns before EOSE on the key's first subscription and was made before
+    the registration is recorded as seen, never pushed. The first DM after it is pushed. (A
+    DM made in the registration's own second counts as after it, as on a firehose: the old
+    DM is a minute old, not made a moment before the service starts.)"""
     relay = start_relay("r")
     alice, bob = user(), user()
-    old_dm, old_wrap = kind4_dm(bob, alice, "old"), gift_wrap(bob, alice, "old wrap")
+    old_dm = kind4_dm(bob, alice, "old", created_at=int(time.time()) - 60)
+    old_wrap = gift_wrap(bob, alice, "old wrap")
     await publish(relay.url, old_dm, old_wrap)
     service = start_service([relay.url])
     await register_live(service, relay.url, alice)
@@ -159,6 +162,13 @@ async def test_events_stored_before_registration_are_remembered_not_pushed(
     await pushed_once(service, relay.url, fresh, "the new gift wrap pushed")
     assert wakeups(service)[old_dm["id"]] == 0
     assert wakeups(service)[old_wrap["id"]] == 0
+
+    def expected() -> list[str]:
+        return [r["event_id"] for r in service.observation_records() if r["type"] == "expect"]
+
+    # `expect` records are for DMs handed to the outbox, not for the history that woke nobody
+    await eventually(lambda: fresh["id"] in expected(), "the new DM's expect record written")
+    assert not {old_dm["id"], old_wrap["id"]} & set(expected())
 
 
 @pytest.mark.parametrize(

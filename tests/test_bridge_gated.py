@@ -18,6 +18,7 @@ behaviour, so both its styles run on both engines.
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 import time
 from collections.abc import Iterator
@@ -515,6 +516,81 @@ async def test_a_one_key_relay_keeps_the_key_it_accepted_when_auths_arrive_out_o
         assert asked[accepted] == 1, "the accepted key stays on the shared connection"
         assert all(asked[key] == 2 for key in refused), asked
         wraps = [gift_wrap(user(), s.user, "after the change") for s in signers]
+        await publish(gated.upstream.url, *wraps)
+        for wrap in wraps:
+            await eventually(lambda w=wrap: wakeups(service)[w["id"]] == 1, "pushed per user")
+
+
+def challenges_signed(signer: RemoteSigner) -> list[str]:
+    """The NIP-42 challenge in each AUTH template the signer was asked to sign, in order."""
+    return [
+        tag[1]
+        for r in list(signer.requests) if r.method == "sign_event"
+        for tag in json.loads(r.params[0])["tags"] if tag[0] == "challenge"
+    ]
+
+
+async def test_a_reconnect_while_one_signer_signs_asks_nobody_else_for_the_old_challenge(
+    tmp_path: Path, engine: Engine
+) -> None:
+    """On a relay whose mode is not learned yet (strfry here), the probe connection's two users
+    are asked one after the other for each challenge. The relay restarts while the first user's
+    signer is signing: that signature is for a socket that is gone, and the second user's signer
+    must not then be asked for the old socket's challenge (a wasted request, charged to that
+    user's rate limit, for an AUTH that can never be sent). The new socket's challenge starts a
+    fresh round, and both users read.
+
+    The round for the first socket's challenge holds the first user alone (the second joins
+    after it began), so the relay restarts twice with every signer held: the second socket's
+    round holds both users, and the third socket replaces it while the first user's signer is
+    still signing for the second."""
+    with delegating(tmp_path, AuthRelay(tmp_path / "gated", "strfry"), engine) as (
+        open_relay, gated, service, started
+    ):
+        signers = [RemoteSigner(open_relay.url).start() for _ in range(2)]
+        started += signers
+        for signer in signers:
+            signer.hold()
+        service.start()
+        for signer in signers:
+            register(service, signer.user, new_token(), [gated.url], signer.bunker_uri)
+        keys = {s.user_hex for s in signers}
+
+        def on_one_connection() -> bool:
+            return any(
+                {k for p in requests for k in p} >= keys
+                for requests in gated.dm_requests_by_connection()
+            )
+
+        def asked(count: int) -> bool:
+            sent = "sigil_push_delegated_auth_signer_requests_total"
+            return metric(service, sent, method="sign_event") == count
+
+        await eventually(lambda: on_one_connection() and asked(1), "the first user asked", 60)
+        # a held signer records a request when it takes it up: only the first one so far
+        first, second = sorted(signers, key=sign_requests, reverse=True)
+        assert (sign_requests(first), sign_requests(second)) == (1, 0)
+        for restart in (2, 3):
+            _restart_as_strfry_with_signers_held(gated, signers)
+            await eventually(
+                lambda n=restart: on_one_connection() and asked(n),
+                f"the first user asked again on socket {restart}",
+                60,
+            )
+        for signer in signers:
+            signer.release()
+
+        await eventually(lambda: users_on(service, gated.url) == (2, 0), "both reading", 90)
+        assert health(service)["relays"][gated.url]["auth_mode"] == "single"
+        carried = [k for k in gated.keys_by_connection() if set(k) & keys]
+        assert sorted(carried) == sorted([k] for k in keys), "a connection each"
+        live = {session.challenge for session in list(gated.open_sessions)}
+        asked_first, asked_second = challenges_signed(first), challenges_signed(second)
+        dead = asked_first[:2]
+        assert len(asked_first) == 3 and asked_first[2] in live and not set(dead) & live
+        assert not set(dead) & set(asked_second), "asked to sign a dead socket's challenge"
+        assert asked_second and set(asked_second) <= live, asked_second
+        wraps = [gift_wrap(user(), s.user, "after the restarts") for s in signers]
         await publish(gated.upstream.url, *wraps)
         for wrap in wraps:
             await eventually(lambda w=wrap: wakeups(service)[w["id"]] == 1, "pushed per user")

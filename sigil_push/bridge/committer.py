@@ -237,8 +237,13 @@ class Committer:
             self._held, self._held_records = {}, []
         self._hold(further, further_seen)
         self._observations.seen_many(delivered)
+        written = {id(arrival) for arrival, _ in writes}
         for arrival in to_push:
-            self._expect(arrival)
+            # a fresh key's history (woken only from its registration on) that woke nobody was
+            # not handed to the outbox: no `expect` for it
+            late = arrival.since_registration
+            if not late or id(arrival) in written or any(r not in late for r in arrival.push_to):
+                self._expect(arrival)
         await self._lists.save()
         if writes:
             self._outbox.ready.set()

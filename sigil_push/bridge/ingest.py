@@ -212,14 +212,18 @@ class Ingest:
             since_registration = tuple(r for r in recipients if subs.catching_up(sub_id, r))
             self._hand_over(counters, entry, url, received_ms, recipients, since_registration)
             return
-        push_to: tuple[str, ...]
+        # a key still fresh here is woken only for what was made after its registration (the
+        # committer's `since_registration` rule): its baseline row can be missing for a key
+        # registered long ago, when the worker that stored it was killed before the commit
+        # and another worker took the shard over; every DM sent since would be swallowed
+        fresh: tuple[str, ...]
         if subs is None:
-            push_to = recipients
+            fresh = ()
         elif len(recipients) == 1:
-            push_to = () if subs.is_baseline(sub_id, recipients[0]) else recipients
+            fresh = recipients if subs.is_baseline(sub_id, recipients[0]) else ()
         else:
-            push_to = tuple(r for r in recipients if not subs.is_baseline(sub_id, r))
-        self._hand_over(counters, entry, url, received_ms, push_to)
+            fresh = tuple(r for r in recipients if subs.is_baseline(sub_id, r))
+        self._hand_over(counters, entry, url, received_ms, recipients, fresh)
 
     def raw_event(self, url: str, frame: str, received_ms: int) -> bool:
         """A frame from the shared connection to `url`, before it is parsed; True when it was
@@ -380,8 +384,15 @@ class Ingest:
         since_registration: tuple[str, ...] = (),
     ) -> None:
         """Queue for the committer. Recipients' quotas are spent once per event, not once per
-        relay that delivers a copy (the committer pushes an event at most once anyway)."""
-        if push_to and not entry.enqueued and not self._within_quota(counters, push_to):
+        relay that delivers a copy (the committer pushes an event at most once anyway), and
+        not for `since_registration` recipients: a fresh key's history must not use up its
+        quota (an event dropped for quota is not marked seen, and would be pushed as new by
+        the next catch-up)."""
+        charged = (
+            push_to if not since_registration
+            else tuple(r for r in push_to if r not in since_registration)
+        )
+        if charged and not entry.enqueued and not self._within_quota(counters, charged):
             return
         entry.enqueued = True
         self._enqueue(Arrival(entry.event, url, received_ms, push_to, since_registration))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter as Tally
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -104,8 +105,9 @@ class InboxConnection:
         self._auth_keys: set[str] = set()
         """Every key whose AUTH went out on the current socket, users moved off it since
         included: which one a one-key relay serves is its choice, not ours."""
-        self._authenticating: set[str] = set()
-        """Users whose signer is being asked right now."""
+        self._authenticating: Tally[str] = Tally()
+        """Users whose signer is being asked right now, with how many requests: a request
+        for a dead socket's challenge may still be out beside one for the new socket's."""
         self._tasks = BackgroundTasks("inbox-connection")
         self.connection = RelayConnection(
             url,
@@ -166,7 +168,10 @@ class InboxConnection:
 
     async def answer_challenge(self, connection: RelayConnection, challenge: str) -> None:
         """One AUTH per user: all at once on a `multi` relay; otherwise the first user whose
-        signer signs (on an unknown relay the second key is tried only once the first reads)."""
+        signer signs (on an unknown relay the second key is tried only once the first reads).
+        The one-at-a-time round ends with its socket: a signer can take seconds, and if the
+        relay reconnected meanwhile, the next user's signer would be asked (and charged) for
+        a challenge nobody can answer any more; the new socket's challenge starts a new round."""
         self._challenge = challenge
         generation = connection.socket_generation
         if self._manager.mode(self.url) == "multi":
@@ -174,6 +179,8 @@ class InboxConnection:
             await asyncio.gather(*(self._authenticate(m, challenge, generation) for m in members))
             return
         for member in list(self.members.values()):
+            if connection.socket_generation != generation:
+                return
             if self.members.get(member.pubkey) is member and await self._authenticate(
                 member, challenge, generation
             ):
@@ -198,8 +205,11 @@ class InboxConnection:
         # a lone user's refused AUTH shows as the CLOSED of the REQ that follows it
 
     async def _authenticate(self, member: _Member, challenge: str, generation: int) -> bool:
-        """Ask the user's signer once for this challenge, send the AUTH, then the user's REQ."""
-        self._authenticating.add(member.pubkey)
+        """Ask the user's signer once for this challenge, send the AUTH, then the user's REQ.
+        Nobody is asked for the challenge of a socket already gone (a task started late)."""
+        if generation != self.connection.socket_generation:
+            return False
+        self._authenticating[member.pubkey] += 1
         try:
             event = await member.signer.sign_auth(self.url, challenge)
         except AuthUnavailable as exc:
@@ -216,7 +226,9 @@ class InboxConnection:
                     self._manager.evict(self, member.pubkey)
             return False
         finally:
-            self._authenticating.discard(member.pubkey)
+            self._authenticating[member.pubkey] -= 1
+            if not self._authenticating[member.pubkey]:
+                del self._authenticating[member.pubkey]
         if self.members.get(member.pubkey) is not member:
             return False
         self._auth_ids[event.id] = member.pubkey
