@@ -8,9 +8,13 @@ against the bare client run for run:
   pushes, minus a shorter run of the same side, so start-up, imports and the TLS handshake
   cancel out; the sides alternate, and the median of `--repeats` is reported.
 - `callgrind`: the same differential, counted in instructions under `valgrind --tool=callgrind`
-  (slow, but the count does not depend on what else runs on the machine). Time-driven work
-  (the delivery loop's once-a-second housekeeping, the observation log's flush every 0.25 s)
-  runs about 50x more often per push under valgrind, so the pipeline's count is a little high.
+  (slow, but the count does not depend on what else runs on the machine). Valgrind runs
+  Python about 56x slower while timers keep wall-clock time, so work done per interval (the
+  completion burst's 20 ms, the delivery loop's housekeeping each second, the log's flush
+  every 0.25 s, this harness's depth poll) would run 56x as often per push as natively, and
+  the smaller bursts would cost more per push. The pipeline child stretches those intervals
+  by `--timer-scale` (default 56, measured) so each keeps its native share per push;
+  `--timer-scale 1` counts them at valgrind's pace (session 7: 0.835 that way).
 
 Both sides do what bench/push.py's do: the bare side is `bench.push.bare_apns` (the service's
 own aioapns client, same body, headers and apns-ids, `concurrency` loops, no outbox); the
@@ -41,6 +45,8 @@ import uvloop
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.push import CONCURRENCY, bare_apns, free_port, start_fake
+from sigil_push import delivery as delivery_module
+from sigil_push import observations as observations_module
 from sigil_push.config import parse_config
 from sigil_push.delivery import Delivery
 from sigil_push.nostr.event import sign_event
@@ -54,6 +60,8 @@ from sigil_push.store.sqlite.outbox import Outbox
 from tests.fakes.credentials import KEY_ID, TEAM_ID, TOPIC, make_apns_key, make_tls
 
 DEVICES = 2000
+DEPTH_POLL_SECONDS = 0.25
+VALGRIND_SLOWDOWN = 56.0  # a CPU-bound Python loop: 1.49 s of CPU natively, 83.1 s under callgrind
 
 
 def document(folder: Path, port: int) -> dict[str, Any]:
@@ -83,6 +91,21 @@ async def fill(database: Path, pushes: int) -> None:
     await db.close()
 
 
+def stretch_timers(factor: float) -> None:
+    """Under valgrind every instruction takes about `factor` times longer while timers keep
+    wall-clock time, so work that runs per interval (the completion burst's 20 ms, the
+    delivery loop's housekeeping each second, the log's flush every 0.25 s, this harness's own
+    depth poll) would run `factor` times as often per push as at full speed, and be counted
+    as the pipeline's cost per push. Stretching those intervals by the same factor keeps each
+    one's share per push as it is natively. Measurement only: nothing else changes."""
+    delivery_module.COMPLETE_WITHIN_SECONDS *= factor
+    delivery_module.HOUSEKEEPING_SECONDS *= factor
+    delivery_module.IDLE_POLL_SECONDS *= factor
+    observations_module.FLUSH_INTERVAL_SECONDS *= factor
+    global DEPTH_POLL_SECONDS
+    DEPTH_POLL_SECONDS *= factor
+
+
 async def child(side: str, folder: Path, port: int, database: Path, pushes: int) -> float:
     """One side's run in this (fresh) process; returns its CPU seconds, start-up included."""
     config = parse_config(document(folder, port), folder / "relays.toml")
@@ -106,7 +129,7 @@ async def child(side: str, folder: Path, port: int, database: Path, pushes: int)
                             config.push, config.limits)
         await delivery.start()
         while await outbox.depth():
-            await asyncio.sleep(0.25)
+            await asyncio.sleep(DEPTH_POLL_SECONDS)
         await delivery.stop()
         await observations.stop()
     await db.close()
@@ -119,7 +142,8 @@ def run_child(args: argparse.Namespace, side: str, pushes: int, port: int, templ
     database = Path(args.folder) / f"run-{side}-{pushes}.db"
     shutil.copyfile(template, database)
     command = [sys.executable, __file__, "child", "--side", side, "--folder", args.folder,
-               "--port", str(port), "--database", str(database), "--pushes", str(pushes)]
+               "--port", str(port), "--database", str(database), "--pushes", str(pushes),
+               "--timer-scale", str(args.timer_scale if callgrind else 1.0)]
     out = Path(args.folder) / "callgrind.out"
     if callgrind:
         command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *command]
@@ -147,6 +171,11 @@ def main() -> None:
     parser.add_argument("--sides", nargs="+", default=["bare", "pipeline"])
     parser.add_argument("--py-spy", metavar="FOLDER",
                         help="record each child with py-spy (raw stacks) into FOLDER")
+    parser.add_argument(
+        "--timer-scale", type=float, default=VALGRIND_SLOWDOWN,
+        help="under callgrind, stretch the pipeline's timers by this factor (valgrind's "
+        "slowdown; 1 counts them as often as valgrind's slow clock makes them fire)",
+    )
     parser.add_argument("--side", help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -154,6 +183,7 @@ def main() -> None:
     args = parser.parse_args()
     tune_gc()  # as `sigil-push serve` does
     if args.role == "child":
+        stretch_timers(args.timer_scale)
         print(uvloop.run(child(args.side, Path(args.folder), args.port, Path(args.database),
                                args.pushes)))
         return
