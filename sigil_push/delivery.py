@@ -421,7 +421,10 @@ class Delivery:
                 log.exception("%s sender failed unexpectedly", sender.provider)
                 outcome = Outcome(Status.RETRY, detail="sender_error")
             try:
-                await self._settle(push, sender.provider, outcome)
+                if outcome.status is _ACCEPTED:  # most outcomes: no coroutine for the settling
+                    self._accept(push, sender.provider)
+                else:
+                    await self._settle(push, sender.provider, outcome)
             except Exception:
                 log.exception("cannot record a %s outcome; its wakeups will be retried", sender.provider)
                 self._unsettled.extend(w.id for w in push.wakeups)
@@ -442,18 +445,20 @@ class Delivery:
             if self._room(platform) >= self._refill[platform]:
                 self._outbox.ready.set()
 
+    def _accept(self, push: Push, provider: str) -> None:
+        """An accepted push is recorded and deleted with its answer burst."""
+        self._accepted.append((push, provider, _ACCEPTED_VALUE, now_ms()))
+        wakeups = push.wakeups
+        if len(wakeups) == 1:
+            self._to_complete.append(wakeups[0].id)
+        else:
+            self._to_complete.extend([w.id for w in wakeups])
+        self._completion_due.set()
+
     async def _settle(self, push: Push, provider: str, outcome: Outcome) -> None:
+        """A push the provider did not accept: retried later, given up, or its token forgotten."""
         answered = now_ms()
         status = outcome.status
-        if status is _ACCEPTED:  # most outcomes: recorded with the burst's deletion
-            self._accepted.append((push, provider, _ACCEPTED_VALUE, answered))
-            wakeups = push.wakeups
-            if len(wakeups) == 1:
-                self._to_complete.append(wakeups[0].id)
-            else:
-                self._to_complete.extend([w.id for w in wakeups])
-            self._completion_due.set()
-            return
         ids = [w.id for w in push.wakeups]
         if status is Status.RETRY:
             next_ms = self._retry_at(push, outcome, answered)
