@@ -294,10 +294,10 @@ class Delivery:
             if host is not None:
                 planned_per_host[host] += sum(len(p.wakeups) for p in planned)
             pushes.extend(planned)
+        # `due` claimed every row it returned (`hold` gives back those not sent now): queue
+        # every push and start its senders before anything else can fail, so no claim is
+        # left without a task that settles it
         claimed = [w.id for push in pushes for w in push.wakeups]
-        await self._outbox.claim(claimed, now)
-        # from here on the rows are claimed: queue every push and start its senders before
-        # anything else can fail, so no claim is left without a task that settles it
         self._live_ids.update(claimed)
         for push in pushes:
             self._rows_in_flight[push.device.platform] += len(push.wakeups)

@@ -31,7 +31,6 @@ async def _old_instance(path: Path) -> dict[str, object]:
         await store.outbox.enqueue(event, "wss://a.example", NOW_MS, [ios, up])
         await store.outbox.resume(NOW_MS)
         due = await store.outbox.due(NOW_MS, 10)
-        await store.outbox.claim([due[0].id], NOW_MS)  # in flight when the old instance stopped
         collapse = {w.id: store.outbox.collapse_id(w.id) for w in due}
         seen = SeenEvents(store.db, 3600, 10)
         await seen.save([(event.id, ("wss://a.example",), NOW_MS, event.created_at)],

@@ -71,7 +71,6 @@ async def test_outbox_claim_reschedule_complete_and_crash_resume(store: Store) -
     await outbox.resume(NOW)
     assert len(outbox.collapse_id(1)) == 32 and outbox.collapse_id(1) == outbox.collapse_id(1)
     first, second, third = await outbox.due(NOW, 10)
-    await outbox.claim([first.id, second.id], NOW)
     await outbox.hold([third.id], NOW + 5_000)
     assert await outbox.due(NOW + 1_000, 10) == []
     assert await outbox.next_due_ms() is not None
@@ -85,7 +84,6 @@ async def test_outbox_claim_reschedule_complete_and_crash_resume(store: Store) -
     # the sent one counts an attempt, the one held back without a send does not
     assert {w.id: w.attempts for w in later} == {second.id: 1, third.id: 0}
     # a crash with claims held: the next start makes them due again at once
-    await outbox.claim([second.id], NOW + 5_000)
     restarted = await open_test_store(_url(store), "after-crash")
     try:
         assert await restarted.outbox.resume(NOW + 6_000) >= 1
@@ -196,7 +194,6 @@ async def test_two_postgres_workers_never_take_the_same_wakeup(
         async def drain(index: int, worker: Store) -> None:
             while batch := await worker.outbox.due(NOW, 7):
                 ids = [w.id for w in batch]
-                await worker.outbox.claim(ids, NOW)
                 taken[index].extend(ids)
                 await worker.outbox.complete(ids)
 
@@ -220,7 +217,6 @@ async def test_a_dead_workers_claims_lapse_and_another_worker_sends_them(
         await store.outbox.resume(NOW)
         await other.outbox.resume(NOW)
         held = await store.outbox.due(NOW, 10)
-        await store.outbox.claim([w.id for w in held], NOW)
         assert await other.outbox.due(NOW + 1_000, 10) == []
         # the first worker never finishes; its claims last 60 s in these stores
         retaken = await other.outbox.due(NOW + 60_000, 10)
@@ -243,7 +239,6 @@ async def test_attempts_count_sends_not_holds_nor_reads(store: Store) -> None:
         now = NOW + round_ * 1_000
         sent, held = await outbox.due(now, 10)
         assert (sent.attempts, held.attempts) == (round_, 0)
-        await outbox.claim([sent.id], now)
         await outbox.hold([held.id], now + 1_000)
         await outbox.reschedule([sent.id], now + 1_000)  # a provider said: retry later
     assert await outbox.depth() == 2
@@ -271,10 +266,10 @@ async def test_due_reserves_its_rows_and_counts_the_attempt_on_both_engines(stor
     assert [w.attempts for w in await outbox.due(NOW + 2, 10)] == [1, 1], "hold undid the count"
 
 
-async def test_a_worker_killed_between_due_and_claim_leaves_rows_another_sends_once(
+async def test_a_worker_killed_between_due_and_its_sends_leaves_rows_another_sends_once(
     store: Store, store_backend: str
 ) -> None:
-    """A worker that reserved a batch and died before sending (or before `claim` returned):
+    """A worker that reserved a batch and died before sending it:
     its reservation lapses, another worker takes the rows once, and the lost batch counts
     as an attempt (PostgreSQL counts in `due`; docs/operations.md)."""
     if store_backend != "postgres":
@@ -294,7 +289,6 @@ async def test_a_worker_killed_between_due_and_claim_leaves_rows_another_sends_o
         assert sorted(w.id for w in retaken) == sorted(w.id for w in reserved)
         assert {w.attempts for w in retaken} == {1}
         for worker, batch in zip((other, third), taken, strict=True):
-            await worker.outbox.claim([w.id for w in batch], NOW + 60_000)
             await worker.outbox.complete([w.id for w in batch])
         assert await store.outbox.depth() == 0
     finally:

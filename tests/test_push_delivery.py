@@ -231,7 +231,6 @@ async def test_wakeups_in_flight_at_a_crash_are_resent_at_start_with_the_same_co
     await harness.enqueue([device])
     await harness.outbox.resume(now_ms())
     wakeup = (await harness.outbox.due(now_ms(), 10))[0]
-    await harness.outbox.claim([wakeup.id], now_ms())
     collapse_id = harness.outbox.collapse_id(wakeup.id)
 
     await harness.start()

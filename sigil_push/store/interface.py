@@ -134,12 +134,6 @@ class OutboxStore(Protocol):
 
     async def next_due_ms(self) -> int | None: ...
 
-    async def claim(self, wakeup_ids: Sequence[int], now_ms: int) -> None:
-        """Rows `due` returned that go out now: from here their attempt counts (an engine may
-        have counted it in `due` already, to save a round trip) and they stay held while the
-        push is in flight."""
-        ...
-
     async def hold(self, wakeup_ids: Sequence[int], next_attempt_ms: int) -> None:
         """Give back rows `due` returned that are not sent now (a coalescing window, a rate
         limit, a host cap), due again at `next_attempt_ms`, with no attempt counted."""

@@ -4,7 +4,7 @@ The same `OutboxStore` as SQLite's, made safe for several workers: the (device_i
 unique constraint makes enqueueing
 exactly-once; `due` reserves the rows it returns for this worker (`FOR UPDATE SKIP LOCKED`, so
 concurrent workers never get the same row) until `claimed_until_ms` and counts their attempt
-in the same statement, so `claim` has nothing left to write; `hold` gives back the rows
+in the same statement, so nothing is written between `due` and the sends; `hold` gives back the rows
 delivery does not send now (coalescing, rate limits) with the count undone. One statement and
 one new row version per batch instead of two: the second UPDATE was a round trip and a dead
 tuple per wakeup, paid on the cores the workers share with PostgreSQL. A killed worker's claims
@@ -159,10 +159,6 @@ class PostgresOutbox:
             "SELECT MIN(GREATEST(next_attempt_ms, COALESCE(claimed_until_ms, 0))) FROM outbox"
         )
         return None if due is None else int(due)
-
-    async def claim(self, wakeup_ids: Sequence[int], now_ms: int) -> None:
-        """Nothing to write: `due` counted the attempt and holds the rows for `claim_ms`,
-        longer than a send can take (delivery claims at once after `due`)."""
 
     async def hold(self, wakeup_ids: Sequence[int], next_attempt_ms: int) -> None:
         """Give back reserved rows not sent now, undoing the attempt `due` counted; a row

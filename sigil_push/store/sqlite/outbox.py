@@ -113,8 +113,8 @@ class Outbox:
         itself SQLite walks every due row in schedule order, which a backlog makes slow.
 
         As on PostgreSQL, the rows are claimed and their attempt counted in the statement that
-        picks them (an UPDATE ... RETURNING), so `claim` has nothing left to write and `hold`
-        undoes the count for rows delivery does not send now: one statement, one commit and
+        picks them (an UPDATE ... RETURNING), nothing is written between `due` and the sends,
+        and `hold` undoes the count for rows delivery does not send now: one statement, one commit and
         one write of each row per batch instead of two, and the ordering sorts row ids rather
         than whole rows. The devices are then read by id; a row whose device was unregistered
         in between went with it (ON DELETE CASCADE) and is left out.
@@ -159,9 +159,6 @@ class Outbox:
             "SELECT MIN(next_attempt_ms) FROM outbox WHERE claimed_ms IS NULL"
         )
         return None if due is None else int(due)
-
-    async def claim(self, wakeup_ids: Sequence[int], now_ms: int) -> None:
-        """Nothing to write: `due` claimed the rows and counted their attempt."""
 
     async def complete(self, wakeup_ids: Sequence[int]) -> None:
         """Remove wakeups that reached a final outcome. The ids travel as one JSON array, so
