@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from sigil_push.relays.budget import ConnectionBudget
+
 DROP_REASONS = (
     "malformed", "wrong_kind", "unknown_recipient", "wrong_id", "forged", "no_device",
     "too_old", "too_new", "recipient_quota", "poison", "unaddressed",
@@ -36,12 +38,28 @@ POISON = Counter(
 )
 
 
+INVALID_REASONS = frozenset(
+    {"malformed", "unknown_recipient", "wrong_id", "forged", "too_old", "too_new"}
+)
+"""Drops that charge the delivering socket's invalid-event budget (relays/budget.py)."""
+
+
 class RelayCounters:
-    """One relay's counters, bound once: label lookups per event would cost more than parsing."""
+    """One relay's counters, bound once: label lookups per event would cost more than parsing.
 
-    __slots__ = ("dropped", "duplicates", "received")
+    `budget`: the shared connection's, charged for each invalid event it delivers (None for
+    counters of per-user connections, which are not the shared socket)."""
 
-    def __init__(self, url: str) -> None:
+    __slots__ = ("budget", "dropped", "duplicates", "received")
+
+    def __init__(self, url: str, budget: ConnectionBudget | None = None) -> None:
         self.received = RECEIVED.labels(url)
         self.duplicates = DUPLICATES.labels(url)
         self.dropped = {reason: DROPPED.labels(url, reason) for reason in DROP_REASONS}
+        self.budget = budget
+
+    def invalid(self, reason: str) -> None:
+        """An invalid event (one of INVALID_REASONS): counted, and charged to its socket."""
+        self.dropped[reason].inc()
+        if self.budget is not None:
+            self.budget.invalid()

@@ -40,6 +40,7 @@ from sigil_push.nostr.event import Event
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip42 import auth_event
 from sigil_push.observations import ObservationLog
+from sigil_push.relays.budget import ConnectionBudget
 from sigil_push.relays.nip11 import RelayLimits, fetch_limits
 from sigil_push.relays.reader_socket import ReaderSocket, open_reader
 from sigil_push.supervisor import BackgroundTasks, supervise
@@ -100,6 +101,19 @@ STALE_REFUSALS = Counter(
     "REQs refused before the bridge's AUTH (then re-sent after it), not counted as gated",
     ["relay"],
 )
+INVALID_DROPS = Counter(
+    "sigil_push_relay_invalid_drops_total",
+    "Sockets dropped for sending more invalid events than their budget",
+    ["relay"],
+)
+BACKOFF = Gauge(
+    "sigil_push_relay_backoff_seconds",
+    "The wait before the next connection attempt (0 while connected or connecting)",
+    ["relay"],
+)
+# frames dispatched before the reader gives the event loop a turn (aiohttp hands out buffered
+# frames without suspending, so a flooding relay would otherwise run on for a whole buffer)
+FRAMES_PER_TURN = 16
 URL_METRICS = (CONNECTS, NOTICES, CLOSED_SUBS, AUTHS, MALFORMED, AUTH_THROTTLED, STALE_REFUSALS)
 
 
@@ -247,10 +261,17 @@ class RelayConnection:
         self._awaiting_challenge: ReaderSocket | None = None
         self._live_subs = 0
         self._malformed = 0
+        self.budget = ConnectionBudget()
+        """Invalid events and signature checks this socket may cost (relays/budget.py)."""
+        self.invalid_drops = 0
+        self.backoff_until: int | None = None
+        """Wall-clock time of the next attempt while backing off (for /health)."""
         self._side_tasks = BackgroundTasks("relay-connection")
         if not per_user:
             CONNECTED.labels(url).set(0)
             GATED.labels(url).set(0)
+            BACKOFF.labels(url).set(0)
+            INVALID_DROPS.labels(url)
         for outcome in ("opened", "failed"):
             CONNECTS.labels(url, outcome)
         NOTICES.labels(url)
@@ -277,7 +298,7 @@ class RelayConnection:
         if self.per_user:
             return
         # the relay left the plan: its labelled series go with it (URLs churn)
-        for metric in (CONNECTED, GATED):
+        for metric in (CONNECTED, GATED, BACKOFF, INVALID_DROPS):
             with contextlib.suppress(KeyError):
                 metric.remove(self.url)
         for outcome in ("opened", "failed"):
@@ -328,6 +349,7 @@ class RelayConnection:
         while self.state is not State.STOPPED:
             self.state = State.CONNECTING
             opened_at: float | None = None
+            violated = False
             try:
                 if self.limits is None:
                     self.limits = await fetch_limits(self.url)
@@ -348,15 +370,25 @@ class RelayConnection:
                 CONNECTS.labels(self.url, "failed").inc()
                 self._down("error", f"connect failed: {type(exc).__name__}")
             except ProtocolViolation as exc:
+                violated = True
                 self._down("error", str(exc))
-            if opened_at is not None and (
+            # a socket dropped for breaking the protocol keeps the backoff growing, however
+            # long it stayed open: a relay that answers EOSE and then floods is not "stable"
+            if not violated and opened_at is not None and (
                 self._live_subs or time.monotonic() - opened_at >= STABLE_AFTER_SECONDS
             ):
                 attempt = 0
             delay = min(self._reconnect_max, self._reconnect_min * 2**attempt)
             attempt = min(attempt + 1, 30)
             self.state = State.BACKOFF
-            await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+            delay *= random.uniform(0.5, 1.0)
+            self.backoff_until = int(time.time() + delay)
+            if not self.per_user:
+                BACKOFF.labels(self.url).set(delay)
+            await asyncio.sleep(delay)
+            self.backoff_until = None
+            if not self.per_user:
+                BACKOFF.labels(self.url).set(0)
 
     async def send_auth(self, event: Event, generation: int) -> bool:
         """Send one AUTH answer on socket `generation` (False if that socket is gone): REQs sent
@@ -390,6 +422,7 @@ class RelayConnection:
         self._reqs.clear()
         self._live_subs = 0
         self._malformed = 0
+        self.budget.reset()
         self.state = State.CONNECTED
         CONNECTS.labels(self.url, "opened").inc()
         if not self.per_user:
@@ -423,11 +456,22 @@ class RelayConnection:
         socket once 128 KiB of messages wait, so a flooding relay is held at the TCP window."""
         handler = self._handler
         receive = ws.receive
+        budget = self.budget
+        turn = 0
         while True:
             message = await receive()
             kind = message.type
             if kind is WSMsgType.TEXT or kind is WSMsgType.BINARY:
                 self._dispatch(message.data, time.time_ns() // 1_000_000)
+                if budget.exceeded:
+                    self._invalid_budget_spent()
+                pause = budget.pause()
+                if pause:
+                    await asyncio.sleep(pause)
+                turn += 1
+                if turn >= FRAMES_PER_TURN:
+                    turn = 0
+                    await asyncio.sleep(0)
                 if handler.congested(self):
                     await handler.drained(self)
             elif kind is WSMsgType.CLOSE:
@@ -488,6 +532,14 @@ class RelayConnection:
             accepted = len(message) > 2 and message[2] is True
             reason = _prefix(message[3]) if len(message) > 3 else ""
             self._signer.on_auth_result(self, event_id, accepted, reason)
+
+    def _invalid_budget_spent(self) -> None:
+        """Too many invalid events on this socket: drop it (the reader backs off)."""
+        self.invalid_drops += 1
+        if not self.per_user:
+            INVALID_DROPS.labels(self.url).inc()
+        log.warning("relay %s sent too many invalid events: dropped, backing off", self.url)
+        raise ProtocolViolation("protocol: too many invalid events")
 
     def _malformed_frame(self) -> None:
         MALFORMED.labels(self.url).inc()

@@ -26,6 +26,7 @@ from prometheus_client import Gauge
 
 from sigil_push.config import BridgeConfig
 from sigil_push.observations import ObservationLog
+from sigil_push.relays.budget import ConnectionBudget
 from sigil_push.relays.connection import AuthSigner, RelayConnection
 from sigil_push.relays.subscriptions import RelaySubscriptions, Request
 from sigil_push.supervisor import BackgroundTasks
@@ -152,7 +153,7 @@ class RelayPlan:
 class PoolOwner(Protocol):
     """What the pool reports to (the bridge): events, finished baselines, backpressure."""
 
-    def relay_added(self, url: str) -> None: ...
+    def relay_added(self, url: str, budget: ConnectionBudget | None = None) -> None: ...
 
     def on_event(self, url: str, sub_id: str, raw: Any, received_ms: int) -> None: ...
 
@@ -275,7 +276,7 @@ class RelayPool:
         )
         self._connections[url] = connection
         UNSUBSCRIBED.labels(url).set(0)
-        self._owner.relay_added(url)
+        self._owner.relay_added(url, connection.budget)
         connection.start()
         return subs
 
@@ -442,6 +443,8 @@ class RelayPool:
                 "unsubscribed": len(subs.overflow),
                 "maybe_gated": url in self._maybe_gated,
                 "mode": "firehose" if subs.firehose else "filtered",
+                "invalid_drops": connection.invalid_drops,
+                "backoff_until": connection.backoff_until,
             }
         for url, wanted_by in self.plan.skipped.items():
             report[url] = {
