@@ -7,13 +7,16 @@ burst of DMs on the good relay (the ingest figure):
   quiet   — nothing else;
   hostile — plus one hostile relay (a websockets server here) that, on every REQ, streams
             valid self-addressed DMs as fast as it can for 50 attacker keys, whose devices'
-            UnifiedPush endpoints are 50 tarpits (accept TCP, never answer).
+            UnifiedPush endpoints are 50 tarpits (accept TCP, never answer);
+  forged  — the same relay streams well-formed DMs with correct ids and current times but
+            signatures that do not verify (each costs a signature check);
+  auth    — the same relay streams distinct 1 MiB NIP-42 challenges (an AUTH storm).
 Victim latency: a DM published on the good relay → the push at the victim's endpoint, one at a
 time, `--samples` of them; p50/p99. Ingest: events/s from the first publish of the burst until
 the service's reader has received all of it (publishing one event at a time to a Python relay
 bounds this figure as much as the service does). Loopback only; the machine may be shared: figures are noisy.
 
-Usage: python bench/hostile.py [--samples 30] [--burst 500]
+Usage: python bench/hostile.py [--samples 30] [--burst 500] [--modes hostile,forged,auth]
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import argparse
 import asyncio
 import json
 import platform
+import secrets
 import sys
 import tempfile
 import time
@@ -83,8 +87,10 @@ class FloodRelay:
     """On every REQ: EOSE, then the given frames in a loop as fast as the socket takes them,
     on that subscription until it is closed or replaced (as a relay would)."""
 
-    def __init__(self, frames: list[str]) -> None:
+    def __init__(self, frames: list[str], events: bool = True) -> None:
         self.frames = frames
+        self.events = events
+        """False: the frames are whole messages (AUTH), not events for the subscription."""
         self.sent = 0
         self.armed = asyncio.Event()
         """Set once every attacker key is subscribed, so the flood's events are live DMs."""
@@ -107,12 +113,12 @@ class FloodRelay:
                 task.cancel()
 
     async def _flood(self, ws: ServerConnection, sub_id: str) -> None:
-        prefix = f'["EVENT","{sub_id}",'
+        prefix, suffix = (f'["EVENT","{sub_id}",', "]") if self.events else ("", "")
         await self.armed.wait()
         try:
             while True:
                 for frame in self.frames:
-                    await ws.send(prefix + frame + "]")
+                    await ws.send(prefix + frame + suffix)
                     self.sent += 1
         except ConnectionClosed:
             return
@@ -146,7 +152,25 @@ async def wait_for(check: Any, timeout: float = 120.0) -> None:
         await asyncio.sleep(0.02)
 
 
-async def run(folder: Path, hostile: bool, samples: int, burst: int) -> dict[str, Any]:
+def flood_frames(mode: str, attackers: list[nostr_sdk.Keys]) -> FloodRelay:
+    """The hostile relay's stream for `mode` (hostile, forged or auth)."""
+    if mode == "auth":
+        return FloodRelay(
+            [json.dumps(["AUTH", f"{i:08d}" + "c" * (1024 * 1024)]) for i in range(16)],
+            events=False,
+        )
+    frames = []
+    for i in range(300):
+        for attacker in attackers:
+            event = kind4_dm(attacker, attacker, f"flood {i}")
+            if mode == "forged":
+                event["sig"] = secrets.token_hex(64)
+            frames.append(json.dumps(event, separators=(",", ":")))
+    return FloodRelay(frames)
+
+
+async def run(folder: Path, mode: str, samples: int, burst: int) -> dict[str, Any]:
+    hostile = mode != "quiet"
     good = RelayProcess(folder / "good").start()
     recorder = Recorder()
     await recorder.start()
@@ -164,9 +188,7 @@ async def run(folder: Path, hostile: bool, samples: int, burst: int) -> dict[str
         try:
             if hostile:
                 attackers = [user() for _ in range(TARPITS)]
-                frames = [json.dumps(kind4_dm(a, a, f"flood {i}"), separators=(",", ":"))
-                          for i in range(300) for a in attackers]
-                flood = FloodRelay(frames)
+                flood = flood_frames(mode, attackers)
                 flood_server = await flood.start()
                 for attacker in attackers:
                     tarpit = Tarpit()
@@ -176,7 +198,8 @@ async def run(folder: Path, hostile: bool, samples: int, burst: int) -> dict[str
                 await wait_for(lambda: metric(service, "sigil_push_bridge_watched_keys") >= TARPITS)
                 await asyncio.sleep(2.0)  # the last REQs answered
                 flood.armed.set()
-                await wait_for(lambda: flood is not None and flood.sent > 10_000)
+                await wait_for(lambda: flood is not None and flood.sent > (
+                    10 if mode == "auth" else 10_000))
             victim, friend = user(), user()
             register(service, victim, recorder.endpoint("victim"), [])
             senders = [user() for _ in range(50)]
@@ -209,6 +232,10 @@ async def run(folder: Path, hostile: bool, samples: int, burst: int) -> dict[str
                     service, "sigil_push_bridge_events_dropped_total", relay=flood.url,
                     reason="recipient_quota")
                 result["tarpit_connections"] = sum(t.connections for t in tarpits)
+                result["flood_invalid_drops"] = metric(
+                    service, "sigil_push_relay_invalid_drops_total", relay=flood.url)
+                result["flood_auth_answers"] = metric(
+                    service, "sigil_push_relay_auth_answers_total", relay=flood.url)
             return result
         finally:
             service.stop()
@@ -222,31 +249,38 @@ async def run(folder: Path, hostile: bool, samples: int, burst: int) -> dict[str
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
-        quiet = await run(Path(tmp) / "quiet", False, args.samples, args.burst)
-        hostile = await run(Path(tmp) / "hostile", True, args.samples, args.burst)
-    return {
-        "machine": {"platform": platform.platform(), "note": "2 cores shared with other work"},
-        "samples": args.samples,
-        "burst": args.burst,
-        "quiet": quiet,
-        "hostile": hostile,
-        "ingest_ratio": round(
-            hostile["good_ingest_events_per_second"] / quiet["good_ingest_events_per_second"], 3
-        ),
-    }
+        quiet = await run(Path(tmp) / "quiet", "quiet", args.samples, args.burst)
+        results: dict[str, Any] = {
+            "machine": {"platform": platform.platform(), "note": "2 cores shared with other work"},
+            "samples": args.samples,
+            "burst": args.burst,
+            "quiet": quiet,
+        }
+        for mode in args.modes.split(","):
+            figures = await run(Path(tmp) / mode, mode, args.samples, args.burst)
+            figures["ingest_ratio"] = round(
+                figures["good_ingest_events_per_second"] / quiet["good_ingest_events_per_second"],
+                3,
+            )
+            results[mode] = figures
+    return results
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=30)
     parser.add_argument("--burst", type=int, default=500)
-    results = asyncio.run(main_async(parser.parse_args()))
-    quiet, hostile = results["quiet"], results["hostile"]
-    print(f"victim wakeup p99: quiet {quiet['victim_p99_seconds']} s, "
-          f"hostile {hostile['victim_p99_seconds']} s (target < 2 s)")
-    print(f"good relay ingest: quiet {quiet['good_ingest_events_per_second']}/s, "
-          f"hostile {hostile['good_ingest_events_per_second']}/s, "
-          f"ratio {results['ingest_ratio']} (target >= 0.8)")
+    parser.add_argument("--modes", default="hostile,forged,auth")
+    args = parser.parse_args()
+    results = asyncio.run(main_async(args))
+    quiet = results["quiet"]
+    print(f"quiet: victim p50 {quiet['victim_p50_seconds']} s, p99 {quiet['victim_p99_seconds']} s,"
+          f" ingest {quiet['good_ingest_events_per_second']}/s")
+    for mode in args.modes.split(","):
+        figures = results[mode]
+        print(f"{mode}: victim p50 {figures['victim_p50_seconds']} s, "
+              f"p99 {figures['victim_p99_seconds']} s (target < 2 s), ingest "
+              f"{figures['good_ingest_events_per_second']}/s, ratio {figures['ingest_ratio']}")
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import hashlib
 import json
 import logging
 import random
@@ -66,6 +67,10 @@ AUTH_WINDOW_SECONDS = 60.0
 # a REQ refused with auth-required before any challenge: how long to wait for the challenge
 # before the refusal counts as final ("the relay never authenticates the key it needs")
 AUTH_WAIT_SECONDS = 10.0
+# a NIP-42 challenge is a short random string (relays send 16 to 64 characters); a longer one
+# is refused unanswered: each answer carries it in a signed tag, and for delegated AUTH it goes
+# to the user's remote signer
+MAX_CHALLENGE_BYTES = 256
 # REQs remembered per socket to attribute late answers (oldest forgotten first)
 MAX_TRACKED_REQS = 4096
 # AUTH events remembered per socket to match the relay's OK answers
@@ -114,7 +119,14 @@ BACKOFF = Gauge(
 # frames dispatched before the reader gives the event loop a turn (aiohttp hands out buffered
 # frames without suspending, so a flooding relay would otherwise run on for a whole buffer)
 FRAMES_PER_TURN = 16
-URL_METRICS = (CONNECTS, NOTICES, CLOSED_SUBS, AUTHS, MALFORMED, AUTH_THROTTLED, STALE_REFUSALS)
+AUTH_REFUSED = Counter(
+    "sigil_push_relay_auth_refused_total",
+    f"NIP-42 challenges refused unanswered: longer than {MAX_CHALLENGE_BYTES} bytes",
+    ["relay"],
+)
+URL_METRICS = (
+    CONNECTS, NOTICES, CLOSED_SUBS, AUTHS, MALFORMED, AUTH_THROTTLED, STALE_REFUSALS, AUTH_REFUSED
+)
 
 
 @dataclass(slots=True)
@@ -255,7 +267,8 @@ class RelayConnection:
         self._max_frame_bytes = max_frame_bytes
         self.auth_epoch = 0
         self.challenged = False
-        self._challenges: set[str] = set()
+        self._challenges: set[bytes] = set()
+        """Digests of the challenges answered on this socket (never the relay's strings)."""
         self._reqs: OrderedDict[str, SentReq] = OrderedDict()
         self._auth_answers: deque[float] = deque()
         self._awaiting_challenge: ReaderSocket | None = None
@@ -610,16 +623,23 @@ class RelayConnection:
             self._set_gated(reason)
 
     def _challenge(self, challenge: str) -> None:
-        """Answer each distinct challenge once, within the per-connection budget."""
+        """Answer each distinct challenge once, within the per-connection budget; one longer
+        than MAX_CHALLENGE_BYTES is refused before anything is kept or signed."""
+        if len(challenge) > MAX_CHALLENGE_BYTES or (
+            len(encoded := challenge.encode("utf-8", "surrogatepass")) > MAX_CHALLENGE_BYTES
+        ):
+            AUTH_REFUSED.labels(self.url).inc()
+            return
         self.challenged = True
         now = time.monotonic()
         while self._auth_answers and now - self._auth_answers[0] > AUTH_WINDOW_SECONDS:
             self._auth_answers.popleft()
-        if challenge in self._challenges or len(self._auth_answers) >= AUTH_ANSWERS_PER_WINDOW:
+        digest = hashlib.sha256(encoded).digest()
+        if digest in self._challenges or len(self._auth_answers) >= AUTH_ANSWERS_PER_WINDOW:
             AUTH_THROTTLED.labels(self.url).inc()
             return
         if len(self._challenges) < MAX_TRACKED_REQS:
-            self._challenges.add(challenge)
+            self._challenges.add(digest)
         self._auth_answers.append(now)
         if isinstance(self._signer, AuthResponder):
             self._spawn(self._signer.answer_challenge(self, challenge))
