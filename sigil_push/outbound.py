@@ -120,11 +120,25 @@ def is_local_name(host: str) -> bool:
     return "." not in name or name.endswith(LOCAL_SUFFIXES)
 
 
+class ResolveFailed(OSError):
+    """A user-chosen name did not resolve, whatever the resolver raised for it."""
+
+
 async def getaddrinfo(host: str, port: int, family: int = 0) -> list[Any]:
-    """`socket.getaddrinfo` for a user-chosen name, in the DNS pool (see DNS_THREADS)."""
-    return await asyncio.get_running_loop().run_in_executor(
-        _dns_pool, functools.partial(socket.getaddrinfo, host, port, family, socket.SOCK_STREAM)
-    )
+    """`socket.getaddrinfo` for a user-chosen name, in the DNS pool (see DNS_THREADS).
+
+    Every failure is an OSError: the resolver also raises UnicodeError (a name IDNA cannot
+    encode) and ValueError (an embedded NUL), which callers that survive OSError must survive
+    too."""
+    try:
+        return await asyncio.get_running_loop().run_in_executor(
+            _dns_pool,
+            functools.partial(socket.getaddrinfo, host, port, family, socket.SOCK_STREAM),
+        )
+    except OSError:
+        raise
+    except (UnicodeError, ValueError) as exc:
+        raise ResolveFailed(f"does not resolve: {type(exc).__name__}") from None
 
 
 async def resolve_public(host: str, port: int) -> list[str]:

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 from aiohttp.abc import AbstractResolver, ResolveResult
 
+from sigil_push.hosts import InvalidHost, check_host
 from sigil_push.outbound import LOCAL_SUFFIXES as _LOCAL_SUFFIXES
 from sigil_push.outbound import getaddrinfo, is_public_address, parse_address
 
@@ -51,6 +52,10 @@ def parse_endpoint(url: str, allow_private: bool) -> tuple[str, int]:
     if not parts.hostname or parts.username or parts.password:
         raise UnsafeEndpoint("endpoint must name a host and carry no credentials")
     host = parts.hostname
+    try:
+        check_host(host, allow_private)
+    except InvalidHost as exc:
+        raise UnsafeEndpoint(f"endpoint {exc}") from None
     if not allow_private:
         literal = _parse_address(host)
         if literal is not None and not is_public_address(literal):
