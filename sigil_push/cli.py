@@ -98,10 +98,18 @@ def _copy_from_sqlite(config: Config, source: Path) -> int:
         raise ConfigError(
             "server.database", "migrate --from copies into PostgreSQL: set a postgresql:// URL"
         )
-    from sigil_push.store.postgres.copy import copy_sqlite
+    from sigil_push.store.postgres.copy import BRIDGE_KEY_LEFT, copy_sqlite
 
     copied = asyncio.run(copy_sqlite(source, config.server.database))
+    key_left = copied.pop(BRIDGE_KEY_LEFT, 0)
     print("copied " + ", ".join(f"{table}: {rows}" for table, rows in copied.items()))
+    if key_left:
+        print(
+            f"the bridge key in {source}'s meta table was not copied (a database never holds"
+            " it): start `sigil-push serve` once on the SQLite file to move it into"
+            " server.secret_key_file, then give every PostgreSQL worker that file",
+            file=sys.stderr,
+        )
     return EXIT_OK
 
 

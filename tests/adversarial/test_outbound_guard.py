@@ -19,9 +19,13 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.http11 import Request, Response
 
 from sigil_push import outbound
-from sigil_push.outbound import BlockedDestination, OutboundGuard, open_relay_socket
+from sigil_push.nostr.event import sign_event
+from sigil_push.nostr.keys import SecretKey
+from sigil_push.outbound import BlockedDestination, OutboundGuard, configure, open_relay_socket
+from sigil_push.relays.connection import BridgeKeySigner
 from sigil_push.relays.discovery import normalize_relay_url
 from sigil_push.relays.nip11 import FETCH_TIMEOUT_SECONDS, RelayLimits, fetch_limits
+from sigil_push.relays.publish import publish
 from tests.adversarial.hostile import eventually, hostile_relay
 
 STRICT = OutboundGuard(allow_private=False)
@@ -247,3 +251,26 @@ async def test_configured_relay_nip11_is_fetched_under_a_strict_guard() -> None:
         assert await fetch_limits(f"ws://127.0.0.1:{port}", guard) == RelayLimits(max_filters=3)
     finally:
         await runner.cleanup()
+
+
+async def test_canary_publishing_goes_through_the_guard() -> None:
+    """The canary once opened a plain websockets connection, which followed a relay's redirect
+    (up to 10 of them) wherever it pointed; now a redirect ends the publish as `connect`, and
+    the strict guard refuses a loopback relay outright."""
+    async with hostile_relay() as target:
+
+        def redirect(connection: ServerConnection, request: Request) -> Response:
+            response = connection.respond(HTTPStatus.FOUND, "")
+            response.headers["Location"] = target.url
+            return response
+
+        async with serve(lambda ws: ws.close(), "127.0.0.1", 0, process_request=redirect) as server:
+            port = next(iter(server.sockets)).getsockname()[1]
+            key = SecretKey.generate()
+            event = sign_event(key, 4, "probe", [["p", key.public_key_hex]])
+            result = await publish(f"ws://127.0.0.1:{port}", event, BridgeKeySigner(key), 10.0)
+        assert result.reason == "connect"
+        assert target.connections == 0
+        configure(STRICT)
+        result = await publish(target.url, event, BridgeKeySigner(key), 10.0)
+        assert result.reason == "connect" and target.connections == 0
