@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 import httpx
 import nostr_sdk
+from websockets.asyncio.client import connect
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
@@ -44,7 +45,7 @@ from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip98 import make_http_auth
 from tests.adversarial.tarpit import Tarpit
 from tests.support.bridge_harness import metric
-from tests.support.nostr_client import kind4_dm, npub_of, publish, secret_hex_of, user
+from tests.support.nostr_client import kind4_dm, npub_of, secret_hex_of, user
 from tests.support.relay import RelayProcess
 from tests.support.service import ServiceProcess
 
@@ -137,6 +138,18 @@ def register(service: ServiceProcess, keys: nostr_sdk.Keys, endpoint: str, relay
     response = httpx.post(service.url + "/register", content=raw, timeout=30,
                           headers={"content-type": "application/json", "authorization": header})
     assert response.status_code in (200, 201), response.text
+
+
+async def publish(relay_url: str, *events: dict[str, Any]) -> None:
+    """Send events and wait for each OK. No keepalive pings: this process also runs the
+    flooding relay, whose loop can starve a ping past its timeout (a closed publish, no figure)."""
+    async with connect(relay_url, proxy=None, ping_interval=None) as ws:
+        for event in events:
+            await ws.send(json.dumps(["EVENT", event]))
+            while True:
+                answer = json.loads(await ws.recv())
+                if answer[0] == "OK" and answer[1] == event["id"]:
+                    break
 
 
 def percentile(values: list[float], fraction: float) -> float:

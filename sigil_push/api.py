@@ -30,7 +30,7 @@ from sigil_push.nostr.nip19 import encode_npub
 from sigil_push.nostr.nip98 import AuthError, AuthExpired, AuthMissing, verify_http_auth
 from sigil_push.push.endpoint_guard import UnsafeEndpoint, check_endpoint
 from sigil_push.push.vapid import loaded_public_key
-from sigil_push.ratelimit import RateLimiter, client_address, trusted_networks
+from sigil_push.ratelimit import RateLimiter, client_address, rate_limit_key, trusted_networks
 from sigil_push.service import Service, State
 from sigil_push.store.errors import STORE_UNAVAILABLE, TooManyAccounts, TooManyDevices
 from sigil_push.store.records import Device
@@ -66,7 +66,7 @@ class Api:
     def _limit_ip(self, request: Request) -> None:
         peer = request.client.host if request.client else "unknown"
         client = client_address(peer, request.headers.get("x-forwarded-for"), self.trusted_proxies)
-        wait = self.per_ip.check(client)
+        wait = self.per_ip.check(rate_limit_key(client))
         if wait:
             raise RateLimited(wait)
 

@@ -74,6 +74,24 @@ def client_address(peer: str, forwarded_for: str | None, trusted: Sequence[IpNet
     return peer
 
 
+IPV6_CLIENT_PREFIX = 64
+
+
+def rate_limit_key(address: str) -> str:
+    """The bucket a client address is limited under: an IPv6 address by its /64 (one home or
+    server gets a whole /64 and can pick any of 2^64 addresses), an IPv4 one (also when
+    IPv4-mapped) by itself."""
+    try:
+        parsed = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    if isinstance(parsed, ipaddress.IPv6Address):
+        if parsed.ipv4_mapped is not None:
+            return str(parsed.ipv4_mapped)
+        return str(ipaddress.IPv6Network((parsed, IPV6_CLIENT_PREFIX), strict=False))
+    return str(parsed)
+
+
 def _is_trusted(address: str, trusted: Sequence[IpNetwork]) -> bool:
     try:
         parsed = ipaddress.ip_address(address)
