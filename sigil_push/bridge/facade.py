@@ -106,6 +106,7 @@ class Bridge:
         # the pool's and the per-user connections' callbacks (PoolOwner, InboxOwner) and the
         # service's hooks: the parts' own bound methods, so no frame passes through here
         self.relay_added = self._ingest.relay_added
+        self.relay_removed = self._ingest.relay_removed
         self.on_event = self._ingest.on_event
         self.raw_event = self._ingest.raw_event
         self.on_user_event = self._ingest.on_user_event

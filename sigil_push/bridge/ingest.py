@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from sigil_push.bridge.metrics import RelayCounters
+from sigil_push.bridge.metrics import RelayCounters, remove_relay_series
 from sigil_push.bridge.pending import Arrival, Pending
 from sigil_push.config import BridgeConfig
 from sigil_push.nostr.event import Event, InvalidEvent, compute_id
@@ -128,6 +128,14 @@ class Ingest:
     def relay_added(self, url: str, budget: ConnectionBudget | None = None) -> None:
         """A shared connection opened to `url`; `budget` is charged for its invalid events."""
         self.counters[url] = RelayCounters(url, budget)
+
+    def relay_removed(self, url: str) -> None:
+        """The pool stopped using `url`: its counters and their series go (URLs churn)."""
+        self._received.pop(url, None)
+        self._unaddressed.pop(url, None)
+        self.counters.pop(url, None)
+        self._user_counters.pop(url, None)
+        remove_relay_series(url)
 
     def on_user_event(
         self, url: str, pubkey: str, raw: Any, received_ms: int, baseline: bool

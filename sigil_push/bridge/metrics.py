@@ -3,9 +3,12 @@ committer (what reaches the outbox), and each relay's counters bound once."""
 
 from __future__ import annotations
 
+import contextlib
+
 from prometheus_client import Counter, Gauge, Histogram
 
 from sigil_push.relays.budget import ConnectionBudget
+from sigil_push.relays.labels import relay_label
 
 DROP_REASONS = (
     "malformed", "wrong_kind", "unknown_recipient", "wrong_id", "forged", "no_device",
@@ -53,9 +56,10 @@ class RelayCounters:
     __slots__ = ("budget", "dropped", "duplicates", "received")
 
     def __init__(self, url: str, budget: ConnectionBudget | None = None) -> None:
-        self.received = RECEIVED.labels(url)
-        self.duplicates = DUPLICATES.labels(url)
-        self.dropped = {reason: DROPPED.labels(url, reason) for reason in DROP_REASONS}
+        label = relay_label(url)
+        self.received = RECEIVED.labels(label)
+        self.duplicates = DUPLICATES.labels(label)
+        self.dropped = {reason: DROPPED.labels(label, reason) for reason in DROP_REASONS}
         self.budget = budget
 
     def invalid(self, reason: str) -> None:
@@ -63,3 +67,15 @@ class RelayCounters:
         self.dropped[reason].inc()
         if self.budget is not None:
             self.budget.invalid()
+
+
+def remove_relay_series(url: str) -> None:
+    """The relay left the bridge's plan: its labelled series go with it, so /metrics holds
+    the relays in use (at most `bridge.max_relays`), not every URL ever named."""
+    label = relay_label(url)
+    for counter in (RECEIVED, DUPLICATES):
+        with contextlib.suppress(KeyError):
+            counter.remove(label)
+    for reason in DROP_REASONS:
+        with contextlib.suppress(KeyError):
+            DROPPED.remove(label, reason)

@@ -42,6 +42,7 @@ from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip42 import auth_event
 from sigil_push.observations import ObservationLog
 from sigil_push.relays.budget import ConnectionBudget
+from sigil_push.relays.labels import relay_label
 from sigil_push.relays.nip11 import RelayLimits, fetch_limits
 from sigil_push.relays.reader_socket import ReaderSocket, open_reader
 from sigil_push.supervisor import BackgroundTasks, supervise
@@ -248,6 +249,8 @@ class RelayConnection:
         means the handler took it as an EVENT without needing it parsed (a firehose's
         unaddressed DM, a copy of an event it has just verified)."""
         self.url = url
+        self.label = relay_label(url)
+        """The URL as metrics, logs and records show it (no key-carrying path)."""
         self._skip_event = skip_event
         self.per_user = per_user
         self._handler = handler
@@ -281,26 +284,26 @@ class RelayConnection:
         """Wall-clock time of the next attempt while backing off (for /health)."""
         self._side_tasks = BackgroundTasks("relay-connection")
         if not per_user:
-            CONNECTED.labels(url).set(0)
-            GATED.labels(url).set(0)
-            BACKOFF.labels(url).set(0)
-            INVALID_DROPS.labels(url)
+            CONNECTED.labels(self.label).set(0)
+            GATED.labels(self.label).set(0)
+            BACKOFF.labels(self.label).set(0)
+            INVALID_DROPS.labels(self.label)
         for outcome in ("opened", "failed"):
-            CONNECTS.labels(url, outcome)
-        NOTICES.labels(url)
+            CONNECTS.labels(self.label, outcome)
+        NOTICES.labels(self.label)
         for metric in URL_METRICS[1:]:
-            metric.labels(url)
+            metric.labels(self.label)
 
     @property
     def connected(self) -> bool:
         return self.state is State.CONNECTED
 
     def start(self) -> None:
-        self._task = supervise("relay-reader", self._run, name=f"relay {self.url}")
+        self._task = supervise("relay-reader", self._run, name=f"relay {self.label}")
 
     async def stop(self) -> None:
         if self.state is State.CONNECTED and not self.per_user:
-            self._observations.relay_state(self.url, "disconnected", "bridge stopped")
+            self._observations.relay_state(self.label, "disconnected", "bridge stopped")
         self.state = State.STOPPED
         tasks = [t for t in (self._task, *self._side_tasks.running()) if t is not None]
         for task in tasks:
@@ -313,13 +316,13 @@ class RelayConnection:
         # the relay left the plan: its labelled series go with it (URLs churn)
         for metric in (CONNECTED, GATED, BACKOFF, INVALID_DROPS):
             with contextlib.suppress(KeyError):
-                metric.remove(self.url)
+                metric.remove(self.label)
         for outcome in ("opened", "failed"):
             with contextlib.suppress(KeyError):
-                CONNECTS.remove(self.url, outcome)
+                CONNECTS.remove(self.label, outcome)
         for counter in URL_METRICS[1:]:
             with contextlib.suppress(KeyError):
-                counter.remove(self.url)
+                counter.remove(self.label)
 
     def req_epoch(self, sub_id: str) -> int | None:
         """The AUTH epoch a REQ still tracked on this socket was sent in (None if unknown)."""
@@ -380,7 +383,7 @@ class RelayConnection:
                     code = await self._read(ws)
                 self._down("disconnected", f"closed code={code or ws.close_code or 1006}")
             except (OSError, TimeoutError, aiohttp.ClientError) as exc:
-                CONNECTS.labels(self.url, "failed").inc()
+                CONNECTS.labels(self.label, "failed").inc()
                 self._down("error", f"connect failed: {type(exc).__name__}")
             except ProtocolViolation as exc:
                 violated = True
@@ -397,11 +400,11 @@ class RelayConnection:
             delay *= random.uniform(0.5, 1.0)
             self.backoff_until = int(time.time() + delay)
             if not self.per_user:
-                BACKOFF.labels(self.url).set(delay)
+                BACKOFF.labels(self.label).set(delay)
             await asyncio.sleep(delay)
             self.backoff_until = None
             if not self.per_user:
-                BACKOFF.labels(self.url).set(0)
+                BACKOFF.labels(self.label).set(0)
 
     async def send_auth(self, event: Event, generation: int) -> bool:
         """Send one AUTH answer on socket `generation` (False if that socket is gone): REQs sent
@@ -415,7 +418,7 @@ class RelayConnection:
             self._auths_sent.popitem(last=False)
         if not await self.send(["AUTH", event.to_json()]):
             return False
-        AUTHS.labels(self.url).inc()
+        AUTHS.labels(self.label).inc()
         return True
 
     async def drop(self, generation: int) -> None:
@@ -437,11 +440,11 @@ class RelayConnection:
         self._malformed = 0
         self.budget.reset()
         self.state = State.CONNECTED
-        CONNECTS.labels(self.url, "opened").inc()
+        CONNECTS.labels(self.label, "opened").inc()
         if not self.per_user:
-            CONNECTED.labels(self.url).set(1)
-            self._observations.relay_state(self.url, "connected")
-            log.info("relay %s connected", self.url)
+            CONNECTED.labels(self.label).set(1)
+            self._observations.relay_state(self.label, "connected")
+            log.info("relay %s connected", self.label)
         self._handler.on_open(self)
 
     def _down(self, state: str, detail: str) -> None:
@@ -453,10 +456,10 @@ class RelayConnection:
             if was_open:
                 self._handler.on_down(self)
             return
-        CONNECTED.labels(self.url).set(0)
+        CONNECTED.labels(self.label).set(0)
         if was_open or state == "error":
-            self._observations.relay_state(self.url, state, detail)
-            log.info("relay %s %s: %s", self.url, state, detail)
+            self._observations.relay_state(self.label, state, detail)
+            log.info("relay %s %s: %s", self.label, state, detail)
         if was_open:
             self._handler.on_down(self)
 
@@ -550,12 +553,12 @@ class RelayConnection:
         """Too many invalid events on this socket: drop it (the reader backs off)."""
         self.invalid_drops += 1
         if not self.per_user:
-            INVALID_DROPS.labels(self.url).inc()
-        log.warning("relay %s sent too many invalid events: dropped, backing off", self.url)
+            INVALID_DROPS.labels(self.label).inc()
+        log.warning("relay %s sent too many invalid events: dropped, backing off", self.label)
         raise ProtocolViolation("protocol: too many invalid events")
 
     def _malformed_frame(self) -> None:
-        MALFORMED.labels(self.url).inc()
+        MALFORMED.labels(self.label).inc()
         self._malformed += 1
         if self._malformed > MAX_MALFORMED_PER_CONNECTION:
             raise ProtocolViolation("protocol: too many malformed frames")
@@ -570,9 +573,9 @@ class RelayConnection:
         self._handler.on_eose(self, sub_id)
 
     def _closed(self, sub_id: str, message: Any) -> None:
-        CLOSED_SUBS.labels(self.url).inc()
+        CLOSED_SUBS.labels(self.label).inc()
         reason = _prefix(message)
-        log.info("relay %s closed a subscription (%s)", self.url, reason or "no reason")
+        log.info("relay %s closed a subscription (%s)", self.label, reason or "no reason")
         sent = self._reqs.get(sub_id)
         if reason in REFUSALS:
             if sent is not None:
@@ -582,9 +585,9 @@ class RelayConnection:
         self._reqs.pop(sub_id, None)
 
     def _notice(self, message: Any) -> None:
-        NOTICES.labels(self.url).inc()
+        NOTICES.labels(self.label).inc()
         reason = _prefix(message)
-        log.debug("relay %s notice (%s)", self.url, reason or "free text")
+        log.debug("relay %s notice (%s)", self.label, reason or "free text")
         if reason in REFUSALS:
             # a NOTICE names no subscription (nostr-relay refuses a REQ this way): it answers
             # the oldest REQ still unanswered, the relay handles them in order
@@ -604,13 +607,13 @@ class RelayConnection:
         """A REQ sent in AUTH epoch `epoch` was refused for want of (the right) AUTH."""
         if epoch is not None and epoch < self.auth_epoch:
             # it answers a REQ from before our latest AUTH: that REQ has been sent again
-            STALE_REFUSALS.labels(self.url).inc()
+            STALE_REFUSALS.labels(self.label).inc()
             return
         if self.auth_epoch > 0:
             self._set_gated(reason)
             return
         # not authenticated yet: the challenge may come with or after this refusal
-        STALE_REFUSALS.labels(self.url).inc()
+        STALE_REFUSALS.labels(self.label).inc()
         ws = self._ws
         if ws is not None and self._awaiting_challenge is not ws:
             self._awaiting_challenge = ws
@@ -628,7 +631,7 @@ class RelayConnection:
         if len(challenge) > MAX_CHALLENGE_BYTES or (
             len(encoded := challenge.encode("utf-8", "surrogatepass")) > MAX_CHALLENGE_BYTES
         ):
-            AUTH_REFUSED.labels(self.url).inc()
+            AUTH_REFUSED.labels(self.label).inc()
             return
         self.challenged = True
         now = time.monotonic()
@@ -636,7 +639,7 @@ class RelayConnection:
             self._auth_answers.popleft()
         digest = hashlib.sha256(encoded).digest()
         if digest in self._challenges or len(self._auth_answers) >= AUTH_ANSWERS_PER_WINDOW:
-            AUTH_THROTTLED.labels(self.url).inc()
+            AUTH_THROTTLED.labels(self.label).inc()
             return
         if len(self._challenges) < MAX_TRACKED_REQS:
             self._challenges.add(digest)
@@ -651,10 +654,10 @@ class RelayConnection:
             return
         self.gated_reason = reason
         if not self.per_user:
-            GATED.labels(self.url).set(1 if reason else 0)
+            GATED.labels(self.label).set(1 if reason else 0)
             if reason:
-                self._observations.relay_state(self.url, "auth_required", reason)
-                log.warning("relay %s refuses the bridge even after AUTH (%s)", self.url, reason)
+                self._observations.relay_state(self.label, "auth_required", reason)
+                log.warning("relay %s refuses the bridge even after AUTH (%s)", self.label, reason)
         self._handler.on_gated(self)
 
     async def _answer_auth(self, signer: AuthSigner, challenge: str) -> None:
@@ -662,7 +665,7 @@ class RelayConnection:
         try:
             event = await signer.sign_auth(self.url, challenge)
         except AuthUnavailable as exc:
-            log.warning("relay %s: cannot answer NIP-42 AUTH (%s)", self.url, type(exc).__name__)
+            log.warning("relay %s: cannot answer NIP-42 AUTH (%s)", self.label, type(exc).__name__)
             self._handler.on_auth_failed(self)
             if self.per_user:
                 await self.drop(generation)
@@ -670,7 +673,7 @@ class RelayConnection:
         # a remote signer can take seconds: an answer whose socket is gone is not sent
         if await self.send_auth(event, generation):
             if not self.per_user:
-                log.info("relay %s: answered NIP-42 AUTH", self.url)
+                log.info("relay %s: answered NIP-42 AUTH", self.label)
             self._handler.on_authenticated(self)
 
     def _spawn(self, coroutine: Coroutine[Any, Any, object]) -> None:

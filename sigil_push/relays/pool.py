@@ -28,6 +28,7 @@ from sigil_push.config import BridgeConfig
 from sigil_push.observations import ObservationLog
 from sigil_push.relays.budget import ConnectionBudget
 from sigil_push.relays.connection import AuthSigner, RelayConnection
+from sigil_push.relays.labels import relay_label
 from sigil_push.relays.subscriptions import RelaySubscriptions, Request
 from sigil_push.supervisor import BackgroundTasks
 
@@ -155,6 +156,8 @@ class PoolOwner(Protocol):
 
     def relay_added(self, url: str, budget: ConnectionBudget | None = None) -> None: ...
 
+    def relay_removed(self, url: str) -> None: ...
+
     def on_event(self, url: str, sub_id: str, raw: Any, received_ms: int) -> None: ...
 
     def raw_event(self, url: str, frame: str, received_ms: int) -> bool: ...
@@ -275,7 +278,7 @@ class RelayPool:
             skip_event=lambda frame, received_ms: self._raw_event(url, frame, received_ms),
         )
         self._connections[url] = connection
-        UNSUBSCRIBED.labels(url).set(0)
+        UNSUBSCRIBED.labels(relay_label(url)).set(0)
         self._owner.relay_added(url, connection.budget)
         connection.start()
         return subs
@@ -288,7 +291,8 @@ class RelayPool:
         # per-relay state goes with the relay (URLs churn); baselines and cursors stay, so a
         # relay that comes back catches up from where it was
         with contextlib.suppress(KeyError):
-            UNSUBSCRIBED.remove(url)
+            UNSUBSCRIBED.remove(relay_label(url))
+        self._owner.relay_removed(url)
         if connection is not None:
             self._spawn(connection.stop())
 
@@ -319,7 +323,7 @@ class RelayPool:
                 return
             for request in subs.due(*self._since(url)):
                 await _send_request(connection, request)
-            UNSUBSCRIBED.labels(url).set(len(subs.overflow))
+            UNSUBSCRIBED.labels(relay_label(url)).set(len(subs.overflow))
 
     async def _send(self, url: str, request: Request) -> None:
         lock, connection = self._locks.get(url), self._connections.get(url)
