@@ -59,6 +59,11 @@ class RelayPlan:
         self.demand: dict[str, set[str]] = {}
         self.inbox: dict[str, tuple[str, ...]] = {}
         self._inbox_demand: dict[str, int] = {}
+        self._seniority: dict[str, int] = {}
+        """Per key with an inbox: when it got one in this process (a sequence number; lower is
+        older). At start keys come in the store's order (registration order on SQLite, shard
+        by shard on PostgreSQL), so across restarts this is approximate seniority."""
+        self._next_seniority = 0
         self.skipped: dict[str, int] = {}
         SKIPPED.set(0)
         WATCHED.set(0)
@@ -97,10 +102,16 @@ class RelayPlan:
                 del self._inbox_demand[url]
         if not wanted:
             del self.own_relays[pubkey]
+            self._seniority.pop(pubkey, None)
             return
         self.own_relays[pubkey] = wanted
         inbox_here = tuple(u for u in inbox_list if u in wanted)
+        if not inbox_here:
+            self._seniority.pop(pubkey, None)
         if inbox_here:
+            if pubkey not in self._seniority:
+                self._seniority[pubkey] = self._next_seniority
+                self._next_seniority += 1
             self.inbox[pubkey] = inbox_here
             for url in inbox_here:
                 self._inbox_demand[url] = self._inbox_demand.get(url, 0) + 1
@@ -113,22 +124,27 @@ class RelayPlan:
 
         1. One relay per key with an inbox: its inbox relay wanted by the most keys. Relays
            are ordered by how many keys they cover this way, then by how few inbox relays
-           those keys have (a key with a single inbox has no other way in), then by URL. A key
-           casts one vote here however many URLs it names, so it cannot outvote another key's
-           only inbox with its own extra URLs.
+           those keys have (a key with a single inbox has no other way in), then by the
+           seniority of their oldest such key, then by URL. A key casts one vote here however
+           many URLs it names, so it cannot outvote another key's only inbox with its own extra
+           URLs; and a wave of new throwaway keys, each naming a URL of its own (chosen to sort
+           first), cannot push out the only inbox of a user registered before them.
         2. The other inbox relays, by how many keys list them as inbox.
         3. Every other relay, by how many keys want it.
         """
         inbox_demand = self._inbox_demand
+        seniority = self._seniority
         votes: dict[str, int] = {}
         tightest: dict[str, int] = {}
-        for urls in self.inbox.values():
+        oldest: dict[str, int] = {}
+        for pubkey, urls in self.inbox.items():
             if not urls:
                 continue
             pick = min(urls, key=lambda u: (-inbox_demand[u], u))
             votes[pick] = votes.get(pick, 0) + 1
             tightest[pick] = min(tightest.get(pick, len(urls)), len(urls))
-        first = sorted(votes, key=lambda u: (-votes[u], tightest[u], u))
+            oldest[pick] = min(oldest.get(pick, seniority[pubkey]), seniority[pubkey])
+        first = sorted(votes, key=lambda u: (-votes[u], tightest[u], oldest[u], u))
         chosen = set(first)
         second = sorted((u for u in inbox_demand if u not in chosen),
                         key=lambda u: (-inbox_demand[u], u))
