@@ -265,7 +265,7 @@ class DelegatedAuth:
         failure: SignerUnreachable | None = None
         for url in session.relays:
             try:
-                link = await self._links.get(url)
+                link = await self._links.get(url, session.pubkey)
                 return await link.request(session.client, request_id, message, REQUEST_TIMEOUT_SECONDS)
             except SignerUnreachable as exc:
                 failure = exc

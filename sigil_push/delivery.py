@@ -26,6 +26,7 @@ from typing import NamedTuple
 from urllib.parse import urlsplit
 
 from sigil_push.config import LimitsConfig, PushConfig
+from sigil_push.hosts import registrable_domain
 from sigil_push.observations import ObservationLog, PushRecord, now_ms
 from sigil_push.push import metrics
 from sigil_push.push.base import Outcome, Sender, Status, WakeupMessage
@@ -210,11 +211,12 @@ class Delivery:
         return self._max_rows_in_flight[platform] - self._rows_in_flight[platform]
 
     def _host_of(self, device: Device) -> tuple[str, str] | None:
-        """The endpoint host a UnifiedPush push goes to (None for the big providers)."""
+        """The registrable domain a UnifiedPush push goes to (None for the big providers):
+        wildcard subdomains of one domain share its cap."""
         if device.platform not in self._per_host:
             return None
         try:
-            return device.platform, urlsplit(device.token).hostname or ""
+            return device.platform, registrable_domain(urlsplit(device.token).hostname or "")
         except ValueError:
             return device.platform, ""
 

@@ -13,8 +13,14 @@ user's mistake. The connect-time guard stays the real defence, as DNS can change
 
 from __future__ import annotations
 
+import functools
+
+from publicsuffixlist import PublicSuffixList
+
 from sigil_push.outbound import is_local_name, is_public_address, parse_address
 
+_PUBLIC_SUFFIXES = PublicSuffixList()
+"""The Public Suffix List as the pinned package ships it (never fetched at run time)."""
 MAX_LABEL_BYTES = 63
 MAX_NAME_BYTES = 253
 
@@ -50,3 +56,20 @@ def check_host(host: str, allow_private: bool) -> None:
     name = ascii_name(host)
     if not allow_private and is_local_name(name):
         raise InvalidHost("host is not a public name")
+
+
+@functools.lru_cache(maxsize=4096)
+def registrable_domain(host: str) -> str:
+    """The registrable domain a host belongs to (`a.b.example.co.uk` -> `example.co.uk`), by
+    the Public Suffix List: what one party controls, and so what per-destination caps count
+    (wildcard subdomains of one domain are one destination). A literal address, or a name
+    with no registrable part, is its own domain. Unicode names count as their A-label, so the
+    two spellings of one name are one domain too."""
+    name = host.rstrip(".").lower()
+    if not name or parse_address(name) is not None:
+        return name
+    try:
+        name = ascii_name(name)
+    except InvalidHost:
+        return name
+    return _PUBLIC_SUFFIXES.privatesuffix(name) or name
