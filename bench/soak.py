@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 import httpx
 import nostr_sdk
 from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
 
 from bench.hostile import Recorder, register
 from tests.support.nostr_client import kind4_dm, user
@@ -80,31 +81,40 @@ def memory(pid: int) -> dict[str, float]:
 
 
 async def stream(relay_url: str, keys: list[nostr_sdk.Keys], rate: float, seconds: float,
-                 sent: list[int]) -> None:
-    """`rate` DMs a second to random keys for `seconds`, pipelined on one socket."""
+                 sent: list[int], reconnects: list[int]) -> None:
+    """`rate` DMs a second to random keys for `seconds`, pipelined on one socket (opened again
+    if the relay drops it: a loaded machine's relay process may)."""
     senders = [user() for _ in range(20)]
     deadline = time.monotonic() + seconds
-    async with connect(relay_url, proxy=None, ping_interval=None, max_queue=None) as ws:
+    tick = 0.1
+    per_tick = rate * tick
+    owed = 0.0
+    next_tick = time.monotonic()
+    while time.monotonic() < deadline:
+        try:
+            async with connect(relay_url, proxy=None, ping_interval=None, max_queue=None) as ws:
 
-        async def drain() -> None:
-            async for _ in ws:
-                pass
+                async def drain(ws: Any = ws) -> None:
+                    async for _ in ws:
+                        pass
 
-        reader = asyncio.create_task(drain())
-        tick = 0.1
-        per_tick = rate * tick
-        owed = 0.0
-        next_tick = time.monotonic()
-        while time.monotonic() < deadline:
-            owed += per_tick
-            while owed >= 1.0:
-                event = kind4_dm(random.choice(senders), random.choice(keys), "soak")
-                await ws.send(json.dumps(["EVENT", event]))
-                sent[0] += 1
-                owed -= 1.0
-            next_tick += tick
-            await asyncio.sleep(max(0.0, next_tick - time.monotonic()))
-        reader.cancel()
+                reader = asyncio.create_task(drain())
+                try:
+                    while time.monotonic() < deadline:
+                        owed += per_tick
+                        while owed >= 1.0:
+                            event = kind4_dm(random.choice(senders), random.choice(keys), "soak")
+                            await ws.send(json.dumps(["EVENT", event]))
+                            sent[0] += 1
+                            owed -= 1.0
+                        next_tick += tick
+                        await asyncio.sleep(max(0.0, next_tick - time.monotonic()))
+                finally:
+                    reader.cancel()
+        except (ConnectionClosed, OSError):
+            reconnects[0] += 1
+            await asyncio.sleep(1.0)
+            next_tick = time.monotonic()
 
 
 def growth(snapshots: list[Path], warmup_index: int, top: int = 15) -> list[dict[str, Any]]:
@@ -157,9 +167,10 @@ async def run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
             if time.monotonic() > deadline:
                 raise TimeoutError("the keys were never watched")
             await asyncio.sleep(0.5)
-        sent = [0]
+        sent, reconnects = [0], [0]
         seconds = args.minutes * 60
-        load = asyncio.create_task(stream(relay.url, keys, args.rate, seconds, sent))
+        load = asyncio.create_task(
+            stream(relay.url, keys, args.rate, seconds, sent, reconnects))
         samples: list[dict[str, float]] = []
         started = time.monotonic()
         while not load.done():
@@ -174,7 +185,8 @@ async def run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
         result: dict[str, Any] = {
             "minutes": args.minutes, "warmup_minutes": args.warmup_minutes, "rate": args.rate,
             "devices": args.devices, "traced": args.trace, "sent": sent[0],
-            "pushed": len(recorder.arrivals), "samples": samples,
+            "pushed": len(recorder.arrivals), "publisher_reconnects": reconnects[0],
+            "samples": samples,
         }
         if len(after) >= 2:
             for name in ("VmRSS", "RssAnon", "RssFile"):

@@ -50,8 +50,8 @@ class Api:
     def __init__(self, service: Service) -> None:
         self.service = service
         limits = service.config.limits
-        self.per_ip = RateLimiter(limits.requests_per_minute_per_ip)
-        self.per_npub = RateLimiter(limits.requests_per_minute_per_npub)
+        self.per_ip = RateLimiter(limits.requests_per_minute_per_ip, "rate_buckets_ip")
+        self.per_npub = RateLimiter(limits.requests_per_minute_per_npub, "rate_buckets_npub")
         self.trusted_proxies = trusted_networks(service.config.server.trusted_proxies)
         self.admin_split = bool(service.config.server.admin_listen)
         several = is_postgres_url(service.config.server.database)

@@ -94,7 +94,7 @@ class DelegatedAuth:
         self._sessions: dict[str, Session] = {}
         self._links = SignerLinks()
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._throttle = RateLimiter(SIGNS_PER_MINUTE_PER_USER)
+        self._throttle = RateLimiter(SIGNS_PER_MINUTE_PER_USER, "signer_rate_buckets")
         self._listeners: list[StatusListener] = []
         self._housekeeping: set[asyncio.Task[None]] = set()
         self.learned_modes = LearnedAuthModes(db)

@@ -12,17 +12,22 @@ import math
 import time
 from collections.abc import Sequence
 
+from sigil_push.memory_gauges import track
+
 PRUNE_EVERY = 10_000
 
 IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 class RateLimiter:
-    def __init__(self, per_minute: int) -> None:
+    def __init__(self, per_minute: int, structure: str = "") -> None:
+        """`structure`: the name its bucket count is reported under (sigil_push_memory_entries)."""
         self._capacity = float(per_minute)
         self._rate = per_minute / 60.0
         self._buckets: dict[str, tuple[float, float]] = {}
         self._checks = 0
+        if structure:
+            track(structure, self, lambda r: len(r._buckets))
 
     @property
     def enabled(self) -> bool:

@@ -20,6 +20,7 @@ import orjson
 from sigil_push.bridge.metrics import RelayCounters, remove_relay_series
 from sigil_push.bridge.pending import Arrival, Pending
 from sigil_push.config import BridgeConfig
+from sigil_push.memory_gauges import track
 from sigil_push.nostr.event import Event, InvalidEvent, compute_id
 from sigil_push.relays.budget import ConnectionBudget
 from sigil_push.relays.discovery import LIST_KINDS_SET, RelayLists
@@ -97,6 +98,8 @@ class Ingest:
         self._received: dict[str, int] = {}
         self._counts_flush: asyncio.TimerHandle | None = None
         self._recipient_buckets: dict[str, TokenBucket] = {}
+        track("recipient_buckets", self, lambda i: len(i._recipient_buckets))
+        track("relay_counters", self, lambda i: len(i.counters) + len(i._user_counters))
         self.counters: dict[str, RelayCounters] = {}
         self._user_counters: dict[str, RelayCounters] = {}
         """By relay URL; the committer counts its own drops (duplicates, no device) here too."""

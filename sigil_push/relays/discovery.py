@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from urllib.parse import urlsplit
 
 from sigil_push.hosts import InvalidHost, check_host
+from sigil_push.memory_gauges import track
 from sigil_push.nostr.event import Event
 from sigil_push.store.interface import Database
 
@@ -86,6 +87,7 @@ class RelayLists:
         self._db = db
         self._allow_insecure = allow_insecure
         self._lists: dict[tuple[str, int], tuple[int, tuple[str, ...]]] = {}
+        track("relay_lists", self, lambda r: len(r._lists))
         self._unsaved: dict[tuple[str, int], tuple[int, tuple[str, ...]]] = {}
 
     async def load(self) -> None:

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 from prometheus_client import Gauge
 
 from sigil_push.config import BridgeConfig
+from sigil_push.memory_gauges import track
 from sigil_push.observations import ObservationLog
 from sigil_push.relays.budget import ConnectionBudget
 from sigil_push.relays.connection import AuthSigner, RelayConnection
@@ -217,6 +218,9 @@ class RelayPool:
         self._background = BackgroundTasks("relay-pool")
         self._maybe_gated: set[str] = set()
         self._chosen: list[str] | None = None
+        track("relay_baselines", self, lambda p: sum(len(k) for k in p._baselines.values()))
+        track("relay_cursors", self, lambda p: len(p.cursors))
+        track("relay_plan_keys", self, lambda p: len(p.plan.own_relays))
 
     def load(self, baselines: dict[str, set[str]], cursors: dict[str, int]) -> None:
         self._baselines = baselines

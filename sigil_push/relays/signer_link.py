@@ -29,6 +29,7 @@ from prometheus_client import Counter
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
+from sigil_push.memory_gauges import track
 from sigil_push.nostr.event import Event, InvalidEvent
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip46 import REQUEST_KIND, Response, SignerError, read_response
@@ -255,6 +256,7 @@ class SignerLinks:
         self._opened_by: dict[str, str] = {}
         """URL -> the npub whose request created the link."""
         self._per_npub: dict[str, int] = {}
+        track("signer_links", self, len)
 
     def __len__(self) -> int:
         return len(self._links)

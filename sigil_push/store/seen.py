@@ -13,6 +13,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
+from sigil_push.memory_gauges import track
 from sigil_push.store.interface import Database
 
 LOOKUP_CHUNK = 500
@@ -30,6 +31,8 @@ class SeenEvents:
         self._cache_size = max(1, cache_size)
         self._relays: OrderedDict[str, tuple[str, ...]] = OrderedDict()
         self._interned: dict[str, str] = {}
+        track("seen_cache", self, lambda s: len(s._relays))
+        track("seen_relay_names", self, lambda s: len(s._interned))
 
     async def load(self) -> None:
         """Warm the cache with the most recent ids, so a restart's catch-up stays cheap."""
