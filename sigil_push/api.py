@@ -23,7 +23,6 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from sigil_push import __version__
-from sigil_push.config import is_postgres_url
 from sigil_push.errors import ApiError, BadRequest, RateLimited
 from sigil_push.http_metrics import MetricsMiddleware
 from sigil_push.nostr.nip19 import encode_npub
@@ -54,8 +53,7 @@ class Api:
         self.per_npub = RateLimiter(limits.requests_per_minute_per_npub)
         self.trusted_proxies = trusted_networks(service.config.server.trusted_proxies)
         self.admin_split = bool(service.config.server.admin_listen)
-        several = is_postgres_url(service.config.server.database)
-        self.exposition = WorkerLabelled(lambda: service.worker_id if several else "")
+        self.exposition = WorkerLabelled(lambda: service.worker_label)
 
     # -- request plumbing ------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ import pytest
 from sigil_push.store.errors import TooManyAccounts, TooManyDevices
 from sigil_push.store.factory import PostgresStore, SqliteStore
 from sigil_push.store.interface import DeviceStore
+from tests.support.stores import sql_of
 
 
 @pytest.fixture
@@ -77,7 +78,7 @@ async def test_account_limit_holds_under_concurrent_registrations(
 
     outcomes = await asyncio.gather(*(attempt() for _ in range(40)))
     assert sum(outcomes) == 20
-    [(pairs,)] = await store.db.execute_fetchall(
+    [(pairs,)] = await sql_of(store).execute_fetchall(
         "SELECT COUNT(*) FROM devices WHERE token = ?", (token,)
     )
     assert pairs == 20
