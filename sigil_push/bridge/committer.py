@@ -1,8 +1,8 @@
 """The committer: pending arrivals → the devices they wake → outbox rows and seen ids, written
 in one transaction per batch, in arrival order, so the readers never wait on the disk.
 
-It has its own database connection, so each batch's outbox rows and seen ids are one
-transaction: after a crash either both are on disk or neither is, and a catch-up then pushes
+It has its own store connection (`store.interface.BridgeConnection`), so each batch's outbox
+rows, seen ids and queued bookkeeping are one `transaction()`: after a crash either both are on disk or neither is, and a catch-up then pushes
 exactly what had not been handed to the outbox. It also makes ingest fast (one commit per
 batch instead of one per event). The shared outbox's `ready` is set after each commit.
 """

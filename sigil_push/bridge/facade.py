@@ -8,6 +8,10 @@
 - `keys`: which keys are watched where (registrations, relay lists, shards);
 - `relay_state`: baselines, cursors and gated relays, for the pool and per-user connections.
 
+Their rows are the store's: the bridge's own connection (`store.interface.BridgeConnection`,
+from `store.factory.connect_bridge`) carries the outbox writer, the seen rows and the relay
+state (`RelayStateStore`), and the committer's `transaction()`; none of these modules holds SQL.
+
 The pool and the per-user connections are handed the parts' own bound methods (set in
 `__init__`), so a frame costs no call through this class.
 """
