@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,12 +35,11 @@ from sigil_push.relays.connection import AuthUnavailable
 from sigil_push.relays.signer_link import SignerLinks, SignerUnreachable
 from sigil_push.sealed import Sealer, UnreadableSecret
 from sigil_push.store.auth_modes import LearnedAuthModes
-from sigil_push.store.errors import STORE_UNAVAILABLE
+from sigil_push.store.errors import SKIPPABLE_WRITE_ERRORS
 from sigil_push.store.interface import AuthModeStore, DeviceStore, SignerSessionStore
 from sigil_push.store.records import StoredSession
 
 log = logging.getLogger(__name__)
-STATUS_WRITE_ERRORS: tuple[type[Exception], ...] = (sqlite3.Error, *STORE_UNAVAILABLE)
 
 STATUSES = ("pending", "active", "refused", "unreachable")
 REQUEST_TIMEOUT_SECONDS = 15.0
@@ -276,7 +274,7 @@ class DelegatedAuth:
         session.status, session.detail = status, detail
         try:
             await self._stored.set_status(session.pubkey, status, detail, int(time.time()))
-        except STATUS_WRITE_ERRORS as exc:
+        except SKIPPABLE_WRITE_ERRORS as exc:
             log.warning("could not store a signer session's status (%s)", exc)
         log.info("signer session %s%s", status, f": {detail}" if detail else "")
         self._count()
