@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sqlite3
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -329,7 +328,9 @@ def create_app(service: Service) -> Starlette:
             AuthError: _error_response,
             TooManyDevices: _error_response,
             TooManyAccounts: _error_response,
-            sqlite3.OperationalError: _error_response,
+            # each engine's "busy" error by name: a handler only for `Exception` answers
+            # too, but then the server logs it as unhandled, with a traceback
+            **dict.fromkeys(STORE_UNAVAILABLE, _error_response),
             HTTPException: _error_response,
             Exception: _error_response,
         },

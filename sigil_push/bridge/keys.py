@@ -65,7 +65,8 @@ class KeyRegistry:
         """Held while the keys are loaded or resharded: one change at a time."""
 
     def attach(self, state: RelayStateStore, lists: RelayLists) -> None:
-        """The database and relay lists, as the bridge starts (from then on `reshard` acts)."""
+        """The stored relay state and relay lists, as the bridge starts (from then on `reshard`
+        acts)."""
         self._state, self._lists = state, lists
 
     async def load(self, known: Mapping[str, str]) -> None:
