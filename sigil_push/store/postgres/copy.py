@@ -24,6 +24,7 @@ import aiosqlite
 import asyncpg
 
 from sigil_push.store.postgres.migrate import migrate_connection
+from sigil_push.store.records import BRIDGE_KEY_LEFT
 from sigil_push.store.sqlite.database import open_database
 
 TABLES = (
@@ -33,7 +34,7 @@ TABLES = (
 _SERIAL = ("devices", "outbox")
 BRIDGE_KEY_META = "bridge_secret_key"
 """identity.META_KEY; named here too so the store needs nothing from the service above it."""
-BRIDGE_KEY_LEFT = "bridge key left behind"
+
 _DROPPED = {"outbox": {"claimed_ms"}}
 
 
