@@ -33,10 +33,6 @@ class SeenEvents:
         self._relays: OrderedDict[str, tuple[str, ...]] = OrderedDict()
         self._interned: dict[str, str] = {}
 
-    def __len__(self) -> int:
-        """Event ids in the memory cache (at most `cache_size`)."""
-        return len(self._relays)
-
     def relay_names(self) -> int:
         """Relay URLs interned for the cache's rows (grows with the relays ever delivering)."""
         return len(self._interned)
