@@ -71,7 +71,7 @@ async def check_endpoint(url: str, allow_private: bool) -> None:
     if allow_private or _parse_address(host) is not None:
         return
     try:
-        infos = await getaddrinfo(host, port)
+        infos = await getaddrinfo(host, port, requester="unifiedpush-check")
     except OSError:
         raise UnsafeEndpoint("endpoint host does not resolve") from None
     for info in infos:
@@ -83,15 +83,15 @@ class PublicResolver(AbstractResolver):
     """An aiohttp resolver that refuses names resolving to any non-public address.
 
     All-or-nothing like `check_endpoint`: a name with one private address among public ones is
-    as suspicious as one with only private addresses. Lookups run in the outbound guard's own
-    DNS pool, so endpoints on slow name servers never hold the loop's default executor.
+    as suspicious as one with only private addresses. Lookups go through the outbound guard's
+    resolver (c-ares, bounded per requester), so endpoints on slow name servers hold no thread.
     """
 
     async def resolve(
         self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
     ) -> list[ResolveResult]:
         try:
-            infos = await getaddrinfo(host, port, family)
+            infos = await getaddrinfo(host, port, family, requester="unifiedpush")
         except OSError as exc:
             raise OSError(f"endpoint host does not resolve: {type(exc).__name__}") from None
         results: list[ResolveResult] = []
