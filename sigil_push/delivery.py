@@ -51,8 +51,9 @@ two or three pushes). A crash resends at most the rows answered in this time plu
 the one DELETE in flight (which itself holds at most this time's answers). BATCH_SIZE rows
 already waiting are deleted without the wait."""
 HOST_SHARE = 8
-"""A UnifiedPush endpoint host may hold at most 1/HOST_SHARE of its platform's window (a push
-to a host with nothing in flight always may go, however many wakeups it carries)."""
+"""A UnifiedPush destination (an endpoint's registrable domain), and one npub's endpoints
+together, may each hold at most 1/HOST_SHARE of the platform's window (a push to a destination
+with nothing in flight always may go, however many wakeups it carries)."""
 HOST_HOLD_SECONDS = 1.0
 """How long a wakeup for a host at its cap waits on disk before it is looked at again, at
 least: a quarter of the send timeout, so a tarpit's backlog is not re-read (in front of
@@ -209,15 +210,29 @@ class Delivery:
     def _room(self, platform: str) -> int:
         return self._max_rows_in_flight[platform] - self._rows_in_flight[platform]
 
-    def _host_of(self, device: Device) -> tuple[str, str] | None:
-        """The registrable domain a UnifiedPush push goes to (None for the big providers):
-        wildcard subdomains of one domain share its cap."""
+    def _caps_of(self, device: Device) -> tuple[tuple[str, str], ...]:
+        """The in-flight caps a UnifiedPush push counts against (none for the big providers):
+        its endpoint's registrable domain (wildcard subdomains of one domain share it) and its
+        npub (one npub's endpoints on many domains share that)."""
         if device.platform not in self._per_host:
-            return None
+            return ()
         try:
-            return device.platform, registrable_domain(urlsplit(device.token).hostname or "")
+            domain = registrable_domain(urlsplit(device.token).hostname or "")
         except ValueError:
-            return device.platform, ""
+            domain = ""
+        return (device.platform, domain), (device.platform, "npub:" + device.pubkey)
+
+    def _at_cap(
+        self, caps: tuple[tuple[str, str], ...], planned: dict[tuple[str, str], int],
+        rows: int, platform: str,
+    ) -> bool:
+        """Whether `rows` more would take any of `caps` past its share (an idle one never)."""
+        limit = self._host_cap[platform]
+        for cap in caps:
+            busy = self._host_rows[cap] + planned[cap]
+            if busy and busy + rows > limit:
+                return True
+        return False
 
     async def _idle(self, has_room: bool) -> None:
         """Sleep until new wakeups, a freed slot, the next due wakeup or the poll interval."""
@@ -283,17 +298,17 @@ class Delivery:
         planned_per_host: dict[tuple[str, str], int] = defaultdict(int)
         for wakeups in by_push_key.values():
             device = wakeups[0].device
-            host = self._host_of(device)
-            if host is not None:
-                busy = self._host_rows[host] + planned_per_host[host]
-                if busy and busy + len(wakeups) > self._host_cap[device.platform]:
-                    held[now + self._host_hold_ms].extend(w.id for w in wakeups)
-                    continue
+            caps = self._caps_of(device)
+            if caps and self._at_cap(caps, planned_per_host, len(wakeups), device.platform):
+                held[now + self._host_hold_ms].extend(w.id for w in wakeups)
+                continue
             planned, waiting = self._plan(wakeups, now)
             for at_ms, ids in waiting.items():
                 held[at_ms].extend(ids)
-            if host is not None:
-                planned_per_host[host] += sum(len(p.wakeups) for p in planned)
+            if caps:
+                rows = sum(len(p.wakeups) for p in planned)
+                for cap in caps:
+                    planned_per_host[cap] += rows
             pushes.extend(planned)
         # `due` claimed every row it returned (`hold` gives back those not sent now): queue
         # every push and start its senders before anything else can fail, so no claim is
@@ -302,9 +317,8 @@ class Delivery:
         self._live_ids.update(claimed)
         for push in pushes:
             self._rows_in_flight[push.device.platform] += len(push.wakeups)
-            host = self._host_of(push.device)
-            if host is not None:
-                self._host_rows[host] += len(push.wakeups)
+            for cap in self._caps_of(push.device):
+                self._host_rows[cap] += len(push.wakeups)
             self._queues[push.device.platform].append(push)
         for platform in self._queues:
             self._start_senders(platform)
@@ -438,11 +452,10 @@ class Delivery:
             else:
                 self._live_ids.difference_update(w.id for w in wakeups)
             if platform in self._per_host:
-                host = self._host_of(push.device)
-                assert host is not None
-                self._host_rows[host] -= len(wakeups)
-                if not self._host_rows[host]:
-                    del self._host_rows[host]
+                for cap in self._caps_of(push.device):
+                    self._host_rows[cap] -= len(wakeups)
+                    if not self._host_rows[cap]:
+                        del self._host_rows[cap]
             if self._room(platform) >= self._refill[platform]:
                 self._outbox.ready.set()
 

@@ -31,6 +31,22 @@ async def test_wildcard_subdomains_share_one_delivery_cap(
         for i in range(3)
     ]
     other = await harness.register("unifiedpush", "https://up.other-example.org/up/x")
-    keys = {harness.delivery._host_of(device) for device in devices}
-    assert len(keys) == 1
-    assert harness.delivery._host_of(other) not in keys
+    domains = {harness.delivery._caps_of(device)[0] for device in devices}
+    assert len(domains) == 1
+    assert harness.delivery._caps_of(other)[0] not in domains
+
+
+async def test_one_npubs_endpoints_on_many_domains_share_one_cap(
+    make_harness: Any, fake_up: FakeUnifiedPush
+) -> None:
+    """Endpoints on different domains each had a full share: one npub registering devices on
+    ten domains held ten shares of UnifiedPush's window. Its endpoints now also count against
+    one cap for the npub."""
+    harness = await make_harness()
+    devices = [
+        await harness.register("unifiedpush", f"https://up.domain{i}-example.com/up/{i}")
+        for i in range(3)
+    ]
+    caps = [harness.delivery._caps_of(device) for device in devices]
+    assert len({domain for domain, _ in caps}) == 3
+    assert len({npub for _, npub in caps}) == 1
