@@ -13,8 +13,12 @@ the first snapshot after the warm-up and the last one are reported by source lin
 
 Loopback only; the load stops by itself. Writes bench/results/soak.json.
 
+Each sample also carries the service's `sigil_push_memory_entries` (every growable cache and
+queue). `--seen-cache-size` shrinks the seen cache so it is full within a short run, which is
+then long enough to see what grows once every bounded cache is full.
+
 Usage: python bench/soak.py [--minutes 30] [--warmup-minutes 10] [--rate 200] [--devices 300]
-                            [--trace] [--snapshot-minutes 2]
+                            [--trace] [--snapshot-minutes 2] [--seen-cache-size N]
 """
 
 from __future__ import annotations
@@ -117,6 +121,17 @@ async def stream(relay_url: str, keys: list[nostr_sdk.Keys], rate: float, second
             next_tick = time.monotonic()
 
 
+async def structure_sizes(admin_url: str) -> dict[str, float]:
+    """The service's own gauge of every growable structure (sigil_push_memory_entries)."""
+    text = (await asyncio.to_thread(httpx.get, admin_url + "/metrics", timeout=10)).text
+    sizes: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith('sigil_push_memory_entries{structure="'):
+            name = line.split('"')[1]
+            sizes[name] = float(line.rsplit(" ", 1)[1])
+    return sizes
+
+
 def growth(snapshots: list[Path], warmup_index: int, top: int = 15) -> list[dict[str, Any]]:
     """The source lines whose allocations grew most between two snapshots."""
     first = tracemalloc.Snapshot.load(str(snapshots[warmup_index]))
@@ -142,6 +157,8 @@ async def run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     await recorder.start()
     config = ("[unifiedpush]\nallow_private_endpoints = true\n"
               "vapid_subject = \"mailto:ops@example.org\"\n")
+    if args.seen_cache_size:
+        config += f"[bridge]\nseen_cache_size = {args.seen_cache_size}\n"
     limits = ("requests_per_minute_per_ip = 0\nrequests_per_minute_per_npub = 0\n"
               "coalesce_window_ms = 0\nwakeups_per_minute_per_device = 0\n")
     service = ServiceProcess(folder / "service", [relay.url], config, limits)
@@ -176,7 +193,8 @@ async def run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
         while not load.done():
             sample = {"minute": round((time.monotonic() - started) / 60, 2),
                       **memory(process.pid), "sent": sent[0],
-                      "pushed": len(recorder.arrivals), "load1": os.getloadavg()[0]}
+                      "pushed": len(recorder.arrivals), "load1": os.getloadavg()[0],
+                      "entries": await structure_sizes(service.admin_url)}
             samples.append(sample)
             print(json.dumps(sample), flush=True)
             await asyncio.sleep(args.sample_seconds)
@@ -185,6 +203,7 @@ async def run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
         result: dict[str, Any] = {
             "minutes": args.minutes, "warmup_minutes": args.warmup_minutes, "rate": args.rate,
             "devices": args.devices, "traced": args.trace, "sent": sent[0],
+            "seen_cache_size": args.seen_cache_size or "default",
             "pushed": len(recorder.arrivals), "publisher_reconnects": reconnects[0],
             "samples": samples,
         }
@@ -217,6 +236,8 @@ def main() -> None:
     parser.add_argument("--sample-seconds", type=float, default=10.0)
     parser.add_argument("--trace", action="store_true")
     parser.add_argument("--snapshot-minutes", type=float, default=2.0)
+    parser.add_argument("--seen-cache-size", type=int, default=0,
+                        help="a smaller seen cache fills sooner: steady state in a short run")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         result = asyncio.run(run(args, Path(tmp)))
