@@ -32,7 +32,8 @@ from sigil_push.store.records import (
 KEY_CHUNK = 10_000
 """Keys per chunk of `key_chunks`, as on PostgreSQL."""
 _COLUMNS = (
-    "id, pubkey, platform, token, payload, relays, webpush_p256dh, webpush_auth, registered_at"
+    "id, pubkey, platform, token, payload, relays, webpush_p256dh, webpush_auth, registered_at,"
+    " device_key"
 )
 
 
@@ -61,8 +62,10 @@ class Devices:
         webpush_keys: WebPushKeys | None,
         max_devices: int,
         max_accounts: int = 0,
+        device_key: str | None = None,
     ) -> Registration:
         """Insert or update the (pubkey, token) pair; other npubs' pairs are never touched.
+        An update replaces everything the client sends, the device key included (absent: none).
 
         Both limits (`max_devices` pairs per npub, `max_accounts` npubs per token; 0: no limit)
         are enforced inside the writing statement itself, so registrations need no lock and
@@ -76,20 +79,20 @@ class Devices:
         )
         rows = await self._db.execute_fetchall(
             "INSERT INTO devices (pubkey, platform, token, payload, relays, webpush_p256dh,"
-            " webpush_auth, registered_at, updated_at) SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?"
+            " webpush_auth, registered_at, updated_at, device_key) SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?"
             " WHERE EXISTS (SELECT 1 FROM devices WHERE token = ? AND pubkey = ?)"
             " OR ((? = 0 OR (SELECT COUNT(*) FROM devices WHERE pubkey = ?) < ?)"
             " AND (? = 0 OR (SELECT COUNT(*) FROM devices WHERE token = ?) < ?))"
             " ON CONFLICT (token, pubkey) DO UPDATE SET platform = excluded.platform,"
             " payload = excluded.payload, relays = excluded.relays,"
             " webpush_p256dh = excluded.webpush_p256dh, webpush_auth = excluded.webpush_auth,"
-            " updated_at = excluded.updated_at"
+            " updated_at = excluded.updated_at, device_key = excluded.device_key"
             f" RETURNING {_COLUMNS}",
             (
                 pubkey, platform, token, payload, json.dumps(list(relays)),
                 webpush_keys.p256dh if webpush_keys else None,
                 webpush_keys.auth if webpush_keys else None,
-                now, now,
+                now, now, device_key,
                 token, pubkey,
                 max_devices, pubkey, max_devices,
                 max_accounts, token, max_accounts,
