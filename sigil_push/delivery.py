@@ -10,8 +10,9 @@ so the database is never the bottleneck.
 
 A device here is the phone, named by its (platform, token): several accounts (npubs) may be
 registered on it, each its own row. Coalescing windows and rate budgets belong to the phone,
-so opaque wakeups for all its accounts become one push. `event_id` and `event` pushes stay
-per registration, since each names one account's event.
+so opaque wakeups for all its accounts become one push. `event_id`, `event` and `sealed` pushes
+stay per registration, since each names (or seals) one account's event: they are never
+coalesced, and beyond the phone's rate budget the excess rides in its one opaque push.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from sigil_push.observations import ObservationLog, PushRecord, now_ms
 from sigil_push.push import metrics
 from sigil_push.push.base import Outcome, Sender, Status, WakeupMessage
 from sigil_push.push.limits import DeviceRateLimiter
-from sigil_push.push.payload import fallback, opaque_data, wakeup_data
+from sigil_push.push.payload import fallback, opaque_data, sealed_data, wakeup_data
 from sigil_push.store.interface import DeviceStore, OutboxStore
 from sigil_push.store.records import Device, Wakeup, WebPushKeys
 from sigil_push.supervisor import Supervisor
@@ -377,6 +378,9 @@ class Delivery:
         ttl = max(1, (self._push.max_wakeup_age_seconds * 1000 - (now - oldest_ms)) // 1000)
         if opaque:
             data = opaque_data()
+        elif device.device_key is not None and device.payload == "sealed":
+            data = sealed_data(device.device_key, first.event_id, first.relay, first.event_json,
+                               self._senders[device.platform].fits)
         else:
             data = wakeup_data(device.payload, first.event_id, first.relay, first.event_json)
             fits = self._senders[device.platform].fits

@@ -1,0 +1,268 @@
+"""Sealed previews, the push side (issue 21): what reaches the APNs, FCM and UnifiedPush fakes
+for a `payload: "sealed"` registration, opened only with independent code: nostr-sdk's
+nip44_decrypt, its event verification and its gift-wrap unwrapping, through the client example
+in docs/examples/decrypt_sealed_push.py (which these tests thereby keep working).
+
+The real Delivery loop and provider clients run in process over a real store (`make_harness`:
+SQLite and PostgreSQL), against the fakes over sockets; DMs are built by nostr-sdk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import nostr_sdk
+
+from sigil_push.nostr.event import Event
+from sigil_push.nostr.keys import SecretKey
+from sigil_push.nostr.nip19 import encode_npub
+from sigil_push.push.payload import APS, MAX_PAYLOAD_BYTES
+from sigil_push.store.records import Device, WebPushKeys
+from tests.fakes.credentials import WebPushSubscriber
+from tests.fakes.fake_apns import ApnsRequest, FakeApns
+from tests.fakes.fake_fcm import FakeFcm
+from tests.fakes.fake_unifiedpush import FakeUnifiedPush
+from tests.fakes.harness import RELAY, Harness, apns_token, eventually, fcm_token
+from tests.support.nostr_client import gift_wrap, kind4_dm
+
+EXAMPLE_PATH = Path(__file__).resolve().parents[1] / "docs" / "examples" / "decrypt_sealed_push.py"
+
+
+def _load_example() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("decrypt_sealed_push", EXAMPLE_PATH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+example = _load_example()
+
+
+class Phone:
+    """The app's side: a device key pair made on the phone, and the account's own keys."""
+
+    def __init__(self, harness: Harness) -> None:
+        self.device_key = SecretKey.generate()
+        self.account = nostr_sdk.Keys.parse(harness.recipient_key.secret_hex)
+        self.sender = nostr_sdk.Keys.parse(harness.sender_key.secret_hex)
+
+    def open(self, push: dict[str, Any]) -> dict[str, Any]:
+        plaintext: dict[str, Any] = example.open_sealed(push, self.device_key.secret_hex)
+        return plaintext
+
+    def read(self, push: dict[str, Any]) -> tuple[str, str]:
+        """(sender hex, text) of the DM inside, verified and opened with the account's key."""
+        event = example.verified_event(self.open(push))
+        sender, text = example.read_message(event, self.account.secret_key().to_hex())
+        return str(sender), str(text)
+
+
+async def _register(harness: Harness, phone: Phone, platform: str, token: str,
+                    keys: WebPushKeys | None = None) -> Device:
+    registration = await harness.devices.register(
+        harness.recipient_key.public_key_hex, platform, token, "sealed", (), keys, 0,
+        device_key=phone.device_key.public_key_hex,
+    )
+    return registration.device
+
+
+async def _enqueue(harness: Harness, device: Device, event_json: dict[str, Any]) -> Event:
+    event = Event.from_json(event_json)
+    await harness.enqueue([device], event)
+    return event
+
+
+def _in_clear(harness: Harness, phone: Phone, event: Event) -> list[str]:
+    """What must never be readable outside `sealed`: ids, keys, npubs, the relay."""
+    recipient, sender = harness.recipient_key.public_key_hex, harness.sender_key.public_key_hex
+    return [event.id, event.pubkey, recipient, sender, encode_npub(recipient), encode_npub(sender),
+            RELAY, RELAY.removeprefix("wss://"), phone.device_key.public_key_hex,
+            phone.device_key.secret_hex]
+
+
+def _apns_to(fake_apns: FakeApns, token: str) -> list[ApnsRequest]:
+    return [r for r in fake_apns.requests if r.token == token]
+
+
+def _assert_nothing_in_clear(wire: str, harness: Harness, phone: Phone, events: list[Event]) -> None:
+    for event in events:
+        for secret in _in_clear(harness, phone, event):
+            assert secret not in wire, f"{secret[:12]}… in clear"
+
+
+async def test_apns_carries_the_dm_sealed_to_the_device_and_nothing_in_clear(
+    make_harness: Any, fake_apns: FakeApns
+) -> None:
+    """A NIP-17 gift wrap: the body is the alert (mutable-content 1) plus `sealed` and `epk`
+    only; nostr-sdk decrypts it with the device secret to the wrap exactly as received, which
+    verifies and unwraps with the account's key to the text sent. No byte of the body or the
+    headers names the event, a key or the relay; the collapse id is not the event id."""
+    harness = await make_harness()
+    phone, token = Phone(harness), apns_token()
+    device = await _register(harness, phone, "ios", token)
+    wrap_json = gift_wrap(phone.sender, phone.account, "see you at the station at nine")
+    event = await _enqueue(harness, device, wrap_json)
+
+    [request] = await eventually(lambda: _apns_to(fake_apns, token), what="the sealed push")
+    await eventually(harness.drained, what="outbox drained")
+
+    assert set(request.body) == {"aps", "sealed", "epk"}
+    assert request.body["aps"] == APS and request.body["aps"]["mutable-content"] == 1
+    assert len(request.raw_body) <= MAX_PAYLOAD_BYTES
+    assert phone.open(request.body) == {"v": 1, "event": wrap_json, "relay": RELAY}
+    assert phone.read(request.body) == (phone.sender.public_key().to_hex(),
+                                        "see you at the station at nine")
+    wire = json.dumps(request.headers) + request.raw_body.decode()
+    _assert_nothing_in_clear(wire, harness, phone, [event])
+    assert event.id[:16] not in request.headers["apns-collapse-id"]
+    assert request.headers["apns-push-type"] == "alert"
+    records = await eventually(harness.push_records)
+    assert [(r["event_id"], r["status"]) for r in records] == [(event.id, "accepted")]
+
+
+async def test_a_kind_4_dm_opens_to_its_text(make_harness: Any, fake_apns: FakeApns) -> None:
+    harness = await make_harness()
+    phone, token = Phone(harness), apns_token()
+    device = await _register(harness, phone, "ios", token)
+    await _enqueue(harness, device, kind4_dm(phone.sender, phone.account, "old school"))
+
+    [request] = await eventually(lambda: _apns_to(fake_apns, token), what="the sealed push")
+    assert phone.read(request.body) == (phone.sender.public_key().to_hex(), "old school")
+
+
+async def test_every_push_has_its_own_ephemeral_key(make_harness: Any, fake_apns: FakeApns) -> None:
+    """Five DMs, five pushes (sealed wakeups are never coalesced), five different `epk`s, none
+    of them the device key; each opens to its own event."""
+    harness = await make_harness(limits={"coalesce_window_ms": 60_000})
+    phone, token = Phone(harness), apns_token()
+    device = await _register(harness, phone, "ios", token)
+    events = [await _enqueue(harness, device, kind4_dm(phone.sender, phone.account, f"dm {n}"))
+              for n in range(5)]
+
+    requests = await eventually(lambda: len(_apns_to(fake_apns, token)) == 5 and
+                                _apns_to(fake_apns, token), what="five sealed pushes")
+    epks = {r.body["epk"] for r in requests}
+    assert len(epks) == 5 and phone.device_key.public_key_hex not in epks
+    assert sorted(phone.open(r.body)["event"]["id"] for r in requests) == sorted(e.id for e in events)
+
+
+async def test_an_event_over_the_limit_is_sealed_as_a_pointer(
+    make_harness: Any, fake_apns: FakeApns, fake_fcm: FakeFcm
+) -> None:
+    """A gift wrap too big for 4,096 bytes: APNs and FCM pushes carry the sealed pointer (id,
+    kind, relay), stay within 4,096 bytes, and still say nothing in clear."""
+    harness = await make_harness()
+    phone = Phone(harness)
+    ios, android = apns_token(), fcm_token()
+    devices = [await _register(harness, phone, "ios", ios),
+               await _register(harness, phone, "android", android)]
+    wrap_json = gift_wrap(phone.sender, phone.account, "long letter " * 300)
+    event = Event.from_json(wrap_json)
+    await harness.enqueue(devices, event)
+
+    [apns] = await eventually(lambda: _apns_to(fake_apns, ios), what="the APNs push")
+    [fcm] = await eventually(lambda: [m for m in fake_fcm.messages if m["token"] == android],
+                             what="the FCM push")
+    pointer = {"v": 1, "id": event.id, "kind": 1059, "relay": RELAY}
+    assert phone.open(apns.body) == pointer
+    assert phone.open(fcm["data"]) == pointer
+    assert len(apns.raw_body) <= MAX_PAYLOAD_BYTES
+    assert sum(len(k.encode()) + len(v.encode()) for k, v in fcm["data"].items()) <= MAX_PAYLOAD_BYTES
+    wire = json.dumps(apns.headers) + apns.raw_body.decode() + json.dumps(fcm)
+    _assert_nothing_in_clear(wire, harness, phone, [event])
+
+
+async def test_fcm_sends_exactly_type_sealed_and_epk(make_harness: Any, fake_fcm: FakeFcm) -> None:
+    """Data-only, high priority, no collapse key, data exactly `type`, `sealed`, `epk`; the
+    whole HTTP request (headers and body) names neither the event nor a key nor the relay."""
+    harness = await make_harness()
+    phone, token = Phone(harness), fcm_token()
+    device = await _register(harness, phone, "android", token)
+    wrap_json = gift_wrap(phone.sender, phone.account, "android says hi")
+    event = await _enqueue(harness, device, wrap_json)
+
+    [message] = await eventually(lambda: [m for m in fake_fcm.messages if m["token"] == token],
+                                 what="the FCM push")
+    assert set(message["data"]) == {"type", "sealed", "epk"}
+    assert message["data"]["type"] == "wakeup"
+    assert "notification" not in message
+    assert message["android"]["priority"] == "high" and "collapse_key" not in message["android"]
+    assert phone.read(message["data"]) == (phone.sender.public_key().to_hex(), "android says hi")
+    [(headers, body)] = [(h, b) for h, b in fake_fcm.requests if token.encode() in b]
+    _assert_nothing_in_clear(json.dumps(headers) + body.decode(), harness, phone, [event])
+
+
+async def test_unifiedpush_carries_the_same_json_inside_rfc_8291(
+    make_harness: Any, fake_up: FakeUnifiedPush
+) -> None:
+    """http_ece decrypts the body to `{"type", "sealed", "epk"}`, which opens like FCM's data;
+    no Topic (a sealed push is not interchangeable with another)."""
+    harness = await make_harness()
+    phone, subscriber = Phone(harness), WebPushSubscriber.generate()
+    device = await _register(harness, phone, "unifiedpush", fake_up.endpoint("sealed"),
+                             WebPushKeys(subscriber.p256dh, subscriber.auth))
+    event = await _enqueue(harness, device, gift_wrap(phone.sender, phone.account, "via ntfy"))
+
+    [request] = await eventually(lambda: fake_up.received("sealed"), what="the UnifiedPush push")
+    data = json.loads(subscriber.decrypt(request.body))
+    assert set(data) == {"type", "sealed", "epk"}
+    assert phone.read(data) == (phone.sender.public_key().to_hex(), "via ntfy")
+    assert "topic" not in request.headers and len(request.body) <= MAX_PAYLOAD_BYTES
+    _assert_nothing_in_clear(json.dumps(request.headers) + request.body.hex(), harness, phone,
+                             [event])
+
+
+async def test_beyond_the_rate_limit_the_excess_is_one_opaque_wakeup(
+    make_harness: Any, fake_apns: FakeApns
+) -> None:
+    """Two pushes a minute allowed, three sealed DMs due together: one goes sealed, the other
+    two ride in one opaque wakeup (nothing dropped, every event recorded as accepted)."""
+    harness = await make_harness(start=False, limits={"wakeups_per_minute_per_device": 2})
+    phone, token = Phone(harness), apns_token()
+    device = await _register(harness, phone, "ios", token)
+    events = [await _enqueue(harness, device, kind4_dm(phone.sender, phone.account, f"dm {n}"))
+              for n in range(3)]
+    await harness.start()
+
+    requests = await eventually(lambda: len(_apns_to(fake_apns, token)) == 2 and
+                                _apns_to(fake_apns, token), what="two pushes")
+    await eventually(harness.drained, what="outbox drained")
+    sealed = [r for r in requests if "sealed" in r.body]
+    opaque = [r for r in requests if "sealed" not in r.body]
+    assert len(sealed) == 1 and [r.body for r in opaque] == [{"aps": APS}]
+    assert phone.open(sealed[0].body)["event"]["id"] in {e.id for e in events}
+    records = await eventually(lambda: len(harness.push_records()) == 3 and harness.push_records())
+    assert sorted(r["event_id"] for r in records) == sorted(e.id for e in events)
+    assert {r["status"] for r in records} == {"accepted"}
+
+
+async def test_the_example_script_opens_a_captured_push(
+    make_harness: Any, fake_apns: FakeApns, tmp_path: Path
+) -> None:
+    """docs/examples/decrypt_sealed_push.py as a reader runs it, on a push saved from APNs."""
+    harness = await make_harness()
+    phone, token = Phone(harness), apns_token()
+    device = await _register(harness, phone, "ios", token)
+    await _enqueue(harness, device, gift_wrap(phone.sender, phone.account, "from the docs"))
+    [request] = await eventually(lambda: _apns_to(fake_apns, token), what="the sealed push")
+    captured = tmp_path / "push.json"
+    captured.write_bytes(request.raw_body)
+
+    result = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, str(EXAMPLE_PATH), str(captured), phone.device_key.secret_hex,
+         phone.account.secret_key().to_hex()],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {
+        "from": phone.sender.public_key().to_hex(), "text": "from the docs", "relay": RELAY,
+    }
