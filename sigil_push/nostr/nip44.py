@@ -120,10 +120,10 @@ def payload_length(plaintext_bytes: int) -> int:
     return 4 * ((raw + 2) // 3)
 
 
-def encrypt(conversation: bytes, plaintext: str, nonce: bytes | None = None) -> str:
-    """The base64 NIP-44 v2 payload of `plaintext` (`nonce`: random unless a test vector
-    gives one)."""
-    text = plaintext.encode()
+def encrypt(conversation: bytes, plaintext: str | bytes, nonce: bytes | None = None) -> str:
+    """The base64 NIP-44 v2 payload of `plaintext` (text, or its UTF-8 bytes; `nonce`: random
+    unless a test vector gives one)."""
+    text = plaintext.encode() if isinstance(plaintext, str) else plaintext
     if not MIN_PLAINTEXT_BYTES <= len(text) <= MAX_PLAINTEXT_BYTES:
         raise ValueError("NIP-44 plaintexts are 1 to 65,535 bytes")
     if nonce is None:
@@ -154,7 +154,7 @@ def _ephemeral_key() -> tuple[bytes, str]:
     return secret, bytes(_ffi.buffer(serialized, 33))[1:].hex()
 
 
-def seal(device_key_hex: str, plaintext: str) -> Sealed:
+def seal(device_key_hex: str, plaintext: str | bytes) -> Sealed:
     """`plaintext` encrypted to `device_key_hex` from a fresh one-time key, which the device
     decrypts with `nip44_decrypt(device_secret, ephemeral_public_key, payload)`."""
     point = _lifted(device_key_hex)

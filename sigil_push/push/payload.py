@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from functools import lru_cache
 from typing import Any
 
 from sigil_push.nostr import nip44
@@ -41,6 +42,14 @@ def opaque_data() -> dict[str, str]:
 _EPK_PLACEHOLDER = "0" * 64
 
 
+@lru_cache(maxsize=1024)
+def _sealed_fits(fits: Callable[[dict[str, str]], bool], payload_length: int) -> bool:
+    """Whether a sealed push whose payload has `payload_length` characters fits the provider.
+    Base64 and hex need no JSON escaping, so the answer depends on the length alone, and
+    NIP-44's padding leaves few lengths: asked once per (provider, length), not per push."""
+    return fits({"type": "wakeup", "sealed": "A" * payload_length, "epk": _EPK_PLACEHOLDER})
+
+
 def sealed_data(
     device_key: str,
     event_id: str,
@@ -52,21 +61,20 @@ def sealed_data(
     key from a fresh one-time key, or the pointer `{"v": 1, "id", "kind", "relay"}` when the
     push would not fit the provider (`fits`). Either way nothing about the event is in clear.
 
-    NIP-44's payload length follows from the plaintext's, so the size is checked on a stand-in
-    of that length and only the plaintext that goes out is encrypted (one ECDH per push). A
-    row queued before its registration asked for `sealed` has no event JSON, so no kind for a
+    NIP-44's payload length follows from the plaintext's, so the size is known before anything
+    is encrypted, and only the plaintext that goes out is sealed (one ECDH per push). A row
+    queued before its registration asked for `sealed` has no event JSON, so no kind for a
     pointer: it goes out as an opaque wakeup.
     """
     if event_json is None:
         return opaque_data()
     relay_json = json.dumps(relay, ensure_ascii=False)
-    plaintext = '{"v":1,"event":' + event_json + ',"relay":' + relay_json + "}"
-    stand_in = "A" * nip44.payload_length(len(plaintext.encode()))
-    if not fits({"type": "wakeup", "sealed": stand_in, "epk": _EPK_PLACEHOLDER}):
+    plaintext = ('{"v":1,"event":' + event_json + ',"relay":' + relay_json + "}").encode()
+    if not _sealed_fits(fits, nip44.payload_length(len(plaintext))):
         kind = int(json.loads(event_json)["kind"])
         plaintext = (
             '{"v":1,"id":"' + event_id + '","kind":' + str(kind) + ',"relay":' + relay_json + "}"
-        )
+        ).encode()
     sealed = nip44.seal(device_key, plaintext)
     return {"type": "wakeup", "sealed": sealed.payload, "epk": sealed.ephemeral_public_key}
 
