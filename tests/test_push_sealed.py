@@ -20,10 +20,18 @@ from typing import Any
 
 import nostr_sdk
 
-from sigil_push.nostr.event import Event
+from sigil_push.nostr import nip44
+from sigil_push.nostr.event import Event, sign_event
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip19 import encode_npub
-from sigil_push.push.payload import APS, MAX_PAYLOAD_BYTES
+from sigil_push.push.payload import (
+    APS,
+    MAX_PAYLOAD_BYTES,
+    apns_size,
+    fcm_size,
+    sealed_data,
+    unifiedpush_size,
+)
 from sigil_push.store.records import Device, WebPushKeys
 from tests.fakes.credentials import WebPushSubscriber
 from tests.fakes.fake_apns import ApnsRequest, FakeApns
@@ -266,3 +274,29 @@ async def test_the_example_script_opens_a_captured_push(
     assert json.loads(result.stdout) == {
         "from": phone.sender.public_key().to_hex(), "text": "from the docs", "relay": RELAY,
     }
+
+
+def test_the_whole_event_goes_whenever_it_fits_and_never_beyond_4096_bytes() -> None:
+    """Across event sizes from small to well past the limit, per provider's measure: the sealed
+    push is within 4,096 bytes, and it carries the whole event exactly when that push would
+    fit (else the pointer). Opened with nostr-sdk, not our code."""
+    device = SecretKey.generate()
+    recipient = SecretKey.generate().public_key_hex
+    measures = {"apns": apns_size, "fcm": fcm_size, "unifiedpush": unifiedpush_size}
+    for provider, size in measures.items():
+        kinds_seen = set()
+        for length in range(1000, 4200, 97):
+            event = sign_event(SecretKey.generate(), 1059, "x" * length, [["p", recipient]])
+            event_json = json.dumps(event.to_json(), separators=(",", ":"))
+            data = sealed_data(device.public_key_hex, event.id, RELAY, event_json,
+                               lambda d, size=size: size(d) <= MAX_PAYLOAD_BYTES)
+            assert size(data) <= MAX_PAYLOAD_BYTES, (provider, length)
+            opened = example.open_sealed(data, device.secret_hex)
+            whole = {"v": 1, "event": event.to_json(), "relay": RELAY}
+            whole_size = size({"type": "wakeup", "epk": "0" * 64, "sealed": "A" * nip44.payload_length(
+                len(json.dumps(whole, separators=(",", ":")).encode()))})
+            expected = whole if whole_size <= MAX_PAYLOAD_BYTES else {
+                "v": 1, "id": event.id, "kind": 1059, "relay": RELAY}
+            assert opened == expected, (provider, length)
+            kinds_seen.add("event" in opened)
+        assert kinds_seen == {True, False}, provider
