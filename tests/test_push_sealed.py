@@ -14,16 +14,20 @@ import importlib.util
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import nostr_sdk
 
+from sigil_push.config import parse_config
+from sigil_push.delivery import Delivery
 from sigil_push.nostr import nip44
 from sigil_push.nostr.event import Event, sign_event
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip19 import encode_npub
+from sigil_push.push.factory import build_senders
 from sigil_push.push.payload import (
     APS,
     MAX_PAYLOAD_BYTES,
@@ -37,7 +41,16 @@ from tests.fakes.credentials import WebPushSubscriber
 from tests.fakes.fake_apns import ApnsRequest, FakeApns
 from tests.fakes.fake_fcm import FakeFcm
 from tests.fakes.fake_unifiedpush import FakeUnifiedPush
-from tests.fakes.harness import RELAY, Harness, apns_token, eventually, fcm_token
+from tests.fakes.harness import (
+    RELAY,
+    Harness,
+    apns_token,
+    document,
+    eventually,
+    fcm_token,
+    provider_tables,
+)
+from tests.support.in_process import in_process_bridge
 from tests.support.nostr_client import gift_wrap, kind4_dm
 
 EXAMPLE_PATH = Path(__file__).resolve().parents[1] / "docs" / "examples" / "decrypt_sealed_push.py"
@@ -300,3 +313,49 @@ def test_the_whole_event_goes_whenever_it_fits_and_never_beyond_4096_bytes() -> 
             assert opened == expected, (provider, length)
             kinds_seen.add("event" in opened)
         assert kinds_seen == {True, False}, provider
+
+
+async def test_from_relay_frame_to_sealed_push_in_process(
+    tmp_path: Path, engine: Any, credentials: Any, fake_apns: FakeApns,
+    fake_fcm_server: Any,
+) -> None:
+    """The whole path in one process: a relay's EVENT frame with a NIP-17 gift wrap reaches the
+    bridge (firehose, no relay process), the committer queues it for the sealed registration
+    with the event itself, and the real Delivery seals it to APNs, where nostr-sdk opens it to
+    the text sent."""
+    relay = "ws://127.0.0.1:9"  # nothing listens: the frame is fed to the bridge directly
+    async with in_process_bridge(
+        tmp_path, engine.database("push.db"), [{"url": relay, "mode": "firehose"}]
+    ) as parts:
+        account, sender = nostr_sdk.Keys.generate(), nostr_sdk.Keys.generate()
+        me, device_key, token = account.public_key().to_hex(), SecretKey.generate(), apns_token()
+        await parts.devices.register(me, "ios", token, "sealed", (), None, 0,
+                                     device_key=device_key.public_key_hex)
+        await eventually(lambda: me in parts.bridge._pool.subs[relay].keys, what="key watched")
+        # a firehose still catching up wakes only devices registered by the event's created_at,
+        # and gift wraps are back-dated by up to two days: the registration is made older
+        await parts.db.execute(
+            "UPDATE devices SET registered_at = registered_at - ? WHERE pubkey = ?",
+            (3 * 24 * 3600, me),
+        )
+        wrap_json = gift_wrap(sender, account, "straight from the relay")
+        frame = json.dumps(["EVENT", "sp0.1", wrap_json], separators=(",", ":"))
+        assert parts.bridge.raw_event(relay, frame, time.time_ns() // 1_000_000)
+        await eventually(parts.outbox.depth, what="the wakeup queued")
+
+        config = parse_config(
+            document(provider_tables(credentials, fake_apns, fake_fcm_server)),
+            tmp_path / "relays.toml",
+        )
+        delivery = Delivery(parts.outbox, parts.devices, await build_senders(config),
+                            parts.observations, True, config.push, config.limits)
+        await delivery.start()
+        try:
+            [request] = await eventually(lambda: _apns_to(fake_apns, token), what="the push")
+        finally:
+            await delivery.stop()
+    opened = example.open_sealed(request.body, device_key.secret_hex)
+    assert opened == {"v": 1, "event": wrap_json, "relay": relay}
+    event = example.verified_event(opened)
+    assert example.read_message(event, account.secret_key().to_hex())[1] == "straight from the relay"
+    assert set(request.body) == {"aps", "sealed", "epk"}
