@@ -78,20 +78,25 @@ def is_public_key(xonly_hex: str) -> bool:
     return _lifted(xonly_hex) is not None
 
 
-def _shared_x(secret: bytes, point: Any) -> bytes:
+def _lifted_or_raise(xonly_hex: str) -> Any:
+    point = _lifted(xonly_hex)
+    if point is None:
+        raise InvalidKey("not an x-only secp256k1 public key")
+    return point
+
+
+def _conversation(secret: bytes, point: Any) -> bytes:
+    """HKDF-extract (salt 'nip44-v2') of the x coordinate of `secret` times `point`."""
     shared = _ffi.new("unsigned char[32]")
     if not _lib.secp256k1_ecdh(_context, shared, point, secret, _x_coordinate, _ffi.NULL):
         raise ValueError("secret key out of range")
-    return bytes(_ffi.buffer(shared, 32))
+    return hmac.digest(SALT, bytes(_ffi.buffer(shared, 32)), "sha256")
 
 
 def conversation_key(secret: bytes, public_key_hex: str) -> bytes:
-    """NIP-44's conversation key of a secret key and an x-only public key: HKDF-extract with
-    salt 'nip44-v2' of the ECDH point's x coordinate."""
-    point = _lifted(public_key_hex)
-    if point is None:
-        raise InvalidKey("not an x-only secp256k1 public key")
-    return hmac.digest(SALT, _shared_x(secret, point), "sha256")
+    """NIP-44's conversation key of a secret key and an x-only public key, as between two
+    Nostr keys (what the device computes from its secret and `epk`)."""
+    return _conversation(secret, _lifted_or_raise(public_key_hex))
 
 
 def message_keys(conversation: bytes, nonce: bytes) -> tuple[bytes, bytes, bytes]:
@@ -157,9 +162,6 @@ def _ephemeral_key() -> tuple[bytes, str]:
 def seal(device_key_hex: str, plaintext: str | bytes) -> Sealed:
     """`plaintext` encrypted to `device_key_hex` from a fresh one-time key, which the device
     decrypts with `nip44_decrypt(device_secret, ephemeral_public_key, payload)`."""
-    point = _lifted(device_key_hex)
-    if point is None:
-        raise InvalidKey("not an x-only secp256k1 public key")
+    point = _lifted_or_raise(device_key_hex)
     secret, ephemeral_public_key = _ephemeral_key()
-    conversation = hmac.digest(SALT, _shared_x(secret, point), "sha256")
-    return Sealed(encrypt(conversation, plaintext), ephemeral_public_key)
+    return Sealed(encrypt(_conversation(secret, point), plaintext), ephemeral_public_key)
