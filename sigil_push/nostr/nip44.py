@@ -16,6 +16,7 @@ and seals once.
 from __future__ import annotations
 
 import base64
+import hashlib
 import hmac
 import os
 from functools import lru_cache
@@ -90,7 +91,7 @@ def _conversation(secret: bytes, point: Any) -> bytes:
     shared = _ffi.new("unsigned char[32]")
     if not _lib.secp256k1_ecdh(_context, shared, point, secret, _x_coordinate, _ffi.NULL):
         raise ValueError("secret key out of range")
-    return hmac.digest(SALT, bytes(_ffi.buffer(shared, 32)), "sha256")
+    return _mac(_SALTED, bytes(_ffi.buffer(shared, 32)))
 
 
 def conversation_key(secret: bytes, public_key_hex: str) -> bytes:
@@ -99,11 +100,36 @@ def conversation_key(secret: bytes, public_key_hex: str) -> bytes:
     return _conversation(secret, _lifted_or_raise(public_key_hex))
 
 
+_IPAD = int.from_bytes(b"\x36" * 64, "big")
+_OPAD = int.from_bytes(b"\x5c" * 64, "big")
+
+
+def _keyed(key: bytes) -> tuple[Any, Any]:
+    """HMAC-SHA256's two hashes after their key block (RFC 2104; `key` of at most 64 bytes),
+    to be copied for each message under the same key: HKDF-expand's three blocks set the key
+    up once instead of three times."""
+    padded = int.from_bytes(key.ljust(64, b"\0"), "big")
+    return (hashlib.sha256((padded ^ _IPAD).to_bytes(64, "big")),
+            hashlib.sha256((padded ^ _OPAD).to_bytes(64, "big")))
+
+
+def _mac(keyed: tuple[Any, Any], message: bytes) -> bytes:
+    inner, outer = keyed[0].copy(), keyed[1].copy()
+    inner.update(message)
+    outer.update(inner.digest())
+    return bytes(outer.digest())
+
+
+_SALTED = _keyed(SALT)
+"""HKDF-extract's HMAC keyed with the NIP's salt, made once."""
+
+
 def message_keys(conversation: bytes, nonce: bytes) -> tuple[bytes, bytes, bytes]:
     """(ChaCha20 key, ChaCha20 nonce, HMAC key): HKDF-expand(conversation, nonce, 76), split."""
-    first = hmac.digest(conversation, nonce + b"\x01", "sha256")
-    second = hmac.digest(conversation, first + nonce + b"\x02", "sha256")
-    third = hmac.digest(conversation, second + nonce + b"\x03", "sha256")
+    keyed = _keyed(conversation)
+    first = _mac(keyed, nonce + b"\x01")
+    second = _mac(keyed, first + nonce + b"\x02")
+    third = _mac(keyed, second + nonce + b"\x03")
     keys = first + second + third
     return keys[:32], keys[32:44], keys[44:76]
 
