@@ -130,6 +130,12 @@ class BridgeConfig:
     lease_seconds: float = 15.0
 
 
+STOP_GRACE_SECONDS = 5.0
+"""How long a stopping worker lets its pushes in flight finish. With two send timeouts it
+bounds how long an outbox claim can be held by a live push (delivery's stale-claim horizon,
+the store's claim lease), so it lives here, below both."""
+
+
 @dataclass(frozen=True)
 class PushConfig:
     """Delivery tuning (an addition to the contract's tables)."""

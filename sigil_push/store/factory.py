@@ -16,8 +16,7 @@ from pathlib import Path
 import aiosqlite
 import asyncpg
 
-from sigil_push.config import Config, ConfigError, is_postgres_url
-from sigil_push.delivery import STOP_GRACE_SECONDS
+from sigil_push.config import STOP_GRACE_SECONDS, Config, ConfigError, is_postgres_url
 from sigil_push.identity import bridge_key, make_private
 from sigil_push.store.auth_ids import UsedAuthIds
 from sigil_push.store.interface import AuthIdStore, Database, DeviceStore, OutboxStore, Store
