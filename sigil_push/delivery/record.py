@@ -84,6 +84,11 @@ class Recorder:
                 metrics.STALE_DROPPED.labels(provider).inc()
 
     @staticmethod
+    def pruned_token(provider: str) -> None:
+        """A token the provider declared dead, whose registrations were forgotten."""
+        metrics.PRUNED_TOKENS.labels(provider).inc()
+
+    @staticmethod
     def coalesced(per_provider: Mapping[str, int]) -> None:
         """Wakeups that rode in another wakeup's push, per provider."""
         for provider, count in per_provider.items():

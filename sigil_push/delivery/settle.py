@@ -22,7 +22,6 @@ from sigil_push.config import PushConfig
 from sigil_push.delivery.plan import BATCH_SIZE, Push
 from sigil_push.delivery.record import Answer, Recorder
 from sigil_push.observations import now_ms
-from sigil_push.push import metrics
 from sigil_push.push.base import Outcome, Status
 from sigil_push.store.interface import DeviceStore, OutboxStore
 from sigil_push.store.records import Wakeup
@@ -86,7 +85,7 @@ class Settlement:
         self._recorder.answered(push, provider, status, answered)
         if status is Status.UNREGISTERED:
             if await self._forget_token(push):
-                metrics.PRUNED_TOKENS.labels(provider).inc()
+                self._recorder.pruned_token(provider)
                 log.info("%s token …%s is dead (%s); its registrations are forgotten", provider,
                          push.device.token_suffix, outcome.detail)
         else:
