@@ -10,7 +10,16 @@ from __future__ import annotations
 import json
 
 from sigil_push.config import LimitsConfig, PushConfig
-from sigil_push.delivery.plan import Plan, Planner, PlatformPolicy, Push, endpoint_host
+from sigil_push.delivery.dispatch import rows_window
+from sigil_push.delivery.plan import (
+    Plan,
+    Planner,
+    PlatformPolicy,
+    Push,
+    endpoint_host,
+    platform_policies,
+)
+from sigil_push.push.base import Outcome, Status, WakeupMessage
 from sigil_push.push.payload import MAX_PAYLOAD_BYTES, apns_size, unifiedpush_size
 from sigil_push.store.records import Device, Wakeup, WebPushKeys
 
@@ -257,3 +266,34 @@ def test_stale_exhausted_and_unroutable_wakeups_are_given_up_not_pushed() -> Non
     assert [ids(p) for p in plan.pushes] == [[fresh.id]]
     assert plan.pushes[0].message.ttl_seconds == 1
     assert plan.held == {}
+
+
+class Provider:
+    """A sender as planning sees it: its names, its concurrency and its payload check."""
+
+    def __init__(self, platform: str, provider: str, max_concurrency: int) -> None:
+        self.platform, self.provider, self.max_concurrency = platform, provider, max_concurrency
+
+    def fits(self, data: dict[str, str]) -> bool:
+        return unifiedpush_fits(data)
+
+    async def send(self, message: WakeupMessage, device: Device) -> Outcome:
+        return Outcome(Status.ACCEPTED)
+
+    async def close(self) -> None:
+        return None
+
+
+def test_only_unifiedpush_hosts_are_capped_at_an_eighth_of_the_window() -> None:
+    """UnifiedPush endpoints are user-chosen hosts: each may hold an eighth of the platform's
+    window of rows in flight (four times its concurrency); APNs is one service, uncapped."""
+    senders = {"unifiedpush": Provider("unifiedpush", "unifiedpush", 100),
+               "ios": Provider("ios", "apns", 256)}
+    windows = {platform: rows_window(sender) for platform, sender in senders.items()}
+
+    policies = platform_policies(senders, windows)
+
+    assert windows == {"unifiedpush": 400, "ios": 1024}
+    assert policies["unifiedpush"].host_cap == 50
+    assert policies["ios"].host_cap is None
+    assert policies["ios"].provider == "apns"
