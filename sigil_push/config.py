@@ -131,9 +131,8 @@ class BridgeConfig:
 
 
 STOP_GRACE_SECONDS = 5.0
-"""How long a stopping worker lets its pushes in flight finish. With two send timeouts it
-bounds how long an outbox claim can be held by a live push (delivery's stale-claim horizon,
-the store's claim lease), so it lives here, below both."""
+"""How long delivery waits at shutdown for sends in flight. Here, low, because two layers need
+it: delivery (its stop) and the store (an outbox claim outlives a send by this much)."""
 
 
 @dataclass(frozen=True)
