@@ -21,8 +21,9 @@ from typing import Any
 
 import nostr_sdk
 
-from sigil_push.config import parse_config
+from sigil_push.config import LimitsConfig, PushConfig, parse_config
 from sigil_push.delivery import Delivery
+from sigil_push.delivery.plan import Planner, PlatformPolicy
 from sigil_push.nostr import nip44
 from sigil_push.nostr.event import Event, sign_event
 from sigil_push.nostr.keys import SecretKey
@@ -36,7 +37,7 @@ from sigil_push.push.payload import (
     sealed_data,
     unifiedpush_size,
 )
-from sigil_push.store.records import Device, WebPushKeys
+from sigil_push.store.records import Device, Wakeup, WebPushKeys
 from tests.fakes.credentials import WebPushSubscriber
 from tests.fakes.fake_apns import ApnsRequest, FakeApns
 from tests.fakes.fake_fcm import FakeFcm
@@ -359,3 +360,34 @@ async def test_from_relay_frame_to_sealed_push_in_process(
     event = example.verified_event(opened)
     assert example.read_message(event, account.secret_key().to_hex())[1] == "straight from the relay"
     assert set(request.body) == {"aps", "sealed", "epk"}
+
+
+def test_planning_never_coalesces_sealed_wakeups() -> None:
+    """The pure planning step: a phone with an opaque account and a sealed one, inside the
+    coalescing window after an opaque push. Each sealed wakeup goes at once as its own push
+    carrying exactly type/sealed/epk, while the opaque one waits for the window; a sealed row
+    queued before its registration asked for `sealed` (no event kept) goes as a plain wakeup."""
+    phone, device_key = "ab" * 32, SecretKey.generate()
+    opaque = Device(1, "1" * 64, "ios", phone, "opaque", (), None, 0)
+    sealed = Device(2, "2" * 64, "ios", phone, "sealed", (), None, 0, device_key.public_key_hex)
+    policies = {"ios": PlatformPolicy("apns", lambda d: apns_size(d) <= MAX_PAYLOAD_BYTES, None)}
+    plans = Planner(policies, PushConfig(), LimitsConfig(coalesce_window_ms=30_000,
+                                                         wakeups_per_minute_per_device=0),
+                    lambda wakeup_id: f"collapse-{wakeup_id}")
+    now = 1_800_000_000_000
+    event_json = json.dumps(kind4_dm(nostr_sdk.Keys.generate(), nostr_sdk.Keys.generate(), "hi"))
+    plans.plan([Wakeup(1, opaque, "e" * 64, RELAY, None, now, 0)], now, {})
+
+    waiting = Wakeup(2, opaque, "f" * 64, RELAY, None, now, 0)
+    first = Wakeup(3, sealed, json.loads(event_json)["id"], RELAY, event_json, now, 0)
+    second = Wakeup(4, sealed, json.loads(event_json)["id"], RELAY, event_json, now, 0)
+    queued_before = Wakeup(5, sealed, "9" * 64, RELAY, None, now, 0)
+    plan = plans.plan([waiting, first, second, queued_before], now + 1_000, {})
+
+    assert sorted([w.id for w in p.wakeups] for p in plan.pushes) == [[3], [4], [5]]
+    assert plan.held == {now + 30_000: [waiting.id]}
+    by_row = {p.wakeups[0].id: p.message.data for p in plan.pushes}
+    assert set(by_row[3]) == set(by_row[4]) == {"type", "sealed", "epk"}
+    assert by_row[3]["epk"] != by_row[4]["epk"]
+    assert example.open_sealed(by_row[3], device_key.secret_hex)["event"] == json.loads(event_json)
+    assert by_row[5] == {"type": "wakeup"}
