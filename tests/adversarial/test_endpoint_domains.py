@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sigil_push.delivery.plan import endpoint_caps, endpoint_host
 from sigil_push.hosts import registrable_domain
 from tests.fakes.fake_unifiedpush import FakeUnifiedPush
 
@@ -31,9 +32,9 @@ async def test_wildcard_subdomains_share_one_delivery_cap(
         for i in range(3)
     ]
     other = await harness.register("unifiedpush", "https://up.other-example.org/up/x")
-    domains = {harness.delivery._caps_of(device)[0] for device in devices}
+    domains = {endpoint_host(device) for device in devices}
     assert len(domains) == 1
-    assert harness.delivery._caps_of(other)[0] not in domains
+    assert endpoint_host(other) not in domains
 
 
 async def test_one_npubs_endpoints_on_many_domains_share_one_cap(
@@ -47,6 +48,6 @@ async def test_one_npubs_endpoints_on_many_domains_share_one_cap(
         await harness.register("unifiedpush", f"https://up.domain{i}-example.com/up/{i}")
         for i in range(3)
     ]
-    caps = [harness.delivery._caps_of(device) for device in devices]
+    caps = [endpoint_caps(device) for device in devices]
     assert len({domain for domain, _ in caps}) == 3
     assert len({npub for _, npub in caps}) == 1
