@@ -141,16 +141,21 @@ class Ingest:
         remove_relay_series(url)
 
     def on_user_event(
-        self, url: str, pubkey: str, raw: Any, received_ms: int, baseline: bool
+        self, url: str, pubkey: str, raw: Any, received_ms: int, baseline: bool,
+        budget: ConnectionBudget | None = None,
     ) -> None:
         """An event from `pubkey`'s own connection to a gated relay: the same checks, dedupe
         and commit path as `on_event`, pushed to that user only (it answered their REQ) and
-        not at all when it predates their first subscription there (`baseline`)."""
-        # counters of its own: its invalid events are not the shared socket's to pay for
+        not at all when it predates their first subscription there (`baseline`). `budget`:
+        that connection's, charged for this event's invalidity and signature check."""
+        # counters of their own: the shared socket does not pay for per-user sockets' events
         counters = self._user_counters.get(url)
         if counters is None:
             counters = self._user_counters[url] = RelayCounters(url)
             self.counters.setdefault(url, counters)  # the committer counts by URL
+        # the per-user sockets to one URL share these counters; each call is synchronous, so
+        # the budget set here is the delivering socket's for the whole of this event
+        counters.budget = budget
         counters.received.inc()
         entry = self._admit(counters, url, "", raw, received_ms, lists=False)
         if entry is None:

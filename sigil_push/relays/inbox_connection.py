@@ -276,7 +276,9 @@ class InboxConnection:
         if member is not None:
             # until a REQ that counts reached EOSE, what a fresh user gets predates them
             baseline = member.fresh and not member.eosed
-            self._owner.on_user_event(self.url, member.pubkey, raw, received_ms, baseline)
+            self._owner.on_user_event(
+                self.url, member.pubkey, raw, received_ms, baseline, connection.budget
+            )
 
     def on_eose(self, connection: RelayConnection, sub_id: str) -> None:
         entry = self._subs.get(sub_id)

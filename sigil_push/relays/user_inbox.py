@@ -58,6 +58,7 @@ from prometheus_client import Counter, Gauge
 
 from sigil_push.config import BridgeConfig
 from sigil_push.observations import ObservationLog
+from sigil_push.relays.budget import ConnectionBudget
 from sigil_push.relays.connection import AuthSigner
 from sigil_push.relays.inbox_connection import USER_AUTHS, AuthMode, InboxConnection
 from sigil_push.relays.labels import relay_label
@@ -112,7 +113,8 @@ class InboxOwner(Protocol):
     def baselined(self, url: str, keys: frozenset[str]) -> None: ...
 
     def on_user_event(
-        self, url: str, pubkey: str, raw: Any, received_ms: int, baseline: bool
+        self, url: str, pubkey: str, raw: Any, received_ms: int, baseline: bool,
+        budget: ConnectionBudget | None = None,
     ) -> None: ...
 
     def congested(self, url: str) -> bool: ...

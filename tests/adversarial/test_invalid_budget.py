@@ -16,7 +16,7 @@ from websockets.exceptions import ConnectionClosed
 
 from sigil_push.nostr.event import sign_event
 from sigil_push.nostr.keys import SecretKey
-from sigil_push.relays.budget import INVALID_BURST
+from sigil_push.relays.budget import INVALID_BURST, ConnectionBudget
 from tests.adversarial.hostile import HostileRelay, eventually, hostile_relay
 from tests.support.in_process import in_process_bridge
 
@@ -87,3 +87,24 @@ async def test_forged_flood_drops_the_socket_and_backs_the_relay_off(tmp_path: P
             if until is not None:
                 assert backoff >= 1.0
                 assert until >= int(time.time())
+
+
+async def test_a_per_user_socket_pays_for_its_own_invalid_events(tmp_path: Path) -> None:
+    """Events from a user's own (delegated AUTH) socket to a gated relay charge that socket's
+    budget, not the shared one's: once they were charged to nobody, so a gated relay could
+    feed forgeries through per-user sockets without end."""
+    forged = [json.loads(frame) for frame in _forgeries(int(INVALID_BURST) + 20)]
+    url = "wss://gated.example"
+    async with in_process_bridge(tmp_path, "push.db") as parts:
+        await parts.devices.register(
+            VICTIM.public_key_hex, "android", "fcm-victim", "opaque", (), None, 0
+        )
+        await eventually(lambda: VICTIM.public_key_hex in parts.bridge._registry.keys,
+                         "the key watched")
+        own, other = ConnectionBudget(), ConnectionBudget()
+        now_ms = int(time.time() * 1000)
+        for event in forged:
+            parts.bridge.on_user_event(url, VICTIM.public_key_hex, event, now_ms, False, own)
+        parts.bridge.on_user_event(url, VICTIM.public_key_hex, forged[0], now_ms, False, other)
+        assert own.exceeded
+        assert not other.exceeded
