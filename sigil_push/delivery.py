@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 
 from sigil_push.config import LimitsConfig, PushConfig
 from sigil_push.observations import ObservationLog, PushRecord, now_ms
-from sigil_push.push import metrics
+from sigil_push.push import metrics, registry
 from sigil_push.push.base import Outcome, Sender, Status, WakeupMessage
 from sigil_push.push.limits import DeviceRateLimiter
 from sigil_push.push.payload import fallback, opaque_data, wakeup_data
@@ -120,10 +120,12 @@ class Delivery:
         self._rows_in_flight: dict[str, int] = defaultdict(int)
         # refill in sizeable batches: waking per freed slot would mean one query per push
         self._refill = {p: max(1, min(BATCH_SIZE, w // 2)) for p, w in self._max_rows_in_flight.items()}
-        # UnifiedPush endpoints are user-chosen hosts: each may hold only a share of the window
+        # user-chosen endpoint hosts (UnifiedPush) may each hold only a share of the window
         self._host_cap = {p: max(1, w // HOST_SHARE) for p, w in self._max_rows_in_flight.items()}
         self._host_rows: dict[tuple[str, str], int] = defaultdict(int)
-        self._per_host = frozenset(p for p, s in senders.items() if s.provider == "unifiedpush")
+        self._per_host = frozenset(
+            p for p, s in senders.items() if registry.policy(s.provider).per_host_caps
+        )
         self._host_hold_ms = int(
             1000 * max(HOST_HOLD_SECONDS, self._push.send_timeout_seconds / 4)
         )

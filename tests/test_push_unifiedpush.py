@@ -28,6 +28,7 @@ from sigil_push.nostr.event import sign_event
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip19 import encode_npub
 from sigil_push.observations import now_ms
+from sigil_push.push import unifiedpush
 from sigil_push.push.endpoint_guard import (
     UnsafeEndpoint,
     check_endpoint,
@@ -499,9 +500,10 @@ def _unifiedpush_config(tmp_path: Path, table: dict[str, Any], public_url: str) 
 
 def test_the_subject_defaults_to_an_https_public_url(tmp_path: Path) -> None:
     config = _unifiedpush_config(tmp_path, {}, "https://push.example.org")
-    assert config.unifiedpush is not None
-    assert config.unifiedpush.vapid_subject == "https://push.example.org"
-    assert config.resolve(config.unifiedpush.vapid_private_key_file) == tmp_path / "vapid.pem"
+    table = config.provider_table(unifiedpush.PROVIDER)
+    assert table is not None
+    assert table.vapid_subject == "https://push.example.org"
+    assert config.resolve(table.vapid_private_key_file) == tmp_path / "vapid.pem"
 
 
 @pytest.mark.parametrize(("table", "public_url"), [
@@ -529,7 +531,8 @@ def test_a_missing_or_invalid_subject_exits_2_naming_the_key(
 @pytest.mark.parametrize("subject", ["mailto:ops@example.org", "https://push.example.org"])
 def test_valid_subjects_are_ones_py_vapid_signs(tmp_path: Path, subject: str) -> None:
     config = _unifiedpush_config(tmp_path, {"vapid_subject": subject}, "http://127.0.0.1:8080")
-    assert config.unifiedpush is not None and config.unifiedpush.vapid_subject == subject
+    table = config.provider_table(unifiedpush.PROVIDER)
+    assert table is not None and table.vapid_subject == subject
     signer = VapidSigner(load_or_create_key(tmp_path / "vapid.pem"), subject)
     assert vapid_claims(signer.authorization("https://push.example.org/x"), signer.public_key,
                         "https://push.example.org")["sub"] == subject

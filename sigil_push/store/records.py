@@ -15,7 +15,6 @@ if TYPE_CHECKING:
 
     from sigil_push.nostr.event import Event
 
-PLATFORMS = ("ios", "android", "unifiedpush")
 PAYLOAD_MODES = ("opaque", "event_id", "event")
 NO_RELAYS: tuple[str, ...] = ()
 """The relays of a key whose devices name none (most keys): one shared tuple for all of them."""
