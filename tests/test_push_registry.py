@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from sigil_push import config as config_module
 from sigil_push.api import create_app
 from sigil_push.config import Config, ConfigError, parse_config
 from sigil_push.errors import BadRequest
@@ -51,6 +52,20 @@ def config_with(providers: tuple[Provider[Any], ...], folder: Path) -> Config:
     document: dict[str, Any] = {"server": {"public_url": PUBLIC_URL}}
     document.update({p.name: minimal_table(p, folder) for p in providers})
     return parse_config(document, folder / "relays.toml")
+
+
+def test_every_config_key_has_its_readme_entry() -> None:
+    """Each key of each table, the providers' included, has its row in README's table."""
+    readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+    tables: dict[str, Any] = {
+        "server": config_module.ServerConfig, "limits": config_module.LimitsConfig,
+        "bridge": config_module.BridgeConfig, "push": config_module.PushConfig,
+        "canary": config_module.CanaryConfig,
+    }
+    tables.update({provider.name: provider.table for provider in registry.PROVIDERS})
+    keys = [f"`{name}.{spec.name}`" for name, table in tables.items() for spec in dataclasses.fields(table)]
+    keys += [f"`[[relay]] {spec.name}`" for spec in dataclasses.fields(config_module.RelayConfig)]
+    assert [key for key in keys if key not in readme] == []
 
 
 def test_every_platform_has_a_complete_declaration() -> None:

@@ -28,8 +28,6 @@ log = logging.getLogger(__name__)
 
 MAX_CONCURRENCY = 100
 """aiohttp's default connection limit."""
-ENDPOINT_CHECK_TIMEOUT_SECONDS = 3.0
-"""How long registration waits for the endpoint's host to resolve."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +38,8 @@ class UnifiedPushConfig:
     vapid_private_key_file: str = "vapid.pem"
     # the JWT `sub` contact; empty: server.public_url when that is an https:// origin
     vapid_subject: str = ""
+    # how long a registration waits for the endpoint's host to resolve before refusing it
+    endpoint_check_timeout_seconds: float = 3.0
 
 
 _MAILTO = re.compile(r"mailto:[^@\s]+@(localhost|[\w%-]+(\.[\w%-]+)+)", re.IGNORECASE)
@@ -61,6 +61,8 @@ def _validate(table: UnifiedPushConfig, public_url: str) -> UnifiedPushConfig:
     """
     if not table.vapid_private_key_file:
         raise ConfigError("unifiedpush.vapid_private_key_file", "must not be empty")
+    if table.endpoint_check_timeout_seconds <= 0:
+        raise ConfigError("unifiedpush.endpoint_check_timeout_seconds", "must be positive")
     subject = table.vapid_subject
     if not subject:
         if not is_vapid_subject(public_url):
@@ -87,9 +89,11 @@ def _parse_token(token: str) -> str:
 
 async def _admit(table: UnifiedPushConfig | None, endpoint: str) -> None:
     """Refuse an endpoint whose host is internal (SSRF); in dry-run (no table) as strictly."""
-    allow_private = table is not None and table.allow_private_endpoints
+    table = table or UnifiedPushConfig()
     try:
-        await asyncio.wait_for(check_endpoint(endpoint, allow_private), ENDPOINT_CHECK_TIMEOUT_SECONDS)
+        await asyncio.wait_for(
+            check_endpoint(endpoint, table.allow_private_endpoints), table.endpoint_check_timeout_seconds
+        )
     except TimeoutError:
         raise BadRequest("invalid_device_token", "endpoint host did not resolve in time") from None
     except UnsafeEndpoint as exc:
