@@ -86,6 +86,11 @@ class BridgeConfig:
     seen_cache_size: int = 100_000
     reconnect_min_seconds: float = 1.0
     reconnect_max_seconds: float = 300.0
+    # a ping after this long without any data from a relay; no pong (or data) within half of it
+    # drops the socket: a dead connection is noticed within 1.5 times this, an idle one kept alive
+    relay_heartbeat_seconds: float = 30.0
+    # the most a websocket handshake with a relay may take (NIP-11 fetch apart)
+    relay_open_timeout_seconds: float = 10.0
     # per-user connections to gated inboxes (delegated NIP-42 AUTH), one per (relay, user)
     max_user_connections: int = 1000
     # our own websocket receive limit per frame; a relay's NIP-11 never raises it
@@ -252,13 +257,18 @@ def parse_config(document: dict[str, Any], path: Path) -> Config:
         for provider in registry.PROVIDERS
         if provider.name in document
     }
+    limits = parse_table(document.get("limits", {}), "limits", LimitsConfig)
+    bridge = parse_table(document.get("bridge", {}), "bridge", BridgeConfig)
+    for key in ("relay_heartbeat_seconds", "relay_open_timeout_seconds"):
+        if getattr(bridge, key) <= 0:
+            raise ConfigError(f"bridge.{key}", "must be positive")
     config = Config(
         path=path,
         server=server,
         relays=relays,
         providers=providers,
-        limits=parse_table(document.get("limits", {}), "limits", LimitsConfig),
-        bridge=parse_table(document.get("bridge", {}), "bridge", BridgeConfig),
+        limits=limits,
+        bridge=bridge,
         push=parse_table(document.get("push", {}), "push", PushConfig),
         canary=_canary(document["canary"]) if "canary" in document else None,
     )
