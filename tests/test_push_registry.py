@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -182,3 +184,30 @@ async def test_the_factory_builds_each_configured_provider_from_its_entry(
     dry = await build_senders(parse_config({}, tmp_path / "relays.toml"))
     assert list(dry) == list(registry.PLATFORMS)
     assert {s.provider for s in dry.values()} == {"dryrun"}
+
+
+CLIENT_LIBRARIES = {"apns": "aioapns", "fcm": "firebase_admin", "unifiedpush": "pywebpush"}
+"""What each provider's `create` loads; checked against the registry below."""
+
+
+def test_a_providers_client_library_loads_only_when_its_table_is_configured(tmp_path: Path) -> None:
+    """The service's modules (config, API, service, factory) import every declaration but no
+    provider's client library; building the senders of a dry-run instance loads none either.
+    Run in a fresh interpreter, since this test session has loaded them all."""
+    assert set(CLIENT_LIBRARIES) == {p.name for p in registry.PROVIDERS}
+    script = (
+        "import asyncio, sys\n"
+        "from pathlib import Path\n"
+        "import sigil_push.api, sigil_push.cli, sigil_push.service\n"
+        "from sigil_push.config import parse_config\n"
+        "from sigil_push.push.factory import build_senders\n"
+        f"config = parse_config({{}}, Path({str(tmp_path / 'relays.toml')!r}))\n"
+        "senders = asyncio.run(build_senders(config))\n"
+        "print(len(senders), *sorted(m for m in sys.modules if m.split('.')[0] in sys.argv[1:]))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script, *CLIENT_LIBRARIES.values()],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [str(len(registry.PLATFORMS))]
