@@ -7,8 +7,9 @@ tests call it with plain records (tests/test_delivery_plan.py).
 
 A device here is the phone, named by its (platform, token): several accounts (npubs) may be
 registered on it, each its own row. Coalescing windows and rate budgets belong to the phone,
-so opaque wakeups for all its accounts become one push. `event_id` and `event` pushes stay
-per registration, since each names one account's event.
+so opaque wakeups for all its accounts become one push. `event_id`, `event` and `sealed` pushes
+stay per registration, since each names (or seals) one account's event: they are never
+coalesced, and beyond the phone's rate budget the excess rides in its one opaque push.
 
 What a push carries is decided in one place, `Planner.message`: a new payload mode (or a
 per-push encrypted body) changes that method, and which wakeups may share a push is decided
@@ -26,7 +27,7 @@ from sigil_push.config import LimitsConfig, PushConfig
 from sigil_push.push import registry
 from sigil_push.push.base import Sender, WakeupMessage
 from sigil_push.push.limits import DeviceRateLimiter
-from sigil_push.push.payload import fallback, opaque_data, wakeup_data
+from sigil_push.push.payload import fallback, opaque_data, sealed_data, wakeup_data
 from sigil_push.store.records import Device, Wakeup, WebPushKeys
 
 BATCH_SIZE = 500
@@ -217,7 +218,8 @@ class Planner:
 
     def message(self, wakeups: Sequence[Wakeup], now: int) -> WakeupMessage:
         """Opaque for several wakeups; one wakeup carries what its registration asked for,
-        shrunk to the provider's payload limit (event → event_id → opaque)."""
+        shrunk to the provider's payload limit (event → event_id → opaque; sealed → the sealed
+        pointer)."""
         first = wakeups[0]
         device = first.device
         event_ids: tuple[str, ...]
@@ -230,6 +232,9 @@ class Planner:
         ttl = max(1, (self._push.max_wakeup_age_seconds * 1000 - (now - oldest_ms)) // 1000)
         if opaque:
             data = opaque_data()
+        elif device.device_key is not None and device.payload == "sealed":
+            data = sealed_data(device.device_key, first.event_id, first.relay, first.event_json,
+                               self._platforms[device.platform].fits)
         else:
             data = wakeup_data(device.payload, first.event_id, first.relay, first.event_json)
             fits = self._platforms[device.platform].fits
