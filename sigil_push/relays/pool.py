@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 from collections.abc import Coroutine, Iterable, Sequence
 from typing import Any, Protocol
@@ -26,10 +27,12 @@ from prometheus_client import Gauge
 
 from sigil_push.config import BridgeConfig
 from sigil_push.observations import ObservationLog
+from sigil_push.relays import catchup_metrics
 from sigil_push.relays.connection import AuthSigner, RelayConnection
 from sigil_push.relays.subscriptions import RelaySubscriptions, Request
 from sigil_push.supervisor import BackgroundTasks
 
+_SUB_ID = re.compile(r'\["EVENT"\s*,\s*"([^"\\]{1,64})"')
 GIFT_WRAP_SKEW_SECONDS = 2 * 24 * 3600
 CURSOR_MARGIN_SECONDS = 600
 MAX_RELAYS_PER_KEY = 20
@@ -275,6 +278,7 @@ class RelayPool:
         )
         self._connections[url] = connection
         UNSUBSCRIBED.labels(url).set(0)
+        catchup_metrics.bind(url)
         self._owner.relay_added(url)
         connection.start()
         return subs
@@ -288,6 +292,7 @@ class RelayPool:
         # relay that comes back catches up from where it was
         with contextlib.suppress(KeyError):
             UNSUBSCRIBED.remove(url)
+        catchup_metrics.unbind(url)
         if connection is not None:
             self._spawn(connection.stop())
 
@@ -320,11 +325,28 @@ class RelayPool:
                 await _send_request(connection, request)
             UNSUBSCRIBED.labels(url).set(len(subs.overflow))
 
-    async def _send(self, url: str, request: Request) -> None:
+    async def _send(self, url: str, requests: list[Request]) -> None:
         lock, connection = self._locks.get(url), self._connections.get(url)
         if lock is not None and connection is not None:
             async with lock:
-                await _send_request(connection, request)
+                for request in requests:
+                    await _send_request(connection, request)
+        pages = sum(1 for request in requests if request.page)
+        if pages:
+            catchup_metrics.PAGES.labels(url).inc(pages)
+
+    def _catchup_counts(self, url: str, subs: RelaySubscriptions) -> None:
+        """Hand the shard bookkeeping's catch-up counts to the metrics."""
+        if subs.fetched:
+            catchup_metrics.EVENTS.labels(url, "req").inc(subs.fetched)
+            subs.fetched = 0
+        if subs.finished:
+            catchup_metrics.RUNS.labels(url, "req").inc(subs.finished)
+            subs.finished = 0
+        capped = subs.take_capped()
+        if capped:
+            catchup_metrics.PAGE_CAP.labels(url).inc(capped)
+        catchup_metrics.PAGES_WAITING.labels(url).set(subs.pages_waiting)
 
     def connected(self, url: str) -> bool:
         """Whether the shared connection to `url` is open right now."""
@@ -385,16 +407,19 @@ class RelayPool:
     def on_closed(self, connection: RelayConnection, sub_id: str) -> None:
         subs = self.subs.get(connection.url)
         if subs is not None:
-            subs.closed(sub_id)
+            follow_ups = subs.closed(sub_id)
+            if follow_ups:
+                self._spawn(self._send(connection.url, follow_ups))
 
     def on_eose(self, connection: RelayConnection, sub_id: str) -> None:
         url = connection.url
         subs = self.subs.get(url)
         if subs is None:
             return
-        newly, follow_up = subs.eose(sub_id)
-        if follow_up is not None:
-            self._spawn(self._send(url, follow_up))
+        newly, follow_ups = subs.eose(sub_id)
+        if follow_ups:
+            self._spawn(self._send(url, follow_ups))
+        self._catchup_counts(url, subs)
         if newly:
             self._owner.baselined(url, newly)
         if subs.live:
@@ -410,7 +435,14 @@ class RelayPool:
         self._owner.on_event(connection.url, sub_id, raw, received_ms)
 
     def _raw_event(self, url: str, frame: str, received_ms: int) -> bool:
-        """A frame the owner may take unparsed (see RelayConnection's `skip_event`)."""
+        """A frame the owner may take unparsed (see RelayConnection's `skip_event`). While a
+        REQ of the relay is answering with stored events, its frames' bytes count as paged
+        catch-up (the connection carries no other large frames then)."""
+        subs = self.subs.get(url)
+        if subs is not None and subs.answering_any:
+            head = _SUB_ID.match(frame)
+            if head is not None and subs.answering(head.group(1)):
+                catchup_metrics.BYTES.labels(url, "req").inc(len(frame))
         if not self._owner.raw_event(url, frame, received_ms):
             return False
         if url in self._maybe_gated:

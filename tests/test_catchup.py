@@ -1,0 +1,140 @@
+"""Catch-up after a restart loses nothing on relays that cap their answers (issue 24).
+
+The story of the issue, shrunk to run in seconds: users hold 1,500 DMs on a relay that answers
+at most 500 events per filter, half of them NIP-17 gift wraps back-dated by up to two days;
+the bridge stops, 30 new DMs arrive (half gift wraps: their `created_at` lies among the old
+ones), the bridge starts again. Every one of the 30 must be queued exactly once, none of the
+1,500 again, whether or not the relay publishes its limit in NIP-11:
+
+- rust-nostr's relay caps silently and serves no NIP-11 (tests/support/rust_relay.py);
+- the paging relay publishes `max_limit` 500 and honours it (tests/support/paging_relay.py).
+
+Before paging followed each filter on its own until a page added nothing new, only 25-27 of
+the 30 were pushed: the gift wraps back-dated below the first page's oldest kind 4 fell off.
+The bridge runs in process on both store engines; its seen-id cache is kept tiny, so the
+replayed history is decided by the database, and the 150 history DMs per user are far past
+the per-recipient burst: a catch-up that spent quota on history would drop new DMs.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import nostr_sdk
+import pytest
+from prometheus_client import REGISTRY
+
+from tests.fakes.harness import eventually as poll
+from tests.support.in_process import InProcessBridge, in_process_bridge
+from tests.support.nostr_client import gift_wrap, hex_of, kind4_dm, user
+from tests.support.paging_relay import PagingRelay
+from tests.support.rust_relay import FILTER_CAP, RustRelay
+from tests.support.stores import Engine
+
+USERS = 10
+HISTORY = 1_500
+NEW = 30
+BRIDGE = {"seen_cache_size": 10}
+"""Decide replayed history in the database, not in the cache warmed at start-up."""
+
+Publish = Callable[[list[dict[str, Any]]], Awaitable[None]]
+
+
+@asynccontextmanager
+async def capping_relay(kind: str) -> AsyncIterator[tuple[str, Publish]]:
+    """A relay answering at most 500 per filter: silently (`rust`), or saying so in NIP-11."""
+    if kind == "rust":
+        async with RustRelay() as rust:
+
+            async def publish_rust(events: list[dict[str, Any]]) -> None:
+                await rust.publish(*events)
+
+            yield rust.url, publish_rust
+        return
+    async with PagingRelay([], max_limit=FILTER_CAP) as paging:
+
+        async def publish_paging(events: list[dict[str, Any]]) -> None:
+            paging.events.extend(events)
+
+        yield paging.url, publish_paging
+
+
+def direct_messages(
+    senders: list[nostr_sdk.Keys], recipients: list[nostr_sdk.Keys], count: int, now: int
+) -> list[dict[str, Any]]:
+    """`count` DMs, half kind 4 spread over the last day, half gift wraps (back-dated up to
+    two days by NIP-59 itself), round-robin over the recipients."""
+    rng = random.Random(count)
+    events = []
+    for n in range(count):
+        sender, recipient = senders[n % len(senders)], recipients[n % len(recipients)]
+        if n % 2:
+            events.append(gift_wrap(sender, recipient, f"wrap {n}"))
+        else:
+            created_at = now - rng.randrange(0, 24 * 3600)
+            events.append(kind4_dm(sender, recipient, f"dm {n}", created_at=created_at))
+    return events
+
+
+async def queued_per_event(parts: InProcessBridge) -> dict[str, int]:
+    rows = await parts.db.execute_fetchall(
+        "SELECT event_id, COUNT(*) FROM outbox GROUP BY event_id", ()
+    )
+    return {str(event_id): int(count) for event_id, count in rows}
+
+
+def metric(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+async def until_caught_up(parts: InProcessBridge, url: str, keys: int) -> None:
+    await poll(
+        lambda: parts.bridge.health()[url]["live"] and parts.bridge.health()[url]["keys"] == keys,
+        timeout=60, what="every REQ and page past EOSE",
+    )
+
+
+@pytest.mark.parametrize("relay_kind", ["rust", "nip11_limit"])
+async def test_a_restart_catches_up_every_dm_behind_a_capped_answer_exactly_once(
+    tmp_path: Path, engine: Engine, relay_kind: str
+) -> None:
+    recipients, senders = [user() for _ in range(USERS)], [user() for _ in range(3)]
+    now = int(time.time())
+    history = direct_messages(senders, recipients, HISTORY, now)
+    database = engine.database("push.db")
+    async with capping_relay(relay_kind) as (url, publish):
+        await publish(history)
+        async with in_process_bridge(tmp_path, database, [{"url": url}], BRIDGE) as parts:
+            for n, recipient in enumerate(recipients):
+                await parts.devices.register(
+                    hex_of(recipient), "android", f"fcm-{n}", "opaque", (), None, 0
+                )
+            await poll(lambda: len(parts.bridge._registry.keys) == USERS, what="keys watched")
+            await until_caught_up(parts, url, USERS)
+            assert await queued_per_event(parts) == {}, "history predates the registrations"
+
+        fresh = direct_messages(senders, recipients, NEW, now)
+        await publish(fresh)
+        pages_before = metric("sigil_push_catchup_pages_total", relay=url)
+
+        async with in_process_bridge(tmp_path, database, [{"url": url}], BRIDGE) as parts:
+            fresh_ids = {event["id"] for event in fresh}
+
+            async def all_queued() -> bool:
+                return set(await queued_per_event(parts)) >= fresh_ids
+
+            await poll(all_queued, timeout=60, what="every new DM queued")
+            await until_caught_up(parts, url, USERS)
+            queued = await queued_per_event(parts)
+            assert queued == dict.fromkeys(fresh_ids, 1), (
+                "the 30 new DMs once each, none of the 1,500 seen before"
+            )
+            assert metric("sigil_push_bridge_events_dropped_total", relay=url,
+                          reason="recipient_quota") == 0, "history spent no quota"
+            assert metric("sigil_push_catchup_pages_total", relay=url) > pages_before
+            assert metric("sigil_push_catchup_runs_total", relay=url, method="req") >= 1
