@@ -16,9 +16,14 @@ from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip42 import auth_event
 from sigil_push.relays.nip11 import RelayLimits, fetch_limits
 from tests.fakes.harness import eventually as poll
+from tests.support.bridge_harness import eventually, health, new_token, register, wakeups
 from tests.support.in_process import in_process_bridge
 from tests.support.nostr_client import gift_wrap, hex_of, kind4_dm, secret_hex_of, user
+from tests.support.processes import FAST_RECONNECT
+from tests.support.relay import RelayProcess
+from tests.support.remote_signer import RemoteSigner
 from tests.support.rust_relay import FILTER_CAP, RustRelay
+from tests.support.service import ServiceProcess
 from tests.support.stores import Engine
 
 
@@ -137,3 +142,42 @@ async def poll_async(count: Any, wanted: int, timeout: float = 30.0) -> None:
             return
         await asyncio.sleep(0.1)
     raise AssertionError(f"count never reached {wanted}: {await count()}")
+
+
+async def test_a_recipient_only_inbox_refusing_with_error_starts_delegated_auth(
+    tmp_path: Path, engine: Engine
+) -> None:
+    """rust-nostr's recipient-only inbox (`auth_dm`) refuses the bridge's REQ after its own
+    AUTH with `CLOSED "error: you cannot request another user's gift wrap"`. That refusal
+    gates the relay for its users: alice, who has a signer and lists the inbox, is read
+    through delegated AUTH (one signer request for the one challenge, kind 22242 only) and her
+    gift wrap wakes her once; bob, without a signer, is not pushed."""
+    open_relay = RelayProcess(tmp_path / "open").start()
+    started: list[Any] = [open_relay]
+    try:
+        async with RustRelay(auth_dm=True) as inbox:
+            signer = RemoteSigner(open_relay.url).start()
+            started.append(signer)
+            service = ServiceProcess(tmp_path / "service", [open_relay.url], FAST_RECONNECT,
+                                     database=engine.database())
+            started.append(service)
+            service.start()
+            alice, bob, sender = signer.user, user(), user()
+            register(service, alice, new_token(), [inbox.url], signer.bunker_uri)
+            register(service, bob, new_token(), [inbox.url])
+
+            def alice_reads() -> bool:
+                entry = health(service)["relays"].get(inbox.url, {})
+                return bool(entry.get("users_authenticated") == 1)
+
+            await eventually(alice_reads, "alice read through delegated AUTH", 60)
+            assert health(service)["relays"][inbox.url]["gated"] == "error"
+            to_alice, to_bob = gift_wrap(sender, alice, "hi alice"), gift_wrap(sender, bob, "bob")
+            await inbox.publish(to_bob, to_alice)
+            await eventually(lambda: wakeups(service)[to_alice["id"]] == 1, "alice pushed", 60)
+            assert wakeups(service)[to_bob["id"]] == 0
+            assert signer.methods().count("sign_event") == 1, "one request for one challenge"
+            assert {r.signed_kind for r in signer.requests if r.method == "sign_event"} == {22242}
+    finally:
+        for part in reversed(started):
+            part.stop()
