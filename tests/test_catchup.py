@@ -18,6 +18,8 @@ the per-recipient burst: a catch-up that spent quota on history would drop new D
 
 from __future__ import annotations
 
+import asyncio
+import json
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -28,9 +30,16 @@ from typing import Any
 import nostr_sdk
 import pytest
 from prometheus_client import REGISTRY
+from websockets.asyncio.client import connect
+from websockets.asyncio.server import ServerConnection
+from websockets.datastructures import Headers
+from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request, Response
 
+from sigil_push.relays import nip77
 from tests.fakes.harness import eventually as poll
 from tests.support.in_process import InProcessBridge, in_process_bridge
+from tests.support.loopback_relay import LoopbackRelay
 from tests.support.nostr_client import gift_wrap, hex_of, kind4_dm, user
 from tests.support.paging_relay import PagingRelay
 from tests.support.rust_relay import FILTER_CAP, RustRelay
@@ -45,16 +54,62 @@ BRIDGE = {"seen_cache_size": 10}
 Publish = Callable[[list[dict[str, Any]]], Awaitable[None]]
 
 
+class RefusesNegentropy(LoopbackRelay):
+    """rust-nostr's relay behind a proxy that advertises NIP-77 in NIP-11 (and no limits) but
+    answers every NEG-OPEN with NEG-ERR, as several public relays do; everything else passes
+    through frame by frame."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream
+        self.neg_opens = 0
+
+    def _serve_options(self) -> dict[str, Any]:
+        def nip11(connection: ServerConnection, request: Request) -> Response | None:
+            if request.headers.get("Upgrade", "").lower() == "websocket":
+                return None
+            body = json.dumps({"name": "says 77", "supported_nips": [1, 11, 42, 77]})
+            return Response(200, "OK", Headers([("Content-Type", "application/nostr+json")]),
+                            body.encode())
+
+        return {"max_size": None, "process_request": nip11}
+
+    async def _handle(self, ws: ServerConnection) -> None:
+        async with connect(self.upstream, proxy=None, max_size=None) as upstream:
+
+            async def downstream() -> None:
+                async for frame in upstream:
+                    await ws.send(frame)
+
+            relaying = asyncio.create_task(downstream())
+            try:
+                async for frame in ws:
+                    message = json.loads(frame)
+                    if message[0] == "NEG-OPEN":
+                        self.neg_opens += 1
+                        await ws.send(json.dumps(["NEG-ERR", message[1], "blocked: not here"]))
+                    elif message[0] != "NEG-CLOSE":
+                        await upstream.send(frame)
+            except ConnectionClosed:
+                pass
+            finally:
+                relaying.cancel()
+
+
 @asynccontextmanager
 async def capping_relay(kind: str) -> AsyncIterator[tuple[str, Publish]]:
-    """A relay answering at most 500 per filter: silently (`rust`), or saying so in NIP-11."""
-    if kind == "rust":
+    """A relay answering at most 500 per filter: silently (rust-nostr's, with NIP-77 or
+    behind a proxy refusing it), or saying so in NIP-11 (no NIP-77 at all)."""
+    if kind.startswith("rust"):
         async with RustRelay() as rust:
 
             async def publish_rust(events: list[dict[str, Any]]) -> None:
                 await rust.publish(*events)
 
-            yield rust.url, publish_rust
+            if kind == "rust_negentropy":
+                yield rust.url, publish_rust
+                return
+            async with RefusesNegentropy(rust.url) as proxy:
+                yield proxy.url, publish_rust
         return
     async with PagingRelay([], max_limit=FILTER_CAP) as paging:
 
@@ -99,10 +154,14 @@ async def until_caught_up(parts: InProcessBridge, url: str, keys: int) -> None:
     )
 
 
-@pytest.mark.parametrize("relay_kind", ["rust", "nip11_limit"])
+@pytest.mark.parametrize("relay_kind", ["rust_negentropy", "rust_refuses_77", "nip11_limit"])
 async def test_a_restart_catches_up_every_dm_behind_a_capped_answer_exactly_once(
-    tmp_path: Path, engine: Engine, relay_kind: str
+    tmp_path: Path, engine: Engine, relay_kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """`rust_negentropy`: the restart reconciles with NIP-77 and fetches just the 30 by id.
+    `rust_refuses_77` (NEG-ERR, though NIP-11 lists 77) and `nip11_limit` (no answer to
+    NEG-OPEN at all) fall back to paged REQ, which must find the 30 behind the caps."""
+    monkeypatch.setattr(nip77, "INITIAL_TIMEOUT_SECONDS", 1.5)
     recipients, senders = [user() for _ in range(USERS)], [user() for _ in range(3)]
     now = int(time.time())
     history = direct_messages(senders, recipients, HISTORY, now)
@@ -136,5 +195,17 @@ async def test_a_restart_catches_up_every_dm_behind_a_capped_answer_exactly_once
             )
             assert metric("sigil_push_bridge_events_dropped_total", relay=url,
                           reason="recipient_quota") == 0, "history spent no quota"
-            assert metric("sigil_push_catchup_pages_total", relay=url) > pages_before
-            assert metric("sigil_push_catchup_runs_total", relay=url, method="req") >= 1
+            fetched = {method: metric("sigil_push_catchup_events_fetched_total", relay=url,
+                                      method=method) for method in ("negentropy", "req")}
+            if relay_kind == "rust_negentropy":
+                assert metric("sigil_push_catchup_runs_total", relay=url,
+                              method="negentropy") >= 1
+                assert fetched["negentropy"] == NEW, "only the missing events, by id"
+                assert parts.bridge._pool.negentropy_support[url] is True
+            else:
+                assert metric("sigil_push_catchup_pages_total", relay=url) > pages_before
+                assert metric("sigil_push_catchup_runs_total", relay=url, method="req") >= 1
+                reason = "neg_err" if relay_kind == "rust_refuses_77" else "timeout"
+                assert metric("sigil_push_catchup_fallbacks_total", relay=url,
+                              reason=reason) >= 1
+                assert parts.bridge._pool.negentropy_support[url] is False

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from sigil_push.bridge.catchup_ledger import CatchupLedger
 from sigil_push.bridge.metrics import RelayCounters
 from sigil_push.bridge.pending import Arrival, Pending
 from sigil_push.config import BridgeConfig
@@ -85,8 +86,10 @@ class Ingest:
         pending: Pending,
         keys: set[str],
         lists_changed: Callable[[str], None],
+        ledger: CatchupLedger,
     ) -> None:
         self._bridge = settings
+        self._ledger = ledger
         self._pool = pool
         self._enqueue = pending.enqueue
         self._keys = keys
@@ -163,6 +166,7 @@ class Ingest:
         if subs is not None and subs.firehose and not _addressed(raw, subscribed):
             counters.dropped["unaddressed"].inc()
             self._stored_anyway(url, sub_id, raw)
+            self._ledger.note_unaddressed_event(url, raw)
             return
         configured = self._pool.plan.is_configured(url)
         entry = self._admit(counters, url, sub_id, raw, received_ms, lists=configured)
@@ -206,6 +210,7 @@ class Ingest:
             return
         if subs is not None:
             subs.stored(sub_id, event.id, event.kind, event.created_at)
+            self._ledger.note(url, event.id, event.created_at, recipients)
         if self._probe is not None and self._probe.take(url, event):
             return
         # a stored answer (catch-up) is bounded by its pages, not by the recipients' live rate:
@@ -298,6 +303,7 @@ class Ingest:
         for key, list_kind in _ADDRESSING.findall(frame):
             if list_kind or key in keys:
                 return False
+        self._ledger.note_unaddressed(url, frame)
         self._unaddressed[url] = self._unaddressed.get(url, 0) + 1
         self._count_received(url)
         return True
@@ -378,6 +384,9 @@ class Ingest:
         subs = self._pool.subs.get(url)
         if subs is not None:
             subs.stored(sub_id, event.id, event.kind, event.created_at)
+            keys = subs.keys
+            self._ledger.note(url, event.id, event.created_at,
+                              tuple(p for p in event.tag_values("p") if p in keys))
         self._enqueue(Arrival(event, url, received_ms, ()))
 
     def _hand_over(

@@ -31,6 +31,8 @@ REQ_OVERHEAD_BYTES = 512
 MAX_PAGES_PER_CATCHUP = 1_000
 """Pages one shard's catch-up may ask for (500,000 events at a relay's usual 500 a page);
 past it the shard stops paging, says so (`take_capped`) and counts as caught up."""
+FETCH_BATCH = 500
+"""Ids per REQ when fetching what negentropy found missing (strfry's max filter limit)."""
 PAGES_IN_FLIGHT = 4
 """Page REQs open at once on one relay (1 when it publishes `max_subscriptions`: the spare
 subscription is the only room); other shards' pages wait their turn."""
@@ -96,6 +98,9 @@ class SentReq:
     since: int
     cursors: list[PageCursor]
     page: int = 0
+    method: str = "req"
+    ids: list[str] | None = None
+    """A fetch of the ids negentropy found missing, instead of a window."""
 
     def count(self, event_id: str, kind: int, created_at: int) -> None:
         for cursor in self.cursors:
@@ -113,6 +118,8 @@ class Request:
     filters: list[dict[str, Any]]
     fresh: bool
     page: bool = False
+    reconcile: bool = False
+    """The REQ asks for live events only (`limit` 0): the window is caught up by negentropy."""
 
 
 class RelaySubscriptions:
@@ -142,10 +149,13 @@ class RelaySubscriptions:
         self._pages_waiting: list[SentReq] = []
         self._pages_in_flight: set[str] = set()
         self._capped = 0
-        self.fetched = 0
-        """Stored DMs returned before an EOSE (what paged catch-ups fetched), for metrics."""
-        self.finished = 0
-        """Catch-ups (a REQ and all its pages) finished, for metrics."""
+        self.fetched = {"req": 0, "negentropy": 0}
+        """Stored DMs returned before an EOSE, by catch-up method, for metrics."""
+        self.finished = {"req": 0}
+        """Paged catch-ups (a REQ and all its pages) finished, for metrics."""
+        self.negentropy = False
+        """Whether to try NIP-77 for shards whose keys are all baselined (set by the pool)."""
+        self._reconciling: dict[int, tuple[str, int]] = {}
 
     @property
     def keys(self) -> dict[str, int]:
@@ -274,6 +284,7 @@ class RelaySubscriptions:
         self._retired.clear()
         self._pages_waiting.clear()
         self._pages_in_flight.clear()
+        self._reconciling.clear()
         for shard in self.shards:
             shard.dirty = True
             shard.sub_id = None
@@ -298,6 +309,7 @@ class RelaySubscriptions:
             if self._pages_waiting:
                 # the new REQ starts its own catch-up: the old one's next pages are moot
                 self._pages_waiting = [p for p in self._pages_waiting if p.shard != shard.index]
+            self._reconciling.pop(shard.index, None)
             old = shard.sub_id
             if self.firehose:
                 requests.append(self._firehose_request(shard, since_full, since_caught_up))
@@ -319,7 +331,9 @@ class RelaySubscriptions:
             keys = sorted(shard.keys)
             self._pending[sub_id] = SentReq(sub_id, shard.index, fresh, keys, since,
                                             self._cursors())
-            requests.append(Request(old, sub_id, self._filters(keys, since), bool(fresh)))
+            reconcile = self._reconcile(shard.index, sub_id, since, fresh)
+            requests.append(Request(old, sub_id, self._filters(keys, since, reconcile),
+                                    bool(fresh), reconcile=reconcile))
         # retired REQs of the previous mode close only after their successors are sent
         requests.extend(Request(sub_id, None, [], False) for sub_id in self._retired)
         self._retired = []
@@ -336,7 +350,63 @@ class RelaySubscriptions:
         since = since_full if fresh else since_caught_up
         shard.sub_id = sub_id
         self._pending[sub_id] = SentReq(sub_id, shard.index, fresh, [], since, self._cursors())
-        return Request(old, sub_id, self._filters([], since), bool(fresh))
+        reconcile = self._reconcile(shard.index, sub_id, since, fresh)
+        return Request(old, sub_id, self._filters([], since, reconcile), bool(fresh),
+                       reconcile=reconcile)
+
+    def _reconcile(self, shard: int, sub_id: str, since: int, fresh: frozenset[str]) -> bool:
+        """Whether this REQ's window is left to negentropy: only for keys all baselined (a
+        fresh key's first answer is its baseline, which only a REQ's EOSE marks)."""
+        if fresh or not self.negentropy:
+            return False
+        self._reconciling[shard] = (sub_id, since)
+        return True
+
+    def reconciling(self) -> list[tuple[int, str]]:
+        """(shard, live sub id) of every shard waiting for its negentropy catch-up."""
+        return [(shard, sub_id) for shard, (sub_id, _) in self._reconciling.items()]
+
+    def reconcile_target(self, shard: int, sub_id: str) -> tuple[list[str] | None, int] | None:
+        """The keys (None: a firehose, every DM) and `since` of a shard's reconciliation, or
+        None when it is moot (the shard was re-requested or the connection lost meanwhile)."""
+        wanted = self._reconciling.get(shard)
+        if wanted is None or wanted[0] != sub_id:
+            return None
+        keys = None if self.firehose else sorted(self.shards[shard].keys)
+        return keys, wanted[1]
+
+    def reconciled(self, shard: int, sub_id: str, missing: list[str]) -> list[Request]:
+        """Negentropy found `missing`: fetch them by id, FETCH_BATCH per REQ, as pages (bounded
+        in flight like any page). Nothing missing finishes the catch-up at once."""
+        wanted = self._reconciling.get(shard)
+        if wanted is None or wanted[0] != sub_id:
+            return []
+        del self._reconciling[shard]
+        if not missing:
+            return self._pages_ready()
+        for start in range(0, len(missing), FETCH_BATCH):
+            self._generation += 1
+            fetch_id = f"sp{shard}.{self._generation}n"
+            self._pages_waiting.append(SentReq(
+                fetch_id, shard, frozenset(), [], wanted[1], [], 1, "negentropy",
+                missing[start : start + FETCH_BATCH],
+            ))
+        return self._pages_ready()
+
+    def fell_back(self, shard: int, sub_id: str) -> list[Request]:
+        """Negentropy failed: the shard's window is caught up by paged REQ after all."""
+        wanted = self._reconciling.get(shard)
+        if wanted is None or wanted[0] != sub_id:
+            return []
+        del self._reconciling[shard]
+        since = wanted[1]
+        keys = [] if self.firehose else sorted(self.shards[shard].keys)
+        self._generation += 1
+        page_id = f"sp{shard}.{self._generation}p"
+        self._pages_waiting.append(
+            SentReq(page_id, shard, frozenset(), keys, since, self._cursors(), 1)
+        )
+        return self._pages_ready()
 
     def _dm_kinds(self) -> list[tuple[int, ...]]:
         """The kinds of each DM filter a REQ carries: one per kind, or both in one filter on a
@@ -352,8 +422,10 @@ class RelaySubscriptions:
     def _cursors(self) -> list[PageCursor]:
         return [PageCursor(kinds) for kinds in self._dm_kinds()]
 
-    def _filters(self, keys: list[str], since: int) -> list[dict[str, Any]]:
-        window = {"since": since}
+    def _filters(
+        self, keys: list[str], since: int, live_only: bool = False
+    ) -> list[dict[str, Any]]:
+        window: dict[str, int] = {"since": since, "limit": 0} if live_only else {"since": since}
         dm: list[dict[str, Any]] = [
             {"kinds": list(kinds), **window} if self.firehose
             else {"kinds": list(kinds), "#p": keys, **window}
@@ -365,19 +437,23 @@ class RelaySubscriptions:
         if self.firehose:
             # no key in any filter; relay lists only from the window (they are matched by
             # author locally, like the DMs by recipient)
-            return [*dm, {"kinds": list(LIST_KINDS), **window}]
+            return [*dm, {"kinds": list(LIST_KINDS), "since": since}]
         return [*dm, {"kinds": list(LIST_KINDS), "authors": keys}]
 
     def _page_filters(self, sent: SentReq) -> list[dict[str, Any]]:
         """One filter per DM filter still paging, each from its own `until`: a relay caps
         each filter on its own, so the kind 4 answer may reach far back while the gift wraps'
         stopped at the cap (or the reverse). A published `max_limit` sizes the pages."""
+        if sent.ids is not None:
+            return [{"ids": sent.ids}]
         filters = []
         for cursor in sent.cursors:
             query: dict[str, Any] = {"kinds": list(cursor.kinds)}
             if not self.firehose:
                 query["#p"] = sent.keys
-            query.update(since=sent.since, until=cursor.until)
+            query["since"] = sent.since
+            if cursor.until is not None:
+                query["until"] = cursor.until
             if self._max_limit:
                 query["limit"] = self._max_limit
             filters.append(query)
@@ -387,12 +463,17 @@ class RelaySubscriptions:
         """Count a DM a REQ returned before its EOSE, towards the page of its filter."""
         sent = self._pending.get(sub_id)
         if sent is not None:
-            self.fetched += 1
+            self.fetched[sent.method] += 1
             sent.count(event_id, kind, created_at)
 
     def answering(self, sub_id: str) -> bool:
         """Whether `sub_id` is still returning stored events (before its EOSE): a catch-up."""
         return sub_id in self._pending
+
+    def answering_method(self, sub_id: str) -> str | None:
+        """The catch-up method of a REQ still returning stored events (`req`, `negentropy`)."""
+        sent = self._pending.get(sub_id)
+        return None if sent is None else sent.method
 
     def eose(self, sub_id: str) -> tuple[frozenset[str], list[Request]]:
         """The relay finished a REQ's stored events.
@@ -425,7 +506,12 @@ class RelaySubscriptions:
             ))
             return frozenset(), requests + self._pages_ready()
         requests.extend(self._pages_ready())
-        self.finished += 1
+        if sent.method == "req" and (
+            sent.page or self._reconciling.get(sent.shard, ("",))[0] != sub_id
+        ):
+            # a live REQ whose window negentropy catches up is not a finished catch-up, nor
+            # is one fetch of many (the pool counts each reconciliation once)
+            self.finished["req"] += 1
         # on a firehose every key on the relay was covered by this REQ, even one added meanwhile
         # (a set difference in C: a Python loop over a million keys stalled the event loop)
         if self.firehose:
@@ -500,6 +586,7 @@ class RelaySubscriptions:
         return (
             not self._pending
             and not self._pages_waiting
+            and not self._reconciling
             and not self._refused
             and not any(shard.dirty for shard in self.shards)
         )
