@@ -54,14 +54,24 @@ BRIDGE = {"seen_cache_size": 10}
 Publish = Callable[[list[dict[str, Any]]], Awaitable[None]]
 
 
-class RefusesNegentropy(LoopbackRelay):
-    """rust-nostr's relay behind a proxy that advertises NIP-77 in NIP-11 (and no limits) but
-    answers every NEG-OPEN with NEG-ERR, as several public relays do; everything else passes
-    through frame by frame."""
+class NegentropyProxy(LoopbackRelay):
+    """rust-nostr's relay behind a proxy that advertises NIP-77 in NIP-11 (and no limits).
+    `refuse`: every NEG-OPEN gets NEG-ERR, as several public relays do. Otherwise the first
+    NEG-OPEN sets `reconciling` and is held there until `release` (the test then cuts every
+    connection or stops the bridge); later ones pass. Everything else passes frame by frame."""
 
-    def __init__(self, upstream: str) -> None:
+    def __init__(self, upstream: str, refuse: bool = True) -> None:
         self.upstream = upstream
+        self.refuse = refuse
         self.neg_opens = 0
+        self.reconciling = asyncio.Event()
+        self.release = asyncio.Event()
+        self._sockets: set[ServerConnection] = set()
+
+    async def cut(self) -> None:
+        """Drop every client connection (a network blip: the relay itself keeps running)."""
+        for ws in list(self._sockets):
+            await ws.close()
 
     def _serve_options(self) -> dict[str, Any]:
         def nip11(connection: ServerConnection, request: Request) -> Response | None:
@@ -74,6 +84,7 @@ class RefusesNegentropy(LoopbackRelay):
         return {"max_size": None, "process_request": nip11}
 
     async def _handle(self, ws: ServerConnection) -> None:
+        self._sockets.add(ws)
         async with connect(self.upstream, proxy=None, max_size=None) as upstream:
 
             async def downstream() -> None:
@@ -86,13 +97,19 @@ class RefusesNegentropy(LoopbackRelay):
                     message = json.loads(frame)
                     if message[0] == "NEG-OPEN":
                         self.neg_opens += 1
-                        await ws.send(json.dumps(["NEG-ERR", message[1], "blocked: not here"]))
-                    elif message[0] != "NEG-CLOSE":
+                        if self.refuse:
+                            await ws.send(json.dumps(["NEG-ERR", message[1], "blocked: no"]))
+                            continue
+                        if self.neg_opens == 1:
+                            self.reconciling.set()
+                            await self.release.wait()
+                    if not (self.refuse and message[0] == "NEG-CLOSE"):
                         await upstream.send(frame)
             except ConnectionClosed:
                 pass
             finally:
                 relaying.cancel()
+                self._sockets.discard(ws)
 
 
 @asynccontextmanager
@@ -108,7 +125,7 @@ async def capping_relay(kind: str) -> AsyncIterator[tuple[str, Publish]]:
             if kind == "rust_negentropy":
                 yield rust.url, publish_rust
                 return
-            async with RefusesNegentropy(rust.url) as proxy:
+            async with NegentropyProxy(rust.url) as proxy:
                 yield proxy.url, publish_rust
         return
     async with PagingRelay([], max_limit=FILTER_CAP) as paging:
@@ -209,3 +226,71 @@ async def test_a_restart_catches_up_every_dm_behind_a_capped_answer_exactly_once
                 assert metric("sigil_push_catchup_fallbacks_total", relay=url,
                               reason=reason) >= 1
                 assert parts.bridge._pool.negentropy_support[url] is False
+
+
+async def _story(
+    tmp_path: Path, engine: Engine,
+    interrupt: Callable[[NegentropyProxy, InProcessBridge], Awaitable[None]],
+) -> tuple[str, NegentropyProxy]:
+    """History, a bridge stop, new DMs, a restart whose first reconciliation is held at the
+    relay and `interrupt`ed; then (on the same bridge or a new one) every new DM must be
+    queued exactly once. Returns the relay URL and proxy for further checks."""
+    recipients, senders = [user() for _ in range(USERS)], [user() for _ in range(3)]
+    now = int(time.time())
+    history = direct_messages(senders, recipients, 600, now)
+    fresh = direct_messages(senders, recipients, NEW, now)
+    database = engine.database("push.db")
+    async with RustRelay() as rust, NegentropyProxy(rust.url, refuse=False) as proxy:
+        url = proxy.url
+        await rust.publish(*history)
+        async with in_process_bridge(tmp_path, database, [{"url": url}], BRIDGE) as parts:
+            for n, recipient in enumerate(recipients):
+                await parts.devices.register(
+                    hex_of(recipient), "android", f"fcm-{n}", "opaque", (), None, 0
+                )
+            await poll(lambda: len(parts.bridge._registry.keys) == USERS, what="keys watched")
+            await until_caught_up(parts, url, USERS)
+        await rust.publish(*fresh)
+        fresh_ids = {event["id"] for event in fresh}
+        async with in_process_bridge(tmp_path, database, [{"url": url}], BRIDGE) as parts:
+            await asyncio.wait_for(proxy.reconciling.wait(), 30)
+            await interrupt(proxy, parts)
+            proxy.release.set()
+        async with in_process_bridge(tmp_path, database, [{"url": url}], BRIDGE) as parts:
+
+            async def all_queued() -> bool:
+                return set(await queued_per_event(parts)) >= fresh_ids
+
+            await poll(all_queued, timeout=60, what="every new DM queued")
+            await until_caught_up(parts, url, USERS)
+            assert await queued_per_event(parts) == dict.fromkeys(fresh_ids, 1)
+            assert parts.bridge._pool.negentropy_support.get(url) is True
+        return url, proxy
+
+
+async def test_a_reconnect_in_the_middle_of_reconciliation_loses_nothing(
+    tmp_path: Path, engine: Engine
+) -> None:
+    """Both the shared connection and the reconciliation's socket drop while the relay holds
+    the first NEG-OPEN: the half-done catch-up is dropped (its REQ is gone), the reconnect
+    reconciles again, and the 30 new DMs are queued exactly once."""
+
+    async def cut(proxy: NegentropyProxy, parts: InProcessBridge) -> None:
+        await proxy.cut()
+        proxy.release.set()
+        await poll(lambda: proxy.neg_opens >= 2, timeout=60, what="a second reconciliation")
+        await until_caught_up(parts, proxy.url, USERS)
+
+    await _story(tmp_path, engine, cut)
+
+
+async def test_a_restart_while_catching_up_loses_nothing(tmp_path: Path, engine: Engine) -> None:
+    """The bridge stops while its first reconciliation after a restart is held at the relay:
+    nothing of it was committed, so the next start reconciles again and queues each new DM
+    once; a stopped reconciliation leaves no socket nor event-loop hook behind."""
+
+    async def stop_now(proxy: NegentropyProxy, parts: InProcessBridge) -> None:
+        return None
+
+    await _story(tmp_path, engine, stop_now)
+    assert nip77._clients_open == 0

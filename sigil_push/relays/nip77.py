@@ -173,7 +173,8 @@ class Reconciler:
         client = nostr_sdk.ClientBuilder().websocket_transport(self._transport).build()
         self._client = client
         relay_url = nostr_sdk.RelayUrl.parse(self.url)
-        await client.add_relay(relay_url)
+        # one attempt: a reconciliation cut short falls back or is redone by the caller
+        await client.add_relay(relay_url, opts=nostr_sdk.RelayOptions().reconnect(False))
         await client.try_connect(timedelta(seconds=OPEN_TIMEOUT_SECONDS))
         relay = await client.relay(relay_url)
         if relay is None:

@@ -212,6 +212,7 @@ class RelayPool:
         self._negentropy_retry: dict[str, float] = {}
         self._reconcilers: dict[str, Reconciler] = {}
         self._reconcile_locks: dict[str, asyncio.Lock] = {}
+        self._reconcile_tasks: dict[str, asyncio.Task[Any]] = {}
 
     def load(self, baselines: dict[str, set[str]], cursors: dict[str, int]) -> None:
         self._baselines = baselines
@@ -312,7 +313,10 @@ class RelayPool:
 
     async def stop(self) -> None:
         await asyncio.gather(*(c.stop() for c in self._connections.values()))
+        running = self._background.running()
         self._background.cancel()
+        # a reconciliation cut short closes its nostr-sdk client on the way out
+        await asyncio.gather(*running, return_exceptions=True)
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         self._background.spawn(coroutine)
@@ -359,6 +363,9 @@ class RelayPool:
         lock = self._reconcile_locks.setdefault(url, asyncio.Lock())
         async with lock:
             reconciler = self._reconcilers.setdefault(url, Reconciler(url))
+            task = asyncio.current_task()
+            if task is not None:
+                self._reconcile_tasks[url] = task
             try:
                 while True:
                     subs = self.subs.get(url)
@@ -368,6 +375,7 @@ class RelayPool:
                     for shard, sub_id in waiting:
                         await self._reconcile_shard(url, subs, reconciler, shard, sub_id)
             finally:
+                self._reconcile_tasks.pop(url, None)
                 await reconciler.close()
 
     async def _reconcile_shard(
@@ -468,6 +476,10 @@ class RelayPool:
             self._spawn(self._sync(connection.url))
 
     def on_down(self, connection: RelayConnection) -> None:
+        reconciling = self._reconcile_tasks.pop(connection.url, None)
+        if reconciling is not None:
+            # its REQ is gone with the socket: the reconnect's REQ reconciles anew
+            reconciling.cancel()
         subs = self.subs.get(connection.url)
         if subs is not None:
             if subs.live:
