@@ -350,6 +350,8 @@ class RelayPool:
 
     def _negentropy_allowed(self, url: str) -> bool:
         """Try NIP-77 unless the relay failed it less than NEGENTROPY_RETRY_SECONDS ago."""
+        if not self._settings.negentropy:
+            return False
         if self.negentropy_support.get(url, True):
             return True
         return time.monotonic() >= self._negentropy_retry.get(url, 0.0)

@@ -492,6 +492,13 @@ class RelaySubscriptions:
         if sent.page:
             self._pages_in_flight.discard(sub_id)
             requests.append(Request(sub_id, None, [], False))
+        elif (
+            self._reconciling.get(sent.shard, ("",))[0] == sub_id
+            and any(cursor.added for cursor in sent.cursors)
+        ):
+            # the relay ignored `limit` 0 and answered the window itself (nostr-relay does):
+            # page on from there; a reconciliation still running for it is moot
+            del self._reconciling[sent.shard]
         paging = [cursor for cursor in sent.cursors if cursor.wants_more(sent.since)]
         if paging and sent.page >= MAX_PAGES_PER_CATCHUP:
             self._capped += 1
