@@ -158,7 +158,14 @@ def dataset(recipients: list[str], count: int, now: int, seed: int) -> list[dict
     return events
 
 
-async def publish(url: str, events: list[dict[str, Any]], window: int = 500) -> None:
+async def publish(url: str, events: list[dict[str, Any]], per_connection: int = 5000) -> None:
+    """Store `events`, `per_connection` on each connection (rust-nostr's relay drops a
+    connection that publishes far more)."""
+    for start in range(0, len(events), per_connection):
+        await _publish_some(url, events[start : start + per_connection])
+
+
+async def _publish_some(url: str, events: list[dict[str, Any]], window: int = 500) -> None:
     """Stream EVENTs with up to `window` unanswered, until every one is acknowledged."""
     async with connect(url, proxy=None, max_size=None) as ws:
         pending = 0
