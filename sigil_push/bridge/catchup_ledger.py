@@ -17,9 +17,8 @@ import re
 import time
 from typing import Any
 
-from sigil_push.store.catchup_items import UNADDRESSED, CatchupItems
 from sigil_push.store.errors import STORE_UNAVAILABLE
-from sigil_push.store.interface import Database
+from sigil_push.store.interface import UNADDRESSED, BridgeConnection
 
 log = logging.getLogger(__name__)
 
@@ -32,12 +31,12 @@ class CatchupLedger:
     def __init__(self, window_seconds: int) -> None:
         self._window = window_seconds
         self._rows: list[tuple[str, str, str, int]] = []
-        self._store: CatchupItems | None = None
+        self._link: BridgeConnection | None = None
         self._turn: asyncio.Lock | None = None
         self._flushing: asyncio.Task[None] | None = None
 
-    def attach(self, db: Database, turn: asyncio.Lock) -> None:
-        self._store, self._turn = CatchupItems(db), turn
+    def attach(self, link: BridgeConnection, turn: asyncio.Lock) -> None:
+        self._link, self._turn = link, turn
 
     def note(self, url: str, event_id: str, created_at: int, recipients: tuple[str, ...]) -> None:
         """`url` delivered a verified DM for `recipients` (keys subscribed there)."""
@@ -72,12 +71,13 @@ class CatchupLedger:
 
     async def flush(self) -> None:
         """Write the noted rows (a store outage keeps them for the next try, up to a cap)."""
-        if self._store is None or self._turn is None or not self._rows:
+        link = self._link
+        if link is None or self._turn is None or not self._rows:
             return
         rows, self._rows = self._rows, []
         try:
-            async with self._turn:
-                await self._store.add(rows)
+            async with self._turn, link.transaction():
+                await link.catchup.add(rows)
         except STORE_UNAVAILABLE as error:
             log.warning("catch-up items not saved: %s", type(error).__name__)
             self._rows = (rows + self._rows)[-MAX_PENDING_ROWS * 5 :]
@@ -85,13 +85,15 @@ class CatchupLedger:
     async def items(self, url: str, keys: list[str] | None, since: int) -> dict[str, int]:
         """Event id → created_at of the DMs `url` delivered since `since` (for `keys`, or all)."""
         await self.flush()
-        if self._store is None or self._turn is None:
+        if self._link is None or self._turn is None:
             return {}
         async with self._turn:
-            return await self._store.items(url, keys, since)
+            return await self._link.catchup.items(url, keys, since)
 
     async def prune(self, slack_seconds: int) -> int:
-        if self._store is None or self._turn is None:
+        if self._link is None or self._turn is None:
             return 0
-        async with self._turn:
-            return await self._store.prune(int(time.time()) - self._window - slack_seconds)
+        async with self._turn, self._link.transaction():
+            return await self._link.catchup.prune(
+                int(time.time()) - self._window - slack_seconds
+            )

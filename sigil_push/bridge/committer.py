@@ -1,8 +1,8 @@
 """The committer: pending arrivals → the devices they wake → outbox rows and seen ids, written
 in one transaction per batch, in arrival order, so the readers never wait on the disk.
 
-It has its own database connection, so each batch's outbox rows and seen ids are one
-transaction: after a crash either both are on disk or neither is, and a catch-up then pushes
+It has its own store connection (`store.interface.BridgeConnection`), so each batch's outbox
+rows, seen ids and queued bookkeeping are one `transaction()`: after a crash either both are on disk or neither is, and a catch-up then pushes
 exactly what had not been handed to the outbox. It also makes ingest fast (one commit per
 batch instead of one per event). The shared outbox's `ready` is set after each commit.
 """
@@ -30,7 +30,7 @@ from sigil_push.relays.discovery import RelayLists
 from sigil_push.relays.inbox import connected_inboxes
 from sigil_push.relays.pool import RelayPool
 from sigil_push.store.errors import TRANSIENT_ERRORS
-from sigil_push.store.interface import Database, DeviceStore, OutboxStore, SeenStore
+from sigil_push.store.interface import BridgeConnection, DeviceStore, OutboxStore, SeenStore
 from sigil_push.store.records import Device
 
 log = logging.getLogger(__name__)
@@ -107,8 +107,7 @@ class Committer:
         self._counters = counters
         self._registration_relays = registration_relays
         self._insecure = insecure
-        self._db: Database | None = None
-        self._writer: OutboxStore | None = None
+        self._link: BridgeConnection | None = None
         self._seen: SeenStore
         self._lists: RelayLists
         self._listeners: list[CommitListener] = []
@@ -119,11 +118,10 @@ class Committer:
         self._held_records: list[SeenRecord] = []
         self._held_since = 0.0
 
-    def attach(
-        self, db: Database, writer: OutboxStore, seen: SeenStore, lists: RelayLists
-    ) -> None:
-        """The committer's own connection and outbox on it, the dedupe and the relay lists."""
-        self._db, self._writer, self._seen, self._lists = db, writer, seen, lists
+    def attach(self, link: BridgeConnection, seen: SeenStore, lists: RelayLists) -> None:
+        """The committer's own connection (with its outbox writer and bookkeeping), the
+        dedupe and the relay lists."""
+        self._link, self._seen, self._lists = link, seen, lists
 
     def add_listener(self, listener: CommitListener) -> None:
         """Be told (event id, frame received ms) of every event whose wakeups reached the outbox."""
@@ -167,7 +165,7 @@ class Committer:
         )
 
     async def _commit_pending(self) -> None:
-        """Commit the next batch. A batch that raises is retried once, then committed event
+        """The next batch, committed. A batch that raises is retried once, then committed event
         by event, and an event that fails twice on its own is skipped and counted (`poison`):
         one bad input never stops the loop nor comes back forever."""
         batch, ops = self._pending.take()
@@ -377,20 +375,13 @@ class Committer:
     ) -> None:
         """One transaction: the batch's wakeups, its seen ids, and the queued bookkeeping,
         each in lock order (`in_lock_order`)."""
-        db, writer = self._db, self._writer
+        link = self._link
         writes, new_events, further = in_lock_order(writes, new_events, further)
-        assert db is not None and writer is not None
-        async with self._turn:
-            await db.execute("BEGIN IMMEDIATE")
-            try:
-                await writer.enqueue_many(
-                    [(a.event, a.relay, a.received_ms, targets) for a, targets in writes]
-                )
-                await self._seen.save(new_events, further)
-                for sql, rows in ops:
-                    await db.executemany(sql, rows)
-                await db.execute("COMMIT")
-            except BaseException:
-                with contextlib.suppress(*TRANSIENT_ERRORS):
-                    await db.execute("ROLLBACK")
-                raise
+        assert link is not None
+        async with self._turn, link.transaction():
+            await link.outbox.enqueue_many(
+                [(a.event, a.relay, a.received_ms, targets) for a, targets in writes]
+            )
+            await self._seen.save(new_events, further)
+            for op, rows in ops:
+                await link.state.apply(op, rows)
