@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -38,12 +39,15 @@ from websockets.http11 import Request, Response
 
 from sigil_push.relays import nip77
 from tests.fakes.harness import eventually as poll
+from tests.support.bridge_harness import eventually, new_token, register, relay_live, wakeups
 from tests.support.in_process import InProcessBridge, in_process_bridge
 from tests.support.loopback_relay import LoopbackRelay
 from tests.support.nostr_client import gift_wrap, hex_of, kind4_dm, user
 from tests.support.paging_relay import PagingRelay
+from tests.support.processes import FAST_RECONNECT, SHORT_LEASES
 from tests.support.rust_relay import FILTER_CAP, RustRelay
-from tests.support.stores import Engine
+from tests.support.service import ServiceProcess
+from tests.support.stores import Engine, new_postgres_database
 
 USERS = 10
 HISTORY = 1_500
@@ -296,3 +300,46 @@ async def test_a_restart_while_catching_up_loses_nothing(tmp_path: Path, engine:
 
     await _story(tmp_path, engine, stop_now)
     assert nip77._clients_open == 0
+
+
+async def test_a_sigkilled_worker_while_reconciling_loses_nothing_on_postgres(
+    tmp_path: Path, postgres_server: Any
+) -> None:
+    """PostgreSQL only (a worker's shards and their leases are that engine's story): a
+    `serve` worker is SIGKILLed while the relay holds its first reconciliation after a
+    restart; started again once its leases lapse, it reconciles anew and each DM of the outage
+    wakes its device exactly once, none of the history."""
+    database = new_postgres_database(postgres_server)
+    recipients, senders = [user() for _ in range(3)], [user() for _ in range(2)]
+    now = int(time.time())
+    history = direct_messages(senders, recipients, 60, now)
+    fresh = direct_messages(senders, recipients, 10, now)
+    async with RustRelay() as rust, NegentropyProxy(rust.url, refuse=False) as proxy:
+        await rust.publish(*history)
+        service = ServiceProcess(tmp_path / "worker", [proxy.url],
+                                 FAST_RECONNECT + SHORT_LEASES, database=database)
+        try:
+            await asyncio.to_thread(service.start)
+            for recipient in recipients:
+                await asyncio.to_thread(register, service, recipient, new_token())
+            await eventually(lambda: relay_live(service, proxy.url, len(recipients)),
+                             "baselined", 60)
+            await asyncio.to_thread(service.stop)
+            await rust.publish(*fresh)
+            await asyncio.to_thread(service.start)
+            await asyncio.wait_for(proxy.reconciling.wait(), 60)
+            assert await asyncio.to_thread(service.stop, signal.SIGKILL) == -9
+            proxy.release.set()
+            await asyncio.to_thread(service.start)
+            await eventually(
+                lambda: all(wakeups(service)[event["id"]] >= 1 for event in fresh),
+                "every DM of the outage pushed", 90,
+            )
+            await eventually(lambda: relay_live(service, proxy.url, len(recipients)),
+                             "caught up", 60)
+            pushed = wakeups(service)
+            assert all(pushed[event["id"]] == 1 for event in fresh)
+            assert not any(pushed[event["id"]] for event in history)
+            assert proxy.neg_opens >= 2, "the killed reconciliation was done again"
+        finally:
+            await asyncio.to_thread(service.stop)
