@@ -70,7 +70,12 @@ class CatchupLedger:
             self._flushing = asyncio.get_running_loop().create_task(self.flush())
 
     async def flush(self) -> None:
-        """Write the noted rows (a store outage keeps them for the next try, up to a cap)."""
+        """Write the noted rows (a store outage keeps them for the next try, up to a cap).
+        A flush started early (MAX_PENDING_ROWS) is waited for first, so the last flush
+        before the connection closes leaves nothing in flight."""
+        running = self._flushing
+        if running is not None and running is not asyncio.current_task():
+            await asyncio.wait({running})
         link = self._link
         if link is None or self._turn is None or not self._rows:
             return

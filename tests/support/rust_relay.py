@@ -111,13 +111,18 @@ class RustRelay:
 class RustRelayProcess:
     """The same relay in a helper process of its own (own process group, stopped by PID)."""
 
-    def __init__(self, folder: Path, auth_reads: bool = False, auth_dm: bool = False) -> None:
+    def __init__(
+        self, folder: Path, auth_reads: bool = False, auth_dm: bool = False, lmdb: bool = False
+    ) -> None:
+        """`lmdb`: keep events in an LMDB store in `folder` (the default in-memory store keeps
+        only about 75,000 events, dropping the oldest)."""
         self.folder = folder
         self.folder.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.url = f"ws://127.0.0.1:{self.port}"
         self._options = [*(["--auth-reads"] if auth_reads else []),
-                         *(["--auth-dm"] if auth_dm else [])]
+                         *(["--auth-dm"] if auth_dm else []),
+                         *(["--lmdb", str(folder / "lmdb")] if lmdb else [])]
         self._process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Self:
@@ -158,8 +163,9 @@ class RustRelayProcess:
         self.stop()
 
 
-async def _serve(port: int, auth_reads: bool, auth_dm: bool) -> None:
-    relay = _build(port, auth_reads, auth_dm, None)
+async def _serve(port: int, auth_reads: bool, auth_dm: bool, lmdb: str | None) -> None:
+    store = await nostr_sdk.NostrLmdb.open(lmdb) if lmdb else None
+    relay = _build(port, auth_reads, auth_dm, store)
     await relay.run()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -174,5 +180,6 @@ if __name__ == "__main__":
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--auth-reads", action="store_true")
     parser.add_argument("--auth-dm", action="store_true")
+    parser.add_argument("--lmdb", default=None, help="folder of an LMDB store (default: memory)")
     arguments = parser.parse_args()
-    asyncio.run(_serve(arguments.port, arguments.auth_reads, arguments.auth_dm))
+    asyncio.run(_serve(arguments.port, arguments.auth_reads, arguments.auth_dm, arguments.lmdb))
