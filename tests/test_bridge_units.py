@@ -4,10 +4,13 @@ case by case where a real relay could not force the situation."""
 
 from __future__ import annotations
 
+import itertools
+
 from sigil_push.nostr.event import sign_event
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.relays.discovery import RelayLists, normalize_relay_url, relays_in_list
 from sigil_push.relays.nip11 import RelayLimits, parse_limits
+from sigil_push.relays.nip77 import _slices
 from sigil_push.relays.pool import RelayPlan
 from sigil_push.relays.subscriptions import (
     MAX_PAGES_PER_CATCHUP,
@@ -344,3 +347,20 @@ async def test_seen_events_survive_a_restart_and_memory_stays_bounded(
     assert all(legacy.delivered_by(KEYS[2], r) for r in ("wss://a", "wss://d", "wss://e"))
     assert await restarted.prune(now=1999) == 0
     assert await restarted.prune(now=2001) == 3
+
+
+def test_a_large_negentropy_window_is_reconciled_in_slices_that_cover_it_once() -> None:
+    """Relays bound one reconciliation's set: more items than a slice holds cut the window
+    at whole seconds, each item in exactly one slice, the slices back to back from `since`
+    to now (the last one open-ended)."""
+    items = {f"{i:064x}": 1_000 + i // 3 for i in range(100)}  # three per second
+    slices = _slices({"kinds": [4, 1059], "since": 900}, items, 30)
+    assert len(slices) == 4
+    assert sorted(i for _, part in slices for i in part) == sorted(items)
+    windows = [(window["since"], window.get("until")) for window, _ in slices]
+    assert windows[0][0] == 900 and windows[-1][1] is None
+    for (_, until), (since, _) in itertools.pairwise(windows):
+        assert until is not None and since == until + 1
+    for window, part in slices:
+        assert all(window["since"] <= t <= window.get("until", t) for t in part.values())
+    assert _slices({"since": 1}, items, 100) == [({"since": 1}, items)]

@@ -42,6 +42,35 @@ SYNC_TIMEOUT_SECONDS = 120.0
 OPEN_TIMEOUT_SECONDS = 10.0
 MAX_FRAME_BYTES = 4 * 1024 * 1024
 CLOSE_WAIT_SECONDS = 5.0
+ITEMS_PER_SYNC = 20_000
+"""Our items per reconciliation: a larger window is reconciled in time slices."""
+
+
+def _slices(
+    query: dict[str, Any], items: dict[str, int], per_slice: int
+) -> list[tuple[dict[str, Any], dict[str, int]]]:
+    """`query`'s window cut at whole seconds into slices of about `per_slice` of `items`
+    each (every item in exactly one: slice k asks [since_k, since_k+1 - 1], the last has no
+    `until`); one slice when they are few."""
+    if len(items) <= per_slice:
+        return [(query, items)]
+    times = sorted(items.values())
+    cuts = sorted({times[i] for i in range(per_slice, len(times), per_slice)} - {times[0]})
+    bounds = [query.get("since"), *cuts]
+    slices = []
+    for k, since in enumerate(bounds):
+        until = cuts[k] - 1 if k < len(cuts) else None
+        window = dict(query)
+        if since is not None:
+            window["since"] = since
+        if until is not None:
+            window["until"] = until
+        part = {
+            event_id: created_at for event_id, created_at in items.items()
+            if (since is None or created_at >= since) and (until is None or created_at <= until)
+        }
+        slices.append((window, part))
+    return slices
 
 
 class NegentropyFailed(Exception):
@@ -183,7 +212,18 @@ class Reconciler:
         return relay
 
     async def missing(self, query: dict[str, Any], items: dict[str, int]) -> list[str]:
-        """The ids the relay holds for `query` that are not among `items` (id → created_at)."""
+        """The ids the relay holds for `query` that are not among `items` (id → created_at).
+
+        A window holding more than ITEMS_PER_SYNC of our items is reconciled in time slices
+        of about that many, one after the other: relays bound the set one reconciliation
+        may cover (rust-nostr's relay refuses some tens of thousands with `NEG-ERR
+        "rate-limited: too many negentropy items"`, strfry a million by default)."""
+        missing: list[str] = []
+        for window, part in _slices(query, items, ITEMS_PER_SYNC):
+            missing.extend(await self._missing(window, part))
+        return missing
+
+    async def _missing(self, query: dict[str, Any], items: dict[str, int]) -> list[str]:
         started = time.monotonic()
         self.count.refusal = None
         try:
