@@ -131,6 +131,7 @@ class Api:
         registration = await self.service.components.devices.register(
             pubkey, wanted.platform, wanted.device_token, wanted.payload, wanted.relays,
             wanted.webpush_keys, config.limits.devices_per_npub, config.limits.accounts_per_device,
+            device_key=wanted.device_key,
         )
         if wanted.auth_signer is not None:
             await self.service.components.delegated_auth.set_signer(pubkey, wanted.auth_signer)
@@ -147,6 +148,7 @@ class Api:
                 "relays": list(device.relays),
                 "token_suffix": device.token_suffix,
                 "registered_at": device.registered_at,
+                "sealed": device.device_key is not None,
             },
             status_code=201 if registration.created else 200,
         )
@@ -179,6 +181,7 @@ class Api:
                         "payload": device.payload,
                         "token_suffix": device.token_suffix,
                         "registered_at": device.registered_at,
+                        "sealed": device.device_key is not None,
                         "relays": list(device.relays),
                         "delegated_auth": signer_status == "active",
                         "auth_signer_status": signer_status,

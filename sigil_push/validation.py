@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 
 from sigil_push.errors import BadRequest
 from sigil_push.nostr.nip19 import InvalidKey, parse_public_key
+from sigil_push.nostr.nip44 import is_public_key
 from sigil_push.nostr.nip46 import BunkerUri, InvalidBunkerUri
 from sigil_push.relays.discovery import normalize_relay_url
 from sigil_push.store.records import PAYLOAD_MODES, PLATFORMS, WebPushKeys
@@ -31,6 +32,7 @@ class RegisterRequest:
     relays: tuple[str, ...]
     webpush_keys: WebPushKeys | None
     auth_signer: BunkerUri | None
+    device_key: str | None = None
 
 
 def parse_json_object(body: bytes) -> dict[str, Any]:
@@ -126,6 +128,20 @@ def parse_webpush_keys(value: Any, platform: str) -> WebPushKeys | None:
     return WebPushKeys(value["p256dh"], value["auth"])
 
 
+def parse_device_key(value: Any) -> str | None:
+    """The x-only secp256k1 public key `sealed` wakeups are encrypted to: 64 lowercase hex that
+    must lift to a curve point, or no one could ever decrypt what is sealed to it."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not is_public_key(value):
+        raise BadRequest(
+            "invalid_device_key",
+            "'device_key' must be 64 lowercase hex: the x-only secp256k1 public key of a key"
+            " pair kept on the device",
+        )
+    return value
+
+
 def parse_auth_signer(value: Any, allow_insecure_relays: bool) -> BunkerUri | None:
     if value is None:
         return None
@@ -140,12 +156,17 @@ def parse_auth_signer(value: Any, allow_insecure_relays: bool) -> BunkerUri | No
 def parse_register(body: dict[str, Any], pubkey: str, allow_insecure_relays: bool) -> RegisterRequest:
     """The rest of a registration, once the caller has checked `npub` against the auth key."""
     platform = parse_platform(body.get("platform"))
+    payload = parse_payload_mode(body.get("payload"))
+    device_key = parse_device_key(body.get("device_key"))
+    if payload == "sealed" and device_key is None:
+        raise BadRequest("invalid_payload", "'payload': 'sealed' needs a 'device_key' to seal to")
     return RegisterRequest(
         pubkey=pubkey,
         platform=platform,
         device_token=parse_device_token(body.get("device_token"), platform),
-        payload=parse_payload_mode(body.get("payload")),
+        payload=payload,
         relays=parse_relays(body.get("relays"), allow_insecure_relays),
         webpush_keys=parse_webpush_keys(body.get("keys"), platform),
         auth_signer=parse_auth_signer(body.get("auth_signer"), allow_insecure_relays),
+        device_key=device_key,
     )

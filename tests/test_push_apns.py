@@ -105,7 +105,7 @@ async def test_permanent_refusals_are_rejected_and_keep_the_device(make_harness,
     records = await eventually(harness.push_records)
     assert [r["status"] for r in records] == ["rejected"]
     # a final answer's row leaves the outbox with its burst's DELETE, up to 20 ms after the
-    # record (delivery.COMPLETE_WITHIN_SECONDS)
+    # record (delivery.settle.COMPLETE_WITHIN_SECONDS)
     await eventually(harness.drained, what="the refused wakeup removed")
     assert await harness.devices.count() == 1
 
