@@ -5,9 +5,11 @@ Configured relays carry every key. A user's own relays (registration `relays`, k
 10002 lists) carry only that user's keys; one connection per relay is shared by all keys that
 want it. When more relays are wanted than `max_relays` allows, the rest are reported as skipped
 instead of silently ignored, and the choice is fair rather than first come, first served
-(`RelayPlan.choose`): each key counts for at most MAX_RELAYS_PER_KEY relays, every key's inbox
-is served before any extra relay, and a key contributes one vote to the first tier, so throwaway
-keys naming many URLs cannot push a real user's only inbox relay out.
+(`RelayPlan.choose`): each key counts for at most MAX_RELAYS_PER_KEY relays, a relay that is
+some key's only inbox is served first in the order those keys arrived (never by how many keys
+name it), every key's inbox is served before any extra relay, and a key contributes one vote to
+the next tier, so throwaway keys, however many and whatever URLs they agree on, cannot push an
+older real user's only inbox relay out.
 
 A configured relay is read in firehose mode (one REQ for every DM, no `#p`) when its `mode` is
 "firehose", or "auto" with more than `bridge.firehose_above_keys` keys; users' own relays are
@@ -129,29 +131,37 @@ class RelayPlan:
     def _ranked(self) -> list[str]:
         """User relays in the order they get slots.
 
-        1. One relay per key with an inbox: its inbox relay wanted by the most keys. Relays
-           are ordered by how many keys they cover this way, then by how few inbox relays
-           those keys have (a key with a single inbox has no other way in), then by the
-           seniority of their oldest such key, then by URL. A key casts one vote here however
-           many URLs it names, so it cannot outvote another key's only inbox with its own extra
-           URLs; and a wave of new throwaway keys, each naming a URL of its own (chosen to sort
-           first), cannot push out the only inbox of a user registered before them.
+        0. Sole inboxes: a relay that is some key's only inbox, in the order the oldest such
+           key got it (seniority), then by URL. Votes do not count here: throwaway keys are
+           free to make, so a relay named by a hundred of them is worth no more than a real
+           user's only way in, and keys arriving after that user can never outrank it.
+        1. One relay per other key with an inbox (one not already served by tier 0): its
+           inbox relay wanted by the most keys. Relays are ordered by how many keys they
+           cover this way, then by how few inbox relays those keys have, then by the seniority
+           of their oldest such key, then by URL. A key casts one vote here however many URLs
+           it names, so it cannot outvote another key with its own extra URLs.
         2. The other inbox relays, by how many keys list them as inbox.
         3. Every other relay, by how many keys want it.
         """
         inbox_demand = self._inbox_demand
         seniority = self._seniority
+        sole: dict[str, int] = {}
+        for pubkey, urls in self.inbox.items():
+            if len(urls) == 1:
+                url = urls[0]
+                sole[url] = min(sole.get(url, seniority[pubkey]), seniority[pubkey])
+        tier0 = sorted(sole, key=lambda u: (sole[u], u))
         votes: dict[str, int] = {}
         tightest: dict[str, int] = {}
         oldest: dict[str, int] = {}
         for pubkey, urls in self.inbox.items():
-            if not urls:
+            if not urls or any(u in sole for u in urls):
                 continue
             pick = min(urls, key=lambda u: (-inbox_demand[u], u))
             votes[pick] = votes.get(pick, 0) + 1
             tightest[pick] = min(tightest.get(pick, len(urls)), len(urls))
             oldest[pick] = min(oldest.get(pick, seniority[pubkey]), seniority[pubkey])
-        first = sorted(votes, key=lambda u: (-votes[u], tightest[u], oldest[u], u))
+        first = tier0 + sorted(votes, key=lambda u: (-votes[u], tightest[u], oldest[u], u))
         chosen = set(first)
         second = sorted((u for u in inbox_demand if u not in chosen),
                         key=lambda u: (-inbox_demand[u], u))
