@@ -8,7 +8,7 @@ import contextlib
 from prometheus_client import Counter, Gauge, Histogram
 
 from sigil_push.relays.budget import ConnectionBudget
-from sigil_push.relays.labels import relay_label
+from sigil_push.relays.labels import USER_RELAYS, series_label
 
 DROP_REASONS = (
     "malformed", "wrong_kind", "unknown_recipient", "wrong_id", "forged", "no_device",
@@ -56,7 +56,7 @@ class RelayCounters:
     __slots__ = ("budget", "dropped", "duplicates", "received")
 
     def __init__(self, url: str, budget: ConnectionBudget | None = None) -> None:
-        label = relay_label(url)
+        label = series_label(url)
         self.received = RECEIVED.labels(label)
         self.duplicates = DUPLICATES.labels(label)
         self.dropped = {reason: DROPPED.labels(label, reason) for reason in DROP_REASONS}
@@ -71,8 +71,11 @@ class RelayCounters:
 
 def remove_relay_series(url: str) -> None:
     """The relay left the bridge's plan: its labelled series go with it, so /metrics holds
-    the relays in use (at most `bridge.max_relays`), not every URL ever named."""
-    label = relay_label(url)
+    the relays in use (at most `bridge.max_relays`), not every URL ever named. User relays'
+    share USER_RELAYS, which stays."""
+    label = series_label(url)
+    if label == USER_RELAYS:
+        return
     for counter in (RECEIVED, DUPLICATES):
         with contextlib.suppress(KeyError):
             counter.remove(label)

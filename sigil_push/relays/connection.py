@@ -43,7 +43,7 @@ from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip42 import auth_event
 from sigil_push.observations import ObservationLog
 from sigil_push.relays.budget import ConnectionBudget
-from sigil_push.relays.labels import relay_label
+from sigil_push.relays.labels import USER_RELAYS, relay_label, series_label
 from sigil_push.relays.nip11 import RelayLimits, fetch_limits
 from sigil_push.relays.reader_socket import ReaderSocket, open_reader
 from sigil_push.supervisor import BackgroundTasks, supervise
@@ -255,7 +255,12 @@ class RelayConnection:
         `open_timeout_seconds`: `bridge.relay_heartbeat_seconds`, `bridge.relay_open_timeout_seconds`."""
         self.url = url
         self.label = relay_label(url)
-        """The URL as metrics, logs and records show it (no key-carrying path)."""
+        """The URL as logs and records show it (no key-carrying path)."""
+        self.series = series_label(url)
+        """The `relay` label of its metrics: the URL's for a configured relay, USER_RELAYS
+        (shared, never removed) for a user's. USER_RELAYS' gauges are the pool's sums over its
+        user relays, so such a connection leaves the URL-labelled gauges alone."""
+        self._own_gauges = not per_user and self.series != USER_RELAYS
         self._skip_event = skip_event
         self.per_user = per_user
         self._handler = handler
@@ -290,16 +295,17 @@ class RelayConnection:
         self.backoff_until: int | None = None
         """Wall-clock time of the next attempt while backing off (for /health)."""
         self._side_tasks = BackgroundTasks("relay-connection")
+        if self._own_gauges:
+            CONNECTED.labels(self.series).set(0)
+            GATED.labels(self.series).set(0)
+            BACKOFF.labels(self.series).set(0)
         if not per_user:
-            CONNECTED.labels(self.label).set(0)
-            GATED.labels(self.label).set(0)
-            BACKOFF.labels(self.label).set(0)
-            INVALID_DROPS.labels(self.label)
+            INVALID_DROPS.labels(self.series)
         for outcome in ("opened", "failed"):
-            CONNECTS.labels(self.label, outcome)
-        NOTICES.labels(self.label)
+            CONNECTS.labels(self.series, outcome)
+        NOTICES.labels(self.series)
         for metric in URL_METRICS[1:]:
-            metric.labels(self.label)
+            metric.labels(self.series)
 
     @property
     def connected(self) -> bool:
@@ -318,18 +324,18 @@ class RelayConnection:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        if self.per_user:
-            return
+        if not self._own_gauges:
+            return  # USER_RELAYS' series stay: other user relays share them
         # the relay left the plan: its labelled series go with it (URLs churn)
         for metric in (CONNECTED, GATED, BACKOFF, INVALID_DROPS):
             with contextlib.suppress(KeyError):
-                metric.remove(self.label)
+                metric.remove(self.series)
         for outcome in ("opened", "failed"):
             with contextlib.suppress(KeyError):
-                CONNECTS.remove(self.label, outcome)
+                CONNECTS.remove(self.series, outcome)
         for counter in URL_METRICS[1:]:
             with contextlib.suppress(KeyError):
-                counter.remove(self.label)
+                counter.remove(self.series)
 
     def req_epoch(self, sub_id: str) -> int | None:
         """The AUTH epoch a REQ still tracked on this socket was sent in (None if unknown)."""
@@ -390,7 +396,7 @@ class RelayConnection:
                     code = await self._read(ws)
                 self._down("disconnected", f"closed code={code or ws.close_code or 1006}")
             except (OSError, TimeoutError, aiohttp.ClientError) as exc:
-                CONNECTS.labels(self.label, "failed").inc()
+                CONNECTS.labels(self.series, "failed").inc()
                 self._down("error", f"connect failed: {type(exc).__name__}")
             except ProtocolViolation as exc:
                 violated = True
@@ -406,12 +412,12 @@ class RelayConnection:
             self.state = State.BACKOFF
             delay *= random.uniform(0.5, 1.0)
             self.backoff_until = int(time.time() + delay)
-            if not self.per_user:
-                BACKOFF.labels(self.label).set(delay)
+            if self._own_gauges:
+                BACKOFF.labels(self.series).set(delay)
             await asyncio.sleep(delay)
             self.backoff_until = None
-            if not self.per_user:
-                BACKOFF.labels(self.label).set(0)
+            if self._own_gauges:
+                BACKOFF.labels(self.series).set(0)
 
     async def send_auth(self, event: Event, generation: int) -> bool:
         """Send one AUTH answer on socket `generation` (False if that socket is gone): REQs sent
@@ -425,7 +431,7 @@ class RelayConnection:
             self._auths_sent.popitem(last=False)
         if not await self.send(["AUTH", event.to_json()]):
             return False
-        AUTHS.labels(self.label).inc()
+        AUTHS.labels(self.series).inc()
         return True
 
     async def drop(self, generation: int) -> None:
@@ -447,9 +453,10 @@ class RelayConnection:
         self._malformed = 0
         self.budget.reset()
         self.state = State.CONNECTED
-        CONNECTS.labels(self.label, "opened").inc()
+        CONNECTS.labels(self.series, "opened").inc()
+        if self._own_gauges:
+            CONNECTED.labels(self.series).set(1)
         if not self.per_user:
-            CONNECTED.labels(self.label).set(1)
             self._observations.relay_state(self.label, "connected")
             log.info("relay %s connected", self.label)
         self._handler.on_open(self)
@@ -463,7 +470,8 @@ class RelayConnection:
             if was_open:
                 self._handler.on_down(self)
             return
-        CONNECTED.labels(self.label).set(0)
+        if self._own_gauges:
+            CONNECTED.labels(self.series).set(0)
         if was_open or state == "error":
             self._observations.relay_state(self.label, state, detail)
             log.info("relay %s %s: %s", self.label, state, detail)
@@ -560,12 +568,12 @@ class RelayConnection:
         """Too many invalid events on this socket: drop it (the reader backs off)."""
         self.invalid_drops += 1
         if not self.per_user:
-            INVALID_DROPS.labels(self.label).inc()
+            INVALID_DROPS.labels(self.series).inc()
         log.warning("relay %s sent too many invalid events: dropped, backing off", self.label)
         raise ProtocolViolation("protocol: too many invalid events")
 
     def _malformed_frame(self) -> None:
-        MALFORMED.labels(self.label).inc()
+        MALFORMED.labels(self.series).inc()
         self._malformed += 1
         if self._malformed > MAX_MALFORMED_PER_CONNECTION:
             raise ProtocolViolation("protocol: too many malformed frames")
@@ -580,7 +588,7 @@ class RelayConnection:
         self._handler.on_eose(self, sub_id)
 
     def _closed(self, sub_id: str, message: Any) -> None:
-        CLOSED_SUBS.labels(self.label).inc()
+        CLOSED_SUBS.labels(self.series).inc()
         reason = _prefix(message)
         log.info("relay %s closed a subscription (%s)", self.label, reason or "no reason")
         sent = self._reqs.get(sub_id)
@@ -611,7 +619,7 @@ class RelayConnection:
         return None
 
     def _notice(self, message: Any) -> None:
-        NOTICES.labels(self.label).inc()
+        NOTICES.labels(self.series).inc()
         reason = _prefix(message)
         log.debug("relay %s notice (%s)", self.label, reason or "free text")
         if reason in REFUSALS:
@@ -643,13 +651,13 @@ class RelayConnection:
         """A REQ sent in AUTH epoch `epoch` was refused for want of (the right) AUTH."""
         if epoch is not None and epoch < self.auth_epoch:
             # it answers a REQ from before our latest AUTH: that REQ has been sent again
-            STALE_REFUSALS.labels(self.label).inc()
+            STALE_REFUSALS.labels(self.series).inc()
             return
         if self.auth_epoch > 0:
             self._set_gated(reason)
             return
         # not authenticated yet: the challenge may come with or after this refusal
-        STALE_REFUSALS.labels(self.label).inc()
+        STALE_REFUSALS.labels(self.series).inc()
         ws = self._ws
         if ws is not None and self._awaiting_challenge is not ws:
             self._awaiting_challenge = ws
@@ -667,7 +675,7 @@ class RelayConnection:
         if len(challenge) > MAX_CHALLENGE_BYTES or (
             len(encoded := challenge.encode("utf-8", "surrogatepass")) > MAX_CHALLENGE_BYTES
         ):
-            AUTH_REFUSED.labels(self.label).inc()
+            AUTH_REFUSED.labels(self.series).inc()
             return
         self.challenged = True
         now = time.monotonic()
@@ -675,7 +683,7 @@ class RelayConnection:
             self._auth_answers.popleft()
         digest = hashlib.sha256(encoded).digest()
         if digest in self._challenges or len(self._auth_answers) >= AUTH_ANSWERS_PER_WINDOW:
-            AUTH_THROTTLED.labels(self.label).inc()
+            AUTH_THROTTLED.labels(self.series).inc()
             return
         if len(self._challenges) < MAX_TRACKED_REQS:
             self._challenges.add(digest)
@@ -689,11 +697,11 @@ class RelayConnection:
         if reason == self.gated_reason:
             return
         self.gated_reason = reason
-        if not self.per_user:
-            GATED.labels(self.label).set(1 if reason else 0)
-            if reason:
-                self._observations.relay_state(self.label, "auth_required", reason)
-                log.warning("relay %s refuses the bridge even after AUTH (%s)", self.label, reason)
+        if self._own_gauges:
+            GATED.labels(self.series).set(1 if reason else 0)
+        if not self.per_user and reason:
+            self._observations.relay_state(self.label, "auth_required", reason)
+            log.warning("relay %s refuses the bridge even after AUTH (%s)", self.label, reason)
         self._handler.on_gated(self)
 
     async def _answer_auth(self, signer: AuthSigner, challenge: str) -> None:

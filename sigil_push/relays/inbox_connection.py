@@ -25,7 +25,7 @@ from prometheus_client import Counter
 from sigil_push.config import BridgeConfig
 from sigil_push.observations import ObservationLog
 from sigil_push.relays.connection import AuthSigner, AuthUnavailable, RelayConnection
-from sigil_push.relays.labels import relay_label
+from sigil_push.relays.labels import relay_label, series_label
 from sigil_push.relays.subscriptions import DM_KINDS
 from sigil_push.supervisor import BackgroundTasks
 
@@ -301,7 +301,7 @@ class InboxConnection:
                 self._owner.baselines_of(self.url).add(pubkey)
                 self._owner.baselined(self.url, frozenset((pubkey,)))
             member.failed = False
-            USER_AUTHS.labels(relay_label(self.url), "authenticated").inc()
+            USER_AUTHS.labels(series_label(self.url), "authenticated").inc()
             self._set_authenticated(member, True)
         self._probe_answer(sub_id, served=True)
         self._maybe_probe()
@@ -469,7 +469,7 @@ class InboxConnection:
 
     def _fail(self, member: _Member) -> None:
         member.failed = True
-        USER_AUTHS.labels(relay_label(self.url), "failed").inc()
+        USER_AUTHS.labels(series_label(self.url), "failed").inc()
 
     def _set_authenticated(self, member: _Member, value: bool) -> None:
         if value != member.authenticated:

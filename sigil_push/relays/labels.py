@@ -5,6 +5,11 @@ by hex pubkey): such a URL names the user it serves, and a user's npub must neve
 labels or records. A path segment that could carry a key (an `npub1`/`nprofile1` bech32 string,
 or 64 hex characters) is replaced by `<key-XXXXXXXX>`, a keyed digest under a per-process secret:
 stable while the process runs (one connection, one series), linkable to nobody outside it.
+
+Metric labels go one step further (`series_label`): only configured relays are labelled by URL.
+Relays that come only from users (registration `relays`, kind 10050/10002 lists) share the one
+label USER_RELAYS, so /metrics has a bounded set of series however many URLs users ever name;
+per-URL detail stays on the admin /health and in logs and observation records (as `relay_label`).
 """
 
 from __future__ import annotations
@@ -14,12 +19,33 @@ import hashlib
 import hmac
 import os
 import re
+from collections.abc import Iterable
 from urllib.parse import urlsplit, urlunsplit
 
 _SECRET = os.urandom(32)
 _KEYISH = re.compile(
     r"(?:npub1|nprofile1)[02-9ac-hj-np-z]{6,}|[0-9a-fA-F]{64}", re.IGNORECASE
 )
+
+
+USER_RELAYS = "user"
+"""The metric label every relay that is not configured shares."""
+
+_configured: frozenset[str] = frozenset()
+"""The configured relays' URLs (from config, so bounded). Process-wide because metric series
+are: the latest pool's set wins, as for memory_gauges.track (one bridge per process)."""
+
+
+def configure_relays(urls: Iterable[str]) -> None:
+    """Configured relays keep their URL label (the pool calls this with its configured relays)."""
+    global _configured
+    _configured = frozenset(urls)
+
+
+def series_label(url: str) -> str:
+    """The `relay` label of `url`'s metric series: its (redacted) URL if configured, else
+    USER_RELAYS."""
+    return relay_label(url) if url in _configured else USER_RELAYS
 
 
 def _redact(match: re.Match[str]) -> str:

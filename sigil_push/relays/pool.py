@@ -22,7 +22,8 @@ import asyncio
 import contextlib
 import re
 import time
-from collections.abc import Coroutine, Iterable, Sequence
+import weakref
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Any, Protocol
 
 from prometheus_client import Gauge
@@ -32,8 +33,8 @@ from sigil_push.memory_gauges import track
 from sigil_push.observations import ObservationLog
 from sigil_push.relays import catchup_metrics
 from sigil_push.relays.budget import ConnectionBudget
-from sigil_push.relays.connection import AuthSigner, RelayConnection
-from sigil_push.relays.labels import relay_label
+from sigil_push.relays.connection import BACKOFF, CONNECTED, GATED, AuthSigner, RelayConnection
+from sigil_push.relays.labels import USER_RELAYS, configure_relays, series_label
 from sigil_push.relays.nip77 import NegentropyFailed, Reconciler
 from sigil_push.relays.subscriptions import RelaySubscriptions, Request
 from sigil_push.supervisor import BackgroundTasks
@@ -248,6 +249,44 @@ class RelayPool:
         track("relay_cursors", self, lambda p: len(p.cursors))
         track("relay_plan_keys", self, lambda p: len(p.plan.own_relays))
         track("negentropy_support", self, lambda p: len(p.negentropy_support))
+        configure_relays(self.plan.configured)
+        self._bind_user_series()
+
+    def _bind_user_series(self) -> None:
+        """The USER_RELAYS series of the per-relay gauges, summed over the user relays in use
+        at scrape time (each relay's own value has no label of its own to go to): how many are
+        connected, gated, the longest backoff, keys left unsubscribed, pages waiting. Read
+        through a weak reference, like memory_gauges.track."""
+        reference = weakref.ref(self)
+
+        def over_user_relays(
+            value: Callable[[RelayPool, str], float],
+            combine: Callable[[Iterable[float]], float] = sum,
+        ) -> Callable[[], float]:
+            def read() -> float:
+                pool = reference()
+                if pool is None:
+                    return 0.0
+                return combine([0.0, *(
+                    value(pool, url) for url in pool._connections
+                    if not pool.plan.is_configured(url)
+                )])
+            return read
+
+        def backoff(pool: RelayPool, url: str) -> float:
+            until = pool._connections[url].backoff_until
+            return 0.0 if until is None else max(0.0, until - time.time())
+
+        catchup_metrics.bind(USER_RELAYS)
+        CONNECTED.labels(USER_RELAYS).set_function(
+            over_user_relays(lambda p, u: float(p._connections[u].connected)))
+        GATED.labels(USER_RELAYS).set_function(
+            over_user_relays(lambda p, u: float(p._connections[u].gated_reason is not None)))
+        BACKOFF.labels(USER_RELAYS).set_function(over_user_relays(backoff, max))
+        UNSUBSCRIBED.labels(USER_RELAYS).set_function(
+            over_user_relays(lambda p, u: float(len(p.subs[u].overflow))))
+        catchup_metrics.PAGES_WAITING.labels(USER_RELAYS).set_function(
+            over_user_relays(lambda p, u: float(p.subs[u].pages_waiting)))
 
     def load(self, baselines: dict[str, set[str]], cursors: dict[str, int]) -> None:
         self._baselines = baselines
@@ -327,8 +366,9 @@ class RelayPool:
             open_timeout_seconds=self._settings.relay_open_timeout_seconds,
         )
         self._connections[url] = connection
-        UNSUBSCRIBED.labels(relay_label(url)).set(0)
-        catchup_metrics.bind(relay_label(url))
+        if self.plan.is_configured(url):
+            UNSUBSCRIBED.labels(series_label(url)).set(0)
+            catchup_metrics.bind(series_label(url))
         self._owner.relay_added(url, connection.budget)
         connection.start()
         return subs
@@ -342,9 +382,11 @@ class RelayPool:
         connection = self._connections.pop(url, None)
         # per-relay state goes with the relay (URLs churn); baselines and cursors stay, so a
         # relay that comes back catches up from where it was
-        with contextlib.suppress(KeyError):
-            UNSUBSCRIBED.remove(relay_label(url))
-        catchup_metrics.unbind(relay_label(url))
+        # (user relays share one label, USER_RELAYS, which stays)
+        if self.plan.is_configured(url):
+            with contextlib.suppress(KeyError):
+                UNSUBSCRIBED.remove(series_label(url))
+            catchup_metrics.unbind(series_label(url))
         self._owner.relay_removed(url)
         if connection is not None:
             self._spawn(connection.stop())
@@ -382,7 +424,8 @@ class RelayPool:
             for request in subs.due(*self._since(url)):
                 await _send_request(connection, request)
                 reconcile = reconcile or request.reconcile
-            UNSUBSCRIBED.labels(relay_label(url)).set(len(subs.overflow))
+            if self.plan.is_configured(url):
+                UNSUBSCRIBED.labels(series_label(url)).set(len(subs.overflow))
         if reconcile:
             self._spawn(self._reconcile(url))
 
@@ -437,14 +480,14 @@ class RelayPool:
             if failure.reason != "error":
                 self.negentropy_support[url] = False
                 self._negentropy_retry[url] = time.monotonic() + NEGENTROPY_RETRY_SECONDS
-            catchup_metrics.FALLBACKS.labels(relay_label(url), failure.reason).inc()
+            catchup_metrics.FALLBACKS.labels(series_label(url), failure.reason).inc()
             follow_ups = subs.fell_back(shard, sub_id)
         else:
             self.negentropy_support[url] = True
-            catchup_metrics.RUNS.labels(relay_label(url), "negentropy").inc()
+            catchup_metrics.RUNS.labels(series_label(url), "negentropy").inc()
             follow_ups = subs.reconciled(shard, sub_id, missing)
         finally:
-            catchup_metrics.BYTES.labels(relay_label(url), "negentropy").inc(reconciler.count.bytes - before)
+            catchup_metrics.BYTES.labels(series_label(url), "negentropy").inc(reconciler.count.bytes - before)
         if follow_ups:
             await self._send(url, follow_ups)
         elif subs.live:
@@ -458,21 +501,22 @@ class RelayPool:
                     await _send_request(connection, request)
         pages = sum(1 for request in requests if request.page)
         if pages:
-            catchup_metrics.PAGES.labels(relay_label(url)).inc(pages)
+            catchup_metrics.PAGES.labels(series_label(url)).inc(pages)
 
     def _catchup_counts(self, url: str, subs: RelaySubscriptions) -> None:
         """Hand the shard bookkeeping's catch-up counts to the metrics."""
         for method, count in subs.fetched.items():
             if count:
-                catchup_metrics.EVENTS.labels(relay_label(url), method).inc(count)
+                catchup_metrics.EVENTS.labels(series_label(url), method).inc(count)
                 subs.fetched[method] = 0
         if subs.finished["req"]:
-            catchup_metrics.RUNS.labels(relay_label(url), "req").inc(subs.finished["req"])
+            catchup_metrics.RUNS.labels(series_label(url), "req").inc(subs.finished["req"])
             subs.finished["req"] = 0
         capped = subs.take_capped()
         if capped:
-            catchup_metrics.PAGE_CAP.labels(relay_label(url)).inc(capped)
-        catchup_metrics.PAGES_WAITING.labels(relay_label(url)).set(subs.pages_waiting)
+            catchup_metrics.PAGE_CAP.labels(series_label(url)).inc(capped)
+        if self.plan.is_configured(url):
+            catchup_metrics.PAGES_WAITING.labels(series_label(url)).set(subs.pages_waiting)
 
     def connected(self, url: str) -> bool:
         """Whether the shared connection to `url` is open right now."""
@@ -573,7 +617,7 @@ class RelayPool:
             head = _SUB_ID.match(frame)
             method = subs.answering_method(head.group(1)) if head is not None else None
             if method is not None:
-                catchup_metrics.BYTES.labels(relay_label(url), method).inc(len(frame))
+                catchup_metrics.BYTES.labels(series_label(url), method).inc(len(frame))
         if not self._owner.raw_event(url, frame, received_ms):
             return False
         if url in self._maybe_gated:
