@@ -26,6 +26,7 @@ import enum
 import json
 import logging
 import random
+import re
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Coroutine
@@ -52,10 +53,6 @@ wire_log = logging.getLogger("sigil_push.relays.wire")
 wire_log.setLevel(logging.INFO)
 
 DEFAULT_MAX_INCOMING_BYTES = 4 * 1024 * 1024
-# a ping after this long without any data from the relay; no pong (or data) within half of it
-# drops the socket: a dead connection is noticed within 45 s, an idle one is kept alive
-HEARTBEAT_SECONDS = 30.0
-OPEN_TIMEOUT_SECONDS = 10.0
 STABLE_AFTER_SECONDS = 30.0
 MAX_MALFORMED_PER_CONNECTION = 1000
 # a relay may ask for AUTH at any time, but an AUTH storm gets at most this many answers per
@@ -70,6 +67,11 @@ MAX_TRACKED_REQS = 4096
 # AUTH events remembered per socket to match the relay's OK answers
 MAX_TRACKED_AUTHS = 256
 REFUSALS = ("auth-required", "restricted")
+REFUSALS_AFTER_AUTH = ("error",)
+"""Prefixes that refuse a REQ only once we are authenticated: rust-nostr's recipient-only inbox
+answers a REQ for another key's gift wraps with `CLOSED "error: you cannot request another
+user's gift wrap"` after our AUTH (before it, `auth-required:`). Before any AUTH, an `error:`
+is a plain closed subscription, not a gate."""
 
 CONNECTED = Gauge(
     "sigil_push_relay_connected_bool", "1 while the relay websocket is open", ["relay"]
@@ -211,6 +213,8 @@ class RelayConnection:
         per_user: bool = False,
         max_frame_bytes: int = DEFAULT_MAX_INCOMING_BYTES,
         skip_event: Callable[[str, int], bool] | None = None,
+        heartbeat_seconds: float = 30.0,
+        open_timeout_seconds: float = 10.0,
     ) -> None:
         """`per_user`: a connection that authenticates as users (delegated AUTH) beside the
         shared connection to the same URL. The URL-labelled gauges and the `relay` records of
@@ -220,7 +224,8 @@ class RelayConnection:
         AuthResponder, which answers each challenge itself (relays/inbox_connection.py).
         `skip_event`: sees each text frame (and when it arrived) before it is parsed; True
         means the handler took it as an EVENT without needing it parsed (a firehose's
-        unaddressed DM, a copy of an event it has just verified)."""
+        unaddressed DM, a copy of an event it has just verified). `heartbeat_seconds`,
+        `open_timeout_seconds`: `bridge.relay_heartbeat_seconds`, `bridge.relay_open_timeout_seconds`."""
         self.url = url
         self._skip_event = skip_event
         self.per_user = per_user
@@ -232,6 +237,8 @@ class RelayConnection:
         self._observations = observations
         self._reconnect_min = reconnect_min_seconds
         self._reconnect_max = reconnect_max_seconds
+        self._heartbeat = heartbeat_seconds
+        self._open_timeout = open_timeout_seconds
         self.state = State.IDLE
         self.last_event_at: int | None = None
         self.limits: RelayLimits | None = None
@@ -335,8 +342,8 @@ class RelayConnection:
                 max_size = self._max_frame_bytes
                 async with open_reader(
                     self.url, purpose="user" if self.per_user else "relay",
-                    open_timeout=OPEN_TIMEOUT_SECONDS,
-                    heartbeat=HEARTBEAT_SECONDS,
+                    open_timeout=self._open_timeout,
+                    heartbeat=self._heartbeat,
                     max_size=max_size,
                     user_agent="sigil-push",
                 ) as ws:
@@ -509,12 +516,31 @@ class RelayConnection:
         reason = _prefix(message)
         log.info("relay %s closed a subscription (%s)", self.url, reason or "no reason")
         sent = self._reqs.get(sub_id)
-        if reason in REFUSALS:
+        if reason in REFUSALS or (
+            reason in REFUSALS_AFTER_AUTH and self._after_latest_auth(sent)
+        ):
             if sent is not None:
                 sent.refusal = reason
             self._refusal(reason, sent.epoch if sent is not None else None)
         self._handler.on_closed(self, sub_id)
         self._reqs.pop(sub_id, None)
+
+    def _after_latest_auth(self, sent: SentReq | None) -> bool:
+        return sent is not None and self.auth_epoch > 0 and sent.epoch == self.auth_epoch
+
+    def _named_req(self, message: Any) -> str | None:
+        """The unanswered REQ sent after our latest AUTH that a NOTICE names, if any (some
+        relays refuse a REQ with a NOTICE quoting its subscription id)."""
+        if self.auth_epoch == 0 or not isinstance(message, str):
+            return None
+        for sub_id, sent in self._reqs.items():
+            if (
+                not sent.answered
+                and sent.epoch == self.auth_epoch
+                and re.search(rf"(?<![\w.]){re.escape(sub_id)}(?![\w.])", message)
+            ):
+                return sub_id
+        return None
 
     def _notice(self, message: Any) -> None:
         NOTICES.labels(self.url).inc()
@@ -534,6 +560,16 @@ class RelayConnection:
                 # a per-user handler judges each user's REQ by its own answer
                 self._handler.on_closed(self, sub_id)
                 self._reqs.pop(sub_id, None)
+            return
+        named = self._named_req(message)
+        if named is not None:
+            # a NOTICE naming a REQ sent after our AUTH refuses it, whatever its prefix
+            sent = self._reqs[named]
+            sent.answered = True
+            sent.refusal = reason or "notice"
+            self._refusal(sent.refusal, sent.epoch)
+            self._handler.on_closed(self, named)
+            self._reqs.pop(named, None)
 
     def _refusal(self, reason: str, epoch: int | None) -> None:
         """A REQ sent in AUTH epoch `epoch` was refused for want of (the right) AUTH."""
