@@ -34,12 +34,21 @@ from sigil_push.ratelimit import RateLimiter, client_address, trusted_networks
 from sigil_push.service import Service, State
 from sigil_push.store.errors import STORE_UNAVAILABLE, TooManyAccounts, TooManyDevices
 from sigil_push.store.records import Device
-from sigil_push.validation import parse_json_object, parse_npub, parse_register
+from sigil_push.validation import (
+    parse_json_object,
+    parse_npub,
+    parse_pair_token,
+    parse_preferences,
+    parse_presence_seconds,
+    parse_register,
+)
 from sigil_push.worker_metrics import WorkerLabelled
 
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 8 * 1024
+MAX_MUTE_BODY_BYTES = 80 * 1024
+"""/register and /preferences only: a private mute list of 1,000 npubs is about 66 KiB."""
 ENDPOINT_CHECK_TIMEOUT_SECONDS = 3.0
 UNLIMITED_ROUTES = ("/health", "/metrics")
 
@@ -70,25 +79,25 @@ class Api:
         if wait:
             raise RateLimited(wait)
 
-    async def _read_body(self, request: Request) -> bytes:
-        """Read at most MAX_BODY_BYTES; larger bodies are refused without being buffered."""
+    async def _read_body(self, request: Request, most: int = MAX_BODY_BYTES) -> bytes:
+        """Read at most `most` bytes; larger bodies are refused without being buffered."""
         declared = request.headers.get("content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > MAX_BODY_BYTES):
-            raise ApiError(413, "body_too_large", f"body must be at most {MAX_BODY_BYTES} bytes")
+        if declared is not None and (not declared.isdigit() or int(declared) > most):
+            raise ApiError(413, "body_too_large", f"body must be at most {most} bytes")
         chunks: list[bytes] = []
         size = 0
         async for chunk in request.stream():
             size += len(chunk)
-            if size > MAX_BODY_BYTES:
-                raise ApiError(413, "body_too_large", f"body must be at most {MAX_BODY_BYTES} bytes")
+            if size > most:
+                raise ApiError(413, "body_too_large", f"body must be at most {most} bytes")
             chunks.append(chunk)
         return b"".join(chunks)
 
-    async def _json_body(self, request: Request) -> bytes:
+    async def _json_body(self, request: Request, most: int = MAX_BODY_BYTES) -> bytes:
         media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if media_type != "application/json":
             raise ApiError(415, "unsupported_media_type", "Content-Type must be application/json")
-        return await self._read_body(request)
+        return await self._read_body(request, most)
 
     async def _authenticate(self, request: Request, body: bytes) -> str:
         """Verify NIP-98 for this exact request and spend the auth event; returns its pubkey."""
@@ -119,7 +128,7 @@ class Api:
     async def register(self, request: Request) -> Response:
         self._require_serving()
         self._limit_ip(request)
-        raw = await self._json_body(request)
+        raw = await self._json_body(request, MAX_MUTE_BODY_BYTES)
         auth_pubkey = await self._authenticate(request, raw)
         body = parse_json_object(raw)
         pubkey = parse_npub(body.get("npub"))
@@ -138,6 +147,10 @@ class Api:
         if wanted.auth_signer is not None:
             await self.service.components.delegated_auth.set_signer(pubkey, wanted.auth_signer)
         device = registration.device
+        if not wanted.preferences.empty:
+            device = await self.service.components.devices.set_preferences(
+                pubkey, device.token, wanted.preferences
+            ) or device
         log.info(
             "%s %s device …%s", "registered" if registration.created else "updated",
             device.platform, device.token_suffix,
@@ -150,9 +163,48 @@ class Api:
                 "relays": list(device.relays),
                 "token_suffix": device.token_suffix,
                 "registered_at": device.registered_at,
+                **_preferences(device, int(time.time())),
             },
             status_code=201 if registration.created else 200,
         )
+
+    async def preferences(self, request: Request) -> Response:
+        """POST /preferences: pause, follows-only and the private mute list of one pair."""
+        self._require_serving()
+        self._limit_ip(request)
+        raw = await self._json_body(request, MAX_MUTE_BODY_BYTES)
+        pubkey = await self._authenticate(request, raw)
+        body = parse_json_object(raw)
+        token = parse_pair_token(body.get("device_token"))
+        now = int(time.time())
+        change = parse_preferences(body, now)
+        devices = self.service.components.devices
+        device = None
+        for stored in _stored_forms(token):
+            device = await devices.set_preferences(pubkey, stored, change)
+            if device is not None:
+                break
+        if device is None:
+            raise ApiError(404, "not_registered", "you have no registration with this device token")
+        return JSONResponse(_preferences(device, now))
+
+    async def presence(self, request: Request) -> Response:
+        """POST /presence: the app is in the foreground (no wakeups) for `seconds`; 0 ends it."""
+        self._require_serving()
+        self._limit_ip(request)
+        raw = await self._json_body(request)
+        pubkey = await self._authenticate(request, raw)
+        body = parse_json_object(raw)
+        token = parse_pair_token(body.get("device_token"))
+        seconds = parse_presence_seconds(body.get("seconds"))
+        until = int(time.time()) + seconds if seconds else None
+        devices = self.service.components.devices
+        for stored in _stored_forms(token):
+            if await devices.set_presence(pubkey, stored, until):
+                break
+        else:
+            raise ApiError(404, "not_registered", "you have no registration with this device token")
+        return JSONResponse({"present_until": until})
 
     async def unregister(self, request: Request) -> Response:
         self._require_serving()
@@ -173,6 +225,7 @@ class Api:
         pubkey = await self._authenticate(request, await self._read_body(request))
         devices = await self.service.components.devices.of_pubkey(pubkey)
         delegated = self.service.components.delegated_auth
+        now = int(time.time())
         signer_status = delegated.status(pubkey)
         return JSONResponse(
             {
@@ -186,6 +239,8 @@ class Api:
                         "delegated_auth": signer_status == "active",
                         "auth_signer_status": signer_status,
                         "auth_signer_detail": delegated.detail(pubkey),
+                        **_preferences(device, now),
+                        "follows_known": bool(device.rules and device.rules.follows_known),
                         **_encryption(device),
                     }
                     for device in devices
@@ -256,6 +311,23 @@ class Api:
         return {"vapid_public_key": loaded_public_key(key_file) if serving else None}
 
 
+def _stored_forms(token: str) -> tuple[str, ...]:
+    """The token as given, then lowercased when it could be an APNs token (stored lowercase),
+    as `unregister` looks a pair up."""
+    if len(token) >= 64 and token != token.lower() and all(c in "0123456789abcdefABCDEF" for c in token):
+        return (token, token.lower())
+    return (token,)
+
+
+def _preferences(device: Device, now: int) -> dict[str, Any]:
+    """A pair's preferences as the API shows them (a pause already over shows as null)."""
+    rules = device.rules
+    if rules is None:
+        return {"pause_until": None, "senders": "anyone", "muted_count": 0}
+    pause = rules.pause_until if rules.pause_until is not None and rules.pause_until > now else None
+    return {"pause_until": pause, "senders": rules.senders, "muted_count": rules.muted_count}
+
+
 def _encryption(device: Device) -> dict[str, bool]:
     """UnifiedPush only: whether wakeups are RFC 8291-encrypted (the registration gave WebPush
     keys), so an app can see that it still registers the way older distributors allowed."""
@@ -319,6 +391,8 @@ def create_app(service: Service) -> Starlette:
         Route("/register", api.register, methods=["POST"]),
         Route("/unregister", api.unregister, methods=["DELETE"]),
         Route("/registrations", api.registrations, methods=["GET"]),
+        Route("/preferences", api.preferences, methods=["POST"]),
+        Route("/presence", api.presence, methods=["POST"]),
         Route("/health", api.health, methods=["GET"]),
         Route("/metrics", api.metrics, methods=["GET"]),
         Route("/info", api.info, methods=["GET"]),

@@ -22,8 +22,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from sigil_push.nostr.event import Event
+    from sigil_push.store.preferences import UserList
     from sigil_push.store.records import (
         Device,
+        PreferenceChange,
         Registration,
         RegistrationListener,
         Wakeup,
@@ -94,6 +96,12 @@ class DeviceStore(Protocol):
 
     async def unregister(self, pubkey: str, token: str) -> int: ...
 
+    async def set_preferences(
+        self, pubkey: str, token: str, change: PreferenceChange
+    ) -> Device | None: ...
+
+    async def set_presence(self, pubkey: str, token: str, until: int | None) -> bool: ...
+
     async def forget(self, device_id: int) -> Device | None: ...
 
     async def of_pubkey(self, pubkey: str) -> list[Device]: ...
@@ -148,6 +156,19 @@ class OutboxStore(Protocol):
     async def oldest_first_seen_ms(self) -> int | None: ...
 
     async def depth(self) -> int: ...
+
+
+class UserListStore(Protocol):
+    """The users' own kind 10000/3 lists, the kind 4 author checks and presence lapses
+    (issue 20), on the bridge committer's connection."""
+
+    async def save(self, lists: Sequence[UserList]) -> list[UserList]: ...
+
+    async def blocked(self, author: str, devices: Sequence[Device]) -> dict[int, str]: ...
+
+    async def mark_lapses(self, marks: Sequence[tuple[str, str, int]], now: int) -> None: ...
+
+    async def claim_lapses(self, now: int, now_ms: int) -> int: ...
 
 
 class AuthIdStore(Protocol):

@@ -1,0 +1,145 @@
+"""What the bridge reads and writes of the users' choices (issue 20): each npub's newest kind
+10000 mute list and kind 3 contact list, the kind 4 author checks against them and against a
+pair's private mute list, and the presence lapse wakeups.
+
+The SQL is the same on both engines (portable `?` SQL on the `Database` handle, as `seen.py`),
+and all of it runs on the bridge committer's own connection. Lists are stored, not held in
+memory: a list is one row whose keys are packed 32 bytes each, sorted (`pack_keys`), replaced
+whole by one UPSERT that only a newer list wins, and read only for a kind 4 to a pair whose
+rules need it (`Rules.checks_author`).
+
+Exactly one lapse wakeup: the committer marks a pair whose presence held a DM back inside the
+transaction that decided so (`mark_lapses`), and `claim_lapses` clears the marks of lapsed
+presences and writes their outbox rows in one transaction. A mark is cleared only by that
+claim (or by the app ending its presence), and on PostgreSQL the UPDATE's row locks let only
+one worker's claim see a mark, so each lapse is enqueued once, whatever crashes or workers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from sigil_push.store.interface import Database
+from sigil_push.store.records import CONTACTS_KIND, MUTE_LIST_KIND, Device, has_key
+
+MUTED = "muted"
+NOT_FOLLOWED = "not_followed"
+
+
+class UserList(NamedTuple):
+    """A verified kind 10000 or 3, reduced to what is stored."""
+
+    pubkey: str
+    kind: int
+    created_at: int
+    event_id: str
+    entries: bytes
+    """`pack_keys` of its `p` tags (at most MAX_LIST_ENTRIES of them)."""
+    entry_count: int
+    truncated: int
+    """How many further `p` tags were dropped past the cap."""
+
+
+class UserLists:
+    """`UserListStore` on the committer's connection (either engine)."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def save(self, lists: Sequence[UserList]) -> list[UserList]:
+        """Store each list unless the stored one of its (npub, kind) is newer (NIP-01: newest
+        `created_at`, then lowest id); returns those that replaced the stored one."""
+        taken: list[UserList] = []
+        for item in sorted(lists):  # key order: workers overlapping on keys lock alike
+            rows = await self._db.execute_fetchall(
+                "INSERT INTO user_lists (pubkey, kind, created_at, event_id, entries, entry_count,"
+                " truncated) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (pubkey, kind) DO UPDATE SET"
+                " created_at = excluded.created_at, event_id = excluded.event_id,"
+                " entries = excluded.entries, entry_count = excluded.entry_count,"
+                " truncated = excluded.truncated"
+                " WHERE excluded.created_at > user_lists.created_at"
+                " OR (excluded.created_at = user_lists.created_at"
+                " AND excluded.event_id < user_lists.event_id)"
+                " RETURNING kind",
+                tuple(item),
+            )
+            if rows:
+                taken.append(item)
+        return taken
+
+    async def blocked(self, author: str, devices: Sequence[Device]) -> dict[int, str]:
+        """Which of one recipient's `devices` a kind 4 by `author` must not wake, and why
+        (`muted` before `not_followed`). Only devices whose rules check authors are asked;
+        their npub's lists are read once, only the kinds some of them need."""
+        asking = [d for d in devices if d.rules is not None and d.rules.checks_author]
+        if not asking:
+            return {}
+        key = bytes.fromhex(author)
+        reasons: dict[int, str] = {}
+        private = [d.id for d in asking if d.rules is not None and d.rules.muted_count]
+        if private:
+            marks = ",".join("?" * len(private))
+            for device_id, muted in await self._db.execute_fetchall(
+                f"SELECT id, muted FROM devices WHERE id IN ({marks}) AND muted IS NOT NULL",
+                private,
+            ):
+                if has_key(bytes(muted), key):
+                    reasons[int(device_id)] = MUTED
+        kinds = set()
+        for device in asking:
+            rules = device.rules
+            assert rules is not None
+            if rules.mute_list:
+                kinds.add(MUTE_LIST_KIND)
+            if rules.senders == "follows" and rules.follows_known:
+                kinds.add(CONTACTS_KIND)
+        if not kinds:
+            return reasons
+        marks = ",".join("?" * len(kinds))
+        listed = {
+            int(kind): has_key(bytes(entries), key)
+            for kind, entries in await self._db.execute_fetchall(
+                f"SELECT kind, entries FROM user_lists WHERE pubkey = ? AND kind IN ({marks})",
+                (asking[0].pubkey, *sorted(kinds)),
+            )
+        }
+        for device in asking:
+            rules = device.rules
+            assert rules is not None
+            if device.id in reasons:
+                continue
+            if rules.mute_list and listed.get(MUTE_LIST_KIND):
+                reasons[device.id] = MUTED
+            elif (rules.senders == "follows" and CONTACTS_KIND in listed
+                  and not listed[CONTACTS_KIND]):
+                reasons[device.id] = NOT_FOLLOWED
+        return reasons
+
+    async def mark_lapses(self, marks: Sequence[tuple[str, str, int]], now: int) -> None:
+        """In the committer's transaction: (event id, relay, device id) of DMs a presence held
+        back. A mark holds only while the presence does (not ended meanwhile)."""
+        await self._db.executemany(
+            "UPDATE devices SET lapse_event_id = ?, lapse_relay = ?"
+            " WHERE id = ? AND present_until > ?",
+            [(*mark, now) for mark in sorted(marks, key=lambda m: m[2])],
+        )
+
+    async def claim_lapses(self, now: int, now_ms: int) -> int:
+        """In a transaction of the caller's: the presences that lapsed by `now` after holding
+        a DM back, cleared, each with one outbox row (the last DM it held, due at once);
+        returns how many."""
+        rows = await self._db.execute_fetchall(
+            "UPDATE devices SET present_until = NULL, lapse_event_id = NULL, lapse_relay = NULL"
+            " WHERE present_until <= ? AND lapse_event_id IS NOT NULL"
+            " RETURNING id, lapse_event_id, lapse_relay",
+            (now,),
+        )
+        wakeups = sorted((int(d), str(e), str(r), now_ms, now_ms) for d, e, r in rows)
+        if wakeups:
+            await self._db.executemany(
+                "INSERT INTO outbox (device_id, event_id, relay, first_seen_ms, next_attempt_ms)"
+                " VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                wakeups,
+            )
+        return len(wakeups)
