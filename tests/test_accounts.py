@@ -364,7 +364,9 @@ async def test_migrating_a_0004_database_keeps_every_row_and_id(tmp_path: Path) 
         await outbox.hold([6], 6)  # `due` reserved it: given back as it was, attempt undone
     finally:
         await db.close()
-    assert _rows(path, "devices")[:2] == devices_before
+    # later migrations (0009) add columns after the old ones
+    width = len(devices_before[0])
+    assert [row[:width] for row in _rows(path, "devices")[:2]] == devices_before
     assert _rows(path, "outbox") == outbox_before
     with sqlite3.connect(path) as connection:
         connection.execute("PRAGMA foreign_keys = ON")

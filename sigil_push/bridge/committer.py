@@ -19,9 +19,13 @@ from operator import attrgetter, itemgetter
 from sigil_push.bridge.metrics import (
     BASELINED,
     COMMIT_FAILURES,
+    LAPSE_WAKEUPS,
     LATENCY,
     POISON,
     PUSHED,
+    SUPPRESS_REASONS,
+    SUPPRESSED_BY,
+    USER_LISTS_BY,
     RelayCounters,
 )
 from sigil_push.bridge.pending import Arrival, DbOp, Pending
@@ -30,7 +34,14 @@ from sigil_push.relays.discovery import RelayLists
 from sigil_push.relays.inbox import connected_inboxes
 from sigil_push.relays.pool import RelayPool
 from sigil_push.store.errors import TRANSIENT_ERRORS
-from sigil_push.store.interface import Database, DeviceStore, OutboxStore, SeenStore
+from sigil_push.store.interface import (
+    Database,
+    DeviceStore,
+    OutboxStore,
+    SeenStore,
+    UserListStore,
+)
+from sigil_push.store.preferences import UserList
 from sigil_push.store.records import Device
 
 log = logging.getLogger(__name__)
@@ -44,6 +55,12 @@ one event that land in several batches are appended to its `seen_events` row in 
 FURTHER_HOLD_EVENTS = 10_000
 
 CommitListener = Callable[[Sequence[tuple[str, int]]], None]
+DIRECT_MESSAGE = 4
+"""The one kind whose author is visible: mute lists and follows-only apply to it alone."""
+PAUSED, PRESENT = "paused", "present"
+_STRENGTH = {reason: rank for rank, reason in enumerate(SUPPRESS_REASONS)}
+LapseMark = tuple[str, str, int]
+"""(event id, relay, device id): a DM the device's presence held back."""
 
 
 def in_lock_order(
@@ -70,6 +87,14 @@ def in_lock_order(
         sorted(new_events, key=itemgetter(0)),
         sorted(further, key=itemgetter(0)),
     )
+
+
+def _any_rules(devices: list[Device]) -> bool:
+    """Whether any device carries rules (a plain loop: no generator per event)."""
+    for device in devices:
+        if device.rules is not None:
+            return True
+    return False
 
 
 class DatabaseUnavailable(Exception):
@@ -104,13 +129,15 @@ class Committer:
         self._outbox = outbox
         self._observations = observations
         self._pool = pool
-        self._counters = counters
+        self.counters = counters
         self._registration_relays = registration_relays
         self._insecure = insecure
         self._db: Database | None = None
         self._writer: OutboxStore | None = None
         self._seen: SeenStore
         self._lists: RelayLists
+        self._user_lists: UserListStore
+        self._lists_waiting: dict[tuple[str, int], UserList] = {}
         self._listeners: list[CommitListener] = []
         self._device_cache: dict[str, list[Device]] = {}
         self._device_generation = 0
@@ -120,10 +147,26 @@ class Committer:
         self._held_since = 0.0
 
     def attach(
-        self, db: Database, writer: OutboxStore, seen: SeenStore, lists: RelayLists
+        self,
+        db: Database,
+        writer: OutboxStore,
+        seen: SeenStore,
+        lists: RelayLists,
+        user_lists: UserListStore,
     ) -> None:
-        """The committer's own connection and outbox on it, the dedupe and the relay lists."""
+        """The committer's own connection and outbox on it, the dedupe, the relay lists and
+        the users' own lists (with the presence lapses), on that connection too."""
         self._db, self._writer, self._seen, self._lists = db, writer, seen, lists
+        self._user_lists = user_lists
+
+    def offer_list(self, item: UserList) -> None:
+        """Ingest verified a kind 10000 or 3 of a watched key: store it soon (the newest of
+        each (key, kind) waiting here wins; the store keeps it only if newer than its own)."""
+        slot = (item.pubkey, item.kind)
+        waiting = self._lists_waiting.get(slot)
+        if waiting is None or (item.created_at, waiting.event_id) > (waiting.created_at, item.event_id):
+            self._lists_waiting[slot] = item
+        self._pending.work.set()
 
     def add_listener(self, listener: CommitListener) -> None:
         """Be told (event id, frame received ms) of every event whose wakeups reached the outbox."""
@@ -154,11 +197,50 @@ class Committer:
             work.clear()
             while self._pending:
                 await self._commit_pending()
+            if self._lists_waiting:
+                await self._save_user_lists()
             if self._held and (self._stopping or self._hold_expired()):
                 # no batch came to carry the held deliveries: a commit of their own
                 await self._commit_pending()
             if self._stopping:
                 return
+
+    async def _save_user_lists(self) -> None:
+        """Store the users' lists taken since the last time; the keys whose list replaced the
+        stored one have their devices (and the flags read with them) read again."""
+        waiting, self._lists_waiting = self._lists_waiting, {}
+        try:
+            async with self._turn:
+                taken = await self._user_lists.save(list(waiting.values()))
+        except TRANSIENT_ERRORS as exc:
+            log.warning("storing %d user lists failed (%s); kept for the next turn",
+                        len(waiting), type(exc).__name__)
+            self._lists_waiting = waiting | self._lists_waiting
+            return
+        USER_LISTS_BY["stored"].inc(len(taken))
+        USER_LISTS_BY["stale"].inc(len(waiting) - len(taken))
+        for item in taken:
+            self.devices_changed(item.pubkey)
+
+    async def claim_lapses(self) -> int:
+        """Presences that lapsed by time after holding a DM back: one wakeup each, claimed and
+        written in one transaction (see `UserLists.claim_lapses`)."""
+        db = self._db
+        assert db is not None
+        now_ms = int(time.time() * 1000)
+        async with self._turn:
+            await db.execute("BEGIN IMMEDIATE")
+            try:
+                claimed = await self._user_lists.claim_lapses(now_ms // 1000, now_ms)
+                await db.execute("COMMIT")
+            except BaseException:
+                with contextlib.suppress(*TRANSIENT_ERRORS):
+                    await db.execute("ROLLBACK")
+                raise
+        if claimed:
+            LAPSE_WAKEUPS.inc(claimed)
+            self._outbox.ready.set()
+        return claimed
 
     def _hold_expired(self) -> bool:
         return (
@@ -199,7 +281,7 @@ class Committer:
             except Exception:  # noqa: BLE001, S112 - counted below once it failed twice
                 continue
         POISON.inc()
-        self._counters[arrival.relay].dropped["poison"].inc()
+        self.counters[arrival.relay].dropped["poison"].inc()
         log.error("skipped an event that failed to commit %d times", POISON_ATTEMPTS)
 
     async def _commit_retrying(self, batch: list[Arrival], ops: list[DbOp]) -> None:
@@ -225,12 +307,14 @@ class Committer:
         duplicate. A crash loses a held delivery's row and its record alike, so a relay's
         replay after the restart is recorded once, as it would have been."""
         new_events, further, further_seen, to_push, decided, delivered = await self._decide(batch)
-        writes = await self._targets(to_push)
+        writes, suppressed, marks = await self._targets(to_push)
         flush = bool(self._held) and (self._stopping or self._hold_expired())
         held_rows = [
             (event_id, relay) for event_id, relays in self._held.items() for relay in relays
         ] if flush else []
-        await self._write(writes, new_events, held_rows, ops)
+        await self._write(writes, new_events, held_rows, ops, marks)
+        if suppressed:
+            self._suppressed(suppressed)
         self._seen.remember(decided)
         if flush:
             delivered.extend(self._held_records)
@@ -297,7 +381,7 @@ class Committer:
             event_id, created_at = event.id, event.created_at
             is_new, first_here = first_delivery(event_id, relay, decided)
             if not first_here:
-                self._counters[relay].duplicates.inc()
+                self.counters[relay].duplicates.inc()
                 continue
             record = (relay, event_id, event.kind, created_at, arrival.received_ms)
             if is_new:
@@ -328,12 +412,26 @@ class Committer:
         )
         self._observations.expect(arrival.received_ms, arrival.event.id, relays)
 
-    async def _targets(self, arrivals: list[Arrival]) -> list[tuple[Arrival, list[Device]]]:
-        """The devices each event wakes: its recipients' devices registered before it arrived."""
+    def _suppressed(self, suppressed: list[tuple[str, str]]) -> None:
+        """Count and log the DMs that woke nobody by their recipients' choice (once written)."""
+        ts_ms = int(time.time() * 1000)
+        for event_id, reason in suppressed:
+            SUPPRESSED_BY[reason].inc()
+            self._observations.suppressed(ts_ms, event_id, reason)
+
+    async def _targets(self, arrivals: list[Arrival]) -> tuple[
+        list[tuple[Arrival, list[Device]]], list[tuple[str, str]], list[LapseMark]
+    ]:
+        """The devices each event wakes: its recipients' devices registered before it arrived,
+        less those their owners' choices keep asleep (`_choose`); with the events that woke
+        nobody for that reason, and the presences that held one back."""
         if not arrivals:
-            return []
+            return [], [], []
         by_key = await self._devices_of(dict.fromkeys(r for a in arrivals for r in a.push_to))
         writes = []
+        suppressed: list[tuple[str, str]] = []
+        marks: list[LapseMark] = []
+        now = int(time.time())
         for arrival in arrivals:
             late = arrival.since_registration
             targets = [
@@ -343,13 +441,53 @@ class Committer:
                 if device.registered_at * 1000 <= arrival.received_ms
                 and (recipient not in late or device.registered_at <= arrival.event.created_at)
             ]
+            if _any_rules(targets):  # someone chose something: the rare path
+                targets, reason = await self._choose(arrival, targets, now, marks)
+                if not targets and reason is not None:
+                    suppressed.append((arrival.event.id, reason))
+                    continue
             if targets:
                 writes.append((arrival, targets))
             elif late:
                 BASELINED.inc()
             else:
-                self._counters[arrival.relay].dropped["no_device"].inc()
-        return writes
+                self.counters[arrival.relay].dropped["no_device"].inc()
+        return writes, suppressed, marks
+
+    async def _choose(
+        self, arrival: Arrival, targets: list[Device], now: int, marks: list[LapseMark]
+    ) -> tuple[list[Device], str | None]:
+        """Of `targets`, the devices whose owners' choices let this DM wake them, and the
+        strongest reason that kept any other asleep (SUPPRESS_REASONS order). Pause and
+        presence apply to every DM; mute lists and follows-only to kind 4 alone (a gift wrap
+        hides its author). A presence that held a DM back is marked for its lapse wakeup."""
+        event = arrival.event
+        kept: list[Device] = []
+        asking: dict[str, list[Device]] = {}
+        reasons: list[str] = []
+        for device in targets:
+            rules = device.rules
+            if rules is None:
+                kept.append(device)
+            elif rules.pause_until is not None and rules.pause_until > now:
+                reasons.append(PAUSED)
+            elif rules.present_until is not None and rules.present_until > now:
+                reasons.append(PRESENT)
+                marks.append((event.id, arrival.relay, device.id))
+            elif event.kind == DIRECT_MESSAGE and rules.checks_author:
+                asking.setdefault(device.pubkey, []).append(device)
+            else:
+                kept.append(device)
+        for devices in asking.values():
+            blocked = await self._user_lists.blocked(event.pubkey, devices)
+            for device in devices:
+                reason = blocked.get(device.id)
+                if reason is None:
+                    kept.append(device)
+                else:
+                    reasons.append(reason)
+        strongest = min(reasons, key=_STRENGTH.__getitem__) if reasons else None
+        return kept, strongest
 
     async def _devices_of(self, recipients: Iterable[str]) -> dict[str, list[Device]]:
         """Devices by recipient, from a cache that registration changes invalidate."""
@@ -374,9 +512,10 @@ class Committer:
         new_events: list[tuple[str, tuple[str, ...], int, int]],
         further: list[tuple[str, str]],
         ops: list[DbOp],
+        marks: list[LapseMark],
     ) -> None:
-        """One transaction: the batch's wakeups, its seen ids, and the queued bookkeeping,
-        each in lock order (`in_lock_order`)."""
+        """One transaction: the batch's wakeups, its seen ids, the queued bookkeeping and the
+        presences that held a DM back, each in lock order (`in_lock_order`)."""
         db, writer = self._db, self._writer
         writes, new_events, further = in_lock_order(writes, new_events, further)
         assert db is not None and writer is not None
@@ -389,6 +528,8 @@ class Committer:
                 await self._seen.save(new_events, further)
                 for sql, rows in ops:
                     await db.executemany(sql, rows)
+                if marks:
+                    await self._user_lists.mark_lapses(marks, int(time.time()))
                 await db.execute("COMMIT")
             except BaseException:
                 with contextlib.suppress(*TRANSIENT_ERRORS):

@@ -32,8 +32,10 @@ from sigil_push.relays.connection import BridgeKeySigner
 from sigil_push.relays.discovery import RelayLists, normalize_relay_url
 from sigil_push.relays.pool import RelayPool
 from sigil_push.relays.user_inbox import UserInboxes
+from sigil_push.store.errors import TRANSIENT_ERRORS
 from sigil_push.store.factory import connect_bridge
 from sigil_push.store.interface import BridgeConnection, DeviceStore, OutboxStore, SeenStore
+from sigil_push.store.preferences import UserLists
 from sigil_push.store.seen import SeenEvents
 from sigil_push.supervisor import Supervisor
 
@@ -45,6 +47,7 @@ log = logging.getLogger(__name__)
 
 HOUSEKEEPING_SECONDS = 60.0
 PRUNE_EVERY_SECONDS = 3600.0
+LAPSE_POLL_SECONDS = 1.0
 
 
 class Bridge:
@@ -95,13 +98,15 @@ class Bridge:
         self._registry = KeyRegistry(
             self._insecure, self._pool, devices, self._relays, self._inboxes
         )
-        self._ingest = Ingest(
-            self._bridge, self._pool, pending, self._registry.keys, self._registry.lists_changed
-        )
         self._committer = Committer(
-            pending, devices, outbox, observations, self._pool, self._ingest.counters,
+            pending, devices, outbox, observations, self._pool, {},
             self._registry.registration_relays, self._insecure, turn,
         )
+        self._ingest = Ingest(
+            self._bridge, self._pool, pending, self._registry.keys, self._registry.lists_changed,
+            self._committer.offer_list,
+        )
+        self._committer.counters = self._ingest.counters
         self._tasks: list[asyncio.Task[None]] = []
         # the pool's and the per-user connections' callbacks (PoolOwner, InboxOwner) and the
         # service's hooks: the parts' own bound methods, so no frame passes through here
@@ -132,6 +137,7 @@ class Bridge:
             ("bridge-commit", self._committer.run),
             ("bridge-registrations", self._registry.run),
             ("bridge-housekeeping", self._housekeeping_loop),
+            ("bridge-presence-lapses", self._lapse_loop),
         ):
             self._tasks.append(self.supervisor.spawn(name, loop, core=True))
         await self._registry.subscribe_loaded()
@@ -150,7 +156,7 @@ class Bridge:
         self._seen = SeenEvents(db, retention, self._bridge.seen_cache_size)
         self._registry.attach(db, lists)
         self._ingest.attach(self._seen, lists)
-        self._committer.attach(db, link.outbox, self._seen, lists)
+        self._committer.attach(db, link.outbox, self._seen, lists, UserLists(db))
         await self._seen.load()
         await lists.load()
         async with self._registry.changing:  # a reshard meanwhile waits for the whole load
@@ -202,6 +208,16 @@ class Bridge:
                 last_prune = time.monotonic()
                 removed = await self._seen.prune()
                 log.info("forgot %d event ids past retention", removed)
+
+    async def _lapse_loop(self) -> None:
+        """Presences that lapsed after holding a DM back get their one wakeup within about
+        LAPSE_POLL_SECONDS (an indexed read of the lapsed marks; usually none)."""
+        while True:
+            await asyncio.sleep(LAPSE_POLL_SECONDS)
+            try:
+                await self._committer.claim_lapses()
+            except TRANSIENT_ERRORS as exc:
+                log.warning("presence lapse claim failed (%s); retried", type(exc).__name__)
 
     def health(self) -> dict[str, dict[str, Any]]:
         """Per relay: the contract's `connected`/`last_event_at` plus the bridge's own detail,

@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from sigil_push.relays.discovery import LIST_KINDS
+from sigil_push.relays.discovery import SUBSCRIBED_LIST_KINDS
 from sigil_push.relays.nip11 import RelayLimits
 
 DM_KINDS = (4, 1059)
@@ -284,10 +284,10 @@ class RelaySubscriptions:
             # author locally, like the DMs by recipient)
             fire = [{"kinds": list(DM_KINDS), **window}]
             if self.with_lists and (self._max_filters is None or self._max_filters >= 2):
-                fire.append({"kinds": list(LIST_KINDS), **window})
+                fire.append({"kinds": list(SUBSCRIBED_LIST_KINDS), **window})
             return fire
         dm = [{"kinds": [kind], "#p": keys, **window} for kind in DM_KINDS]
-        lists = [{"kinds": list(LIST_KINDS), "authors": keys}] if self.with_lists else []
+        lists = [{"kinds": list(SUBSCRIBED_LIST_KINDS), "authors": keys}] if self.with_lists else []
         if self._max_filters is not None and len(dm) + len(lists) > self._max_filters:
             dm = [{"kinds": list(DM_KINDS), "#p": keys, **window}]
             if len(dm) + len(lists) > self._max_filters:

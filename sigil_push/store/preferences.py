@@ -129,14 +129,21 @@ class UserLists:
         """In a transaction of the caller's: the presences that lapsed by `now` after holding
         a DM back, cleared, each with one outbox row (the last DM it held, due at once);
         returns how many."""
+        # RETURNING gives the values after the update (on SQLite): the claim clears only
+        # `present_until`, which takes the row out of the claim's reach, and returns the mark
+        # as it was; the mark is cleared next, in the same transaction
         rows = await self._db.execute_fetchall(
-            "UPDATE devices SET present_until = NULL, lapse_event_id = NULL, lapse_relay = NULL"
+            "UPDATE devices SET present_until = NULL"
             " WHERE present_until <= ? AND lapse_event_id IS NOT NULL"
             " RETURNING id, lapse_event_id, lapse_relay",
             (now,),
         )
         wakeups = sorted((int(d), str(e), str(r), now_ms, now_ms) for d, e, r in rows)
         if wakeups:
+            await self._db.executemany(
+                "UPDATE devices SET lapse_event_id = NULL, lapse_relay = NULL WHERE id = ?",
+                [(wakeup[0],) for wakeup in wakeups],
+            )
             await self._db.executemany(
                 "INSERT INTO outbox (device_id, event_id, relay, first_seen_ms, next_attempt_ms)"
                 " VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
