@@ -27,13 +27,15 @@ CREATE INDEX devices_lapsing ON devices (present_until) WHERE lapse_event_id IS 
 -- Each registered npub's newest kind 10000 (mute list) and kind 3 (contact list): the `p` tag
 -- keys, sorted and packed as 32-byte keys (at most 10,000: 320,000 bytes), with what chose
 -- this version (newest created_at, then lowest id, as NIP-01 says for replaceable events).
+-- `entries` comes last: SQLite reads a row's columns in order, and a long blob lies in
+-- overflow pages that reading `entry_count` (for every device load) must not walk.
 CREATE TABLE user_lists (
     pubkey TEXT NOT NULL,
     kind INTEGER NOT NULL,
     created_at INTEGER NOT NULL,
     event_id TEXT NOT NULL,
-    entries BLOB NOT NULL,
     entry_count INTEGER NOT NULL,
     truncated INTEGER NOT NULL DEFAULT 0,
+    entries BLOB NOT NULL,
     PRIMARY KEY (pubkey, kind)
 ) WITHOUT ROWID;

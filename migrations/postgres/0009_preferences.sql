@@ -17,8 +17,8 @@ CREATE TABLE user_lists (
     kind INTEGER NOT NULL,
     created_at BIGINT NOT NULL,
     event_id TEXT NOT NULL,
-    entries BYTEA NOT NULL,
     entry_count INTEGER NOT NULL,
     truncated INTEGER NOT NULL DEFAULT 0,
+    entries BYTEA NOT NULL,
     PRIMARY KEY (pubkey, kind)
 );

@@ -41,7 +41,7 @@ from sigil_push.store.interface import (
     SeenStore,
     UserListStore,
 )
-from sigil_push.store.preferences import UserList
+from sigil_push.store.preferences import AuthorCheck, UserList
 from sigil_push.store.records import Device
 
 log = logging.getLogger(__name__)
@@ -95,6 +95,61 @@ def _any_rules(devices: list[Device]) -> bool:
         if device.rules is not None:
             return True
     return False
+
+
+class Choice:
+    """What one DM's recipients chose, for the devices that carry rules: `kept` are the
+    devices it wakes, first without the kind 4 author checks (queued in `checks`, answered
+    for the whole batch at once), then, by `settle`, with them.
+
+    Pause and presence apply to every DM; mute lists and follows-only to kind 4 alone (a gift
+    wrap hides its author). A presence that holds a DM back is marked for its lapse wakeup.
+    """
+
+    __slots__ = ("_asking", "_first", "_reasons", "kept")
+
+    def __init__(
+        self,
+        arrival: Arrival,
+        targets: list[Device],
+        now: int,
+        marks: list[LapseMark],
+        checks: list[AuthorCheck],
+    ) -> None:
+        event = arrival.event
+        self.kept: list[Device] = []
+        self._reasons: list[str] = []
+        asking: dict[str, list[Device]] = {}
+        for device in targets:
+            rules = device.rules
+            if rules is None:
+                self.kept.append(device)
+            elif rules.pause_until is not None and rules.pause_until > now:
+                self._reasons.append(PAUSED)
+            elif rules.present_until is not None and rules.present_until > now:
+                self._reasons.append(PRESENT)
+                marks.append((event.id, arrival.relay, device.id))
+            elif event.kind == DIRECT_MESSAGE and rules.checks_author:
+                asking.setdefault(device.pubkey, []).append(device)
+            else:
+                self.kept.append(device)
+        self._first = len(checks)
+        self._asking = list(asking.values())
+        checks.extend((event.pubkey, devices) for devices in self._asking)
+
+    def settle(self, answers: list[dict[int, str]]) -> str | None:
+        """Add the devices the author checks let through to `kept`; returns the strongest
+        reason (SUPPRESS_REASONS order) that kept any device asleep."""
+        for offset, devices in enumerate(self._asking):
+            blocked = answers[self._first + offset]
+            for device in devices:
+                reason = blocked.get(device.id)
+                if reason is None:
+                    self.kept.append(device)
+                else:
+                    self._reasons.append(reason)
+        reasons = self._reasons
+        return min(reasons, key=_STRENGTH.__getitem__) if reasons else None
 
 
 class DatabaseUnavailable(Exception):
@@ -423,14 +478,15 @@ class Committer:
         list[tuple[Arrival, list[Device]]], list[tuple[str, str]], list[LapseMark]
     ]:
         """The devices each event wakes: its recipients' devices registered before it arrived,
-        less those their owners' choices keep asleep (`_choose`); with the events that woke
-        nobody for that reason, and the presences that held one back."""
+        less those their owners' choices keep asleep (`Choice`); with the events that woke
+        nobody for that reason, and the presences that held one back. The kind 4 author
+        checks of the whole batch are one call to the store, after the first pass."""
         if not arrivals:
             return [], [], []
         by_key = await self._devices_of(dict.fromkeys(r for a in arrivals for r in a.push_to))
-        writes = []
-        suppressed: list[tuple[str, str]] = []
+        decided: list[tuple[Arrival, list[Device], Choice | None]] = []
         marks: list[LapseMark] = []
+        checks: list[AuthorCheck] = []
         now = int(time.time())
         for arrival in arrivals:
             late = arrival.since_registration
@@ -441,53 +497,27 @@ class Committer:
                 if device.registered_at * 1000 <= arrival.received_ms
                 and (recipient not in late or device.registered_at <= arrival.event.created_at)
             ]
+            choice = None
             if _any_rules(targets):  # someone chose something: the rare path
-                targets, reason = await self._choose(arrival, targets, now, marks)
+                choice = Choice(arrival, targets, now, marks, checks)
+            decided.append((arrival, targets, choice))
+        answers = await self._user_lists.blocked(checks) if checks else []
+        writes = []
+        suppressed: list[tuple[str, str]] = []
+        for arrival, targets, choice in decided:
+            if choice is not None:
+                reason = choice.settle(answers)
+                targets = choice.kept
                 if not targets and reason is not None:
                     suppressed.append((arrival.event.id, reason))
                     continue
             if targets:
                 writes.append((arrival, targets))
-            elif late:
+            elif arrival.since_registration:
                 BASELINED.inc()
             else:
                 self.counters[arrival.relay].dropped["no_device"].inc()
         return writes, suppressed, marks
-
-    async def _choose(
-        self, arrival: Arrival, targets: list[Device], now: int, marks: list[LapseMark]
-    ) -> tuple[list[Device], str | None]:
-        """Of `targets`, the devices whose owners' choices let this DM wake them, and the
-        strongest reason that kept any other asleep (SUPPRESS_REASONS order). Pause and
-        presence apply to every DM; mute lists and follows-only to kind 4 alone (a gift wrap
-        hides its author). A presence that held a DM back is marked for its lapse wakeup."""
-        event = arrival.event
-        kept: list[Device] = []
-        asking: dict[str, list[Device]] = {}
-        reasons: list[str] = []
-        for device in targets:
-            rules = device.rules
-            if rules is None:
-                kept.append(device)
-            elif rules.pause_until is not None and rules.pause_until > now:
-                reasons.append(PAUSED)
-            elif rules.present_until is not None and rules.present_until > now:
-                reasons.append(PRESENT)
-                marks.append((event.id, arrival.relay, device.id))
-            elif event.kind == DIRECT_MESSAGE and rules.checks_author:
-                asking.setdefault(device.pubkey, []).append(device)
-            else:
-                kept.append(device)
-        for devices in asking.values():
-            blocked = await self._user_lists.blocked(event.pubkey, devices)
-            for device in devices:
-                reason = blocked.get(device.id)
-                if reason is None:
-                    kept.append(device)
-                else:
-                    reasons.append(reason)
-        strongest = min(reasons, key=_STRENGTH.__getitem__) if reasons else None
-        return kept, strongest
 
     async def _devices_of(self, recipients: Iterable[str]) -> dict[str, list[Device]]:
         """Devices by recipient, from a cache that registration changes invalidate."""

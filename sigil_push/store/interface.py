@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from sigil_push.nostr.event import Event
-    from sigil_push.store.preferences import UserList
+    from sigil_push.store.preferences import AuthorCheck, UserList
     from sigil_push.store.records import (
         Device,
         PreferenceChange,
@@ -164,7 +164,7 @@ class UserListStore(Protocol):
 
     async def save(self, lists: Sequence[UserList]) -> list[UserList]: ...
 
-    async def blocked(self, author: str, devices: Sequence[Device]) -> dict[int, str]: ...
+    async def blocked(self, checks: Sequence[AuthorCheck]) -> list[dict[int, str]]: ...
 
     async def mark_lapses(self, marks: Sequence[tuple[str, str, int]], now: int) -> None: ...
 

@@ -25,6 +25,35 @@ from sigil_push.store.records import CONTACTS_KIND, MUTE_LIST_KIND, Device, has_
 
 MUTED = "muted"
 NOT_FOLLOWED = "not_followed"
+_CHUNK = 500
+"""Keys or ids per `IN (...)` list (SQLite allows 32,766 parameters; a batch holds 2,000 DMs)."""
+AuthorCheck = tuple[str, Sequence[Device]]
+"""A kind 4's author and the devices of one recipient whose rules look at authors."""
+
+
+def _reasons(
+    author: bytes,
+    devices: Sequence[Device],
+    private: dict[int, bytes],
+    lists: dict[tuple[str, int], bytes],
+) -> dict[int, str]:
+    reasons: dict[int, str] = {}
+    for device in devices:
+        rules = device.rules
+        if rules is None:
+            continue
+        muted = private.get(device.id)
+        mute_list = lists.get((device.pubkey, MUTE_LIST_KIND)) if rules.mute_list else None
+        if (muted is not None and has_key(muted, author)) or (
+            mute_list is not None and has_key(mute_list, author)
+        ):
+            reasons[device.id] = MUTED
+            continue
+        if rules.senders == "follows" and rules.follows_known:
+            follows = lists.get((device.pubkey, CONTACTS_KIND))
+            if follows is not None and not has_key(follows, author):
+                reasons[device.id] = NOT_FOLLOWED
+    return reasons
 
 
 class UserList(NamedTuple):
@@ -68,53 +97,36 @@ class UserLists:
                 taken.append(item)
         return taken
 
-    async def blocked(self, author: str, devices: Sequence[Device]) -> dict[int, str]:
-        """Which of one recipient's `devices` a kind 4 by `author` must not wake, and why
-        (`muted` before `not_followed`). Only devices whose rules check authors are asked;
-        their npub's lists are read once, only the kinds some of them need."""
-        asking = [d for d in devices if d.rules is not None and d.rules.checks_author]
-        if not asking:
-            return {}
-        key = bytes.fromhex(author)
-        reasons: dict[int, str] = {}
-        private = [d.id for d in asking if d.rules is not None and d.rules.muted_count]
-        if private:
-            marks = ",".join("?" * len(private))
+    async def blocked(self, checks: Sequence[AuthorCheck]) -> list[dict[int, str]]:
+        """For each (author, devices of one recipient): which of those devices a kind 4 by
+        that author must not wake, and why (`muted` before `not_followed`). The devices are
+        those whose rules check authors (`Rules.checks_author`). A whole commit batch is
+        answered with two reads at most, however many DMs it holds: the private mute lists
+        of the devices that have one, and the stored lists of their npubs."""
+        private_ids = sorted({d.id for _, devices in checks for d in devices
+                              if d.rules is not None and d.rules.muted_count})
+        private: dict[int, bytes] = {}
+        for start in range(0, len(private_ids), _CHUNK):
+            chunk = private_ids[start : start + _CHUNK]
             for device_id, muted in await self._db.execute_fetchall(
-                f"SELECT id, muted FROM devices WHERE id IN ({marks}) AND muted IS NOT NULL",
-                private,
+                f"SELECT id, muted FROM devices WHERE id IN ({','.join('?' * len(chunk))})"
+                " AND muted IS NOT NULL",
+                chunk,
             ):
-                if has_key(bytes(muted), key):
-                    reasons[int(device_id)] = MUTED
-        kinds = set()
-        for device in asking:
-            rules = device.rules
-            assert rules is not None
-            if rules.mute_list:
-                kinds.add(MUTE_LIST_KIND)
-            if rules.senders == "follows" and rules.follows_known:
-                kinds.add(CONTACTS_KIND)
-        if not kinds:
-            return reasons
-        marks = ",".join("?" * len(kinds))
-        listed = {
-            int(kind): has_key(bytes(entries), key)
-            for kind, entries in await self._db.execute_fetchall(
-                f"SELECT kind, entries FROM user_lists WHERE pubkey = ? AND kind IN ({marks})",
-                (asking[0].pubkey, *sorted(kinds)),
-            )
-        }
-        for device in asking:
-            rules = device.rules
-            assert rules is not None
-            if device.id in reasons:
-                continue
-            if rules.mute_list and listed.get(MUTE_LIST_KIND):
-                reasons[device.id] = MUTED
-            elif (rules.senders == "follows" and CONTACTS_KIND in listed
-                  and not listed[CONTACTS_KIND]):
-                reasons[device.id] = NOT_FOLLOWED
-        return reasons
+                private[int(device_id)] = bytes(muted)
+        owners = sorted({d.pubkey for _, devices in checks for d in devices
+                         if d.rules is not None and (d.rules.mute_list or d.rules.follows_known)})
+        lists: dict[tuple[str, int], bytes] = {}
+        for start in range(0, len(owners), _CHUNK):
+            keys = owners[start : start + _CHUNK]
+            for pubkey, kind, entries in await self._db.execute_fetchall(
+                "SELECT pubkey, kind, entries FROM user_lists"
+                f" WHERE pubkey IN ({','.join('?' * len(keys))})",
+                keys,
+            ):
+                lists[(str(pubkey), int(kind))] = bytes(entries)
+        return [_reasons(bytes.fromhex(author), devices, private, lists)
+                for author, devices in checks]
 
     async def mark_lapses(self, marks: Sequence[tuple[str, str, int]], now: int) -> None:
         """In the committer's transaction: (event id, relay, device id) of DMs a presence held
