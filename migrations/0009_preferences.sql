@@ -13,15 +13,17 @@
 --                   transaction that decided not to push it, cleared when the app ends the
 --                   presence itself, and claimed (cleared, one outbox row written) in one
 --                   transaction when the presence lapses by time: exactly one wakeup.
+-- `muted` is added last: SQLite reads a row's columns in order, and a long list lies in overflow
+-- pages that reading the columns after it (on every device load) would walk.
 -- The PostgreSQL schema makes the same change in migrations/postgres/0009_preferences.sql.
 
 ALTER TABLE devices ADD COLUMN pause_until INTEGER;
 ALTER TABLE devices ADD COLUMN senders TEXT NOT NULL DEFAULT 'anyone';
-ALTER TABLE devices ADD COLUMN muted BLOB;
 ALTER TABLE devices ADD COLUMN muted_count INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE devices ADD COLUMN present_until INTEGER;
 ALTER TABLE devices ADD COLUMN lapse_event_id TEXT;
 ALTER TABLE devices ADD COLUMN lapse_relay TEXT;
+ALTER TABLE devices ADD COLUMN muted BLOB;
 CREATE INDEX devices_lapsing ON devices (present_until) WHERE lapse_event_id IS NOT NULL;
 
 -- Each registered npub's newest kind 10000 (mute list) and kind 3 (contact list): the `p` tag

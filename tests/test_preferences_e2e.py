@@ -342,3 +342,30 @@ async def test_an_attacker_on_the_victims_token_cannot_silence_the_victim(
     assert (await victim.device())["pause_until"] is None
     text = json.dumps(instance.observation_records())
     assert victim.token not in text and victim.user.hex not in text and _hex(sender) not in text
+
+
+async def test_preference_and_presence_calls_share_the_per_npub_rate_limit(tmp_path: Path) -> None:
+    """With 3 authenticated requests a minute per npub: register, preferences and presence
+    spend the same allowance, and the fourth call is 429 with Retry-After. The suppressed
+    counter's four series exist from the start, at zero or more. (The limiter is the API's,
+    not the store's: on SQLite only.)"""
+    config: dict[str, Any] = {
+        "server": {"database": "sigil-push.db", "public_url": "http://127.0.0.1:8080"},
+        "limits": {"requests_per_minute_per_ip": 0, "requests_per_minute_per_npub": 3},
+    }
+    async with in_process_service(tmp_path, config) as instance:
+        user, token = SdkUser(), apns_token()
+        body = {"npub": user.npub, "platform": "ios", "device_token": token}
+        assert (await instance.call(user, "POST", "/register", body)).status_code == 201
+        preferences = await instance.call(user, "POST", "/preferences",
+                                          {"device_token": token, "senders": "follows"})
+        assert preferences.status_code == 200
+        presence = await instance.call(user, "POST", "/presence",
+                                       {"device_token": token, "seconds": 60})
+        assert presence.status_code == 200
+        limited = await instance.call(user, "POST", "/presence",
+                                      {"device_token": token, "seconds": 0})
+        assert limited.status_code == 429 and limited.headers["retry-after"]
+        assert limited.json()["error"] == "rate_limited"
+    for reason in ("paused", "present", "muted", "not_followed"):
+        assert REGISTRY.get_sample_value("sigil_push_suppressed_total", {"reason": reason}) is not None

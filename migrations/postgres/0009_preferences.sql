@@ -5,11 +5,11 @@
 
 ALTER TABLE devices ADD COLUMN pause_until BIGINT;
 ALTER TABLE devices ADD COLUMN senders TEXT NOT NULL DEFAULT 'anyone';
-ALTER TABLE devices ADD COLUMN muted BYTEA;
 ALTER TABLE devices ADD COLUMN muted_count INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE devices ADD COLUMN present_until BIGINT;
 ALTER TABLE devices ADD COLUMN lapse_event_id TEXT;
 ALTER TABLE devices ADD COLUMN lapse_relay TEXT;
+ALTER TABLE devices ADD COLUMN muted BYTEA;
 CREATE INDEX devices_lapsing ON devices (present_until) WHERE lapse_event_id IS NOT NULL;
 
 CREATE TABLE user_lists (

@@ -4,7 +4,9 @@
 
 - `ingest`: frames in, verified arrivals out (synchronous, on the readers' tasks);
 - `pending`: the hand-off from ingest to the committer, and its back-pressure;
-- `committer`: arrivals → devices → outbox rows and seen ids, one transaction per batch;
+- `committer`: arrivals → devices (less those their owners' choices keep asleep) → outbox
+  rows and seen ids, one transaction per batch; the users' mute/contact lists and presence
+  lapses (`store/preferences.py`);
 - `keys`: which keys are watched where (registrations, relay lists, shards);
 - `relay_state`: baselines, cursors and gated relays, for the pool and per-user connections.
 
