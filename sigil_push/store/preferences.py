@@ -25,8 +25,8 @@ from sigil_push.store.records import CONTACTS_KIND, MUTE_LIST_KIND, Device, has_
 
 MUTED = "muted"
 NOT_FOLLOWED = "not_followed"
-_CHUNK = 500
-"""Keys or ids per `IN (...)` list (SQLite allows 32,766 parameters; a batch holds 2,000 DMs)."""
+OWNERS_PER_READ = 32
+"""Recipients whose lists one read fetches: at most 32 x 2 x 320 KB alive at once."""
 AuthorCheck = tuple[str, Sequence[Device]]
 """A kind 4's author and the devices of one recipient whose rules look at authors."""
 
@@ -100,33 +100,56 @@ class UserLists:
     async def blocked(self, checks: Sequence[AuthorCheck]) -> list[dict[int, str]]:
         """For each (author, devices of one recipient): which of those devices a kind 4 by
         that author must not wake, and why (`muted` before `not_followed`). The devices are
-        those whose rules check authors (`Rules.checks_author`). A whole commit batch is
-        answered with two reads at most, however many DMs it holds: the private mute lists
-        of the devices that have one, and the stored lists of their npubs."""
-        private_ids = sorted({d.id for _, devices in checks for d in devices
-                              if d.rules is not None and d.rules.muted_count})
-        private: dict[int, bytes] = {}
-        for start in range(0, len(private_ids), _CHUNK):
-            chunk = private_ids[start : start + _CHUNK]
+        those whose rules check authors (`Rules.checks_author`).
+
+        A whole commit batch is answered together, OWNERS_PER_READ recipients at a time: per
+        group, one read of the private mute lists of its devices that have one and one of its
+        npubs' stored lists, checked and dropped before the next group is read, so a batch of
+        users with 10,000-key lists holds a few megabytes at most, however large the batch.
+        """
+        answers: list[dict[int, str]] = [{} for _ in checks]
+        by_owner: dict[str, list[int]] = {}
+        for index, (_, devices) in enumerate(checks):
+            if devices:
+                by_owner.setdefault(devices[0].pubkey, []).append(index)
+        owners = sorted(by_owner)
+        for start in range(0, len(owners), OWNERS_PER_READ):
+            group = owners[start : start + OWNERS_PER_READ]
+            indexes = [i for owner in group for i in by_owner[owner]]
+            devices = [d for i in indexes for d in checks[i][1]]
+            private = await self._private_lists(devices)
+            lists = await self._lists_of(devices)
+            for index in indexes:
+                author, asked = checks[index]
+                answers[index] = _reasons(bytes.fromhex(author), asked, private, lists)
+        return answers
+
+    async def _private_lists(self, devices: Sequence[Device]) -> dict[int, bytes]:
+        wanted = sorted({d.id for d in devices if d.rules is not None and d.rules.muted_count})
+        if not wanted:
+            return {}
+        return {
+            int(device_id): bytes(muted)
             for device_id, muted in await self._db.execute_fetchall(
-                f"SELECT id, muted FROM devices WHERE id IN ({','.join('?' * len(chunk))})"
+                f"SELECT id, muted FROM devices WHERE id IN ({','.join('?' * len(wanted))})"
                 " AND muted IS NOT NULL",
-                chunk,
-            ):
-                private[int(device_id)] = bytes(muted)
-        owners = sorted({d.pubkey for _, devices in checks for d in devices
-                         if d.rules is not None and (d.rules.mute_list or d.rules.follows_known)})
-        lists: dict[tuple[str, int], bytes] = {}
-        for start in range(0, len(owners), _CHUNK):
-            keys = owners[start : start + _CHUNK]
+                wanted,
+            )
+        }
+
+    async def _lists_of(self, devices: Sequence[Device]) -> dict[tuple[str, int], bytes]:
+        owners = sorted({d.pubkey for d in devices if d.rules is not None
+                         and (d.rules.mute_list or d.rules.follows_known)})
+        if not owners:
+            return {}
+        return {
+            (str(pubkey), int(kind)): bytes(entries)
             for pubkey, kind, entries in await self._db.execute_fetchall(
                 "SELECT pubkey, kind, entries FROM user_lists"
-                f" WHERE pubkey IN ({','.join('?' * len(keys))})",
-                keys,
-            ):
-                lists[(str(pubkey), int(kind))] = bytes(entries)
-        return [_reasons(bytes.fromhex(author), devices, private, lists)
-                for author, devices in checks]
+                f" WHERE pubkey IN ({','.join('?' * len(owners))})",
+                owners,
+            )
+        }
 
     async def mark_lapses(self, marks: Sequence[tuple[str, str, int]], now: int) -> None:
         """In the committer's transaction: (event id, relay, device id) of DMs a presence held
