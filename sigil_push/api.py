@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sqlite3
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -23,7 +22,6 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from sigil_push import __version__
-from sigil_push.config import is_postgres_url
 from sigil_push.errors import ApiError, BadRequest, RateLimited
 from sigil_push.http_metrics import MetricsMiddleware
 from sigil_push.nostr.nip19 import encode_npub
@@ -63,8 +61,7 @@ class Api:
         self.per_npub = RateLimiter(limits.requests_per_minute_per_npub)
         self.trusted_proxies = trusted_networks(service.config.server.trusted_proxies)
         self.admin_split = bool(service.config.server.admin_listen)
-        several = is_postgres_url(service.config.server.database)
-        self.exposition = WorkerLabelled(lambda: service.worker_id if several else "")
+        self.exposition = WorkerLabelled(lambda: service.worker_label)
 
     # -- request plumbing ------------------------------------------------------------------
 
@@ -405,7 +402,9 @@ def create_app(service: Service) -> Starlette:
             AuthError: _error_response,
             TooManyDevices: _error_response,
             TooManyAccounts: _error_response,
-            sqlite3.OperationalError: _error_response,
+            # each engine's "busy" error by name: a handler only for `Exception` answers
+            # too, but then the server logs it as unhandled, with a traceback
+            **dict.fromkeys(STORE_UNAVAILABLE, _error_response),
             HTTPException: _error_response,
             Exception: _error_response,
         },

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from analytics.duration import DEFAULT_GRACE_MS, parse_duration_ms
 from sigil_push import __version__
-from sigil_push.config import Config, ConfigError, config_path, is_postgres_url, load_config
+from sigil_push.config import Config, ConfigError, config_path, load_config
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 # The `analytics` extra: what `pip install .` leaves out because the bridge never needs it.
@@ -67,12 +67,11 @@ def _load(path_arg: str | None) -> Config:
 
 
 def _serve(config: Config) -> int:
-    if is_postgres_url(config.server.database):
-        # an unreachable or too new database (exit 1) or a bridge key other than the
-        # instance's (exit 2) is one line here, before the listener starts
-        from sigil_push.store.factory import preflight
+    # PostgreSQL: an unreachable or too new database (exit 1) or a bridge key other than the
+    # instance's (exit 2) is one line here, before the listener starts
+    from sigil_push.store.factory import preflight
 
-        asyncio.run(preflight(config))
+    asyncio.run(preflight(config))
     from sigil_push.server import run_server
 
     return run_server(config)
@@ -81,26 +80,17 @@ def _serve(config: Config) -> int:
 def _migrate(config: Config, source: str | None = None) -> int:
     if source is not None:
         return _copy_from_sqlite(config, Path(source))
-    if is_postgres_url(config.server.database):
-        from sigil_push.store.postgres.migrate import migrate as migrate_postgres
+    from sigil_push.store.factory import migrate
 
-        applied = asyncio.run(migrate_postgres(config.server.database))
-    else:
-        from sigil_push.store.sqlite.database import migrate
-
-        applied = asyncio.run(migrate(config.resolve(config.server.database)))
+    applied = asyncio.run(migrate(config))
     print(f"applied {len(applied)} migration(s)" + (f": {', '.join(applied)}" if applied else ""))
     return EXIT_OK
 
 
 def _copy_from_sqlite(config: Config, source: Path) -> int:
-    if not is_postgres_url(config.server.database):
-        raise ConfigError(
-            "server.database", "migrate --from copies into PostgreSQL: set a postgresql:// URL"
-        )
-    from sigil_push.store.postgres.copy import copy_sqlite
+    from sigil_push.store.factory import copy_from_sqlite
 
-    copied = asyncio.run(copy_sqlite(source, config.server.database))
+    copied = asyncio.run(copy_from_sqlite(config, source))
     print("copied " + ", ".join(f"{table}: {rows}" for table, rows in copied.items()))
     return EXIT_OK
 

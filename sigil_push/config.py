@@ -130,6 +130,11 @@ class BridgeConfig:
     lease_seconds: float = 15.0
 
 
+STOP_GRACE_SECONDS = 5.0
+"""How long delivery waits at shutdown for sends in flight. Here, low, because two layers need
+it: delivery (its stop) and the store (an outbox claim outlives a send by this much)."""
+
+
 @dataclass(frozen=True)
 class PushConfig:
     """Delivery tuning (an addition to the contract's tables)."""

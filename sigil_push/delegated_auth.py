@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,11 +35,11 @@ from sigil_push.relays.connection import AuthUnavailable
 from sigil_push.relays.signer_link import SignerLinks, SignerUnreachable
 from sigil_push.sealed import Sealer, UnreadableSecret
 from sigil_push.store.auth_modes import LearnedAuthModes
-from sigil_push.store.errors import STORE_UNAVAILABLE
-from sigil_push.store.interface import Database, DeviceStore
+from sigil_push.store.errors import SKIPPABLE_WRITE_ERRORS
+from sigil_push.store.interface import AuthModeStore, DeviceStore, SignerSessionStore
+from sigil_push.store.records import StoredSession
 
 log = logging.getLogger(__name__)
-STATUS_WRITE_ERRORS: tuple[type[Exception], ...] = (sqlite3.Error, *STORE_UNAVAILABLE)
 
 STATUSES = ("pending", "active", "refused", "unreachable")
 REQUEST_TIMEOUT_SECONDS = 15.0
@@ -87,8 +85,14 @@ StatusListener = Callable[[str, str], None]
 
 
 class DelegatedAuth:
-    def __init__(self, db: Database, bridge_key: SecretKey, devices: DeviceStore) -> None:
-        self._db = db
+    def __init__(
+        self,
+        sessions: SignerSessionStore,
+        modes: AuthModeStore,
+        bridge_key: SecretKey,
+        devices: DeviceStore,
+    ) -> None:
+        self._stored = sessions
         self._devices = devices
         self._sealer = Sealer(bridge_key, "nip46-sessions")
         self._sessions: dict[str, Session] = {}
@@ -97,7 +101,7 @@ class DelegatedAuth:
         self._throttle = RateLimiter(SIGNS_PER_MINUTE_PER_USER)
         self._listeners: list[StatusListener] = []
         self._housekeeping: set[asyncio.Task[None]] = set()
-        self.learned_modes = LearnedAuthModes(db)
+        self.learned_modes = LearnedAuthModes(modes)
         """What gated relays taught about NIP-42, kept beside the sessions it serves."""
 
     def add_listener(self, listener: StatusListener) -> None:
@@ -105,24 +109,22 @@ class DelegatedAuth:
         self._listeners.append(listener)
 
     async def start(self) -> None:
-        rows = await self._db.execute_fetchall(
-            "SELECT pubkey, signer_pubkey, relays, sealed_secret, sealed_client_key, status, detail"
-            " FROM auth_signers"
-        )
-        for pubkey, signer, relays, sealed_secret, sealed_client, status, detail in rows:
+        for stored in await self._stored.all():
             try:
-                secret = self._sealer.open(sealed_secret) if sealed_secret else None
-                client = SecretKey(self._sealer.open(sealed_client))
+                secret, client = self._open(stored)
             except UnreadableSecret:
                 log.warning("a signer session was sealed under another bridge key; marked refused")
-                await self._db.execute(
-                    "UPDATE auth_signers SET status = 'refused', detail = ? WHERE pubkey = ?",
-                    ("sealed under another bridge key; register the signer again", pubkey),
+                await self._stored.set_status(
+                    stored.pubkey, "refused",
+                    "sealed under another bridge key; register the signer again", None,
                 )
                 continue
-            session = Session(pubkey, signer, tuple(json.loads(relays)), secret, client, status, detail)
-            self._sessions[pubkey] = session
-            if status in ("pending", "unreachable"):
+            session = Session(
+                stored.pubkey, stored.signer_pubkey, stored.relays, secret, client,
+                stored.status, stored.detail,
+            )
+            self._sessions[stored.pubkey] = session
+            if stored.status in ("pending", "unreachable"):
                 self._establish_soon(session)
         self._count()
 
@@ -164,18 +166,13 @@ class DelegatedAuth:
             pubkey, bunker.signer_pubkey, bunker.relays, bunker.secret, SecretKey.generate(),
             "pending", "",
         )
-        await self._db.execute(
-            "INSERT INTO auth_signers (pubkey, signer_pubkey, relays, sealed_secret,"
-            " sealed_client_key, status, detail, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-            " ON CONFLICT (pubkey) DO UPDATE SET signer_pubkey = excluded.signer_pubkey,"
-            " relays = excluded.relays, sealed_secret = excluded.sealed_secret,"
-            " sealed_client_key = excluded.sealed_client_key, status = excluded.status,"
-            " detail = excluded.detail, updated_at = excluded.updated_at",
-            (
-                pubkey, bunker.signer_pubkey, json.dumps(list(bunker.relays)),
+        await self._stored.put(
+            StoredSession(
+                pubkey, bunker.signer_pubkey, bunker.relays,
                 self._sealer.seal(bunker.secret) if bunker.secret else None,
-                self._sealer.seal(session.client.secret_hex), "pending", "", int(time.time()),
+                self._sealer.seal(session.client.secret_hex), "pending", "",
             ),
+            int(time.time()),
         )
         self._sessions[pubkey] = session
         self._count()
@@ -186,7 +183,7 @@ class DelegatedAuth:
         task = self._tasks.pop(pubkey, None)
         if task is not None:
             task.cancel()
-        await self._db.execute("DELETE FROM auth_signers WHERE pubkey = ?", (pubkey,))
+        await self._stored.delete(pubkey)
         if session is not None:
             for url in session.relays:
                 await self._links.release(url, session.client.public_key_hex)
@@ -276,11 +273,8 @@ class DelegatedAuth:
         which re-establishes whatever it finds pending, so a busy database only logs."""
         session.status, session.detail = status, detail
         try:
-            await self._db.execute(
-                "UPDATE auth_signers SET status = ?, detail = ?, updated_at = ? WHERE pubkey = ?",
-                (status, detail, int(time.time()), session.pubkey),
-            )
-        except STATUS_WRITE_ERRORS as exc:
+            await self._stored.set_status(session.pubkey, status, detail, int(time.time()))
+        except SKIPPABLE_WRITE_ERRORS as exc:
             log.warning("could not store a signer session's status (%s)", exc)
         log.info("signer session %s%s", status, f": {detail}" if detail else "")
         self._count()
@@ -289,6 +283,12 @@ class DelegatedAuth:
     def _notify(self, pubkey: str, status: str) -> None:
         for listener in self._listeners:
             listener(pubkey, status)
+
+    def _open(self, stored: StoredSession) -> tuple[str | None, SecretKey]:
+        """The session's secret and client key, unsealed (`UnreadableSecret` when sealed
+        under another bridge key)."""
+        secret = self._sealer.open(stored.sealed_secret) if stored.sealed_secret else None
+        return secret, SecretKey(self._sealer.open(stored.sealed_client_key))
 
     def _count(self) -> None:
         for status in STATUSES:
@@ -300,29 +300,23 @@ class DelegatedAuth:
         """Take `pubkey`'s session as another worker stored it: that worker establishes it,
         this one uses it as it is (the signer is asked to connect once), and listeners (the
         bridge's user inboxes) hear of the change as of a local one."""
-        rows = await self._db.execute_fetchall(
-            "SELECT signer_pubkey, relays, sealed_secret, sealed_client_key, status, detail"
-            " FROM auth_signers WHERE pubkey = ?",
-            (pubkey,),
-        )
-        row = next(iter(rows), None)
+        stored = await self._stored.get(pubkey)
         current = self._sessions.get(pubkey)
-        if row is None:
+        if stored is None:
             if current is not None:
                 await self._drop(current)
                 self._count()
                 self._notify(pubkey, "removed")
             return
-        signer, relays, sealed_secret, sealed_client, status, detail = row
+        status, detail = stored.status, stored.detail
         try:
-            secret = self._sealer.open(sealed_secret) if sealed_secret else None
-            client = SecretKey(self._sealer.open(sealed_client))
+            secret, client = self._open(stored)
         except UnreadableSecret:
             return  # sealed under another bridge key: the workers' start-up check refuses it
         if current is None or current.client.secret_hex != client.secret_hex:
             if current is not None:
                 await self._drop(current)
-            current = Session(pubkey, signer, tuple(json.loads(relays)), secret, client, "", "")
+            current = Session(pubkey, stored.signer_pubkey, stored.relays, secret, client, "", "")
             self._sessions[pubkey] = current
         elif (current.status, current.detail) == (status, detail):
             return

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 from urllib.parse import urlsplit
 
-from sigil_push.config import LimitsConfig, PushConfig
+from sigil_push.config import STOP_GRACE_SECONDS, LimitsConfig, PushConfig
 from sigil_push.observations import ObservationLog, PushRecord, now_ms
 from sigil_push.push import metrics
 from sigil_push.push.base import Outcome, Sender, Status, WakeupMessage
@@ -41,7 +41,6 @@ BATCH_SIZE = 500
 IDLE_POLL_SECONDS = 1.0
 """Also picks up wakeups written by another process (e.g. `sigil-push` tools) without a signal."""
 HOUSEKEEPING_SECONDS = 1.0
-STOP_GRACE_SECONDS = 5.0
 ERROR_PAUSE_SECONDS = 1.0
 COMPLETE_WITHIN_SECONDS = 0.02
 """How long an answered wakeup's row may wait for its DELETE, so one statement deletes a burst

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip19 import InvalidKey, parse_secret_key
-from sigil_push.store.interface import Database
+from sigil_push.store.interface import MetaStore
 
 META_KEY = "bridge_secret_key"
 
@@ -88,25 +88,18 @@ def make_private(database: Path) -> None:
             continue
 
 
-async def bridge_key(connection: Database, configured: str, key_file: Path) -> SecretKey:
+async def bridge_key(meta: MetaStore, configured: str, key_file: Path) -> SecretKey:
+    """The configured key, else the key file's (created on first use). A key an older version
+    kept in the database moves to the key file and is deleted there, overwriting its storage
+    where the engine can (`MetaStore.delete_securely`)."""
     if configured:
-        await _forget_stored_key(connection)
+        await meta.delete_securely(META_KEY)
         return SecretKey(parse_secret_key(configured))
-    async with connection.execute("SELECT value FROM meta WHERE key = ?", (META_KEY,)) as cursor:
-        row = await cursor.fetchone()
+    stored = await meta.get(META_KEY)
     key = _read_key_file(key_file)
     if key is None:
-        candidate = SecretKey(str(row[0])) if row is not None else SecretKey.generate()
+        candidate = SecretKey(stored) if stored is not None else SecretKey.generate()
         key = _parse_key_file(key_file, create_private_file(key_file, candidate.secret_hex))
-    if row is not None:
-        await _forget_stored_key(connection)
+    if stored is not None:
+        await meta.delete_securely(META_KEY)
     return key
-
-
-async def _forget_stored_key(connection: Database) -> None:
-    """Delete a key an older version kept in the database, overwriting the freed page too."""
-    await connection.execute("PRAGMA secure_delete = ON")
-    try:
-        await connection.execute("DELETE FROM meta WHERE key = ?", (META_KEY,))
-    finally:  # zeroing every later delete (outbox, seen ids) would cost I/O for nothing
-        await connection.execute("PRAGMA secure_delete = OFF")

@@ -25,11 +25,8 @@ from sigil_push.nostr.keys import SecretKey
 from sigil_push.observations import ObservationLog
 from sigil_push.outbound import OutboundGuard
 from sigil_push.push.factory import build_senders
-from sigil_push.store.factory import PostgresStore, check_instance_key, open_store
-from sigil_push.store.interface import AuthIdStore, Database, DeviceStore, OutboxStore
-from sigil_push.store.postgres.leases import SHARDS_CHANNEL, ShardLeaser
-from sigil_push.store.postgres.sharding import ShardWatch
-from sigil_push.store.postgres.signers import SignerSessionSync
+from sigil_push.store.factory import open_store
+from sigil_push.store.interface import AuthIdStore, DeviceStore, OutboxStore, Shards
 from sigil_push.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
@@ -48,7 +45,6 @@ class State(enum.Enum):
 
 @dataclass
 class Components:
-    db: Database
     devices: DeviceStore
     auth_ids: AuthIdStore
     outbox: OutboxStore
@@ -64,8 +60,11 @@ class Service:
         self.config = config
         self.state = State.STARTING
         self._components: Components | None = None
-        self._shards: ShardWatch | None = None
+        self._shards: Shards | None = None
         self.worker_id = ""
+        self.worker_label = ""
+        """The worker id where several workers share the store (their metrics differ by it),
+        else empty."""
         self._running = AsyncExitStack()
         self.supervisor = Supervisor()
 
@@ -89,16 +88,19 @@ class Service:
         ))
         store = await open_store(config)
         stack.push_async_callback(store.close)
-        db, devices, outbox = store.db, store.devices, store.outbox
+        devices, outbox, coordination = store.devices, store.outbox, store.coordination
         self.worker_id = store.worker_id
+        # several workers: each labels its metrics and writes observation files of its own
+        # (they may share one folder)
+        self.worker_label = store.worker_id if coordination.several_workers else ""
         WORKER.labels(store.worker_id, store.engine).set(1)
-        key = await bridge_key(db, config.server.secret_key, config.resolve(config.server.secret_key_file))
-        if isinstance(store, PostgresStore):
-            await check_instance_key(store.db, key.public_key_hex)
+        key = await bridge_key(
+            store.meta, config.server.secret_key, config.resolve(config.server.secret_key_file)
+        )
+        await coordination.check_instance_key(key.public_key_hex)
         observations = ObservationLog(
             config.resolve(config.server.observations), config.server.observations_retention_days,
-            # several workers: each writes files of its own (they may share one folder)
-            store.worker_id if isinstance(store, PostgresStore) else "",
+            self.worker_label,
         )
         await observations.start()
         stack.push_async_callback(observations.stop)
@@ -109,16 +111,14 @@ class Service:
         )
         await delivery.start()
         stack.push_async_callback(delivery.stop)
-        delegated_auth = DelegatedAuth(db, key, devices)
+        delegated_auth = DelegatedAuth(store.signer_sessions, store.auth_modes, key, devices)
         devices.add_listener(delegated_auth.registration_changed)
         await delegated_auth.start()
         stack.push_async_callback(delegated_auth.stop)
-        if isinstance(store, PostgresStore):
-            # several workers: a signer session set through one worker reaches the others
-            signers = SignerSessionSync(store.devices, delegated_auth.adopt)
-            delegated_auth.add_listener(signers.status_changed)
-            await signers.start()
-            stack.push_async_callback(signers.stop)
+        # several workers: a signer session set through one worker reaches the others
+        announce = await coordination.share_sessions(delegated_auth.adopt, stack)
+        if announce is not None:
+            delegated_auth.add_listener(announce)
         bridge = Bridge(
             config, devices, outbox, observations, key, delegated_auth, self.supervisor
         )
@@ -126,32 +126,19 @@ class Service:
         canary = canary_from_config(config, key, observations)
         if canary is not None:
             bridge.add_probe(canary)
-        if isinstance(store, PostgresStore):
-            # several workers: the bridge watches the keys of this worker's shards only
-            # a join or give-back is announced, and heard as a nudge to beat at once
-            shared = store.devices
-            watch = ShardWatch(
-                ShardLeaser(store.pool, store.worker_id, config.bridge.lease_seconds),
-                bridge.reshard,
-                shared.narrow_to,
-                lambda: shared.announce(SHARDS_CHANNEL, "moved"),
-            )
-            self._shards = watch
-            await shared.also_listen(SHARDS_CHANNEL, lambda _moved: watch.nudge())
-            await watch.start()
-            stack.push_async_callback(self._shards.release)
+        # several workers: the bridge watches the keys of this worker's shards only
+        shards = coordination.shards(bridge.reshard, config.bridge.lease_seconds)
+        self._shards = shards
+        await shards.start(stack)
         await bridge.start()
         stack.push_async_callback(bridge.stop)
-        if self._shards is not None:
-            self._shards.watching()
-            stack.push_async_callback(self._shards.halt)
+        shards.watching(stack)
         if canary is not None:
             # several workers: only the holder of shard 0 probes, so N workers send one probe
-            canary.start(self._shards.runs_canary if self._shards is not None else None)
+            canary.start(shards.canary_gate())
             stack.push_async_callback(canary.stop)
         self._components = Components(
-            db, devices, store.auth_ids, outbox, observations, delivery, key, bridge,
-            delegated_auth,
+            devices, store.auth_ids, outbox, observations, delivery, key, bridge, delegated_auth,
         )
         if config.dry_run:
             log.warning(

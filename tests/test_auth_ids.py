@@ -6,7 +6,7 @@ import asyncio
 import time
 
 from sigil_push.store.factory import PostgresStore, SqliteStore
-from tests.support.stores import open_test_store
+from tests.support.stores import open_test_store, sql_of
 
 
 async def test_an_id_is_claimed_once_and_expired_ids_are_pruned(
@@ -15,7 +15,7 @@ async def test_an_id_is_claimed_once_and_expired_ids_are_pruned(
     ids = store.auth_ids
     assert await ids.claim("a" * 64)
     assert not await ids.claim("a" * 64)
-    await store.db.execute(
+    await sql_of(store).execute(
         "INSERT INTO nip98_used VALUES (?, ?)", ("b" * 64, int(time.time()) - 1)
     )
     assert await ids.prune() == 1

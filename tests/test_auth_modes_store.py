@@ -9,7 +9,7 @@ from sigil_push.store.factory import PostgresStore, SqliteStore
 
 
 async def test_a_verdict_is_kept_replaced_and_expires(store: SqliteStore | PostgresStore) -> None:
-    modes = LearnedAuthModes(store.db)
+    modes = LearnedAuthModes(store.auth_modes)
     assert await modes.load() == {}
     await modes.save("wss://a.example", "multi")
     await modes.save("wss://b.example", "single")

@@ -12,6 +12,7 @@ from sigil_push.relays.pool import RelayPlan
 from sigil_push.relays.subscriptions import RelaySubscriptions
 from sigil_push.store.factory import PostgresStore, SqliteStore
 from sigil_push.store.seen import SeenEvents
+from tests.support.stores import seen_rows, sql_of
 
 KEYS = [f"{i:064x}" for i in range(1, 8)]
 
@@ -171,7 +172,7 @@ def test_relay_lists_prefer_kind_10050_and_keep_the_newest() -> None:
     older_dm = sign_event(owner, 10050, "", [["relay", "wss://old.example"]], 5)
     assert relays_in_list(general, False) == ("wss://read.example",)
 
-    lists = RelayLists(db=None, allow_insecure=False)  # type: ignore[arg-type]
+    lists = RelayLists(state=None, allow_insecure=False)  # type: ignore[arg-type]
     assert lists.offer(general)
     assert lists.relays_of(owner.public_key_hex) == ("wss://read.example",)
     assert lists.offer(dm)
@@ -215,8 +216,8 @@ async def test_seen_events_survive_a_restart_and_memory_stays_bounded(
     """Ids saved by one instance are known to the next, with every relay that delivered them
     (those of the first batch share the id's row); the cache never exceeds its size; pruning
     forgets only ids past retention. On each engine."""
-    db = store.db
-    seen = SeenEvents(db, retention_seconds=1000, cache_size=2)
+    db, rows = sql_of(store), seen_rows(store)
+    seen = SeenEvents(rows, retention_seconds=1000, cache_size=2)
     await seen.lookup(KEYS[:3])
     pending: dict[str, tuple[str, ...]] = {}
     for key in KEYS[:3]:
@@ -228,19 +229,19 @@ async def test_seen_events_survive_a_restart_and_memory_stays_bounded(
     relays = {KEYS[1]: ("wss://a", "wss://c")}
     await seen.save([(k, relays.get(k, ("wss://a",)), 1_000_000, 1000) for k in KEYS[:3]], [])
 
-    restarted = SeenEvents(db, retention_seconds=1000, cache_size=10)
+    restarted = SeenEvents(rows, retention_seconds=1000, cache_size=10)
     await restarted.load()
     assert restarted.delivered_by(KEYS[0], "wss://a")
     assert not restarted.delivered_by(KEYS[0], "wss://c")
     assert restarted.delivered_by(KEYS[1], "wss://a") and restarted.delivered_by(KEYS[1], "wss://c")
-    looked_up = SeenEvents(db, retention_seconds=1000, cache_size=10)
+    looked_up = SeenEvents(rows, retention_seconds=1000, cache_size=10)
     await looked_up.lookup([KEYS[1]])
     assert looked_up.first_delivery(KEYS[1], "wss://c", {}) == (False, False)
     assert restarted.first_delivery(KEYS[0], "wss://b", {}) == (False, True)
     await restarted.save([], [(KEYS[0], "wss://b"), (KEYS[0], "wss://c"), (KEYS[0], "wss://b")])
     row = await db.execute_fetchall("SELECT relay FROM seen_events WHERE event_id = ?", (KEYS[0],))
     assert list(row) == [("wss://a wss://b wss://c",)], "further relays appended to its row once"
-    again = SeenEvents(db, retention_seconds=1000, cache_size=10)
+    again = SeenEvents(rows, retention_seconds=1000, cache_size=10)
     await again.lookup([KEYS[0]])
     assert all(again.delivered_by(KEYS[0], r) for r in ("wss://a", "wss://b", "wss://c"))
     # further relays recorded before they were appended in place are still read
@@ -248,7 +249,7 @@ async def test_seen_events_survive_a_restart_and_memory_stays_bounded(
         "INSERT INTO seen_on_relay (event_id, relay, keep_until) VALUES (?, ?, ?)",
         (KEYS[2], "wss://d wss://e", 2000),
     )
-    legacy = SeenEvents(db, retention_seconds=1000, cache_size=10)
+    legacy = SeenEvents(rows, retention_seconds=1000, cache_size=10)
     await legacy.lookup([KEYS[2]])
     assert all(legacy.delivered_by(KEYS[2], r) for r in ("wss://a", "wss://d", "wss://e"))
     assert await restarted.prune(now=1999) == 0

@@ -44,7 +44,9 @@ def start_signer(signer_relay: RelayProcess) -> Iterator[Callable[..., RemoteSig
 @pytest.fixture
 async def auth(store: SqliteStore | PostgresStore) -> AsyncIterator[DelegatedAuth]:
     """DelegatedAuth over the test's store (each engine), stopped after the test."""
-    delegated = DelegatedAuth(store.db, SecretKey.generate(), store.devices)
+    delegated = DelegatedAuth(
+        store.signer_sessions, store.auth_modes, SecretKey.generate(), store.devices
+    )
     await delegated.start()
     yield delegated
     await delegated.stop()

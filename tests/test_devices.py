@@ -11,6 +11,8 @@ import pytest
 from sigil_push.store.errors import TooManyAccounts, TooManyDevices
 from sigil_push.store.factory import PostgresStore, SqliteStore
 from sigil_push.store.interface import DeviceStore
+from sigil_push.store.limits import Occupancy, refusal
+from tests.support.stores import sql_of
 
 
 @pytest.fixture
@@ -19,7 +21,8 @@ def devices(store: SqliteStore | PostgresStore) -> DeviceStore:
 
 
 async def test_device_limit_holds_under_concurrent_registrations(devices: DeviceStore) -> None:
-    """Without a lock, the limit is enforced by the writing statement itself."""
+    """However many registrations race (one writer on SQLite, several connections on
+    PostgreSQL), the limit holds: no more pairs than it allows, none refused below it."""
     pubkey = secrets.token_hex(32)
 
     async def attempt() -> bool:
@@ -77,7 +80,7 @@ async def test_account_limit_holds_under_concurrent_registrations(
 
     outcomes = await asyncio.gather(*(attempt() for _ in range(40)))
     assert sum(outcomes) == 20
-    [(pairs,)] = await store.db.execute_fetchall(
+    [(pairs,)] = await sql_of(store).execute_fetchall(
         "SELECT COUNT(*) FROM devices WHERE token = ?", (token,)
     )
     assert pairs == 20
@@ -119,3 +122,29 @@ async def test_unregister_and_dead_tokens(devices: DeviceStore) -> None:
     assert sorted(changed) == sorted([alice, bob])
     assert [d.platform for d in await devices.of_pubkey(carol)] == ["android"]
     assert await devices.forget(named.id) is None
+
+
+async def test_a_registration_over_both_limits_is_refused_for_the_npubs_limit(
+    devices: DeviceStore,
+) -> None:
+    """Both limits reached by a new pair: the npub's own limit is the one reported, on either
+    engine (the policy is decided once, `store.limits`; SQLite used to report the token's)."""
+    full, token = secrets.token_hex(32), secrets.token_hex(32)
+    await devices.register(full, "ios", secrets.token_hex(32), "opaque", (), None, 1)
+    await devices.register(secrets.token_hex(32), "ios", token, "opaque", (), None, 1, 1)
+    with pytest.raises(TooManyDevices):
+        await devices.register(full, "ios", token, "opaque", (), None, 1, max_accounts=1)
+    with pytest.raises(TooManyAccounts):
+        await devices.register(secrets.token_hex(32), "ios", token, "opaque", (), None, 1, 1)
+    assert len(await devices.of_pubkey(full)) == 1
+
+
+def test_the_limit_policy_lets_an_existing_pair_through_and_counts_only_new_ones() -> None:
+    """The one rule both engines apply: an existing pair is always updatable; a new pair
+    needs room under each limit that is set (0: none)."""
+    assert refusal(Occupancy(True, 99, 99), 1, 1) is None
+    assert refusal(Occupancy(False, 9, 19), 10, 20) is None
+    assert isinstance(refusal(Occupancy(False, 10, 0), 10, 20), TooManyDevices)
+    assert isinstance(refusal(Occupancy(False, 0, 20), 10, 20), TooManyAccounts)
+    assert isinstance(refusal(Occupancy(False, 10, 20), 10, 20), TooManyDevices)
+    assert refusal(Occupancy(False, 10**6, 10**6), 0, 0) is None

@@ -44,7 +44,7 @@ from tests.support.loopback_relay import LoopbackRelay
 from tests.support.nostr_client import gift_wrap, hex_of, kind4_dm, npub_of, publish, user
 from tests.support.relay import RelayProcess
 from tests.support.service import ServiceProcess
-from tests.support.stores import Engine
+from tests.support.stores import Engine, seen_rows
 
 
 class RecordingProxy(LoopbackRelay):
@@ -298,7 +298,7 @@ async def test_a_copy_reuses_the_verified_original_and_a_forged_body_gains_nothi
         assert list(first_batch) == [(" ".join((*relays[:3], relays[4])),)], (
             "copies of its first batch, then a later batch's copy appended"
         )
-        restarted = SeenEvents(db, 3600, 100)
+        restarted = SeenEvents(seen_rows(parts.store), 3600, 100)
         await restarted.lookup([original.id])
         assert all(restarted.delivered_by(original.id, r) for r in (*relays[:3], relays[4]))
         assert not restarted.delivered_by(original.id, relays[3])

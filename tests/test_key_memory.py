@@ -116,13 +116,13 @@ async def test_a_follows_only_user_with_2000_follows_costs_the_bridge_little_mem
             before = tracemalloc.get_traced_memory()[0]
             cached = await committer._devices_of(users)
             checks = [(secrets.token_hex(32), cached[user]) for user in users]
-            answers = await committer._user_lists.blocked(checks)
+            answers = await committer._link.lists.blocked(checks)  # type: ignore[union-attr]
             assert all(answer for answer in answers), "strangers are not followed"
             del checks, answers
             # aiosqlite's thread keeps its last result until its next statement: one read's
             # lists (OWNERS_PER_READ of them), a bounded buffer, not a cost per user
             await parts.db.execute_fetchall("SELECT 1")
-            await committer._db.execute_fetchall("SELECT 1")  # type: ignore[union-attr]
+            await committer._link.state.cursors()  # type: ignore[union-attr]
             current, peak = tracemalloc.get_traced_memory()
             per_user = (current - before) / len(users)
         finally:

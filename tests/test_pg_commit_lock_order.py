@@ -26,6 +26,7 @@ from sigil_push.bridge.pending import Arrival
 from sigil_push.nostr.event import Event, sign_event
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.relays.discovery import DM_RELAYS_KIND, RelayLists
+from sigil_push.store.postgres.bridge_state import PostgresRelayState, PostgresSeenRows
 from sigil_push.store.postgres.database import PostgresDatabase
 from sigil_push.store.postgres.migrate import migrate
 from sigil_push.store.postgres.outbox import PostgresOutbox
@@ -111,20 +112,15 @@ async def _race(
 async def _arrival_order_writer(url: str, worker: str, rows: Rows) -> Callable[[], Awaitable[None]]:
     """The committer's transaction as it was: the same stores' writes, in arrival order."""
     db = PostgresDatabase(await asyncpg.connect(url))
-    outbox, seen = PostgresOutbox(db, worker), SeenEvents(db, 3600, 10)
+    outbox, seen = PostgresOutbox(db, worker), SeenEvents(PostgresSeenRows(db), 3600, 10)
     writes, new_events, further = rows
 
     async def write() -> None:
         try:
-            await db.execute("BEGIN")
-            try:
+            async with db.transaction():
                 await outbox.enqueue_many(
                     [(a.event, a.relay, a.received_ms, targets) for a, targets in writes])
                 await seen.save(new_events, further)
-                await db.execute("COMMIT")
-            except BaseException:
-                await db.execute("ROLLBACK")
-                raise
         finally:
             await db.close()
 
@@ -204,7 +200,7 @@ async def test_overlapping_workers_save_relay_lists_without_deadlock(postgres_ur
     saves = []
     for worker, keys in (("a", [x, p, y]), ("b", [y, q, x])):
         db = PostgresDatabase(await asyncpg.connect(postgres_url))
-        lists = RelayLists(db, allow_insecure=False)
+        lists = RelayLists(PostgresRelayState(db), allow_insecure=False)
         for key in keys:
             lists.offer(_list_of(key, f"wss://{worker}.example"))
         saves.append((db, lists))

@@ -13,7 +13,7 @@ from sigil_push.nostr.keys import SecretKey
 from sigil_push.store.factory import open_sqlite
 from sigil_push.store.records import WebPushKeys
 from sigil_push.store.seen import SeenEvents
-from tests.support.stores import open_test_store
+from tests.support.stores import open_test_store, seen_rows, sql_of
 from tests.test_cli import run_cli
 
 NOW_MS = int(time.time() * 1000)
@@ -32,13 +32,13 @@ async def _old_instance(path: Path) -> dict[str, object]:
         await store.outbox.resume(NOW_MS)
         due = await store.outbox.due(NOW_MS, 10)
         collapse = {w.id: store.outbox.collapse_id(w.id) for w in due}
-        seen = SeenEvents(store.db, 3600, 10)
+        seen = SeenEvents(seen_rows(store), 3600, 10)
         await seen.save([(event.id, ("wss://a.example",), NOW_MS, event.created_at)],
                         [(event.id, "wss://b.example")])
-        await store.db.execute(
+        await sql_of(store).execute(
             "INSERT INTO relay_baselines VALUES (?, ?, ?)", ("wss://a.example", alice, 1)
         )
-        await store.db.execute("INSERT INTO relay_cursors VALUES (?, ?)", ("wss://a.example", 42))
+        await sql_of(store).execute("INSERT INTO relay_cursors VALUES (?, ?)", ("wss://a.example", 42))
         assert await store.auth_ids.claim("f" * 64)
         return {"alice": alice, "bob": bob, "event": event.id, "collapse": collapse,
                 "ios": ios, "up": up}
@@ -68,10 +68,10 @@ async def test_migrate_from_copies_an_sqlite_instance_into_postgres(
         assert {w.id: store.outbox.collapse_id(w.id) for w in due} == old["collapse"]
         assert {w.event_id for w in due} == {old["event"]}
         assert not await store.auth_ids.claim("f" * 64), "a used NIP-98 id stays used"
-        seen = SeenEvents(store.db, 3600, 10)
+        seen = SeenEvents(seen_rows(store), 3600, 10)
         await seen.lookup([str(old["event"])])
         assert seen.delivered_by(str(old["event"]), "wss://b.example")
-        cursors = await store.db.execute_fetchall("SELECT relay, live_until FROM relay_cursors")
+        cursors = await sql_of(store).execute_fetchall("SELECT relay, live_until FROM relay_cursors")
         assert [tuple(r) for r in cursors] == [("wss://a.example", 42)]
         fresh = await store.devices.register(
             secrets.token_hex(32), "ios", "cd" * 32, "opaque", (), None, 0

@@ -13,6 +13,7 @@ import pytest
 from sigil_push.nostr.event import Event, sign_event
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.relays.discovery import DM_RELAYS_KIND, RelayLists
+from sigil_push.store.postgres.bridge_state import PostgresRelayState
 from sigil_push.store.postgres.database import PostgresDatabase
 from sigil_push.store.postgres.migrate import migrate
 
@@ -31,7 +32,7 @@ async def test_lists_a_failed_save_did_not_store_are_saved_next_time(postgres_ur
     db = PostgresDatabase(
         await asyncpg.connect(postgres_url), reconnect=lambda: asyncpg.connect(postgres_url)
     )
-    lists = RelayLists(db, allow_insecure=False)
+    lists = RelayLists(PostgresRelayState(db), allow_insecure=False)
     for key in (x, y):
         lists.offer(_list_of(key, "wss://inbox.example"))
     holder, watcher = await asyncpg.connect(postgres_url), await asyncpg.connect(postgres_url)

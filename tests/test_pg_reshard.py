@@ -25,6 +25,7 @@ from sigil_push.bridge import Bridge
 from sigil_push.bridge.pending import (
     DELETE_BASELINE,
     DELETE_BASELINES_OF,
+    DELETE_RELAY_LISTS,
     INSERT_BASELINES,
     OP_ROWS_PER_COMMIT,
     DbOp,
@@ -39,9 +40,10 @@ from sigil_push.relays.pool import RelayPool
 from sigil_push.shards import DEFAULT_SHARDS, ShardSet, shard_of
 from sigil_push.store.factory import open_store
 from sigil_push.store.interface import Store
-from sigil_push.store.postgres.database import numbered
 from sigil_push.store.postgres.migrate import migrate
+from sigil_push.store.sqlite.bridge_state import BOOKKEEPING_SQL
 from tests.support.in_process import in_process_bridge
+from tests.support.stores import numbered
 
 RELAY = "ws://127.0.0.1:9"  # nothing listens
 KEYS = 30_000
@@ -212,8 +214,8 @@ def test_a_million_baselines_are_written_in_slices() -> None:
     keys = sorted(secrets.token_hex(32) for _ in range(2 * OP_ROWS_PER_COMMIT + 5))
     queued: list[DbOp] = [(DELETE_BASELINES_OF, [("a" * 64,)]),
                           (INSERT_BASELINES, [(RELAY, key, 1) for key in keys])]
-    for sql, rows in queued:
-        pending.add_op(sql, rows)
+    for op, rows in queued:
+        pending.add_op(op, rows)
     written: list[tuple[Any, ...]] = []
     slices = 0
     while pending:
@@ -235,7 +237,7 @@ def test_lock_order_keeps_what_the_writes_leave() -> None:
     keys = [f"{i:064x}" for i in range(6)]
     relays = ["wss://a", "wss://b", "wss://c"]
     for _ in range(300):
-        ops: list[DbOp] = [("INSERT INTO relay_lists (pubkey) VALUES (?)", [("x",)])]
+        ops: list[DbOp] = [(DELETE_RELAY_LISTS, [("x",)])]
         for _ in range(rng.randint(1, 8)):
             kind = rng.random()
             if kind < 0.5:
@@ -253,11 +255,11 @@ def test_lock_order_keeps_what_the_writes_leave() -> None:
                        " INTEGER, PRIMARY KEY (relay, pubkey))")
             db.execute("CREATE TABLE relay_lists (pubkey TEXT)")
             db.executemany("INSERT INTO relay_baselines VALUES (?, ?, ?)", start)
-            for sql, rows in written:
-                db.executemany(sql, rows)
+            for op, rows in written:
+                db.executemany(BOOKKEEPING_SQL[op], rows)
             results.append(sorted(db.execute("SELECT * FROM relay_baselines")))
-            order = [(row[1], row[0]) for sql, rows in written
-                     if sql in (INSERT_BASELINES, DELETE_BASELINE) for row in rows]
+            order = [(row[1], row[0]) for op, rows in written
+                     if op in (INSERT_BASELINES, DELETE_BASELINE) for row in rows]
             if written is not ops:
                 assert order == sorted(order), "pair writes in (pubkey, relay) order"
         assert results[0] == results[1], ops
@@ -278,7 +280,7 @@ async def _race(url: str, first: list[DbOp], second: list[DbOp]) -> list[BaseExc
     writers: list[dict[str, Any]] = []
     for connection, ops in zip(connections, (first, second), strict=True):
         await connection.execute("BEGIN")
-        statements = [(numbered(sql), row) for sql, rows in ops for row in rows]
+        statements = [(numbered(BOOKKEEPING_SQL[op]), row) for op, rows in ops for row in rows]
         statements.append(("COMMIT", ()))
         writers.append({"c": connection, "pid": connection.get_server_pid(),
                         "todo": statements, "task": None, "error": None, "over": False})
@@ -363,8 +365,8 @@ async def test_many_baselines_are_sorted_a_chunk_per_loop_turn(
     assert max(b - a for a, b in zip([0, *sizes], sizes, strict=False)) <= 2 * CHUNK
     assert len([s for s in sizes if 0 < s < len(keys)]) > 1, "the loop never turned mid-way"
     _, ops = pending.take()
-    written = [(sql, row[1]) for sql, op_rows in ops for row in op_rows]
-    inserts = [key for sql, key in written if sql == INSERT_BASELINES]
+    written = [(op, row[1]) for op, op_rows in ops for row in op_rows]
+    inserts = [key for op, key in written if op == INSERT_BASELINES]
     assert inserts == sorted(keys)
     assert written.index((DELETE_BASELINE, leaving)) > written.index((INSERT_BASELINES, leaving))
 

@@ -16,7 +16,7 @@ from sigil_push.store.errors import TooManyDevices
 from sigil_push.store.factory import PostgresStore, SqliteStore
 from sigil_push.store.records import Device
 from sigil_push.store.seen import SeenEvents
-from tests.support.stores import open_test_store
+from tests.support.stores import open_test_store, seen_rows
 
 Store = SqliteStore | PostgresStore
 NOW = 1_700_000_000_000
@@ -106,7 +106,7 @@ async def test_outbox_due_filters_by_platform(store: Store) -> None:
 
 async def test_seen_ids_survive_a_restart_and_are_pruned_after_retention(store: Store) -> None:
     ids = [secrets.token_hex(32) for _ in range(3)]
-    seen = SeenEvents(store.db, retention_seconds=1000, cache_size=2)
+    seen = SeenEvents(seen_rows(store), retention_seconds=1000, cache_size=2)
     await seen.lookup(ids)
     pending: dict[str, tuple[str, ...]] = {}
     for event_id in ids:
@@ -114,12 +114,12 @@ async def test_seen_ids_survive_a_restart_and_are_pruned_after_retention(store: 
     seen.remember(pending)
     await seen.save([(i, ("wss://a",), 1_000_000, 1000) for i in ids], [])
     await seen.save([(ids[0], ("wss://z",), 1_000_000, 1000)], [])  # a second worker's late copy
-    restarted = SeenEvents(store.db, retention_seconds=1000, cache_size=10)
+    restarted = SeenEvents(seen_rows(store), retention_seconds=1000, cache_size=10)
     await restarted.load()
     assert restarted.delivered_by(ids[0], "wss://a")
     assert not restarted.delivered_by(ids[0], "wss://z")
     await restarted.save([], [(ids[0], "wss://b")])
-    again = SeenEvents(store.db, retention_seconds=1000, cache_size=10)
+    again = SeenEvents(seen_rows(store), retention_seconds=1000, cache_size=10)
     await again.lookup([ids[0]])
     assert again.delivered_by(ids[0], "wss://b")
     assert await again.prune(now=1999) == 0
@@ -132,11 +132,11 @@ async def test_seen_lookup_finds_exactly_the_saved_ids_in_batches_of_any_size(
     """Lookups are padded to a few statement sizes and split in chunks of 500: the ids found
     are the saved ones, whatever the number asked for, and no unknown id is taken as seen."""
     saved = sorted(secrets.token_hex(32) for _ in range(700))
-    writer = SeenEvents(store.db, retention_seconds=1000, cache_size=10)
+    writer = SeenEvents(seen_rows(store), retention_seconds=1000, cache_size=10)
     await writer.save([(i, ("wss://a",), 1_000_000, 1000) for i in saved], [])
     for known, unknown in ((1, 0), (0, 3), (9, 4), (650, 13)):
         asked = saved[:known] + [secrets.token_hex(32) for _ in range(unknown)]
-        reader = SeenEvents(store.db, retention_seconds=1000, cache_size=1000)
+        reader = SeenEvents(seen_rows(store), retention_seconds=1000, cache_size=1000)
         await reader.lookup(asked)
         assert [i for i in asked if reader.known(i)] == saved[:known]
         assert len(reader) == known
@@ -351,11 +351,11 @@ async def test_the_bridge_connection_comes_back_after_the_server_dropped_it(
     config = parse_config({"server": {"database": database}}, tmp_path / "relays.toml")  # type: ignore[operator]
     link = await connect_bridge(config)
     try:
-        [(before,)] = await link.db.execute_fetchall("SELECT pg_backend_pid()")
+        before = await link.db.fetchval("SELECT pg_backend_pid()")
         assert await _terminate(database, f"pid = {before}") == 1
         with contextlib.suppress(*TRANSIENT_ERRORS):  # the first try may still see the cut
-            await link.db.execute_fetchall("SELECT 1")
-        [(after,)] = await link.db.execute_fetchall("SELECT pg_backend_pid()")
+            await link.db.fetchval("SELECT 1")
+        after = await link.db.fetchval("SELECT pg_backend_pid()")
         assert after != before
     finally:
         await link.close()

@@ -17,8 +17,9 @@ from sigil_push.bridge.user_lists import MAX_LIST_ENTRIES, user_list_of
 from sigil_push.config import parse_config
 from sigil_push.nostr.event import Event, sign_event
 from sigil_push.nostr.keys import SecretKey
-from sigil_push.store.factory import BridgeLink, PostgresStore, SqliteStore, connect_bridge
-from sigil_push.store.preferences import UserList, UserLists
+from sigil_push.store.factory import PostgresStore, SqliteStore, connect_bridge
+from sigil_push.store.interface import BridgeConnection
+from sigil_push.store.preferences import UserList
 from sigil_push.store.records import Device, PreferenceChange, pack_keys
 from tests.support.stores import fetch
 
@@ -31,7 +32,7 @@ def _list(owner: SecretKey, kind: int, keys: list[str], created_at: int) -> Even
     return sign_event(owner, kind, "", [["p", key] for key in keys], created_at)
 
 
-async def _link(tmp_path: Path, database: str) -> BridgeLink:
+async def _link(tmp_path: Path, database: str) -> BridgeConnection:
     return await connect_bridge(parse_config({"server": {"database": database}},
                                              tmp_path / "relays.toml"))
 
@@ -56,7 +57,7 @@ async def test_the_newest_list_wins_then_the_lowest_id(
 ) -> None:
     owner = SecretKey.generate()
     link = await _link(tmp_path, database)
-    lists = UserLists(link.db)
+    lists = link.lists
     try:
         now = int(time.time())
         first = user_list_of(_list(owner, 3, [_key()], now))
@@ -87,7 +88,7 @@ async def test_kind_4_authors_are_checked_against_the_lists_and_the_private_mute
                                         PreferenceChange(muted=pack_keys([muted]), muted_count=1))
     await store.devices.set_preferences(pubkey, follows.token, PreferenceChange(senders="follows"))
     link = await _link(tmp_path, database)
-    lists = UserLists(link.db)
+    lists = link.lists
     try:
         now = int(time.time())
         await lists.save([user_list_of(_list(owner, 10000, [listed], now)),
@@ -123,13 +124,13 @@ async def test_a_lapse_is_claimed_once_by_racing_workers(
     links = [await _link(tmp_path, database) for _ in range(workers)]
     try:
         event_id = _key()
-        await UserLists(links[0].db).mark_lapses([(event_id, "wss://r.example", device.id)], now)
+        async with links[0].transaction():
+            await links[0].lists.mark_lapses([(event_id, "wss://r.example", device.id)], now)
 
-        async def claim(link: BridgeLink) -> int:
-            await link.db.execute("BEGIN IMMEDIATE")
-            claimed = await UserLists(link.db).claim_lapses(now + 61, (now + 61) * 1000)
-            await asyncio.sleep(0.05)  # hold the transaction open while the others try
-            await link.db.execute("COMMIT")
+        async def claim(link: BridgeConnection) -> int:
+            async with link.transaction():
+                claimed = await link.lists.claim_lapses(now + 61, (now + 61) * 1000)
+                await asyncio.sleep(0.05)  # hold the transaction open while the others try
             return claimed
 
         first = await asyncio.gather(*(claim(link) for link in links))
@@ -157,7 +158,7 @@ async def test_a_presence_ended_or_not_yet_lapsed_is_not_claimed(
         await store.devices.set_presence(pubkey, device.token, now + 60)
     link = await _link(tmp_path, database)
     try:
-        lists = UserLists(link.db)
+        lists = link.lists
         await lists.mark_lapses([(_key(), "wss://r", ended.id), (_key(), "wss://r", running.id)],
                                 now)
         await store.devices.set_presence(pubkey, ended.token, None)

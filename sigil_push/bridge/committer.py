@@ -1,8 +1,8 @@
 """The committer: pending arrivals → the devices they wake → outbox rows and seen ids, written
 in one transaction per batch, in arrival order, so the readers never wait on the disk.
 
-It has its own database connection, so each batch's outbox rows and seen ids are one
-transaction: after a crash either both are on disk or neither is, and a catch-up then pushes
+It has its own store connection (`store.interface.BridgeConnection`), so each batch's outbox
+rows, seen ids and queued bookkeeping are one `transaction()`: after a crash either both are on disk or neither is, and a catch-up then pushes
 exactly what had not been handed to the outbox. It also makes ingest fast (one commit per
 batch instead of one per event). The shared outbox's `ready` is set after each commit.
 """
@@ -34,13 +34,7 @@ from sigil_push.relays.discovery import RelayLists
 from sigil_push.relays.inbox import connected_inboxes
 from sigil_push.relays.pool import RelayPool
 from sigil_push.store.errors import TRANSIENT_ERRORS
-from sigil_push.store.interface import (
-    Database,
-    DeviceStore,
-    OutboxStore,
-    SeenStore,
-    UserListStore,
-)
+from sigil_push.store.interface import BridgeConnection, DeviceStore, OutboxStore, SeenStore
 from sigil_push.store.preferences import AuthorCheck, UserList
 from sigil_push.store.records import Device
 
@@ -187,11 +181,9 @@ class Committer:
         self.counters = counters
         self._registration_relays = registration_relays
         self._insecure = insecure
-        self._db: Database | None = None
-        self._writer: OutboxStore | None = None
+        self._link: BridgeConnection | None = None
         self._seen: SeenStore
         self._lists: RelayLists
-        self._user_lists: UserListStore
         self._lists_waiting: dict[tuple[str, int], UserList] = {}
         self._listeners: list[CommitListener] = []
         self._device_cache: dict[str, list[Device]] = {}
@@ -201,18 +193,10 @@ class Committer:
         self._held_records: list[SeenRecord] = []
         self._held_since = 0.0
 
-    def attach(
-        self,
-        db: Database,
-        writer: OutboxStore,
-        seen: SeenStore,
-        lists: RelayLists,
-        user_lists: UserListStore,
-    ) -> None:
-        """The committer's own connection and outbox on it, the dedupe, the relay lists and
-        the users' own lists (with the presence lapses), on that connection too."""
-        self._db, self._writer, self._seen, self._lists = db, writer, seen, lists
-        self._user_lists = user_lists
+    def attach(self, link: BridgeConnection, seen: SeenStore, lists: RelayLists) -> None:
+        """The committer's own connection (with its outbox writer, bookkeeping and the users'
+        own lists and presence lapses), the dedupe and the relay lists."""
+        self._link, self._seen, self._lists = link, seen, lists
 
     def offer_list(self, item: UserList) -> None:
         """Ingest verified a kind 10000 or 3 of a watched key: store it soon (the newest of
@@ -264,9 +248,11 @@ class Committer:
         """Store the users' lists taken since the last time; the keys whose list replaced the
         stored one have their devices (and the flags read with them) read again."""
         waiting, self._lists_waiting = self._lists_waiting, {}
+        link = self._link
+        assert link is not None
         try:
             async with self._turn:
-                taken = await self._user_lists.save(list(waiting.values()))
+                taken = await link.lists.save(list(waiting.values()))
         except TRANSIENT_ERRORS as exc:
             log.warning("storing %d user lists failed (%s); kept for the next turn",
                         len(waiting), type(exc).__name__)
@@ -280,18 +266,11 @@ class Committer:
     async def claim_lapses(self) -> int:
         """Presences that lapsed by time after holding a DM back: one wakeup each, claimed and
         written in one transaction (see `UserLists.claim_lapses`)."""
-        db = self._db
-        assert db is not None
+        link = self._link
+        assert link is not None
         now_ms = int(time.time() * 1000)
-        async with self._turn:
-            await db.execute("BEGIN IMMEDIATE")
-            try:
-                claimed = await self._user_lists.claim_lapses(now_ms // 1000, now_ms)
-                await db.execute("COMMIT")
-            except BaseException:
-                with contextlib.suppress(*TRANSIENT_ERRORS):
-                    await db.execute("ROLLBACK")
-                raise
+        async with self._turn, link.transaction():
+            claimed = await link.lists.claim_lapses(now_ms // 1000, now_ms)
         if claimed:
             LAPSE_WAKEUPS.inc(claimed)
             self._outbox.ready.set()
@@ -304,7 +283,7 @@ class Committer:
         )
 
     async def _commit_pending(self) -> None:
-        """Commit the next batch. A batch that raises is retried once, then committed event
+        """The next batch, committed. A batch that raises is retried once, then committed event
         by event, and an event that fails twice on its own is skipped and counted (`poison`):
         one bad input never stops the loop nor comes back forever."""
         batch, ops = self._pending.take()
@@ -501,7 +480,9 @@ class Committer:
             if _any_rules(targets):  # someone chose something: the rare path
                 choice = Choice(arrival, targets, now, marks, checks)
             decided.append((arrival, targets, choice))
-        answers = await self._user_lists.blocked(checks) if checks else []
+        link = self._link
+        assert link is not None
+        answers = await link.lists.blocked(checks) if checks else []
         writes = []
         suppressed: list[tuple[str, str]] = []
         for arrival, targets, choice in decided:
@@ -546,22 +527,15 @@ class Committer:
     ) -> None:
         """One transaction: the batch's wakeups, its seen ids, the queued bookkeeping and the
         presences that held a DM back, each in lock order (`in_lock_order`)."""
-        db, writer = self._db, self._writer
+        link = self._link
         writes, new_events, further = in_lock_order(writes, new_events, further)
-        assert db is not None and writer is not None
-        async with self._turn:
-            await db.execute("BEGIN IMMEDIATE")
-            try:
-                await writer.enqueue_many(
-                    [(a.event, a.relay, a.received_ms, targets) for a, targets in writes]
-                )
-                await self._seen.save(new_events, further)
-                for sql, rows in ops:
-                    await db.executemany(sql, rows)
-                if marks:
-                    await self._user_lists.mark_lapses(marks, int(time.time()))
-                await db.execute("COMMIT")
-            except BaseException:
-                with contextlib.suppress(*TRANSIENT_ERRORS):
-                    await db.execute("ROLLBACK")
-                raise
+        assert link is not None
+        async with self._turn, link.transaction():
+            await link.outbox.enqueue_many(
+                [(a.event, a.relay, a.received_ms, targets) for a, targets in writes]
+            )
+            await self._seen.save(new_events, further)
+            for op, rows in ops:
+                await link.state.apply(op, rows)
+            if marks:
+                await link.lists.mark_lapses(marks, int(time.time()))

@@ -10,6 +10,10 @@
 - `keys`: which keys are watched where (registrations, relay lists, shards);
 - `relay_state`: baselines, cursors and gated relays, for the pool and per-user connections.
 
+Their rows are the store's: the bridge's own connection (`store.interface.BridgeConnection`,
+from `store.factory.connect_bridge`) carries the outbox writer, the seen rows and the relay
+state (`RelayStateStore`), and the committer's `transaction()`; none of these modules holds SQL.
+
 The pool and the per-user connections are handed the parts' own bound methods (set in
 `__init__`), so a frame costs no call through this class.
 """
@@ -37,7 +41,6 @@ from sigil_push.relays.user_inbox import UserInboxes
 from sigil_push.store.errors import TRANSIENT_ERRORS
 from sigil_push.store.factory import connect_bridge
 from sigil_push.store.interface import BridgeConnection, DeviceStore, OutboxStore, SeenStore
-from sigil_push.store.preferences import UserLists
 from sigil_push.store.seen import SeenEvents
 from sigil_push.supervisor import Supervisor
 
@@ -151,19 +154,20 @@ class Bridge:
 
     async def _load(self, link: BridgeConnection) -> None:
         """Everything the bridge remembers, and the keys to watch, before any relay is opened."""
-        db = link.db
-        lists = RelayLists(db, self._insecure)
+        lists = RelayLists(link.state, self._insecure)
         # dedupe must remember every id a catch-up can return again
         retention = max(self._bridge.seen_retention_seconds, self._bridge.catchup_seconds)
-        self._seen = SeenEvents(db, retention, self._bridge.seen_cache_size)
-        self._registry.attach(db, lists)
+        self._seen = SeenEvents(link.seen, retention, self._bridge.seen_cache_size)
+        self._registry.attach(link.state, lists)
         self._ingest.attach(self._seen, lists)
-        self._committer.attach(db, link.outbox, self._seen, lists, UserLists(db))
+        self._committer.attach(link, self._seen, lists)
         await self._seen.load()
         await lists.load()
         async with self._registry.changing:  # a reshard meanwhile waits for the whole load
             registry = self._registry
-            baselined = await self._relays.load(db, lists, registry.holds, registry.held_pairs)
+            baselined = await self._relays.load(
+                link.state, lists, registry.holds, registry.held_pairs
+            )
             await self._registry.load(baselined)
 
     async def stop(self) -> None:

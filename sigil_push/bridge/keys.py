@@ -14,7 +14,7 @@ from sigil_push.relays.discovery import RelayLists, normalize_relay_url
 from sigil_push.relays.pool import NO_RELAYS, RelayPool
 from sigil_push.relays.user_inbox import UserInboxes
 from sigil_push.shards import ShardSet
-from sigil_push.store.interface import Database, DeviceStore
+from sigil_push.store.interface import DeviceStore, RelayStateStore
 
 if TYPE_CHECKING:
     from sigil_push.canary import Canary
@@ -59,14 +59,15 @@ class KeyRegistry:
         self._dirty_event = asyncio.Event()
         self._owns: Callable[[str], bool] = _every_key
         self._probe: Canary | None = None
-        self._db: Database | None = None
+        self._state: RelayStateStore | None = None
         self._lists: RelayLists
         self.changing = asyncio.Lock()
         """Held while the keys are loaded or resharded: one change at a time."""
 
-    def attach(self, db: Database, lists: RelayLists) -> None:
-        """The database and relay lists, as the bridge starts (from then on `reshard` acts)."""
-        self._db, self._lists = db, lists
+    def attach(self, state: RelayStateStore, lists: RelayLists) -> None:
+        """The stored relay state and relay lists, as the bridge starts (from then on `reshard`
+        acts)."""
+        self._state, self._lists = state, lists
 
     async def load(self, known: Mapping[str, str]) -> None:
         """Watch the registered keys of our shards (before any relay is opened); a key already
@@ -191,8 +192,8 @@ class KeyRegistry:
         only the arriving keys' baselines are read.
         """
         self._owns = owns
-        db = self._db
-        if db is None:  # not started yet: `load` watches only what `owns` accepts
+        state = self._state
+        if state is None:  # not started yet: `load` watches only what `owns` accepts
             return
         async with self.changing:
             await self._release(owns)
@@ -200,7 +201,7 @@ class KeyRegistry:
                 items = list(chunk.items())
                 del chunk
                 for start in range(0, len(items), RESHARD_CHUNK):
-                    await self._take(db, owns, items[start : start + RESHARD_CHUNK])
+                    await self._take(state, owns, items[start : start + RESHARD_CHUNK])
                     await asyncio.sleep(0)
             # once: relays wanted only by keys that left close, those of arriving keys open
             self.apply(set())
@@ -219,13 +220,13 @@ class KeyRegistry:
                 await asyncio.sleep(0)
 
     async def _take(
-        self, db: Database, owns: Callable[[str], bool], chunk: list[tuple[str, tuple[str, ...]]]
+        self, state: RelayStateStore, owns: Callable[[str], bool], chunk: list[tuple[str, tuple[str, ...]]]
     ) -> None:
         """Watch one chunk of arriving keys, with the baselines stored for them."""
         arriving = [(p, relays) for p, relays in chunk if owns(p)]
         if not arriving:
             return
-        await self._relays.adopt(db, [p for p, _ in arriving])
+        await self._relays.adopt(state, [p for p, _ in arriving])
         for pubkey, relays in arriving:
             self._add_relays(pubkey, relays)
         self.apply({p for p, _ in arriving}, replan=False)

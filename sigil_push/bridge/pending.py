@@ -11,6 +11,7 @@ from typing import Any
 
 from sigil_push.bridge.metrics import QUEUE
 from sigil_push.nostr.event import Event
+from sigil_push.store.interface import BookkeepingOp
 
 COMMIT_BATCH = 2000
 CONGESTED_AT = 20_000
@@ -23,15 +24,14 @@ batch's wakeups would be lost). In slices, each transaction holds its locks for 
 RELAY_QUEUE_CAP = 2 * COMMIT_BATCH
 """A relay whose events fill this much of the commit queue waits (its reader only)."""
 
-DbOp = tuple[str, list[tuple[Any, ...]]]
-"""One statement and its rows, written in the committer's next transaction."""
+DbOp = tuple[BookkeepingOp, list[tuple[Any, ...]]]
+"""One bookkeeping write and its rows, applied in the committer's next transaction
+(`RelayStateStore.apply`)."""
 
-INSERT_BASELINES = (
-    "INSERT INTO relay_baselines (relay, pubkey, baselined_at) VALUES (?, ?, ?)"
-    " ON CONFLICT DO NOTHING"
-)
-DELETE_BASELINE = "DELETE FROM relay_baselines WHERE relay = ? AND pubkey = ?"
-DELETE_BASELINES_OF = "DELETE FROM relay_baselines WHERE pubkey = ?"
+INSERT_BASELINES = BookkeepingOp.INSERT_BASELINES
+DELETE_BASELINE = BookkeepingOp.DELETE_BASELINE
+DELETE_BASELINES_OF = BookkeepingOp.DELETE_BASELINES_OF
+DELETE_RELAY_LISTS = BookkeepingOp.DELETE_RELAY_LISTS
 
 
 def in_lock_order(ops: list[DbOp]) -> list[DbOp]:
@@ -46,10 +46,10 @@ def in_lock_order(ops: list[DbOp]) -> list[DbOp]:
     stable sort), and a key's deletion from every relay comes first for that key, so the
     pair writes queued before it (which it undoes) are dropped.
     """
-    if not any(sql in _BASELINE_WRITES for sql, _ in ops):
+    if not any(op in _BASELINE_WRITES for op, _ in ops):
         return ops
     others = [op for op in ops if op[0] not in _BASELINE_WRITES]
-    inserts = [rows for sql, rows in ops if sql == INSERT_BASELINES]
+    inserts = [rows for op, rows in ops if op == INSERT_BASELINES]
     if len(inserts) + len(others) == len(ops):
         # the usual case (EOSEs only): no deletion to keep in place; one EOSE's rows come
         # sorted by key already (`RelayState.baselined`), several are merged
@@ -59,35 +59,35 @@ def in_lock_order(ops: list[DbOp]) -> list[DbOp]:
         merged.sort(key=itemgetter(1, 0))
         return [*others, (INSERT_BASELINES, merged)]
     forgotten: dict[str, int] = {}
-    pairs: list[tuple[str, str, int, str, tuple[Any, ...]]] = []
+    pairs: list[tuple[str, str, int, BookkeepingOp, tuple[Any, ...]]] = []
     seq = 0
-    for sql, rows in ops:
-        if sql == DELETE_BASELINES_OF:
+    for op, rows in ops:
+        if op == DELETE_BASELINES_OF:
             for row in rows:
                 seq += 1
                 forgotten[row[0]] = seq
-        elif sql in _BASELINE_WRITES:
+        elif op in _BASELINE_WRITES:
             for row in rows:
                 seq += 1
-                pairs.append((row[1], row[0], seq, sql, row))
+                pairs.append((row[1], row[0], seq, op, row))
     pairs.sort(key=lambda pair: (pair[0], pair[1], pair[2]))
     ordered: list[DbOp] = []
 
-    def write(sql: str, row: tuple[Any, ...]) -> None:
-        if ordered and ordered[-1][0] == sql:
+    def write(op: BookkeepingOp, row: tuple[Any, ...]) -> None:
+        if ordered and ordered[-1][0] == op:
             ordered[-1][1].append(row)
         else:
-            ordered.append((sql, [row]))
+            ordered.append((op, [row]))
 
     # a pubkey sorts before any (pubkey, relay) pair
     deletions = sorted(forgotten.items())
     index = 0
-    for pubkey, relay, at, sql, row in pairs:
+    for pubkey, relay, at, op, row in pairs:
         while index < len(deletions) and deletions[index][0] <= pubkey:
             write(DELETE_BASELINES_OF, (deletions[index][0],))
             index += 1
         if forgotten.get(pubkey, 0) < at:
-            write(sql, row)
+            write(op, row)
     for pubkey, _ in deletions[index:]:
         write(DELETE_BASELINES_OF, (pubkey,))
     return others + ordered
@@ -96,13 +96,13 @@ def in_lock_order(ops: list[DbOp]) -> list[DbOp]:
 def _first_rows(ops: list[DbOp], most: int) -> tuple[list[DbOp], list[DbOp]]:
     """The first `most` rows of `ops` (for this transaction), and the rest (for the next)."""
     now: list[DbOp] = []
-    for index, (sql, rows) in enumerate(ops):
+    for index, (op, rows) in enumerate(ops):
         if len(rows) >= most:
             if most:
-                now.append((sql, rows[:most]))
-            rest = [(sql, rows[most:])] if len(rows) > most else []
+                now.append((op, rows[:most]))
+            rest = [(op, rows[most:])] if len(rows) > most else []
             return now, rest + ops[index + 1 :]
-        now.append((sql, rows))
+        now.append((op, rows))
         most -= len(rows)
     return now, []
 
@@ -137,16 +137,16 @@ class Pending:
         self._by_relay[arrival.relay] = self._by_relay.get(arrival.relay, 0) + 1
         self.work.set()
 
-    def add_op(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
-        self._ops.append((sql, rows))
+    def add_op(self, op: BookkeepingOp, rows: list[tuple[Any, ...]]) -> None:
+        self._ops.append((op, rows))
         self.work.set()
 
-    def reserve(self, sql: str) -> list[tuple[Any, ...]]:
-        """Queue `sql` now with rows still to come: the caller fills the returned list over
+    def reserve(self, op: BookkeepingOp) -> list[tuple[Any, ...]]:
+        """Queue `op` now with rows still to come: the caller fills the returned list over
         several turns of the event loop and then calls `ready`. Until then neither it nor any
         op queued after it is taken, so the writes keep the order they were queued in."""
         rows: list[tuple[Any, ...]] = []
-        self._ops.append((sql, rows))
+        self._ops.append((op, rows))
         self._unready.append(rows)
         return rows
 

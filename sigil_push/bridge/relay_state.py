@@ -13,13 +13,14 @@ from collections.abc import AsyncIterator, Callable, Collection, Iterable, Seque
 from sigil_push.bridge.pending import (
     DELETE_BASELINE,
     DELETE_BASELINES_OF,
+    DELETE_RELAY_LISTS,
     INSERT_BASELINES,
     Pending,
 )
 from sigil_push.relays.discovery import RelayLists
 from sigil_push.relays.pool import RelayPool
 from sigil_push.relays.user_inbox import UserInboxes
-from sigil_push.store.interface import Database
+from sigil_push.store.interface import RelayStateStore
 
 BASELINE_PAGE = 10_000
 """Rows of `relay_baselines` per query at start-up: PostgreSQL hands a query's rows over all at
@@ -37,7 +38,7 @@ per query the round trips took 6x as long."""
 
 
 async def _baseline_rows(
-    db: Database, turn: asyncio.Lock, held_pairs: Callable[[], Sequence[str] | None]
+    state: RelayStateStore, turn: asyncio.Lock, held_pairs: Callable[[], Sequence[str] | None]
 ) -> AsyncIterator[tuple[str, str]]:
     """Every (relay, pubkey) baseline, BASELINE_PAGE rows per query in primary key order (each
     page starts after the last row of the one before, so it is an index range on both engines);
@@ -47,22 +48,15 @@ async def _baseline_rows(
     after = ("", "")
     while True:
         pairs = held_pairs()
-        narrow = ""
-        if pairs is not None:
-            if not pairs:  # no shards (left): none of the rows is ours
-                return
-            narrow = f" AND substr(pubkey, 7, 2) IN ({', '.join('?' * len(pairs))})"
+        if pairs is not None and not pairs:  # no shards (left): none of the rows is ours
+            return
         async with turn:
-            rows = list(await db.execute_fetchall(
-                "SELECT relay, pubkey FROM relay_baselines WHERE (relay, pubkey) > (?, ?)"
-                f"{narrow} ORDER BY relay, pubkey LIMIT ?",
-                (*after, *(pairs or ()), BASELINE_PAGE),
-            ))
-        for relay, pubkey in rows:
-            yield str(relay), str(pubkey)
+            rows = await state.baseline_page(after, pairs, BASELINE_PAGE)
+        for row in rows:
+            yield row
         if len(rows) < BASELINE_PAGE:
             return
-        after = (str(rows[-1][0]), str(rows[-1][1]))
+        after = rows[-1]
 
 
 class RelayState:
@@ -82,7 +76,7 @@ class RelayState:
         self._pool = pool
         self._pending = pending
         self._inboxes = inboxes
-        self._db: Database | None = None
+        self._state: RelayStateStore | None = None
         self._lists: RelayLists
         self._turn = turn if turn is not None else asyncio.Lock()
         self.rows_adopted = 0
@@ -93,7 +87,7 @@ class RelayState:
 
     async def load(
         self,
-        db: Database,
+        state: RelayStateStore,
         lists: RelayLists,
         held: Callable[[str], bool],
         held_pairs: Callable[[], Sequence[str] | None] = lambda: None,
@@ -105,21 +99,20 @@ class RelayState:
         Returns each baselined key's string, for the key registry to use as its own: a key is
         one string shared by its baselines on every relay and the registry, not a copy per
         row (a restart with a million baselines on each of R relays held R million more)."""
-        self._db, self._lists = db, lists
+        self._state, self._lists = state, lists
         canonical: dict[str, str] = {}
         baselines: dict[str, set[str]] = {}
-        async for relay, pubkey in _baseline_rows(db, self._turn, held_pairs):
+        async for relay, pubkey in _baseline_rows(state, self._turn, held_pairs):
             self.rows_loaded += 1
             # several workers: hold only our shards' baselines (`adopt` loads the others')
             if held(pubkey):
                 baselines.setdefault(relay, set()).add(canonical.setdefault(pubkey, pubkey))
         async with self._turn:
-            rows = await db.execute_fetchall("SELECT relay, live_until FROM relay_cursors")
-        cursors = {str(relay): int(live_until) for relay, live_until in rows}
+            cursors = await state.cursors()
         self._pool.load(baselines, cursors)
         return canonical
 
-    async def adopt(self, db: Database, arriving: Collection[str]) -> None:
+    async def adopt(self, state: RelayStateStore, arriving: Collection[str]) -> None:
         """Keys another worker watched until now: take the baselines it stored for them (as
         the very strings of `arriving`), reading those keys' rows only (by the pubkey index),
         ADOPT_BATCH keys per query."""
@@ -128,11 +121,7 @@ class RelayState:
             batch = keys[start : start + ADOPT_BATCH]
             canonical = {key: key for key in batch}
             async with self._turn:
-                rows = list(await db.execute_fetchall(
-                    "SELECT relay, pubkey FROM relay_baselines WHERE pubkey IN"
-                    f" ({', '.join('?' * len(batch))})",
-                    batch,
-                ))
+                rows = await state.baselines_of_keys(batch)
             self.rows_adopted += len(rows)
             for relay, pubkey in rows:
                 self._pool.baselines_of(str(relay)).add(canonical[pubkey])
@@ -143,9 +132,7 @@ class RelayState:
         self._pending.add_op(
             DELETE_BASELINES_OF, [(p,) for p in removed]
         )
-        self._pending.add_op(
-            "DELETE FROM relay_lists WHERE pubkey = ?", [(p,) for p in sorted(removed)]
-        )
+        self._pending.add_op(DELETE_RELAY_LISTS, [(p,) for p in sorted(removed)])
 
     def forget_baselines(self, left: Iterable[tuple[str, str]]) -> None:
         """(relay, key) pairs whose baseline is void: the key left that relay."""
@@ -154,12 +141,8 @@ class RelayState:
     async def save_cursors(self) -> None:
         """In relay order: every worker saves the cursors of the same relays, and in the
         order each connected them two could each lock a row the other waits for."""
-        if self._pool.cursors and self._db is not None:
-            await self._db.executemany(
-                "INSERT INTO relay_cursors (relay, live_until) VALUES (?, ?)"
-                " ON CONFLICT (relay) DO UPDATE SET live_until = excluded.live_until",
-                sorted(self._pool.cursors.items()),
-            )
+        if self._pool.cursors and self._state is not None:
+            await self._state.save_cursors(sorted(self._pool.cursors.items()))
 
     # pool and per-user connection callbacks -----------------------------------------------
 

@@ -8,12 +8,11 @@ the database so a restart subscribes to the right relays before any list is fetc
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
 from sigil_push.nostr.event import Event
-from sigil_push.store.interface import Database
+from sigil_push.store.interface import RelayStateStore
 
 DM_RELAYS_KIND = 10050
 RELAY_LIST_KIND = 10002
@@ -80,18 +79,15 @@ def relays_in_list(event: Event, allow_insecure: bool) -> tuple[str, ...]:
 class RelayLists:
     """The newest 10050/10002 list of each registered key, in memory and in the database."""
 
-    def __init__(self, db: Database, allow_insecure: bool) -> None:
-        self._db = db
+    def __init__(self, state: RelayStateStore, allow_insecure: bool) -> None:
+        self._state = state
         self._allow_insecure = allow_insecure
         self._lists: dict[tuple[str, int], tuple[int, tuple[str, ...]]] = {}
         self._unsaved: dict[tuple[str, int], tuple[int, tuple[str, ...]]] = {}
 
     async def load(self) -> None:
-        async with self._db.execute(
-            "SELECT pubkey, kind, created_at, relays FROM relay_lists"
-        ) as cur:
-            async for pubkey, kind, created_at, relays in cur:
-                self._lists[(str(pubkey), int(kind))] = (int(created_at), tuple(json.loads(relays)))
+        for pubkey, kind, created_at, relays in await self._state.relay_lists():
+            self._lists[(pubkey, kind)] = (created_at, relays)
 
     def relays_of(self, pubkey: str) -> tuple[str, ...]:
         """NIP-17 says DMs go to the 10050 relays; NIP-65 read relays are the fallback."""
@@ -136,11 +132,8 @@ class RelayLists:
         unsaved, self._unsaved = self._unsaved, {}
         if unsaved:
             try:
-                await self._db.executemany(
-                    "INSERT INTO relay_lists (pubkey, kind, created_at, relays) VALUES (?, ?, ?, ?)"
-                    " ON CONFLICT (pubkey, kind) DO UPDATE SET created_at = excluded.created_at,"
-                    " relays = excluded.relays",
-                    [(p, k, c, json.dumps(list(r))) for (p, k), (c, r) in sorted(unsaved.items())],
+                await self._state.save_relay_lists(
+                    [(p, k, c, r) for (p, k), (c, r) in sorted(unsaved.items())]
                 )
             except BaseException:
                 # not a key forgotten meanwhile (`forget` could not take it out of `unsaved`)

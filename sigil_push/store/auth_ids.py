@@ -12,7 +12,7 @@ import asyncio
 import time
 
 from sigil_push.nostr.nip98 import MAX_CLOCK_SKEW_SECONDS
-from sigil_push.store.interface import Database
+from sigil_push.store.interface import AuthIdRows
 
 RETENTION_SECONDS = 2 * MAX_CLOCK_SKEW_SECONDS + 60
 PRUNE_INTERVAL_SECONDS = 60.0
@@ -20,8 +20,10 @@ MAX_BATCH = 500
 
 
 class UsedAuthIds:
-    def __init__(self, connection: Database) -> None:
-        self._db = connection
+    """`AuthIdStore`: the batching here, the rows in the engine's `AuthIdRows`."""
+
+    def __init__(self, rows: AuthIdRows) -> None:
+        self._rows = rows
         self._last_prune = time.monotonic()
         self._waiting: dict[str, asyncio.Future[bool]] = {}
         self._writer: asyncio.Task[None] | None = None
@@ -45,23 +47,14 @@ class UsedAuthIds:
                 if time.monotonic() - self._last_prune > PRUNE_INTERVAL_SECONDS:
                     await self.prune()
                 expires_at = int(time.time()) + RETENTION_SECONDS
-                inserted = await self._db.execute_fetchall(
-                    "INSERT INTO nip98_used (event_id, expires_at) VALUES "
-                    + ",".join("(?, ?)" for _ in batch)
-                    + " ON CONFLICT DO NOTHING RETURNING event_id",
-                    [value for event_id in batch for value in (event_id, expires_at)],
-                )
+                new = await self._rows.insert_new(list(batch), expires_at)
             except Exception as exc:  # noqa: BLE001 - every waiting request gets the failure
                 for future in batch.values():
                     future.set_exception(exc)
                 continue
-            new = {row[0] for row in inserted}
             for event_id, future in batch.items():
                 future.set_result(event_id in new)
 
     async def prune(self) -> int:
         self._last_prune = time.monotonic()
-        removed = await self._db.execute_fetchall(
-            "DELETE FROM nip98_used WHERE expires_at < ? RETURNING event_id", (int(time.time()),)
-        )
-        return len(list(removed))
+        return await self._rows.prune(int(time.time()))

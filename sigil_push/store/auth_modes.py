@@ -1,4 +1,4 @@
-"""Learned NIP-42 modes of gated relays, kept in the store (both engines, one SQL).
+"""Learned NIP-42 modes of gated relays, kept in the store (`AuthModeStore`, per engine).
 
 `UserInboxes` learns per relay whether it keeps one authenticated key per connection or
 several, at the cost of a probe connection and one extra signer request. Saving the verdict
@@ -14,7 +14,7 @@ import time
 from typing import Literal
 
 from sigil_push.store.errors import STORE_UNAVAILABLE
-from sigil_push.store.interface import Database
+from sigil_push.store.interface import AuthModeStore
 
 log = logging.getLogger(__name__)
 
@@ -23,25 +23,18 @@ MAX_AGE_SECONDS = 30 * 86400
 
 
 class LearnedAuthModes:
-    def __init__(self, db: Database) -> None:
-        self._db = db
+    def __init__(self, rows: AuthModeStore) -> None:
+        self._rows = rows
 
     async def load(self, now: float | None = None) -> dict[str, LearnedMode]:
         """The verdicts younger than MAX_AGE_SECONDS, by relay URL."""
         since = int(now if now is not None else time.time()) - MAX_AGE_SECONDS
-        rows = await self._db.execute_fetchall(
-            "SELECT relay, mode FROM relay_auth_modes WHERE learned_at >= ?", (since,)
-        )
-        return {str(relay): "multi" if mode == "multi" else "single" for relay, mode in rows}
+        modes = await self._rows.modes_since(since)
+        return {relay: "multi" if mode == "multi" else "single" for relay, mode in modes.items()}
 
     async def save(self, relay: str, mode: LearnedMode) -> None:
         """Record a verdict; a store outage only costs a probe after the next restart."""
         try:
-            await self._db.execute(
-                "INSERT INTO relay_auth_modes (relay, mode, learned_at) VALUES (?, ?, ?)"
-                " ON CONFLICT (relay) DO UPDATE SET mode = excluded.mode,"
-                " learned_at = excluded.learned_at",
-                (relay, mode, int(time.time())),
-            )
+            await self._rows.save_mode(relay, mode, int(time.time()))
         except STORE_UNAVAILABLE as error:
             log.warning("learned AUTH mode of a relay not saved: %s", type(error).__name__)

@@ -22,6 +22,9 @@ STORE_UNAVAILABLE: tuple[type[Exception], ...] = (
     asyncpg.DeadlockDetectedError,
     asyncpg.CannotConnectNowError,
 )
+SKIPPABLE_WRITE_ERRORS: tuple[type[Exception], ...] = (sqlite3.Error, *STORE_UNAVAILABLE)
+"""What a write whose state also lives in memory (a signer session's status, kept for the next
+start) survives with a log line: any SQLite error, or the store being unavailable."""
 TRANSIENT_ERRORS: tuple[type[Exception], ...] = (*STORE_UNAVAILABLE, OSError)
 """What the bridge's committer retries: the above, and a connection that broke mid-batch."""
 

@@ -2,7 +2,10 @@
 
 A path opens the SQLite file (created and migrated); a `postgresql://` URL opens an asyncpg
 pool after applying `migrations/postgres/` under the advisory lock, so workers starting
-together migrate once. The rest of the service receives a `Store` and never asks which.
+together migrate once. The rest of the service receives a `Store` (and the bridge a
+`BridgeConnection`) and never asks which: what differs between one process and several
+workers is the store's `coordination`. `preflight`, `migrate` and `copy_from_sqlite` are the
+CLI's engine-specific steps, chosen here too.
 """
 
 from __future__ import annotations
@@ -10,24 +13,56 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiosqlite
 import asyncpg
 
-from sigil_push.config import Config, ConfigError, is_postgres_url
-from sigil_push.delivery import STOP_GRACE_SECONDS
+from sigil_push.config import STOP_GRACE_SECONDS, Config, ConfigError, is_postgres_url
 from sigil_push.identity import bridge_key, make_private
 from sigil_push.store.auth_ids import UsedAuthIds
-from sigil_push.store.interface import AuthIdStore, Database, DeviceStore, OutboxStore, Store
+from sigil_push.store.interface import (
+    AuthIdStore,
+    AuthModeStore,
+    Coordination,
+    DeviceStore,
+    MetaStore,
+    OutboxStore,
+    RelayStateStore,
+    SeenRows,
+    SignerSessionStore,
+    Store,
+    UserListStore,
+)
+from sigil_push.store.postgres.bridge_state import PostgresRelayState, PostgresSeenRows
+from sigil_push.store.postgres.coordination import WorkerCoordination, check_instance_key
 from sigil_push.store.postgres.database import PostgresDatabase
 from sigil_push.store.postgres.devices import PostgresDevices
+from sigil_push.store.postgres.instance import (
+    PostgresAuthIdRows,
+    PostgresAuthModes,
+    PostgresMeta,
+    PostgresSignerSessions,
+)
+from sigil_push.store.postgres.migrate import migrate as migrate_postgres
 from sigil_push.store.postgres.migrate import migrate_connection
 from sigil_push.store.postgres.outbox import PostgresOutbox
+from sigil_push.store.postgres.preferences import PostgresUserLists
+from sigil_push.store.sqlite.bridge_state import SqliteRelayState, SqliteSeenRows, transaction
+from sigil_push.store.sqlite.coordination import SingleProcess
+from sigil_push.store.sqlite.database import migrate as migrate_sqlite
 from sigil_push.store.sqlite.database import open_database
 from sigil_push.store.sqlite.devices import Devices
+from sigil_push.store.sqlite.instance import (
+    SqliteAuthIdRows,
+    SqliteAuthModes,
+    SqliteMeta,
+    SqliteSignerSessions,
+)
 from sigil_push.store.sqlite.outbox import Outbox
+from sigil_push.store.sqlite.preferences import SqliteUserLists
 
 POOL_MAX = 10
 SESSION_SETTINGS = {"lock_timeout": "5000"}
@@ -46,54 +81,71 @@ def claim_ms_for(config: Config) -> int:
     return int((2 * config.push.send_timeout_seconds + STOP_GRACE_SECONDS) * 1000)
 
 
-INSTANCE_KEY = "instance_bridge_pubkey"
-
-
-class ForeignBridgeKey(ConfigError):
-    """This worker's bridge key is not the one the instance's other workers use."""
-
-    def __init__(self) -> None:
-        super().__init__(
-            "server.secret_key_file",
-            "this worker's bridge key differs from the one the instance already uses; every"
-            " worker needs the same key (copy the first worker's key file, or set secret_key)",
-        )
-
-
-async def check_instance_key(db: PostgresDatabase, pubkey: str) -> None:
-    """Every worker of an instance must share the bridge key: relays see one client key
-    (NIP-42), and delegated-auth sessions are sealed under it, so a worker with another key
-    would take them for unreadable. The first worker records the key's public half."""
-    await db.run(
-        "INSERT INTO meta (key, value) VALUES ($1, $2) ON CONFLICT DO NOTHING",
-        INSTANCE_KEY, pubkey,
-    )
-    if await db.fetchval("SELECT value FROM meta WHERE key = $1", INSTANCE_KEY) != pubkey:
-        raise ForeignBridgeKey
-
-
 async def preflight(config: Config) -> None:
     """Before a PostgreSQL worker starts listening: the database is reachable and migrated
     (under the lock), and this worker's bridge key is the instance's (one line, not a
-    traceback, when either fails)."""
+    traceback, when either fails). Nothing to check for SQLite: `serve` opens the file."""
+    if not is_postgres_url(config.server.database):
+        return
     connection = await asyncpg.connect(config.server.database)
     try:
         await migrate_connection(connection)
-        db = PostgresDatabase(connection)
+        meta = PostgresMeta(PostgresDatabase(connection))
         key = await bridge_key(
-            db, config.server.secret_key, config.resolve(config.server.secret_key_file)
+            meta, config.server.secret_key, config.resolve(config.server.secret_key_file)
         )
-        await check_instance_key(db, key.public_key_hex)
+        await check_instance_key(meta, key.public_key_hex)
     finally:
         await connection.close()
 
 
-@dataclass
-class BridgeLink:
-    """`BridgeConnection`: the committer's own connection and an outbox writer on it."""
+async def migrate(config: Config) -> list[str]:
+    """Apply the configured store's pending migrations; returns the names applied."""
+    if is_postgres_url(config.server.database):
+        return await migrate_postgres(config.server.database)
+    return await migrate_sqlite(config.resolve(config.server.database))
 
-    db: Database
+
+async def copy_from_sqlite(config: Config, source: Path) -> dict[str, int]:
+    """Copy a SQLite store into the configured PostgreSQL one (`migrate --from`)."""
+    if not is_postgres_url(config.server.database):
+        raise ConfigError(
+            "server.database", "migrate --from copies into PostgreSQL: set a postgresql:// URL"
+        )
+    from sigil_push.store.postgres.copy import copy_sqlite
+
+    return await copy_sqlite(source, config.server.database)
+
+
+@dataclass
+class SqliteBridgeLink:
+    """`BridgeConnection` on the committer's own SQLite connection."""
+
+    db: aiosqlite.Connection
     outbox: OutboxStore
+    seen: SeenRows
+    state: RelayStateStore
+    lists: UserListStore
+
+    def transaction(self) -> AbstractAsyncContextManager[None]:
+        return transaction(self.db)
+
+    async def close(self) -> None:
+        await self.db.close()
+
+
+@dataclass
+class PostgresBridgeLink:
+    """`BridgeConnection` on the committer's own PostgreSQL connection."""
+
+    db: PostgresDatabase
+    outbox: OutboxStore
+    seen: SeenRows
+    state: RelayStateStore
+    lists: UserListStore
+
+    def transaction(self) -> AbstractAsyncContextManager[None]:
+        return self.db.transaction()
 
     async def close(self) -> None:
         await self.db.close()
@@ -101,13 +153,17 @@ class BridgeLink:
 
 @dataclass
 class SqliteStore:
-    """`Store` on one SQLite file."""
+    """`Store` on one SQLite file (`db`: its connection, for tests and tools only)."""
 
     path: Path
     db: aiosqlite.Connection
     devices: DeviceStore
     outbox: OutboxStore
     auth_ids: AuthIdStore
+    meta: MetaStore
+    signer_sessions: SignerSessionStore
+    auth_modes: AuthModeStore
+    coordination: Coordination = field(default_factory=SingleProcess)
     engine: str = "sqlite"
     worker_id: str = field(default_factory=new_worker_id)
 
@@ -117,7 +173,8 @@ class SqliteStore:
 
 @dataclass
 class PostgresStore:
-    """`Store` on a PostgreSQL database shared by any number of workers."""
+    """`Store` on a PostgreSQL database shared by any number of workers (`db`: its pooled
+    handle, for tests and tools only)."""
 
     url: str
     db: PostgresDatabase
@@ -125,6 +182,10 @@ class PostgresStore:
     devices: PostgresDevices
     outbox: OutboxStore
     auth_ids: AuthIdStore
+    meta: MetaStore
+    signer_sessions: SignerSessionStore
+    auth_modes: AuthModeStore
+    coordination: Coordination
     worker_id: str
     claim_ms: int
     engine: str = "postgres"
@@ -151,8 +212,11 @@ async def open_postgres(url: str, worker_id: str, claim_ms: int) -> PostgresStor
     except BaseException:
         await pool.close()
         raise
+    meta = PostgresMeta(db)
     return PostgresStore(
-        url, db, pool, devices, PostgresOutbox(db, worker_id, claim_ms), UsedAuthIds(db),
+        url, db, pool, devices, PostgresOutbox(db, worker_id, claim_ms),
+        UsedAuthIds(PostgresAuthIdRows(db)), meta, PostgresSignerSessions(db),
+        PostgresAuthModes(db), WorkerCoordination(pool, devices, meta, worker_id),
         worker_id, claim_ms,
     )
 
@@ -160,7 +224,10 @@ async def open_postgres(url: str, worker_id: str, claim_ms: int) -> PostgresStor
 async def open_sqlite(path: Path) -> SqliteStore:
     db = await open_database(path)
     make_private(path)
-    return SqliteStore(path, db, Devices(db), Outbox(db), UsedAuthIds(db))
+    return SqliteStore(
+        path, db, Devices(db), Outbox(db), UsedAuthIds(SqliteAuthIdRows(db)), SqliteMeta(db),
+        SqliteSignerSessions(db), SqliteAuthModes(db),
+    )
 
 
 async def open_store(config: Config) -> Store:
@@ -171,7 +238,7 @@ async def open_store(config: Config) -> Store:
     return await open_sqlite(config.resolve(database))
 
 
-async def connect_bridge(config: Config) -> BridgeLink:
+async def connect_bridge(config: Config) -> SqliteBridgeLink | PostgresBridgeLink:
     """The bridge committer's own connection to the configured (already migrated) store."""
     database = config.server.database
     if is_postgres_url(database):
@@ -180,6 +247,12 @@ async def connect_bridge(config: Config) -> BridgeLink:
 
         db = PostgresDatabase(await connect(), reconnect=connect)
         # the committer only enqueues; claims are taken by the delivery side's outbox
-        return BridgeLink(db, PostgresOutbox(db, new_worker_id()))
+        return PostgresBridgeLink(
+            db, PostgresOutbox(db, new_worker_id()), PostgresSeenRows(db), PostgresRelayState(db),
+            PostgresUserLists(db),
+        )
     sqlite = await open_database(config.resolve(database))
-    return BridgeLink(sqlite, Outbox(sqlite))
+    return SqliteBridgeLink(
+        sqlite, Outbox(sqlite), SqliteSeenRows(sqlite), SqliteRelayState(sqlite),
+        SqliteUserLists(sqlite),
+    )

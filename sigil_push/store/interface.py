@@ -6,75 +6,44 @@ both; what differs is how it is made safe: SQLite has one writer, PostgreSQL rel
 constraints (handled event ids, (event, device) outbox rows, NIP-98 ids) and on claims that
 lapse, so that workers never need to trust each other.
 
-`Database` is the handle for portable SQL written with `?` placeholders (the bridge's
-bookkeeping, relay lists, delegated-auth sessions, the bridge key, seen ids, NIP-98 ids): on
-SQLite it is the aiosqlite connection itself, on PostgreSQL an adapter that numbers the
-placeholders. Whatever needs engine-specific SQL (device pairs, outbox claims) has a class per
-engine behind `DeviceStore` / `OutboxStore`.
+Only `sigil_push.store` speaks SQL. Callers get typed repositories, each with one class per
+engine written in that engine's own SQL (`store/sqlite/...`, `store/postgres/...`):
+
+- `DeviceStore`, `OutboxStore`: registrations and the durable outbox;
+- `RelayStateStore`: the bridge's baselines, live cursors and the users' relay lists, plus the
+  bookkeeping writes (`BookkeepingOp`) the bridge queues behind its events;
+- `SeenRows`, `AuthIdRows`: the rows under `store.seen.SeenEvents` and
+  `store.auth_ids.UsedAuthIds` (which keep the engine-free logic: caches, batching);
+- `SignerSessionStore`, `AuthModeStore`, `MetaStore`: delegated-auth sessions, learned NIP-42
+  modes, and the instance's key/value facts (an old bridge key, the instance key);
+- `BridgeConnection.transaction()`: the unit of work of the bridge's committer, instead of
+  raw BEGIN/COMMIT;
+- `Coordination`: how workers of one instance coordinate (one process on SQLite; leases,
+  signer-session sync, NOTIFY and the instance-key check on PostgreSQL).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Collection, Iterable, Sequence
-from types import TracebackType
+import enum
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Sequence
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from sigil_push.nostr.event import Event
+    from sigil_push.shards import ShardSet
     from sigil_push.store.preferences import AuthorCheck, UserList
     from sigil_push.store.records import (
         Device,
         PreferenceChange,
         Registration,
         RegistrationListener,
+        StoredRelayList,
+        StoredSession,
         Wakeup,
         WebPushKeys,
     )
-
-
-class Cursor(Protocol):
-    """The part of a DB-API cursor the store's callers read."""
-
-    @property
-    def rowcount(self) -> int: ...
-
-    async def fetchone(self) -> Any: ...
-
-    async def fetchall(self) -> Iterable[Any]: ...
-
-    async def close(self) -> None: ...
-
-    def __aiter__(self) -> AsyncIterator[Any]: ...
-
-
-class CursorContext(Protocol):
-    """What `Database.execute` returns: awaited for a cursor, or entered with `async with`."""
-
-    def __await__(self) -> Any: ...
-
-    async def __aenter__(self) -> Cursor: ...
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> Any: ...
-
-
-class Database(Protocol):
-    """A handle for portable SQL with `?` placeholders (the aiosqlite subset in use)."""
-
-    def execute(self, sql: str, parameters: Iterable[Any] | None = None) -> Any: ...
-
-    async def execute_fetchall(
-        self, sql: str, parameters: Iterable[Any] | None = None
-    ) -> Iterable[Any]: ...
-
-    async def executemany(self, sql: str, parameters: Iterable[Iterable[Any]]) -> Any: ...
-
-    async def close(self) -> None: ...
 
 
 class DeviceStore(Protocol):
@@ -207,6 +176,179 @@ class SeenStore(Protocol):
     async def prune(self, now: int | None = None) -> int: ...
 
 
+class BookkeepingOp(enum.Enum):
+    """A write the bridge queues behind its events (`bridge.pending`) and the committer applies
+    in its next transaction (`RelayStateStore.apply`); the rows' shapes are given per member."""
+
+    INSERT_BASELINES = "insert_baselines"
+    """(relay, pubkey, baselined_at): the key's first subscription on the relay is past."""
+    DELETE_BASELINE = "delete_baseline"
+    """(relay, pubkey): the key left that relay."""
+    DELETE_BASELINES_OF = "delete_baselines_of"
+    """(pubkey,): the key is no longer registered anywhere."""
+    DELETE_RELAY_LISTS = "delete_relay_lists"
+    """(pubkey,): ditto, its stored relay lists go too."""
+
+
+class RelayStateStore(Protocol):
+    """The bridge's per-relay memory: baselines, live cursors, and the users' relay lists."""
+
+    async def baseline_page(
+        self, after: tuple[str, str], pairs: Sequence[str] | None, limit: int
+    ) -> list[tuple[str, str]]:
+        """Up to `limit` (relay, pubkey) baselines after `after` in primary-key order; with
+        `pairs`, only keys whose `pubkey[6:8]` is one of them."""
+        ...
+
+    async def baselines_of_keys(self, pubkeys: Sequence[str]) -> list[tuple[str, str]]:
+        """The (relay, pubkey) baselines of these keys (one query: mind the parameter limit)."""
+        ...
+
+    async def cursors(self) -> dict[str, int]: ...
+
+    async def save_cursors(self, cursors: Sequence[tuple[str, int]]) -> None:
+        """Upsert (relay, live_until) in the order given (callers sort: lock order)."""
+        ...
+
+    async def relay_lists(self) -> list[StoredRelayList]: ...
+
+    async def save_relay_lists(self, lists: Sequence[StoredRelayList]) -> None:
+        """Upsert the lists in the order given (callers sort: lock order)."""
+        ...
+
+    async def apply(self, op: BookkeepingOp, rows: Sequence[tuple[Any, ...]]) -> None:
+        """One queued bookkeeping write, its rows in the order given (lock order)."""
+        ...
+
+
+SeenRow = tuple[str, str, "str | None"]
+"""(event_id, relays of its own row, relays of a legacy `seen_on_relay` row or None)."""
+
+
+class SeenRows(Protocol):
+    """The rows of handled event ids (`seen_events`, legacy `seen_on_relay`)."""
+
+    async def recent(self, limit: int) -> list[SeenRow]:
+        """The `limit` ids kept longest, oldest first."""
+        ...
+
+    async def lookup(self, event_ids: Sequence[str]) -> list[SeenRow]:
+        """The rows of these ids (the caller pads the list to a few sizes: prepared once)."""
+        ...
+
+    async def insert(self, rows: Sequence[tuple[str, str, int]]) -> None:
+        """New (event_id, relays, keep_until) rows; an id already there is left alone."""
+        ...
+
+    async def append_relays(self, rows: Sequence[tuple[str, str]]) -> None:
+        """(suffix, event_id): append `suffix` to the event's relays."""
+        ...
+
+    async def prune(self, cutoff: int) -> int:
+        """Drop rows kept until before `cutoff`; returns how many `seen_events` rows went."""
+        ...
+
+
+class AuthIdRows(Protocol):
+    """The rows of used NIP-98 ids."""
+
+    async def insert_new(self, event_ids: Sequence[str], expires_at: int) -> set[str]:
+        """Insert the ids; returns those that were not there yet."""
+        ...
+
+    async def prune(self, now: int) -> int: ...
+
+
+class SignerSessionStore(Protocol):
+    """Delegated-auth signer sessions (`auth_signers`), secrets sealed by the caller."""
+
+    async def all(self) -> list[StoredSession]: ...
+
+    async def get(self, pubkey: str) -> StoredSession | None: ...
+
+    async def put(self, session: StoredSession, updated_at: int) -> None: ...
+
+    async def delete(self, pubkey: str) -> None: ...
+
+    async def set_status(
+        self, pubkey: str, status: str, detail: str, updated_at: int | None
+    ) -> None:
+        """With `updated_at` None, the row's time is left as it was."""
+        ...
+
+
+class AuthModeStore(Protocol):
+    """Learned NIP-42 modes of gated relays (`relay_auth_modes`)."""
+
+    async def modes_since(self, since: int) -> dict[str, str]: ...
+
+    async def save_mode(self, relay: str, mode: str, learned_at: int) -> None: ...
+
+
+class MetaStore(Protocol):
+    """The instance's key/value facts (`meta`)."""
+
+    async def get(self, key: str) -> str | None: ...
+
+    async def put_if_absent(self, key: str, value: str) -> None: ...
+
+    async def delete_securely(self, key: str) -> None:
+        """Delete, overwriting the freed storage where the engine can (a secret's row)."""
+        ...
+
+
+Reshard = Callable[["ShardSet"], Awaitable[None]]
+"""The bridge's `reshard`: watch only the keys of these shards."""
+SessionListener = Callable[[str, str], None]
+"""A `DelegatedAuth` listener: (pubkey, status) of a session changed here."""
+Adopt = Callable[[str], Awaitable[None]]
+"""`DelegatedAuth.adopt`: take the session another worker stored for this pubkey."""
+
+
+class Shards(Protocol):
+    """Which keys this worker's bridge watches: every key (one process), or the shards it
+    holds leases on (several workers)."""
+
+    def held(self) -> list[int] | None:
+        """The shards watched (None: every key)."""
+        ...
+
+    def canary_gate(self) -> Callable[[], bool] | None:
+        """Asked before each canary probe, so N workers send one (None: always probe)."""
+        ...
+
+    async def start(self, stack: AsyncExitStack) -> None:
+        """Before the bridge starts: take a first share (given back when `stack` closes)."""
+        ...
+
+    def watching(self, stack: AsyncExitStack) -> None:
+        """The bridge has started (its keys watched); `stack` stops the heartbeats first."""
+        ...
+
+
+class Coordination(Protocol):
+    """How the workers of one instance coordinate, so the service wires one path whatever
+    the engine: a no-op on SQLite (one process), leases, signer-session sync over NOTIFY and
+    the instance-key check on PostgreSQL (`store.postgres.coordination`)."""
+
+    @property
+    def several_workers(self) -> bool:
+        """Whether other processes may share the store (their metrics and observation files
+        then carry the worker id)."""
+        ...
+
+    async def check_instance_key(self, pubkey: str) -> None:
+        """Refuse to run with a bridge key other than the instance's (`ForeignBridgeKey`)."""
+        ...
+
+    async def share_sessions(self, adopt: Adopt, stack: AsyncExitStack) -> SessionListener | None:
+        """Have other workers' signer-session changes adopted here; returns the listener that
+        announces this worker's changes to them (None: nobody to tell)."""
+        ...
+
+    def shards(self, reshard: Reshard, lease_seconds: float) -> Shards: ...
+
+
 class Store(Protocol):
     """One instance's store, opened (and migrated) by `open_store`."""
 
@@ -217,9 +359,6 @@ class Store(Protocol):
     def worker_id(self) -> str: ...
 
     @property
-    def db(self) -> Database: ...
-
-    @property
     def devices(self) -> DeviceStore: ...
 
     @property
@@ -228,14 +367,33 @@ class Store(Protocol):
     @property
     def auth_ids(self) -> AuthIdStore: ...
 
+    @property
+    def meta(self) -> MetaStore: ...
+
+    @property
+    def signer_sessions(self) -> SignerSessionStore: ...
+
+    @property
+    def auth_modes(self) -> AuthModeStore: ...
+
+    @property
+    def coordination(self) -> Coordination: ...
+
     async def close(self) -> None: ...
 
 
 class BridgeConnection(Protocol):
-    """The bridge committer's own connection, so each batch is one transaction
-    (`BEGIN IMMEDIATE` ... `COMMIT` on `db`), with an outbox writer on that connection."""
+    """The bridge committer's own connection: its repositories all write on it, so one
+    `transaction()` holds a batch's outbox rows, seen ids and queued bookkeeping."""
 
-    db: Database
     outbox: OutboxStore
+    seen: SeenRows
+    state: RelayStateStore
+    lists: UserListStore
+
+    def transaction(self) -> AbstractAsyncContextManager[None]:
+        """One unit of work: committed on a clean exit, rolled back on an exception (SQLite
+        takes the write lock at the start, as `BEGIN IMMEDIATE`)."""
+        ...
 
     async def close(self) -> None: ...

@@ -2,8 +2,9 @@
 10000 mute list and kind 3 contact list, the kind 4 author checks against them and against a
 pair's private mute list, and the presence lapse wakeups.
 
-The SQL is the same on both engines (portable `?` SQL on the `Database` handle, as `seen.py`),
-and all of it runs on the bridge committer's own connection. Lists are stored, not held in
+Here is what the engines share (the stored form, the batch's author checks); each engine's SQL
+is in `store/sqlite/preferences.py` and `store/postgres/preferences.py`, and all of it runs on
+the bridge committer's own connection (`BridgeConnection.lists`). Lists are stored, not held in
 memory: a list is one row whose keys are packed 32 bytes each, sorted (`pack_keys`), replaced
 whole by one UPSERT that only a newer list wins, and read only for a kind 4 to a pair whose
 rules need it (`Rules.checks_author`).
@@ -17,10 +18,10 @@ one worker's claim see a mark, so each lapse is enqueued once, whatever crashes 
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from sigil_push.store.interface import Database
 from sigil_push.store.records import CONTACTS_KIND, MUTE_LIST_KIND, Device, has_key
 
 MUTED = "muted"
@@ -70,32 +71,9 @@ class UserList(NamedTuple):
     """How many further `p` tags were dropped past the cap."""
 
 
-class UserLists:
-    """`UserListStore` on the committer's connection (either engine)."""
-
-    def __init__(self, db: Database) -> None:
-        self._db = db
-
-    async def save(self, lists: Sequence[UserList]) -> list[UserList]:
-        """Store each list unless the stored one of its (npub, kind) is newer (NIP-01: newest
-        `created_at`, then lowest id); returns those that replaced the stored one."""
-        taken: list[UserList] = []
-        for item in sorted(lists):  # key order: workers overlapping on keys lock alike
-            rows = await self._db.execute_fetchall(
-                "INSERT INTO user_lists (pubkey, kind, created_at, event_id, entries, entry_count,"
-                " truncated) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (pubkey, kind) DO UPDATE SET"
-                " created_at = excluded.created_at, event_id = excluded.event_id,"
-                " entries = excluded.entries, entry_count = excluded.entry_count,"
-                " truncated = excluded.truncated"
-                " WHERE excluded.created_at > user_lists.created_at"
-                " OR (excluded.created_at = user_lists.created_at"
-                " AND excluded.event_id < user_lists.event_id)"
-                " RETURNING kind",
-                tuple(item),
-            )
-            if rows:
-                taken.append(item)
-        return taken
+class ListChecks(ABC):
+    """The engine-free half of `UserListStore`: the batch's kind 4 author checks, read through
+    the engine's `_private_lists` and `_lists_of`."""
 
     async def blocked(self, checks: Sequence[AuthorCheck]) -> list[dict[int, str]]:
         """For each (author, devices of one recipient): which of those devices a kind 4 by
@@ -124,64 +102,23 @@ class UserLists:
                 answers[index] = _reasons(bytes.fromhex(author), asked, private, lists)
         return answers
 
+    @abstractmethod
     async def _private_lists(self, devices: Sequence[Device]) -> dict[int, bytes]:
-        wanted = sorted({d.id for d in devices if d.rules is not None and d.rules.muted_count})
-        if not wanted:
-            return {}
-        return {
-            int(device_id): bytes(muted)
-            for device_id, muted in await self._db.execute_fetchall(
-                f"SELECT id, muted FROM devices WHERE id IN ({','.join('?' * len(wanted))})"
-                " AND muted IS NOT NULL",
-                wanted,
-            )
-        }
+        """Device id -> packed private mute list, of those `devices` whose rules say they
+        have one."""
 
+    @abstractmethod
     async def _lists_of(self, devices: Sequence[Device]) -> dict[tuple[str, int], bytes]:
-        owners = sorted({d.pubkey for d in devices if d.rules is not None
-                         and (d.rules.mute_list or d.rules.follows_known)})
-        if not owners:
-            return {}
-        return {
-            (str(pubkey), int(kind)): bytes(entries)
-            for pubkey, kind, entries in await self._db.execute_fetchall(
-                "SELECT pubkey, kind, entries FROM user_lists"
-                f" WHERE pubkey IN ({','.join('?' * len(owners))})",
-                owners,
-            )
-        }
+        """(npub, kind) -> packed keys of the stored lists of the `devices`' npubs whose rules
+        use them."""
 
-    async def mark_lapses(self, marks: Sequence[tuple[str, str, int]], now: int) -> None:
-        """In the committer's transaction: (event id, relay, device id) of DMs a presence held
-        back. A mark holds only while the presence does (not ended meanwhile)."""
-        await self._db.executemany(
-            "UPDATE devices SET lapse_event_id = ?, lapse_relay = ?"
-            " WHERE id = ? AND present_until > ?",
-            [(*mark, now) for mark in sorted(marks, key=lambda m: m[2])],
-        )
 
-    async def claim_lapses(self, now: int, now_ms: int) -> int:
-        """In a transaction of the caller's: the presences that lapsed by `now` after holding
-        a DM back, cleared, each with one outbox row (the last DM it held, due at once);
-        returns how many."""
-        # RETURNING gives the values after the update (on SQLite): the claim clears only
-        # `present_until`, which takes the row out of the claim's reach, and returns the mark
-        # as it was; the mark is cleared next, in the same transaction
-        rows = await self._db.execute_fetchall(
-            "UPDATE devices SET present_until = NULL"
-            " WHERE present_until <= ? AND lapse_event_id IS NOT NULL"
-            " RETURNING id, lapse_event_id, lapse_relay",
-            (now,),
-        )
-        wakeups = sorted((int(d), str(e), str(r), now_ms, now_ms) for d, e, r in rows)
-        if wakeups:
-            await self._db.executemany(
-                "UPDATE devices SET lapse_event_id = NULL, lapse_relay = NULL WHERE id = ?",
-                [(wakeup[0],) for wakeup in wakeups],
-            )
-            await self._db.executemany(
-                "INSERT INTO outbox (device_id, event_id, relay, first_seen_ms, next_attempt_ms)"
-                " VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                wakeups,
-            )
-        return len(wakeups)
+def with_private_lists(devices: Sequence[Device]) -> list[int]:
+    """Ids of the `devices` whose rules say they have a private mute list, sorted."""
+    return sorted({d.id for d in devices if d.rules is not None and d.rules.muted_count})
+
+
+def list_owners(devices: Sequence[Device]) -> list[str]:
+    """The npubs of the `devices` whose rules use their stored lists, sorted."""
+    return sorted({d.pubkey for d in devices if d.rules is not None
+                   and (d.rules.mute_list or d.rules.follows_known)})

@@ -260,3 +260,31 @@ def collapse_id(secret: bytes, wakeup_id: int) -> str:
     outer = keyed[1].copy()
     outer.update(inner.digest())
     return outer.hexdigest()[:32]
+
+
+StoredRelayList = tuple[str, int, int, tuple[str, ...]]
+"""A user's relay list as stored: (pubkey, kind, created_at, relays)."""
+
+
+@dataclass(frozen=True)
+class StoredSession:
+    """A delegated-auth signer session as stored, its secrets sealed (`sigil_push.sealed`)."""
+
+    pubkey: str
+    signer_pubkey: str
+    relays: tuple[str, ...]
+    sealed_secret: str | None
+    sealed_client_key: str
+    status: str
+    detail: str
+
+
+def stored_session(row: Iterable[object]) -> StoredSession:
+    """A `StoredSession` from a row of (pubkey, signer_pubkey, relays JSON, sealed_secret,
+    sealed_client_key, status, detail), as either engine reads it."""
+    pubkey, signer, relays, sealed_secret, sealed_client, status, detail = row
+    return StoredSession(
+        str(pubkey), str(signer), tuple(json.loads(str(relays))),
+        None if sealed_secret is None else str(sealed_secret), str(sealed_client),
+        str(status), str(detail),
+    )

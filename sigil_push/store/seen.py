@@ -13,7 +13,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
-from sigil_push.store.interface import Database
+from sigil_push.store.interface import SeenRow, SeenRows
 
 LOOKUP_CHUNK = 500
 MAX_KEEP_UNTIL = 2**62
@@ -24,8 +24,10 @@ every relay that delivered it, in the order they were committed, the first one f
 
 
 class SeenEvents:
-    def __init__(self, db: Database, retention_seconds: int, cache_size: int) -> None:
-        self._db = db
+    """`SeenStore`: the cache and batching here, the rows in the engine's `SeenRows`."""
+
+    def __init__(self, rows: SeenRows, retention_seconds: int, cache_size: int) -> None:
+        self._rows = rows
         self._retention = retention_seconds
         self._cache_size = max(1, cache_size)
         self._relays: OrderedDict[str, tuple[str, ...]] = OrderedDict()
@@ -33,14 +35,7 @@ class SeenEvents:
 
     async def load(self) -> None:
         """Warm the cache with the most recent ids, so a restart's catch-up stays cheap."""
-        async with self._db.execute(
-            "SELECT e.event_id, e.relay, r.relay FROM (SELECT event_id, relay, keep_until"
-            " FROM seen_events ORDER BY keep_until DESC LIMIT ?) e LEFT JOIN seen_on_relay r"
-            " ON r.event_id = e.event_id ORDER BY e.keep_until",
-            (self._cache_size,),
-        ) as cursor:
-            async for event_id, first, further in cursor:
-                self._remember_row(str(event_id), str(first), further)
+        self._remember_rows(await self._rows.recent(self._cache_size))
 
     def delivered_by(self, event_id: str, relay: str) -> bool:
         """Hot path, memory only: did this relay already deliver this event?"""
@@ -61,14 +56,7 @@ class SeenEvents:
             # round trip, where a size seen before reuses the prepared statement
             size = min(LOOKUP_CHUNK, max(8, 1 << (len(chunk) - 1).bit_length()))
             chunk += [chunk[-1]] * (size - len(chunk))
-            marks = ",".join("?" * size)
-            async with self._db.execute(
-                f"SELECT e.event_id, e.relay, r.relay FROM seen_events e LEFT JOIN seen_on_relay r"
-                f" ON r.event_id = e.event_id WHERE e.event_id IN ({marks})",
-                chunk,
-            ) as cursor:
-                for event_id, first, further in await cursor.fetchall():
-                    self._remember_row(str(event_id), str(first), further)
+            self._remember_rows(await self._rows.lookup(chunk))
 
     def first_delivery(
         self, event_id: str, relay: str, pending: dict[str, tuple[str, ...]]
@@ -97,12 +85,13 @@ class SeenEvents:
         while len(cache) > self._cache_size:
             cache.popitem(last=False)
 
-    def _remember_row(self, event_id: str, first: str, further: object) -> None:
-        for relay in first.split(RELAY_SEPARATOR):
-            self._remember(event_id, relay)
-        if further is not None:
-            for relay in str(further).split(RELAY_SEPARATOR):
+    def _remember_rows(self, rows: Iterable[SeenRow]) -> None:
+        for event_id, first, further in rows:
+            for relay in first.split(RELAY_SEPARATOR):
                 self._remember(event_id, relay)
+            if further is not None:
+                for relay in further.split(RELAY_SEPARATOR):
+                    self._remember(event_id, relay)
 
     def _remember(self, event_id: str, relay: str | None) -> None:
         relays = self._relays.pop(event_id, ())
@@ -134,9 +123,7 @@ class SeenEvents:
         if new_events:
             # the later of arrival and created_at, plus retention, within int64
             keep, most, join = self._retention, MAX_KEEP_UNTIL, RELAY_SEPARATOR.join
-            await self._db.executemany(
-                "INSERT INTO seen_events (event_id, relay, keep_until) VALUES (?, ?, ?)"
-                " ON CONFLICT DO NOTHING",
+            await self._rows.insert(
                 [
                     (i, relays[0] if len(relays) == 1 else join(relays),
                      min(max(ms // 1000, c) + keep, most))
@@ -149,8 +136,7 @@ class SeenEvents:
                 relays = grouped.setdefault(event_id, [])
                 if relay not in relays:
                     relays.append(relay)
-            await self._db.executemany(
-                "UPDATE seen_events SET relay = relay || ? WHERE event_id = ?",
+            await self._rows.append_relays(
                 [
                     (RELAY_SEPARATOR + RELAY_SEPARATOR.join(relays), event_id)
                     for event_id, relays in grouped.items()
@@ -160,11 +146,7 @@ class SeenEvents:
     async def prune(self, now: int | None = None) -> int:
         """Forget ids past retention (they can no longer be returned by a catch-up)."""
         cutoff = int(time.time()) if now is None else now
-        cursor = await self._db.execute("DELETE FROM seen_events WHERE keep_until < ?", (cutoff,))
-        removed = int(cursor.rowcount)
-        await cursor.close()
-        await self._db.execute("DELETE FROM seen_on_relay WHERE keep_until < ?", (cutoff,))
-        return removed
+        return await self._rows.prune(cutoff)
 
     def __len__(self) -> int:
         return len(self._relays)

@@ -149,7 +149,9 @@ async def test_a_user_cycling_bunker_relays_leaves_no_sockets_behind(
     """One npub re-registers its auth_signer over and over, each time naming five fresh (silent)
     bunker relays: the previous session's links close, so the server holds at most five. The
     sessions are kept in the store of each engine."""
-    delegated = DelegatedAuth(store.db, SecretKey.generate(), store.devices)
+    delegated = DelegatedAuth(
+        store.signer_sessions, store.auth_modes, SecretKey.generate(), store.devices
+    )
     await delegated.start()
     user = SecretKey.generate().public_key_hex
     signer = SecretKey.generate().public_key_hex

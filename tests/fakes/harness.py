@@ -26,7 +26,7 @@ from sigil_push.nostr.keys import SecretKey
 from sigil_push.observations import ObservationLog, now_ms
 from sigil_push.push.factory import build_senders
 from sigil_push.store.factory import PostgresStore, SqliteStore
-from sigil_push.store.interface import Database, DeviceStore, OutboxStore
+from sigil_push.store.interface import DeviceStore, OutboxStore
 from sigil_push.store.records import Device, WebPushKeys
 from tests.fakes.credentials import (
     KEY_ID,
@@ -40,7 +40,7 @@ from tests.fakes.credentials import (
 from tests.fakes.fake_apns import FakeApns
 from tests.fakes.fake_fcm import FakeFcm
 from tests.fakes.fake_unifiedpush import FakeUnifiedPush
-from tests.support.stores import Engine, open_test_store
+from tests.support.stores import Engine, PortableSql, open_test_store, sql_of
 
 RELAY = "wss://relay.example.com"
 VAPID_SUBJECT = "mailto:ops@example.org"
@@ -116,7 +116,7 @@ class Harness:
     """The delivery pipeline of one service, minus the relay bridge that normally fills it."""
 
     store: SqliteStore | PostgresStore
-    db: Database
+    db: PortableSql
     devices: DeviceStore
     outbox: OutboxStore
 
@@ -132,7 +132,8 @@ class Harness:
 
     async def open(self) -> None:
         self.store = await open_test_store(self.database)
-        self.db, self.devices, self.outbox = self.store.db, self.store.devices, self.store.outbox
+        self.db = sql_of(self.store)
+        self.devices, self.outbox = self.store.devices, self.store.outbox
         self.observations = ObservationLog(self.folder / "observations")
         await self.observations.start()
 
@@ -186,10 +187,9 @@ class Harness:
         return await self.devices.count() == 0
 
     async def outbox_rows(self) -> list[tuple[Any, ...]]:
-        async with self.db.execute(
+        return await self.db.execute_fetchall(
             "SELECT id, device_id, event_id, attempts, next_attempt_ms, claimed_ms FROM outbox"
-        ) as cursor:
-            return [tuple(row) for row in await cursor.fetchall()]
+        )
 
     def push_records(self) -> list[dict[str, Any]]:
         records = []

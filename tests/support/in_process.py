@@ -30,8 +30,9 @@ from sigil_push.nostr.keys import SecretKey
 from sigil_push.observations import ObservationLog
 from sigil_push.service import Service
 from sigil_push.store.factory import open_store
-from sigil_push.store.interface import Database, DeviceStore, OutboxStore, Store
+from sigil_push.store.interface import DeviceStore, OutboxStore, Store
 from tests.support.nip98 import SdkUser
+from tests.support.stores import PortableSql, sql_of
 
 
 @dataclass
@@ -43,9 +44,9 @@ class InProcessBridge:
     bridge: Bridge
 
     @property
-    def db(self) -> Database:
-        """The store's handle for portable `?` SQL (aiosqlite, or the PostgreSQL adapter)."""
-        return self.store.db
+    def db(self) -> PortableSql:
+        """The test's own portable `?` SQL on the store's connection."""
+        return sql_of(self.store)
 
     @property
     def devices(self) -> DeviceStore:

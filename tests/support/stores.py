@@ -24,12 +24,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiosqlite
 import asyncpg
 import pytest
 
 from sigil_push.store.factory import PostgresStore, SqliteStore, open_postgres, open_sqlite
-from sigil_push.store.postgres.database import numbered
+from sigil_push.store.interface import RelayStateStore, SeenRows
+from sigil_push.store.postgres.bridge_state import PostgresRelayState, PostgresSeenRows
+from sigil_push.store.postgres.database import PostgresDatabase
 from sigil_push.store.postgres.migrate import migrate
+from sigil_push.store.sqlite.bridge_state import SqliteRelayState, SqliteSeenRows
 from tests.support.postgres import PostgresServer
 from tests.support.service import ServiceProcess
 
@@ -167,6 +171,82 @@ async def store(database: str) -> AsyncIterator[SqliteStore | PostgresStore]:
     """An open store on the parametrised engine, closed after the test."""
     async with opened(database) as store:
         yield store
+
+
+_PLACEHOLDER = re.compile(r"\?")
+_QUOTED = re.compile(r"'[^']*'")
+
+
+def numbered(sql: str) -> str:
+    """A test's portable statement (`?` placeholders) in PostgreSQL's `$1, $2, ...` form,
+    quoted literals left alone. For the tests' own SQL only: sigil-push writes each
+    engine's SQL in that engine's repositories and never translates."""
+    parts = []
+    position = 0
+    for literal in _QUOTED.finditer(sql):
+        parts.append((sql[position : literal.start()], True))
+        parts.append((literal.group(0), False))
+        position = literal.end()
+    parts.append((sql[position:], True))
+    counter = 0
+
+    def number(_: re.Match[str]) -> str:
+        nonlocal counter
+        counter += 1
+        return f"${counter}"
+
+    return "".join(_PLACEHOLDER.sub(number, text) if code else text for text, code in parts)
+
+
+class PortableSql:
+    """A test's view of an open store's connection for its own checks and set-ups, written
+    once with `?` placeholders for both engines (sigil-push itself reaches its tables only
+    through the store's repositories)."""
+
+    def __init__(self, db: aiosqlite.Connection | PostgresDatabase) -> None:
+        self._db = db
+
+    async def execute_fetchall(
+        self, sql: str, parameters: Sequence[Any] = ()
+    ) -> list[tuple[Any, ...]]:
+        if isinstance(self._db, PostgresDatabase):
+            return [tuple(row) for row in await self._db.fetch(numbered(sql), *parameters)]
+        return [tuple(row) for row in await self._db.execute_fetchall(sql, tuple(parameters))]
+
+    async def execute(self, sql: str, parameters: Sequence[Any] = ()) -> int:
+        """Run one statement; returns the rows it changed."""
+        if isinstance(self._db, PostgresDatabase):
+            return await self._db.run(numbered(sql), *parameters)
+        cursor = await self._db.execute(sql, tuple(parameters))
+        changed = int(cursor.rowcount)
+        await cursor.close()
+        return changed
+
+    async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        if isinstance(self._db, PostgresDatabase):
+            await self._db.many(numbered(sql), rows)
+        else:
+            await self._db.executemany(sql, rows)
+
+
+def sql_of(store: Any) -> PortableSql:
+    """`PortableSql` on a store's (or a bridge link's) connection."""
+    return PortableSql(store.db)
+
+
+def seen_rows(store: Any) -> SeenRows:
+    """The engine's `SeenRows` on an open store's connection (the bridge keeps its own on its
+    committer's connection; tests of `SeenEvents` use the store's)."""
+    if isinstance(store, PostgresStore):
+        return PostgresSeenRows(store.db)
+    return SqliteSeenRows(store.db)
+
+
+def relay_state(store: Any) -> RelayStateStore:
+    """The engine's `RelayStateStore` on an open store's connection."""
+    if isinstance(store, PostgresStore):
+        return PostgresRelayState(store.db)
+    return SqliteRelayState(store.db)
 
 
 async def _fetch_postgres(url: str, sql: str, parameters: Sequence[Any]) -> list[tuple[Any, ...]]:

@@ -3,8 +3,9 @@
 A token may be registered by several npubs (accounts on one phone), each pair on its own row;
 registering never touches another npub's pair, unregistering removes only the caller's, and a
 token the provider declared dead removes every pair that carries it. Both limits (devices per
-npub, npubs per token) are checked inside the writing statement, under a transaction-scoped
-advisory lock on the npub, so concurrent registrations on several workers cannot overshoot.
+npub, npubs per token: the policy is `store.limits`) are checked on counts taken under
+transaction-scoped advisory locks on the npub and the token, so concurrent registrations on
+several workers cannot overshoot.
 
 Every worker must learn of a change made through any worker's API (its bridge may watch that
 key): a change is announced with NOTIFY on `sigil_push_devices` (worker id and pubkey), and
@@ -24,7 +25,7 @@ from collections.abc import AsyncIterator, Callable, Collection, Iterable, Seque
 import asyncpg
 
 from sigil_push.shards import DEFAULT_SHARDS
-from sigil_push.store.errors import TooManyAccounts, TooManyDevices
+from sigil_push.store.limits import Occupancy, refusal
 from sigil_push.store.postgres.database import PostgresDatabase
 from sigil_push.store.records import (
     RULE_COLUMNS,
@@ -181,12 +182,10 @@ class PostgresDevices:
                 pubkey, token,
             )
             assert counts is not None
-            existed = counts["pair"] > 0
-            if not existed:
-                if max_devices and counts["of_npub"] >= max_devices:
-                    raise TooManyDevices(max_devices)
-                if max_accounts and counts["of_token"] >= max_accounts:
-                    raise TooManyAccounts(max_accounts)
+            found = Occupancy(counts["pair"] > 0, counts["of_npub"], counts["of_token"])
+            refused = refusal(found, max_devices, max_accounts)
+            if refused is not None:
+                raise refused
             row = await connection.fetchrow(
                 "INSERT INTO devices (pubkey, platform, token, payload, relays, webpush_p256dh,"
                 " webpush_auth, registered_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7,"
@@ -201,7 +200,7 @@ class PostgresDevices:
             )
         assert row is not None
         await self._changed([pubkey])
-        return Registration(_device(row), not existed)
+        return Registration(_device(row), not found.pair_exists)
 
     async def unregister(self, pubkey: str, token: str) -> int:
         """Remove the caller's own pair with `token`; other npubs' pairs stay."""

@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Collection, Iterable, Sequence
 import aiosqlite
 
 from sigil_push.shards import DEFAULT_SHARDS, shard_of
-from sigil_push.store.errors import TooManyAccounts, TooManyDevices
+from sigil_push.store.limits import Occupancy, refusal
 from sigil_push.store.records import (
     RULE_COLUMNS,
     Device,
@@ -38,6 +38,31 @@ _COLUMNS = (
 )
 _WITH_RULES = f"{_COLUMNS}, {RULE_COLUMNS.format(table='devices')}"
 """A pair's columns with what its owner chose (the bridge's and GET /registrations' reads)."""
+
+
+_OCCUPANCY = (
+    "SELECT COALESCE(SUM(pubkey = ? AND token = ?), 0), COALESCE(SUM(pubkey = ?), 0),"
+    " COALESCE(SUM(token = ?), 0) FROM devices WHERE pubkey = ? OR token = ?"
+)
+"""The `Occupancy` a registration of (pubkey, token) finds."""
+_WRITE_PAIR = (
+    "INSERT INTO devices (pubkey, platform, token, payload, relays, webpush_p256dh,"
+    " webpush_auth, registered_at, updated_at) SELECT ?, ?, ?, ?, ?, ?, ?, ?, ? WHERE {guard}"
+    " ON CONFLICT (token, pubkey) DO UPDATE SET platform = excluded.platform,"
+    " payload = excluded.payload, relays = excluded.relays,"
+    " webpush_p256dh = excluded.webpush_p256dh, webpush_auth = excluded.webpush_auth,"
+    f" updated_at = excluded.updated_at RETURNING {_COLUMNS}"
+)
+_UPSERT_IF_PAIR = _WRITE_PAIR.format(
+    guard="EXISTS (SELECT 1 FROM devices WHERE token = ? AND pubkey = ?)"
+)
+"""Update the pair read as existing, if it still does."""
+_INSERT_IF_UNCHANGED = _WRITE_PAIR.format(
+    guard="NOT EXISTS (SELECT 1 FROM devices WHERE token = ? AND pubkey = ?)"
+    " AND (SELECT COUNT(*) FROM devices WHERE pubkey = ?) = ?"
+    " AND (SELECT COUNT(*) FROM devices WHERE token = ?) = ?"
+)
+"""Insert the new pair if the counts its limits were decided on still hold."""
 
 
 class Devices:
@@ -68,46 +93,40 @@ class Devices:
     ) -> Registration:
         """Insert or update the (pubkey, token) pair; other npubs' pairs are never touched.
 
-        Both limits (`max_devices` pairs per npub, `max_accounts` npubs per token; 0: no limit)
-        are enforced inside the writing statement itself, so registrations need no lock and
-        concurrent ones pipeline through SQLite instead of queueing behind each other. An
-        existing pair may always be updated, even after a limit was lowered. The preceding
-        read only tells 201 from 200; the one after a refusal only tells which limit it was.
+        The limits (`store.limits`) are decided on the counts read first; the write then goes
+        only if they still hold, checked inside the inserting statement itself, so
+        registrations need no lock and concurrent ones pipeline through SQLite instead of
+        queueing behind each other. When another registration of the same npub or token
+        moved the counts in between, they are read again and the decision taken anew (each
+        such round lets at least that other registration through, so it ends).
         """
         now = int(time.time())
-        [(existed,)] = await self._db.execute_fetchall(
-            "SELECT EXISTS (SELECT 1 FROM devices WHERE token = ? AND pubkey = ?)", (token, pubkey)
+        values = (
+            pubkey, platform, token, payload, json.dumps(list(relays)),
+            webpush_keys.p256dh if webpush_keys else None,
+            webpush_keys.auth if webpush_keys else None,
+            now, now,
         )
-        rows = await self._db.execute_fetchall(
-            "INSERT INTO devices (pubkey, platform, token, payload, relays, webpush_p256dh,"
-            " webpush_auth, registered_at, updated_at) SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?"
-            " WHERE EXISTS (SELECT 1 FROM devices WHERE token = ? AND pubkey = ?)"
-            " OR ((? = 0 OR (SELECT COUNT(*) FROM devices WHERE pubkey = ?) < ?)"
-            " AND (? = 0 OR (SELECT COUNT(*) FROM devices WHERE token = ?) < ?))"
-            " ON CONFLICT (token, pubkey) DO UPDATE SET platform = excluded.platform,"
-            " payload = excluded.payload, relays = excluded.relays,"
-            " webpush_p256dh = excluded.webpush_p256dh, webpush_auth = excluded.webpush_auth,"
-            " updated_at = excluded.updated_at"
-            f" RETURNING {_COLUMNS}",
-            (
-                pubkey, platform, token, payload, json.dumps(list(relays)),
-                webpush_keys.p256dh if webpush_keys else None,
-                webpush_keys.auth if webpush_keys else None,
-                now, now,
-                token, pubkey,
-                max_devices, pubkey, max_devices,
-                max_accounts, token, max_accounts,
-            ),
-        )
-        if not rows:
-            [(accounts,)] = await self._db.execute_fetchall(
-                "SELECT COUNT(*) FROM devices WHERE token = ?", (token,)
-            )
-            if max_accounts and int(accounts) >= max_accounts:
-                raise TooManyAccounts(max_accounts)
-            raise TooManyDevices(max_devices)
+        while True:
+            [(pair, of_npub, of_token)] = await self._db.execute_fetchall(_OCCUPANCY, (
+                pubkey, token, pubkey, token, pubkey, token,
+            ))
+            found = Occupancy(bool(pair), int(of_npub or 0), int(of_token or 0))
+            refused = refusal(found, max_devices, max_accounts)
+            if refused is not None:
+                raise refused
+            if found.pair_exists:
+                rows = await self._db.execute_fetchall(
+                    _UPSERT_IF_PAIR, (*values, token, pubkey)
+                )
+            else:
+                rows = await self._db.execute_fetchall(_INSERT_IF_UNCHANGED, (
+                    *values, token, pubkey, pubkey, found.of_npub, token, found.of_token,
+                ))
+            if rows:
+                break
         self._changed([pubkey])
-        return Registration(Device.from_row(next(iter(rows))), not existed)
+        return Registration(Device.from_row(next(iter(rows))), not found.pair_exists)
 
     async def unregister(self, pubkey: str, token: str) -> int:
         """Remove `pubkey`'s own pair with `token`; returns how many were removed (0 or 1).

@@ -1,0 +1,147 @@
+"""The bridge's rows on PostgreSQL: baselines, cursors, relay lists (`RelayStateStore`) and
+handled event ids (`SeenRows`), in PostgreSQL's own SQL.
+
+Many-row inserts are one statement over one array per column (`unnest`, in the rows' order);
+updates, upserts and deletes run once per row in the order the caller sorted them (`many`), so
+workers overlapping on keys during a hand-over take row locks in one global order and wait for
+each other instead of deadlocking (tests/test_pg_commit_lock_order.py).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from sigil_push.store.interface import BookkeepingOp, SeenRow
+from sigil_push.store.postgres.database import PostgresDatabase
+from sigil_push.store.records import StoredRelayList
+
+INSERT_BASELINES = (
+    "INSERT INTO relay_baselines (relay, pubkey, baselined_at)"
+    " SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[]) ON CONFLICT DO NOTHING"
+)
+_DELETES = {
+    BookkeepingOp.DELETE_BASELINE: "DELETE FROM relay_baselines WHERE relay = $1 AND pubkey = $2",
+    BookkeepingOp.DELETE_BASELINES_OF: "DELETE FROM relay_baselines WHERE pubkey = $1",
+    BookkeepingOp.DELETE_RELAY_LISTS: "DELETE FROM relay_lists WHERE pubkey = $1",
+}
+
+
+def _marks(first: int, count: int) -> str:
+    """`$first, ..., $(first + count - 1)`."""
+    return ", ".join(f"${n}" for n in range(first, first + count))
+
+
+def _columns(rows: Sequence[tuple[Any, ...]]) -> list[list[Any]]:
+    """The rows as one list per column (the arrays of an `unnest` insert)."""
+    return [list(column) for column in zip(*rows, strict=True)]
+
+
+class PostgresRelayState:
+    """`RelayStateStore` on a PostgreSQL handle."""
+
+    def __init__(self, db: PostgresDatabase) -> None:
+        self._db = db
+
+    async def baseline_page(
+        self, after: tuple[str, str], pairs: Sequence[str] | None, limit: int
+    ) -> list[tuple[str, str]]:
+        narrow = ""
+        if pairs is not None:
+            narrow = f" AND substr(pubkey, 7, 2) IN ({_marks(3, len(pairs))})"
+        rows = await self._db.fetch(
+            "SELECT relay, pubkey FROM relay_baselines WHERE (relay, pubkey) > ($1, $2)"
+            f"{narrow} ORDER BY relay, pubkey LIMIT ${3 + len(pairs or ())}",
+            *after, *(pairs or ()), limit,
+        )
+        return [(str(relay), str(pubkey)) for relay, pubkey in rows]
+
+    async def baselines_of_keys(self, pubkeys: Sequence[str]) -> list[tuple[str, str]]:
+        rows = await self._db.fetch(
+            f"SELECT relay, pubkey FROM relay_baselines WHERE pubkey IN ({_marks(1, len(pubkeys))})",
+            *pubkeys,
+        )
+        return [(str(relay), str(pubkey)) for relay, pubkey in rows]
+
+    async def cursors(self) -> dict[str, int]:
+        rows = await self._db.fetch("SELECT relay, live_until FROM relay_cursors")
+        return {str(relay): int(live_until) for relay, live_until in rows}
+
+    async def save_cursors(self, cursors: Sequence[tuple[str, int]]) -> None:
+        await self._db.many(
+            "INSERT INTO relay_cursors (relay, live_until) VALUES ($1, $2)"
+            " ON CONFLICT (relay) DO UPDATE SET live_until = excluded.live_until",
+            cursors,
+        )
+
+    async def relay_lists(self) -> list[StoredRelayList]:
+        rows = await self._db.fetch("SELECT pubkey, kind, created_at, relays FROM relay_lists")
+        return [(str(p), int(k), int(c), tuple(json.loads(r))) for p, k, c, r in rows]
+
+    async def save_relay_lists(self, lists: Sequence[StoredRelayList]) -> None:
+        await self._db.many(
+            "INSERT INTO relay_lists (pubkey, kind, created_at, relays) VALUES ($1, $2, $3, $4)"
+            " ON CONFLICT (pubkey, kind) DO UPDATE SET created_at = excluded.created_at,"
+            " relays = excluded.relays",
+            [(p, k, c, json.dumps(list(r))) for p, k, c, r in lists],
+        )
+
+    async def apply(self, op: BookkeepingOp, rows: Sequence[tuple[Any, ...]]) -> None:
+        if not rows:
+            return
+        if op is BookkeepingOp.INSERT_BASELINES:
+            await self._db.run(INSERT_BASELINES, *_columns(rows))
+        else:
+            await self._db.many(_DELETES[op], rows)
+
+
+_SEEN_COLUMNS = "SELECT e.event_id, e.relay, r.relay"
+
+
+class PostgresSeenRows:
+    """`SeenRows` on a PostgreSQL handle."""
+
+    def __init__(self, db: PostgresDatabase) -> None:
+        self._db = db
+
+    async def recent(self, limit: int) -> list[SeenRow]:
+        rows = await self._db.fetch(
+            f"{_SEEN_COLUMNS} FROM (SELECT event_id, relay, keep_until FROM seen_events"
+            " ORDER BY keep_until DESC LIMIT $1) e LEFT JOIN seen_on_relay r"
+            " ON r.event_id = e.event_id ORDER BY e.keep_until",
+            limit,
+        )
+        return [_seen_row(row) for row in rows]
+
+    async def lookup(self, event_ids: Sequence[str]) -> list[SeenRow]:
+        rows = await self._db.fetch(
+            f"{_SEEN_COLUMNS} FROM seen_events e LEFT JOIN seen_on_relay r"
+            f" ON r.event_id = e.event_id WHERE e.event_id IN ({_marks(1, len(event_ids))})",
+            *event_ids,
+        )
+        return [_seen_row(row) for row in rows]
+
+    async def insert(self, rows: Sequence[tuple[str, str, int]]) -> None:
+        if rows:
+            await self._db.run(
+                "INSERT INTO seen_events (event_id, relay, keep_until)"
+                " SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])"
+                " ON CONFLICT DO NOTHING",
+                *_columns(rows),
+            )
+
+    async def append_relays(self, rows: Sequence[tuple[str, str]]) -> None:
+        await self._db.many(
+            "UPDATE seen_events SET relay = relay || $1 WHERE event_id = $2", rows
+        )
+
+    async def prune(self, cutoff: int) -> int:
+        removed = await self._db.run("DELETE FROM seen_events WHERE keep_until < $1", cutoff)
+        await self._db.run("DELETE FROM seen_on_relay WHERE keep_until < $1", cutoff)
+        return removed
+
+
+def _seen_row(row: Any) -> SeenRow:
+    event_id, first, further = row
+    return str(event_id), str(first), None if further is None else str(further)

@@ -1,0 +1,147 @@
+"""The bridge's rows on SQLite: baselines, cursors, relay lists (`RelayStateStore`), handled
+event ids (`SeenRows`), and the committer's unit of work (`transaction`).
+
+All of it runs on the committer's own connection (`store.factory.connect_bridge`), so one
+transaction holds a batch's outbox rows, seen ids and the bookkeeping queued behind them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import aiosqlite
+
+from sigil_push.store.errors import TRANSIENT_ERRORS
+from sigil_push.store.interface import BookkeepingOp, SeenRow
+from sigil_push.store.records import StoredRelayList
+
+BOOKKEEPING_SQL = {
+    BookkeepingOp.INSERT_BASELINES: (
+        "INSERT INTO relay_baselines (relay, pubkey, baselined_at) VALUES (?, ?, ?)"
+        " ON CONFLICT DO NOTHING"
+    ),
+    BookkeepingOp.DELETE_BASELINE: "DELETE FROM relay_baselines WHERE relay = ? AND pubkey = ?",
+    BookkeepingOp.DELETE_BASELINES_OF: "DELETE FROM relay_baselines WHERE pubkey = ?",
+    BookkeepingOp.DELETE_RELAY_LISTS: "DELETE FROM relay_lists WHERE pubkey = ?",
+}
+
+
+@contextlib.asynccontextmanager
+async def transaction(db: aiosqlite.Connection) -> AsyncIterator[None]:
+    """`BEGIN IMMEDIATE` (the write lock up front: no upgrade deadlock with the API's writes)
+    ... `COMMIT`, or `ROLLBACK` on any exception (itself allowed to fail on a broken file)."""
+    await db.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        await db.execute("COMMIT")
+    except BaseException:
+        with contextlib.suppress(*TRANSIENT_ERRORS):
+            await db.execute("ROLLBACK")
+        raise
+
+
+class SqliteRelayState:
+    """`RelayStateStore` on one aiosqlite connection."""
+
+    def __init__(self, db: aiosqlite.Connection) -> None:
+        self._db = db
+
+    async def baseline_page(
+        self, after: tuple[str, str], pairs: Sequence[str] | None, limit: int
+    ) -> list[tuple[str, str]]:
+        narrow = ""
+        if pairs is not None:
+            narrow = f" AND substr(pubkey, 7, 2) IN ({', '.join('?' * len(pairs))})"
+        rows = await self._db.execute_fetchall(
+            "SELECT relay, pubkey FROM relay_baselines WHERE (relay, pubkey) > (?, ?)"
+            f"{narrow} ORDER BY relay, pubkey LIMIT ?",
+            (*after, *(pairs or ()), limit),
+        )
+        return [(str(relay), str(pubkey)) for relay, pubkey in rows]
+
+    async def baselines_of_keys(self, pubkeys: Sequence[str]) -> list[tuple[str, str]]:
+        rows = await self._db.execute_fetchall(
+            f"SELECT relay, pubkey FROM relay_baselines WHERE pubkey IN"
+            f" ({', '.join('?' * len(pubkeys))})",
+            pubkeys,
+        )
+        return [(str(relay), str(pubkey)) for relay, pubkey in rows]
+
+    async def cursors(self) -> dict[str, int]:
+        rows = await self._db.execute_fetchall("SELECT relay, live_until FROM relay_cursors")
+        return {str(relay): int(live_until) for relay, live_until in rows}
+
+    async def save_cursors(self, cursors: Sequence[tuple[str, int]]) -> None:
+        await self._db.executemany(
+            "INSERT INTO relay_cursors (relay, live_until) VALUES (?, ?)"
+            " ON CONFLICT (relay) DO UPDATE SET live_until = excluded.live_until",
+            cursors,
+        )
+
+    async def relay_lists(self) -> list[StoredRelayList]:
+        rows = await self._db.execute_fetchall(
+            "SELECT pubkey, kind, created_at, relays FROM relay_lists"
+        )
+        return [(str(p), int(k), int(c), tuple(json.loads(r))) for p, k, c, r in rows]
+
+    async def save_relay_lists(self, lists: Sequence[StoredRelayList]) -> None:
+        await self._db.executemany(
+            "INSERT INTO relay_lists (pubkey, kind, created_at, relays) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT (pubkey, kind) DO UPDATE SET created_at = excluded.created_at,"
+            " relays = excluded.relays",
+            [(p, k, c, json.dumps(list(r))) for p, k, c, r in lists],
+        )
+
+    async def apply(self, op: BookkeepingOp, rows: Sequence[tuple[Any, ...]]) -> None:
+        await self._db.executemany(BOOKKEEPING_SQL[op], rows)
+
+
+class SqliteSeenRows:
+    """`SeenRows` on one aiosqlite connection."""
+
+    def __init__(self, db: aiosqlite.Connection) -> None:
+        self._db = db
+
+    async def recent(self, limit: int) -> list[SeenRow]:
+        rows = await self._db.execute_fetchall(
+            "SELECT e.event_id, e.relay, r.relay FROM (SELECT event_id, relay, keep_until"
+            " FROM seen_events ORDER BY keep_until DESC LIMIT ?) e LEFT JOIN seen_on_relay r"
+            " ON r.event_id = e.event_id ORDER BY e.keep_until",
+            (limit,),
+        )
+        return [_seen_row(row) for row in rows]
+
+    async def lookup(self, event_ids: Sequence[str]) -> list[SeenRow]:
+        rows = await self._db.execute_fetchall(
+            "SELECT e.event_id, e.relay, r.relay FROM seen_events e LEFT JOIN seen_on_relay r"
+            f" ON r.event_id = e.event_id WHERE e.event_id IN ({','.join('?' * len(event_ids))})",
+            event_ids,
+        )
+        return [_seen_row(row) for row in rows]
+
+    async def insert(self, rows: Sequence[tuple[str, str, int]]) -> None:
+        await self._db.executemany(
+            "INSERT INTO seen_events (event_id, relay, keep_until) VALUES (?, ?, ?)"
+            " ON CONFLICT DO NOTHING",
+            rows,
+        )
+
+    async def append_relays(self, rows: Sequence[tuple[str, str]]) -> None:
+        await self._db.executemany(
+            "UPDATE seen_events SET relay = relay || ? WHERE event_id = ?", rows
+        )
+
+    async def prune(self, cutoff: int) -> int:
+        cursor = await self._db.execute("DELETE FROM seen_events WHERE keep_until < ?", (cutoff,))
+        removed = int(cursor.rowcount)
+        await cursor.close()
+        await self._db.execute("DELETE FROM seen_on_relay WHERE keep_until < ?", (cutoff,))
+        return removed
+
+
+def _seen_row(row: Any) -> SeenRow:
+    event_id, first, further = row
+    return str(event_id), str(first), None if further is None else str(further)
