@@ -10,6 +10,8 @@ Only `sigil_push.store` speaks SQL. Callers get typed repositories, each with on
 engine written in that engine's own SQL (`store/sqlite/...`, `store/postgres/...`):
 
 - `DeviceStore`, `OutboxStore`: registrations and the durable outbox;
+- `UserListStore`: the users' kind 10000/3 lists, the kind 4 author checks and the presence
+  lapse marks and claims (issue 20), on the bridge's connection;
 - `RelayStateStore`: the bridge's baselines, live cursors and the users' relay lists, plus the
   bookkeeping writes (`BookkeepingOp`) the bridge queues behind its events;
 - `SeenRows`, `AuthIdRows`: the rows under `store.seen.SeenEvents` and
