@@ -29,8 +29,12 @@ CREATE INDEX devices_lapsing ON devices (present_until) WHERE lapse_event_id IS 
 -- Each registered npub's newest kind 10000 (mute list) and kind 3 (contact list): the `p` tag
 -- keys, sorted and packed as 32-byte keys (at most 10,000: 320,000 bytes), with what chose
 -- this version (newest created_at, then lowest id, as NIP-01 says for replaceable events).
--- `entries` comes last: SQLite reads a row's columns in order, and a long blob lies in
--- overflow pages that reading `entry_count` (for every device load) must not walk.
+-- A rowid table, not WITHOUT ROWID: its rows are large, and in a WITHOUT ROWID table each
+-- row's first kilobyte sits in the primary key's own leaves, which made every lookup by
+-- pubkey (one per device read) a page of its own. `user_lists_flags` answers the question
+-- asked with every device read (which lists does the npub have, with how many keys) from
+-- the index alone; `entries` comes last so that reading the other columns never walks the
+-- blob's overflow pages.
 CREATE TABLE user_lists (
     pubkey TEXT NOT NULL,
     kind INTEGER NOT NULL,
@@ -40,4 +44,5 @@ CREATE TABLE user_lists (
     truncated INTEGER NOT NULL DEFAULT 0,
     entries BLOB NOT NULL,
     PRIMARY KEY (pubkey, kind)
-) WITHOUT ROWID;
+);
+CREATE INDEX user_lists_flags ON user_lists (pubkey, kind, entry_count);

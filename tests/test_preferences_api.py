@@ -86,7 +86,8 @@ def test_register_accepts_the_preference_keys(api: ApiCaller) -> None:
 
 
 def test_a_thousand_muted_npubs_fit_and_one_more_does_not(api: ApiCaller) -> None:
-    """1,000 npubs are about 66 KiB of JSON: more than the other routes' 8 KiB, accepted."""
+    """1,000 keys are about 66 KiB of JSON: more than the other routes' 8 KiB, accepted by
+    /preferences; /register keeps its 8 KiB."""
     user, token = SdkUser(), _token()
     _registered(api, user, token)
     keys = [os.urandom(32).hex() for _ in range(1001)]
@@ -97,6 +98,8 @@ def test_a_thousand_muted_npubs_fit_and_one_more_does_not(api: ApiCaller) -> Non
     assert refused.status_code == 400
     assert refused.json()["error"] == "invalid_preferences" and "muted" in refused.json()["message"]
     assert _device(api, user, token)["muted_count"] == 1000
+    too_large = api.register(user, device_token=token, muted=keys[:1000])
+    assert too_large.status_code == 413 and too_large.json()["error"] == "body_too_large"
 
 
 def test_bad_preferences_are_refused_naming_the_field_and_change_nothing(api: ApiCaller) -> None:

@@ -22,3 +22,5 @@ CREATE TABLE user_lists (
     entries BYTEA NOT NULL,
     PRIMARY KEY (pubkey, kind)
 );
+-- what every device read asks (which lists, how many keys), answered from the index alone
+CREATE INDEX user_lists_flags ON user_lists (pubkey, kind) INCLUDE (entry_count);
