@@ -32,7 +32,15 @@ push swung by a third between trials (113-177 µs in session 7).
 Running a subset of `--providers` keeps the other providers' last results in the file, marked
 `kept_from_earlier_run` (a fresh entry carries `measured_at`).
 
+Sealed mode (`--sealed`, issue 21): APNs only. Per trial the same NIP-17 DMs (nostr-sdk gift
+wraps of `--sealed-chars` characters) are drained once to opaque and once to sealed
+registrations, one device per wakeup, in alternating order; the figure is sealed wakeups per
+CPU second over opaque ones (target 0.7). It also reports the median sealed push size per
+provider for DMs of 100, 500 and 2,000 characters and the share that fell back to the sealed
+pointer (read by decrypting with nostr-sdk). Writes bench/results/sealed.json.
+
 Usage: python bench/push.py [--wakeups 20000] [--devices 2000] [--trials 3] [--rate 1000]
+       python bench/push.py --sealed [--wakeups 3000] [--trials 5] [--size-samples 50]
 """
 
 from __future__ import annotations
@@ -48,7 +56,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import uvloop
 
@@ -147,9 +155,10 @@ def bare_apns(config: Config) -> Callable[[Device], Awaitable[bool]]:
     pushes (body, headers, cheap apns-ids) with no outbox, no timeout, no bookkeeping."""
     from aioapns import NotificationRequest, PushType
 
-    from sigil_push.push.apns import NotificationIds, apns_client
+    from sigil_push.push.apns import PROVIDER
+    from sigil_push.push.apns_sender import NotificationIds, apns_client
 
-    apns = config.apns
+    apns = config.provider_table(PROVIDER)
     assert apns is not None
     key = config.resolve(apns.key_file).read_text()
     client = apns_client(apns, key, config.resolve(apns.ca_file) if apns.ca_file else None)
@@ -232,19 +241,19 @@ class Timed:
         await self.inner.close()
 
 
-async def trial(
-    provider: str, config: Config, work: Path, store: Devices, outbox: Outbox, devices: list[Device], events: list[Event], fake_pids: list[int],
-) -> dict[str, Any]:
-    """One bare-client run and one full-outbox drain, back to back, with fresh clients."""
-    platform_name = PLATFORM_OF[provider]
-    senders = await build_senders(config)
-    bare = bare_apns(config) if provider == "apns" else bare_sender(senders[platform_name])
-    concurrency = senders[platform_name].max_concurrency
-    load_before = os.getloadavg()[0]
-    ceiling, bare_own_busy, bare_fake_busy = await bare_ceiling(
-        bare, devices, len(events), concurrency, fake_pids
-    )
+class Drained(NamedTuple):
+    seconds: float
+    own_busy: float
+    fake_busy: float
+    durations: list[float]
 
+
+async def drain(
+    platform_name: str, senders: dict[str, Sender], config: Config, work: Path, store: Devices,
+    outbox: Outbox, devices: list[Device], events: list[Event], fake_pids: list[int],
+) -> Drained:
+    """One full-outbox drain by the real Delivery loop: `events` spread over `devices`, enqueued
+    before the clock starts; the seconds to the last answer and the CPU each side spent."""
     seen = now_ms()
     for i, event in enumerate(events):
         await outbox.enqueue(event, "wss://relay.example.com", seen, [devices[i % len(devices)]])
@@ -262,7 +271,26 @@ async def trial(
     own_busy = (time.process_time() - own_cpu) / drain_seconds
     await delivery.stop()
     await observations.stop()
-    send_ms = [d * 1000 for d in timed[platform_name].durations]
+    return Drained(drain_seconds, own_busy, fake_busy, timed[platform_name].durations)
+
+
+async def trial(
+    provider: str, config: Config, work: Path, store: Devices, outbox: Outbox, devices: list[Device], events: list[Event], fake_pids: list[int],
+) -> dict[str, Any]:
+    """One bare-client run and one full-outbox drain, back to back, with fresh clients."""
+    platform_name = PLATFORM_OF[provider]
+    senders = await build_senders(config)
+    bare = bare_apns(config) if provider == "apns" else bare_sender(senders[platform_name])
+    concurrency = senders[platform_name].max_concurrency
+    load_before = os.getloadavg()[0]
+    ceiling, bare_own_busy, bare_fake_busy = await bare_ceiling(
+        bare, devices, len(events), concurrency, fake_pids
+    )
+
+    drained = await drain(platform_name, senders, config, work, store, outbox, devices, events,
+                          fake_pids)
+    drain_seconds, own_busy, fake_busy = drained.seconds, drained.own_busy, drained.fake_busy
+    send_ms = [d * 1000 for d in drained.durations]
     rate = len(events) / drain_seconds
     bare_per_cpu, pipeline_per_cpu = ceiling / bare_own_busy, rate / own_busy
     return {
@@ -370,6 +398,125 @@ async def live_latency(outbox: Outbox, devices: list[Device], sender_key: Secret
     return {"event_ids": {e.id for e in events}, "achieved_rate": achieved}
 
 
+SEALED_RESULTS = Path(__file__).parent / "results" / "sealed.json"
+DM_LENGTHS = (100, 500, 2000)
+BENCH_RELAY = "wss://relay.example.com"
+
+
+def nip17_dms(sender: Any, recipient: Any, chars: int, count: int) -> list[Event]:
+    """`count` NIP-17 gift wraps (kind 1059, made by nostr-sdk as a client makes them) of a
+    `chars`-character message each."""
+    import nostr_sdk
+
+    words = "the quick brown fox jumps over the lazy dog and back again "
+    text = (words * (chars // len(words) + 1))[:chars]
+    return [
+        Event.from_json(json.loads(
+            nostr_sdk.nip17_make_private_msg(sender, recipient.public_key(), text).as_json()
+        ))
+        for _ in range(count)
+    ]
+
+
+def sealed_sizes(samples: int) -> dict[str, Any]:
+    """Median sealed push size per provider for NIP-17 DMs of each length in DM_LENGTHS, and
+    the share that fell back to the pointer (read by decrypting with nostr-sdk)."""
+    import nostr_sdk
+
+    from sigil_push.push.payload import (
+        MAX_PAYLOAD_BYTES,
+        apns_size,
+        fcm_size,
+        sealed_data,
+        unifiedpush_size,
+    )
+
+    measure = {"apns": apns_size, "fcm": fcm_size, "unifiedpush": unifiedpush_size}
+    device = SecretKey.generate()
+    device_secret = nostr_sdk.SecretKey.parse(device.secret_hex)
+    sender, recipient = nostr_sdk.Keys.generate(), nostr_sdk.Keys.generate()
+    report: dict[str, Any] = {}
+    for chars in DM_LENGTHS:
+        wraps = nip17_dms(sender, recipient, chars, samples)
+        event_bytes = sorted(len(json.dumps(w.to_json(), separators=(",", ":")).encode())
+                             for w in wraps)
+        entry: dict[str, Any] = {"gift_wrap_json_bytes_median": event_bytes[len(event_bytes) // 2]}
+        for provider, size in measure.items():
+            sizes, pointers = [], 0
+            for wrap in wraps:
+                data = sealed_data(
+                    device.public_key_hex, wrap.id, BENCH_RELAY,
+                    json.dumps(wrap.to_json(), separators=(",", ":"), ensure_ascii=False),
+                    lambda d, size=size: size(d) <= MAX_PAYLOAD_BYTES,  # type: ignore[misc]
+                )
+                sizes.append(size(data))
+                opened = json.loads(nostr_sdk.nip44_decrypt(
+                    device_secret, nostr_sdk.PublicKey.parse(data["epk"]), data["sealed"]
+                ))
+                pointers += "event" not in opened
+            sizes.sort()
+            entry[provider] = {"median_bytes": sizes[len(sizes) // 2], "max_bytes": sizes[-1],
+                               "pointer_share": round(pointers / len(wraps), 3)}
+        report[f"{chars}_chars"] = entry
+    return report
+
+
+async def run_sealed(document: dict[str, Any], folder: Path, args: argparse.Namespace,
+                     fake_pids: list[int]) -> dict[str, Any]:
+    """Sealed against opaque wakeups through the whole pipeline to APNs: the same NIP-17 DMs
+    drained once to opaque registrations and once to sealed ones, per trial, in alternating
+    order (so a load change on the shared machine does not always favour one side).
+
+    One device per wakeup in each mode: a phone's opaque wakeups that are due together become
+    one push, which would compare one opaque push for many wakeups with a push per sealed one.
+    """
+    import nostr_sdk
+
+    config = parse_config(document, folder / "relays.toml")
+    work = folder / "sealed"
+    work.mkdir()
+    db = await open_database(work / "bench.db")
+    store, outbox = Devices(db), Outbox(db)
+    sender, recipient = nostr_sdk.Keys.generate(), nostr_sdk.Keys.generate()
+    recipient_hex = str(recipient.public_key().to_hex())
+    by_mode: dict[str, list[Device]] = {}
+    for mode in ("opaque", "sealed"):
+        by_mode[mode] = [
+            (await store.register(
+                recipient_hex, "ios", os.urandom(32).hex(), mode, (), None, 0,
+                device_key=SecretKey.generate().public_key_hex if mode == "sealed" else None,
+            )).device
+            for _ in range(args.wakeups)
+        ]
+    trials = []
+    for number in range(args.trials):
+        events = nip17_dms(sender, recipient, args.sealed_chars, args.wakeups)
+        order = ("opaque", "sealed") if number % 2 == 0 else ("sealed", "opaque")
+        per_cpu: dict[str, float] = {}
+        load_before = os.getloadavg()[0]
+        for mode in order:
+            senders = await build_senders(config)
+            drained = await drain("ios", senders, config, work, store, outbox, by_mode[mode],
+                                  events, fake_pids)
+            per_cpu[mode] = len(events) / drained.seconds / drained.own_busy
+        trials.append({
+            "wakeups_per_cpu_second": {m: round(v) for m, v in per_cpu.items()},
+            "ratio": round(per_cpu["sealed"] / per_cpu["opaque"], 3),
+            "load_average": {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2)},
+        })
+        print("sealed trial", number + 1, json.dumps(trials[-1]), flush=True)
+    await db.close()
+    ratios = sorted(t["ratio"] for t in trials)
+    return {
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "dm_chars": args.sealed_chars,
+        "wakeups_per_trial": args.wakeups,
+        "devices_per_mode": args.wakeups,
+        "sealed_per_opaque_cpu_second": spread(ratios),
+        "trials": trials,
+    }
+
+
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     if args.pin:
         pin(0, 0)
@@ -405,6 +552,16 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 "limits": limits, "push": push},
     }
     try:
+        if args.sealed:
+            return {
+                "benchmark": "sealed against opaque wakeups, APNs, whole pipeline",
+                "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
+                            "event_loop": "uvloop (as serve)", "apns_endpoint": args.apns},
+                "throughput": await run_sealed(documents["apns"], folder, args, fake_pids["apns"]),
+                "payload_sizes": sealed_sizes(args.size_samples),
+                "load_average_at_end": os.getloadavg()[0],
+                "targets": {"sealed_per_opaque_cpu_second": 0.7},
+            }
         results = {}
         for provider in args.providers:
             results[provider] = await run_provider(
@@ -442,14 +599,29 @@ def main() -> None:
     parser.add_argument("--pin", action="store_true",
                         help="pin this process and the fakes to separate cores (slower under gVisor)")
     parser.add_argument("--providers", nargs="+", default=["apns", "fcm"])
+    parser.add_argument("--note", default="", help="sealed mode: a note kept with the results")
     parser.add_argument(
         "--apns", choices=["nginx", "python"], default="nginx",
         help="the APNs endpoint: nginx (bench/native_apns.py, C, a few µs per request) or the "
         "test suite's checking fake (h2 in Python, most of a core at these rates)",
     )
+    parser.add_argument(
+        "--sealed", action="store_true",
+        help="sealed mode: APNs only, sealed against opaque wakeups of the same NIP-17 DMs per CPU "
+        "second, and sealed payload sizes; writes bench/results/sealed.json",
+    )
+    parser.add_argument("--sealed-chars", type=int, default=100,
+                        help="message length of the DMs drained in sealed mode")
+    parser.add_argument("--size-samples", type=int, default=50,
+                        help="gift wraps per message length for the payload sizes")
     args = parser.parse_args()
     tune_gc()  # as `sigil-push serve` does
     summary = uvloop.run(main_async(args))  # `sigil-push serve` runs on uvloop through uvicorn
+    if args.sealed:
+        summary["note"] = args.note
+        SEALED_RESULTS.write_text(json.dumps(summary, indent=2) + "\n")
+        print(f"wrote {SEALED_RESULTS}")
+        return
     if RESULTS.exists():
         earlier = json.loads(RESULTS.read_text()).get("results", {})
         kept = {p: {**r, "kept_from_earlier_run": True} for p, r in earlier.items()

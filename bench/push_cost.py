@@ -45,10 +45,11 @@ import uvloop
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.push import CONCURRENCY, bare_apns, free_port, start_fake
-from sigil_push import delivery as delivery_module
 from sigil_push import observations as observations_module
 from sigil_push.config import parse_config
 from sigil_push.delivery import Delivery
+from sigil_push.delivery import facade as delivery_facade
+from sigil_push.delivery import settle as delivery_settle
 from sigil_push.nostr.event import sign_event
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.observations import ObservationLog, now_ms
@@ -98,9 +99,9 @@ def stretch_timers(factor: float) -> None:
     depth poll) would run `factor` times as often per push as at full speed, and be counted
     as the pipeline's cost per push. Stretching those intervals by the same factor keeps each
     one's share per push as it is natively. Measurement only: nothing else changes."""
-    delivery_module.COMPLETE_WITHIN_SECONDS *= factor
-    delivery_module.HOUSEKEEPING_SECONDS *= factor
-    delivery_module.IDLE_POLL_SECONDS *= factor
+    delivery_settle.COMPLETE_WITHIN_SECONDS *= factor
+    delivery_facade.HOUSEKEEPING_SECONDS *= factor
+    delivery_facade.IDLE_POLL_SECONDS *= factor
     observations_module.FLUSH_INTERVAL_SECONDS *= factor
     global DEPTH_POLL_SECONDS
     DEPTH_POLL_SECONDS *= factor

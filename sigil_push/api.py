@@ -6,7 +6,6 @@ failure is a typed exception mapped to the contract's JSON error in one place, `
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -26,8 +25,7 @@ from sigil_push.errors import ApiError, BadRequest, RateLimited
 from sigil_push.http_metrics import MetricsMiddleware
 from sigil_push.nostr.nip19 import encode_npub
 from sigil_push.nostr.nip98 import AuthError, AuthExpired, AuthMissing, verify_http_auth
-from sigil_push.push.endpoint_guard import UnsafeEndpoint, check_endpoint
-from sigil_push.push.vapid import loaded_public_key
+from sigil_push.push import registry
 from sigil_push.ratelimit import RateLimiter, client_address, trusted_networks
 from sigil_push.service import Service, State
 from sigil_push.store.errors import STORE_UNAVAILABLE, TooManyAccounts, TooManyDevices
@@ -48,7 +46,6 @@ MAX_BODY_BYTES = 8 * 1024
 MAX_MUTE_BODY_BYTES = 80 * 1024
 """/preferences only: a private mute list of 1,000 npubs is about 66 KiB, past the 8 KiB of
 every other route (/register keeps 8 KiB: a longer list is sent with /preferences)."""
-ENDPOINT_CHECK_TIMEOUT_SECONDS = 3.0
 UNLIMITED_ROUTES = ("/health", "/metrics")
 
 
@@ -110,17 +107,6 @@ class Api:
             raise RateLimited(wait)
         return event.pubkey
 
-    async def _check_unifiedpush_endpoint(self, url: str) -> None:
-        allow_private = bool(
-            self.service.config.unifiedpush and self.service.config.unifiedpush.allow_private_endpoints
-        )
-        try:
-            await asyncio.wait_for(check_endpoint(url, allow_private), ENDPOINT_CHECK_TIMEOUT_SECONDS)
-        except TimeoutError:
-            raise BadRequest("invalid_device_token", "endpoint host did not resolve in time") from None
-        except UnsafeEndpoint as exc:
-            raise BadRequest("invalid_device_token", str(exc)) from None
-
     # -- routes ----------------------------------------------------------------------------
 
     async def register(self, request: Request) -> Response:
@@ -136,11 +122,13 @@ class Api:
         wanted = parse_register(body, pubkey, config.server.allow_insecure_relays)
         if wanted.platform not in config.platforms:
             raise BadRequest("platform_disabled", f"this instance does not send to {wanted.platform}")
-        if wanted.platform == "unifiedpush":
-            await self._check_unifiedpush_endpoint(wanted.device_token)
+        provider = registry.by_platform(wanted.platform)
+        if provider.admit is not None:
+            await provider.admit(config.provider_table(provider), wanted.device_token)
         registration = await self.service.components.devices.register(
             pubkey, wanted.platform, wanted.device_token, wanted.payload, wanted.relays,
             wanted.webpush_keys, config.limits.devices_per_npub, config.limits.accounts_per_device,
+            device_key=wanted.device_key,
         )
         if wanted.auth_signer is not None:
             await self.service.components.delegated_auth.set_signer(pubkey, wanted.auth_signer)
@@ -161,6 +149,7 @@ class Api:
                 "relays": list(device.relays),
                 "token_suffix": device.token_suffix,
                 "registered_at": device.registered_at,
+                "sealed": device.device_key is not None,
                 **_preferences(device, int(time.time())),
             },
             status_code=201 if registration.created else 200,
@@ -213,8 +202,11 @@ class Api:
         if not isinstance(token, str) or not token:
             raise BadRequest("invalid_device_token", "'device_token' must be a non-empty string")
         removed = await self.service.components.devices.unregister(pubkey, token)
-        if not removed and len(token) >= 64 and all(c in "0123456789ABCDEF" for c in token):
-            removed = await self.service.components.devices.unregister(pubkey, token.lower())
+        if not removed:
+            for stored in registry.stored_forms(token):
+                removed = await self.service.components.devices.unregister(pubkey, stored)
+                if removed:
+                    break
         return JSONResponse({"removed": removed})
 
     async def registrations(self, request: Request) -> Response:
@@ -233,13 +225,14 @@ class Api:
                         "payload": device.payload,
                         "token_suffix": device.token_suffix,
                         "registered_at": device.registered_at,
+                        "sealed": device.device_key is not None,
                         "relays": list(device.relays),
                         "delegated_auth": signer_status == "active",
                         "auth_signer_status": signer_status,
                         "auth_signer_detail": delegated.detail(pubkey),
                         **_preferences(device, now),
                         "follows_known": bool(device.rules and device.rules.follows_known),
-                        **_encryption(device),
+                        **_device_fields(device),
                     }
                     for device in devices
                 ]
@@ -295,18 +288,21 @@ class Api:
                 if self.service.state is State.SERVING
                 else None,
                 "dry_run": config.dry_run,
-                **self._vapid_info(),
+                **self._provider_info(),
             }
         )
 
-    def _vapid_info(self) -> dict[str, str | None]:
-        """`vapid_public_key` when UnifiedPush is on: apps hand it to their distributor."""
-        unifiedpush = self.service.config.unifiedpush
-        if unifiedpush is None:
-            return {}
-        key_file = self.service.config.resolve(unifiedpush.vapid_private_key_file)
+    def _provider_info(self) -> dict[str, Any]:
+        """The configured providers' extra fields (UnifiedPush: `vapid_public_key`), null
+        until the service serves: their keys are loaded at start."""
+        config = self.service.config
         serving = self.service.state is State.SERVING
-        return {"vapid_public_key": loaded_public_key(key_file) if serving else None}
+        extras: dict[str, Any] = {}
+        for provider in registry.PROVIDERS:
+            table = config.provider_table(provider)
+            if provider.info is not None and table is not None:
+                extras.update(provider.info(table, config.resolve))
+        return extras if serving else dict.fromkeys(extras)
 
 
 def _stored_forms(token: str) -> tuple[str, ...]:
@@ -326,12 +322,12 @@ def _preferences(device: Device, now: int) -> dict[str, Any]:
     return {"pause_until": pause, "senders": rules.senders, "muted_count": rules.muted_count}
 
 
-def _encryption(device: Device) -> dict[str, bool]:
-    """UnifiedPush only: whether wakeups are RFC 8291-encrypted (the registration gave WebPush
-    keys), so an app can see that it still registers the way older distributors allowed."""
-    if device.platform != "unifiedpush":
+def _device_fields(device: Device) -> dict[str, Any]:
+    """A device's provider-specific fields in `GET /registrations` (UnifiedPush: `encrypted`)."""
+    if device.platform not in registry.PLATFORMS:  # a provider since removed from the registry
         return {}
-    return {"encrypted": device.webpush_keys is not None}
+    fields = registry.by_platform(device.platform).device_fields
+    return fields(device) if fields is not None else {}
 
 
 def _error_response(request: Request, exc: Exception) -> Response:

@@ -188,7 +188,7 @@ async def test_restart_catches_up_once_without_duplicates(
     before = kind4_dm(bob, alice, "before")
     await pushed_once(service, relay.url, before, "first DM pushed")
     # its row leaves the outbox with the burst's DELETE up to 20 ms after the provider's answer
-    # (delivery.COMPLETE_WITHIN_SECONDS); a kill before that sends it again after the restart,
+    # (delivery.settle.COMPLETE_WITHIN_SECONDS); a kill before that sends it again after the restart,
     # as designed (at least once at the provider boundary), which is not what this checks
     await eventually(lambda: not fetch(service.database, "SELECT 1 FROM outbox"), "outbox empty")
 

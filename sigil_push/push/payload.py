@@ -1,15 +1,20 @@
 """What a wakeup carries (CONTRACT section 4), and the fallback when the full event is too big.
 
 The provider-neutral form is FCM's data object: `{"type": "wakeup"}` plus, by payload mode,
-`event_id` and `relay`, or `event` (the event JSON as a string). APNs wraps the same extras
-around a fixed, contentless alert. Nothing here ever sees the decrypted message, and nothing
-but these keys is ever added.
+`event_id` and `relay`, or `event` (the event JSON as a string), or `sealed` and `epk` (the
+event and its relay NIP-44-encrypted to the device key). APNs wraps the same extras around a
+fixed, contentless alert. Nothing here ever sees the decrypted message, and nothing but these
+keys is ever added.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from functools import lru_cache
 from typing import Any
+
+from sigil_push.nostr import nip44
 
 MAX_PAYLOAD_BYTES = 4096
 """APNs, FCM (data messages) and UnifiedPush (RFC 8030 distributors) all stop at 4 KiB."""
@@ -32,6 +37,46 @@ def wakeup_data(mode: str, event_id: str, relay: str, event_json: str | None) ->
 
 def opaque_data() -> dict[str, str]:
     return {"type": "wakeup"}
+
+
+_EPK_PLACEHOLDER = "0" * 64
+
+
+@lru_cache(maxsize=1024)
+def _sealed_fits(fits: Callable[[dict[str, str]], bool], payload_length: int) -> bool:
+    """Whether a sealed push whose payload has `payload_length` characters fits the provider.
+    Base64 and hex need no JSON escaping, so the answer depends on the length alone, and
+    NIP-44's padding leaves few lengths: asked once per (provider, length), not per push."""
+    return fits({"type": "wakeup", "sealed": "A" * payload_length, "epk": _EPK_PLACEHOLDER})
+
+
+def sealed_data(
+    device_key: str,
+    event_id: str,
+    relay: str,
+    event_json: str | None,
+    fits: Callable[[dict[str, str]], bool],
+) -> dict[str, str]:
+    """The `sealed` data object: `{"v": 1, "event": EVENT, "relay": URL}` sealed to the device
+    key from a fresh one-time key, or the pointer `{"v": 1, "id", "kind", "relay"}` when the
+    push would not fit the provider (`fits`). Either way nothing about the event is in clear.
+
+    NIP-44's payload length follows from the plaintext's, so the size is known before anything
+    is encrypted, and only the plaintext that goes out is sealed (one ECDH per push). A row
+    queued before its registration asked for `sealed` has no event JSON, so no kind for a
+    pointer: it goes out as an opaque wakeup.
+    """
+    if event_json is None:
+        return opaque_data()
+    relay_json = json.dumps(relay, ensure_ascii=False)
+    plaintext = ('{"v":1,"event":' + event_json + ',"relay":' + relay_json + "}").encode()
+    if not _sealed_fits(fits, nip44.payload_length(len(plaintext))):
+        kind = int(json.loads(event_json)["kind"])
+        plaintext = (
+            '{"v":1,"id":"' + event_id + '","kind":' + str(kind) + ',"relay":' + relay_json + "}"
+        ).encode()
+    sealed = nip44.seal(device_key, plaintext)
+    return {"type": "wakeup", "sealed": sealed.payload, "epk": sealed.ephemeral_public_key}
 
 
 def fallback(data: dict[str, str], event_id: str, relay: str) -> dict[str, str]:

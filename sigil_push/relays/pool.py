@@ -272,6 +272,8 @@ class RelayPool:
             self._settings.reconnect_max_seconds,
             max_frame_bytes=self._settings.max_frame_bytes,
             skip_event=lambda frame, received_ms: self._raw_event(url, frame, received_ms),
+            heartbeat_seconds=self._settings.relay_heartbeat_seconds,
+            open_timeout_seconds=self._settings.relay_open_timeout_seconds,
         )
         self._connections[url] = connection
         UNSUBSCRIBED.labels(url).set(0)

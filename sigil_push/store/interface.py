@@ -63,6 +63,7 @@ class DeviceStore(Protocol):
         webpush_keys: WebPushKeys | None,
         max_devices: int,
         max_accounts: int = 0,
+        device_key: str | None = None,
     ) -> Registration: ...
 
     async def unregister(self, pubkey: str, token: str) -> int: ...

@@ -15,8 +15,9 @@ if TYPE_CHECKING:
 
     from sigil_push.nostr.event import Event
 
-PLATFORMS = ("ios", "android", "unifiedpush")
-PAYLOAD_MODES = ("opaque", "event_id", "event")
+PAYLOAD_MODES = ("opaque", "sealed", "event_id", "event")
+FULL_EVENT_MODES = frozenset({"event", "sealed"})
+"""Payload modes whose wakeups need the event itself in the outbox."""
 NO_RELAYS: tuple[str, ...] = ()
 """The relays of a key whose devices name none (most keys): one shared tuple for all of them."""
 
@@ -137,6 +138,8 @@ class Device:
     relays: tuple[str, ...]
     webpush_keys: WebPushKeys | None
     registered_at: int
+    device_key: str | None = None
+    """x-only public key that `sealed` wakeups are encrypted to; never shown, never logged."""
     rules: Rules | None = None
     """None when read without RULE_COLUMNS (delivery's rows), or when all are defaults."""
 
@@ -152,7 +155,8 @@ class Device:
         relays = NO_RELAYS if row[5] == "[]" else tuple(json.loads(str(row[5])))
         return cls(
             int(str(row[0])), str(row[1]), str(row[2]), str(row[3]), str(row[4]), relays, keys,
-            int(str(row[8])), Rules.from_columns(row[9:14]) if len(row) > 9 else None,
+            int(str(row[8])), str(row[9]) if row[9] else None,
+            Rules.from_columns(row[10:15]) if len(row) > 10 else None,
         )
 
 
@@ -211,15 +215,16 @@ WakeupRow = tuple[int, str, str, str | None, int]
 
 def wakeup_rows(batch: Sequence[tuple[Event, str, int, Sequence[Device]]]) -> list[WakeupRow]:
     """One row per (event, device); the full event JSON is built once per event, and only
-    for devices that asked for payload mode `event`."""
+    for devices whose payload mode carries it (`event`, `sealed`)."""
     rows: list[WakeupRow] = []
     for event, relay, first_seen_ms, devices in batch:
         full_event: str | None = None
         for device in devices:
-            if device.payload == "event" and full_event is None:
+            wants_event = device.payload in FULL_EVENT_MODES
+            if wants_event and full_event is None:
                 full_event = json.dumps(event.to_json(), separators=(",", ":"), ensure_ascii=False)
             rows.append((device.id, event.id, relay,
-                         full_event if device.payload == "event" else None, first_seen_ms))
+                         full_event if wants_event else None, first_seen_ms))
     return rows
 
 

@@ -39,7 +39,8 @@ from sigil_push.store.records import (
 )
 
 _COLUMNS = (
-    "id, pubkey, platform, token, payload, relays, webpush_p256dh, webpush_auth, registered_at"
+    "id, pubkey, platform, token, payload, relays, webpush_p256dh, webpush_auth, registered_at,"
+    " device_key"
 )
 _WITH_RULES = f"{_COLUMNS}, {RULE_COLUMNS.format(table='devices')}"
 """A pair's columns with what its owner chose (the bridge's and GET /registrations' reads)."""
@@ -164,8 +165,10 @@ class PostgresDevices:
         webpush_keys: WebPushKeys | None,
         max_devices: int,
         max_accounts: int = 0,
+        device_key: str | None = None,
     ) -> Registration:
-        """Insert or update this npub's pair with `token` (201 when new, 200 when updated)."""
+        """Insert or update this npub's pair with `token` (201 when new, 200 when updated);
+        an update replaces the device key too (absent: none), as on SQLite."""
         now = int(time.time())
         async with self._db.connection() as connection, connection.transaction():
             # the limits count rows other registrations may be adding right now: lock the npub
@@ -188,15 +191,16 @@ class PostgresDevices:
                 raise refused
             row = await connection.fetchrow(
                 "INSERT INTO devices (pubkey, platform, token, payload, relays, webpush_p256dh,"
-                " webpush_auth, registered_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7,"
-                " $8, $8) ON CONFLICT (pubkey, token) DO UPDATE SET platform = excluded.platform,"
-                " payload = excluded.payload, relays = excluded.relays,"
+                " webpush_auth, registered_at, updated_at, device_key) VALUES ($1, $2, $3, $4, $5,"
+                " $6, $7, $8, $8, $9) ON CONFLICT (pubkey, token) DO UPDATE SET"
+                " platform = excluded.platform, payload = excluded.payload, relays = excluded.relays,"
                 " webpush_p256dh = excluded.webpush_p256dh, webpush_auth = excluded.webpush_auth,"
-                f" updated_at = excluded.updated_at RETURNING {_COLUMNS}",
+                " updated_at = excluded.updated_at, device_key = excluded.device_key"
+                f" RETURNING {_COLUMNS}",
                 pubkey, platform, token, payload, json.dumps(list(relays)),
                 webpush_keys.p256dh if webpush_keys else None,
                 webpush_keys.auth if webpush_keys else None,
-                now,
+                now, device_key,
             )
         assert row is not None
         await self._changed([pubkey])

@@ -29,7 +29,7 @@ _SECRET_KEY = "outbox_collapse_secret"
 _WAKEUP_COLUMNS = (
     "o.id, o.event_id, o.relay, o.event_json, o.first_seen_ms, o.attempts,"
     " d.id, d.pubkey, d.platform, d.token, d.payload, d.relays, d.webpush_p256dh,"
-    " d.webpush_auth, d.registered_at"
+    " d.webpush_auth, d.registered_at, d.device_key"
 )
 DEFAULT_CLAIM_MS = 120_000
 LIVE_WORKER_SECONDS = 60

@@ -34,7 +34,8 @@ from sigil_push.store.records import (
 KEY_CHUNK = 10_000
 """Keys per chunk of `key_chunks`, as on PostgreSQL."""
 _COLUMNS = (
-    "id, pubkey, platform, token, payload, relays, webpush_p256dh, webpush_auth, registered_at"
+    "id, pubkey, platform, token, payload, relays, webpush_p256dh, webpush_auth, registered_at,"
+    " device_key"
 )
 _WITH_RULES = f"{_COLUMNS}, {RULE_COLUMNS.format(table='devices')}"
 """A pair's columns with what its owner chose (the bridge's and GET /registrations' reads)."""
@@ -47,11 +48,13 @@ _OCCUPANCY = (
 """The `Occupancy` a registration of (pubkey, token) finds."""
 _WRITE_PAIR = (
     "INSERT INTO devices (pubkey, platform, token, payload, relays, webpush_p256dh,"
-    " webpush_auth, registered_at, updated_at) SELECT ?, ?, ?, ?, ?, ?, ?, ?, ? WHERE {guard}"
+    " webpush_auth, registered_at, updated_at, device_key) SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?"
+    " WHERE {guard}"
     " ON CONFLICT (token, pubkey) DO UPDATE SET platform = excluded.platform,"
     " payload = excluded.payload, relays = excluded.relays,"
     " webpush_p256dh = excluded.webpush_p256dh, webpush_auth = excluded.webpush_auth,"
-    f" updated_at = excluded.updated_at RETURNING {_COLUMNS}"
+    " updated_at = excluded.updated_at, device_key = excluded.device_key"
+    f" RETURNING {_COLUMNS}"
 )
 _UPSERT_IF_PAIR = _WRITE_PAIR.format(
     guard="EXISTS (SELECT 1 FROM devices WHERE token = ? AND pubkey = ?)"
@@ -90,8 +93,10 @@ class Devices:
         webpush_keys: WebPushKeys | None,
         max_devices: int,
         max_accounts: int = 0,
+        device_key: str | None = None,
     ) -> Registration:
         """Insert or update the (pubkey, token) pair; other npubs' pairs are never touched.
+        An update replaces everything the client sends, the device key included (absent: none).
 
         The limits (`store.limits`) are decided on the counts read first; the write then goes
         only if they still hold, checked inside the inserting statement itself, so
@@ -105,7 +110,7 @@ class Devices:
             pubkey, platform, token, payload, json.dumps(list(relays)),
             webpush_keys.p256dh if webpush_keys else None,
             webpush_keys.auth if webpush_keys else None,
-            now, now,
+            now, now, device_key,
         )
         while True:
             [(pair, of_npub, of_token)] = await self._db.execute_fetchall(_OCCUPANCY, (

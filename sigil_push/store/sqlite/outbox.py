@@ -23,7 +23,7 @@ from sigil_push.store.records import SIBLINGS, Device, Wakeup, collapse_id, wake
 
 _DEVICE_COLUMNS = (
     "d.id, d.pubkey, d.platform, d.token, d.payload, d.relays, d.webpush_p256dh,"
-    " d.webpush_auth, d.registered_at"
+    " d.webpush_auth, d.registered_at, d.device_key"
 )
 _CHUNK = 500
 _SECRET_KEY = "outbox_collapse_secret"
@@ -55,7 +55,7 @@ class Outbox:
     ) -> int:
         """Queue the wakeups of many events in one statement (the bridge commits per batch).
 
-        The full event JSON is built only for devices that asked for payload mode `event`.
+        The full event JSON is built only for devices whose payload mode carries it (`event`, `sealed`).
         """
         rows = wakeup_rows(batch)
         if not rows:
