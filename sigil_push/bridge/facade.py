@@ -26,6 +26,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from sigil_push.bridge.catchup_ledger import CatchupLedger
 from sigil_push.bridge.committer import Committer
 from sigil_push.bridge.ingest import Ingest
 from sigil_push.bridge.keys import KeyRegistry
@@ -53,6 +54,8 @@ log = logging.getLogger(__name__)
 HOUSEKEEPING_SECONDS = 60.0
 PRUNE_EVERY_SECONDS = 3600.0
 LAPSE_POLL_SECONDS = 1.0
+CATCHUP_ITEMS_SLACK_SECONDS = 3600
+"""Deliveries are kept this long past the catch-up window (clock skew, a late reconnect)."""
 
 
 class Bridge:
@@ -103,13 +106,15 @@ class Bridge:
         self._registry = KeyRegistry(
             self._insecure, self._pool, devices, self._relays, self._inboxes
         )
+        self._turn = turn
+        self._ledger = CatchupLedger(self._bridge.catchup_seconds)
         self._committer = Committer(
             pending, devices, outbox, observations, self._pool, {},
             self._registry.registration_relays, self._insecure, turn,
         )
         self._ingest = Ingest(
             self._bridge, self._pool, pending, self._registry.keys, self._registry.lists_changed,
-            self._committer.offer_list,
+            self._ledger, self._committer.offer_list,
         )
         self._committer.counters = self._ingest.counters
         self._tasks: list[asyncio.Task[None]] = []
@@ -128,6 +133,7 @@ class Bridge:
         self.user_relays = self._registry.user_relays
         self.reshard = self._registry.reshard
         self.add_commit_listener = self._committer.add_listener
+        self.catchup_items = self._ledger.items
 
     # life cycle -------------------------------------------------------------------------
 
@@ -161,6 +167,7 @@ class Bridge:
         self._registry.attach(link.state, lists)
         self._ingest.attach(self._seen, lists)
         self._committer.attach(link, self._seen, lists)
+        self._ledger.attach(link, self._turn)
         await self._seen.load()
         await lists.load()
         async with self._registry.changing:  # a reshard meanwhile waits for the whole load
@@ -185,6 +192,7 @@ class Bridge:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await committer
+        await self._ledger.flush()
         await self._relays.save_cursors()
         if self._link is not None:
             await self._link.close()
@@ -210,10 +218,12 @@ class Bridge:
             self._pool.note_live()
             await self._relays.save_cursors()
             self._ingest.forget_full_buckets()
+            await self._ledger.flush()
             if time.monotonic() - last_prune >= PRUNE_EVERY_SECONDS:
                 last_prune = time.monotonic()
                 removed = await self._seen.prune()
                 log.info("forgot %d event ids past retention", removed)
+                await self._ledger.prune(CATCHUP_ITEMS_SLACK_SECONDS)
 
     async def _lapse_loop(self) -> None:
         """Presences that lapsed after holding a DM back get their one wakeup within about

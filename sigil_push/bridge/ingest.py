@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from sigil_push.bridge.catchup_ledger import CatchupLedger
 from sigil_push.bridge.metrics import RelayCounters
 from sigil_push.bridge.pending import Arrival, Pending
 from sigil_push.bridge.user_lists import USER_LIST_KINDS_SET, user_list_of
@@ -88,9 +89,11 @@ class Ingest:
         pending: Pending,
         keys: set[str],
         lists_changed: Callable[[str], None],
+        ledger: CatchupLedger,
         user_list: Callable[[UserList], None],
     ) -> None:
         self._bridge = settings
+        self._ledger = ledger
         self._pool = pool
         self._enqueue = pending.enqueue
         self._keys = keys
@@ -168,6 +171,7 @@ class Ingest:
         if subs is not None and subs.firehose and not _addressed(raw, subscribed):
             counters.dropped["unaddressed"].inc()
             self._stored_anyway(url, sub_id, raw)
+            self._ledger.note_unaddressed_event(url, raw)
             return
         configured = self._pool.plan.is_configured(url)
         entry = self._admit(counters, url, sub_id, raw, received_ms, lists=configured)
@@ -216,12 +220,19 @@ class Ingest:
             counters.dropped["wrong_kind"].inc()
             return
         if subs is not None:
-            subs.stored(sub_id, event.created_at)
+            subs.stored(sub_id, event.id, event.kind, event.created_at)
+            self._ledger.note(url, event.id, event.created_at, recipients)
         if self._probe is not None and self._probe.take(url, event):
             return
+        # a stored answer (catch-up) is bounded by its pages, not by the recipients' live rate:
+        # most of it is history the committer will find handled, and charging it would drop
+        # the outage's new DMs as `recipient_quota` (to come back only at the next catch-up)
+        charge = subs is None or not subs.answering(sub_id)
         if subs is not None and subs.firehose:
             since_registration = tuple(r for r in recipients if subs.catching_up(sub_id, r))
-            self._hand_over(counters, entry, url, received_ms, recipients, since_registration)
+            self._hand_over(
+                counters, entry, url, received_ms, recipients, since_registration, charge
+            )
             return
         # a key still fresh here is woken only for what was made after its registration (the
         # committer's `since_registration` rule): its baseline row can be missing for a key
@@ -234,7 +245,7 @@ class Ingest:
             fresh = recipients if subs.is_baseline(sub_id, recipients[0]) else ()
         else:
             fresh = tuple(r for r in recipients if subs.is_baseline(sub_id, r))
-        self._hand_over(counters, entry, url, received_ms, recipients, fresh)
+        self._hand_over(counters, entry, url, received_ms, recipients, fresh, charge)
 
     def raw_event(self, url: str, frame: str, received_ms: int) -> bool:
         """A frame from the shared connection to `url`, before it is parsed; True when it was
@@ -277,7 +288,7 @@ class Ingest:
         if self._seen.delivered_by(event.id, url):
             counters.duplicates.inc()
             if event.kind in DM_KINDS:
-                subs.stored(sub_id, event.created_at)
+                subs.stored(sub_id, event.id, event.kind, event.created_at)
             return True
         configured = self._pool.plan.is_configured(url)
         self._route(counters, subs, url, sub_id, entry, received_ms, configured)
@@ -303,6 +314,7 @@ class Ingest:
         for key, list_kind in _ADDRESSING.findall(frame):
             if list_kind or key in keys:
                 return False
+        self._ledger.note_unaddressed(url, frame)
         self._unaddressed[url] = self._unaddressed.get(url, 0) + 1
         self._count_received(url)
         return True
@@ -382,7 +394,10 @@ class Ingest:
             return
         subs = self._pool.subs.get(url)
         if subs is not None:
-            subs.stored(sub_id, event.created_at)
+            subs.stored(sub_id, event.id, event.kind, event.created_at)
+            keys = subs.keys
+            self._ledger.note(url, event.id, event.created_at,
+                              tuple(p for p in event.tag_values("p") if p in keys))
         self._enqueue(Arrival(event, url, received_ms, ()))
 
     def _hand_over(
@@ -393,16 +408,19 @@ class Ingest:
         received_ms: int,
         push_to: tuple[str, ...],
         since_registration: tuple[str, ...] = (),
+        charge: bool = True,
     ) -> None:
         """Queue for the committer. Recipients' quotas are spent once per event, not once per
         relay that delivers a copy (the committer pushes an event at most once anyway), and
-        not for `since_registration` recipients: a fresh key's history must not use up its
-        quota (an event dropped for quota is not marked seen, and would be pushed as new by
-        the next catch-up)."""
-        charged = (
-            push_to if not since_registration
-            else tuple(r for r in push_to if r not in since_registration)
-        )
+        not for `since_registration` recipients nor for a catch-up's stored answer (`charge`
+        False): history must not use up a quota (an event dropped for quota is not marked
+        seen, and would be pushed as new only by the next catch-up)."""
+        charged: tuple[str, ...] = ()
+        if charge:
+            charged = (
+                push_to if not since_registration
+                else tuple(r for r in push_to if r not in since_registration)
+            )
         if charged and not entry.enqueued and not self._within_quota(counters, charged):
             return
         entry.enqueued = True
@@ -441,9 +459,11 @@ class Ingest:
         it, or a page that the relay's limit cut short looks complete whenever the committer
         has already marked the copy from the previous page (they overlap at `until`)."""
         subs = self._pool.subs.get(url)
-        created_at = raw.get("created_at") if isinstance(raw, dict) else None
-        if subs is not None and type(created_at) is int and raw.get("kind") in DM_KINDS:
-            subs.stored(sub_id, created_at)
+        if subs is None or not isinstance(raw, dict):
+            return
+        created_at, kind, event_id = raw.get("created_at"), raw.get("kind"), raw.get("id")
+        if type(created_at) is int and kind in DM_KINDS and type(event_id) is str:
+            subs.stored(sub_id, event_id, kind, created_at)
 
     @staticmethod
     def _verified(counters: RelayCounters, event: Event) -> bool:

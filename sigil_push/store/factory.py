@@ -26,6 +26,7 @@ from sigil_push.store.auth_ids import UsedAuthIds
 from sigil_push.store.interface import (
     AuthIdStore,
     AuthModeStore,
+    CatchupItemsStore,
     Coordination,
     DeviceStore,
     MetaStore,
@@ -36,7 +37,11 @@ from sigil_push.store.interface import (
     Store,
     UserListStore,
 )
-from sigil_push.store.postgres.bridge_state import PostgresRelayState, PostgresSeenRows
+from sigil_push.store.postgres.bridge_state import (
+    PostgresCatchupItems,
+    PostgresRelayState,
+    PostgresSeenRows,
+)
 from sigil_push.store.postgres.coordination import WorkerCoordination, check_instance_key
 from sigil_push.store.postgres.database import PostgresDatabase
 from sigil_push.store.postgres.devices import PostgresDevices
@@ -50,7 +55,12 @@ from sigil_push.store.postgres.migrate import migrate as migrate_postgres
 from sigil_push.store.postgres.migrate import migrate_connection
 from sigil_push.store.postgres.outbox import PostgresOutbox
 from sigil_push.store.postgres.preferences import PostgresUserLists
-from sigil_push.store.sqlite.bridge_state import SqliteRelayState, SqliteSeenRows, transaction
+from sigil_push.store.sqlite.bridge_state import (
+    SqliteCatchupItems,
+    SqliteRelayState,
+    SqliteSeenRows,
+    transaction,
+)
 from sigil_push.store.sqlite.coordination import SingleProcess
 from sigil_push.store.sqlite.database import migrate as migrate_sqlite
 from sigil_push.store.sqlite.database import open_database
@@ -126,6 +136,7 @@ class SqliteBridgeLink:
     seen: SeenRows
     state: RelayStateStore
     lists: UserListStore
+    catchup: CatchupItemsStore
 
     def transaction(self) -> AbstractAsyncContextManager[None]:
         return transaction(self.db)
@@ -143,6 +154,7 @@ class PostgresBridgeLink:
     seen: SeenRows
     state: RelayStateStore
     lists: UserListStore
+    catchup: CatchupItemsStore
 
     def transaction(self) -> AbstractAsyncContextManager[None]:
         return self.db.transaction()
@@ -250,9 +262,11 @@ async def connect_bridge(config: Config) -> SqliteBridgeLink | PostgresBridgeLin
         return PostgresBridgeLink(
             db, PostgresOutbox(db, new_worker_id()), PostgresSeenRows(db), PostgresRelayState(db),
             PostgresUserLists(db),
+            PostgresCatchupItems(db),
         )
     sqlite = await open_database(config.resolve(database))
     return SqliteBridgeLink(
         sqlite, Outbox(sqlite), SqliteSeenRows(sqlite), SqliteRelayState(sqlite),
         SqliteUserLists(sqlite),
+        SqliteCatchupItems(sqlite),
     )
