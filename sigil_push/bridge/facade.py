@@ -33,6 +33,7 @@ from sigil_push.bridge.keys import KeyRegistry
 from sigil_push.bridge.pending import Pending
 from sigil_push.bridge.relay_state import RelayState
 from sigil_push.config import Config
+from sigil_push.memory_gauges import track
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.observations import ObservationLog
 from sigil_push.relays.connection import BridgeKeySigner
@@ -121,6 +122,7 @@ class Bridge:
         # the pool's and the per-user connections' callbacks (PoolOwner, InboxOwner) and the
         # service's hooks: the parts' own bound methods, so no frame passes through here
         self.relay_added = self._ingest.relay_added
+        self.relay_removed = self._ingest.relay_removed
         self.on_event = self._ingest.on_event
         self.raw_event = self._ingest.raw_event
         self.on_user_event = self._ingest.on_user_event
@@ -164,6 +166,8 @@ class Bridge:
         # dedupe must remember every id a catch-up can return again
         retention = max(self._bridge.seen_retention_seconds, self._bridge.catchup_seconds)
         self._seen = SeenEvents(link.seen, retention, self._bridge.seen_cache_size)
+        track("seen_cache", self._seen, len)
+        track("seen_relay_names", self._seen, SeenEvents.relay_names)
         self._registry.attach(link.state, lists)
         self._ingest.attach(self._seen, lists)
         self._committer.attach(link, self._seen, lists)

@@ -18,11 +18,13 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from sigil_push.bridge.catchup_ledger import CatchupLedger
-from sigil_push.bridge.metrics import RelayCounters
+from sigil_push.bridge.metrics import RelayCounters, remove_relay_series
 from sigil_push.bridge.pending import Arrival, Pending
 from sigil_push.bridge.user_lists import USER_LIST_KINDS_SET, user_list_of
 from sigil_push.config import BridgeConfig
+from sigil_push.memory_gauges import track
 from sigil_push.nostr.event import Event, InvalidEvent, compute_id
+from sigil_push.relays.budget import ConnectionBudget
 from sigil_push.relays.discovery import LIST_KINDS_SET, SUBSCRIBED_LIST_KINDS_SET, RelayLists
 from sigil_push.relays.pool import RelayPool
 from sigil_push.relays.subscriptions import DM_KINDS, RelaySubscriptions
@@ -104,7 +106,10 @@ class Ingest:
         self._received: dict[str, int] = {}
         self._counts_flush: asyncio.TimerHandle | None = None
         self._recipient_buckets: dict[str, TokenBucket] = {}
+        track("recipient_buckets", self, lambda i: len(i._recipient_buckets))
+        track("relay_counters", self, lambda i: len(i.counters) + len(i._user_counters))
         self.counters: dict[str, RelayCounters] = {}
+        self._user_counters: dict[str, RelayCounters] = {}
         """By relay URL; the committer counts its own drops (duplicates, no device) here too."""
         self._lists: RelayLists
         self._seen: SeenStore
@@ -131,18 +136,34 @@ class Ingest:
 
     # pool callbacks (synchronous, on the readers' tasks) ----------------------------------
 
-    def relay_added(self, url: str) -> None:
-        self.counters[url] = RelayCounters(url)
+    def relay_added(self, url: str, budget: ConnectionBudget | None = None) -> None:
+        """A shared connection opened to `url`; `budget` is charged for its invalid events."""
+        self.counters[url] = RelayCounters(url, budget)
+
+    def relay_removed(self, url: str) -> None:
+        """The pool stopped using `url`: its counters and their series go (URLs churn)."""
+        self._received.pop(url, None)
+        self._unaddressed.pop(url, None)
+        self.counters.pop(url, None)
+        self._user_counters.pop(url, None)
+        remove_relay_series(url)
 
     def on_user_event(
-        self, url: str, pubkey: str, raw: Any, received_ms: int, baseline: bool
+        self, url: str, pubkey: str, raw: Any, received_ms: int, baseline: bool,
+        budget: ConnectionBudget | None = None,
     ) -> None:
         """An event from `pubkey`'s own connection to a gated relay: the same checks, dedupe
         and commit path as `on_event`, pushed to that user only (it answered their REQ) and
-        not at all when it predates their first subscription there (`baseline`)."""
-        counters = self.counters.get(url)
+        not at all when it predates their first subscription there (`baseline`). `budget`:
+        that connection's, charged for this event's invalidity and signature check."""
+        # counters of their own: the shared socket does not pay for per-user sockets' events
+        counters = self._user_counters.get(url)
         if counters is None:
-            counters = self.counters[url] = RelayCounters(url)
+            counters = self._user_counters[url] = RelayCounters(url)
+            self.counters.setdefault(url, counters)  # the committer counts by URL
+        # the per-user sockets to one URL share these counters; each call is synchronous, so
+        # the budget set here is the delivering socket's for the whole of this event
+        counters.budget = budget
         counters.received.inc()
         entry = self._admit(counters, url, "", raw, received_ms, lists=False)
         if entry is None:
@@ -152,7 +173,7 @@ class Ingest:
             counters.dropped["wrong_kind"].inc()
             return
         if pubkey not in self._keys or pubkey not in event.tag_values("p"):
-            counters.dropped["unknown_recipient"].inc()
+            counters.invalid("unknown_recipient")
             return
         self._hand_over(counters, entry, url, received_ms, () if baseline else (pubkey,))
 
@@ -201,11 +222,11 @@ class Ingest:
             else:
                 recipients = tuple(p for p in tagged if p in subscribed)
             if not recipients:
-                counters.dropped["unknown_recipient"].inc()
+                counters.invalid("unknown_recipient")
                 return
         elif event.kind in LIST_KINDS_SET and configured:
             if event.pubkey not in subscribed:
-                counters.dropped["unknown_recipient"].inc()
+                counters.invalid("unknown_recipient")
                 return
             if self._lists.offer(event):
                 self._lists_changed(event.pubkey)
@@ -365,7 +386,7 @@ class Ingest:
         try:
             event = Event.from_json(raw)
         except InvalidEvent:
-            counters.dropped["malformed"].inc()
+            counters.invalid("malformed")
             return None
         is_list = event.kind in SUBSCRIBED_LIST_KINDS_SET
         if event.kind not in DM_KINDS and not (is_list and lists):
@@ -385,12 +406,12 @@ class Ingest:
         try:
             event = Event.from_json(raw)
         except InvalidEvent:
-            counters.dropped["malformed"].inc()
+            counters.invalid("malformed")
             return
         if compute_id(event.pubkey, event.created_at, event.kind, event.tags, event.content) != (
             event.id
         ):
-            counters.dropped["wrong_id"].inc()
+            counters.invalid("wrong_id")
             return
         subs = self._pool.subs.get(url)
         if subs is not None:
@@ -433,10 +454,10 @@ class Ingest:
         long-lived replaceable events, so only their upper bound applies."""
         now = int(time.time())
         if event.created_at > now + MAX_FUTURE_SECONDS:
-            counters.dropped["too_new"].inc()
+            counters.invalid("too_new")
             return False
         if not is_list and event.created_at < now - self._bridge.catchup_seconds - PAST_SLACK_SECONDS:
-            counters.dropped["too_old"].inc()
+            counters.invalid("too_old")
             return False
         return True
 
@@ -467,11 +488,14 @@ class Ingest:
 
     @staticmethod
     def _verified(counters: RelayCounters, event: Event) -> bool:
-        """Id and signature check, last because it is the costliest; failures counted by kind."""
+        """Id and signature check, last because it is the costliest; failures counted by kind,
+        and each check charged to the delivering socket's verification budget."""
+        if counters.budget is not None:
+            counters.budget.verified()
         try:
             event.verify()
         except InvalidEvent as exc:
-            counters.dropped["wrong_id" if exc.reason == "id_mismatch" else "forged"].inc()
+            counters.invalid("wrong_id" if exc.reason == "id_mismatch" else "forged")
             return False
         return True
 

@@ -63,12 +63,14 @@ async def in_process_bridge(
     database: str,
     relays: list[dict[str, Any]] | None = None,
     bridge: dict[str, Any] | None = None,
+    server: dict[str, Any] | None = None,
 ) -> AsyncIterator[InProcessBridge]:
     """A started `Bridge` on the store `database` names (a SQLite file, relative to
     `folder`, or a PostgreSQL URL: tests.support.stores.Engine.database), its observation log
     in `folder`; `relays` are the config's `[[relay]]` tables (none: only users' own relays),
-    `bridge` its `[bridge]` table."""
-    document: dict[str, Any] = {"server": {"database": database}}
+    `bridge` its `[bridge]` table, `server` more `[server]` keys (e.g. `allow_insecure_relays`
+    for users' loopback relays)."""
+    document: dict[str, Any] = {"server": {"database": database, **(server or {})}}
     if relays:
         document["relay"] = relays
     if bridge:
