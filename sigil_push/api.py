@@ -26,7 +26,7 @@ from sigil_push.http_metrics import MetricsMiddleware
 from sigil_push.nostr.nip19 import encode_npub
 from sigil_push.nostr.nip98 import AuthError, AuthExpired, AuthMissing, verify_http_auth
 from sigil_push.push import registry
-from sigil_push.ratelimit import RateLimiter, client_address, trusted_networks
+from sigil_push.ratelimit import RateLimiter, client_address, rate_limit_key, trusted_networks
 from sigil_push.service import Service, State
 from sigil_push.store.errors import STORE_UNAVAILABLE, TooManyAccounts, TooManyDevices
 from sigil_push.store.records import Device
@@ -45,8 +45,8 @@ class Api:
     def __init__(self, service: Service) -> None:
         self.service = service
         limits = service.config.limits
-        self.per_ip = RateLimiter(limits.requests_per_minute_per_ip)
-        self.per_npub = RateLimiter(limits.requests_per_minute_per_npub)
+        self.per_ip = RateLimiter(limits.requests_per_minute_per_ip, "rate_buckets_ip")
+        self.per_npub = RateLimiter(limits.requests_per_minute_per_npub, "rate_buckets_npub")
         self.trusted_proxies = trusted_networks(service.config.server.trusted_proxies)
         self.admin_split = bool(service.config.server.admin_listen)
         self.exposition = WorkerLabelled(lambda: service.worker_label)
@@ -60,7 +60,7 @@ class Api:
     def _limit_ip(self, request: Request) -> None:
         peer = request.client.host if request.client else "unknown"
         client = client_address(peer, request.headers.get("x-forwarded-for"), self.trusted_proxies)
-        wait = self.per_ip.check(client)
+        wait = self.per_ip.check(rate_limit_key(client))
         if wait:
             raise RateLimited(wait)
 

@@ -9,6 +9,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from sigil_push.errors import BadRequest
+from sigil_push.hosts import InvalidHost, check_host
 from sigil_push.nostr.nip19 import InvalidKey, parse_public_key
 from sigil_push.nostr.nip44 import is_public_key
 from sigil_push.nostr.nip46 import BunkerUri, InvalidBunkerUri
@@ -92,6 +93,10 @@ def parse_relays(value: Any, allow_insecure: bool) -> tuple[str, ...]:
             raise BadRequest("invalid_relays", f"not a relay URL: {item[:80]}") from None
         if parts.scheme not in schemes or not parts.hostname or parts.username or parts.fragment:
             raise BadRequest("invalid_relays", f"relays must be {' or '.join(s + '://' for s in schemes)} URLs")
+        try:
+            check_host(parts.hostname, allow_private=allow_insecure)
+        except InvalidHost as exc:
+            raise BadRequest("invalid_relays", f"relay {exc}") from None
         normalized = normalize_relay_url(item, allow_insecure)
         if normalized is None:
             raise BadRequest("invalid_relays", f"not a relay URL: {item[:80]}")
@@ -139,9 +144,12 @@ def parse_auth_signer(value: Any, allow_insecure_relays: bool) -> BunkerUri | No
     if not isinstance(value, str) or len(value) > MAX_BUNKER_URI_LENGTH:
         raise BadRequest("invalid_auth_signer", "'auth_signer' must be a bunker:// URI")
     try:
-        return BunkerUri.parse(value, allow_insecure_relays)
-    except InvalidBunkerUri as exc:
+        bunker = BunkerUri.parse(value, allow_insecure_relays)
+        for relay in bunker.relays:
+            check_host(urlsplit(relay).hostname or "", allow_private=allow_insecure_relays)
+    except (InvalidBunkerUri, InvalidHost, ValueError) as exc:
         raise BadRequest("invalid_auth_signer", f"'auth_signer' is invalid: {exc}") from None
+    return bunker
 
 
 def parse_register(body: dict[str, Any], pubkey: str, allow_insecure_relays: bool) -> RegisterRequest:

@@ -197,7 +197,9 @@ class Committer:
             except Exception:  # noqa: BLE001, S112 - counted below once it failed twice
                 continue
         POISON.inc()
-        self._counters[arrival.relay].dropped["poison"].inc()
+        counters = self._counters.get(arrival.relay)
+        if counters is not None:  # None: the relay left the plan meanwhile (no series now)
+            counters.dropped["poison"].inc()
         log.error("skipped an event that failed to commit %d times", POISON_ATTEMPTS)
 
     async def _commit_retrying(self, batch: list[Arrival], ops: list[DbOp]) -> None:
@@ -295,7 +297,9 @@ class Committer:
             event_id, created_at = event.id, event.created_at
             is_new, first_here = first_delivery(event_id, relay, decided)
             if not first_here:
-                self._counters[relay].duplicates.inc()
+                counters = self._counters.get(relay)
+                if counters is not None:
+                    counters.duplicates.inc()
                 continue
             record = (relay, event_id, event.kind, created_at, arrival.received_ms)
             if is_new:
@@ -346,7 +350,9 @@ class Committer:
             elif late:
                 BASELINED.inc()
             else:
-                self._counters[arrival.relay].dropped["no_device"].inc()
+                counters = self._counters.get(arrival.relay)
+                if counters is not None:
+                    counters.dropped["no_device"].inc()
         return writes
 
     async def _devices_of(self, recipients: Iterable[str]) -> dict[str, list[Device]]:

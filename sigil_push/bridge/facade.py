@@ -24,12 +24,14 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from sigil_push.bridge.catchup_ledger import CatchupLedger
 from sigil_push.bridge.committer import Committer
 from sigil_push.bridge.ingest import Ingest
 from sigil_push.bridge.keys import KeyRegistry
 from sigil_push.bridge.pending import Pending
 from sigil_push.bridge.relay_state import RelayState
 from sigil_push.config import Config
+from sigil_push.memory_gauges import track
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.observations import ObservationLog
 from sigil_push.relays.connection import BridgeKeySigner
@@ -49,6 +51,8 @@ log = logging.getLogger(__name__)
 
 HOUSEKEEPING_SECONDS = 60.0
 PRUNE_EVERY_SECONDS = 3600.0
+CATCHUP_ITEMS_SLACK_SECONDS = 3600
+"""Deliveries are kept this long past the catch-up window (clock skew, a late reconnect)."""
 
 
 class Bridge:
@@ -99,8 +103,11 @@ class Bridge:
         self._registry = KeyRegistry(
             self._insecure, self._pool, devices, self._relays, self._inboxes
         )
+        self._turn = turn
+        self._ledger = CatchupLedger(self._bridge.catchup_seconds)
         self._ingest = Ingest(
-            self._bridge, self._pool, pending, self._registry.keys, self._registry.lists_changed
+            self._bridge, self._pool, pending, self._registry.keys, self._registry.lists_changed,
+            self._ledger,
         )
         self._committer = Committer(
             pending, devices, outbox, observations, self._pool, self._ingest.counters,
@@ -110,6 +117,7 @@ class Bridge:
         # the pool's and the per-user connections' callbacks (PoolOwner, InboxOwner) and the
         # service's hooks: the parts' own bound methods, so no frame passes through here
         self.relay_added = self._ingest.relay_added
+        self.relay_removed = self._ingest.relay_removed
         self.on_event = self._ingest.on_event
         self.raw_event = self._ingest.raw_event
         self.on_user_event = self._ingest.on_user_event
@@ -122,6 +130,7 @@ class Bridge:
         self.user_relays = self._registry.user_relays
         self.reshard = self._registry.reshard
         self.add_commit_listener = self._committer.add_listener
+        self.catchup_items = self._ledger.items
 
     # life cycle -------------------------------------------------------------------------
 
@@ -151,9 +160,12 @@ class Bridge:
         # dedupe must remember every id a catch-up can return again
         retention = max(self._bridge.seen_retention_seconds, self._bridge.catchup_seconds)
         self._seen = SeenEvents(link.seen, retention, self._bridge.seen_cache_size)
+        track("seen_cache", self._seen, len)
+        track("seen_relay_names", self._seen, SeenEvents.relay_names)
         self._registry.attach(link.state, lists)
         self._ingest.attach(self._seen, lists)
         self._committer.attach(link, self._seen, lists)
+        self._ledger.attach(link, self._turn)
         await self._seen.load()
         await lists.load()
         async with self._registry.changing:  # a reshard meanwhile waits for the whole load
@@ -178,6 +190,7 @@ class Bridge:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await committer
+        await self._ledger.flush()
         await self._relays.save_cursors()
         if self._link is not None:
             await self._link.close()
@@ -203,10 +216,12 @@ class Bridge:
             self._pool.note_live()
             await self._relays.save_cursors()
             self._ingest.forget_full_buckets()
+            await self._ledger.flush()
             if time.monotonic() - last_prune >= PRUNE_EVERY_SECONDS:
                 last_prune = time.monotonic()
                 removed = await self._seen.prune()
                 log.info("forgot %d event ids past retention", removed)
+                await self._ledger.prune(CATCHUP_ITEMS_SLACK_SECONDS)
 
     def health(self) -> dict[str, dict[str, Any]]:
         """Per relay: the contract's `connected`/`last_event_at` plus the bridge's own detail,

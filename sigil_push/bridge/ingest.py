@@ -17,10 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from sigil_push.bridge.metrics import RelayCounters
+from sigil_push.bridge.catchup_ledger import CatchupLedger
+from sigil_push.bridge.metrics import RelayCounters, remove_relay_series
 from sigil_push.bridge.pending import Arrival, Pending
 from sigil_push.config import BridgeConfig
+from sigil_push.memory_gauges import track
 from sigil_push.nostr.event import Event, InvalidEvent, compute_id
+from sigil_push.relays.budget import ConnectionBudget
 from sigil_push.relays.discovery import LIST_KINDS_SET, RelayLists
 from sigil_push.relays.pool import RelayPool
 from sigil_push.relays.subscriptions import DM_KINDS, RelaySubscriptions
@@ -85,8 +88,10 @@ class Ingest:
         pending: Pending,
         keys: set[str],
         lists_changed: Callable[[str], None],
+        ledger: CatchupLedger,
     ) -> None:
         self._bridge = settings
+        self._ledger = ledger
         self._pool = pool
         self._enqueue = pending.enqueue
         self._keys = keys
@@ -96,7 +101,10 @@ class Ingest:
         self._received: dict[str, int] = {}
         self._counts_flush: asyncio.TimerHandle | None = None
         self._recipient_buckets: dict[str, TokenBucket] = {}
+        track("recipient_buckets", self, lambda i: len(i._recipient_buckets))
+        track("relay_counters", self, lambda i: len(i.counters) + len(i._user_counters))
         self.counters: dict[str, RelayCounters] = {}
+        self._user_counters: dict[str, RelayCounters] = {}
         """By relay URL; the committer counts its own drops (duplicates, no device) here too."""
         self._lists: RelayLists
         self._seen: SeenStore
@@ -123,18 +131,34 @@ class Ingest:
 
     # pool callbacks (synchronous, on the readers' tasks) ----------------------------------
 
-    def relay_added(self, url: str) -> None:
-        self.counters[url] = RelayCounters(url)
+    def relay_added(self, url: str, budget: ConnectionBudget | None = None) -> None:
+        """A shared connection opened to `url`; `budget` is charged for its invalid events."""
+        self.counters[url] = RelayCounters(url, budget)
+
+    def relay_removed(self, url: str) -> None:
+        """The pool stopped using `url`: its counters and their series go (URLs churn)."""
+        self._received.pop(url, None)
+        self._unaddressed.pop(url, None)
+        self.counters.pop(url, None)
+        self._user_counters.pop(url, None)
+        remove_relay_series(url)
 
     def on_user_event(
-        self, url: str, pubkey: str, raw: Any, received_ms: int, baseline: bool
+        self, url: str, pubkey: str, raw: Any, received_ms: int, baseline: bool,
+        budget: ConnectionBudget | None = None,
     ) -> None:
         """An event from `pubkey`'s own connection to a gated relay: the same checks, dedupe
         and commit path as `on_event`, pushed to that user only (it answered their REQ) and
-        not at all when it predates their first subscription there (`baseline`)."""
-        counters = self.counters.get(url)
+        not at all when it predates their first subscription there (`baseline`). `budget`:
+        that connection's, charged for this event's invalidity and signature check."""
+        # counters of their own: the shared socket does not pay for per-user sockets' events
+        counters = self._user_counters.get(url)
         if counters is None:
-            counters = self.counters[url] = RelayCounters(url)
+            counters = self._user_counters[url] = RelayCounters(url)
+            self.counters.setdefault(url, counters)  # the committer counts by URL
+        # the per-user sockets to one URL share these counters; each call is synchronous, so
+        # the budget set here is the delivering socket's for the whole of this event
+        counters.budget = budget
         counters.received.inc()
         entry = self._admit(counters, url, "", raw, received_ms, lists=False)
         if entry is None:
@@ -144,7 +168,7 @@ class Ingest:
             counters.dropped["wrong_kind"].inc()
             return
         if pubkey not in self._keys or pubkey not in event.tag_values("p"):
-            counters.dropped["unknown_recipient"].inc()
+            counters.invalid("unknown_recipient")
             return
         self._hand_over(counters, entry, url, received_ms, () if baseline else (pubkey,))
 
@@ -163,6 +187,7 @@ class Ingest:
         if subs is not None and subs.firehose and not _addressed(raw, subscribed):
             counters.dropped["unaddressed"].inc()
             self._stored_anyway(url, sub_id, raw)
+            self._ledger.note_unaddressed_event(url, raw)
             return
         configured = self._pool.plan.is_configured(url)
         entry = self._admit(counters, url, sub_id, raw, received_ms, lists=configured)
@@ -192,11 +217,11 @@ class Ingest:
             else:
                 recipients = tuple(p for p in tagged if p in subscribed)
             if not recipients:
-                counters.dropped["unknown_recipient"].inc()
+                counters.invalid("unknown_recipient")
                 return
         elif event.kind in LIST_KINDS_SET and configured:
             if event.pubkey not in subscribed:
-                counters.dropped["unknown_recipient"].inc()
+                counters.invalid("unknown_recipient")
                 return
             if self._lists.offer(event):
                 self._lists_changed(event.pubkey)
@@ -205,12 +230,19 @@ class Ingest:
             counters.dropped["wrong_kind"].inc()
             return
         if subs is not None:
-            subs.stored(sub_id, event.created_at)
+            subs.stored(sub_id, event.id, event.kind, event.created_at)
+            self._ledger.note(url, event.id, event.created_at, recipients)
         if self._probe is not None and self._probe.take(url, event):
             return
+        # a stored answer (catch-up) is bounded by its pages, not by the recipients' live rate:
+        # most of it is history the committer will find handled, and charging it would drop
+        # the outage's new DMs as `recipient_quota` (to come back only at the next catch-up)
+        charge = subs is None or not subs.answering(sub_id)
         if subs is not None and subs.firehose:
             since_registration = tuple(r for r in recipients if subs.catching_up(sub_id, r))
-            self._hand_over(counters, entry, url, received_ms, recipients, since_registration)
+            self._hand_over(
+                counters, entry, url, received_ms, recipients, since_registration, charge
+            )
             return
         # a key still fresh here is woken only for what was made after its registration (the
         # committer's `since_registration` rule): its baseline row can be missing for a key
@@ -223,7 +255,7 @@ class Ingest:
             fresh = recipients if subs.is_baseline(sub_id, recipients[0]) else ()
         else:
             fresh = tuple(r for r in recipients if subs.is_baseline(sub_id, r))
-        self._hand_over(counters, entry, url, received_ms, recipients, fresh)
+        self._hand_over(counters, entry, url, received_ms, recipients, fresh, charge)
 
     def raw_event(self, url: str, frame: str, received_ms: int) -> bool:
         """A frame from the shared connection to `url`, before it is parsed; True when it was
@@ -266,7 +298,7 @@ class Ingest:
         if self._seen.delivered_by(event.id, url):
             counters.duplicates.inc()
             if event.kind in DM_KINDS:
-                subs.stored(sub_id, event.created_at)
+                subs.stored(sub_id, event.id, event.kind, event.created_at)
             return True
         configured = self._pool.plan.is_configured(url)
         self._route(counters, subs, url, sub_id, entry, received_ms, configured)
@@ -292,6 +324,7 @@ class Ingest:
         for key, list_kind in _ADDRESSING.findall(frame):
             if list_kind or key in keys:
                 return False
+        self._ledger.note_unaddressed(url, frame)
         self._unaddressed[url] = self._unaddressed.get(url, 0) + 1
         self._count_received(url)
         return True
@@ -342,7 +375,7 @@ class Ingest:
         try:
             event = Event.from_json(raw)
         except InvalidEvent:
-            counters.dropped["malformed"].inc()
+            counters.invalid("malformed")
             return None
         is_list = event.kind in LIST_KINDS_SET
         if event.kind not in DM_KINDS and not (is_list and lists):
@@ -362,16 +395,19 @@ class Ingest:
         try:
             event = Event.from_json(raw)
         except InvalidEvent:
-            counters.dropped["malformed"].inc()
+            counters.invalid("malformed")
             return
         if compute_id(event.pubkey, event.created_at, event.kind, event.tags, event.content) != (
             event.id
         ):
-            counters.dropped["wrong_id"].inc()
+            counters.invalid("wrong_id")
             return
         subs = self._pool.subs.get(url)
         if subs is not None:
-            subs.stored(sub_id, event.created_at)
+            subs.stored(sub_id, event.id, event.kind, event.created_at)
+            keys = subs.keys
+            self._ledger.note(url, event.id, event.created_at,
+                              tuple(p for p in event.tag_values("p") if p in keys))
         self._enqueue(Arrival(event, url, received_ms, ()))
 
     def _hand_over(
@@ -382,16 +418,19 @@ class Ingest:
         received_ms: int,
         push_to: tuple[str, ...],
         since_registration: tuple[str, ...] = (),
+        charge: bool = True,
     ) -> None:
         """Queue for the committer. Recipients' quotas are spent once per event, not once per
         relay that delivers a copy (the committer pushes an event at most once anyway), and
-        not for `since_registration` recipients: a fresh key's history must not use up its
-        quota (an event dropped for quota is not marked seen, and would be pushed as new by
-        the next catch-up)."""
-        charged = (
-            push_to if not since_registration
-            else tuple(r for r in push_to if r not in since_registration)
-        )
+        not for `since_registration` recipients nor for a catch-up's stored answer (`charge`
+        False): history must not use up a quota (an event dropped for quota is not marked
+        seen, and would be pushed as new only by the next catch-up)."""
+        charged: tuple[str, ...] = ()
+        if charge:
+            charged = (
+                push_to if not since_registration
+                else tuple(r for r in push_to if r not in since_registration)
+            )
         if charged and not entry.enqueued and not self._within_quota(counters, charged):
             return
         entry.enqueued = True
@@ -404,10 +443,10 @@ class Ingest:
         long-lived replaceable events, so only their upper bound applies."""
         now = int(time.time())
         if event.created_at > now + MAX_FUTURE_SECONDS:
-            counters.dropped["too_new"].inc()
+            counters.invalid("too_new")
             return False
         if not is_list and event.created_at < now - self._bridge.catchup_seconds - PAST_SLACK_SECONDS:
-            counters.dropped["too_old"].inc()
+            counters.invalid("too_old")
             return False
         return True
 
@@ -430,17 +469,22 @@ class Ingest:
         it, or a page that the relay's limit cut short looks complete whenever the committer
         has already marked the copy from the previous page (they overlap at `until`)."""
         subs = self._pool.subs.get(url)
-        created_at = raw.get("created_at") if isinstance(raw, dict) else None
-        if subs is not None and type(created_at) is int and raw.get("kind") in DM_KINDS:
-            subs.stored(sub_id, created_at)
+        if subs is None or not isinstance(raw, dict):
+            return
+        created_at, kind, event_id = raw.get("created_at"), raw.get("kind"), raw.get("id")
+        if type(created_at) is int and kind in DM_KINDS and type(event_id) is str:
+            subs.stored(sub_id, event_id, kind, created_at)
 
     @staticmethod
     def _verified(counters: RelayCounters, event: Event) -> bool:
-        """Id and signature check, last because it is the costliest; failures counted by kind."""
+        """Id and signature check, last because it is the costliest; failures counted by kind,
+        and each check charged to the delivering socket's verification budget."""
+        if counters.budget is not None:
+            counters.budget.verified()
         try:
             event.verify()
         except InvalidEvent as exc:
-            counters.dropped["wrong_id" if exc.reason == "id_mismatch" else "forged"].inc()
+            counters.invalid("wrong_id" if exc.reason == "id_mismatch" else "forged")
             return False
         return True
 

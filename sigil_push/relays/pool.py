@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 from collections.abc import Coroutine, Iterable, Sequence
 from typing import Any, Protocol
@@ -25,13 +26,21 @@ from typing import Any, Protocol
 from prometheus_client import Gauge
 
 from sigil_push.config import BridgeConfig
+from sigil_push.memory_gauges import track
 from sigil_push.observations import ObservationLog
+from sigil_push.relays import catchup_metrics
+from sigil_push.relays.budget import ConnectionBudget
 from sigil_push.relays.connection import AuthSigner, RelayConnection
+from sigil_push.relays.labels import relay_label
+from sigil_push.relays.nip77 import NegentropyFailed, Reconciler
 from sigil_push.relays.subscriptions import RelaySubscriptions, Request
 from sigil_push.supervisor import BackgroundTasks
 
+_SUB_ID = re.compile(r'\["EVENT"\s*,\s*"([^"\\]{1,64})"')
 GIFT_WRAP_SKEW_SECONDS = 2 * 24 * 3600
 CURSOR_MARGIN_SECONDS = 600
+NEGENTROPY_RETRY_SECONDS = 6 * 3600.0
+"""A relay that failed NIP-77 is caught up by paged REQ, and tried again after this long."""
 MAX_RELAYS_PER_KEY = 20
 """User relays one npub can make the bridge watch, across all its devices and lists."""
 NO_RELAYS: frozenset[str] = frozenset()
@@ -57,6 +66,11 @@ class RelayPlan:
         self.demand: dict[str, set[str]] = {}
         self.inbox: dict[str, tuple[str, ...]] = {}
         self._inbox_demand: dict[str, int] = {}
+        self._seniority: dict[str, int] = {}
+        """Per key with an inbox: when it got one in this process (a sequence number; lower is
+        older). At start keys come in the store's order (registration order on SQLite, shard
+        by shard on PostgreSQL), so across restarts this is approximate seniority."""
+        self._next_seniority = 0
         self.skipped: dict[str, int] = {}
         SKIPPED.set(0)
         WATCHED.set(0)
@@ -95,10 +109,16 @@ class RelayPlan:
                 del self._inbox_demand[url]
         if not wanted:
             del self.own_relays[pubkey]
+            self._seniority.pop(pubkey, None)
             return
         self.own_relays[pubkey] = wanted
         inbox_here = tuple(u for u in inbox_list if u in wanted)
+        if not inbox_here:
+            self._seniority.pop(pubkey, None)
         if inbox_here:
+            if pubkey not in self._seniority:
+                self._seniority[pubkey] = self._next_seniority
+                self._next_seniority += 1
             self.inbox[pubkey] = inbox_here
             for url in inbox_here:
                 self._inbox_demand[url] = self._inbox_demand.get(url, 0) + 1
@@ -111,22 +131,27 @@ class RelayPlan:
 
         1. One relay per key with an inbox: its inbox relay wanted by the most keys. Relays
            are ordered by how many keys they cover this way, then by how few inbox relays
-           those keys have (a key with a single inbox has no other way in), then by URL. A key
-           casts one vote here however many URLs it names, so it cannot outvote another key's
-           only inbox with its own extra URLs.
+           those keys have (a key with a single inbox has no other way in), then by the
+           seniority of their oldest such key, then by URL. A key casts one vote here however
+           many URLs it names, so it cannot outvote another key's only inbox with its own extra
+           URLs; and a wave of new throwaway keys, each naming a URL of its own (chosen to sort
+           first), cannot push out the only inbox of a user registered before them.
         2. The other inbox relays, by how many keys list them as inbox.
         3. Every other relay, by how many keys want it.
         """
         inbox_demand = self._inbox_demand
+        seniority = self._seniority
         votes: dict[str, int] = {}
         tightest: dict[str, int] = {}
-        for urls in self.inbox.values():
+        oldest: dict[str, int] = {}
+        for pubkey, urls in self.inbox.items():
             if not urls:
                 continue
             pick = min(urls, key=lambda u: (-inbox_demand[u], u))
             votes[pick] = votes.get(pick, 0) + 1
             tightest[pick] = min(tightest.get(pick, len(urls)), len(urls))
-        first = sorted(votes, key=lambda u: (-votes[u], tightest[u], u))
+            oldest[pick] = min(oldest.get(pick, seniority[pubkey]), seniority[pubkey])
+        first = sorted(votes, key=lambda u: (-votes[u], tightest[u], oldest[u], u))
         chosen = set(first)
         second = sorted((u for u in inbox_demand if u not in chosen),
                         key=lambda u: (-inbox_demand[u], u))
@@ -152,7 +177,9 @@ class RelayPlan:
 class PoolOwner(Protocol):
     """What the pool reports to (the bridge): events, finished baselines, backpressure."""
 
-    def relay_added(self, url: str) -> None: ...
+    def relay_added(self, url: str, budget: ConnectionBudget | None = None) -> None: ...
+
+    def relay_removed(self, url: str) -> None: ...
 
     def on_event(self, url: str, sub_id: str, raw: Any, received_ms: int) -> None: ...
 
@@ -165,6 +192,10 @@ class PoolOwner(Protocol):
     def congested(self, url: str) -> bool: ...
 
     async def drained(self, url: str) -> None: ...
+
+    async def catchup_items(
+        self, url: str, keys: list[str] | None, since: int
+    ) -> dict[str, int]: ...
 
 
 class RelayPool:
@@ -197,6 +228,16 @@ class RelayPool:
         self._background = BackgroundTasks("relay-pool")
         self._maybe_gated: set[str] = set()
         self._chosen: list[str] | None = None
+        self.negentropy_support: dict[str, bool] = {}
+        """What trying NIP-77 taught per relay (absent: not tried yet)."""
+        self._negentropy_retry: dict[str, float] = {}
+        self._reconcilers: dict[str, Reconciler] = {}
+        self._reconcile_locks: dict[str, asyncio.Lock] = {}
+        self._reconcile_tasks: dict[str, asyncio.Task[Any]] = {}
+        track("relay_baselines", self, lambda p: sum(len(k) for k in p._baselines.values()))
+        track("relay_cursors", self, lambda p: len(p.cursors))
+        track("relay_plan_keys", self, lambda p: len(p.plan.own_relays))
+        track("negentropy_support", self, lambda p: len(p.negentropy_support))
 
     def load(self, baselines: dict[str, set[str]], cursors: dict[str, int]) -> None:
         self._baselines = baselines
@@ -276,8 +317,9 @@ class RelayPool:
             open_timeout_seconds=self._settings.relay_open_timeout_seconds,
         )
         self._connections[url] = connection
-        UNSUBSCRIBED.labels(url).set(0)
-        self._owner.relay_added(url)
+        UNSUBSCRIBED.labels(relay_label(url)).set(0)
+        catchup_metrics.bind(relay_label(url))
+        self._owner.relay_added(url, connection.budget)
         connection.start()
         return subs
 
@@ -285,17 +327,24 @@ class RelayPool:
         self.subs.pop(url, None)
         self._locks.pop(url, None)
         self._maybe_gated.discard(url)
+        self._reconcilers.pop(url, None)
+        self._reconcile_locks.pop(url, None)
         connection = self._connections.pop(url, None)
         # per-relay state goes with the relay (URLs churn); baselines and cursors stay, so a
         # relay that comes back catches up from where it was
         with contextlib.suppress(KeyError):
-            UNSUBSCRIBED.remove(url)
+            UNSUBSCRIBED.remove(relay_label(url))
+        catchup_metrics.unbind(relay_label(url))
+        self._owner.relay_removed(url)
         if connection is not None:
             self._spawn(connection.stop())
 
     async def stop(self) -> None:
         await asyncio.gather(*(c.stop() for c in self._connections.values()))
+        running = self._background.running()
         self._background.cancel()
+        # a reconciliation cut short closes its nostr-sdk client on the way out
+        await asyncio.gather(*running, return_exceptions=True)
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         self._background.spawn(coroutine)
@@ -318,15 +367,102 @@ class RelayPool:
         async with lock:
             if not connection.connected:
                 return
+            subs.negentropy = self._negentropy_allowed(url)
+            reconcile = False
             for request in subs.due(*self._since(url)):
                 await _send_request(connection, request)
-            UNSUBSCRIBED.labels(url).set(len(subs.overflow))
+                reconcile = reconcile or request.reconcile
+            UNSUBSCRIBED.labels(relay_label(url)).set(len(subs.overflow))
+        if reconcile:
+            self._spawn(self._reconcile(url))
 
-    async def _send(self, url: str, request: Request) -> None:
+    def _negentropy_allowed(self, url: str) -> bool:
+        """Try NIP-77 unless the relay failed it less than NEGENTROPY_RETRY_SECONDS ago."""
+        if not self._settings.negentropy:
+            return False
+        if self.negentropy_support.get(url, True):
+            return True
+        return time.monotonic() >= self._negentropy_retry.get(url, 0.0)
+
+    async def _reconcile(self, url: str) -> None:
+        """Catch up, one shard at a time, every shard of `url` waiting for negentropy: the
+        relay's ids for the shard's window beyond those it delivered before (from the store),
+        then fetched by id on the shared connection. A failure falls back to paged REQ for
+        the shard and marks the relay for a retry later; a shard re-requested meanwhile (or a
+        connection lost) is skipped, its new REQ has its own catch-up."""
+        lock = self._reconcile_locks.setdefault(url, asyncio.Lock())
+        async with lock:
+            reconciler = self._reconcilers.setdefault(url, Reconciler(url))
+            task = asyncio.current_task()
+            if task is not None:
+                self._reconcile_tasks[url] = task
+            try:
+                while True:
+                    subs = self.subs.get(url)
+                    waiting = subs.reconciling() if subs is not None else []
+                    if subs is None or not waiting:
+                        return
+                    for shard, sub_id in waiting:
+                        await self._reconcile_shard(url, subs, reconciler, shard, sub_id)
+            finally:
+                self._reconcile_tasks.pop(url, None)
+                await reconciler.close()
+
+    async def _reconcile_shard(
+        self, url: str, subs: RelaySubscriptions, reconciler: Reconciler, shard: int,
+        sub_id: str,
+    ) -> None:
+        target = subs.reconcile_target(shard, sub_id)
+        if target is None:
+            return
+        keys, since = target
+        query: dict[str, Any] = {"kinds": [4, 1059], "since": since}
+        if keys is not None:
+            query["#p"] = keys
+        before = reconciler.count.bytes
+        try:
+            items = await self._owner.catchup_items(url, keys, since)
+            missing = await reconciler.missing(query, items)
+        except NegentropyFailed as failure:
+            if failure.reason != "error":
+                self.negentropy_support[url] = False
+                self._negentropy_retry[url] = time.monotonic() + NEGENTROPY_RETRY_SECONDS
+            catchup_metrics.FALLBACKS.labels(relay_label(url), failure.reason).inc()
+            follow_ups = subs.fell_back(shard, sub_id)
+        else:
+            self.negentropy_support[url] = True
+            catchup_metrics.RUNS.labels(relay_label(url), "negentropy").inc()
+            follow_ups = subs.reconciled(shard, sub_id, missing)
+        finally:
+            catchup_metrics.BYTES.labels(relay_label(url), "negentropy").inc(reconciler.count.bytes - before)
+        if follow_ups:
+            await self._send(url, follow_ups)
+        elif subs.live:
+            self.cursors[url] = int(time.time())
+
+    async def _send(self, url: str, requests: list[Request]) -> None:
         lock, connection = self._locks.get(url), self._connections.get(url)
         if lock is not None and connection is not None:
             async with lock:
-                await _send_request(connection, request)
+                for request in requests:
+                    await _send_request(connection, request)
+        pages = sum(1 for request in requests if request.page)
+        if pages:
+            catchup_metrics.PAGES.labels(relay_label(url)).inc(pages)
+
+    def _catchup_counts(self, url: str, subs: RelaySubscriptions) -> None:
+        """Hand the shard bookkeeping's catch-up counts to the metrics."""
+        for method, count in subs.fetched.items():
+            if count:
+                catchup_metrics.EVENTS.labels(relay_label(url), method).inc(count)
+                subs.fetched[method] = 0
+        if subs.finished["req"]:
+            catchup_metrics.RUNS.labels(relay_label(url), "req").inc(subs.finished["req"])
+            subs.finished["req"] = 0
+        capped = subs.take_capped()
+        if capped:
+            catchup_metrics.PAGE_CAP.labels(relay_label(url)).inc(capped)
+        catchup_metrics.PAGES_WAITING.labels(relay_label(url)).set(subs.pages_waiting)
 
     def connected(self, url: str) -> bool:
         """Whether the shared connection to `url` is open right now."""
@@ -370,6 +506,10 @@ class RelayPool:
             self._spawn(self._sync(connection.url))
 
     def on_down(self, connection: RelayConnection) -> None:
+        reconciling = self._reconcile_tasks.pop(connection.url, None)
+        if reconciling is not None:
+            # its REQ is gone with the socket: the reconnect's REQ reconciles anew
+            reconciling.cancel()
         subs = self.subs.get(connection.url)
         if subs is not None:
             if subs.live:
@@ -387,16 +527,19 @@ class RelayPool:
     def on_closed(self, connection: RelayConnection, sub_id: str) -> None:
         subs = self.subs.get(connection.url)
         if subs is not None:
-            subs.closed(sub_id)
+            follow_ups = subs.closed(sub_id)
+            if follow_ups:
+                self._spawn(self._send(connection.url, follow_ups))
 
     def on_eose(self, connection: RelayConnection, sub_id: str) -> None:
         url = connection.url
         subs = self.subs.get(url)
         if subs is None:
             return
-        newly, follow_up = subs.eose(sub_id)
-        if follow_up is not None:
-            self._spawn(self._send(url, follow_up))
+        newly, follow_ups = subs.eose(sub_id)
+        if follow_ups:
+            self._spawn(self._send(url, follow_ups))
+        self._catchup_counts(url, subs)
         if newly:
             self._owner.baselined(url, newly)
         if subs.live:
@@ -412,7 +555,15 @@ class RelayPool:
         self._owner.on_event(connection.url, sub_id, raw, received_ms)
 
     def _raw_event(self, url: str, frame: str, received_ms: int) -> bool:
-        """A frame the owner may take unparsed (see RelayConnection's `skip_event`)."""
+        """A frame the owner may take unparsed (see RelayConnection's `skip_event`). While a
+        REQ of the relay is answering with stored events, its frames' bytes count as paged
+        catch-up (the connection carries no other large frames then)."""
+        subs = self.subs.get(url)
+        if subs is not None and subs.answering_any:
+            head = _SUB_ID.match(frame)
+            method = subs.answering_method(head.group(1)) if head is not None else None
+            if method is not None:
+                catchup_metrics.BYTES.labels(relay_label(url), method).inc(len(frame))
         if not self._owner.raw_event(url, frame, received_ms):
             return False
         if url in self._maybe_gated:
@@ -444,6 +595,8 @@ class RelayPool:
                 "unsubscribed": len(subs.overflow),
                 "maybe_gated": url in self._maybe_gated,
                 "mode": "firehose" if subs.firehose else "filtered",
+                "invalid_drops": connection.invalid_drops,
+                "backoff_until": connection.backoff_until,
             }
         for url, wanted_by in self.plan.skipped.items():
             report[url] = {

@@ -201,3 +201,7 @@ def stored_session(row: Iterable[object]) -> StoredSession:
         None if sealed_secret is None else str(sealed_secret), str(sealed_client),
         str(status), str(detail),
     )
+
+
+BRIDGE_KEY_LEFT = "bridge key left behind"
+"""`migrate --from`'s count of old bridge-key rows it did not copy (store/postgres/copy.py)."""
