@@ -27,6 +27,7 @@ from sigil_push.nostr.nip42 import auth_event
 from sigil_push.observations import ObservationLog
 from sigil_push.relays import connection as relay_connection
 from sigil_push.relays.connection import BridgeKeySigner, RelayConnection
+from sigil_push.relays.labels import configure_relays
 from tests.support.auth_relay import AuthRelay
 from tests.support.bridge_harness import (
     assert_private,
@@ -128,6 +129,7 @@ async def test_nested_json_and_an_auth_storm_are_survived_and_bounded(
 ) -> None:
     async with HostileRelay() as relay:
         handler = Recorder()
+        configure_relays([relay.url])  # a configured relay: series of its own
         connection = RelayConnection(
             relay.url, handler, BridgeKeySigner(SecretKey.generate()), observations
         )
@@ -180,6 +182,7 @@ async def test_per_relay_series_are_dropped_when_the_relay_leaves(
     observations: ObservationLog,
 ) -> None:
     async with HostileRelay() as relay:
+        configure_relays([relay.url])  # a configured relay: series of its own
         connection = RelayConnection(
             relay.url, Recorder(), BridgeKeySigner(SecretKey.generate()), observations
         )
