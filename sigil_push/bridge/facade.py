@@ -130,6 +130,7 @@ class Bridge:
         self.drained = pending.drained
         self.baselined = self._relays.baselined
         self.baselines_of = self._relays.baselines_of
+        self.stored_relay_state = self._relays.stored_relay_state
         self.gated_relays = self._relays.gated_relays
         self.relay_gated = self._relays.relay_gated
         self.user_relays = self._registry.user_relays

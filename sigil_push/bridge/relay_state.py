@@ -141,8 +141,25 @@ class RelayState:
     async def save_cursors(self) -> None:
         """In relay order: every worker saves the cursors of the same relays, and in the
         order each connected them two could each lock a row the other waits for."""
-        if self._pool.cursors and self._state is not None:
-            await self._state.save_cursors(sorted(self._pool.cursors.items()))
+        rows = self._pool.cursors_to_save()
+        if rows and self._state is not None:
+            await self._state.save_cursors(rows)
+
+    async def stored_relay_state(
+        self, url: str, keys: Sequence[str]
+    ) -> tuple[set[str], int | None]:
+        """What the store holds for a relay the pool opens again (its state was freed when it
+        was dropped): which of `keys` are baselined there, and its cursor."""
+        if self._state is None:
+            return set(), None
+        baselined: set[str] = set()
+        for start in range(0, len(keys), ADOPT_BATCH):
+            async with self._turn:
+                rows = await self._state.baselines_of_keys(keys[start : start + ADOPT_BATCH])
+            baselined.update(pubkey for relay, pubkey in rows if relay == url)
+        async with self._turn:
+            cursors = await self._state.cursors()
+        return baselined, cursors.get(url)
 
     # pool and per-user connection callbacks -----------------------------------------------
 

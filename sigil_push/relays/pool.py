@@ -208,6 +208,10 @@ class PoolOwner(Protocol):
         self, url: str, keys: list[str] | None, since: int
     ) -> dict[str, int]: ...
 
+    async def stored_relay_state(
+        self, url: str, keys: Sequence[str]
+    ) -> tuple[set[str], int | None]: ...
+
 
 class RelayPool:
     """The open connections and their shards, kept in line with a RelayPlan.
@@ -236,6 +240,8 @@ class RelayPool:
         self._locks: dict[str, asyncio.Lock] = {}
         self._baselines: dict[str, set[str]] = {}
         self.cursors: dict[str, int] = {}
+        self._retired_cursors: dict[str, int] = {}
+        """Cursors of relays dropped since the last save (`cursors_to_save`), then forgotten."""
         self._background = BackgroundTasks("relay-pool")
         self._maybe_gated: set[str] = set()
         self._chosen: list[str] | None = None
@@ -334,7 +340,24 @@ class RelayPool:
                 self._owner.baselined(url, newly)
             if touched:
                 self._spawn(self._sync(url))
+        self._forget_unused()
         return left
+
+    def _forget_unused(self) -> None:
+        """Baselines and cursors of relays not in use leave memory (at start every stored
+        relay's are loaded; `adopt` brings others' keys on every relay). The store keeps them:
+        a user relay that comes back reads its own (`_restore_then_start`)."""
+        for url in [u for u in self._baselines if u not in self.subs]:
+            del self._baselines[url]
+        for url in [u for u in self.cursors if u not in self.subs]:
+            del self.cursors[url]
+
+    def cursors_to_save(self) -> list[tuple[str, int]]:
+        """The cursors to store, in relay order: those of the relays in use and of the relays
+        dropped since the last call (forgotten from here on)."""
+        rows = {**self._retired_cursors, **self.cursors}
+        self._retired_cursors = {}
+        return sorted(rows.items())
 
     def firehose_wanted(self, url: str, keys: int) -> bool:
         """Firehose for a configured relay in mode "firehose", or "auto" past the threshold."""
@@ -346,6 +369,8 @@ class RelayPool:
         )
 
     def _open(self, url: str) -> RelaySubscriptions:
+        # state still in memory (loaded at start, or never freed): nothing to read back
+        in_memory = url in self._baselines or url in self.cursors
         subs = RelaySubscriptions(
             self._settings.keys_per_filter,
             with_lists=self.plan.is_configured(url),
@@ -370,8 +395,29 @@ class RelayPool:
             UNSUBSCRIBED.labels(series_label(url)).set(0)
             catchup_metrics.bind(series_label(url))
         self._owner.relay_added(url, connection.budget)
-        connection.start()
+        if self.plan.is_configured(url) or in_memory:
+            connection.start()  # a configured relay is never dropped: loaded at start
+        else:
+            self._spawn(self._restore_then_start(url, connection))
         return subs
+
+    async def _restore_then_start(self, url: str, connection: RelayConnection) -> None:
+        """A user relay opened after start may have been used before (and dropped, its state
+        freed): read its keys' stored baselines and its cursor before the first REQ, so it
+        catches up from where it was instead of baselining its keys anew."""
+        try:
+            keys = sorted(self.plan.demand.get(url, ()))
+            baselined, cursor = await self._owner.stored_relay_state(url, keys)
+            subs = self.subs.get(url)
+            if subs is None or self._connections.get(url) is not connection:
+                return
+            subs.baselined.update(baselined)
+            known = [c for c in (cursor, self._retired_cursors.get(url)) if c is not None]
+            if known and url not in self.cursors:
+                self.cursors[url] = max(known)
+        finally:
+            if self._connections.get(url) is connection:
+                connection.start()
 
     def _drop(self, url: str) -> None:
         self.subs.pop(url, None)
@@ -380,8 +426,14 @@ class RelayPool:
         self._reconcilers.pop(url, None)
         self._reconcile_locks.pop(url, None)
         connection = self._connections.pop(url, None)
-        # per-relay state goes with the relay (URLs churn); baselines and cursors stay, so a
-        # relay that comes back catches up from where it was
+        # per-relay state goes with the relay (URLs churn); baselines and cursors stay in the
+        # store (the cursor once saved), so a relay that comes back catches up from where it was
+        self._baselines.pop(url, None)
+        cursor = self.cursors.pop(url, None)
+        if cursor is not None:
+            self._retired_cursors[url] = cursor
+        self.negentropy_support.pop(url, None)
+        self._negentropy_retry.pop(url, None)
         # (user relays share one label, USER_RELAYS, which stays)
         if self.plan.is_configured(url):
             with contextlib.suppress(KeyError):
