@@ -282,15 +282,17 @@ async def run(folder: Path, mode: str, samples: int, burst: int) -> dict[str, An
                 "good_ingest_events_per_second": round(burst / ingest_seconds, 1),
             }
             if hostile and flood is not None:
+                # the flood relay is a user relay: its series are the users' shared "user" ones
+                # (the only user relay here)
                 result["flood_frames_sent"] = flood.sent
                 result["flood_dropped_recipient_quota"] = metric(
-                    service, "sigil_push_bridge_events_dropped_total", relay=flood.url,
+                    service, "sigil_push_bridge_events_dropped_total", relay="user",
                     reason="recipient_quota")
                 result["tarpit_connections"] = sum(t.connections for t in tarpits)
                 result["flood_invalid_drops"] = metric(
-                    service, "sigil_push_relay_invalid_drops_total", relay=flood.url)
+                    service, "sigil_push_relay_invalid_drops_total", relay="user")
                 result["flood_auth_answers"] = metric(
-                    service, "sigil_push_relay_auth_answers_total", relay=flood.url)
+                    service, "sigil_push_relay_auth_answers_total", relay="user")
             return result
         finally:
             service.stop()
