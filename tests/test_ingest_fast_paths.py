@@ -50,8 +50,8 @@ async def test_frames_parsed_by_the_bridge_are_verified_like_any_other(
             forged["pubkey"], forged["created_at"], 4, (("p", me),), forged["content"]
         )
         wrong_id, bad_sig = dropped("wrong_id"), dropped("forged")
-        assert parts.bridge.raw_event(RELAY, frame(altered), 0)
-        assert parts.bridge.raw_event(RELAY, frame(forged), 0)
+        assert parts.bridge.pool.deliver_text(RELAY, frame(altered), 0)
+        assert parts.bridge.pool.deliver_text(RELAY, frame(forged), 0)
         assert dropped("wrong_id") == wrong_id + 1
         assert dropped("forged") == bad_sig + 1
 
@@ -59,8 +59,8 @@ async def test_frames_parsed_by_the_bridge_are_verified_like_any_other(
         surrogate = text.replace('"hello"', '"\\ud800"')
         for refused in (text[:-1], text.replace('"sp0.1"', "5"), surrogate,
                         text.replace('"hello"', "NaN")):
-            assert not parts.bridge.raw_event(RELAY, refused, 0), refused
-        parts.bridge.on_event(RELAY, "sp0.1", json.loads(surrogate)[2], 0)
+            assert not parts.bridge.pool.deliver_text(RELAY, refused, 0), refused
+        parts.bridge.pool.deliver(RELAY, "sp0.1", json.loads(surrogate)[2], 0)
         assert dropped("wrong_id") == wrong_id + 2
 
 
@@ -82,9 +82,9 @@ async def test_a_verified_id_in_another_body_routes_only_the_original(
         )
         original = sign_event(sender, 4, "hello", [["p", alice.public_key_hex]])
         now_ms = time.time_ns() // 1_000_000
-        assert parts.bridge.raw_event(RELAY, frame(original.to_json()), now_ms)
+        assert parts.bridge.pool.deliver_text(RELAY, frame(original.to_json()), now_ms)
         wrapped = {**original.to_json(), "tags": [["p", bob.public_key_hex]], "content": "x"}
-        assert parts.bridge.raw_event(second, frame(wrapped), now_ms)
+        assert parts.bridge.pool.deliver_text(second, frame(wrapped), now_ms)
 
         def recorded() -> set[str]:
             return {
@@ -133,9 +133,9 @@ async def test_a_copy_is_recognised_in_any_layout_and_recorded_per_relay(
 
         before = drops()  # the counters live as long as the test process
         now_ms = time.time_ns() // 1_000_000
-        assert parts.bridge.raw_event(relays[0], frame(original), now_ms)
-        assert parts.bridge.raw_event(relays[1], json.dumps(["EVENT", "sp0.1", id_last]), now_ms)
-        assert parts.bridge.raw_event(relays[2], json.dumps(["EVENT", "sp0.1", altered]), now_ms)
+        assert parts.bridge.pool.deliver_text(relays[0], frame(original), now_ms)
+        assert parts.bridge.pool.deliver_text(relays[1], json.dumps(["EVENT", "sp0.1", id_last]), now_ms)
+        assert parts.bridge.pool.deliver_text(relays[2], json.dumps(["EVENT", "sp0.1", altered]), now_ms)
 
         def recorded() -> list[str]:
             return sorted(
@@ -166,7 +166,7 @@ async def test_a_frame_that_only_looks_like_a_copy_takes_the_full_path(
         sender, me = SecretKey.generate(), await _alice_on_the_firehose(parts)
         known = sign_event(sender, 4, "verified first", [["p", me]])
         now_ms = time.time_ns() // 1_000_000
-        assert parts.bridge.raw_event(RELAY, frame(known.to_json()), now_ms)
+        assert parts.bridge.pool.deliver_text(RELAY, frame(known.to_json()), now_ms)
 
         lookalike = sign_event(sender, 4, f'{{"id":"{known.id}"}}', [["p", me]]).to_json()
         lookalike["sig"] = known.sig  # a signature that was verified, but for another id
@@ -177,7 +177,7 @@ async def test_a_frame_that_only_looks_like_a_copy_takes_the_full_path(
         )
         assert text.index(known.id) < text.index(lookalike["id"]), "the quoted id comes first"
         forged = dropped("forged")
-        assert parts.bridge.raw_event(RELAY, text, now_ms)
+        assert parts.bridge.pool.deliver_text(RELAY, text, now_ms)
         assert dropped("forged") == forged + 1
 
 

@@ -4,7 +4,10 @@ Frames are parsed, checked and verified synchronously as they arrive (no event i
 pushed before its id and BIP-340 signature verify), and whether an event is a pre-registration
 baseline is decided right then, from the REQ it answered. Nothing here waits on the database:
 the restart-proof dedupe is read from its in-memory cache, everything else is the committer's.
-The pool calls these methods directly, once per frame, so they hold what they use themselves.
+The pool calls these methods through the bridge's port (`relays.port.FrameSink`), once per
+frame: each frame carries its subscription context (`RelayFeed`), and each answer is a verdict
+(`Stored`, `Verdict`) that the pool applies to its own subscriptions. Ingest never reads or
+writes the pool.
 """
 
 from __future__ import annotations
@@ -22,8 +25,8 @@ from sigil_push.bridge.pending import Arrival, Pending
 from sigil_push.config import BridgeConfig
 from sigil_push.nostr.event import Event, InvalidEvent, compute_id
 from sigil_push.relays.discovery import LIST_KINDS_SET, RelayLists
-from sigil_push.relays.pool import RelayPool
-from sigil_push.relays.subscriptions import DM_KINDS, RelaySubscriptions
+from sigil_push.relays.port import Frame, Outcome, RelayFeed, Stored, Verdict
+from sigil_push.relays.subscriptions import DM_KINDS
 from sigil_push.store.interface import SeenStore
 from sigil_push.verified import RecentlyVerified, Verified
 
@@ -70,9 +73,9 @@ class TokenBucket:
 
 
 class Ingest:
-    """The readers' side of the bridge: every frame from the pool's shared connections
-    (`raw_event`, `on_event`) and from users' own connections to gated relays
-    (`on_user_event`), dropped with a counted reason or queued as an `Arrival`.
+    """The readers' side of the bridge (the port's `FrameSink`): every frame from the pool's
+    shared connections (`text`, `event`) and from users' own connections to gated relays
+    (`user_event`), dropped with a counted reason or queued as an `Arrival`.
 
     `keys` is the key registry's set of watched keys (the same set, kept current there);
     `lists_changed` tells the registry that a key's relay list was replaced.
@@ -81,13 +84,11 @@ class Ingest:
     def __init__(
         self,
         settings: BridgeConfig,
-        pool: RelayPool,
         pending: Pending,
         keys: set[str],
         lists_changed: Callable[[str], None],
     ) -> None:
         self._bridge = settings
-        self._pool = pool
         self._enqueue = pending.enqueue
         self._keys = keys
         self._lists_changed = lists_changed
@@ -126,18 +127,18 @@ class Ingest:
     def relay_added(self, url: str) -> None:
         self.counters[url] = RelayCounters(url)
 
-    def on_user_event(
+    def user_event(
         self, url: str, pubkey: str, raw: Any, received_ms: int, baseline: bool
     ) -> None:
         """An event from `pubkey`'s own connection to a gated relay: the same checks, dedupe
-        and commit path as `on_event`, pushed to that user only (it answered their REQ) and
+        and commit path as `event`, pushed to that user only (it answered their REQ) and
         not at all when it predates their first subscription there (`baseline`)."""
         counters = self.counters.get(url)
         if counters is None:
             counters = self.counters[url] = RelayCounters(url)
         counters.received.inc()
         entry = self._admit(counters, url, "", raw, received_ms, lists=False)
-        if entry is None:
+        if not isinstance(entry, Verified):
             return
         event = entry.event
         if event.kind not in DM_KINDS:
@@ -148,41 +149,39 @@ class Ingest:
             return
         self._hand_over(counters, entry, url, received_ms, () if baseline else (pubkey,))
 
-    def on_event(self, url: str, sub_id: str, raw: Any, received_ms: int) -> None:
-        """An event from the pool's connection to `url`. It may wake only keys subscribed on
-        that relay (a relay cannot push keys it was never asked about; on a firehose relay
-        every key there counts as subscribed). The signature is checked before any recipient
-        lookup, so a forged event counts as `forged` whether or not its recipient is
-        registered: public counters do not tell who is. The one lookup that comes first is the
-        firehose's: an event naming no key on the relay is dropped as `unaddressed` before
+    def event(self, frame: Frame, raw: Any) -> Outcome:
+        """An event from the pool's connection to `frame.feed.url`. It may wake only keys
+        subscribed on that relay (a relay cannot push keys it was never asked about; on a
+        firehose relay every key there counts as subscribed). The signature is checked before
+        any recipient lookup, so a forged event counts as `forged` whether or not its recipient
+        is registered: public counters do not tell who is. The one lookup that comes first is
+        the firehose's: an event naming no key on the relay is dropped as `unaddressed` before
         any parse or signature check, which is what makes reading every DM affordable."""
+        feed = frame.feed
+        url = feed.url
         counters = self.counters[url]
         self._count_received(url)
-        subs = self._pool.subs.get(url)
-        subscribed: Mapping[str, int] = subs.keys if subs is not None else {}
-        if subs is not None and subs.firehose and not _addressed(raw, subscribed):
+        subs = feed.subs
+        if subs.firehose and not _addressed(raw, subs.keys):
             counters.dropped["unaddressed"].inc()
-            self._stored_anyway(url, sub_id, raw)
-            return
-        configured = self._pool.plan.is_configured(url)
-        entry = self._admit(counters, url, sub_id, raw, received_ms, lists=configured)
-        if entry is None:
-            return
-        self._route(counters, subs, url, sub_id, entry, received_ms, configured)
+            return _stored_anyway(frame.sub_id, raw)
+        entry = self._admit(counters, url, frame.sub_id, raw, frame.received_ms, feed.configured)
+        if not isinstance(entry, Verified):
+            return entry
+        return self._route(counters, feed, frame.sub_id, entry, frame.received_ms)
 
     def _route(
         self,
         counters: RelayCounters,
-        subs: RelaySubscriptions | None,
-        url: str,
+        feed: RelayFeed,
         sub_id: str,
         entry: Verified,
         received_ms: int,
-        configured: bool,
-    ) -> None:
-        """A verified event from the shared connection to `url`: to the recipients subscribed
-        there, the relay lists, or the canary."""
-        subscribed: Mapping[str, int] = subs.keys if subs is not None else {}
+    ) -> Outcome:
+        """A verified event from the shared connection to `feed.url`: to the recipients
+        subscribed there, the relay lists, or the canary."""
+        url, subs = feed.url, feed.subs
+        subscribed = subs.keys
         event = entry.event
         if event.kind in DM_KINDS:
             tagged = entry.tagged
@@ -193,41 +192,39 @@ class Ingest:
                 recipients = tuple(p for p in tagged if p in subscribed)
             if not recipients:
                 counters.dropped["unknown_recipient"].inc()
-                return
-        elif event.kind in LIST_KINDS_SET and configured:
+                return Verdict.TAKEN
+        elif event.kind in LIST_KINDS_SET and feed.configured:
             if event.pubkey not in subscribed:
                 counters.dropped["unknown_recipient"].inc()
-                return
+                return Verdict.TAKEN
             if self._lists.offer(event):
                 self._lists_changed(event.pubkey)
-            return
+            return Verdict.TAKEN
         else:
             counters.dropped["wrong_kind"].inc()
-            return
-        if subs is not None:
-            subs.stored(sub_id, event.created_at)
+            return Verdict.TAKEN
+        stored = Stored(sub_id, event.id, event.kind, event.created_at)
         if self._probe is not None and self._probe.take(url, event):
-            return
-        if subs is not None and subs.firehose:
+            return stored
+        if subs.firehose:
             since_registration = tuple(r for r in recipients if subs.catching_up(sub_id, r))
             self._hand_over(counters, entry, url, received_ms, recipients, since_registration)
-            return
+            return stored
         # a key still fresh here is woken only for what was made after its registration (the
         # committer's `since_registration` rule): its baseline row can be missing for a key
         # registered long ago, when the worker that stored it was killed before the commit
         # and another worker took the shard over; every DM sent since would be swallowed
         fresh: tuple[str, ...]
-        if subs is None:
-            fresh = ()
-        elif len(recipients) == 1:
+        if len(recipients) == 1:
             fresh = recipients if subs.is_baseline(sub_id, recipients[0]) else ()
         else:
             fresh = tuple(r for r in recipients if subs.is_baseline(sub_id, r))
         self._hand_over(counters, entry, url, received_ms, recipients, fresh)
+        return stored
 
-    def raw_event(self, url: str, frame: str, received_ms: int) -> bool:
-        """A frame from the shared connection to `url`, before it is parsed; True when it was
-        handled here, so it is never parsed at all:
+    def text(self, feed: RelayFeed, frame: str, received_ms: int) -> Outcome:
+        """A frame from the shared connection to `feed.url`, before it is parsed; anything but
+        `Verdict.UNPARSED` when it was handled here, so it is never parsed at all:
 
         - on a live firehose, a frame naming no key on the relay is dropped and counted as
           `unaddressed`. The scan finds every `"p","<hex>"` pair in the raw text; in JSON
@@ -241,11 +238,11 @@ class Ingest:
         - any other EVENT frame is parsed here (`_parsed_event`), the connection's own parse
           skipped.
         """
-        subs = self._pool.subs.get(url)
-        if subs is None or not frame.startswith('["EVENT"'):
-            return False
+        if not frame.startswith('["EVENT"'):
+            return Verdict.UNPARSED
+        url, subs = feed.url, feed.subs
         if subs.streaming and self._unaddressed_frame(url, frame, subs.keys):
-            return True
+            return Verdict.TAKEN
         # the usual layout, the id first in the event: one match finds the sub id and the id
         # (the same id the search below finds: a sub id holds no quote)
         head = _COPY_HEAD.match(frame)
@@ -255,38 +252,36 @@ class Ingest:
             found = _EVENT_ID.search(frame)
             head = _FRAME_HEAD.match(frame)
             if found is None or head is None:
-                return self._parsed_event(url, frame, received_ms)
+                return self._parsed_event(feed, frame, received_ms)
             sub_id, event_id = head.group(1), found.group(1)
         entry = self._recent.get(event_id)
         if entry is None:
-            return self._parsed_event(url, frame, received_ms)
+            return self._parsed_event(feed, frame, received_ms)
         counters = self.counters[url]
         self._count_received(url)
         event = entry.event
         if self._seen.delivered_by(event.id, url):
             counters.duplicates.inc()
             if event.kind in DM_KINDS:
-                subs.stored(sub_id, event.created_at)
-            return True
-        configured = self._pool.plan.is_configured(url)
-        self._route(counters, subs, url, sub_id, entry, received_ms, configured)
-        return True
+                return Stored(sub_id, event.id, event.kind, event.created_at)
+            return Verdict.TAKEN
+        return self._route(counters, feed, sub_id, entry, received_ms)
 
-    def _parsed_event(self, url: str, frame: str, received_ms: int) -> bool:
+    def _parsed_event(self, feed: RelayFeed, frame: str, received_ms: int) -> Outcome:
         """An EVENT frame parsed with orjson (a third of `json.loads`' instructions on a DM
-        frame) and handed to `on_event`, as the connection would have. A frame orjson refuses, or whose shape is not
-        `["EVENT", <string>, <anything>]`, goes back to the connection (False), whose own
+        frame) and handed to `event`, as the connection would have. A frame orjson refuses,
+        or whose shape is not `["EVENT", <string>, <anything>]`, goes back to the connection
+        (`Verdict.UNPARSED`), whose own
         parser decides as it always has: `json.loads` accepts a little more (NaN, a lone
         surrogate, integers past 64 bits), all of it refused later as malformed anyway."""
         try:
             message = orjson.loads(frame)
         except orjson.JSONDecodeError:
-            return False
+            return Verdict.UNPARSED
         # the '["EVENT"' prefix makes the first element exactly "EVENT"
         if type(message) is not list or len(message) < 3 or type(message[1]) is not str:
-            return False
-        self.on_event(url, message[1], message[2], received_ms)
-        return True
+            return Verdict.UNPARSED
+        return self.event(Frame(feed, message[1], received_ms), message[2])
 
     def _unaddressed_frame(self, url: str, frame: str, keys: Mapping[str, int]) -> bool:
         for key, list_kind in _ADDRESSING.findall(frame):
@@ -322,8 +317,8 @@ class Ingest:
     def _admit(
         self, counters: RelayCounters, url: str, sub_id: str, raw: Any, received_ms: int,
         lists: bool,
-    ) -> Verified | None:
-        """The verified event behind a frame, or None when the frame was dropped (counted), a
+    ) -> Verified | Outcome:
+        """The verified event behind a frame, or the verdict on a frame dropped (counted), a
         repeat from this relay, or a further relay's copy of a handled event (its delivery is
         queued here). A copy of an event verified moments ago reuses that verified original:
         no parse, no signature check, and nothing of the copy's own body is used."""
@@ -331,30 +326,28 @@ class Ingest:
         if type(event_id) is str:
             if self._seen.delivered_by(event_id, url):
                 counters.duplicates.inc()
-                self._stored_anyway(url, sub_id, raw)
-                return None
+                return _stored_anyway(sub_id, raw)
             entry = self._recent.get(event_id)
             if entry is not None:
                 return entry
             if self._seen.known(event_id):
-                self._handled_copy(counters, url, sub_id, raw, received_ms)
-                return None
+                return self._handled_copy(counters, url, sub_id, raw, received_ms)
         try:
             event = Event.from_json(raw)
         except InvalidEvent:
             counters.dropped["malformed"].inc()
-            return None
+            return Verdict.TAKEN
         is_list = event.kind in LIST_KINDS_SET
         if event.kind not in DM_KINDS and not (is_list and lists):
             counters.dropped["wrong_kind"].inc()
-            return None
+            return Verdict.TAKEN
         if not (self._in_window(counters, event, is_list) and self._verified(counters, event)):
-            return None
+            return Verdict.TAKEN
         return self._recent.add(event)
 
     def _handled_copy(
         self, counters: RelayCounters, url: str, sub_id: str, raw: Any, received_ms: int
-    ) -> None:
+    ) -> Outcome:
         """A further relay's copy of an event already handled (pushed or baselined) that is no
         longer among the recently verified. It can push nothing, so only its delivery is
         recorded; its id is recomputed from its body (a hash, not a signature check: that id
@@ -363,16 +356,14 @@ class Ingest:
             event = Event.from_json(raw)
         except InvalidEvent:
             counters.dropped["malformed"].inc()
-            return
+            return Verdict.TAKEN
         if compute_id(event.pubkey, event.created_at, event.kind, event.tags, event.content) != (
             event.id
         ):
             counters.dropped["wrong_id"].inc()
-            return
-        subs = self._pool.subs.get(url)
-        if subs is not None:
-            subs.stored(sub_id, event.created_at)
+            return Verdict.TAKEN
         self._enqueue(Arrival(event, url, received_ms, ()))
+        return Stored(sub_id, event.id, event.kind, event.created_at)
 
     def _hand_over(
         self,
@@ -425,15 +416,6 @@ class Ingest:
             counters.dropped["recipient_quota"].inc()
         return allowed
 
-    def _stored_anyway(self, url: str, sub_id: str, raw: Any) -> None:
-        """A DM this relay already delivered still took a place in its answer to a REQ: count
-        it, or a page that the relay's limit cut short looks complete whenever the committer
-        has already marked the copy from the previous page (they overlap at `until`)."""
-        subs = self._pool.subs.get(url)
-        created_at = raw.get("created_at") if isinstance(raw, dict) else None
-        if subs is not None and type(created_at) is int and raw.get("kind") in DM_KINDS:
-            subs.stored(sub_id, created_at)
-
     @staticmethod
     def _verified(counters: RelayCounters, event: Event) -> bool:
         """Id and signature check, last because it is the costliest; failures counted by kind."""
@@ -450,6 +432,19 @@ _ADDRESSING = re.compile(r'"p"\s*,\s*"([0-9a-f]{64})"|"kind"\s*:\s*(10050|10002)
 _EVENT_ID = re.compile(r'"id"\s*:\s*"([0-9a-f]{64})"')
 _FRAME_HEAD = re.compile(r'\["EVENT"\s*,\s*"([^"\\]{1,64})"\s*,')
 _COPY_HEAD = re.compile(r'\["EVENT","([^"\\]{1,64})",\{"id":"([0-9a-f]{64})"')
+
+
+def _stored_anyway(sub_id: str, raw: Any) -> Outcome:
+    """A DM this relay already delivered (or one naming nobody here) still took a place in its
+    answer to a REQ: count it, or a page that the relay's limit cut short looks complete
+    whenever the committer has already marked the copy from the previous page (they overlap
+    at `until`)."""
+    if not isinstance(raw, dict):
+        return Verdict.TAKEN
+    created_at, kind, event_id = raw.get("created_at"), raw.get("kind"), raw.get("id")
+    if type(created_at) is int and kind in DM_KINDS and type(event_id) is str:
+        return Stored(sub_id, event_id, kind, created_at)
+    return Verdict.TAKEN
 
 
 def _addressed(raw: Any, keys: Mapping[str, int]) -> bool:
