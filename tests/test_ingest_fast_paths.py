@@ -12,6 +12,7 @@ from typing import Any
 
 from prometheus_client import REGISTRY
 
+from sigil_push.bridge.pending import Pending
 from sigil_push.nostr.event import compute_id, sign_event
 from sigil_push.nostr.keys import SecretKey
 from tests.fakes.harness import eventually as poll
@@ -187,3 +188,33 @@ async def _alice_on_the_firehose(parts: InProcessBridge) -> str:
     await parts.devices.register(me, "android", "fcm-alice", "opaque", (), None, 0)
     await poll(lambda: me in parts.bridge._pool.subs[RELAY].keys, what="alice watched")
     return me
+
+
+async def test_a_copy_is_folded_into_its_still_queued_arrival(
+    tmp_path: Path, engine: Engine
+) -> None:
+    """Copies of an event that still waits for the committer join its arrival (one queue
+    place, decided in the same batch, one `seen_events` row); a copy after the committer took
+    it is an arrival of its own. Each relay's delivery is recorded once, the event pushed once."""
+    relays = [RELAY, "ws://127.0.0.1:10", "ws://127.0.0.1:11"]
+    async with in_process_bridge(
+        tmp_path, engine.database("push.db"), [{"url": url, "mode": "firehose"} for url in relays]
+    ) as parts:
+        alice, sender = SecretKey.generate(), SecretKey.generate()
+        await parts.devices.register(alice.public_key_hex, "android", "fcm-a", "opaque", (), None, 0)
+        await poll(
+            lambda: all(alice.public_key_hex in parts.bridge._pool.subs[url].keys for url in relays),
+            what="alice watched on every relay",
+        )
+        pending = parts.bridge.port.flow
+        assert isinstance(pending, Pending)
+        text = frame(sign_event(sender, 4, "hello", [["p", alice.public_key_hex]]).to_json())
+        # no await between the frames: the committer cannot take the arrival meanwhile
+        for at, url in enumerate(relays[:2]):
+            assert parts.bridge.pool.deliver_text(url, text, 1000 + at)
+        batch, _ = pending.take()
+        assert len(batch) == 1
+        assert batch[0].deliveries() == [(RELAY, 1000), (relays[1], 1001)]
+        assert parts.bridge.pool.deliver_text(relays[2], text, 1002)
+        late, _ = pending.take()
+        assert [a.deliveries() for a in late] == [[(relays[2], 1002)]], "taken: not folded"

@@ -90,6 +90,7 @@ class Ingest:
     ) -> None:
         self._bridge = settings
         self._enqueue = pending.enqueue
+        self._fold = pending.fold
         self._keys = keys
         self._lists_changed = lists_changed
         self._recent = RecentlyVerified(RECENTLY_VERIFIED)
@@ -146,6 +147,9 @@ class Ingest:
             return
         if pubkey not in self._keys or pubkey not in event.tag_values("p"):
             counters.dropped["unknown_recipient"].inc()
+            return
+        arrival = entry.arrival
+        if arrival is not None and self._fold(arrival, url, received_ms):
             return
         self._hand_over(counters, entry, url, received_ms, () if baseline else (pubkey,))
 
@@ -205,6 +209,10 @@ class Ingest:
             return Verdict.TAKEN
         stored = Stored(sub_id, event.id, event.kind, event.created_at)
         if self._probe is not None and self._probe.take(url, event):
+            return stored
+        arrival = entry.arrival
+        if arrival is not None and self._fold(arrival, url, received_ms):
+            # a further relay's copy while the event still waits for the committer
             return stored
         if subs.firehose:
             since_registration = tuple(r for r in recipients if subs.catching_up(sub_id, r))
@@ -386,7 +394,10 @@ class Ingest:
         if charged and not entry.enqueued and not self._within_quota(counters, charged):
             return
         entry.enqueued = True
-        self._enqueue(Arrival(entry.event, url, received_ms, push_to, since_registration))
+        arrival = entry.arrival = Arrival(
+            entry.event, url, received_ms, push_to, since_registration
+        )
+        self._enqueue(arrival)
 
     def _in_window(self, counters: RelayCounters, event: Event, is_list: bool) -> bool:
         """`created_at` within [now - catch-up - slack, now + 15 min], checked before anything
