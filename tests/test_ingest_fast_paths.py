@@ -15,6 +15,7 @@ from prometheus_client import REGISTRY
 from sigil_push.bridge.pending import Pending
 from sigil_push.nostr.event import compute_id, sign_event
 from sigil_push.nostr.keys import SecretKey
+from sigil_push.verified import RecentlyVerified
 from tests.fakes.harness import eventually as poll
 from tests.support.in_process import InProcessBridge, in_process_bridge
 from tests.support.stores import Engine
@@ -218,3 +219,40 @@ async def test_a_copy_is_folded_into_its_still_queued_arrival(
         assert parts.bridge.pool.deliver_text(relays[2], text, 1002)
         late, _ = pending.take()
         assert [a.deliveries() for a in late] == [[(relays[2], 1002)]], "taken: not folded"
+
+
+async def test_a_repeat_of_a_delivered_id_is_a_duplicate_before_any_parse(
+    tmp_path: Path, engine: Engine
+) -> None:
+    """A relay replaying an event it delivered before (a reconnect's catch-up), once the event
+    has left the recently verified: a duplicate from its id alone, the rest of the frame never
+    parsed (a body orjson would refuse is taken all the same), and nobody is woken again."""
+    async with in_process_bridge(
+        tmp_path, engine.database("push.db"), [{"url": RELAY, "mode": "firehose"}]
+    ) as parts:
+        me = await _alice_on_the_firehose(parts)
+        event = sign_event(SecretKey.generate(), 4, "hello", [["p", me]])
+        text = frame(event.to_json())
+        assert parts.bridge.pool.deliver_text(RELAY, text, time.time_ns() // 1_000_000)
+
+        def recorded() -> bool:
+            return any(
+                json.loads(line).get("event_id") == event.id
+                for path in (tmp_path / "observations").glob("*.jsonl")
+                for line in path.read_text().splitlines()
+            )
+
+        # the `seen` record is logged once the delivery is remembered
+        await poll(recorded, what="the delivery recorded")
+        parts.bridge._ingest._recent = RecentlyVerified(1)  # as if replayed long after
+        duplicates = REGISTRY.get_sample_value(
+            "sigil_push_bridge_events_duplicate_total", {"relay": RELAY}
+        ) or 0.0
+        assert parts.bridge.pool.deliver_text(RELAY, text[:-1], 0), "taken before any parse"
+        assert REGISTRY.get_sample_value(
+            "sigil_push_bridge_events_duplicate_total", {"relay": RELAY}
+        ) == duplicates + 1
+        rows = await parts.db.execute_fetchall(
+            "SELECT event_id FROM outbox WHERE event_id = ?", (event.id,)
+        )
+        assert len(rows) == 1

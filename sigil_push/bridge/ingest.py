@@ -243,6 +243,8 @@ class Ingest:
           delivery of the verified original, exactly as in `_admit`: nothing else of the
           frame is used, so a relay that wraps a known id in another body gains only the
           record that it delivered that id;
+        - a repeat of an id this relay delivered before (a reconnect's catch-up replays what
+          it stored) is a duplicate before any parse (`_repeat`), as `_admit` would count it;
         - any other EVENT frame is parsed here (`_parsed_event`), the connection's own parse
           skipped.
         """
@@ -264,6 +266,10 @@ class Ingest:
             sub_id, event_id = head.group(1), found.group(1)
         entry = self._recent.get(event_id)
         if entry is None:
+            if (not subs.firehose or subs.streaming) and self._seen.delivered_by(event_id, url):
+                repeat = self._repeat(url, sub_id, event_id, frame)
+                if repeat is not None:
+                    return repeat
             return self._parsed_event(feed, frame, received_ms)
         counters = self.counters[url]
         self._count_received(url)
@@ -274,6 +280,21 @@ class Ingest:
                 return Stored(sub_id, event.id, event.kind, event.created_at)
             return Verdict.TAKEN
         return self._route(counters, feed, sub_id, entry, received_ms)
+
+    def _repeat(self, url: str, sub_id: str, event_id: str, frame: str) -> Outcome | None:
+        """A frame whose id this relay already delivered: a duplicate, whatever its body, and
+        still a place in its REQ's answer (`_stored_anyway`, from the kind and time read off
+        the text: as there, the relay's own word, only used to page that relay). None when
+        the text does not show them plainly: the frame then takes the parse."""
+        kind, created_at = _KIND.search(frame), _CREATED_AT.search(frame)
+        if kind is None or created_at is None:
+            return None
+        self._count_received(url)
+        self.counters[url].duplicates.inc()
+        number = int(kind.group(1))
+        if number not in DM_KINDS:
+            return Verdict.TAKEN
+        return Stored(sub_id, event_id, number, int(created_at.group(1)))
 
     def _parsed_event(self, feed: RelayFeed, frame: str, received_ms: int) -> Outcome:
         """An EVENT frame parsed with orjson (a third of `json.loads`' instructions on a DM
@@ -442,6 +463,8 @@ _ADDRESSING = re.compile(r'"p"\s*,\s*"([0-9a-f]{64})"|"kind"\s*:\s*(10050|10002)
 """A `p` tag's key, or a relay-list kind, in a raw EVENT frame (one pass over the text)."""
 _EVENT_ID = re.compile(r'"id"\s*:\s*"([0-9a-f]{64})"')
 _FRAME_HEAD = re.compile(r'\["EVENT"\s*,\s*"([^"\\]{1,64})"\s*,')
+_KIND = re.compile(r'"kind"\s*:\s*(\d{1,5})\s*[,}]')
+_CREATED_AT = re.compile(r'"created_at"\s*:\s*(\d{1,19})\s*[,}]')
 _COPY_HEAD = re.compile(r'\["EVENT","([^"\\]{1,64})",\{"id":"([0-9a-f]{64})"')
 
 
