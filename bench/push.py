@@ -155,9 +155,10 @@ def bare_apns(config: Config) -> Callable[[Device], Awaitable[bool]]:
     pushes (body, headers, cheap apns-ids) with no outbox, no timeout, no bookkeeping."""
     from aioapns import NotificationRequest, PushType
 
-    from sigil_push.push.apns import NotificationIds, apns_client
+    from sigil_push.push.apns import PROVIDER
+    from sigil_push.push.apns_sender import NotificationIds, apns_client
 
-    apns = config.apns
+    apns = config.provider_table(PROVIDER)
     assert apns is not None
     key = config.resolve(apns.key_file).read_text()
     client = apns_client(apns, key, config.resolve(apns.ca_file) if apns.ca_file else None)

@@ -6,7 +6,6 @@ failure is a typed exception mapped to the contract's JSON error in one place, `
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -26,8 +25,7 @@ from sigil_push.errors import ApiError, BadRequest, RateLimited
 from sigil_push.http_metrics import MetricsMiddleware
 from sigil_push.nostr.nip19 import encode_npub
 from sigil_push.nostr.nip98 import AuthError, AuthExpired, AuthMissing, verify_http_auth
-from sigil_push.push.endpoint_guard import UnsafeEndpoint, check_endpoint
-from sigil_push.push.vapid import loaded_public_key
+from sigil_push.push import registry
 from sigil_push.ratelimit import RateLimiter, client_address, trusted_networks
 from sigil_push.service import Service, State
 from sigil_push.store.errors import STORE_UNAVAILABLE, TooManyAccounts, TooManyDevices
@@ -38,7 +36,6 @@ from sigil_push.worker_metrics import WorkerLabelled
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 8 * 1024
-ENDPOINT_CHECK_TIMEOUT_SECONDS = 3.0
 UNLIMITED_ROUTES = ("/health", "/metrics")
 
 
@@ -100,17 +97,6 @@ class Api:
             raise RateLimited(wait)
         return event.pubkey
 
-    async def _check_unifiedpush_endpoint(self, url: str) -> None:
-        allow_private = bool(
-            self.service.config.unifiedpush and self.service.config.unifiedpush.allow_private_endpoints
-        )
-        try:
-            await asyncio.wait_for(check_endpoint(url, allow_private), ENDPOINT_CHECK_TIMEOUT_SECONDS)
-        except TimeoutError:
-            raise BadRequest("invalid_device_token", "endpoint host did not resolve in time") from None
-        except UnsafeEndpoint as exc:
-            raise BadRequest("invalid_device_token", str(exc)) from None
-
     # -- routes ----------------------------------------------------------------------------
 
     async def register(self, request: Request) -> Response:
@@ -126,8 +112,9 @@ class Api:
         wanted = parse_register(body, pubkey, config.server.allow_insecure_relays)
         if wanted.platform not in config.platforms:
             raise BadRequest("platform_disabled", f"this instance does not send to {wanted.platform}")
-        if wanted.platform == "unifiedpush":
-            await self._check_unifiedpush_endpoint(wanted.device_token)
+        provider = registry.by_platform(wanted.platform)
+        if provider.admit is not None:
+            await provider.admit(config.provider_table(provider), wanted.device_token)
         registration = await self.service.components.devices.register(
             pubkey, wanted.platform, wanted.device_token, wanted.payload, wanted.relays,
             wanted.webpush_keys, config.limits.devices_per_npub, config.limits.accounts_per_device,
@@ -162,8 +149,11 @@ class Api:
         if not isinstance(token, str) or not token:
             raise BadRequest("invalid_device_token", "'device_token' must be a non-empty string")
         removed = await self.service.components.devices.unregister(pubkey, token)
-        if not removed and len(token) >= 64 and all(c in "0123456789ABCDEF" for c in token):
-            removed = await self.service.components.devices.unregister(pubkey, token.lower())
+        if not removed:
+            for stored in registry.stored_forms(token):
+                removed = await self.service.components.devices.unregister(pubkey, stored)
+                if removed:
+                    break
         return JSONResponse({"removed": removed})
 
     async def registrations(self, request: Request) -> Response:
@@ -186,7 +176,7 @@ class Api:
                         "delegated_auth": signer_status == "active",
                         "auth_signer_status": signer_status,
                         "auth_signer_detail": delegated.detail(pubkey),
-                        **_encryption(device),
+                        **_device_fields(device),
                     }
                     for device in devices
                 ]
@@ -242,26 +232,29 @@ class Api:
                 if self.service.state is State.SERVING
                 else None,
                 "dry_run": config.dry_run,
-                **self._vapid_info(),
+                **self._provider_info(),
             }
         )
 
-    def _vapid_info(self) -> dict[str, str | None]:
-        """`vapid_public_key` when UnifiedPush is on: apps hand it to their distributor."""
-        unifiedpush = self.service.config.unifiedpush
-        if unifiedpush is None:
-            return {}
-        key_file = self.service.config.resolve(unifiedpush.vapid_private_key_file)
+    def _provider_info(self) -> dict[str, Any]:
+        """The configured providers' extra fields (UnifiedPush: `vapid_public_key`), null
+        until the service serves: their keys are loaded at start."""
+        config = self.service.config
         serving = self.service.state is State.SERVING
-        return {"vapid_public_key": loaded_public_key(key_file) if serving else None}
+        extras: dict[str, Any] = {}
+        for provider in registry.PROVIDERS:
+            table = config.provider_table(provider)
+            if provider.info is not None and table is not None:
+                extras.update(provider.info(table, config.resolve))
+        return extras if serving else dict.fromkeys(extras)
 
 
-def _encryption(device: Device) -> dict[str, bool]:
-    """UnifiedPush only: whether wakeups are RFC 8291-encrypted (the registration gave WebPush
-    keys), so an app can see that it still registers the way older distributors allowed."""
-    if device.platform != "unifiedpush":
+def _device_fields(device: Device) -> dict[str, Any]:
+    """A device's provider-specific fields in `GET /registrations` (UnifiedPush: `encrypted`)."""
+    if device.platform not in registry.PLATFORMS:  # a provider since removed from the registry
         return {}
-    return {"encrypted": device.webpush_keys is not None}
+    fields = registry.by_platform(device.platform).device_fields
+    return fields(device) if fields is not None else {}
 
 
 def _error_response(request: Request, exc: Exception) -> Response:

@@ -9,28 +9,21 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import os
-import re
 import tomllib
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+# re-exported (the explicit form mypy --strict wants): callers catch ConfigError from here
+from sigil_push.config_tables import ConfigError as ConfigError  # noqa: PLC0414
+from sigil_push.config_tables import check_http_url, parse_table
 from sigil_push.nostr.nip19 import InvalidKey, parse_secret_key
+from sigil_push.push import registry
+from sigil_push.push.provider import Provider
 
 DEFAULT_CONFIG = "relays.toml"
 CONFIG_ENV = "SIGIL_PUSH_CONFIG"
-
-
-class ConfigError(Exception):
-    """An invalid or unreadable configuration; `key` is the dotted name of the culprit."""
-
-    def __init__(self, key: str, problem: str) -> None:
-        super().__init__(f"{key}: {problem}" if key else problem)
-        self.key = key
-        self.problem = problem
 
 
 @dataclass(frozen=True)
@@ -70,33 +63,6 @@ RELAY_MODES = ("filtered", "firehose", "auto")
 
 
 @dataclass(frozen=True)
-class ApnsConfig:
-    team_id: str
-    key_id: str
-    key_file: str
-    topic: str
-    environment: str = "production"
-    endpoint: str = ""
-    ca_file: str = ""
-
-
-@dataclass(frozen=True)
-class FcmConfig:
-    credentials_file: str
-    endpoint: str = ""
-
-
-@dataclass(frozen=True)
-class UnifiedPushConfig:
-    allow_private_endpoints: bool = False
-    # RFC 8292 P-256 key (PEM, or the raw base64url private key web-push tools print);
-    # generated 0600 on first start when the file does not exist
-    vapid_private_key_file: str = "vapid.pem"
-    # the JWT `sub` contact; empty: server.public_url when that is an https:// origin
-    vapid_subject: str = ""
-
-
-@dataclass(frozen=True)
 class LimitsConfig:
     """Abuse limits; 0 disables a limit."""
 
@@ -120,6 +86,11 @@ class BridgeConfig:
     seen_cache_size: int = 100_000
     reconnect_min_seconds: float = 1.0
     reconnect_max_seconds: float = 300.0
+    # a ping after this long without any data from a relay; no pong (or data) within half of it
+    # drops the socket: a dead connection is noticed within 1.5 times this, an idle one kept alive
+    relay_heartbeat_seconds: float = 30.0
+    # the most a websocket handshake with a relay may take (NIP-11 fetch apart)
+    relay_open_timeout_seconds: float = 10.0
     # per-user connections to gated inboxes (delegated NIP-42 AUTH), one per (relay, user)
     max_user_connections: int = 1000
     # our own websocket receive limit per frame; a relay's NIP-11 never raises it
@@ -158,14 +129,16 @@ class CanaryConfig:
     key_file: str = "canary.key"
 
 
+T = TypeVar("T")
+
+
 @dataclass(frozen=True)
 class Config:
     path: Path
     server: ServerConfig
     relays: tuple[RelayConfig, ...]
-    apns: ApnsConfig | None = None
-    fcm: FcmConfig | None = None
-    unifiedpush: UnifiedPushConfig | None = None
+    # the configured providers' tables by provider name (push/registry.py); none: dry-run
+    providers: dict[str, Any] = field(default_factory=dict)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     bridge: BridgeConfig = field(default_factory=BridgeConfig)
     push: PushConfig = field(default_factory=PushConfig)
@@ -174,15 +147,19 @@ class Config:
     @property
     def dry_run(self) -> bool:
         """No provider configured: wakeups are logged instead of sent."""
-        return self.apns is None and self.fcm is None and self.unifiedpush is None
+        return not self.providers
 
     @property
     def platforms(self) -> list[str]:
         """Platforms this instance accepts registrations for."""
         if self.dry_run:
-            return ["ios", "android", "unifiedpush"]
-        enabled = [("ios", self.apns), ("android", self.fcm), ("unifiedpush", self.unifiedpush)]
-        return [name for name, table in enabled if table is not None]
+            return list(registry.PLATFORMS)
+        return [p.platform for p in registry.PROVIDERS if p.name in self.providers]
+
+    def provider_table(self, provider: Provider[T]) -> T | None:
+        """`provider`'s table, or None when it is not configured."""
+        table: T | None = self.providers.get(provider.name)
+        return table
 
     def resolve(self, relative: str) -> Path:
         """Paths in the config are relative to the config file's folder."""
@@ -190,59 +167,10 @@ class Config:
         return candidate if candidate.is_absolute() else self.path.parent / candidate
 
 
-T = TypeVar("T")
-
-
-def _expected_type(annotation: Any) -> type:
-    if isinstance(annotation, str):
-        annotation = {
-            "str": str, "int": int, "bool": bool, "float": float, "tuple[str, ...]": list,
-        }[annotation]
-    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
-        annotation = next(arg for arg in typing.get_args(annotation) if arg is not type(None))
-    return typing.cast(type, annotation)
-
-
-def _table(raw: Any, name: str, cls: type[T]) -> T:
-    """Build dataclass `cls` from TOML table `raw`, rejecting unknown keys and wrong types."""
-    if not isinstance(raw, dict):
-        raise ConfigError(name, "must be a table")
-    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    for key in raw:
-        if key not in fields:
-            raise ConfigError(f"{name}.{key}", f"unknown key (known: {', '.join(sorted(fields))})")
-    values: dict[str, Any] = {}
-    for key, spec in fields.items():
-        if key not in raw:
-            if spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING:
-                raise ConfigError(f"{name}.{key}", "is required")
-            continue
-        value, expected = raw[key], _expected_type(spec.type)
-        valid = isinstance(value, (int, float)) and not isinstance(value, bool) if expected is float else (
-            type(value) is expected
-        )
-        if not valid:
-            raise ConfigError(f"{name}.{key}", f"must be a {expected.__name__}")
-        if expected in (int, float) and value < 0:
-            raise ConfigError(f"{name}.{key}", "must not be negative")
-        if expected is list:
-            if not all(isinstance(item, str) for item in value):
-                raise ConfigError(f"{name}.{key}", "must be a list of strings")
-            value = tuple(value)
-        values[key] = float(value) if expected is float else value
-    return cls(**values)
-
-
 def _check_listen(listen: str, key: str = "server.listen") -> None:
     host, sep, port = listen.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ConfigError(key, "must be host:port, e.g. 127.0.0.1:8080")
-
-
-def _check_http_url(key: str, url: str) -> None:
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(key, "must be an http:// or https:// URL")
 
 
 def _check_relay_url(key: str, url: str) -> None:
@@ -275,7 +203,7 @@ MIN_CANARY_INTERVAL_SECONDS = 1.0
 
 
 def _canary(raw: Any) -> CanaryConfig:
-    """The `[canary]` table; `relays` is a list, which `_table`'s scalar checks do not cover."""
+    """The `[canary]` table; `relays` is a list, which `parse_table`'s scalar checks do not cover."""
     if not isinstance(raw, dict):
         raise ConfigError("canary", "must be a table")
     relays = raw.get("relays", [])
@@ -283,7 +211,7 @@ def _canary(raw: Any) -> CanaryConfig:
         raise ConfigError("canary.relays", "must be a list of ws:// or wss:// URLs")
     for url in relays:
         _check_relay_url("canary.relays", url)
-    canary = _table({k: v for k, v in raw.items() if k != "relays"}, "canary", CanaryConfig)
+    canary = parse_table({k: v for k, v in raw.items() if k != "relays"}, "canary", CanaryConfig)
     if canary.interval_seconds < MIN_CANARY_INTERVAL_SECONDS:
         raise ConfigError("canary.interval_seconds", "must be at least 1")
     if not canary.key_file:
@@ -291,50 +219,14 @@ def _canary(raw: Any) -> CanaryConfig:
     return dataclasses.replace(canary, relays=tuple(dict.fromkeys(relays)))
 
 
-_MAILTO = re.compile(r"mailto:[^@\s]+@(localhost|[\w%-]+(\.[\w%-]+)+)", re.IGNORECASE)
-_HTTPS_ORIGIN = re.compile(r"https://(localhost|[\w-]+(\.[\w-]+)+)", re.IGNORECASE)
-
-
-def is_vapid_subject(value: str) -> bool:
-    """A contact autopush and py-vapid accept as the VAPID `sub`: `mailto:name@domain`, or an
-    `https://` origin (scheme and host only: py-vapid refuses a port or a path)."""
-    return bool(_MAILTO.fullmatch(value) or _HTTPS_ORIGIN.fullmatch(value))
-
-
-def _unifiedpush(raw: Any, public_url: str) -> UnifiedPushConfig:
-    """The `[unifiedpush]` table, with `vapid_subject` resolved to the contact that is sent.
-
-    Distributors behind autopush refuse a JWT without `sub`, and some push services refuse one
-    they cannot reach, so no made-up address is ever filled in: the default is the instance's
-    own public URL when that is an https:// origin, and otherwise the key must be set.
-    """
-    table = _table(raw, "unifiedpush", UnifiedPushConfig)
-    if not table.vapid_private_key_file:
-        raise ConfigError("unifiedpush.vapid_private_key_file", "must not be empty")
-    subject = table.vapid_subject
-    if not subject:
-        if not is_vapid_subject(public_url):
-            raise ConfigError(
-                "unifiedpush.vapid_subject",
-                "is required unless server.public_url is an https:// origin:"
-                " set a contact such as mailto:ops@example.org",
-            )
-        subject = public_url
-    elif not is_vapid_subject(subject):
-        raise ConfigError(
-            "unifiedpush.vapid_subject",
-            "must be mailto:name@domain or an https:// origin such as https://push.example.org",
-        )
-    return dataclasses.replace(table, vapid_subject=subject)
-
-
 def parse_config(document: dict[str, Any], path: Path) -> Config:
     """Validate a parsed TOML document into a Config."""
-    known = {"server", "relay", "apns", "fcm", "unifiedpush", "limits", "bridge", "push", "canary"}
+    known = {"server", "relay", "limits", "bridge", "push", "canary"}
+    known.update(provider.name for provider in registry.PROVIDERS)
     for key in document:
         if key not in known:
             raise ConfigError(key, f"unknown table (known: {', '.join(sorted(known))})")
-    server = _table(document.get("server", {}), "server", ServerConfig)
+    server = parse_table(document.get("server", {}), "server", ServerConfig)
     _check_listen(server.listen)
     _check_database(server.database)
 
@@ -352,50 +244,46 @@ def parse_config(document: dict[str, Any], path: Path) -> Config:
             parse_secret_key(server.secret_key)
         except InvalidKey as exc:
             raise ConfigError("server.secret_key", str(exc)) from None
-    _check_http_url("server.public_url", server.public_url)
+    check_http_url("server.public_url", server.public_url)
     if server.public_url.endswith("/"):
         raise ConfigError("server.public_url", "must not end with '/'")
     raw_relays = document.get("relay", [])
     if not isinstance(raw_relays, list):
         raise ConfigError("relay", "must be an array of tables ([[relay]])")
-    relays = tuple(_table(item, f"relay[{i}]", RelayConfig) for i, item in enumerate(raw_relays))
+    relays = tuple(parse_table(item, f"relay[{i}]", RelayConfig) for i, item in enumerate(raw_relays))
     for i, relay in enumerate(relays):
         _check_relay_url(f"relay[{i}].url", relay.url)
         if relay.mode not in RELAY_MODES:
             raise ConfigError(f"relay[{i}].mode", "must be 'filtered', 'firehose' or 'auto'")
-    apns = _table(document["apns"], "apns", ApnsConfig) if "apns" in document else None
-    if apns is not None:
-        if apns.environment not in ("production", "sandbox"):
-            raise ConfigError("apns.environment", "must be 'production' or 'sandbox'")
-        if apns.endpoint:
-            _check_http_url("apns.endpoint", apns.endpoint)
-    fcm = _table(document["fcm"], "fcm", FcmConfig) if "fcm" in document else None
-    if fcm is not None and fcm.endpoint:
-        _check_http_url("fcm.endpoint", fcm.endpoint)
-    unifiedpush = (
-        _unifiedpush(document["unifiedpush"], server.public_url)
-        if "unifiedpush" in document
-        else None
-    )
+    providers = {
+        provider.name: provider.validate(
+            parse_table(document[provider.name], provider.name, provider.table), server.public_url
+        )
+        for provider in registry.PROVIDERS
+        if provider.name in document
+    }
+    limits = parse_table(document.get("limits", {}), "limits", LimitsConfig)
+    bridge = parse_table(document.get("bridge", {}), "bridge", BridgeConfig)
+    for key in ("relay_heartbeat_seconds", "relay_open_timeout_seconds"):
+        if getattr(bridge, key) <= 0:
+            raise ConfigError(f"bridge.{key}", "must be positive")
     config = Config(
         path=path,
         server=server,
         relays=relays,
-        apns=apns,
-        fcm=fcm,
-        unifiedpush=unifiedpush,
-        limits=_table(document.get("limits", {}), "limits", LimitsConfig),
-        bridge=_table(document.get("bridge", {}), "bridge", BridgeConfig),
-        push=_table(document.get("push", {}), "push", PushConfig),
+        providers=providers,
+        limits=limits,
+        bridge=bridge,
+        push=parse_table(document.get("push", {}), "push", PushConfig),
         canary=_canary(document["canary"]) if "canary" in document else None,
     )
-    for key, relative in (
-        ("apns.key_file", apns.key_file if apns else ""),
-        ("apns.ca_file", apns.ca_file if apns else ""),
-        ("fcm.credentials_file", fcm.credentials_file if fcm else ""),
-    ):
-        if relative and not config.resolve(relative).is_file():
-            raise ConfigError(key, f"file not found: {config.resolve(relative)}")
+    for provider in registry.PROVIDERS:
+        table = providers.get(provider.name)
+        for key in provider.file_keys if table is not None else ():
+            relative = getattr(table, key)
+            path = config.resolve(relative)
+            if relative and not path.is_file():
+                raise ConfigError(f"{provider.name}.{key}", f"file not found: {path}")
     return config
 
 

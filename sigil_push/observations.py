@@ -50,7 +50,7 @@ from typing import Any, TypeVar
 from prometheus_client import Counter, Gauge
 
 from sigil_push.push.base import Status
-from sigil_push.store.records import PLATFORMS
+from sigil_push.push.registry import PLATFORMS
 from sigil_push.supervisor import supervise
 
 log = logging.getLogger(__name__)

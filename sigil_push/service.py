@@ -24,6 +24,7 @@ from sigil_push.identity import bridge_key
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.observations import ObservationLog
 from sigil_push.outbound import OutboundGuard
+from sigil_push.push import registry
 from sigil_push.push.factory import build_senders
 from sigil_push.store.factory import open_store
 from sigil_push.store.interface import AuthIdStore, DeviceStore, OutboxStore, Shards
@@ -141,8 +142,10 @@ class Service:
             devices, store.auth_ids, outbox, observations, delivery, key, bridge, delegated_auth,
         )
         if config.dry_run:
+            tables = [f"[{provider.name}]" for provider in registry.PROVIDERS]
             log.warning(
-                "dry-run: no [apns], [fcm] or [unifiedpush] configured; wakeups are logged, not sent"
+                "dry-run: no %s or %s configured; wakeups are logged, not sent",
+                ", ".join(tables[:-1]), tables[-1],
             )
         log.info("bridge pubkey %s, %d configured relays", key.public_key_hex, len(config.relays))
 

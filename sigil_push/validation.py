@@ -12,14 +12,13 @@ from sigil_push.errors import BadRequest
 from sigil_push.nostr.nip19 import InvalidKey, parse_public_key
 from sigil_push.nostr.nip44 import is_public_key
 from sigil_push.nostr.nip46 import BunkerUri, InvalidBunkerUri
+from sigil_push.push import registry
 from sigil_push.relays.discovery import normalize_relay_url
-from sigil_push.store.records import PAYLOAD_MODES, PLATFORMS, WebPushKeys
+from sigil_push.store.records import PAYLOAD_MODES, WebPushKeys
 
 MAX_USER_RELAYS = 10
 MAX_BUNKER_URI_LENGTH = 2048
 MAX_RELAY_URL_LENGTH = 256
-APNS_TOKEN = re.compile(r"[0-9a-fA-F]{64,200}")
-FCM_TOKEN = re.compile(r"[A-Za-z0-9_:.\-]{20,4096}")
 BASE64URL = re.compile(r"[A-Za-z0-9_\-]+={0,2}")
 
 
@@ -55,26 +54,17 @@ def parse_npub(value: Any) -> str:
 
 
 def parse_platform(value: Any) -> str:
-    if value not in PLATFORMS:
-        raise BadRequest("invalid_platform", f"'platform' must be one of {', '.join(PLATFORMS)}")
+    if value not in registry.PLATFORMS:
+        raise BadRequest("invalid_platform", f"'platform' must be one of {', '.join(registry.PLATFORMS)}")
     return str(value)
 
 
 def parse_device_token(value: Any, platform: str) -> str:
-    """Syntax only; UnifiedPush endpoints are additionally checked for SSRF by the caller."""
+    """Syntax only, by the platform's provider; a provider's `admit` (UnifiedPush: SSRF) is run
+    by the caller."""
     if not isinstance(value, str) or not value:
         raise BadRequest("invalid_device_token", "'device_token' must be a non-empty string")
-    if platform == "ios":
-        if not APNS_TOKEN.fullmatch(value):
-            raise BadRequest("invalid_device_token", "an APNs token is 64 to 200 hex characters")
-        return value.lower()
-    if platform == "android":
-        if not FCM_TOKEN.fullmatch(value):
-            raise BadRequest("invalid_device_token", "not an FCM registration token")
-        return value
-    if not value.startswith(("https://", "http://")):
-        raise BadRequest("invalid_device_token", "a UnifiedPush token is the endpoint's https:// URL")
-    return value
+    return registry.by_platform(platform).parse_token(value)
 
 
 def parse_payload_mode(value: Any) -> str:
@@ -114,7 +104,7 @@ def parse_webpush_keys(value: Any, platform: str) -> WebPushKeys | None:
     if value is None:
         return None
     valid = (
-        platform == "unifiedpush"
+        registry.by_platform(platform).webpush_keys
         and isinstance(value, dict)
         and all(isinstance(value.get(k), str) and BASE64URL.fullmatch(value[k]) for k in ("p256dh", "auth"))
         and len(value["p256dh"]) <= 128
@@ -123,7 +113,8 @@ def parse_webpush_keys(value: Any, platform: str) -> WebPushKeys | None:
     if not valid:
         raise BadRequest(
             "invalid_device_token",
-            "'keys' must be {\"p256dh\", \"auth\"} base64url strings, for unifiedpush only",
+            "'keys' must be {\"p256dh\", \"auth\"} base64url strings, for "
+            f"{', '.join(p.platform for p in registry.PROVIDERS if p.webpush_keys)} only",
         )
     return WebPushKeys(value["p256dh"], value["auth"])
 

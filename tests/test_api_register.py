@@ -73,6 +73,21 @@ def test_unregister_removes_only_the_owners_token(api: ApiCaller) -> None:
     assert api.call("GET", "/registrations", owner).json()["devices"] == []
 
 
+def test_an_apns_token_is_found_whatever_its_case(api: ApiCaller) -> None:
+    """APNs tokens are stored as their provider keeps them (lowercase): one registered in upper
+    case is listed lowercase and removed by the app sending it in either case."""
+    user, token = SdkUser(), ios_token()
+    registered = api.register(user, device_token=token.upper())
+    assert registered.status_code == 201 and registered.json()["token_suffix"] == token[-6:]
+    removed = api.call("DELETE", "/unregister", user, {"device_token": token.upper()})
+    assert removed.json() == {"removed": 1}
+    mixed = token[:32].upper() + token[32:]
+    assert api.register(user, device_token=mixed).status_code == 201
+    assert api.call("DELETE", "/unregister", user, {"device_token": mixed}).json() == {"removed": 1}
+    listed = api.call("GET", "/registrations", user)
+    assert listed.json().get("devices") == [], listed.text
+
+
 def test_token_registered_by_another_npub_is_a_second_account(api: ApiCaller) -> None:
     """Two accounts on one phone: each npub registers the token with its own NIP-98 and each
     keeps its own registration (the token never moves away from the first)."""

@@ -1,4 +1,6 @@
-"""Config of the operator features: `[canary]` and `server.observations_retention_days` are
+"""Config of the operator features: `[canary]`, `server.observations_retention_days` and the
+tuning keys promoted from constants (`bridge.relay_heartbeat_seconds`,
+`bridge.relay_open_timeout_seconds`, `unifiedpush.endpoint_check_timeout_seconds`) are
 validated like the rest of relays.toml (exit 2, one line naming the key), and a canary key file
 that cannot be used stops the service without being replaced. The store plays no part in
 these refusals, so the default engine is used."""
@@ -27,6 +29,13 @@ from tests.support.service import ServiceProcess
         ("[canary]\ncolour = 1\n", "canary.colour"),
         ("[server]\nobservations_retention_days = -1\n", "server.observations_retention_days"),
         ("[server]\nobservations_retention_days = 1.5\n", "server.observations_retention_days"),
+        ("[bridge]\nrelay_heartbeat_seconds = 0\n", "bridge.relay_heartbeat_seconds"),
+        ('[bridge]\nrelay_heartbeat_seconds = "30s"\n', "bridge.relay_heartbeat_seconds"),
+        ("[bridge]\nrelay_open_timeout_seconds = 0\n", "bridge.relay_open_timeout_seconds"),
+        (
+            '[unifiedpush]\nvapid_subject = "mailto:ops@example.org"\nendpoint_check_timeout_seconds = 0\n',
+            "unifiedpush.endpoint_check_timeout_seconds",
+        ),
     ],
 )
 def test_invalid_ops_config_exits_2_naming_the_key(tmp_path: Path, toml: str, key: str) -> None:

@@ -145,8 +145,8 @@ async def test_a_wrong_signing_key_is_refused_by_apns_and_retried(make_harness, 
 
 async def test_environment_picks_apples_production_or_sandbox_host(credentials) -> None:
     """Without an endpoint override the sender talks to Apple's host for the environment."""
-    from sigil_push.config import ApnsConfig
-    from sigil_push.push.apns import ApnsSender
+    from sigil_push.push.apns import ApnsConfig
+    from sigil_push.push.apns_sender import ApnsSender
 
     hosts = {}
     for environment in ("production", "sandbox"):
@@ -187,7 +187,7 @@ async def test_per_push_headers_stay_out_of_the_hpack_table(make_harness, fake_a
 def _connected_pair(max_streams: int) -> tuple[Any, H2Connection]:
     """The sender's HTTP/2 client state and a real h2 server state that allows `max_streams`
     streams at once, with their SETTINGS exchanged in memory."""
-    from sigil_push.push.apns import _Http2Connection
+    from sigil_push.push.apns_sender import _Http2Connection
 
     client = _Http2Connection()
     client.initiate_connection()

@@ -10,6 +10,7 @@ import json
 import re
 import socket
 import stat
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,12 +23,14 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from sigil_push import cli
-from sigil_push.config import Config, parse_config
+from sigil_push.config import Config, ConfigError, parse_config
+from sigil_push.errors import BadRequest
 from sigil_push.identity import KeyFileError, create_private_file
 from sigil_push.nostr.event import sign_event
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip19 import encode_npub
 from sigil_push.observations import now_ms
+from sigil_push.push import unifiedpush
 from sigil_push.push.endpoint_guard import (
     UnsafeEndpoint,
     check_endpoint,
@@ -499,9 +502,10 @@ def _unifiedpush_config(tmp_path: Path, table: dict[str, Any], public_url: str) 
 
 def test_the_subject_defaults_to_an_https_public_url(tmp_path: Path) -> None:
     config = _unifiedpush_config(tmp_path, {}, "https://push.example.org")
-    assert config.unifiedpush is not None
-    assert config.unifiedpush.vapid_subject == "https://push.example.org"
-    assert config.resolve(config.unifiedpush.vapid_private_key_file) == tmp_path / "vapid.pem"
+    table = config.provider_table(unifiedpush.PROVIDER)
+    assert table is not None
+    assert table.vapid_subject == "https://push.example.org"
+    assert config.resolve(table.vapid_private_key_file) == tmp_path / "vapid.pem"
 
 
 @pytest.mark.parametrize(("table", "public_url"), [
@@ -529,7 +533,8 @@ def test_a_missing_or_invalid_subject_exits_2_naming_the_key(
 @pytest.mark.parametrize("subject", ["mailto:ops@example.org", "https://push.example.org"])
 def test_valid_subjects_are_ones_py_vapid_signs(tmp_path: Path, subject: str) -> None:
     config = _unifiedpush_config(tmp_path, {"vapid_subject": subject}, "http://127.0.0.1:8080")
-    assert config.unifiedpush is not None and config.unifiedpush.vapid_subject == subject
+    table = config.provider_table(unifiedpush.PROVIDER)
+    assert table is not None and table.vapid_subject == subject
     signer = VapidSigner(load_or_create_key(tmp_path / "vapid.pem"), subject)
     assert vapid_claims(signer.authorization("https://push.example.org/x"), signer.public_key,
                         "https://push.example.org")["sub"] == subject
@@ -588,3 +593,37 @@ def test_the_service_publishes_its_vapid_key_and_signs_with_it_across_restarts(
     assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
     assert published[0] == published[1] == _public_key_of(key_file)
     assert len(base64.urlsafe_b64decode(published[0] + "=")) == 65
+
+
+async def test_registration_waits_for_the_endpoint_host_as_long_as_configured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`unifiedpush.endpoint_check_timeout_seconds` bounds how long a registration waits for the
+    endpoint's host to resolve: a host still unresolved then is refused, naming why, and one that
+    resolves is admitted. It defaults to 3 s, and a value that would refuse every endpoint
+    stops start-up naming the key. (The system resolver is the only thing replaced.)"""
+    released = threading.Event()
+
+    def resolver(host: str, port: int, *args: object) -> list[tuple[object, ...]]:
+        if host == "slow.example.org":
+            released.wait(60)
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("93.184.216.34", port))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolver)
+    config = _unifiedpush_config(tmp_path, {"endpoint_check_timeout_seconds": 0.05}, "https://push.example.org")
+    table = config.provider_table(unifiedpush.PROVIDER)
+    assert table is not None and unifiedpush.PROVIDER.admit is not None
+    try:
+        with pytest.raises(BadRequest) as refused:
+            await unifiedpush.PROVIDER.admit(table, "https://slow.example.org/up/1")
+        assert refused.value.code == "invalid_device_token"
+        assert refused.value.message == "endpoint host did not resolve in time"
+        await unifiedpush.PROVIDER.admit(table, "https://fast.example.org/up/1")
+    finally:
+        released.set()
+
+    default = _unifiedpush_config(tmp_path, {}, "https://push.example.org")
+    assert default.provider_table(unifiedpush.PROVIDER).endpoint_check_timeout_seconds == 3.0
+    with pytest.raises(ConfigError) as zero:
+        _unifiedpush_config(tmp_path, {"endpoint_check_timeout_seconds": 0}, "https://push.example.org")
+    assert zero.value.key == "unifiedpush.endpoint_check_timeout_seconds"

@@ -23,7 +23,6 @@ from websockets.http11 import Request, Response
 
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.observations import ObservationLog
-from sigil_push.relays import connection as relay_connection
 from sigil_push.relays.connection import BridgeKeySigner, RelayConnection
 from tests.fakes.credentials import make_tls
 from tests.support.loopback_relay import LoopbackRelay
@@ -119,9 +118,12 @@ def observations(tmp_path: Path) -> Iterator[RelayStates]:
     yield RelayStates(tmp_path / "obs")
 
 
-def connect(url: str, handler: Recorder, observations: RelayStates) -> RelayConnection:
+def connect(
+    url: str, handler: Recorder, observations: RelayStates, heartbeat_seconds: float = 30.0
+) -> RelayConnection:
     connection = RelayConnection(url, handler, BridgeKeySigner(SecretKey.generate()),
-                                 observations, reconnect_min_seconds=60)
+                                 observations, reconnect_min_seconds=60,
+                                 heartbeat_seconds=heartbeat_seconds)
     connection.start()
     return connection
 
@@ -200,11 +202,9 @@ async def test_fragments_are_assembled_in_order_and_bad_utf8_closes_with_1007(
             await connection.stop()
 
 
-async def test_a_relay_that_stops_answering_pings_is_dropped(
-    observations: RelayStates, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A raw relay that completes the handshake and then goes silent, pongs included."""
-    monkeypatch.setattr(relay_connection, "HEARTBEAT_SECONDS", 0.5)
+async def test_a_relay_that_stops_answering_pings_is_dropped(observations: RelayStates) -> None:
+    """A raw relay that completes the handshake and then goes silent, pongs included: with
+    `bridge.relay_heartbeat_seconds` at 0.5 the socket is dropped."""
     silent: list[asyncio.StreamWriter] = []
 
     async def handshake_then_silence(
@@ -231,7 +231,7 @@ async def test_a_relay_that_stops_answering_pings_is_dropped(
     server = await asyncio.start_server(handshake_then_silence, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     handler = Recorder()
-    connection = connect(f"ws://127.0.0.1:{port}", handler, observations)
+    connection = connect(f"ws://127.0.0.1:{port}", handler, observations, heartbeat_seconds=0.5)
     try:
         await until(lambda: bool(silent) and connection.connected)
         await until(lambda: handler.downs == 1)

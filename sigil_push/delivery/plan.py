@@ -24,6 +24,7 @@ from typing import NamedTuple
 from urllib.parse import urlsplit
 
 from sigil_push.config import LimitsConfig, PushConfig
+from sigil_push.push import registry
 from sigil_push.push.base import Sender, WakeupMessage
 from sigil_push.push.limits import DeviceRateLimiter
 from sigil_push.push.payload import fallback, opaque_data, sealed_data, wakeup_data
@@ -83,13 +84,16 @@ class Plan(NamedTuple):
 
 
 def platform_policies(senders: Mapping[str, Sender], windows: Mapping[str, int]) -> dict[str, PlatformPolicy]:
-    """Each platform's policy; `windows` are the platforms' rows-in-flight windows. UnifiedPush
-    endpoints are user-chosen hosts, so each may hold only a share of its platform's window."""
+    """Each platform's policy; `windows` are the platforms' rows-in-flight windows. A provider
+    whose registry policy has per-host caps (UnifiedPush: endpoints are user-chosen hosts) lets
+    each host hold only a share of its platform's window."""
     return {
         platform: PlatformPolicy(
             sender.provider,
             sender.fits,
-            max(1, windows[platform] // HOST_SHARE) if sender.provider == "unifiedpush" else None,
+            max(1, windows[platform] // HOST_SHARE)
+            if registry.policy(sender.provider).per_host_caps
+            else None,
         )
         for platform, sender in senders.items()
     }

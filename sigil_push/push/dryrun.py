@@ -1,18 +1,24 @@
-"""The dry-run sender: logs each wakeup it would send, for instances without credentials."""
+"""The dry-run provider: with no provider table configured, every platform is accepted and
+each wakeup is logged (without tokens or keys) instead of sent."""
 
 from __future__ import annotations
 
 import logging
 
 from sigil_push.push.base import Outcome, Status, WakeupMessage
+from sigil_push.push.provider import DeliveryPolicy
 from sigil_push.store.records import Device
 
 log = logging.getLogger("sigil_push.push.dryrun")
 
+NAME = "dryrun"
+"""The metrics' `provider` label of dry-run senders, whatever their platform."""
+POLICY = DeliveryPolicy(max_concurrency=1 << 16)
+
 
 class DryRunSender:
-    provider = "dryrun"
-    max_concurrency = 1 << 16
+    provider = NAME
+    max_concurrency = POLICY.max_concurrency
 
     def __init__(self, platform: str) -> None:
         self.platform = platform

@@ -10,8 +10,7 @@ from prometheus_client.metrics_core import HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from sigil_push.push.base import Status
-
-PROVIDERS = ("apns", "fcm", "unifiedpush", "dryrun")
+from sigil_push.push.registry import PROVIDER_NAMES as PROVIDERS
 
 
 class BurstHistogram(Collector):

@@ -1,108 +1,140 @@
-"""UnifiedPush per AND_3: an RFC 8030 POST to the device's endpoint, RFC 8291-encrypted with
-pywebpush and identified with VAPID (RFC 8292, sigil_push/push/vapid.py).
+"""The UnifiedPush provider: its `[unifiedpush]` table with the VAPID identity, the
+`unifiedpush` platform whose token is the distributor's endpoint URL, and its factory.
 
-Every POST carries `TTL` (autopush refuses a push without it), `Urgency: high` (each wakeup is
-a DM) and the VAPID `Authorization`; opaque wakeups share a `Topic`, so a distributor keeps only
-the latest for an offline phone. The encrypted body stays within AND_3's 4,096 bytes: `fits`
-measures it, and the delivery loop falls back from `event` to `event_id` when it would not.
-
-The endpoint is user input, so the HTTP session resolves names through `PublicResolver` (no
-loopback, private or otherwise internal address, checked on every connection, not just at
-registration) and never follows a redirect. Registrations from before AND_3 carry no WebPush
-keys; their body is the plain JSON wakeup, which is contentless by construction in the opaque
-and event_id modes.
+Endpoints are user-chosen hosts, so registration resolves the host before accepting it
+(`admit`), the sender resolves it again on every connection, and delivery caps each host's
+share of the in-flight window. The sender itself (pywebpush over aiohttp) is
+`unifiedpush_sender.py`, imported only when `[unifiedpush]` is configured.
 """
 
 from __future__ import annotations
 
-import aiohttp
-from pywebpush import WebPusher, WebPushException
+import asyncio
+import dataclasses
+import logging
+import re
+from dataclasses import dataclass
 
-from sigil_push.push.base import Outcome, Status, WakeupMessage, parse_retry_after
-from sigil_push.push.endpoint_guard import (
-    PublicResolver,
-    UnsafeEndpoint,
-    UnsafeResolution,
-    parse_endpoint,
-)
-from sigil_push.push.payload import MAX_PAYLOAD_BYTES, compact_json, unifiedpush_size
-from sigil_push.push.vapid import VapidSigner
+from sigil_push.config_tables import ConfigError
+from sigil_push.errors import BadRequest
+from sigil_push.identity import KeyFileError
+from sigil_push.push.base import Sender
+from sigil_push.push.endpoint_guard import UnsafeEndpoint, check_endpoint
+from sigil_push.push.provider import DeliveryPolicy, Provider, Resolve
+from sigil_push.push.vapid import loaded_public_key
 from sigil_push.store.records import Device
 
-OPAQUE_TOPIC = "wakeup"
-"""RFC 8030 Topic: a distributor keeps only the latest opaque wakeup for an offline device."""
+log = logging.getLogger(__name__)
+
+MAX_CONCURRENCY = 100
+"""aiohttp's default connection limit."""
 
 
-def _outcome(status: int, retry_after: str | None) -> Outcome:
-    if status in (200, 201, 202):
-        return Outcome(Status.ACCEPTED)
-    if status in (404, 410):
-        return Outcome(Status.UNREGISTERED, detail=f"http {status}")
-    if status == 429 or status >= 500:
-        return Outcome(Status.RETRY, parse_retry_after(retry_after), f"http {status}")
-    if 300 <= status < 400:
-        return Outcome(Status.REJECTED, detail=f"http {status}: redirects are not followed")
-    if status in (401, 403):
-        return Outcome(Status.REJECTED, detail=f"http {status}: the distributor refused our VAPID")
-    return Outcome(Status.REJECTED, detail=f"http {status}")
+@dataclass(frozen=True)
+class UnifiedPushConfig:
+    allow_private_endpoints: bool = False
+    # RFC 8292 P-256 key (PEM, or the raw base64url private key web-push tools print);
+    # generated 0600 on first start when the file does not exist
+    vapid_private_key_file: str = "vapid.pem"
+    # the JWT `sub` contact; empty: server.public_url when that is an https:// origin
+    vapid_subject: str = ""
+    # how long a registration waits for the endpoint's host to resolve before refusing it
+    endpoint_check_timeout_seconds: float = 3.0
 
 
-class UnifiedPushSender:
-    platform = "unifiedpush"
-    provider = "unifiedpush"
-    max_concurrency = 100
-    """aiohttp's default connection limit."""
+_MAILTO = re.compile(r"mailto:[^@\s]+@(localhost|[\w%-]+(\.[\w%-]+)+)", re.IGNORECASE)
+_HTTPS_ORIGIN = re.compile(r"https://(localhost|[\w-]+(\.[\w-]+)+)", re.IGNORECASE)
 
-    def __init__(self, allow_private: bool, timeout_seconds: float, vapid: VapidSigner) -> None:
-        self._allow_private = allow_private
-        self._vapid = vapid
-        connector = aiohttp.TCPConnector(resolver=None if allow_private else PublicResolver())
-        self._session = aiohttp.ClientSession(
-            connector=connector,
-            timeout=aiohttp.ClientTimeout(total=timeout_seconds),
-            trust_env=False,
+
+def is_vapid_subject(value: str) -> bool:
+    """A contact autopush and py-vapid accept as the VAPID `sub`: `mailto:name@domain`, or an
+    `https://` origin (scheme and host only: py-vapid refuses a port or a path)."""
+    return bool(_MAILTO.fullmatch(value) or _HTTPS_ORIGIN.fullmatch(value))
+
+
+def _validate(table: UnifiedPushConfig, public_url: str) -> UnifiedPushConfig:
+    """The table with `vapid_subject` resolved to the contact that is sent.
+
+    Distributors behind autopush refuse a JWT without `sub`, and some push services refuse one
+    they cannot reach, so no made-up address is ever filled in: the default is the instance's
+    own public URL when that is an https:// origin, and otherwise the key must be set.
+    """
+    if not table.vapid_private_key_file:
+        raise ConfigError("unifiedpush.vapid_private_key_file", "must not be empty")
+    if table.endpoint_check_timeout_seconds <= 0:
+        raise ConfigError("unifiedpush.endpoint_check_timeout_seconds", "must be positive")
+    subject = table.vapid_subject
+    if not subject:
+        if not is_vapid_subject(public_url):
+            raise ConfigError(
+                "unifiedpush.vapid_subject",
+                "is required unless server.public_url is an https:// origin:"
+                " set a contact such as mailto:ops@example.org",
+            )
+        subject = public_url
+    elif not is_vapid_subject(subject):
+        raise ConfigError(
+            "unifiedpush.vapid_subject",
+            "must be mailto:name@domain or an https:// origin such as https://push.example.org",
         )
+    return dataclasses.replace(table, vapid_subject=subject)
 
-    def fits(self, data: dict[str, str]) -> bool:
-        return unifiedpush_size(data) <= MAX_PAYLOAD_BYTES
 
-    def _request(self, message: WakeupMessage, device: Device) -> tuple[bytes, dict[str, str]]:
-        body = compact_json(message.data)
-        headers = {
-            "TTL": str(message.ttl_seconds),
-            "Urgency": "high",
-            "Authorization": self._vapid.authorization(device.token),
-        }
-        if message.opaque:
-            headers["Topic"] = OPAQUE_TOPIC
-        keys = device.webpush_keys
-        if keys is None:
-            headers["Content-Type"] = "application/json"
-            return body, headers
-        pusher = WebPusher({"endpoint": device.token, "keys": {"p256dh": keys.p256dh, "auth": keys.auth}})
-        headers["Content-Type"] = "application/octet-stream"
-        headers["Content-Encoding"] = "aes128gcm"
-        return bytes(pusher.encode(body, "aes128gcm")["body"]), headers
+def _parse_token(token: str) -> str:
+    """Syntax only: `admit` checks where the endpoint leads."""
+    if not token.startswith(("https://", "http://")):
+        raise BadRequest("invalid_device_token", "a UnifiedPush token is the endpoint's https:// URL")
+    return token
 
-    async def send(self, message: WakeupMessage, device: Device) -> Outcome:
-        try:
-            parse_endpoint(device.token, self._allow_private)
-            body, headers = self._request(message, device)
-        except UnsafeEndpoint:
-            return Outcome(Status.REJECTED, detail="unsafe endpoint")
-        except (WebPushException, ValueError):
-            return Outcome(Status.REJECTED, detail="invalid webpush keys")
-        try:
-            async with self._session.post(
-                device.token, data=body, headers=headers, allow_redirects=False
-            ) as response:
-                return _outcome(response.status, response.headers.get("Retry-After"))
-        except aiohttp.ClientConnectorError as exc:
-            if isinstance(exc.os_error, UnsafeResolution):
-                return Outcome(Status.REJECTED, detail="unsafe endpoint")
-            return Outcome(Status.RETRY, detail="connection failed")
-        except (aiohttp.ClientError, TimeoutError, OSError):
-            return Outcome(Status.RETRY, detail="connection failed")
 
-    async def close(self) -> None:
-        await self._session.close()
+async def _admit(table: UnifiedPushConfig | None, endpoint: str) -> None:
+    """Refuse an endpoint whose host is internal (SSRF); in dry-run (no table) as strictly."""
+    table = table or UnifiedPushConfig()
+    try:
+        await asyncio.wait_for(
+            check_endpoint(endpoint, table.allow_private_endpoints), table.endpoint_check_timeout_seconds
+        )
+    except TimeoutError:
+        raise BadRequest("invalid_device_token", "endpoint host did not resolve in time") from None
+    except UnsafeEndpoint as exc:
+        raise BadRequest("invalid_device_token", str(exc)) from None
+
+
+def _info(table: UnifiedPushConfig, resolve: Resolve) -> dict[str, str | None]:
+    """`vapid_public_key`: apps hand it to their distributor."""
+    return {"vapid_public_key": loaded_public_key(resolve(table.vapid_private_key_file))}
+
+
+def _device_fields(device: Device) -> dict[str, bool]:
+    """Whether wakeups are RFC 8291-encrypted (the registration gave WebPush keys), so an app
+    can see that it still registers the way older distributors allowed."""
+    return {"encrypted": device.webpush_keys is not None}
+
+
+async def _create(table: UnifiedPushConfig, resolve: Resolve, timeout_seconds: float) -> Sender:
+    from sigil_push.push.unifiedpush_sender import UnifiedPushSender
+    from sigil_push.push.vapid import VapidSigner, load_or_create_key
+
+    try:
+        key = load_or_create_key(resolve(table.vapid_private_key_file))
+    except KeyFileError as exc:
+        # never a new key in place of a bad file: apps have bound their endpoints to it
+        raise ConfigError("unifiedpush.vapid_private_key_file", str(exc)) from None
+    vapid = VapidSigner(key, table.vapid_subject)
+    log.info("UnifiedPush VAPID public key %s (sub %s)", vapid.public_key, table.vapid_subject)
+    return UnifiedPushSender(table.allow_private_endpoints, timeout_seconds, vapid)
+
+
+PROVIDER = Provider(
+    name="unifiedpush",
+    platform="unifiedpush",
+    table=UnifiedPushConfig,
+    parse_token=_parse_token,
+    policy=DeliveryPolicy(max_concurrency=MAX_CONCURRENCY, per_host_caps=True),
+    create=_create,
+    validate=_validate,
+    admit=_admit,
+    webpush_keys=True,
+    info=_info,
+    device_fields=_device_fields,
+)

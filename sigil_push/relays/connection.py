@@ -52,10 +52,6 @@ wire_log = logging.getLogger("sigil_push.relays.wire")
 wire_log.setLevel(logging.INFO)
 
 DEFAULT_MAX_INCOMING_BYTES = 4 * 1024 * 1024
-# a ping after this long without any data from the relay; no pong (or data) within half of it
-# drops the socket: a dead connection is noticed within 45 s, an idle one is kept alive
-HEARTBEAT_SECONDS = 30.0
-OPEN_TIMEOUT_SECONDS = 10.0
 STABLE_AFTER_SECONDS = 30.0
 MAX_MALFORMED_PER_CONNECTION = 1000
 # a relay may ask for AUTH at any time, but an AUTH storm gets at most this many answers per
@@ -211,6 +207,8 @@ class RelayConnection:
         per_user: bool = False,
         max_frame_bytes: int = DEFAULT_MAX_INCOMING_BYTES,
         skip_event: Callable[[str, int], bool] | None = None,
+        heartbeat_seconds: float = 30.0,
+        open_timeout_seconds: float = 10.0,
     ) -> None:
         """`per_user`: a connection that authenticates as users (delegated AUTH) beside the
         shared connection to the same URL. The URL-labelled gauges and the `relay` records of
@@ -220,7 +218,8 @@ class RelayConnection:
         AuthResponder, which answers each challenge itself (relays/inbox_connection.py).
         `skip_event`: sees each text frame (and when it arrived) before it is parsed; True
         means the handler took it as an EVENT without needing it parsed (a firehose's
-        unaddressed DM, a copy of an event it has just verified)."""
+        unaddressed DM, a copy of an event it has just verified). `heartbeat_seconds`,
+        `open_timeout_seconds`: `bridge.relay_heartbeat_seconds`, `bridge.relay_open_timeout_seconds`."""
         self.url = url
         self._skip_event = skip_event
         self.per_user = per_user
@@ -232,6 +231,8 @@ class RelayConnection:
         self._observations = observations
         self._reconnect_min = reconnect_min_seconds
         self._reconnect_max = reconnect_max_seconds
+        self._heartbeat = heartbeat_seconds
+        self._open_timeout = open_timeout_seconds
         self.state = State.IDLE
         self.last_event_at: int | None = None
         self.limits: RelayLimits | None = None
@@ -335,8 +336,8 @@ class RelayConnection:
                 max_size = self._max_frame_bytes
                 async with open_reader(
                     self.url, purpose="user" if self.per_user else "relay",
-                    open_timeout=OPEN_TIMEOUT_SECONDS,
-                    heartbeat=HEARTBEAT_SECONDS,
+                    open_timeout=self._open_timeout,
+                    heartbeat=self._heartbeat,
                     max_size=max_size,
                     user_agent="sigil-push",
                 ) as ws:

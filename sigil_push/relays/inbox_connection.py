@@ -136,6 +136,8 @@ class InboxConnection:
             settings.reconnect_max_seconds,
             per_user=True,
             max_frame_bytes=settings.max_frame_bytes,
+            heartbeat_seconds=settings.relay_heartbeat_seconds,
+            open_timeout_seconds=settings.relay_open_timeout_seconds,
         )
 
     def start(self) -> None:

@@ -281,6 +281,8 @@ class RelayPool:
             self._settings.reconnect_max_seconds,
             max_frame_bytes=self._settings.max_frame_bytes,
             skip_event=lambda text, received_ms: self._text(feed, text, received_ms),
+            heartbeat_seconds=self._settings.relay_heartbeat_seconds,
+            open_timeout_seconds=self._settings.relay_open_timeout_seconds,
         )
         self._connections[url] = connection
         UNSUBSCRIBED.labels(url).set(0)

@@ -15,7 +15,6 @@ if TYPE_CHECKING:
 
     from sigil_push.nostr.event import Event
 
-PLATFORMS = ("ios", "android", "unifiedpush")
 PAYLOAD_MODES = ("opaque", "sealed", "event_id", "event")
 FULL_EVENT_MODES = frozenset({"event", "sealed"})
 """Payload modes whose wakeups need the event itself in the outbox."""
