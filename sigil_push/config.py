@@ -99,6 +99,8 @@ class BridgeConfig:
     firehose_above_keys: int = 2000
     # PostgreSQL: a dead worker's key shards move to the others within this time
     lease_seconds: float = 15.0
+    # catch up with NIP-77 (negentropy) on relays that answer it; false: paged REQ only
+    negentropy: bool = True
 
 
 STOP_GRACE_SECONDS = 5.0

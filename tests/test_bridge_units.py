@@ -4,12 +4,19 @@ case by case where a real relay could not force the situation."""
 
 from __future__ import annotations
 
+import itertools
+
 from sigil_push.nostr.event import sign_event
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.relays.discovery import RelayLists, normalize_relay_url, relays_in_list
 from sigil_push.relays.nip11 import RelayLimits, parse_limits
+from sigil_push.relays.nip77 import _slices
 from sigil_push.relays.pool import RelayPlan
-from sigil_push.relays.subscriptions import RelaySubscriptions
+from sigil_push.relays.subscriptions import (
+    MAX_PAGES_PER_CATCHUP,
+    PAGES_IN_FLIGHT,
+    RelaySubscriptions,
+)
 from sigil_push.store.factory import PostgresStore, SqliteStore
 from sigil_push.store.seen import SeenEvents
 from tests.support.stores import seen_rows, sql_of
@@ -45,7 +52,7 @@ def test_events_before_eose_of_a_keys_first_req_are_baseline() -> None:
     (req,) = subs.due(100, 200)
     assert req.fresh and req.filters[0]["since"] == 100
     assert subs.is_baseline(req.sub_id, KEYS[0])
-    assert subs.eose(req.sub_id) == ({KEYS[0]}, None)
+    assert subs.eose(req.sub_id) == ({KEYS[0]}, [])
     assert not subs.is_baseline(req.sub_id, KEYS[0])
 
     subs.add(KEYS[1])
@@ -55,27 +62,113 @@ def test_events_before_eose_of_a_keys_first_req_are_baseline() -> None:
     assert not subs.is_baseline(second.sub_id, KEYS[0]), "catch-up of a baselined key is pushed"
 
 
-def test_an_answer_cut_by_the_relays_max_limit_is_paged_before_the_baseline() -> None:
-    """When a relay returns as many stored events as its NIP-11 max_limit, the older ones are
-    asked for with `until`, still as baseline; the key is baselined after the last page only."""
+def _ids(n: int) -> list[str]:
+    return [f"{i:064x}" for i in range(1000 + n * 100, 1000 + n * 100 + 50)]
+
+
+def test_every_answer_is_paged_until_a_page_adds_nothing_new() -> None:
+    """No NIP-11 limit at all: each DM filter that returned events is asked again with
+    `until` = its oldest `created_at` (still as baseline for a fresh key) until a page adds
+    nothing new; the key is baselined after the last page only."""
+    subs = RelaySubscriptions(keys_per_filter=10, with_lists=False)
+    subs.add(KEYS[0])
+    (req,) = subs.due(100, 200)
+    ids = _ids(0)
+    subs.stored(req.sub_id, ids[0], 4, 500)
+    subs.stored(req.sub_id, ids[1], 4, 400)
+    newly, (page,) = subs.eose(req.sub_id)
+    assert newly == frozenset()
+    assert page.close is None, "the live REQ stays open"
+    assert page.page and page.sub_id is not None
+    assert page.filters == [{"kinds": [4], "#p": [KEYS[0]], "since": 100, "until": 400}], (
+        "only the filter that returned events pages; the gift wraps' answer was empty"
+    )
+    assert subs.is_baseline(page.sub_id, KEYS[0]) and not subs.live
+
+    subs.stored(page.sub_id, ids[1], 4, 400)  # the boundary again: not new
+    subs.stored(page.sub_id, ids[2], 4, 300)
+    newly, requests = subs.eose(page.sub_id)
+    assert [r.close for r in requests] == [page.sub_id, None], "the finished page is closed"
+    next_page = requests[1]
+    assert newly == frozenset() and next_page.filters[0]["until"] == 300
+
+    subs.stored(next_page.sub_id, ids[2], 4, 300)
+    newly, (close,) = subs.eose(next_page.sub_id)
+    assert newly == {KEYS[0]}
+    assert close.close == next_page.sub_id and close.sub_id is None
+    assert subs.live
+
+
+def test_each_dm_filter_pages_from_its_own_oldest_event() -> None:
+    """A relay caps each filter on its own: the kind 4 answer reached back to 150 while the
+    gift wraps' stopped at 900 (the cap); the gift wraps page from 900, not from 150, so the
+    back-dated wraps between are not skipped. A published max_limit only sizes the pages."""
     subs = RelaySubscriptions(keys_per_filter=10, with_lists=False)
     subs.apply_limits(RelayLimits(max_limit=2))
     subs.add(KEYS[0])
     (req,) = subs.due(100, 200)
-    subs.stored(req.sub_id, 500)
-    subs.stored(req.sub_id, 400)
-    newly, page = subs.eose(req.sub_id)
-    assert newly == frozenset() and page is not None
-    assert page.close is None, "the live REQ stays open"
-    assert page.sub_id is not None and page.filters[0]["until"] == 400
-    assert page.filters[0]["since"] == 100
-    assert subs.is_baseline(page.sub_id, KEYS[0]) and not subs.live
+    ids = _ids(1)
+    subs.stored(req.sub_id, ids[0], 4, 150)
+    subs.stored(req.sub_id, ids[1], 1059, 950)
+    subs.stored(req.sub_id, ids[2], 1059, 900)
+    _, (page,) = subs.eose(req.sub_id)
+    until = {tuple(f["kinds"]): f["until"] for f in page.filters}
+    assert until == {(4,): 150, (1059,): 900}
+    assert all(f["limit"] == 2 for f in page.filters)
 
-    subs.stored(page.sub_id, 300)
-    newly, last = subs.eose(page.sub_id)
-    assert newly == {KEYS[0]}
-    assert last is not None and last.close == page.sub_id and last.sub_id is None
-    assert subs.live
+
+def test_equal_timestamps_at_a_page_boundary_are_not_lost_nor_looped() -> None:
+    """Three events share the boundary second: the next page returns two of them again and
+    a third one at that second, which is new; a page of only known boundary ids ends it."""
+    subs = RelaySubscriptions(keys_per_filter=10, with_lists=False)
+    subs.add(KEYS[0])
+    (req,) = subs.due(100, 200)
+    a, b, c = _ids(2)[:3]
+    subs.stored(req.sub_id, a, 4, 300)
+    subs.stored(req.sub_id, b, 4, 300)
+    _, (page,) = subs.eose(req.sub_id)
+    assert page.filters[0]["until"] == 300
+    for event_id in (a, b, c):
+        subs.stored(page.sub_id, event_id, 4, 300)
+    _, (_, again) = subs.eose(page.sub_id)
+    assert again.sub_id is not None and again.filters[0]["until"] == 300, "c was new"
+    for event_id in (a, b, c):
+        subs.stored(again.sub_id, event_id, 4, 300)
+    newly, requests = subs.eose(again.sub_id)
+    assert newly == {KEYS[0]} and [(r.close, r.sub_id) for r in requests] == [(again.sub_id, None)]
+
+
+def test_pages_in_flight_are_bounded_per_relay_and_pages_per_shard() -> None:
+    """With many shards paging at once, at most PAGES_IN_FLIGHT pages are open on the relay;
+    the others wait and go out as pages finish. A shard stops paging at the cap."""
+    subs = RelaySubscriptions(keys_per_filter=1, with_lists=False)
+    for key in KEYS[:6]:
+        subs.add(key)
+    requests = subs.due(100, 200)
+    pages = []
+    for n, req in enumerate(requests):
+        assert req.sub_id is not None
+        subs.stored(req.sub_id, _ids(3)[n], 4, 500)
+        pages.extend(subs.eose(req.sub_id)[1])
+    assert len(pages) == PAGES_IN_FLIGHT and subs.pages_waiting == 6 - PAGES_IN_FLIGHT
+    assert not subs.live
+    _, after = subs.eose(pages[0].sub_id or "")
+    assert after[0].close == pages[0].sub_id
+    assert sum(1 for r in after if r.page) == 1, "a waiting page took the freed room"
+
+    capped = RelaySubscriptions(keys_per_filter=10, with_lists=False)
+    capped.add(KEYS[0])
+    (req,) = capped.due(100, 200)
+    sub_id, created_at = req.sub_id or "", 10_000
+    for n in range(MAX_PAGES_PER_CATCHUP + 1):
+        created_at -= 1
+        capped.stored(sub_id, f"{n:064x}", 4, created_at)
+        _, follow = capped.eose(sub_id)
+        nxt = [r for r in follow if r.page]
+        if not nxt:
+            break
+        sub_id = nxt[0].sub_id or ""
+    assert n == MAX_PAGES_PER_CATCHUP and capped.take_capped() == 1 and capped.live
 
 
 def test_a_reconnect_catches_up_from_the_cursor_when_every_key_is_baselined() -> None:
@@ -254,3 +347,20 @@ async def test_seen_events_survive_a_restart_and_memory_stays_bounded(
     assert all(legacy.delivered_by(KEYS[2], r) for r in ("wss://a", "wss://d", "wss://e"))
     assert await restarted.prune(now=1999) == 0
     assert await restarted.prune(now=2001) == 3
+
+
+def test_a_large_negentropy_window_is_reconciled_in_slices_that_cover_it_once() -> None:
+    """Relays bound one reconciliation's set: more items than a slice holds cut the window
+    at whole seconds, each item in exactly one slice, the slices back to back from `since`
+    to now (the last one open-ended)."""
+    items = {f"{i:064x}": 1_000 + i // 3 for i in range(100)}  # three per second
+    slices = _slices({"kinds": [4, 1059], "since": 900}, items, 30)
+    assert len(slices) == 4
+    assert sorted(i for _, part in slices for i in part) == sorted(items)
+    windows = [(window["since"], window.get("until")) for window, _ in slices]
+    assert windows[0][0] == 900 and windows[-1][1] is None
+    for (_, until), (since, _) in itertools.pairwise(windows):
+        assert until is not None and since == until + 1
+    for window, part in slices:
+        assert all(window["since"] <= t <= window.get("until", t) for t in part.values())
+    assert _slices({"since": 1}, items, 100) == [({"since": 1}, items)]

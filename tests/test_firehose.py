@@ -156,7 +156,9 @@ async def test_a_firehose_relay_is_asked_for_every_dm_and_wakes_only_registered_
             assert metric(service, "sigil_push_bridge_events_dropped_total", reason="forged") == 0
 
             requests = proxy.requests()
-            assert len(requests) == 1, "one subscription whatever the number of keys"
+            # besides one-shot catch-up pages ("…p": the relay has no NIP-77 to reconcile with)
+            live = [r for r in requests if not str(r[1]).endswith(("p", "n"))]
+            assert len(live) == 1, "one subscription whatever the number of keys"
             for request in requests:
                 for query in request[2:]:
                     assert "#p" not in query and "authors" not in query, query

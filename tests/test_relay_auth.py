@@ -326,3 +326,58 @@ async def test_an_auth_responder_hears_the_relays_answer_to_each_key(
             assert connection.auth_epoch == 2
         finally:
             await connection.stop()
+
+
+class RefusesInPlainWords(LoopbackRelay):
+    """Challenges on connect. Before AUTH it closes a REQ with `error:`; after AUTH it
+    refuses with a NOTICE that names the subscription and has no machine-readable prefix."""
+
+    async def _handle(self, ws: ServerConnection) -> None:
+        authed = False
+        await ws.send(json.dumps(["AUTH", "c1"]))
+        with contextlib.suppress(ConnectionClosed):
+            async for text in ws:
+                message = json.loads(text)
+                if message[0] == "AUTH":
+                    authed = True
+                elif message[0] == "REQ" and not authed:
+                    await ws.send(json.dumps(["CLOSED", message[1], "error: not yet"]))
+                elif message[0] == "REQ":
+                    await ws.send(json.dumps(["NOTICE", f"could not serve {message[1]} to you"]))
+
+
+class ReqAfterAuth(Recorder):
+    def __init__(self) -> None:
+        super().__init__()
+        self.closed: list[str] = []
+
+    def on_authenticated(self, connection: RelayConnection) -> None:
+        asyncio.get_running_loop().create_task(connection.send(["REQ", "s2", {"kinds": [4]}]))
+
+    def on_closed(self, connection: RelayConnection, sub_id: str) -> None:
+        self.closed.append(sub_id)
+
+
+async def test_an_error_closed_before_auth_is_no_gate_but_a_notice_naming_a_req_after_it_is(
+    observations: ObservationLog,
+) -> None:
+    """Issue 24: refusals after AUTH come in other words than `auth-required:`/`restricted:`
+    (rust-nostr's inbox says `error:`; some relays answer with a NOTICE quoting the
+    subscription). Before AUTH an `error:` CLOSED gates nothing; after AUTH a NOTICE naming the
+    REQ is that REQ's refusal: the relay is gated (delegated AUTH then reads its users)."""
+    async with RefusesInPlainWords() as relay:
+        handler = ReqAfterAuth()
+        connection = RelayConnection(
+            relay.url, handler, BridgeKeySigner(SecretKey.generate()), observations
+        )
+        connection.start()
+        try:
+            for _ in range(400):
+                if connection.gated_reason:
+                    break
+                await asyncio.sleep(0.05)
+            assert connection.gated_reason == "notice"
+            assert handler.closed == ["s1", "s2"], "both REQs reported closed, s1 not as a gate"
+            assert handler.gated == 1
+        finally:
+            await connection.stop()

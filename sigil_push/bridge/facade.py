@@ -26,6 +26,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from sigil_push.bridge.catchup_ledger import CatchupLedger
 from sigil_push.bridge.committer import CommitListener, Committer
 from sigil_push.bridge.ingest import Ingest
 from sigil_push.bridge.keys import KeyRegistry
@@ -53,6 +54,8 @@ log = logging.getLogger(__name__)
 
 HOUSEKEEPING_SECONDS = 60.0
 PRUNE_EVERY_SECONDS = 3600.0
+CATCHUP_ITEMS_SLACK_SECONDS = 3600
+"""Deliveries are kept this long past the catch-up window (clock skew, a late reconnect)."""
 
 
 class Bridge:
@@ -103,8 +106,11 @@ class Bridge:
         self._registry = KeyRegistry(
             self._insecure, self._pool, devices, self._relays, self._inboxes
         )
+        self._turn = turn
+        self._ledger = CatchupLedger(self._bridge.catchup_seconds)
         self._ingest = Ingest(
-            self._bridge, pending, self._registry.keys, self._registry.lists_changed
+            self._bridge, pending, self._registry.keys, self._registry.lists_changed,
+            self._ledger,
         )
         self._committer = Committer(
             pending, devices, outbox, observations, self._pool, self._ingest.counters,
@@ -112,7 +118,8 @@ class Bridge:
         )
         self._tasks: list[asyncio.Task[None]] = []
         self.port = BridgePort(
-            ingest=self._ingest, baselines=self._relays, keys=self._registry, flow=pending
+            ingest=self._ingest, baselines=self._relays, keys=self._registry, flow=pending,
+            catchup=self._ledger,
         )
         """The one way up from `relays/`: what the pool and the per-user connections call."""
         self._pool.attach(self.port)
@@ -163,6 +170,7 @@ class Bridge:
         self._registry.attach(link.state, lists)
         self._ingest.attach(self._seen, lists)
         self._committer.attach(link, self._seen, lists)
+        self._ledger.attach(link, self._turn)
         await self._seen.load()
         await lists.load()
         async with self._registry.changing:  # a reshard meanwhile waits for the whole load
@@ -187,6 +195,7 @@ class Bridge:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await committer
+        await self._ledger.flush()
         await self._relays.save_cursors()
         if self._link is not None:
             await self._link.close()
@@ -212,10 +221,12 @@ class Bridge:
             self._pool.note_live()
             await self._relays.save_cursors()
             self._ingest.forget_full_buckets()
+            await self._ledger.flush()
             if time.monotonic() - last_prune >= PRUNE_EVERY_SECONDS:
                 last_prune = time.monotonic()
                 removed = await self._seen.prune()
                 log.info("forgot %d event ids past retention", removed)
+                await self._ledger.prune(CATCHUP_ITEMS_SLACK_SECONDS)
 
     def health(self) -> dict[str, dict[str, Any]]:
         """Per relay: the contract's `connected`/`last_event_at` plus the bridge's own detail,

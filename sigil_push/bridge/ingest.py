@@ -15,11 +15,12 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Container, Mapping
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from sigil_push.bridge.catchup_ledger import CatchupLedger
 from sigil_push.bridge.metrics import RelayCounters
 from sigil_push.bridge.pending import Arrival, Pending
 from sigil_push.config import BridgeConfig
@@ -87,8 +88,10 @@ class Ingest:
         pending: Pending,
         keys: set[str],
         lists_changed: Callable[[str], None],
+        ledger: CatchupLedger,
     ) -> None:
         self._bridge = settings
+        self._ledger = ledger
         self._enqueue = pending.enqueue
         self._fold = pending.fold
         self._keys = keys
@@ -138,7 +141,7 @@ class Ingest:
         if counters is None:
             counters = self.counters[url] = RelayCounters(url)
         counters.received.inc()
-        entry = self._admit(counters, url, "", raw, received_ms, lists=False)
+        entry = self._admit(counters, url, "", raw, received_ms, False, (pubkey,))
         if not isinstance(entry, Verified):
             return
         event = entry.event
@@ -168,8 +171,11 @@ class Ingest:
         subs = feed.subs
         if subs.firehose and not _addressed(raw, subs.keys):
             counters.dropped["unaddressed"].inc()
+            self._ledger.note_unaddressed_event(url, raw)
             return _stored_anyway(frame.sub_id, raw)
-        entry = self._admit(counters, url, frame.sub_id, raw, frame.received_ms, feed.configured)
+        entry = self._admit(
+            counters, url, frame.sub_id, raw, frame.received_ms, feed.configured, subs.keys
+        )
         if not isinstance(entry, Verified):
             return entry
         return self._route(counters, feed, frame.sub_id, entry, frame.received_ms)
@@ -208,15 +214,22 @@ class Ingest:
             counters.dropped["wrong_kind"].inc()
             return Verdict.TAKEN
         stored = Stored(sub_id, event.id, event.kind, event.created_at)
+        self._ledger.note(url, event.id, event.created_at, recipients)
         if self._probe is not None and self._probe.take(url, event):
             return stored
         arrival = entry.arrival
         if arrival is not None and self._fold(arrival, url, received_ms):
             # a further relay's copy while the event still waits for the committer
             return stored
+        # a stored answer (catch-up) is bounded by its pages, not by the recipients' live rate:
+        # most of it is history the committer will find handled, and charging it would drop
+        # the outage's new DMs as `recipient_quota` (to come back only at the next catch-up)
+        charge = not subs.answering(sub_id)
         if subs.firehose:
             since_registration = tuple(r for r in recipients if subs.catching_up(sub_id, r))
-            self._hand_over(counters, entry, url, received_ms, recipients, since_registration)
+            self._hand_over(
+                counters, entry, url, received_ms, recipients, since_registration, charge
+            )
             return stored
         # a key still fresh here is woken only for what was made after its registration (the
         # committer's `since_registration` rule): its baseline row can be missing for a key
@@ -227,7 +240,7 @@ class Ingest:
             fresh = recipients if subs.is_baseline(sub_id, recipients[0]) else ()
         else:
             fresh = tuple(r for r in recipients if subs.is_baseline(sub_id, r))
-        self._hand_over(counters, entry, url, received_ms, recipients, fresh)
+        self._hand_over(counters, entry, url, received_ms, recipients, fresh, charge)
         return stored
 
     def text(self, feed: RelayFeed, frame: str, received_ms: int) -> Outcome:
@@ -316,6 +329,7 @@ class Ingest:
         for key, list_kind in _ADDRESSING.findall(frame):
             if list_kind or key in keys:
                 return False
+        self._ledger.note_unaddressed(url, frame)
         self._unaddressed[url] = self._unaddressed.get(url, 0) + 1
         self._count_received(url)
         return True
@@ -345,11 +359,12 @@ class Ingest:
 
     def _admit(
         self, counters: RelayCounters, url: str, sub_id: str, raw: Any, received_ms: int,
-        lists: bool,
+        lists: bool, keys: Container[str],
     ) -> Verified | Outcome:
         """The verified event behind a frame, or the verdict on a frame dropped (counted), a
         repeat from this relay, or a further relay's copy of a handled event (its delivery is
-        queued here). A copy of an event verified moments ago reuses that verified original:
+        queued here, and noted for the catch-up ledger under the `keys` the frame's
+        subscription carries). A copy of an event verified moments ago reuses that verified original:
         no parse, no signature check, and nothing of the copy's own body is used."""
         event_id = raw.get("id") if isinstance(raw, dict) else None
         if type(event_id) is str:
@@ -360,7 +375,7 @@ class Ingest:
             if entry is not None:
                 return entry
             if self._seen.known(event_id):
-                return self._handled_copy(counters, url, sub_id, raw, received_ms)
+                return self._handled_copy(counters, url, sub_id, raw, received_ms, keys)
         try:
             event = Event.from_json(raw)
         except InvalidEvent:
@@ -375,7 +390,8 @@ class Ingest:
         return self._recent.add(event)
 
     def _handled_copy(
-        self, counters: RelayCounters, url: str, sub_id: str, raw: Any, received_ms: int
+        self, counters: RelayCounters, url: str, sub_id: str, raw: Any, received_ms: int,
+        keys: Container[str],
     ) -> Outcome:
         """A further relay's copy of an event already handled (pushed or baselined) that is no
         longer among the recently verified. It can push nothing, so only its delivery is
@@ -391,6 +407,9 @@ class Ingest:
         ):
             counters.dropped["wrong_id"].inc()
             return Verdict.TAKEN
+        self._ledger.note(
+            url, event.id, event.created_at, tuple(p for p in event.tag_values("p") if p in keys)
+        )
         self._enqueue(Arrival(event, url, received_ms, ()))
         return Stored(sub_id, event.id, event.kind, event.created_at)
 
@@ -402,16 +421,19 @@ class Ingest:
         received_ms: int,
         push_to: tuple[str, ...],
         since_registration: tuple[str, ...] = (),
+        charge: bool = True,
     ) -> None:
         """Queue for the committer. Recipients' quotas are spent once per event, not once per
         relay that delivers a copy (the committer pushes an event at most once anyway), and
-        not for `since_registration` recipients: a fresh key's history must not use up its
-        quota (an event dropped for quota is not marked seen, and would be pushed as new by
-        the next catch-up)."""
-        charged = (
-            push_to if not since_registration
-            else tuple(r for r in push_to if r not in since_registration)
-        )
+        not for `since_registration` recipients nor for a catch-up's stored answer (`charge`
+        False): history must not use up a quota (an event dropped for quota is not marked
+        seen, and would be pushed as new only by the next catch-up)."""
+        charged: tuple[str, ...] = ()
+        if charge:
+            charged = (
+                push_to if not since_registration
+                else tuple(r for r in push_to if r not in since_registration)
+            )
         if charged and not entry.enqueued and not self._within_quota(counters, charged):
             return
         entry.enqueued = True

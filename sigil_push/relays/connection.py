@@ -26,6 +26,7 @@ import enum
 import json
 import logging
 import random
+import re
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Coroutine
@@ -66,6 +67,11 @@ MAX_TRACKED_REQS = 4096
 # AUTH events remembered per socket to match the relay's OK answers
 MAX_TRACKED_AUTHS = 256
 REFUSALS = ("auth-required", "restricted")
+REFUSALS_AFTER_AUTH = ("error",)
+"""Prefixes that refuse a REQ only once we are authenticated: rust-nostr's recipient-only inbox
+answers a REQ for another key's gift wraps with `CLOSED "error: you cannot request another
+user's gift wrap"` after our AUTH (before it, `auth-required:`). Before any AUTH, an `error:`
+is a plain closed subscription, not a gate."""
 
 CONNECTED = Gauge(
     "sigil_push_relay_connected_bool", "1 while the relay websocket is open", ["relay"]
@@ -510,12 +516,31 @@ class RelayConnection:
         reason = _prefix(message)
         log.info("relay %s closed a subscription (%s)", self.url, reason or "no reason")
         sent = self._reqs.get(sub_id)
-        if reason in REFUSALS:
+        if reason in REFUSALS or (
+            reason in REFUSALS_AFTER_AUTH and self._after_latest_auth(sent)
+        ):
             if sent is not None:
                 sent.refusal = reason
             self._refusal(reason, sent.epoch if sent is not None else None)
         self._handler.on_closed(self, sub_id)
         self._reqs.pop(sub_id, None)
+
+    def _after_latest_auth(self, sent: SentReq | None) -> bool:
+        return sent is not None and self.auth_epoch > 0 and sent.epoch == self.auth_epoch
+
+    def _named_req(self, message: Any) -> str | None:
+        """The unanswered REQ sent after our latest AUTH that a NOTICE names, if any (some
+        relays refuse a REQ with a NOTICE quoting its subscription id)."""
+        if self.auth_epoch == 0 or not isinstance(message, str):
+            return None
+        for sub_id, sent in self._reqs.items():
+            if (
+                not sent.answered
+                and sent.epoch == self.auth_epoch
+                and re.search(rf"(?<![\w.]){re.escape(sub_id)}(?![\w.])", message)
+            ):
+                return sub_id
+        return None
 
     def _notice(self, message: Any) -> None:
         NOTICES.labels(self.url).inc()
@@ -535,6 +560,16 @@ class RelayConnection:
                 # a per-user handler judges each user's REQ by its own answer
                 self._handler.on_closed(self, sub_id)
                 self._reqs.pop(sub_id, None)
+            return
+        named = self._named_req(message)
+        if named is not None:
+            # a NOTICE naming a REQ sent after our AUTH refuses it, whatever its prefix
+            sent = self._reqs[named]
+            sent.answered = True
+            sent.refusal = reason or "notice"
+            self._refusal(sent.refusal, sent.epoch)
+            self._handler.on_closed(self, named)
+            self._reqs.pop(named, None)
 
     def _refusal(self, reason: str, epoch: int | None) -> None:
         """A REQ sent in AUTH epoch `epoch` was refused for want of (the right) AUTH."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from types import MappingProxyType
@@ -27,13 +28,18 @@ from prometheus_client import Gauge
 
 from sigil_push.config import BridgeConfig
 from sigil_push.observations import ObservationLog
+from sigil_push.relays import catchup_metrics
 from sigil_push.relays.connection import AuthSigner, RelayConnection
+from sigil_push.relays.nip77 import NegentropyFailed, Reconciler
 from sigil_push.relays.port import BridgePort, Frame, RelayFeed, Stored, Verdict
 from sigil_push.relays.subscriptions import RelaySubscriptions, Request
 from sigil_push.supervisor import BackgroundTasks
 
+_SUB_ID = re.compile(r'\["EVENT"\s*,\s*"([^"\\]{1,64})"')
 GIFT_WRAP_SKEW_SECONDS = 2 * 24 * 3600
 CURSOR_MARGIN_SECONDS = 600
+NEGENTROPY_RETRY_SECONDS = 6 * 3600.0
+"""A relay that failed NIP-77 is caught up by paged REQ, and tried again after this long."""
 MAX_RELAYS_PER_KEY = 20
 """User relays one npub can make the bridge watch, across all its devices and lists."""
 NO_RELAYS: frozenset[str] = frozenset()
@@ -165,6 +171,9 @@ class _NoSubscriptions:
     def catching_up(self, sub_id: str, recipient: str) -> bool:
         return False
 
+    def answering(self, sub_id: str) -> bool:
+        return False
+
 
 NO_SUBSCRIPTIONS = _NoSubscriptions()
 
@@ -201,6 +210,12 @@ class RelayPool:
         self._background = BackgroundTasks("relay-pool")
         self._maybe_gated: set[str] = set()
         self._chosen: list[str] | None = None
+        self.negentropy_support: dict[str, bool] = {}
+        """What trying NIP-77 taught per relay (absent: not tried yet)."""
+        self._negentropy_retry: dict[str, float] = {}
+        self._reconcilers: dict[str, Reconciler] = {}
+        self._reconcile_locks: dict[str, asyncio.Lock] = {}
+        self._reconcile_tasks: dict[str, asyncio.Task[Any]] = {}
 
     def attach(self, port: BridgePort) -> None:
         """The bridge's port, before any relay is opened."""
@@ -286,6 +301,7 @@ class RelayPool:
         )
         self._connections[url] = connection
         UNSUBSCRIBED.labels(url).set(0)
+        catchup_metrics.bind(url)
         self._port.ingest.relay_added(url)
         connection.start()
         return subs
@@ -295,17 +311,23 @@ class RelayPool:
         self._feeds.pop(url, None)
         self._locks.pop(url, None)
         self._maybe_gated.discard(url)
+        self._reconcilers.pop(url, None)
+        self._reconcile_locks.pop(url, None)
         connection = self._connections.pop(url, None)
         # per-relay state goes with the relay (URLs churn); baselines and cursors stay, so a
         # relay that comes back catches up from where it was
         with contextlib.suppress(KeyError):
             UNSUBSCRIBED.remove(url)
+        catchup_metrics.unbind(url)
         if connection is not None:
             self._spawn(connection.stop())
 
     async def stop(self) -> None:
         await asyncio.gather(*(c.stop() for c in self._connections.values()))
+        running = self._background.running()
         self._background.cancel()
+        # a reconciliation cut short closes its nostr-sdk client on the way out
+        await asyncio.gather(*running, return_exceptions=True)
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         self._background.spawn(coroutine)
@@ -328,15 +350,102 @@ class RelayPool:
         async with lock:
             if not connection.connected:
                 return
+            subs.negentropy = self._negentropy_allowed(url)
+            reconcile = False
             for request in subs.due(*self._since(url)):
                 await _send_request(connection, request)
+                reconcile = reconcile or request.reconcile
             UNSUBSCRIBED.labels(url).set(len(subs.overflow))
+        if reconcile:
+            self._spawn(self._reconcile(url))
 
-    async def _send(self, url: str, request: Request) -> None:
+    def _negentropy_allowed(self, url: str) -> bool:
+        """Try NIP-77 unless the relay failed it less than NEGENTROPY_RETRY_SECONDS ago."""
+        if not self._settings.negentropy:
+            return False
+        if self.negentropy_support.get(url, True):
+            return True
+        return time.monotonic() >= self._negentropy_retry.get(url, 0.0)
+
+    async def _reconcile(self, url: str) -> None:
+        """Catch up, one shard at a time, every shard of `url` waiting for negentropy: the
+        relay's ids for the shard's window beyond those it delivered before (from the store),
+        then fetched by id on the shared connection. A failure falls back to paged REQ for
+        the shard and marks the relay for a retry later; a shard re-requested meanwhile (or a
+        connection lost) is skipped, its new REQ has its own catch-up."""
+        lock = self._reconcile_locks.setdefault(url, asyncio.Lock())
+        async with lock:
+            reconciler = self._reconcilers.setdefault(url, Reconciler(url))
+            task = asyncio.current_task()
+            if task is not None:
+                self._reconcile_tasks[url] = task
+            try:
+                while True:
+                    subs = self.subs.get(url)
+                    waiting = subs.reconciling() if subs is not None else []
+                    if subs is None or not waiting:
+                        return
+                    for shard, sub_id in waiting:
+                        await self._reconcile_shard(url, subs, reconciler, shard, sub_id)
+            finally:
+                self._reconcile_tasks.pop(url, None)
+                await reconciler.close()
+
+    async def _reconcile_shard(
+        self, url: str, subs: RelaySubscriptions, reconciler: Reconciler, shard: int,
+        sub_id: str,
+    ) -> None:
+        target = subs.reconcile_target(shard, sub_id)
+        if target is None:
+            return
+        keys, since = target
+        query: dict[str, Any] = {"kinds": [4, 1059], "since": since}
+        if keys is not None:
+            query["#p"] = keys
+        before = reconciler.count.bytes
+        try:
+            items = await self._port.catchup.items(url, keys, since)
+            missing = await reconciler.missing(query, items)
+        except NegentropyFailed as failure:
+            if failure.reason != "error":
+                self.negentropy_support[url] = False
+                self._negentropy_retry[url] = time.monotonic() + NEGENTROPY_RETRY_SECONDS
+            catchup_metrics.FALLBACKS.labels(url, failure.reason).inc()
+            follow_ups = subs.fell_back(shard, sub_id)
+        else:
+            self.negentropy_support[url] = True
+            catchup_metrics.RUNS.labels(url, "negentropy").inc()
+            follow_ups = subs.reconciled(shard, sub_id, missing)
+        finally:
+            catchup_metrics.BYTES.labels(url, "negentropy").inc(reconciler.count.bytes - before)
+        if follow_ups:
+            await self._send(url, follow_ups)
+        elif subs.live:
+            self.cursors[url] = int(time.time())
+
+    async def _send(self, url: str, requests: list[Request]) -> None:
         lock, connection = self._locks.get(url), self._connections.get(url)
         if lock is not None and connection is not None:
             async with lock:
-                await _send_request(connection, request)
+                for request in requests:
+                    await _send_request(connection, request)
+        pages = sum(1 for request in requests if request.page)
+        if pages:
+            catchup_metrics.PAGES.labels(url).inc(pages)
+
+    def _catchup_counts(self, url: str, subs: RelaySubscriptions) -> None:
+        """Hand the shard bookkeeping's catch-up counts to the metrics."""
+        for method, count in subs.fetched.items():
+            if count:
+                catchup_metrics.EVENTS.labels(url, method).inc(count)
+                subs.fetched[method] = 0
+        if subs.finished["req"]:
+            catchup_metrics.RUNS.labels(url, "req").inc(subs.finished["req"])
+            subs.finished["req"] = 0
+        capped = subs.take_capped()
+        if capped:
+            catchup_metrics.PAGE_CAP.labels(url).inc(capped)
+        catchup_metrics.PAGES_WAITING.labels(url).set(subs.pages_waiting)
 
     def connected(self, url: str) -> bool:
         """Whether the shared connection to `url` is open right now."""
@@ -380,6 +489,10 @@ class RelayPool:
             self._spawn(self._sync(connection.url))
 
     def on_down(self, connection: RelayConnection) -> None:
+        reconciling = self._reconcile_tasks.pop(connection.url, None)
+        if reconciling is not None:
+            # its REQ is gone with the socket: the reconnect's REQ reconciles anew
+            reconciling.cancel()
         subs = self.subs.get(connection.url)
         if subs is not None:
             if subs.live:
@@ -397,16 +510,19 @@ class RelayPool:
     def on_closed(self, connection: RelayConnection, sub_id: str) -> None:
         subs = self.subs.get(connection.url)
         if subs is not None:
-            subs.closed(sub_id)
+            follow_ups = subs.closed(sub_id)
+            if follow_ups:
+                self._spawn(self._send(connection.url, follow_ups))
 
     def on_eose(self, connection: RelayConnection, sub_id: str) -> None:
         url = connection.url
         subs = self.subs.get(url)
         if subs is None:
             return
-        newly, follow_up = subs.eose(sub_id)
-        if follow_up is not None:
-            self._spawn(self._send(url, follow_up))
+        newly, follow_ups = subs.eose(sub_id)
+        if follow_ups:
+            self._spawn(self._send(url, follow_ups))
+        self._catchup_counts(url, subs)
         if newly:
             self._port.baselines.baselined(url, newly)
         if subs.live:
@@ -436,6 +552,15 @@ class RelayPool:
         return feed is not None and self._text(feed, text, received_ms)
 
     def _text(self, feed: RelayFeed, text: str, received_ms: int) -> bool:
+        """A text frame to ingest. While a REQ of the relay is answering with stored events,
+        its frames' bytes count as paged catch-up (the connection carries no other large
+        frames then)."""
+        subs = self.subs.get(feed.url)
+        if subs is not None and subs.answering_any:
+            head = _SUB_ID.match(text)
+            method = subs.answering_method(head.group(1)) if head is not None else None
+            if method is not None:
+                catchup_metrics.BYTES.labels(feed.url, method).inc(len(text))
         outcome = self._port.ingest.text(feed, text, received_ms)
         if outcome is Verdict.UNPARSED:
             return False
@@ -450,7 +575,7 @@ class RelayPool:
         if type(outcome) is Stored:
             subs = self.subs.get(url)
             if subs is not None:
-                subs.stored(outcome.sub_id, outcome.created_at)
+                subs.stored(outcome.sub_id, outcome.event_id, outcome.kind, outcome.created_at)
 
     def congested(self, connection: RelayConnection) -> bool:
         return self._port.flow.congested(connection.url)

@@ -36,6 +36,8 @@ class Subscriptions(Protocol):
 
     def catching_up(self, sub_id: str, recipient: str) -> bool: ...
 
+    def answering(self, sub_id: str) -> bool: ...
+
 
 @dataclass(frozen=True, slots=True, eq=False)
 class RelayFeed:
@@ -120,6 +122,12 @@ class FlowControl(Protocol):
     async def drained(self, url: str) -> None: ...
 
 
+class CatchupItems(Protocol):
+    """What a relay delivered before, for a negentropy reconciliation (the catch-up ledger)."""
+
+    async def items(self, url: str, keys: list[str] | None, since: int) -> dict[str, int]: ...
+
+
 @dataclass(frozen=True, slots=True)
 class BridgePort:
     """Everything the pool and the per-user connections hand up, as named parts."""
@@ -128,3 +136,4 @@ class BridgePort:
     baselines: Baselines
     keys: UserRelays
     flow: FlowControl
+    catchup: CatchupItems

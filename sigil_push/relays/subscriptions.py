@@ -28,6 +28,14 @@ from sigil_push.relays.nip11 import RelayLimits
 DM_KINDS = (4, 1059)
 KEY_BYTES_IN_FILTER = 67  # 64 hex digits, two quotes, one comma
 REQ_OVERHEAD_BYTES = 512
+MAX_PAGES_PER_CATCHUP = 1_000
+"""Pages one shard's catch-up may ask for (500,000 events at a relay's usual 500 a page);
+past it the shard stops paging, says so (`take_capped`) and counts as caught up."""
+FETCH_BATCH = 500
+"""Ids per REQ when fetching what negentropy found missing (strfry's max filter limit)."""
+PAGES_IN_FLIGHT = 4
+"""Page REQs open at once on one relay (1 when it publishes `max_subscriptions`: the spare
+subscription is the only room); other shards' pages wait their turn."""
 
 
 @dataclass(slots=True)
@@ -39,18 +47,66 @@ class Shard:
 
 
 @dataclass(slots=True)
+class PageCursor:
+    """Where one DM filter of a catch-up stands: its kinds, the `until` its latest page asked
+    with (None: the live REQ itself), how many events that page added, and the oldest
+    `created_at` so far with the ids seen at exactly that second.
+
+    The ids at the oldest second are what makes paging exact: `until` is inclusive, so the
+    next page returns them again, and an event is new only if it is older than `until` or at
+    `until` and not among them. A page that adds nothing new ends the filter's catch-up."""
+
+    kinds: tuple[int, ...]
+    until: int | None = None
+    added: int = 0
+    oldest: int | None = None
+    at_oldest: set[str] = field(default_factory=set)
+    boundary: frozenset[str] = frozenset()
+
+    def count(self, event_id: str, created_at: int) -> None:
+        if self.until is not None and (
+            created_at > self.until or (created_at == self.until and event_id in self.boundary)
+        ):
+            return
+        self.added += 1
+        if self.oldest is None or created_at < self.oldest:
+            self.oldest = created_at
+            self.at_oldest = {event_id}
+        elif created_at == self.oldest:
+            self.at_oldest.add(event_id)
+
+    def wants_more(self, since: int) -> bool:
+        return self.added > 0 and self.oldest is not None and self.oldest > since
+
+    def next_page(self) -> None:
+        """Ask next from the oldest second so far, its ids already counted."""
+        self.until = self.oldest
+        self.boundary = frozenset(self.at_oldest)
+        self.added = 0
+
+
+@dataclass(slots=True)
 class SentReq:
     """A REQ as it was sent (which shard, which of its keys were fresh then) and, until its
-    EOSE, how many stored events it returned and the oldest `created_at` among them."""
+    EOSE, where each of its DM filters stands (`PageCursor`); a page carries its chain's
+    cursors on, with the number of pages asked so far."""
 
     sub_id: str
     shard: int
     fresh: frozenset[str]
     keys: list[str]
     since: int
-    until: int | None = None
-    stored: int = 0
-    oldest: int | None = None
+    cursors: list[PageCursor]
+    page: int = 0
+    method: str = "req"
+    ids: list[str] | None = None
+    """A fetch of the ids negentropy found missing, instead of a window."""
+
+    def count(self, event_id: str, kind: int, created_at: int) -> None:
+        for cursor in self.cursors:
+            if kind in cursor.kinds:
+                cursor.count(event_id, created_at)
+                return
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +117,9 @@ class Request:
     sub_id: str | None
     filters: list[dict[str, Any]]
     fresh: bool
+    page: bool = False
+    reconcile: bool = False
+    """The REQ asks for live events only (`limit` 0): the window is caught up by negentropy."""
 
 
 class RelaySubscriptions:
@@ -87,6 +146,16 @@ class RelaySubscriptions:
         self.firehose = False
         self._retired: list[str] = []
         self._newly_baselined: set[str] = set()
+        self._pages_waiting: list[SentReq] = []
+        self._pages_in_flight: set[str] = set()
+        self._capped = 0
+        self.fetched = {"req": 0, "negentropy": 0}
+        """Stored DMs returned before an EOSE, by catch-up method, for metrics."""
+        self.finished = {"req": 0}
+        """Paged catch-ups (a REQ and all its pages) finished, for metrics."""
+        self.negentropy = False
+        """Whether to try NIP-77 for shards whose keys are all baselined (set by the pool)."""
+        self._reconciling: dict[int, tuple[str, int]] = {}
 
     @property
     def keys(self) -> dict[str, int]:
@@ -213,6 +282,9 @@ class RelaySubscriptions:
         self._pending.clear()
         self._refused.clear()
         self._retired.clear()
+        self._pages_waiting.clear()
+        self._pages_in_flight.clear()
+        self._reconciling.clear()
         for shard in self.shards:
             shard.dirty = True
             shard.sub_id = None
@@ -234,6 +306,10 @@ class RelaySubscriptions:
                 continue
             shard.dirty = False
             self._refused.discard(shard.index)
+            if self._pages_waiting:
+                # the new REQ starts its own catch-up: the old one's next pages are moot
+                self._pages_waiting = [p for p in self._pages_waiting if p.shard != shard.index]
+            self._reconciling.pop(shard.index, None)
             old = shard.sub_id
             if self.firehose:
                 requests.append(self._firehose_request(shard, since_full, since_caught_up))
@@ -253,8 +329,11 @@ class RelaySubscriptions:
             shard.sub_id = sub_id
             since = since_full if fresh else since_caught_up
             keys = sorted(shard.keys)
-            self._pending[sub_id] = SentReq(sub_id, shard.index, fresh, keys, since)
-            requests.append(Request(old, sub_id, self._filters(keys, since), bool(fresh)))
+            self._pending[sub_id] = SentReq(sub_id, shard.index, fresh, keys, since,
+                                            self._cursors())
+            reconcile = self._reconcile(shard.index, sub_id, since, fresh)
+            requests.append(Request(old, sub_id, self._filters(keys, since, reconcile),
+                                    bool(fresh), reconcile=reconcile))
         # retired REQs of the previous mode close only after their successors are sent
         requests.extend(Request(sub_id, None, [], False) for sub_id in self._retired)
         self._retired = []
@@ -270,66 +349,176 @@ class RelaySubscriptions:
         fresh = frozenset(key for key in self.shard_of if key not in self.baselined)
         since = since_full if fresh else since_caught_up
         shard.sub_id = sub_id
-        self._pending[sub_id] = SentReq(sub_id, shard.index, fresh, [], since)
-        return Request(old, sub_id, self._filters([], since), bool(fresh))
+        self._pending[sub_id] = SentReq(sub_id, shard.index, fresh, [], since, self._cursors())
+        reconcile = self._reconcile(shard.index, sub_id, since, fresh)
+        return Request(old, sub_id, self._filters([], since, reconcile), bool(fresh),
+                       reconcile=reconcile)
+
+    def _reconcile(self, shard: int, sub_id: str, since: int, fresh: frozenset[str]) -> bool:
+        """Whether this REQ's window is left to negentropy: only for keys all baselined (a
+        fresh key's first answer is its baseline, which only a REQ's EOSE marks)."""
+        if fresh or not self.negentropy:
+            return False
+        self._reconciling[shard] = (sub_id, since)
+        return True
+
+    def reconciling(self) -> list[tuple[int, str]]:
+        """(shard, live sub id) of every shard waiting for its negentropy catch-up."""
+        return [(shard, sub_id) for shard, (sub_id, _) in self._reconciling.items()]
+
+    def reconcile_target(self, shard: int, sub_id: str) -> tuple[list[str] | None, int] | None:
+        """The keys (None: a firehose, every DM) and `since` of a shard's reconciliation, or
+        None when it is moot (the shard was re-requested or the connection lost meanwhile)."""
+        wanted = self._reconciling.get(shard)
+        if wanted is None or wanted[0] != sub_id:
+            return None
+        keys = None if self.firehose else sorted(self.shards[shard].keys)
+        return keys, wanted[1]
+
+    def reconciled(self, shard: int, sub_id: str, missing: list[str]) -> list[Request]:
+        """Negentropy found `missing`: fetch them by id, FETCH_BATCH per REQ, as pages (bounded
+        in flight like any page). Nothing missing finishes the catch-up at once."""
+        wanted = self._reconciling.get(shard)
+        if wanted is None or wanted[0] != sub_id:
+            return []
+        del self._reconciling[shard]
+        if not missing:
+            return self._pages_ready()
+        for start in range(0, len(missing), FETCH_BATCH):
+            self._generation += 1
+            fetch_id = f"sp{shard}.{self._generation}n"
+            self._pages_waiting.append(SentReq(
+                fetch_id, shard, frozenset(), [], wanted[1], [], 1, "negentropy",
+                missing[start : start + FETCH_BATCH],
+            ))
+        return self._pages_ready()
+
+    def fell_back(self, shard: int, sub_id: str) -> list[Request]:
+        """Negentropy failed: the shard's window is caught up by paged REQ after all."""
+        wanted = self._reconciling.get(shard)
+        if wanted is None or wanted[0] != sub_id:
+            return []
+        del self._reconciling[shard]
+        since = wanted[1]
+        keys = [] if self.firehose else sorted(self.shards[shard].keys)
+        self._generation += 1
+        page_id = f"sp{shard}.{self._generation}p"
+        self._pages_waiting.append(
+            SentReq(page_id, shard, frozenset(), keys, since, self._cursors(), 1)
+        )
+        return self._pages_ready()
+
+    def _dm_kinds(self) -> list[tuple[int, ...]]:
+        """The kinds of each DM filter a REQ carries: one per kind, or both in one filter on a
+        firehose or where the relay's `max_filters` has no room for two (with the list filter
+        of a configured relay counted)."""
+        if self.firehose:
+            return [DM_KINDS]
+        lists = 1 if self.with_lists else 0
+        if self._max_filters is not None and len(DM_KINDS) + lists > self._max_filters:
+            return [DM_KINDS]
+        return [(kind,) for kind in DM_KINDS]
+
+    def _cursors(self) -> list[PageCursor]:
+        return [PageCursor(kinds) for kinds in self._dm_kinds()]
 
     def _filters(
-        self, keys: list[str], since: int, until: int | None = None
+        self, keys: list[str], since: int, live_only: bool = False
     ) -> list[dict[str, Any]]:
-        window: dict[str, Any] = (
-            {"since": since} if until is None else {"since": since, "until": until}
-        )
+        window: dict[str, int] = {"since": since, "limit": 0} if live_only else {"since": since}
+        dm: list[dict[str, Any]] = [
+            {"kinds": list(kinds), **window} if self.firehose
+            else {"kinds": list(kinds), "#p": keys, **window}
+            for kinds in self._dm_kinds()
+        ]
+        room = None if self._max_filters is None else self._max_filters - len(dm)
+        if not self.with_lists or (room is not None and room < 1):
+            return dm
         if self.firehose:
             # no key in any filter; relay lists only from the window (they are matched by
             # author locally, like the DMs by recipient)
-            fire = [{"kinds": list(DM_KINDS), **window}]
-            if self.with_lists and (self._max_filters is None or self._max_filters >= 2):
-                fire.append({"kinds": list(LIST_KINDS), **window})
-            return fire
-        dm = [{"kinds": [kind], "#p": keys, **window} for kind in DM_KINDS]
-        lists = [{"kinds": list(LIST_KINDS), "authors": keys}] if self.with_lists else []
-        if self._max_filters is not None and len(dm) + len(lists) > self._max_filters:
-            dm = [{"kinds": list(DM_KINDS), "#p": keys, **window}]
-            if len(dm) + len(lists) > self._max_filters:
-                lists = []
-        return dm + lists
+            return [*dm, {"kinds": list(LIST_KINDS), "since": since}]
+        return [*dm, {"kinds": list(LIST_KINDS), "authors": keys}]
 
-    def stored(self, sub_id: str, created_at: int) -> None:
-        """Count a DM returned before EOSE, to tell whether the relay's limit cut the answer."""
+    def _page_filters(self, sent: SentReq) -> list[dict[str, Any]]:
+        """One filter per DM filter still paging, each from its own `until`: a relay caps
+        each filter on its own, so the kind 4 answer may reach far back while the gift wraps'
+        stopped at the cap (or the reverse). A published `max_limit` sizes the pages."""
+        if sent.ids is not None:
+            return [{"ids": sent.ids}]
+        filters = []
+        for cursor in sent.cursors:
+            query: dict[str, Any] = {"kinds": list(cursor.kinds)}
+            if not self.firehose:
+                query["#p"] = sent.keys
+            query["since"] = sent.since
+            if cursor.until is not None:
+                query["until"] = cursor.until
+            if self._max_limit:
+                query["limit"] = self._max_limit
+            filters.append(query)
+        return filters
+
+    def stored(self, sub_id: str, event_id: str, kind: int, created_at: int) -> None:
+        """Count a DM a REQ returned before its EOSE, towards the page of its filter."""
         sent = self._pending.get(sub_id)
         if sent is not None:
-            sent.stored += 1
-            if sent.oldest is None or created_at < sent.oldest:
-                sent.oldest = created_at
+            self.fetched[sent.method] += 1
+            sent.count(event_id, kind, created_at)
 
-    def eose(self, sub_id: str) -> tuple[frozenset[str], Request | None]:
+    def answering(self, sub_id: str) -> bool:
+        """Whether `sub_id` is still returning stored events (before its EOSE): a catch-up."""
+        return sub_id in self._pending
+
+    def answering_method(self, sub_id: str) -> str | None:
+        """The catch-up method of a REQ still returning stored events (`req`, `negentropy`)."""
+        sent = self._pending.get(sub_id)
+        return None if sent is None else sent.method
+
+    def eose(self, sub_id: str) -> tuple[frozenset[str], list[Request]]:
         """The relay finished a REQ's stored events.
 
-        Returns the keys now baselined, and what to send next: when the relay publishes a
-        `max_limit` and the answer reached it, the older events are asked for page by page
-        (`until` = the oldest so far) and the fresh keys are baselined only after the last page,
-        so a crash can never leave a baseline whose older events were not seen. A finished page
-        is closed.
+        Returns the keys now baselined and what to send next. Every DM filter whose answer
+        added something new and has not reached `since` is asked for its next page (`until` =
+        its oldest `created_at` so far), whatever the relay's NIP-11 says: relays cap answers
+        silently. The fresh keys are baselined only after the last page, so a crash can never
+        leave a baseline whose older events were not seen. A finished page is closed, and the
+        page of another shard waiting for room is sent.
         """
         sent = self._pending.pop(sub_id, None)
         if sent is None:
-            return frozenset(), None
-        close = sub_id if sent.until is not None else None
-        limit = self._max_limit
-        if (
-            limit
-            and sent.stored >= limit
-            and sent.oldest is not None
-            and (sent.until is None or sent.oldest < sent.until)
-            and sent.oldest > sent.since
+            return frozenset(), []
+        requests: list[Request] = []
+        if sent.page:
+            self._pages_in_flight.discard(sub_id)
+            requests.append(Request(sub_id, None, [], False))
+        elif (
+            self._reconciling.get(sent.shard, ("",))[0] == sub_id
+            and any(cursor.added for cursor in sent.cursors)
         ):
+            # the relay ignored `limit` 0 and answered the window itself (nostr-relay does):
+            # page on from there; a reconciliation still running for it is moot
+            del self._reconciling[sent.shard]
+        paging = [cursor for cursor in sent.cursors if cursor.wants_more(sent.since)]
+        if paging and sent.page >= MAX_PAGES_PER_CATCHUP:
+            self._capped += 1
+            paging = []
+        if paging:
+            for cursor in paging:
+                cursor.next_page()
             self._generation += 1
             page_id = f"sp{sent.shard}.{self._generation}p"
-            self._pending[page_id] = SentReq(
-                page_id, sent.shard, sent.fresh, sent.keys, sent.since, until=sent.oldest
-            )
-            filters = self._filters(sent.keys, sent.since, sent.oldest)
-            return frozenset(), Request(close, page_id, filters, bool(sent.fresh))
+            self._pages_waiting.append(SentReq(
+                page_id, sent.shard, sent.fresh, sent.keys, sent.since, paging, sent.page + 1
+            ))
+            return frozenset(), requests + self._pages_ready()
+        requests.extend(self._pages_ready())
+        if sent.method == "req" and (
+            sent.page or self._reconciling.get(sent.shard, ("",))[0] != sub_id
+        ):
+            # a live REQ whose window negentropy catches up is not a finished catch-up, nor
+            # is one fetch of many (the pool counts each reconciliation once)
+            self.finished["req"] += 1
         # on a firehose every key on the relay was covered by this REQ, even one added meanwhile
         # (a set difference in C: a Python loop over a million keys stalled the event loop)
         if self.firehose:
@@ -337,13 +526,49 @@ class RelaySubscriptions:
         else:
             newly = frozenset(key for key in sent.fresh if key in self.shard_of) - self.baselined
         self.baselined |= newly
-        return newly, Request(close, None, [], False) if close else None
+        return newly, requests
 
-    def closed(self, sub_id: str) -> None:
-        """The relay ended a REQ without EOSE; its fresh keys stay fresh."""
+    def _pages_ready(self) -> list[Request]:
+        """Waiting pages that fit in the relay's room for pages in flight, oldest first."""
+        room = (1 if self._max_shards is not None else PAGES_IN_FLIGHT) - len(
+            self._pages_in_flight
+        )
+        ready, self._pages_waiting = self._pages_waiting[:max(0, room)], self._pages_waiting[
+            max(0, room):
+        ]
+        requests = []
+        for page in ready:
+            self._pending[page.sub_id] = page
+            self._pages_in_flight.add(page.sub_id)
+            requests.append(Request(None, page.sub_id, self._page_filters(page),
+                                    bool(page.fresh), page=True))
+        return requests
+
+    def take_capped(self) -> int:
+        """Catch-ups that stopped at MAX_PAGES_PER_CATCHUP since the last call."""
+        capped, self._capped = self._capped, 0
+        return capped
+
+    @property
+    def pages_waiting(self) -> int:
+        return len(self._pages_waiting)
+
+    @property
+    def answering_any(self) -> bool:
+        """Some REQ is still returning stored events (cheap: checked for every frame)."""
+        return bool(self._pending)
+
+    def closed(self, sub_id: str) -> list[Request]:
+        """The relay ended a REQ without EOSE; its fresh keys stay fresh. A refused page frees
+        its room for a waiting one (returned, to be sent)."""
         sent = self._pending.pop(sub_id, None)
-        if sent is not None:
-            self._refused.add(sent.shard)
+        if sent is None:
+            return []
+        self._refused.add(sent.shard)
+        if sent.page:
+            self._pages_in_flight.discard(sub_id)
+            return self._pages_ready()
+        return []
 
     def is_baseline(self, sub_id: str, recipient: str) -> bool:
         """Whether an event for `recipient` on `sub_id` predates the key's first subscription here."""
@@ -356,7 +581,7 @@ class RelaySubscriptions:
     def streaming(self) -> bool:
         """A firehose with no REQ awaiting EOSE: every event is live, none needs counting
         towards a page of stored events."""
-        return self.firehose and not self._pending
+        return self.firehose and not self._pending and not self._pages_waiting
 
     def catching_up(self, sub_id: str, recipient: str) -> bool:
         """Firehose: whether an event for `recipient` may predate its registration (it came
@@ -367,6 +592,8 @@ class RelaySubscriptions:
     def live(self) -> bool:
         return (
             not self._pending
+            and not self._pages_waiting
+            and not self._reconciling
             and not self._refused
             and not any(shard.dirty for shard in self.shards)
         )

@@ -26,6 +26,7 @@ from sigil_push.store.auth_ids import UsedAuthIds
 from sigil_push.store.interface import (
     AuthIdStore,
     AuthModeStore,
+    CatchupItemsStore,
     Coordination,
     DeviceStore,
     MetaStore,
@@ -35,7 +36,11 @@ from sigil_push.store.interface import (
     SignerSessionStore,
     Store,
 )
-from sigil_push.store.postgres.bridge_state import PostgresRelayState, PostgresSeenRows
+from sigil_push.store.postgres.bridge_state import (
+    PostgresCatchupItems,
+    PostgresRelayState,
+    PostgresSeenRows,
+)
 from sigil_push.store.postgres.coordination import WorkerCoordination, check_instance_key
 from sigil_push.store.postgres.database import PostgresDatabase
 from sigil_push.store.postgres.devices import PostgresDevices
@@ -48,7 +53,12 @@ from sigil_push.store.postgres.instance import (
 from sigil_push.store.postgres.migrate import migrate as migrate_postgres
 from sigil_push.store.postgres.migrate import migrate_connection
 from sigil_push.store.postgres.outbox import PostgresOutbox
-from sigil_push.store.sqlite.bridge_state import SqliteRelayState, SqliteSeenRows, transaction
+from sigil_push.store.sqlite.bridge_state import (
+    SqliteCatchupItems,
+    SqliteRelayState,
+    SqliteSeenRows,
+    transaction,
+)
 from sigil_push.store.sqlite.coordination import SingleProcess
 from sigil_push.store.sqlite.database import migrate as migrate_sqlite
 from sigil_push.store.sqlite.database import open_database
@@ -122,6 +132,7 @@ class SqliteBridgeLink:
     outbox: OutboxStore
     seen: SeenRows
     state: RelayStateStore
+    catchup: CatchupItemsStore
 
     def transaction(self) -> AbstractAsyncContextManager[None]:
         return transaction(self.db)
@@ -138,6 +149,7 @@ class PostgresBridgeLink:
     outbox: OutboxStore
     seen: SeenRows
     state: RelayStateStore
+    catchup: CatchupItemsStore
 
     def transaction(self) -> AbstractAsyncContextManager[None]:
         return self.db.transaction()
@@ -243,9 +255,11 @@ async def connect_bridge(config: Config) -> SqliteBridgeLink | PostgresBridgeLin
         db = PostgresDatabase(await connect(), reconnect=connect)
         # the committer only enqueues; claims are taken by the delivery side's outbox
         return PostgresBridgeLink(
-            db, PostgresOutbox(db, new_worker_id()), PostgresSeenRows(db), PostgresRelayState(db)
+            db, PostgresOutbox(db, new_worker_id()), PostgresSeenRows(db), PostgresRelayState(db),
+            PostgresCatchupItems(db),
         )
     sqlite = await open_database(config.resolve(database))
     return SqliteBridgeLink(
-        sqlite, Outbox(sqlite), SqliteSeenRows(sqlite), SqliteRelayState(sqlite)
+        sqlite, Outbox(sqlite), SqliteSeenRows(sqlite), SqliteRelayState(sqlite),
+        SqliteCatchupItems(sqlite),
     )

@@ -362,6 +362,29 @@ class Store(Protocol):
     async def close(self) -> None: ...
 
 
+UNADDRESSED = ""
+"""The recipient of a firehose relay's DM for nobody here, in `CatchupItemsStore` rows."""
+
+
+class CatchupItemsStore(Protocol):
+    """Which DMs each relay delivered within the catch-up window (`catchup_items`): what
+    negentropy (NIP-77) offers the relay as already had. Rows are (relay, recipient, event id,
+    created_at); a row already there is kept."""
+
+    async def add(self, rows: Sequence[tuple[str, str, str, int]]) -> None: ...
+
+    async def items(
+        self, relay: str, pubkeys: Sequence[str] | None, since: int
+    ) -> dict[str, int]:
+        """Event id → created_at of what `relay` delivered since `since`, for `pubkeys`, or
+        every DM it delivered (a firehose relay) when None."""
+        ...
+
+    async def prune(self, cutoff: int) -> int:
+        """Forget deliveries whose created_at is before `cutoff`; how many rows went."""
+        ...
+
+
 class BridgeConnection(Protocol):
     """The bridge committer's own connection: its repositories all write on it, so one
     `transaction()` holds a batch's outbox rows, seen ids and queued bookkeeping."""
@@ -369,6 +392,7 @@ class BridgeConnection(Protocol):
     outbox: OutboxStore
     seen: SeenRows
     state: RelayStateStore
+    catchup: CatchupItemsStore
 
     def transaction(self) -> AbstractAsyncContextManager[None]:
         """One unit of work: committed on a clean exit, rolled back on an exception (SQLite

@@ -94,12 +94,14 @@ class SeenEvents:
                     self._remember(event_id, relay)
 
     def _remember(self, event_id: str, relay: str | None) -> None:
+        """A row read back from the database. The cache is not trimmed here but in
+        `remember`, after the batch is decided: trimming while a batch's ids are looked up
+        evicted some of them before `first_delivery` saw them when the batch was larger than
+        the cache, and those were pushed a second time (issue 24)."""
         relays = self._relays.pop(event_id, ())
         if relay is not None and relay not in relays:
             relays = (*relays, self._interned.setdefault(relay, relay))
         self._relays[event_id] = relays
-        while len(self._relays) > self._cache_size:
-            self._relays.popitem(last=False)
 
     async def save(
         self,

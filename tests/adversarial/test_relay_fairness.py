@@ -99,7 +99,7 @@ def test_per_user_connections_go_round_robin_over_keys(tmp_path: Path) -> None:
     )
     owner = _Owner(relays)
     # the ranking reads only the gated relays and the users' relays through the port
-    inboxes.attach(BridgePort(ingest=None, baselines=owner, keys=owner, flow=None))  # type: ignore[arg-type]
+    inboxes.attach(BridgePort(None, owner, owner, None, None))  # type: ignore[arg-type]
     wanted = inboxes._wanted(_Owner(relays).gated_relays())
     keep = wanted[:10]
     assert ("wss://only.example", "bbbb") in keep

@@ -55,25 +55,29 @@ async def in_process_bridge(
     folder: Path,
     database: str,
     relays: list[dict[str, Any]] | None = None,
+    bridge: dict[str, Any] | None = None,
 ) -> AsyncIterator[InProcessBridge]:
     """A started `Bridge` on the store `database` names (a SQLite file, relative to
     `folder`, or a PostgreSQL URL: tests.support.stores.Engine.database), its observation log
-    in `folder`; `relays` are the config's `[[relay]]` tables (none: only users' own relays)."""
+    in `folder`; `relays` are the config's `[[relay]]` tables (none: only users' own relays),
+    `bridge` its `[bridge]` table."""
     document: dict[str, Any] = {"server": {"database": database}}
     if relays:
         document["relay"] = relays
+    if bridge:
+        document["bridge"] = bridge
     config = parse_config(document, folder / "relays.toml")
     store = await open_store(config)
     observations = ObservationLog(folder / "observations")
     await observations.start()
-    bridge = Bridge(config, store.devices, store.outbox, observations, SecretKey.generate())
-    store.devices.add_listener(bridge.registration_changed)
+    running = Bridge(config, store.devices, store.outbox, observations, SecretKey.generate())
+    store.devices.add_listener(running.registration_changed)
     try:
-        await bridge.start()
+        await running.start()
         try:
-            yield InProcessBridge(store, observations, bridge)
+            yield InProcessBridge(store, observations, running)
         finally:
-            await bridge.stop()
+            await running.stop()
     finally:
         await observations.stop()
         await store.close()

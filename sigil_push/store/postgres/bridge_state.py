@@ -145,3 +145,39 @@ class PostgresSeenRows:
 def _seen_row(row: Any) -> SeenRow:
     event_id, first, further = row
     return str(event_id), str(first), None if further is None else str(further)
+
+
+class PostgresCatchupItems:
+    """`CatchupItemsStore` on a PostgreSQL handle."""
+
+    def __init__(self, db: PostgresDatabase) -> None:
+        self._db = db
+
+    async def add(self, rows: Sequence[tuple[str, str, str, int]]) -> None:
+        if rows:
+            await self._db.run(
+                "INSERT INTO catchup_items (relay, pubkey, event_id, created_at)"
+                " SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[])"
+                " ON CONFLICT DO NOTHING",
+                *_columns(rows),
+            )
+
+    async def items(
+        self, relay: str, pubkeys: Sequence[str] | None, since: int
+    ) -> dict[str, int]:
+        if pubkeys is None:
+            rows = await self._db.fetch(
+                "SELECT event_id, created_at FROM catchup_items"
+                " WHERE relay = $1 AND created_at >= $2",
+                relay, since,
+            )
+        else:
+            rows = await self._db.fetch(
+                "SELECT DISTINCT event_id, created_at FROM catchup_items WHERE relay = $1"
+                " AND created_at >= $2 AND pubkey = ANY($3::text[])",
+                relay, since, list(pubkeys),
+            )
+        return {str(event_id): int(created_at) for event_id, created_at in rows}
+
+    async def prune(self, cutoff: int) -> int:
+        return await self._db.run("DELETE FROM catchup_items WHERE created_at < $1", cutoff)

@@ -145,3 +145,50 @@ class SqliteSeenRows:
 def _seen_row(row: Any) -> SeenRow:
     event_id, first, further = row
     return str(event_id), str(first), None if further is None else str(further)
+
+
+CATCHUP_KEYS_PER_QUERY = 500
+
+
+class SqliteCatchupItems:
+    """`CatchupItemsStore` on one aiosqlite connection (writes inside the caller's
+    transaction)."""
+
+    def __init__(self, db: aiosqlite.Connection) -> None:
+        self._db = db
+
+    async def add(self, rows: Sequence[tuple[str, str, str, int]]) -> None:
+        await self._db.executemany(
+            "INSERT INTO catchup_items (relay, pubkey, event_id, created_at)"
+            " VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            rows,
+        )
+
+    async def items(
+        self, relay: str, pubkeys: Sequence[str] | None, since: int
+    ) -> dict[str, int]:
+        if pubkeys is None:
+            rows = await self._db.execute_fetchall(
+                "SELECT event_id, created_at FROM catchup_items"
+                " WHERE relay = ? AND created_at >= ?",
+                (relay, since),
+            )
+            return {str(event_id): int(created_at) for event_id, created_at in rows}
+        found: dict[str, int] = {}
+        for start in range(0, len(pubkeys), CATCHUP_KEYS_PER_QUERY):
+            chunk = list(pubkeys[start : start + CATCHUP_KEYS_PER_QUERY])
+            rows = await self._db.execute_fetchall(
+                "SELECT event_id, created_at FROM catchup_items WHERE relay = ?"
+                f" AND created_at >= ? AND pubkey IN ({','.join('?' * len(chunk))})",
+                (relay, since, *chunk),
+            )
+            found.update((str(event_id), int(created_at)) for event_id, created_at in rows)
+        return found
+
+    async def prune(self, cutoff: int) -> int:
+        cursor = await self._db.execute(
+            "DELETE FROM catchup_items WHERE created_at < ?", (cutoff,)
+        )
+        removed = int(cursor.rowcount)
+        await cursor.close()
+        return removed
