@@ -89,9 +89,18 @@ def _migrate(config: Config, source: str | None = None) -> int:
 
 def _copy_from_sqlite(config: Config, source: Path) -> int:
     from sigil_push.store.factory import copy_from_sqlite
+    from sigil_push.store.records import BRIDGE_KEY_LEFT
 
     copied = asyncio.run(copy_from_sqlite(config, source))
+    key_left = copied.pop(BRIDGE_KEY_LEFT, 0)
     print("copied " + ", ".join(f"{table}: {rows}" for table, rows in copied.items()))
+    if key_left:
+        print(
+            f"the bridge key in {source}'s meta table was not copied (a database never holds"
+            " it): start `sigil-push serve` once on the SQLite file to move it into"
+            " server.secret_key_file, then give every PostgreSQL worker that file",
+            file=sys.stderr,
+        )
     return EXIT_OK
 
 

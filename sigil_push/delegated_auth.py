@@ -98,7 +98,7 @@ class DelegatedAuth:
         self._sessions: dict[str, Session] = {}
         self._links = SignerLinks()
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._throttle = RateLimiter(SIGNS_PER_MINUTE_PER_USER)
+        self._throttle = RateLimiter(SIGNS_PER_MINUTE_PER_USER, "signer_rate_buckets")
         self._listeners: list[StatusListener] = []
         self._housekeeping: set[asyncio.Task[None]] = set()
         self.learned_modes = LearnedAuthModes(modes)
@@ -262,7 +262,7 @@ class DelegatedAuth:
         failure: SignerUnreachable | None = None
         for url in session.relays:
             try:
-                link = await self._links.get(url)
+                link = await self._links.get(url, session.pubkey)
                 return await link.request(session.client, request_id, message, REQUEST_TIMEOUT_SECONDS)
             except SignerUnreachable as exc:
                 failure = exc

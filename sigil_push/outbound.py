@@ -28,16 +28,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import ipaddress
 import socket
 from collections.abc import AsyncIterator, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit
 
+import aiodns
 from aiohttp.abc import AbstractResolver, ResolveResult
 from prometheus_client import Counter
 from websockets.asyncio.client import ClientConnection, connect
@@ -48,11 +47,17 @@ _NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1:
 _IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
 LOCAL_SUFFIXES = ("localhost", ".local", ".internal", ".home.arpa", ".localdomain", ".onion")
 
-DNS_THREADS = 8
-"""Name lookups for user-chosen hosts run in their own small pool: an attacker's slow DNS
-server can hold these threads until the caller's deadline, never the loop's default executor
-(observation log writes, FCM token refresh)."""
-_dns_pool = ThreadPoolExecutor(max_workers=DNS_THREADS, thread_name_prefix="sigil-dns")
+DNS_TIMEOUT_SECONDS = 3.0
+DNS_TRIES = 2
+LOOKUPS_PER_REQUESTER = 8
+"""Name lookups for user-chosen hosts go through c-ares (aiodns): a lookup is a query on the
+event loop, not a thread, and cancelling its caller cancels the query. (With
+`socket.getaddrinfo` in a thread pool, a name server that never answered held the threads
+after their callers gave up, and every new relay connection and UnifiedPush send queued
+behind them.) Each requester (the guard's purposes: relay, user, signer, nip11, canary,
+unifiedpush) has its own LOOKUPS_PER_REQUESTER lookups at a time, so one kind of destination
+with a slow name server cannot stall the others, and each lookup ends within
+DNS_TIMEOUT_SECONDS x DNS_TRIES."""
 
 DEFAULT_MAX_FRAME_BYTES = 4 * 1024 * 1024
 DEFAULT_PER_HOST = 16
@@ -120,14 +125,70 @@ def is_local_name(host: str) -> bool:
     return "." not in name or name.endswith(LOCAL_SUFFIXES)
 
 
-async def getaddrinfo(host: str, port: int, family: int = 0) -> list[Any]:
-    """`socket.getaddrinfo` for a user-chosen name, in the DNS pool (see DNS_THREADS)."""
-    return await asyncio.get_running_loop().run_in_executor(
-        _dns_pool, functools.partial(socket.getaddrinfo, host, port, family, socket.SOCK_STREAM)
-    )
+class ResolveFailed(OSError):
+    """A user-chosen name did not resolve, whatever the resolver raised for it."""
 
 
-async def resolve_public(host: str, port: int) -> list[str]:
+@dataclass
+class _Lookups:
+    """The per-requester bounds, for the event loop they were made on, and where to ask."""
+
+    loop: asyncio.AbstractEventLoop | None = None
+    requesters: dict[str, asyncio.Semaphore] = field(default_factory=dict)
+    nameservers: list[str] | None = None
+    """None: the system's (/etc/resolv.conf); tests point it at a server on 127.0.0.1."""
+
+
+_lookups = _Lookups()
+
+
+def use_nameservers(servers: list[str] | None) -> None:
+    """Resolve through `servers` ("127.0.0.1:5353") from now on; None: the system's."""
+    _lookups.nameservers = servers
+
+
+def _bound_for(requester: str) -> asyncio.Semaphore:
+    loop = asyncio.get_running_loop()
+    if _lookups.loop is not loop:
+        _lookups.loop = loop
+        _lookups.requesters = {}
+    bound = _lookups.requesters.get(requester)
+    if bound is None:
+        bound = _lookups.requesters[requester] = asyncio.Semaphore(LOOKUPS_PER_REQUESTER)
+    return bound
+
+
+async def getaddrinfo(
+    host: str, port: int, family: int = 0, requester: str = "any"
+) -> list[Any]:
+    """`socket.getaddrinfo`'s answer for a user-chosen name, looked up by c-ares (see
+    DNS_TIMEOUT_SECONDS). Every failure is a ResolveFailed (an OSError): the resolver also
+    raises its own DNSError and IDNA's UnicodeError, which callers that survive OSError must
+    survive too.
+
+    Each lookup has a channel of its own, closed when it ends, is cancelled or fails: no query
+    outlives its caller, nor the event loop that would be told its answer (a connection attempt
+    costs a lookup anyway; a channel's set-up is small beside it)."""
+    async with _bound_for(requester):
+        try:
+            async with aiodns.DNSResolver(
+                nameservers=_lookups.nameservers, timeout=DNS_TIMEOUT_SECONDS, tries=DNS_TRIES
+            ) as resolver, asyncio.timeout(DNS_TIMEOUT_SECONDS * DNS_TRIES + 1.0):
+                result = await resolver.getaddrinfo(
+                    host, family=socket.AddressFamily(family), port=port,
+                    type=socket.SOCK_STREAM,
+                )
+        except TimeoutError:
+            raise ResolveFailed("does not resolve: timeout") from None
+        except (aiodns.error.DNSError, UnicodeError, ValueError) as exc:
+            raise ResolveFailed(f"does not resolve: {type(exc).__name__}") from None
+    return [
+        (node.family, node.socktype, node.protocol, "", (node.addr[0].decode(), *node.addr[1:]))
+        for node in result.nodes
+    ]
+
+
+async def resolve_public(host: str, port: int, requester: str = "any") -> list[str]:
     """Every address `host` resolves to, all of which must be public (all-or-nothing: one
     private address among public ones is as suspicious as only private ones)."""
     literal = parse_address(host)
@@ -138,7 +199,7 @@ async def resolve_public(host: str, port: int) -> list[str]:
     if is_local_name(host):
         raise BlockedDestination("local name")
     try:
-        infos = await getaddrinfo(host, port)
+        infos = await getaddrinfo(host, port, requester=requester)
     except OSError:
         raise BlockedDestination("does not resolve") from None
     addresses: list[str] = []
@@ -213,7 +274,7 @@ class OutboundGuard:
                 return target, None
             if not target.secure:
                 raise BlockedDestination("plain-text scheme")
-            return target, (await resolve_public(target.host, target.port))[0]
+            return target, (await resolve_public(target.host, target.port, purpose))[0]
         except BlockedDestination as exc:
             BLOCKED.labels(purpose, exc.reason).inc()
             raise

@@ -12,17 +12,22 @@ import math
 import time
 from collections.abc import Sequence
 
+from sigil_push.memory_gauges import track
+
 PRUNE_EVERY = 10_000
 
 IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 class RateLimiter:
-    def __init__(self, per_minute: int) -> None:
+    def __init__(self, per_minute: int, structure: str = "") -> None:
+        """`structure`: the name its bucket count is reported under (sigil_push_memory_entries)."""
         self._capacity = float(per_minute)
         self._rate = per_minute / 60.0
         self._buckets: dict[str, tuple[float, float]] = {}
         self._checks = 0
+        if structure:
+            track(structure, self, lambda r: len(r._buckets))
 
     @property
     def enabled(self) -> bool:
@@ -72,6 +77,24 @@ def client_address(peer: str, forwarded_for: str | None, trusted: Sequence[IpNet
         if not _is_trusted(candidate, trusted):
             return candidate
     return peer
+
+
+IPV6_CLIENT_PREFIX = 64
+
+
+def rate_limit_key(address: str) -> str:
+    """The bucket a client address is limited under: an IPv6 address by its /64 (one home or
+    server gets a whole /64 and can pick any of 2^64 addresses), an IPv4 one (also when
+    IPv4-mapped) by itself."""
+    try:
+        parsed = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    if isinstance(parsed, ipaddress.IPv6Address):
+        if parsed.ipv4_mapped is not None:
+            return str(parsed.ipv4_mapped)
+        return str(ipaddress.IPv6Network((parsed, IPV6_CLIENT_PREFIX), strict=False))
+    return str(parsed)
 
 
 def _is_trusted(address: str, trusted: Sequence[IpNetwork]) -> bool:

@@ -29,6 +29,8 @@ from uvicorn._compat import asyncio_run
 
 from sigil_push.api import create_admin_app, create_app
 from sigil_push.config import Config
+from sigil_push.http_protocol import server_options
+from sigil_push.ratelimit import trusted_networks
 from sigil_push.service import Service
 
 log = logging.getLogger(__name__)
@@ -78,6 +80,7 @@ def _uvicorn_config(app: object, listen: str, lifespan: Literal["on", "off"]) ->
         log_config=None,
         server_header=False,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
+        **server_options(),
     )
 
 
@@ -93,6 +96,18 @@ async def _serve(server: _Server, admin: _AdminServer | None) -> None:
         await admin_task
 
 
+def warn_if_trusting_everyone(trusted_proxies: tuple[str, ...]) -> bool:
+    """A trusted proxy range covering every address (`0.0.0.0/0`, `::/0`) lets any client
+    choose the address it is rate-limited under with X-Forwarded-For; said at start-up."""
+    if not any(network.prefixlen == 0 for network in trusted_networks(trusted_proxies)):
+        return False
+    log.warning(
+        "server.trusted_proxies covers every address: any client can choose the address"
+        " it is rate-limited under with X-Forwarded-For"
+    )
+    return True
+
+
 def run_server(config: Config) -> int:
     os.umask(0o077)
     tune_gc()
@@ -103,6 +118,7 @@ def run_server(config: Config) -> int:
             _uvicorn_config(create_admin_app(service), config.server.admin_listen, "off")
         )
         log.info("admin listener (metrics, relay detail) on %s", config.server.admin_listen)
+    warn_if_trusting_everyone(config.server.trusted_proxies)
     log.info("sigil-push listening on %s (public URL %s)", config.server.listen, config.server.public_url)
     asyncio_run(_serve(server, server.admin), loop_factory=server.config.get_loop_factory())
     if not server.started:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from sigil_push.memory_gauges import track
+
 if TYPE_CHECKING:
     from sigil_push.bridge.pending import Arrival
     from sigil_push.nostr.event import Event
@@ -41,6 +43,7 @@ class RecentlyVerified:
         self._size = max(1, size)
         self._young: dict[str, Verified] = {}
         self._old: dict[str, Verified] = {}
+        track("recently_verified", self, lambda r: len(r._young) + len(r._old))
 
     def get(self, event_id: str) -> Verified | None:
         found = self._young.get(event_id)

@@ -364,11 +364,12 @@ async def test_migrating_a_0004_database_keeps_every_row_and_id(tmp_path: Path) 
         await outbox.hold([6], 6)  # `due` reserved it: given back as it was, attempt undone
     finally:
         await db.close()
-    # later migrations add columns (0008: device_key, NULL for every existing row)
+    # later migrations add columns (0008: device_key, NULL for every existing row; 0009: the
+    # preferences, at their defaults: NULL, senders 'anyone', muted_count 0)
     width = len(devices_before[0])
     after = _rows(path, "devices")[:2]
     assert [row[:width] for row in after] == devices_before
-    assert all(value is None for row in after for value in row[width:])
+    assert all(value in (None, 0, "anyone") for row in after for value in row[width:])
     assert _rows(path, "outbox") == outbox_before
     with sqlite3.connect(path) as connection:
         connection.execute("PRAGMA foreign_keys = ON")

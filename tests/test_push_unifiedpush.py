@@ -10,7 +10,6 @@ import json
 import re
 import socket
 import stat
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +21,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from sigil_push import cli
+from sigil_push import cli, outbound
 from sigil_push.config import Config, ConfigError, parse_config
 from sigil_push.errors import BadRequest
 from sigil_push.identity import KeyFileError, create_private_file
@@ -45,6 +44,7 @@ from sigil_push.push.vapid import (
     public_key_b64,
 )
 from sigil_push.store.records import WebPushKeys
+from tests.adversarial.fake_dns import FakeDns
 from tests.fakes.credentials import WebPushSubscriber
 from tests.fakes.fake_unifiedpush import FakeUnifiedPush
 from tests.fakes.harness import (
@@ -596,31 +596,26 @@ def test_the_service_publishes_its_vapid_key_and_signs_with_it_across_restarts(
 
 
 async def test_registration_waits_for_the_endpoint_host_as_long_as_configured(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path
 ) -> None:
     """`unifiedpush.endpoint_check_timeout_seconds` bounds how long a registration waits for the
     endpoint's host to resolve: a host still unresolved then is refused, naming why, and one that
     resolves is admitted. It defaults to 3 s, and a value that would refuse every endpoint
-    stops start-up naming the key. (The system resolver is the only thing replaced.)"""
-    released = threading.Event()
-
-    def resolver(host: str, port: int, *args: object) -> list[tuple[object, ...]]:
-        if host == "slow.example.org":
-            released.wait(60)
-        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("93.184.216.34", port))]
-
-    monkeypatch.setattr(socket, "getaddrinfo", resolver)
-    config = _unifiedpush_config(tmp_path, {"endpoint_check_timeout_seconds": 0.05}, "https://push.example.org")
+    stops start-up naming the key. (The guard's resolver asks a name server on 127.0.0.1 that
+    never answers for the slow name.)"""
+    config = _unifiedpush_config(tmp_path, {"endpoint_check_timeout_seconds": 0.5}, "https://push.example.org")
     table = config.provider_table(unifiedpush.PROVIDER)
     assert table is not None and unifiedpush.PROVIDER.admit is not None
-    try:
-        with pytest.raises(BadRequest) as refused:
-            await unifiedpush.PROVIDER.admit(table, "https://slow.example.org/up/1")
-        assert refused.value.code == "invalid_device_token"
-        assert refused.value.message == "endpoint host did not resolve in time"
-        await unifiedpush.PROVIDER.admit(table, "https://fast.example.org/up/1")
-    finally:
-        released.set()
+    async with FakeDns({"fast.example.org": ["93.184.216.34"]}, silent={"slow.example.org"}) as dns:
+        outbound.use_nameservers([dns.server])
+        try:
+            with pytest.raises(BadRequest) as refused:
+                await unifiedpush.PROVIDER.admit(table, "https://slow.example.org/up/1")
+            assert refused.value.code == "invalid_device_token"
+            assert refused.value.message == "endpoint host did not resolve in time"
+            await unifiedpush.PROVIDER.admit(table, "https://fast.example.org/up/1")
+        finally:
+            outbound.use_nameservers(None)
 
     default = _unifiedpush_config(tmp_path, {}, "https://push.example.org")
     assert default.provider_table(unifiedpush.PROVIDER).endpoint_check_timeout_seconds == 3.0

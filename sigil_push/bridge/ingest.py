@@ -21,14 +21,18 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from sigil_push.bridge.catchup_ledger import CatchupLedger
-from sigil_push.bridge.metrics import RelayCounters
+from sigil_push.bridge.metrics import RelayCounters, remove_relay_series
 from sigil_push.bridge.pending import Arrival, Pending
+from sigil_push.bridge.user_lists import USER_LIST_KINDS_SET, user_list_of
 from sigil_push.config import BridgeConfig
+from sigil_push.memory_gauges import track
 from sigil_push.nostr.event import Event, InvalidEvent, compute_id
-from sigil_push.relays.discovery import LIST_KINDS_SET, RelayLists
+from sigil_push.relays.budget import ConnectionBudget
+from sigil_push.relays.discovery import LIST_KINDS_SET, SUBSCRIBED_LIST_KINDS_SET, RelayLists
 from sigil_push.relays.port import Frame, Outcome, RelayFeed, Stored, Verdict
 from sigil_push.relays.subscriptions import DM_KINDS
 from sigil_push.store.interface import SeenStore
+from sigil_push.store.preferences import UserList
 from sigil_push.verified import RecentlyVerified, Verified
 
 if TYPE_CHECKING:
@@ -79,7 +83,8 @@ class Ingest:
     (`user_event`), dropped with a counted reason or queued as an `Arrival`.
 
     `keys` is the key registry's set of watched keys (the same set, kept current there);
-    `lists_changed` tells the registry that a key's relay list was replaced.
+    `lists_changed` tells the registry that a key's relay list was replaced; `user_list`
+    hands a watched key's verified mute or contact list to the committer, which stores it.
     """
 
     def __init__(
@@ -89,6 +94,7 @@ class Ingest:
         keys: set[str],
         lists_changed: Callable[[str], None],
         ledger: CatchupLedger,
+        user_list: Callable[[UserList], None],
     ) -> None:
         self._bridge = settings
         self._ledger = ledger
@@ -96,12 +102,16 @@ class Ingest:
         self._fold = pending.fold
         self._keys = keys
         self._lists_changed = lists_changed
+        self._user_list = user_list
         self._recent = RecentlyVerified(RECENTLY_VERIFIED)
         self._unaddressed: dict[str, int] = {}
         self._received: dict[str, int] = {}
         self._counts_flush: asyncio.TimerHandle | None = None
         self._recipient_buckets: dict[str, TokenBucket] = {}
+        track("recipient_buckets", self, lambda i: len(i._recipient_buckets))
+        track("relay_counters", self, lambda i: len(i.counters) + len(i._user_counters))
         self.counters: dict[str, RelayCounters] = {}
+        self._user_counters: dict[str, RelayCounters] = {}
         """By relay URL; the committer counts its own drops (duplicates, no device) here too."""
         self._lists: RelayLists
         self._seen: SeenStore
@@ -128,18 +138,34 @@ class Ingest:
 
     # pool callbacks (synchronous, on the readers' tasks) ----------------------------------
 
-    def relay_added(self, url: str) -> None:
-        self.counters[url] = RelayCounters(url)
+    def relay_added(self, url: str, budget: ConnectionBudget | None = None) -> None:
+        """A shared connection opened to `url`; `budget` is charged for its invalid events."""
+        self.counters[url] = RelayCounters(url, budget)
+
+    def relay_removed(self, url: str) -> None:
+        """The pool stopped using `url`: its counters and their series go (URLs churn)."""
+        self._received.pop(url, None)
+        self._unaddressed.pop(url, None)
+        self.counters.pop(url, None)
+        self._user_counters.pop(url, None)
+        remove_relay_series(url)
 
     def user_event(
-        self, url: str, pubkey: str, raw: Any, received_ms: int, baseline: bool
+        self, url: str, pubkey: str, raw: Any, received_ms: int, baseline: bool,
+        budget: ConnectionBudget | None = None,
     ) -> None:
         """An event from `pubkey`'s own connection to a gated relay: the same checks, dedupe
         and commit path as `event`, pushed to that user only (it answered their REQ) and
-        not at all when it predates their first subscription there (`baseline`)."""
-        counters = self.counters.get(url)
+        not at all when it predates their first subscription there (`baseline`). `budget`:
+        that connection's, charged for this event's invalidity and signature check."""
+        # counters of their own: the shared socket does not pay for per-user sockets' events
+        counters = self._user_counters.get(url)
         if counters is None:
-            counters = self.counters[url] = RelayCounters(url)
+            counters = self._user_counters[url] = RelayCounters(url)
+            self.counters.setdefault(url, counters)  # the committer counts by URL
+        # the per-user sockets to one URL share these counters; each call is synchronous, so
+        # the budget set here is the delivering socket's for the whole of this event
+        counters.budget = budget
         counters.received.inc()
         entry = self._admit(counters, url, "", raw, received_ms, False, (pubkey,))
         if not isinstance(entry, Verified):
@@ -149,7 +175,7 @@ class Ingest:
             counters.dropped["wrong_kind"].inc()
             return
         if pubkey not in self._keys or pubkey not in event.tag_values("p"):
-            counters.dropped["unknown_recipient"].inc()
+            counters.invalid("unknown_recipient")
             return
         arrival = entry.arrival
         if arrival is not None and self._fold(arrival, url, received_ms):
@@ -201,14 +227,20 @@ class Ingest:
             else:
                 recipients = tuple(p for p in tagged if p in subscribed)
             if not recipients:
-                counters.dropped["unknown_recipient"].inc()
+                counters.invalid("unknown_recipient")
                 return Verdict.TAKEN
         elif event.kind in LIST_KINDS_SET and feed.configured:
             if event.pubkey not in subscribed:
-                counters.dropped["unknown_recipient"].inc()
+                counters.invalid("unknown_recipient")
                 return Verdict.TAKEN
             if self._lists.offer(event):
                 self._lists_changed(event.pubkey)
+            return Verdict.TAKEN
+        elif event.kind in USER_LIST_KINDS_SET and feed.configured:
+            if event.pubkey not in subscribed:
+                counters.dropped["unknown_recipient"].inc()
+                return Verdict.TAKEN
+            self._user_list(user_list_of(event))
             return Verdict.TAKEN
         else:
             counters.dropped["wrong_kind"].inc()
@@ -379,9 +411,9 @@ class Ingest:
         try:
             event = Event.from_json(raw)
         except InvalidEvent:
-            counters.dropped["malformed"].inc()
+            counters.invalid("malformed")
             return Verdict.TAKEN
-        is_list = event.kind in LIST_KINDS_SET
+        is_list = event.kind in SUBSCRIBED_LIST_KINDS_SET
         if event.kind not in DM_KINDS and not (is_list and lists):
             counters.dropped["wrong_kind"].inc()
             return Verdict.TAKEN
@@ -400,12 +432,12 @@ class Ingest:
         try:
             event = Event.from_json(raw)
         except InvalidEvent:
-            counters.dropped["malformed"].inc()
+            counters.invalid("malformed")
             return Verdict.TAKEN
         if compute_id(event.pubkey, event.created_at, event.kind, event.tags, event.content) != (
             event.id
         ):
-            counters.dropped["wrong_id"].inc()
+            counters.invalid("wrong_id")
             return Verdict.TAKEN
         self._ledger.note(
             url, event.id, event.created_at, tuple(p for p in event.tag_values("p") if p in keys)
@@ -449,10 +481,10 @@ class Ingest:
         long-lived replaceable events, so only their upper bound applies."""
         now = int(time.time())
         if event.created_at > now + MAX_FUTURE_SECONDS:
-            counters.dropped["too_new"].inc()
+            counters.invalid("too_new")
             return False
         if not is_list and event.created_at < now - self._bridge.catchup_seconds - PAST_SLACK_SECONDS:
-            counters.dropped["too_old"].inc()
+            counters.invalid("too_old")
             return False
         return True
 
@@ -472,17 +504,23 @@ class Ingest:
 
     @staticmethod
     def _verified(counters: RelayCounters, event: Event) -> bool:
-        """Id and signature check, last because it is the costliest; failures counted by kind."""
+        """Id and signature check, last because it is the costliest; failures counted by kind,
+        and each check charged to the delivering socket's verification budget."""
+        if counters.budget is not None:
+            counters.budget.verified()
         try:
             event.verify()
         except InvalidEvent as exc:
-            counters.dropped["wrong_id" if exc.reason == "id_mismatch" else "forged"].inc()
+            counters.invalid("wrong_id" if exc.reason == "id_mismatch" else "forged")
             return False
         return True
 
 
-_ADDRESSING = re.compile(r'"p"\s*,\s*"([0-9a-f]{64})"|"kind"\s*:\s*(10050|10002)\b')
-"""A `p` tag's key, or a relay-list kind, in a raw EVENT frame (one pass over the text)."""
+_ADDRESSING = re.compile(
+    r'"p"\s*,\s*"([0-9a-f]{64})"|"kind"\s*:\s*(10050|10002|10000|3)\b'
+)
+"""A `p` tag's key, or a list kind (relays, mutes, contacts), in a raw EVENT frame (one pass
+over the text)."""
 _EVENT_ID = re.compile(r'"id"\s*:\s*"([0-9a-f]{64})"')
 _FRAME_HEAD = re.compile(r'\["EVENT"\s*,\s*"([^"\\]{1,64})"\s*,')
 _KIND = re.compile(r'"kind"\s*:\s*(\d{1,5})\s*[,}]')
@@ -510,7 +548,7 @@ def _addressed(raw: Any, keys: Mapping[str, int]) -> bool:
     if not isinstance(raw, dict):
         return True
     kind = raw.get("kind")
-    if type(kind) is int and kind in LIST_KINDS_SET:
+    if type(kind) is int and kind in SUBSCRIBED_LIST_KINDS_SET:
         author = raw.get("pubkey")
         return type(author) is str and author in keys
     tags = raw.get("tags")

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from sigil_push.bridge.metrics import KEYS
 from sigil_push.bridge.relay_state import RelayState
+from sigil_push.memory_gauges import track
 from sigil_push.relays.discovery import RelayLists, normalize_relay_url
 from sigil_push.relays.pool import NO_RELAYS, RelayPool
 from sigil_push.relays.user_inbox import UserInboxes
@@ -53,6 +54,7 @@ class KeyRegistry:
         self._inboxes = inboxes
         self.keys: set[str] = set()
         self.registration_relays: dict[str, tuple[str, ...]] = {}
+        track("registration_relays", self, lambda k: len(k.registration_relays))
         self._user_relays: dict[str, frozenset[str]] = {}
         self._dirty: set[str] = set()
         self._lists_dirty: set[str] = set()

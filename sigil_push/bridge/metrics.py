@@ -3,7 +3,12 @@ committer (what reaches the outbox), and each relay's counters bound once."""
 
 from __future__ import annotations
 
+import contextlib
+
 from prometheus_client import Counter, Gauge, Histogram
+
+from sigil_push.relays.budget import ConnectionBudget
+from sigil_push.relays.labels import relay_label
 
 DROP_REASONS = (
     "malformed", "wrong_kind", "unknown_recipient", "wrong_id", "forged", "no_device",
@@ -36,12 +41,63 @@ POISON = Counter(
 )
 
 
+INVALID_REASONS = frozenset(
+    {"malformed", "unknown_recipient", "wrong_id", "forged", "too_old", "too_new"}
+)
+"""Drops that charge the delivering socket's invalid-event budget (relays/budget.py)."""
+
+
 class RelayCounters:
-    """One relay's counters, bound once: label lookups per event would cost more than parsing."""
+    """One relay's counters, bound once: label lookups per event would cost more than parsing.
 
-    __slots__ = ("dropped", "duplicates", "received")
+    `budget`: the shared connection's, charged for each invalid event it delivers (None for
+    counters of per-user connections, which are not the shared socket)."""
 
-    def __init__(self, url: str) -> None:
-        self.received = RECEIVED.labels(url)
-        self.duplicates = DUPLICATES.labels(url)
-        self.dropped = {reason: DROPPED.labels(url, reason) for reason in DROP_REASONS}
+    __slots__ = ("budget", "dropped", "duplicates", "received")
+
+    def __init__(self, url: str, budget: ConnectionBudget | None = None) -> None:
+        label = relay_label(url)
+        self.received = RECEIVED.labels(label)
+        self.duplicates = DUPLICATES.labels(label)
+        self.dropped = {reason: DROPPED.labels(label, reason) for reason in DROP_REASONS}
+        self.budget = budget
+
+    def invalid(self, reason: str) -> None:
+        """An invalid event (one of INVALID_REASONS): counted, and charged to its socket."""
+        self.dropped[reason].inc()
+        if self.budget is not None:
+            self.budget.invalid()
+
+
+def remove_relay_series(url: str) -> None:
+    """The relay left the bridge's plan: its labelled series go with it, so /metrics holds
+    the relays in use (at most `bridge.max_relays`), not every URL ever named."""
+    label = relay_label(url)
+    for counter in (RECEIVED, DUPLICATES):
+        with contextlib.suppress(KeyError):
+            counter.remove(label)
+    for reason in DROP_REASONS:
+        with contextlib.suppress(KeyError):
+            DROPPED.remove(label, reason)
+
+
+SUPPRESS_REASONS = ("paused", "present", "muted", "not_followed")
+"""Why a verified DM woke none of its recipient's devices (issue 20), strongest first."""
+SUPPRESSED = Counter(
+    "sigil_push_suppressed_total",
+    "Verified DMs that woke no device because of the recipients' own choices, by reason",
+    ["reason"],
+)
+SUPPRESSED_BY = {reason: SUPPRESSED.labels(reason) for reason in SUPPRESS_REASONS}
+USER_LIST_OUTCOMES = ("stored", "stale", "truncated")
+USER_LISTS = Counter(
+    "sigil_push_bridge_user_lists_total",
+    "Users' kind 10000/3 lists taken: stored (newest), stale (an older or equal one), truncated"
+    " (stored with only the first 10,000 keys)",
+    ["outcome"],
+)
+USER_LISTS_BY = {outcome: USER_LISTS.labels(outcome) for outcome in USER_LIST_OUTCOMES}
+LAPSE_WAKEUPS = Counter(
+    "sigil_push_presence_lapse_wakeups_total",
+    "Wakeups sent because a presence lapsed by time after holding back a DM",
+)

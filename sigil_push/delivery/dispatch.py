@@ -19,7 +19,7 @@ import logging
 from collections import defaultdict, deque
 from collections.abc import Mapping, Sequence
 
-from sigil_push.delivery.plan import BATCH_SIZE, Host, Push, endpoint_host
+from sigil_push.delivery.plan import BATCH_SIZE, Host, Push, endpoint_caps
 from sigil_push.delivery.settle import Settlement
 from sigil_push.push.base import Outcome, Sender, Status
 from sigil_push.store.interface import OutboxStore
@@ -83,7 +83,8 @@ class Dispatcher:
             platform = push.device.platform
             self._rows_in_flight[platform] += len(push.wakeups)
             if platform in per_host:
-                self.host_rows[endpoint_host(push.device)] += len(push.wakeups)
+                for cap in endpoint_caps(push.device):
+                    self.host_rows[cap] += len(push.wakeups)
             self._queues[platform].append(push)
         for platform in self._queues:
             self._start_senders(platform)
@@ -133,10 +134,10 @@ class Dispatcher:
             else:
                 self.live_ids.difference_update(w.id for w in wakeups)
             if platform in self._per_host:
-                host = endpoint_host(push.device)
-                self.host_rows[host] -= len(wakeups)
-                if not self.host_rows[host]:
-                    del self.host_rows[host]
+                for cap in endpoint_caps(push.device):
+                    self.host_rows[cap] -= len(wakeups)
+                    if not self.host_rows[cap]:
+                        del self.host_rows[cap]
             if self._room(platform) >= self._refill[platform]:
                 self._outbox.ready.set()
 

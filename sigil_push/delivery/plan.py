@@ -24,6 +24,7 @@ from typing import NamedTuple
 from urllib.parse import urlsplit
 
 from sigil_push.config import LimitsConfig, PushConfig
+from sigil_push.hosts import registrable_domain
 from sigil_push.push import registry
 from sigil_push.push.base import Sender, WakeupMessage
 from sigil_push.push.limits import DeviceRateLimiter
@@ -33,8 +34,9 @@ from sigil_push.store.records import Device, Wakeup, WebPushKeys
 BATCH_SIZE = 500
 """The most due rows one planning round takes (and one completion burst deletes at once)."""
 HOST_SHARE = 8
-"""A UnifiedPush endpoint host may hold at most 1/HOST_SHARE of its platform's window (a push
-to a host with nothing in flight always may go, however many wakeups it carries)."""
+"""A UnifiedPush destination (an endpoint's registrable domain), and one npub's endpoints
+together, may each hold at most 1/HOST_SHARE of the platform's window (a push to a destination
+with nothing in flight always may go, however many wakeups it carries)."""
 HOST_HOLD_SECONDS = 1.0
 """How long a wakeup for a host at its cap waits on disk before it is looked at again, at
 least: a quarter of the send timeout, so a tarpit's backlog is not re-read (in front of
@@ -47,7 +49,8 @@ PushKey = tuple[str, str, WebPushKeys | None]
 """What wakeups must share to travel in one push: the phone, and for UnifiedPush the WebPush
 keys the body is encrypted to (two registrations of one endpoint could give different ones)."""
 Host = tuple[str, str]
-"""(platform, endpoint host name) of a UnifiedPush push: what a per-host cap counts."""
+"""(platform, registrable domain of the endpoint) or (platform, "npub:" + pubkey) of a
+UnifiedPush push: what a per-destination cap counts."""
 
 
 class Push(NamedTuple):
@@ -100,11 +103,18 @@ def platform_policies(senders: Mapping[str, Sender], windows: Mapping[str, int])
 
 
 def endpoint_host(device: Device) -> Host:
-    """The endpoint host a UnifiedPush push goes to (its token is the endpoint URL)."""
+    """The registrable domain a UnifiedPush push goes to (its token is the endpoint URL), by
+    the Public Suffix List: wildcard subdomains of one domain are one destination."""
     try:
-        return device.platform, urlsplit(device.token).hostname or ""
+        return device.platform, registrable_domain(urlsplit(device.token).hostname or "")
     except ValueError:
         return device.platform, ""
+
+
+def endpoint_caps(device: Device) -> tuple[Host, ...]:
+    """Every cap a UnifiedPush push counts against: its endpoint's registrable domain, and its
+    npub (one npub's endpoints on many domains hold one share, not one per domain)."""
+    return endpoint_host(device), (device.platform, "npub:" + device.pubkey)
 
 
 class Planner:
@@ -150,17 +160,21 @@ class Planner:
         for wakeups in by_push_key.values():
             device = wakeups[0].device
             host_cap = platforms[device.platform].host_cap
-            if host_cap is not None:
-                host = endpoint_host(device)
-                busy = host_rows.get(host, 0) + planned_per_host[host]
-                if busy and busy + len(wakeups) > host_cap:
-                    held[now + self._host_hold_ms].extend(w.id for w in wakeups)
-                    continue
+            caps = endpoint_caps(device) if host_cap is not None else ()
+            if host_cap is not None and any(
+                (busy := host_rows.get(cap, 0) + planned_per_host[cap])
+                and busy + len(wakeups) > host_cap
+                for cap in caps
+            ):
+                held[now + self._host_hold_ms].extend(w.id for w in wakeups)
+                continue
             planned, waiting = self._for_phone(wakeups, now, coalesced)
             for at_ms, ids in waiting.items():
                 held[at_ms].extend(ids)
-            if host_cap is not None:
-                planned_per_host[host] += sum(len(p.wakeups) for p in planned)
+            if caps:
+                rows = sum(len(p.wakeups) for p in planned)
+                for cap in caps:
+                    planned_per_host[cap] += rows
             pushes.extend(planned)
         return Plan(pushes, held, expired, unsendable, coalesced)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import email.utils
 import enum
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import NamedTuple, Protocol
@@ -72,17 +73,27 @@ class Sender(Protocol):
     async def close(self) -> None: ...
 
 
+MAX_RETRY_AFTER_SECONDS = 3600.0
+"""A provider's Retry-After is honoured up to an hour: a larger one (or 400 digits) would hold
+the push past any use, or overflow the scheduler's date arithmetic."""
+_DELTA_SECONDS = re.compile(r"[0-9]{1,12}")
+_MAX_HEADER_LENGTH = 64
+
+
 def parse_retry_after(value: str | None) -> float | None:
-    """Seconds from an HTTP Retry-After header (delta-seconds or HTTP-date); None if absent/bad."""
-    if not value:
+    """Seconds from an HTTP Retry-After header: ASCII delta-seconds or an HTTP-date with a
+    zone (RFC 9110), capped at MAX_RETRY_AFTER_SECONDS. Anything else (`²`, which `isdigit`
+    accepts, a 400-digit number, a date without a zone) is treated as absent: None."""
+    if not value or len(value) > _MAX_HEADER_LENGTH:
         return None
     value = value.strip()
-    if value.isdigit():
-        return float(value)
+    if _DELTA_SECONDS.fullmatch(value):
+        return min(float(value), MAX_RETRY_AFTER_SECONDS)
     try:
         when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+        if when.tzinfo is None:
+            return None
+        seconds = (when - datetime.now(UTC)).total_seconds()
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
-    if when.tzinfo is None:
-        return None
-    return max(0.0, (when - datetime.now(UTC)).total_seconds())
+    return min(max(0.0, seconds), MAX_RETRY_AFTER_SECONDS)

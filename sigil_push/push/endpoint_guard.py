@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 from aiohttp.abc import AbstractResolver, ResolveResult
 
+from sigil_push.hosts import InvalidHost, check_host
 from sigil_push.outbound import LOCAL_SUFFIXES as _LOCAL_SUFFIXES
 from sigil_push.outbound import getaddrinfo, is_public_address, parse_address
 
@@ -51,6 +52,10 @@ def parse_endpoint(url: str, allow_private: bool) -> tuple[str, int]:
     if not parts.hostname or parts.username or parts.password:
         raise UnsafeEndpoint("endpoint must name a host and carry no credentials")
     host = parts.hostname
+    try:
+        check_host(host, allow_private)
+    except InvalidHost as exc:
+        raise UnsafeEndpoint(f"endpoint {exc}") from None
     if not allow_private:
         literal = _parse_address(host)
         if literal is not None and not is_public_address(literal):
@@ -66,7 +71,7 @@ async def check_endpoint(url: str, allow_private: bool) -> None:
     if allow_private or _parse_address(host) is not None:
         return
     try:
-        infos = await getaddrinfo(host, port)
+        infos = await getaddrinfo(host, port, requester="unifiedpush-check")
     except OSError:
         raise UnsafeEndpoint("endpoint host does not resolve") from None
     for info in infos:
@@ -78,15 +83,15 @@ class PublicResolver(AbstractResolver):
     """An aiohttp resolver that refuses names resolving to any non-public address.
 
     All-or-nothing like `check_endpoint`: a name with one private address among public ones is
-    as suspicious as one with only private addresses. Lookups run in the outbound guard's own
-    DNS pool, so endpoints on slow name servers never hold the loop's default executor.
+    as suspicious as one with only private addresses. Lookups go through the outbound guard's
+    resolver (c-ares, bounded per requester), so endpoints on slow name servers hold no thread.
     """
 
     async def resolve(
         self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
     ) -> list[ResolveResult]:
         try:
-            infos = await getaddrinfo(host, port, family)
+            infos = await getaddrinfo(host, port, family, requester="unifiedpush")
         except OSError as exc:
             raise OSError(f"endpoint host does not resolve: {type(exc).__name__}") from None
         results: list[ResolveResult] = []

@@ -11,6 +11,7 @@ import asyncio
 from collections import deque
 from collections.abc import Hashable
 
+from sigil_push.memory_gauges import track
 from sigil_push.push.base import Outcome, Sender, WakeupMessage
 from sigil_push.push.metrics import IN_FLIGHT
 from sigil_push.store.records import Device
@@ -87,6 +88,7 @@ class DeviceRateLimiter:
         self._capacity = float(per_minute)
         self._per_ms = per_minute / 60_000.0
         self._buckets: dict[Hashable, tuple[float, int]] = {}
+        track("device_rate_buckets", self, lambda d: len(d._buckets))
 
     def _level(self, device: Hashable, now_ms: int) -> float:
         tokens, at_ms = self._buckets.get(device, (self._capacity, now_ms))

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import hashlib
 import json
 import logging
 import random
@@ -41,6 +42,8 @@ from sigil_push.nostr.event import Event
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip42 import auth_event
 from sigil_push.observations import ObservationLog
+from sigil_push.relays.budget import ConnectionBudget
+from sigil_push.relays.labels import relay_label
 from sigil_push.relays.nip11 import RelayLimits, fetch_limits
 from sigil_push.relays.reader_socket import ReaderSocket, open_reader
 from sigil_push.supervisor import BackgroundTasks, supervise
@@ -62,6 +65,10 @@ AUTH_WINDOW_SECONDS = 60.0
 # a REQ refused with auth-required before any challenge: how long to wait for the challenge
 # before the refusal counts as final ("the relay never authenticates the key it needs")
 AUTH_WAIT_SECONDS = 10.0
+# a NIP-42 challenge is a short random string (relays send 16 to 64 characters); a longer one
+# is refused unanswered: each answer carries it in a signed tag, and for delegated AUTH it goes
+# to the user's remote signer
+MAX_CHALLENGE_BYTES = 256
 # REQs remembered per socket to attribute late answers (oldest forgotten first)
 MAX_TRACKED_REQS = 4096
 # AUTH events remembered per socket to match the relay's OK answers
@@ -102,7 +109,27 @@ STALE_REFUSALS = Counter(
     "REQs refused before the bridge's AUTH (then re-sent after it), not counted as gated",
     ["relay"],
 )
-URL_METRICS = (CONNECTS, NOTICES, CLOSED_SUBS, AUTHS, MALFORMED, AUTH_THROTTLED, STALE_REFUSALS)
+INVALID_DROPS = Counter(
+    "sigil_push_relay_invalid_drops_total",
+    "Sockets dropped for sending more invalid events than their budget",
+    ["relay"],
+)
+BACKOFF = Gauge(
+    "sigil_push_relay_backoff_seconds",
+    "The wait before the next connection attempt (0 while connected or connecting)",
+    ["relay"],
+)
+# frames dispatched before the reader gives the event loop a turn (aiohttp hands out buffered
+# frames without suspending, so a flooding relay would otherwise run on for a whole buffer)
+FRAMES_PER_TURN = 16
+AUTH_REFUSED = Counter(
+    "sigil_push_relay_auth_refused_total",
+    f"NIP-42 challenges refused unanswered: longer than {MAX_CHALLENGE_BYTES} bytes",
+    ["relay"],
+)
+URL_METRICS = (
+    CONNECTS, NOTICES, CLOSED_SUBS, AUTHS, MALFORMED, AUTH_THROTTLED, STALE_REFUSALS, AUTH_REFUSED
+)
 
 
 @dataclass(slots=True)
@@ -227,6 +254,8 @@ class RelayConnection:
         unaddressed DM, a copy of an event it has just verified). `heartbeat_seconds`,
         `open_timeout_seconds`: `bridge.relay_heartbeat_seconds`, `bridge.relay_open_timeout_seconds`."""
         self.url = url
+        self.label = relay_label(url)
+        """The URL as metrics, logs and records show it (no key-carrying path)."""
         self._skip_event = skip_event
         self.per_user = per_user
         self._handler = handler
@@ -248,32 +277,40 @@ class RelayConnection:
         self._max_frame_bytes = max_frame_bytes
         self.auth_epoch = 0
         self.challenged = False
-        self._challenges: set[str] = set()
+        self._challenges: set[bytes] = set()
+        """Digests of the challenges answered on this socket (never the relay's strings)."""
         self._reqs: OrderedDict[str, SentReq] = OrderedDict()
         self._auth_answers: deque[float] = deque()
         self._awaiting_challenge: ReaderSocket | None = None
         self._live_subs = 0
         self._malformed = 0
+        self.budget = ConnectionBudget()
+        """Invalid events and signature checks this socket may cost (relays/budget.py)."""
+        self.invalid_drops = 0
+        self.backoff_until: int | None = None
+        """Wall-clock time of the next attempt while backing off (for /health)."""
         self._side_tasks = BackgroundTasks("relay-connection")
         if not per_user:
-            CONNECTED.labels(url).set(0)
-            GATED.labels(url).set(0)
+            CONNECTED.labels(self.label).set(0)
+            GATED.labels(self.label).set(0)
+            BACKOFF.labels(self.label).set(0)
+            INVALID_DROPS.labels(self.label)
         for outcome in ("opened", "failed"):
-            CONNECTS.labels(url, outcome)
-        NOTICES.labels(url)
+            CONNECTS.labels(self.label, outcome)
+        NOTICES.labels(self.label)
         for metric in URL_METRICS[1:]:
-            metric.labels(url)
+            metric.labels(self.label)
 
     @property
     def connected(self) -> bool:
         return self.state is State.CONNECTED
 
     def start(self) -> None:
-        self._task = supervise("relay-reader", self._run, name=f"relay {self.url}")
+        self._task = supervise("relay-reader", self._run, name=f"relay {self.label}")
 
     async def stop(self) -> None:
         if self.state is State.CONNECTED and not self.per_user:
-            self._observations.relay_state(self.url, "disconnected", "bridge stopped")
+            self._observations.relay_state(self.label, "disconnected", "bridge stopped")
         self.state = State.STOPPED
         tasks = [t for t in (self._task, *self._side_tasks.running()) if t is not None]
         for task in tasks:
@@ -284,15 +321,15 @@ class RelayConnection:
         if self.per_user:
             return
         # the relay left the plan: its labelled series go with it (URLs churn)
-        for metric in (CONNECTED, GATED):
+        for metric in (CONNECTED, GATED, BACKOFF, INVALID_DROPS):
             with contextlib.suppress(KeyError):
-                metric.remove(self.url)
+                metric.remove(self.label)
         for outcome in ("opened", "failed"):
             with contextlib.suppress(KeyError):
-                CONNECTS.remove(self.url, outcome)
+                CONNECTS.remove(self.label, outcome)
         for counter in URL_METRICS[1:]:
             with contextlib.suppress(KeyError):
-                counter.remove(self.url)
+                counter.remove(self.label)
 
     def req_epoch(self, sub_id: str) -> int | None:
         """The AUTH epoch a REQ still tracked on this socket was sent in (None if unknown)."""
@@ -335,6 +372,7 @@ class RelayConnection:
         while self.state is not State.STOPPED:
             self.state = State.CONNECTING
             opened_at: float | None = None
+            violated = False
             try:
                 if self.limits is None:
                     self.limits = await fetch_limits(self.url)
@@ -352,18 +390,28 @@ class RelayConnection:
                     code = await self._read(ws)
                 self._down("disconnected", f"closed code={code or ws.close_code or 1006}")
             except (OSError, TimeoutError, aiohttp.ClientError) as exc:
-                CONNECTS.labels(self.url, "failed").inc()
+                CONNECTS.labels(self.label, "failed").inc()
                 self._down("error", f"connect failed: {type(exc).__name__}")
             except ProtocolViolation as exc:
+                violated = True
                 self._down("error", str(exc))
-            if opened_at is not None and (
+            # a socket dropped for breaking the protocol keeps the backoff growing, however
+            # long it stayed open: a relay that answers EOSE and then floods is not "stable"
+            if not violated and opened_at is not None and (
                 self._live_subs or time.monotonic() - opened_at >= STABLE_AFTER_SECONDS
             ):
                 attempt = 0
             delay = min(self._reconnect_max, self._reconnect_min * 2**attempt)
             attempt = min(attempt + 1, 30)
             self.state = State.BACKOFF
-            await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+            delay *= random.uniform(0.5, 1.0)
+            self.backoff_until = int(time.time() + delay)
+            if not self.per_user:
+                BACKOFF.labels(self.label).set(delay)
+            await asyncio.sleep(delay)
+            self.backoff_until = None
+            if not self.per_user:
+                BACKOFF.labels(self.label).set(0)
 
     async def send_auth(self, event: Event, generation: int) -> bool:
         """Send one AUTH answer on socket `generation` (False if that socket is gone): REQs sent
@@ -377,7 +425,7 @@ class RelayConnection:
             self._auths_sent.popitem(last=False)
         if not await self.send(["AUTH", event.to_json()]):
             return False
-        AUTHS.labels(self.url).inc()
+        AUTHS.labels(self.label).inc()
         return True
 
     async def drop(self, generation: int) -> None:
@@ -397,12 +445,13 @@ class RelayConnection:
         self._reqs.clear()
         self._live_subs = 0
         self._malformed = 0
+        self.budget.reset()
         self.state = State.CONNECTED
-        CONNECTS.labels(self.url, "opened").inc()
+        CONNECTS.labels(self.label, "opened").inc()
         if not self.per_user:
-            CONNECTED.labels(self.url).set(1)
-            self._observations.relay_state(self.url, "connected")
-            log.info("relay %s connected", self.url)
+            CONNECTED.labels(self.label).set(1)
+            self._observations.relay_state(self.label, "connected")
+            log.info("relay %s connected", self.label)
         self._handler.on_open(self)
 
     def _down(self, state: str, detail: str) -> None:
@@ -414,10 +463,10 @@ class RelayConnection:
             if was_open:
                 self._handler.on_down(self)
             return
-        CONNECTED.labels(self.url).set(0)
+        CONNECTED.labels(self.label).set(0)
         if was_open or state == "error":
-            self._observations.relay_state(self.url, state, detail)
-            log.info("relay %s %s: %s", self.url, state, detail)
+            self._observations.relay_state(self.label, state, detail)
+            log.info("relay %s %s: %s", self.label, state, detail)
         if was_open:
             self._handler.on_down(self)
 
@@ -430,11 +479,22 @@ class RelayConnection:
         socket once 128 KiB of messages wait, so a flooding relay is held at the TCP window."""
         handler = self._handler
         receive = ws.receive
+        budget = self.budget
+        turn = 0
         while True:
             message = await receive()
             kind = message.type
             if kind is WSMsgType.TEXT or kind is WSMsgType.BINARY:
                 self._dispatch(message.data, time.time_ns() // 1_000_000)
+                if budget.exceeded:
+                    self._invalid_budget_spent()
+                pause = budget.pause()
+                if pause:
+                    await asyncio.sleep(pause)
+                turn += 1
+                if turn >= FRAMES_PER_TURN:
+                    turn = 0
+                    await asyncio.sleep(0)
                 if handler.congested(self):
                     await handler.drained(self)
             elif kind is WSMsgType.CLOSE:
@@ -496,8 +556,16 @@ class RelayConnection:
             reason = _prefix(message[3]) if len(message) > 3 else ""
             self._signer.on_auth_result(self, event_id, accepted, reason)
 
+    def _invalid_budget_spent(self) -> None:
+        """Too many invalid events on this socket: drop it (the reader backs off)."""
+        self.invalid_drops += 1
+        if not self.per_user:
+            INVALID_DROPS.labels(self.label).inc()
+        log.warning("relay %s sent too many invalid events: dropped, backing off", self.label)
+        raise ProtocolViolation("protocol: too many invalid events")
+
     def _malformed_frame(self) -> None:
-        MALFORMED.labels(self.url).inc()
+        MALFORMED.labels(self.label).inc()
         self._malformed += 1
         if self._malformed > MAX_MALFORMED_PER_CONNECTION:
             raise ProtocolViolation("protocol: too many malformed frames")
@@ -512,9 +580,9 @@ class RelayConnection:
         self._handler.on_eose(self, sub_id)
 
     def _closed(self, sub_id: str, message: Any) -> None:
-        CLOSED_SUBS.labels(self.url).inc()
+        CLOSED_SUBS.labels(self.label).inc()
         reason = _prefix(message)
-        log.info("relay %s closed a subscription (%s)", self.url, reason or "no reason")
+        log.info("relay %s closed a subscription (%s)", self.label, reason or "no reason")
         sent = self._reqs.get(sub_id)
         if reason in REFUSALS or (
             reason in REFUSALS_AFTER_AUTH and self._after_latest_auth(sent)
@@ -543,9 +611,9 @@ class RelayConnection:
         return None
 
     def _notice(self, message: Any) -> None:
-        NOTICES.labels(self.url).inc()
+        NOTICES.labels(self.label).inc()
         reason = _prefix(message)
-        log.debug("relay %s notice (%s)", self.url, reason or "free text")
+        log.debug("relay %s notice (%s)", self.label, reason or "free text")
         if reason in REFUSALS:
             # a NOTICE names no subscription (nostr-relay refuses a REQ this way): it answers
             # the oldest REQ still unanswered, the relay handles them in order
@@ -575,13 +643,13 @@ class RelayConnection:
         """A REQ sent in AUTH epoch `epoch` was refused for want of (the right) AUTH."""
         if epoch is not None and epoch < self.auth_epoch:
             # it answers a REQ from before our latest AUTH: that REQ has been sent again
-            STALE_REFUSALS.labels(self.url).inc()
+            STALE_REFUSALS.labels(self.label).inc()
             return
         if self.auth_epoch > 0:
             self._set_gated(reason)
             return
         # not authenticated yet: the challenge may come with or after this refusal
-        STALE_REFUSALS.labels(self.url).inc()
+        STALE_REFUSALS.labels(self.label).inc()
         ws = self._ws
         if ws is not None and self._awaiting_challenge is not ws:
             self._awaiting_challenge = ws
@@ -594,16 +662,23 @@ class RelayConnection:
             self._set_gated(reason)
 
     def _challenge(self, challenge: str) -> None:
-        """Answer each distinct challenge once, within the per-connection budget."""
+        """Answer each distinct challenge once, within the per-connection budget; one longer
+        than MAX_CHALLENGE_BYTES is refused before anything is kept or signed."""
+        if len(challenge) > MAX_CHALLENGE_BYTES or (
+            len(encoded := challenge.encode("utf-8", "surrogatepass")) > MAX_CHALLENGE_BYTES
+        ):
+            AUTH_REFUSED.labels(self.label).inc()
+            return
         self.challenged = True
         now = time.monotonic()
         while self._auth_answers and now - self._auth_answers[0] > AUTH_WINDOW_SECONDS:
             self._auth_answers.popleft()
-        if challenge in self._challenges or len(self._auth_answers) >= AUTH_ANSWERS_PER_WINDOW:
-            AUTH_THROTTLED.labels(self.url).inc()
+        digest = hashlib.sha256(encoded).digest()
+        if digest in self._challenges or len(self._auth_answers) >= AUTH_ANSWERS_PER_WINDOW:
+            AUTH_THROTTLED.labels(self.label).inc()
             return
         if len(self._challenges) < MAX_TRACKED_REQS:
-            self._challenges.add(challenge)
+            self._challenges.add(digest)
         self._auth_answers.append(now)
         if isinstance(self._signer, AuthResponder):
             self._spawn(self._signer.answer_challenge(self, challenge))
@@ -615,10 +690,10 @@ class RelayConnection:
             return
         self.gated_reason = reason
         if not self.per_user:
-            GATED.labels(self.url).set(1 if reason else 0)
+            GATED.labels(self.label).set(1 if reason else 0)
             if reason:
-                self._observations.relay_state(self.url, "auth_required", reason)
-                log.warning("relay %s refuses the bridge even after AUTH (%s)", self.url, reason)
+                self._observations.relay_state(self.label, "auth_required", reason)
+                log.warning("relay %s refuses the bridge even after AUTH (%s)", self.label, reason)
         self._handler.on_gated(self)
 
     async def _answer_auth(self, signer: AuthSigner, challenge: str) -> None:
@@ -626,7 +701,7 @@ class RelayConnection:
         try:
             event = await signer.sign_auth(self.url, challenge)
         except AuthUnavailable as exc:
-            log.warning("relay %s: cannot answer NIP-42 AUTH (%s)", self.url, type(exc).__name__)
+            log.warning("relay %s: cannot answer NIP-42 AUTH (%s)", self.label, type(exc).__name__)
             self._handler.on_auth_failed(self)
             if self.per_user:
                 await self.drop(generation)
@@ -634,7 +709,7 @@ class RelayConnection:
         # a remote signer can take seconds: an answer whose socket is gone is not sent
         if await self.send_auth(event, generation):
             if not self.per_user:
-                log.info("relay %s: answered NIP-42 AUTH", self.url)
+                log.info("relay %s: answered NIP-42 AUTH", self.label)
             self._handler.on_authenticated(self)
 
     def _spawn(self, coroutine: Coroutine[Any, Any, object]) -> None:

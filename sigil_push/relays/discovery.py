@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
+from sigil_push.hosts import InvalidHost, check_host
+from sigil_push.memory_gauges import track
 from sigil_push.nostr.event import Event
 from sigil_push.store.interface import RelayStateStore
 
@@ -18,6 +20,10 @@ DM_RELAYS_KIND = 10050
 RELAY_LIST_KIND = 10002
 LIST_KINDS = (DM_RELAYS_KIND, RELAY_LIST_KIND)
 LIST_KINDS_SET = frozenset(LIST_KINDS)
+SUBSCRIBED_LIST_KINDS = (*LIST_KINDS, 10000, 3)
+"""What the bridge asks for by author: the relay lists, and the users' mute (NIP-51 kind 10000)
+and contact (kind 3) lists that decide what wakes them (issue 20)."""
+SUBSCRIBED_LIST_KINDS_SET = frozenset(SUBSCRIBED_LIST_KINDS)
 MAX_RELAYS_PER_LIST = 10
 MAX_URL_LENGTH = 256
 
@@ -29,7 +35,8 @@ def normalize_relay_url(url: str, allow_insecure: bool) -> str | None:
     allows insecure relays (tests). Canonical forms make one relay one connection: the query
     is dropped (and a default port too), so `?x=1` variants of one relay are one URL, not a way
     to open `max_relays` connections to one server; the outbound guard also caps connections
-    per host for what differs by path.
+    per host for what differs by path. The host must be one DNS can carry and, unless insecure
+    relays are allowed (tests), not a literal non-public address (sigil_push/hosts.py).
     """
     if not isinstance(url, str) or len(url) > MAX_URL_LENGTH or any(c.isspace() for c in url):
         return None
@@ -44,6 +51,10 @@ def normalize_relay_url(url: str, allow_insecure: bool) -> str | None:
     if not parts.hostname or parts.username or parts.password or parts.fragment:
         return None
     host = parts.hostname.lower()
+    try:
+        check_host(host, allow_private=allow_insecure)
+    except InvalidHost:
+        return None
     if ":" in host:
         host = f"[{host}]"
     default_port = 443 if scheme == "wss" else 80
@@ -79,6 +90,7 @@ class RelayLists:
         self._state = state
         self._allow_insecure = allow_insecure
         self._lists: dict[tuple[str, int], tuple[int, tuple[str, ...]]] = {}
+        track("relay_lists", self, lambda r: len(r._lists))
         self._unsaved: dict[tuple[str, int], tuple[int, tuple[str, ...]]] = {}
 
     async def load(self) -> None:

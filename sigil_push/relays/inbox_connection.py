@@ -25,6 +25,7 @@ from prometheus_client import Counter
 from sigil_push.config import BridgeConfig
 from sigil_push.observations import ObservationLog
 from sigil_push.relays.connection import AuthSigner, AuthUnavailable, RelayConnection
+from sigil_push.relays.labels import relay_label
 from sigil_push.relays.port import BridgePort
 from sigil_push.relays.subscriptions import DM_KINDS
 from sigil_push.supervisor import BackgroundTasks
@@ -234,7 +235,8 @@ class InboxConnection:
             event = await member.signer.sign_auth(self.url, challenge)
         except AuthUnavailable as exc:
             log.warning(
-                "relay %s: cannot answer NIP-42 AUTH for a user (%s)", self.url, type(exc).__name__
+                "relay %s: cannot answer NIP-42 AUTH for a user (%s)", relay_label(self.url),
+                type(exc).__name__,
             )
             self._fail(member)
             if self.members.get(member.pubkey) is member:
@@ -294,7 +296,9 @@ class InboxConnection:
         if member is not None:
             # until a REQ that counts reached EOSE, what a fresh user gets predates them
             baseline = member.fresh and not member.eosed
-            self._port.ingest.user_event(self.url, member.pubkey, raw, received_ms, baseline)
+            self._port.ingest.user_event(
+                self.url, member.pubkey, raw, received_ms, baseline, connection.budget
+            )
 
     def on_eose(self, connection: RelayConnection, sub_id: str) -> None:
         entry = self._subs.get(sub_id)
@@ -315,7 +319,7 @@ class InboxConnection:
                 self._port.baselines.baselines_of(self.url).add(pubkey)
                 self._port.baselines.baselined(self.url, frozenset((pubkey,)))
             member.failed = False
-            USER_AUTHS.labels(self.url, "authenticated").inc()
+            USER_AUTHS.labels(relay_label(self.url), "authenticated").inc()
             self._set_authenticated(member, True)
         self._probe_answer(sub_id, served=True)
         self._maybe_probe()
@@ -477,13 +481,13 @@ class InboxConnection:
     def _refused(self, member: _Member) -> None:
         """The relay refused the user's own subscription even after the user's AUTH."""
         if not member.failed:
-            log.info("relay %s refuses a user's subscription after delegated AUTH", self.url)
+            log.info("relay %s refuses a user's subscription after delegated AUTH", relay_label(self.url))
         self._fail(member)
         self._set_authenticated(member, False)
 
     def _fail(self, member: _Member) -> None:
         member.failed = True
-        USER_AUTHS.labels(self.url, "failed").inc()
+        USER_AUTHS.labels(relay_label(self.url), "failed").inc()
 
     def _set_authenticated(self, member: _Member, value: bool) -> None:
         if value != member.authenticated:

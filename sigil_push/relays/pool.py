@@ -27,9 +27,11 @@ from typing import Any
 from prometheus_client import Gauge
 
 from sigil_push.config import BridgeConfig
+from sigil_push.memory_gauges import track
 from sigil_push.observations import ObservationLog
 from sigil_push.relays import catchup_metrics
 from sigil_push.relays.connection import AuthSigner, RelayConnection
+from sigil_push.relays.labels import relay_label
 from sigil_push.relays.nip77 import NegentropyFailed, Reconciler
 from sigil_push.relays.port import BridgePort, Frame, RelayFeed, Stored, Verdict
 from sigil_push.relays.subscriptions import RelaySubscriptions, Request
@@ -65,6 +67,11 @@ class RelayPlan:
         self.demand: dict[str, set[str]] = {}
         self.inbox: dict[str, tuple[str, ...]] = {}
         self._inbox_demand: dict[str, int] = {}
+        self._seniority: dict[str, int] = {}
+        """Per key with an inbox: when it got one in this process (a sequence number; lower is
+        older). At start keys come in the store's order (registration order on SQLite, shard
+        by shard on PostgreSQL), so across restarts this is approximate seniority."""
+        self._next_seniority = 0
         self.skipped: dict[str, int] = {}
         SKIPPED.set(0)
         WATCHED.set(0)
@@ -103,10 +110,16 @@ class RelayPlan:
                 del self._inbox_demand[url]
         if not wanted:
             del self.own_relays[pubkey]
+            self._seniority.pop(pubkey, None)
             return
         self.own_relays[pubkey] = wanted
         inbox_here = tuple(u for u in inbox_list if u in wanted)
+        if not inbox_here:
+            self._seniority.pop(pubkey, None)
         if inbox_here:
+            if pubkey not in self._seniority:
+                self._seniority[pubkey] = self._next_seniority
+                self._next_seniority += 1
             self.inbox[pubkey] = inbox_here
             for url in inbox_here:
                 self._inbox_demand[url] = self._inbox_demand.get(url, 0) + 1
@@ -119,22 +132,27 @@ class RelayPlan:
 
         1. One relay per key with an inbox: its inbox relay wanted by the most keys. Relays
            are ordered by how many keys they cover this way, then by how few inbox relays
-           those keys have (a key with a single inbox has no other way in), then by URL. A key
-           casts one vote here however many URLs it names, so it cannot outvote another key's
-           only inbox with its own extra URLs.
+           those keys have (a key with a single inbox has no other way in), then by the
+           seniority of their oldest such key, then by URL. A key casts one vote here however
+           many URLs it names, so it cannot outvote another key's only inbox with its own extra
+           URLs; and a wave of new throwaway keys, each naming a URL of its own (chosen to sort
+           first), cannot push out the only inbox of a user registered before them.
         2. The other inbox relays, by how many keys list them as inbox.
         3. Every other relay, by how many keys want it.
         """
         inbox_demand = self._inbox_demand
+        seniority = self._seniority
         votes: dict[str, int] = {}
         tightest: dict[str, int] = {}
-        for urls in self.inbox.values():
+        oldest: dict[str, int] = {}
+        for pubkey, urls in self.inbox.items():
             if not urls:
                 continue
             pick = min(urls, key=lambda u: (-inbox_demand[u], u))
             votes[pick] = votes.get(pick, 0) + 1
             tightest[pick] = min(tightest.get(pick, len(urls)), len(urls))
-        first = sorted(votes, key=lambda u: (-votes[u], tightest[u], u))
+            oldest[pick] = min(oldest.get(pick, seniority[pubkey]), seniority[pubkey])
+        first = sorted(votes, key=lambda u: (-votes[u], tightest[u], oldest[u], u))
         chosen = set(first)
         second = sorted((u for u in inbox_demand if u not in chosen),
                         key=lambda u: (-inbox_demand[u], u))
@@ -216,6 +234,10 @@ class RelayPool:
         self._reconcilers: dict[str, Reconciler] = {}
         self._reconcile_locks: dict[str, asyncio.Lock] = {}
         self._reconcile_tasks: dict[str, asyncio.Task[Any]] = {}
+        track("relay_baselines", self, lambda p: sum(len(k) for k in p._baselines.values()))
+        track("relay_cursors", self, lambda p: len(p.cursors))
+        track("relay_plan_keys", self, lambda p: len(p.plan.own_relays))
+        track("negentropy_support", self, lambda p: len(p.negentropy_support))
 
     def attach(self, port: BridgePort) -> None:
         """The bridge's port, before any relay is opened."""
@@ -300,9 +322,9 @@ class RelayPool:
             open_timeout_seconds=self._settings.relay_open_timeout_seconds,
         )
         self._connections[url] = connection
-        UNSUBSCRIBED.labels(url).set(0)
-        catchup_metrics.bind(url)
-        self._port.ingest.relay_added(url)
+        UNSUBSCRIBED.labels(relay_label(url)).set(0)
+        catchup_metrics.bind(relay_label(url))
+        self._port.ingest.relay_added(url, connection.budget)
         connection.start()
         return subs
 
@@ -317,8 +339,9 @@ class RelayPool:
         # per-relay state goes with the relay (URLs churn); baselines and cursors stay, so a
         # relay that comes back catches up from where it was
         with contextlib.suppress(KeyError):
-            UNSUBSCRIBED.remove(url)
-        catchup_metrics.unbind(url)
+            UNSUBSCRIBED.remove(relay_label(url))
+        catchup_metrics.unbind(relay_label(url))
+        self._port.ingest.relay_removed(url)
         if connection is not None:
             self._spawn(connection.stop())
 
@@ -355,7 +378,7 @@ class RelayPool:
             for request in subs.due(*self._since(url)):
                 await _send_request(connection, request)
                 reconcile = reconcile or request.reconcile
-            UNSUBSCRIBED.labels(url).set(len(subs.overflow))
+            UNSUBSCRIBED.labels(relay_label(url)).set(len(subs.overflow))
         if reconcile:
             self._spawn(self._reconcile(url))
 
@@ -410,14 +433,14 @@ class RelayPool:
             if failure.reason != "error":
                 self.negentropy_support[url] = False
                 self._negentropy_retry[url] = time.monotonic() + NEGENTROPY_RETRY_SECONDS
-            catchup_metrics.FALLBACKS.labels(url, failure.reason).inc()
+            catchup_metrics.FALLBACKS.labels(relay_label(url), failure.reason).inc()
             follow_ups = subs.fell_back(shard, sub_id)
         else:
             self.negentropy_support[url] = True
-            catchup_metrics.RUNS.labels(url, "negentropy").inc()
+            catchup_metrics.RUNS.labels(relay_label(url), "negentropy").inc()
             follow_ups = subs.reconciled(shard, sub_id, missing)
         finally:
-            catchup_metrics.BYTES.labels(url, "negentropy").inc(reconciler.count.bytes - before)
+            catchup_metrics.BYTES.labels(relay_label(url), "negentropy").inc(reconciler.count.bytes - before)
         if follow_ups:
             await self._send(url, follow_ups)
         elif subs.live:
@@ -431,21 +454,21 @@ class RelayPool:
                     await _send_request(connection, request)
         pages = sum(1 for request in requests if request.page)
         if pages:
-            catchup_metrics.PAGES.labels(url).inc(pages)
+            catchup_metrics.PAGES.labels(relay_label(url)).inc(pages)
 
     def _catchup_counts(self, url: str, subs: RelaySubscriptions) -> None:
         """Hand the shard bookkeeping's catch-up counts to the metrics."""
         for method, count in subs.fetched.items():
             if count:
-                catchup_metrics.EVENTS.labels(url, method).inc(count)
+                catchup_metrics.EVENTS.labels(relay_label(url), method).inc(count)
                 subs.fetched[method] = 0
         if subs.finished["req"]:
-            catchup_metrics.RUNS.labels(url, "req").inc(subs.finished["req"])
+            catchup_metrics.RUNS.labels(relay_label(url), "req").inc(subs.finished["req"])
             subs.finished["req"] = 0
         capped = subs.take_capped()
         if capped:
-            catchup_metrics.PAGE_CAP.labels(url).inc(capped)
-        catchup_metrics.PAGES_WAITING.labels(url).set(subs.pages_waiting)
+            catchup_metrics.PAGE_CAP.labels(relay_label(url)).inc(capped)
+        catchup_metrics.PAGES_WAITING.labels(relay_label(url)).set(subs.pages_waiting)
 
     def connected(self, url: str) -> bool:
         """Whether the shared connection to `url` is open right now."""
@@ -560,7 +583,7 @@ class RelayPool:
             head = _SUB_ID.match(text)
             method = subs.answering_method(head.group(1)) if head is not None else None
             if method is not None:
-                catchup_metrics.BYTES.labels(feed.url, method).inc(len(text))
+                catchup_metrics.BYTES.labels(relay_label(feed.url), method).inc(len(text))
         outcome = self._port.ingest.text(feed, text, received_ms)
         if outcome is Verdict.UNPARSED:
             return False
@@ -602,6 +625,8 @@ class RelayPool:
                 "unsubscribed": len(subs.overflow),
                 "maybe_gated": url in self._maybe_gated,
                 "mode": "firehose" if subs.firehose else "filtered",
+                "invalid_drops": connection.invalid_drops,
+                "backoff_until": connection.backoff_until,
             }
         for url, wanted_by in self.plan.skipped.items():
             report[url] = {

@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from sigil_push.relays.budget import ConnectionBudget
+
 
 class Subscriptions(Protocol):
     """What ingest may ask of the REQs a frame answered (`RelaySubscriptions`, read only)."""
@@ -85,14 +87,17 @@ Outcome = Stored | Verdict
 class FrameSink(Protocol):
     """Ingest, as the relay side sees it: frames in, verdicts out."""
 
-    def relay_added(self, url: str) -> None: ...
+    def relay_added(self, url: str, budget: ConnectionBudget | None = None) -> None: ...
+
+    def relay_removed(self, url: str) -> None: ...
 
     def event(self, frame: Frame, raw: Any) -> Outcome: ...
 
     def text(self, feed: RelayFeed, text: str, received_ms: int) -> Outcome: ...
 
     def user_event(
-        self, url: str, pubkey: str, raw: Any, received_ms: int, baseline: bool
+        self, url: str, pubkey: str, raw: Any, received_ms: int, baseline: bool,
+        budget: ConnectionBudget | None = None,
     ) -> None: ...
 
 

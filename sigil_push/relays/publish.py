@@ -18,10 +18,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
 from sigil_push.nostr.event import Event
+from sigil_push.outbound import open_relay_socket
 from sigil_push.relays.connection import AuthSigner, AuthUnavailable
 
 OPEN_TIMEOUT_SECONDS = 10.0
@@ -63,12 +64,14 @@ async def publish(url: str, event: Event, signer: AuthSigner, timeout: float) ->
     attempt = _Publication(url, event, signer)
     try:
         async with asyncio.timeout(timeout):
-            async with connect(
+            # through the guard like every other socket: the address checked and pinned, no
+            # redirects followed, the host's slot held
+            async with open_relay_socket(
                 url,
+                purpose="canary",
                 open_timeout=OPEN_TIMEOUT_SECONDS,
                 max_size=MAX_FRAME_BYTES,
                 compression=None,
-                proxy=None,
                 user_agent_header="sigil-push",
             ) as ws:
                 return await attempt.run(ws)

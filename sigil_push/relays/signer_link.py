@@ -21,6 +21,7 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -28,6 +29,7 @@ from prometheus_client import Counter
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
+from sigil_push.memory_gauges import track
 from sigil_push.nostr.event import Event, InvalidEvent
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip46 import REQUEST_KIND, Response, SignerError, read_response
@@ -50,6 +52,9 @@ or signer would time most of them out (measured: 427 of 1,000 in bench/gated.py)
 MAX_LINKS = 500
 """Bunker relay sockets in total; with MAX_SIGNER_RELAYS per bunker and the guard's per-host cap
 this bounds what registrations can make the server hold open."""
+MAX_LINKS_PER_NPUB = 5
+"""Links one npub's session may have opened (a bunker names at most MAX_SIGNER_RELAYS relays):
+however many sessions come and go, one npub never holds more of the total."""
 
 FRAMES = Counter(
     "sigil_push_signer_link_frames_total",
@@ -57,7 +62,8 @@ FRAMES = Counter(
     ["outcome"],
 )
 LINKS = Counter(
-    "sigil_push_signer_links_total", "Signer relay links opened, closed idle or refused at the cap",
+    "sigil_push_signer_links_total",
+    "Signer relay links opened, closed idle, dropped after a failed connect, or refused at a cap",
     ["outcome"],
 )
 
@@ -67,8 +73,11 @@ class SignerUnreachable(Exception):
 
 
 class SignerRelayLink:
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, on_failed: Callable[[SignerRelayLink], None] | None = None) -> None:
+        """`on_failed`: told when a connection attempt fails, so the owner can drop the link
+        (a link that never connected is not "idle": its sessions keep their keys on it)."""
         self.url = url
+        self._on_failed = on_failed
         self._clients: dict[str, SecretKey] = {}
         self._chunks: list[list[str]] = []
         self._pending: dict[str, tuple[str, asyncio.Future[Response]]] = {}
@@ -170,6 +179,8 @@ class SignerRelayLink:
                 self._socket = await opener.__aenter__()
                 self._opener = opener
             except (OSError, TimeoutError, InvalidHandshake, InvalidURI) as exc:
+                if self._on_failed is not None:
+                    self._on_failed(self)
                 raise SignerUnreachable(f"cannot connect to the signer relay: {type(exc).__name__}") from None
             self._reader = supervise("signer-link", partial(self._read, self._socket))
             for index, chunk in enumerate(self._chunks):
@@ -232,27 +243,57 @@ class SignerRelayLink:
 
 
 class SignerLinks:
-    """Every signer relay link, capped in total and closed when no session uses it."""
+    """Every signer relay link, capped in total and per npub, closed when no session uses it,
+    and dropped when it fails to connect (the next request makes a new one): registrations
+    naming unreachable bunker relays cannot use up the links."""
 
-    def __init__(self, max_links: int = MAX_LINKS) -> None:
+    def __init__(
+        self, max_links: int = MAX_LINKS, max_per_npub: int = MAX_LINKS_PER_NPUB
+    ) -> None:
         self._links: dict[str, SignerRelayLink] = {}
         self._max = max_links
+        self._max_per_npub = max_per_npub
+        self._opened_by: dict[str, str] = {}
+        """URL -> the npub whose request created the link."""
+        self._per_npub: dict[str, int] = {}
+        track("signer_links", self, len)
 
     def __len__(self) -> int:
         return len(self._links)
 
-    async def get(self, url: str) -> SignerRelayLink:
-        """The link to `url`, created if there is room; SignerUnreachable at the cap."""
+    async def get(self, url: str, npub: str = "") -> SignerRelayLink:
+        """The link to `url`, created for `npub`'s session if there is room; SignerUnreachable
+        at the total cap or `npub`'s own."""
         link = self._links.get(url)
         if link is None:
+            if npub and self._per_npub.get(npub, 0) >= self._max_per_npub:
+                LINKS.labels("refused").inc()
+                raise SignerUnreachable("too many signer relays for this npub")
             if len(self._links) >= self._max:
                 await self._drop_idle()
             if len(self._links) >= self._max:
                 LINKS.labels("refused").inc()
                 raise SignerUnreachable("too many signer relays on this instance")
-            link = self._links[url] = SignerRelayLink(url)
+            link = self._links[url] = SignerRelayLink(url, self._failed)
+            self._opened_by[url] = npub
+            self._per_npub[npub] = self._per_npub.get(npub, 0) + 1
             LINKS.labels("opened").inc()
         return link
+
+    def _forget(self, url: str) -> None:
+        npub = self._opened_by.pop(url, "")
+        left = self._per_npub.get(npub, 0) - 1
+        if left > 0:
+            self._per_npub[npub] = left
+        else:
+            self._per_npub.pop(npub, None)
+
+    def _failed(self, link: SignerRelayLink) -> None:
+        """A link that could not connect leaves the table at once (its socket never opened)."""
+        if self._links.get(link.url) is link:
+            del self._links[link.url]
+            self._forget(link.url)
+            LINKS.labels("failed").inc()
 
     async def release(self, url: str, client_pubkey: str) -> None:
         """A session stopped using `url`: forget its key there and close the link if idle."""
@@ -262,15 +303,19 @@ class SignerLinks:
         await link.forget(client_pubkey)
         if link.idle and self._links.get(url) is link:
             del self._links[url]
+            self._forget(url)
             LINKS.labels("closed_idle").inc()
             await link.close()
 
     async def _drop_idle(self) -> None:
         for url in [u for u, link in self._links.items() if link.idle]:
             link = self._links.pop(url)
+            self._forget(url)
             LINKS.labels("closed_idle").inc()
             await link.close()
 
     async def close(self) -> None:
         links, self._links = list(self._links.values()), {}
+        self._opened_by.clear()
+        self._per_npub.clear()
         await asyncio.gather(*(link.close() for link in links))

@@ -60,6 +60,7 @@ from sigil_push.config import BridgeConfig
 from sigil_push.observations import ObservationLog
 from sigil_push.relays.connection import AuthSigner
 from sigil_push.relays.inbox_connection import USER_AUTHS, AuthMode, InboxConnection
+from sigil_push.relays.labels import relay_label
 from sigil_push.relays.port import BridgePort
 from sigil_push.store.auth_modes import LearnedAuthModes
 from sigil_push.store.errors import STORE_UNAVAILABLE
@@ -208,7 +209,7 @@ class UserInboxes:
             if mode != "unknown":
                 self._spawn_tracked(self._sessions.learned_modes.save(url, mode))
             log.info(
-                "relay %s keeps %s (%s)", url,
+                "relay %s keeps %s (%s)", relay_label(url),
                 "several authenticated keys per connection" if mode == "multi"
                 else "one authenticated key per connection", reason,
             )
@@ -236,7 +237,7 @@ class UserInboxes:
         if authenticated:
             self._authenticated[url] += 1
             if self._authenticated[url] == 1:
-                self._observations.relay_state(url, "authenticated_as_user", "delegated AUTH")
+                self._observations.relay_state(relay_label(url), "authenticated_as_user", "delegated AUTH")
         else:
             self._authenticated[url] -= 1
             if self._authenticated[url] <= 0:

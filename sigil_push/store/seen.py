@@ -33,6 +33,10 @@ class SeenEvents:
         self._relays: OrderedDict[str, tuple[str, ...]] = OrderedDict()
         self._interned: dict[str, str] = {}
 
+    def relay_names(self) -> int:
+        """Relay URLs interned for the cache's rows (grows with the relays ever delivering)."""
+        return len(self._interned)
+
     async def load(self) -> None:
         """Warm the cache with the most recent ids, so a restart's catch-up stays cheap."""
         self._remember_rows(await self._rows.recent(self._cache_size))

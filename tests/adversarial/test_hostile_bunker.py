@@ -177,3 +177,24 @@ def test_a_signed_event_nested_past_the_recursion_limit_is_a_signer_error() -> N
     counted as failed) instead of counting the signer as refusing."""
     with pytest.raises(SignerError):
         signed_auth_event("[" * 5000, "ab" * 32, "wss://relay.example", "challenge")
+
+
+async def test_links_that_never_connect_are_dropped_and_one_npub_is_capped() -> None:
+    """Throwaway registrations naming unreachable bunker relays once used up every link: a link
+    that never connected kept its sessions' keys, so it was never idle. A failed link now
+    leaves the table at once; and one npub opens at most its own share of links."""
+    async with hostile_relay() as reachable:
+        links = SignerLinks(max_links=2, max_per_npub=2)
+        for port in (1, 9):  # closed loopback ports: connection refused
+            url = f"ws://127.0.0.1:{port}"
+            client = SecretKey.generate()
+            link = await links.get(url, f"throwaway-{port}")
+            request_id, message = get_public_key_request(client, SecretKey.generate().public_key_hex)
+            with pytest.raises(SignerUnreachable):
+                await link.request(client, request_id, message, timeout=5)
+        assert len(links) == 0
+        assert (await links.get(reachable.url, "real")).url == reachable.url
+        await links.get("ws://127.0.0.1:2", "real")
+        with pytest.raises(SignerUnreachable):
+            await links.get("ws://127.0.0.1:3", "real")
+        await links.close()

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import threading
 from http import HTTPStatus
 
 import pytest
@@ -19,9 +17,14 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.http11 import Request, Response
 
 from sigil_push import outbound
-from sigil_push.outbound import BlockedDestination, OutboundGuard, open_relay_socket
+from sigil_push.nostr.event import sign_event
+from sigil_push.nostr.keys import SecretKey
+from sigil_push.outbound import BlockedDestination, OutboundGuard, configure, open_relay_socket
+from sigil_push.relays.connection import BridgeKeySigner
 from sigil_push.relays.discovery import normalize_relay_url
 from sigil_push.relays.nip11 import FETCH_TIMEOUT_SECONDS, RelayLimits, fetch_limits
+from sigil_push.relays.publish import publish
+from tests.adversarial.fake_dns import FakeDns
 from tests.adversarial.hostile import eventually, hostile_relay
 
 STRICT = OutboundGuard(allow_private=False)
@@ -196,26 +199,52 @@ def test_the_default_guard_is_strict_outside_tests() -> None:
     assert outbound.OutboundGuard().allow_private is False
 
 
-async def test_names_are_resolved_once_in_the_dns_pool_and_pinned(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The name's addresses are checked all-or-nothing and the one checked is the one used;
-    the lookup runs in the guard's own pool, not the loop's default executor. (The system
-    resolver is the only thing replaced: a test cannot own public DNS.)"""
-    answers = {
-        "relay.test": ["93.184.216.34"],
-        "rebind.test": ["93.184.216.34", "127.0.0.1"],
-    }
-    threads: list[str] = []
+async def test_names_are_resolved_and_the_checked_address_pinned() -> None:
+    """The name's addresses are checked all-or-nothing and the one checked is the one used.
+    The guard's resolver asks a name server on 127.0.0.1 (a test cannot own public DNS)."""
+    records = {"relay.test": ["93.184.216.34"], "rebind.test": ["93.184.216.34", "127.0.0.1"]}
+    async with FakeDns(records) as dns:
+        outbound.use_nameservers([dns.server])
+        try:
+            target, pinned = await STRICT.check("wss://relay.test/", "relay")
+            assert (target.host, target.port, pinned) == ("relay.test", 443, "93.184.216.34")
+            with pytest.raises(BlockedDestination):
+                await STRICT.check("wss://rebind.test/", "relay")
+        finally:
+            outbound.use_nameservers(None)
+        assert dns.queries["relay.test"] >= 1
 
-    def fake_getaddrinfo(host: str, port: int, *args: object) -> list[tuple[object, ...]]:
-        threads.append(threading.current_thread().name)
-        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (a, port)) for a in answers[host]]
 
-    monkeypatch.setattr(socket, "getaddrinfo", fake_getaddrinfo)
-    target, pinned = await STRICT.check("wss://relay.test/", "relay")
-    assert (target.host, target.port, pinned) == ("relay.test", 443, "93.184.216.34")
-    with pytest.raises(BlockedDestination):
-        await STRICT.check("wss://rebind.test/", "relay")
-    assert threads and all(name.startswith("sigil-dns") for name in threads)
+async def test_a_silent_name_server_stalls_nobody_and_its_lookups_end() -> None:
+    """A name server that never answers once held the guard's 8 lookup threads after their
+    callers gave up, stalling every new relay connection and UnifiedPush send. Lookups are
+    c-ares queries now: a caller that gives up cancels its query, each requester has its own
+    bound, and a later lookup of a good name answers at once."""
+    async with FakeDns({"good.test": ["93.184.216.34"]}, silent={"slow.test"}) as dns:
+        outbound.use_nameservers([dns.server])
+        try:
+            stuck = [asyncio.create_task(outbound.getaddrinfo("slow.test", 443, requester="relay"))
+                     for _ in range(outbound.LOOKUPS_PER_REQUESTER * 3)]
+            await eventually(lambda: dns.queries["slow.test"] >= 1, "the slow lookups asked")
+            # another requester is not queued behind them
+            started = asyncio.get_running_loop().time()
+            answer = await outbound.getaddrinfo("good.test", 443, requester="unifiedpush")
+            assert answer[0][4][0] == "93.184.216.34"
+            assert asyncio.get_running_loop().time() - started < outbound.DNS_TIMEOUT_SECONDS
+            # callers giving up cancel their queries, and the requester's bound is free again
+            for task in stuck:
+                task.cancel()
+            await asyncio.gather(*stuck, return_exceptions=True)
+            answer = await asyncio.wait_for(
+                outbound.getaddrinfo("good.test", 443, requester="relay"),
+                outbound.DNS_TIMEOUT_SECONDS,
+            )
+            assert answer[0][4][0] == "93.184.216.34"
+            # a lookup nobody cancels ends by itself, as an OSError its callers survive
+            with pytest.raises(OSError):
+                await outbound.getaddrinfo("slow.test", 443, requester="relay")
+        finally:
+            outbound.use_nameservers(None)
 
 
 async def test_websocket_redirect_is_not_followed() -> None:
@@ -247,3 +276,26 @@ async def test_configured_relay_nip11_is_fetched_under_a_strict_guard() -> None:
         assert await fetch_limits(f"ws://127.0.0.1:{port}", guard) == RelayLimits(max_filters=3)
     finally:
         await runner.cleanup()
+
+
+async def test_canary_publishing_goes_through_the_guard() -> None:
+    """The canary once opened a plain websockets connection, which followed a relay's redirect
+    (up to 10 of them) wherever it pointed; now a redirect ends the publish as `connect`, and
+    the strict guard refuses a loopback relay outright."""
+    async with hostile_relay() as target:
+
+        def redirect(connection: ServerConnection, request: Request) -> Response:
+            response = connection.respond(HTTPStatus.FOUND, "")
+            response.headers["Location"] = target.url
+            return response
+
+        async with serve(lambda ws: ws.close(), "127.0.0.1", 0, process_request=redirect) as server:
+            port = next(iter(server.sockets)).getsockname()[1]
+            key = SecretKey.generate()
+            event = sign_event(key, 4, "probe", [["p", key.public_key_hex]])
+            result = await publish(f"ws://127.0.0.1:{port}", event, BridgeKeySigner(key), 10.0)
+        assert result.reason == "connect"
+        assert target.connections == 0
+        configure(STRICT)
+        result = await publish(target.url, event, BridgeKeySigner(key), 10.0)
+        assert result.reason == "connect" and target.connections == 0

@@ -104,3 +104,18 @@ def test_per_user_connections_go_round_robin_over_keys(tmp_path: Path) -> None:
     keep = wanted[:10]
     assert ("wss://only.example", "bbbb") in keep
     assert wanted[:2] == [("wss://gated0.example", "aaaa"), ("wss://only.example", "bbbb")]
+
+
+def test_a_wave_of_new_single_inbox_keys_cannot_push_an_older_only_inbox_out() -> None:
+    """Throwaway keys registered after a real user, each naming one inbox URL of its own that
+    sorts before the user's: they tie with the user on votes and tightness, and once won the
+    tie by URL order; the older key's only inbox now keeps its slot."""
+    plan = RelayPlan(CONFIGURED, max_relays=1 + 5)
+    plan.set_key("real", ["wss://zz-inbox.example"], inbox=["wss://zz-inbox.example"])
+    for n in range(50):
+        url = f"wss://aa{n:03}.example"
+        plan.set_key(f"throwaway{n}", [url], inbox=[url])
+    assert "wss://zz-inbox.example" in plan.choose()
+    # the real key re-registering (same inbox) keeps its seniority
+    plan.set_key("real", ["wss://zz-inbox.example"], inbox=["wss://zz-inbox.example"])
+    assert "wss://zz-inbox.example" in plan.choose()

@@ -139,12 +139,13 @@ def assert_private(service: ServiceProcess, secrets_: list[str]) -> None:
         assert piece not in records, "a private value reached the observation log"
         assert piece not in log, "a private value reached the service log"
     for record in service.observation_records():
-        assert record["type"] in ("seen", "relay", "push", "expect", "canary")
+        assert record["type"] in ("seen", "relay", "push", "expect", "canary", "suppressed")
         allowed = {
             "seen": {"type", "ts", "relay", "event_id", "kind", "created_at"},
             "relay": {"type", "ts", "relay", "state", "detail"},
             "push": {"type", "ts", "event_id", "platform", "status", "latency_ms"},
             "expect": {"type", "ts", "event_id", "relays"},
+            "suppressed": {"type", "ts", "event_id", "reason"},
             "canary": {
                 "type", "ts", "relay", "event_id", "published", "ok_message", "received_ms"
             },

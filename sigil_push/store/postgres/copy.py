@@ -7,6 +7,11 @@ handled event ids, per-relay baselines and cursors, relay lists, delegated-auth 
 AUTH modes and NIP-98 ids. The SQLite file is first brought to this build's schema. Columns are matched by
 name, so a column only one side has is left to its default.
 
+The bridge's own key is never copied: an old SQLite instance may still hold it in `meta`
+(`bridge_secret_key`, from before keys moved to `server.secret_key_file`), and a database must
+not carry the bridge's identity (sigil_push/identity.py). The count of such rows left behind is
+reported under `BRIDGE_KEY_LEFT`, so the command can tell the operator where the key goes.
+
 The target must hold no registrations and no outbox yet: copying into a live instance would
 mix two instances' ids. The copy is one transaction: it lands whole or not at all.
 """
@@ -19,6 +24,7 @@ import aiosqlite
 import asyncpg
 
 from sigil_push.store.postgres.migrate import migrate_connection
+from sigil_push.store.records import BRIDGE_KEY_LEFT
 from sigil_push.store.sqlite.database import open_database
 
 TABLES = (
@@ -26,6 +32,9 @@ TABLES = (
     "relay_baselines", "relay_cursors", "relay_lists", "auth_signers", "relay_auth_modes",
 )
 _SERIAL = ("devices", "outbox")
+BRIDGE_KEY_META = "bridge_secret_key"
+"""identity.META_KEY; named here too so the store needs nothing from the service above it."""
+
 _DROPPED = {"outbox": {"claimed_ms"}}
 
 
@@ -50,6 +59,11 @@ async def copy_sqlite(source: Path, url: str) -> dict[str, int]:
             await connection.execute("LOCK TABLE devices, outbox IN EXCLUSIVE MODE")
             for table in TABLES:
                 copied[table] = await _copy_table(sqlite, connection, table)
+            left = await sqlite.execute_fetchall(
+                "SELECT 1 FROM meta WHERE key = ?", (BRIDGE_KEY_META,)
+            )
+            if left:
+                copied[BRIDGE_KEY_LEFT] = len(list(left))
             for table in _SERIAL:
                 await connection.execute(
                     f"SELECT setval(pg_get_serial_sequence('{table}', 'id'),"
@@ -75,8 +89,10 @@ async def _copy_table(
     columns = [
         c for c in source_columns if c in target_columns and c not in _DROPPED.get(table, set())
     ]
+    where = " WHERE key <> ?" if table == "meta" else ""
     rows = [tuple(row) for row in await sqlite.execute_fetchall(
-        f"SELECT {', '.join(columns)} FROM {table}"
+        f"SELECT {', '.join(columns)} FROM {table}{where}",
+        (BRIDGE_KEY_META,) if where else (),
     )]
     if table == "meta" and rows:
         await connection.execute(
