@@ -110,6 +110,7 @@ async def _subscribed(instance: Instance, keys: int) -> None:
                      timeout=30.0, what=f"the relay subscribed for {keys} keys")
 
 
+@pytest.mark.slow
 async def test_two_accounts_on_one_phone_get_one_push_for_dms_inside_the_window(
     instance: Instance,
 ) -> None:
@@ -145,6 +146,7 @@ async def test_two_accounts_on_one_phone_get_one_push_for_dms_inside_the_window(
                                       "lunch at noon?", to_bob["content"]])
 
 
+@pytest.mark.slow
 async def test_unregistering_one_account_keeps_the_other(instance: Instance) -> None:
     """Carol signs out of Dave's phone: Dave's registration and wakeups stay, Carol's go."""
     carol, dave, sender, token = SdkUser(), SdkUser(), SdkUser(), fcm_token()
@@ -169,6 +171,7 @@ async def test_unregistering_one_account_keeps_the_other(instance: Instance) -> 
     assert instance.push_records(to_carol["id"]) == []
 
 
+@pytest.mark.slow
 async def test_a_dead_token_removes_every_account(instance: Instance) -> None:
     """FCM answers UNREGISTERED to a push for Erin: Frank's pair on the same token goes too."""
     erin, frank, sender, token = SdkUser(), SdkUser(), SdkUser(), fcm_token()
@@ -189,6 +192,7 @@ async def test_a_dead_token_removes_every_account(instance: Instance) -> None:
         del instance.fcm.script.answers[token]
 
 
+@pytest.mark.slow
 def test_the_account_cap_is_enforced_with_a_clear_error(instance: Instance) -> None:
     """A fourth npub on a token capped at three is refused with 409 too_many_accounts; the
     three registered accounts can still update their own registrations."""
