@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import json
 import logging
 import os
@@ -239,7 +240,12 @@ async def run_bridge(
     }
 
 
-async def bench_relay(kind: str, keys: int, dms: int, folder: Path) -> dict[str, Any]:
+async def bench_relay(
+    kind: str, keys: int, dms: int, folder: Path, new: int | None = None,
+    replay: bool = True, profile: Path | None = None,
+) -> dict[str, Any]:
+    """One relay's figures; `new` DMs per outage (default 1 % of `dms`); `replay` false skips
+    the paged REQ replay; `profile` writes a cProfile of the negentropy catch-up there."""
     folder.mkdir(parents=True, exist_ok=True)
     relay: RustRelayProcess | RelayProcess
     relay = RustRelayProcess(folder / "relay") if kind == "rust" else RelayProcess(folder / "relay")
@@ -276,17 +282,25 @@ async def bench_relay(kind: str, keys: int, dms: int, folder: Path) -> dict[str,
         # users registered days ago, so the outage's back-dated DMs count as new
         with sqlite3.connect(folder / "bench.db") as database:
             database.execute("UPDATE devices SET registered_at = registered_at - ?", (5 * 86400,))
-        for name, negentropy, seed in (("negentropy_first", True, 2), ("paged_req", False, 3)):
-            fresh = dataset(recipients, max(1, dms // 100), int(time.time()), seed=seed)
+        report["new_dms_per_outage"] = new or max(1, dms // 100)
+        outages = [("negentropy_first", True, 2), ("paged_req", False, 3)][: 2 if replay else 1]
+        for name, negentropy, seed in outages:
+            fresh = dataset(recipients, report["new_dms_per_outage"], int(time.time()), seed=seed)
             await publish(relay.url, fresh)
+            profiler = cProfile.Profile() if profile is not None and negentropy else None
+            if profiler is not None:
+                profiler.enable()
             report[name] = await run_bridge(
                 folder, url, negentropy, {e["id"] for e in fresh}, keys, proxy, relay_pid,
                 history_ids, queued,
             )
+            if profiler is not None and profile is not None:
+                profiler.disable()
+                profiler.dump_stats(profile)
             queued = report[name].pop("queued")
             history_ids |= {e["id"] for e in fresh}
-        neg, req = report["negentropy_first"], report["paged_req"]
-        if neg["method"] == "negentropy":
+        neg, req = report["negentropy_first"], report.get("paged_req")
+        if neg["method"] == "negentropy" and req is not None:
             report["negentropy_bytes_over_paged_replay"] = round(
                 neg["bytes_from_relay"] / max(1, req["bytes_from_relay"]), 4
             )
@@ -302,6 +316,13 @@ async def main() -> None:
     parser.add_argument("--relays", default="rust,nostr-relay")
     parser.add_argument("--nostr-relay-dms", type=int, default=None,
                         help="a smaller window for nostr-relay (it stores about 1,000 events/s)")
+    parser.add_argument("--new", type=int, default=None,
+                        help="new DMs per outage (default 1 %% of the window)")
+    parser.add_argument("--no-replay", action="store_true",
+                        help="skip the paged REQ replay (negentropy catch-up only)")
+    parser.add_argument("--profile", type=Path, default=None,
+                        help="write a cProfile of the negentropy catch-up to this file")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where the JSON goes")
     parser.add_argument("--log", default="WARNING", help="log level of sigil_push")
     arguments = parser.parse_args()
     logging.basicConfig(format="%(asctime)s %(name)s %(message)s")
@@ -314,7 +335,10 @@ async def main() -> None:
             dms = arguments.dms
             if kind == "nostr-relay" and arguments.nostr_relay_dms:
                 dms = arguments.nostr_relay_dms
-            report = await bench_relay(kind, arguments.keys, dms, Path(folder) / kind)
+            report = await bench_relay(
+                kind, arguments.keys, dms, Path(folder) / kind, arguments.new,
+                not arguments.no_replay, arguments.profile,
+            )
             print(json.dumps(report, indent=2), flush=True)
             runs.append(report)
     result = {
@@ -325,8 +349,8 @@ async def main() -> None:
                     "load_1min_after": round(os.getloadavg()[0], 2)},
         "runs": runs,
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    arguments.out.parent.mkdir(parents=True, exist_ok=True)
+    arguments.out.write_text(json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ import contextlib
 import json
 import logging
 import time
+import weakref
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -31,6 +32,7 @@ from typing import Any
 import aiohttp
 import nostr_sdk
 
+from sigil_push.memory_gauges import track
 from sigil_push.relays.reader_socket import ReaderSocket, open_reader
 
 log = logging.getLogger(__name__)
@@ -44,6 +46,10 @@ MAX_FRAME_BYTES = 4 * 1024 * 1024
 CLOSE_WAIT_SECONDS = 5.0
 ITEMS_PER_SYNC = 20_000
 """Our items per reconciliation: a larger window is reconciled in time slices."""
+MAX_CONVERTED_ITEMS = 1_000_000
+"""nostr-sdk items kept per relay between reconciliations (about 200 bytes each, Python and
+Rust together): past it the set is dropped and rebuilt, so a larger window costs CPU, never
+unbounded memory."""
 
 
 def _slices(
@@ -164,6 +170,22 @@ def _reason(error: BaseException) -> str:
     return "error"
 
 
+class _Reconcilers:
+    """Every live Reconciler, for the memory gauge (one series for all relays)."""
+
+    def __init__(self) -> None:
+        self.live: weakref.WeakSet[Reconciler] = weakref.WeakSet()
+
+    def add(self, reconciler: Reconciler) -> None:
+        self.live.add(reconciler)
+
+    def kept_items(self) -> int:
+        return sum(len(reconciler._converted) for reconciler in list(self.live))
+
+
+_ALL = _Reconcilers()
+track("negentropy_items", _ALL, _Reconcilers.kept_items)
+
 _clients_open = 0
 """Reconcilers with a client open: uniffi's event loop is set while any is (process-wide, so
 it is cleared again after the last, and nostr-sdk calls made from other loops still work)."""
@@ -193,6 +215,38 @@ class Reconciler:
         self._client: nostr_sdk.Client | None = None
         self._relay: nostr_sdk.Relay | None = None
         self._transport: _GuardedTransport | None = None
+        self._converted: dict[str, tuple[int, nostr_sdk.NegentropyItem]] = {}
+        """Event id → (created_at, its nostr-sdk item), kept across catch-ups and reconnects:
+        building an item (hex parsing through uniffi) was most of a reconciliation's CPU, paid
+        again for the whole window each time; now only for the items new since the last."""
+        self.converted_now = 0
+        """Items built by the last `missing` call (the rest came from the kept set)."""
+        _ALL.add(self)
+
+    def _items(self, items: dict[str, int], since: int | None) -> list[nostr_sdk.NegentropyItem]:
+        """`items` as nostr-sdk items, built only for ids not kept from before; kept items
+        older than `since` (out of every later window) are forgotten."""
+        converted = self._converted
+        if since is not None:
+            stale = [event_id for event_id, (at, _) in converted.items() if at < since]
+            for event_id in stale:
+                del converted[event_id]
+        if len(converted) + len(items) > MAX_CONVERTED_ITEMS:
+            converted.clear()
+        result = []
+        for event_id, created_at in items.items():
+            kept = converted.get(event_id)
+            if kept is None or kept[0] != created_at:
+                item = nostr_sdk.NegentropyItem(
+                    id=nostr_sdk.EventId.parse(event_id),
+                    timestamp=nostr_sdk.Timestamp.from_secs(created_at),
+                )
+                converted[event_id] = (created_at, item)
+                self.converted_now += 1
+            else:
+                item = kept[1]
+            result.append(item)
+        return result
 
     async def _open(self) -> nostr_sdk.Relay:
         if self._relay is not None:
@@ -219,6 +273,9 @@ class Reconciler:
         may cover (rust-nostr's relay refuses some tens of thousands with `NEG-ERR
         "rate-limited: too many negentropy items"`, strfry a million by default)."""
         missing: list[str] = []
+        self.converted_now = 0
+        if "#p" not in query:  # a firehose window: every kept item older is out of it
+            self._items({}, query.get("since"))
         for window, part in _slices(query, items, ITEMS_PER_SYNC):
             missing.extend(await self._missing(window, part))
         return missing
@@ -228,13 +285,7 @@ class Reconciler:
         self.count.refusal = None
         try:
             relay = await self._open()
-            negentropy_items = [
-                nostr_sdk.NegentropyItem(
-                    id=nostr_sdk.EventId.parse(event_id),
-                    timestamp=nostr_sdk.Timestamp.from_secs(created_at),
-                )
-                for event_id, created_at in items.items()
-            ]
+            negentropy_items = self._items(items, None)
             options = (
                 nostr_sdk.SyncOptions()
                 .dry_run()
