@@ -77,6 +77,20 @@ class CountingProxy:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._ready = threading.Event()
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._refusing = False
+
+    def cut(self, refuse: bool) -> None:
+        """Drop every connection through the proxy and refuse new ones while `refuse`
+        (an outage the bridge process lives through: it reconnects after)."""
+
+        def apply() -> None:
+            self._refusing = refuse
+            if refuse:
+                for writer in list(self._writers):
+                    writer.close()
+
+        self._loop.call_soon_threadsafe(apply)
 
     def start(self) -> None:
         self._thread.start()
@@ -99,6 +113,10 @@ class CountingProxy:
                 self.cpu = time.thread_time()
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._refusing:
+            writer.close()
+            return
+        self._writers.add(writer)
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
 
         async def upstream() -> None:
@@ -144,6 +162,7 @@ class CountingProxy:
         finally:
             task.cancel()
             writer.close()
+            self._writers.discard(writer)
 
 
 def dataset(recipients: list[str], count: int, now: int, seed: int) -> list[dict[str, Any]]:
@@ -202,8 +221,17 @@ async def outbox_counts(db: Any) -> dict[str, int]:
 async def run_bridge(
     folder: Path, url: str, negentropy: bool, new_ids: set[str], keys: int,
     proxy: CountingProxy, relay_pid: int | None, history: set[str], before: dict[str, int],
+    reconnect: tuple[str, list[dict[str, Any]]] | None = None,
+    profile: Path | None = None,
 ) -> dict[str, Any]:
-    """Start the bridge; until every `new_ids` is queued and the relay is live; the figures."""
+    """Start the bridge; until every `new_ids` is queued and the relay is live; the figures.
+    With `reconnect` (the relay's own url, DMs): then cut the bridge's sockets, publish those
+    DMs meanwhile, let it reconnect, and measure that catch-up too (`reconnect` in the
+    figures): the same process, so what it kept from the first catch-up is still there.
+    `profile`: cProfile of the restart's catch-up there, of the reconnect's beside it."""
+    profiler = cProfile.Profile() if profile is not None else None
+    if profiler is not None:
+        profiler.enable()
     bytes0, frames0, proxy_cpu0 = proxy.bytes, proxy.frames, proxy.cpu
     relay_cpu0 = process_cpu(relay_pid)
     cpu0, wall0 = time.process_time(), time.monotonic()
@@ -219,9 +247,44 @@ async def run_bridge(
             await asyncio.sleep(0.05)
         wall = time.monotonic() - wall0
         cpu = time.process_time() - cpu0 - (proxy.cpu - proxy_cpu0)
+        if profiler is not None and profile is not None:
+            profiler.disable()
+            profiler.dump_stats(profile)
+            profiler = cProfile.Profile()
         queued = await outbox_counts(parts.db)
         pool = parts.bridge._pool
         method = "negentropy" if pool.negentropy_support.get(url) else "req"
+        again: dict[str, Any] | None = None
+        if reconnect is not None:
+            relay_url, fresh = reconnect
+            proxy.cut(True)
+            while parts.bridge.health().get(url, {}).get("connected"):
+                await asyncio.sleep(0.05)
+            await publish(relay_url, fresh)
+            fresh_ids = {event["id"] for event in fresh}
+            bytes1, frames1, proxy_cpu1 = proxy.bytes, proxy.frames, proxy.cpu
+            cpu1, wall1 = time.process_time(), time.monotonic()
+            if profiler is not None:
+                profiler.enable()
+            proxy.cut(False)
+            while True:
+                health = parts.bridge.health().get(url, {})
+                queued = await outbox_counts(parts.db)
+                if fresh_ids <= set(queued) and health.get("live"):
+                    break
+                await asyncio.sleep(0.05)
+            if profiler is not None and profile is not None:
+                profiler.disable()
+                profiler.dump_stats(profile.with_suffix(".reconnect.prof"))
+            again = {
+                "bytes_from_relay": proxy.bytes - bytes1,
+                "frames_from_relay": proxy.frames - frames1,
+                "wall_seconds": round(time.monotonic() - wall1, 2),
+                "cpu_seconds": round(time.process_time() - cpu1 - (proxy.cpu - proxy_cpu1), 2),
+                "new_dms": len(fresh_ids),
+                "new_pushed_exactly_once": sum(1 for i in fresh_ids if queued.get(i) == 1),
+            }
+            new_ids = new_ids | fresh_ids
     new_pushed = [queued.get(event_id, 0) for event_id in new_ids]
     return {
         "method": method,
@@ -237,6 +300,7 @@ async def run_bridge(
             1 for event_id in history if queued.get(event_id, 0) > before.get(event_id, 0)
         ),
         "queued": queued,
+        **({"reconnect": again} if again is not None else {}),
     }
 
 
@@ -287,16 +351,17 @@ async def bench_relay(
         for name, negentropy, seed in outages:
             fresh = dataset(recipients, report["new_dms_per_outage"], int(time.time()), seed=seed)
             await publish(relay.url, fresh)
-            profiler = cProfile.Profile() if profile is not None and negentropy else None
-            if profiler is not None:
-                profiler.enable()
+            later = None
+            if negentropy:
+                later = (relay.url, dataset(
+                    recipients, report["new_dms_per_outage"], int(time.time()), seed=seed + 10
+                ))
             report[name] = await run_bridge(
                 folder, url, negentropy, {e["id"] for e in fresh}, keys, proxy, relay_pid,
-                history_ids, queued,
+                history_ids, queued, later, profile if negentropy else None,
             )
-            if profiler is not None and profile is not None:
-                profiler.disable()
-                profiler.dump_stats(profile)
+            if later is not None:
+                history_ids |= {e["id"] for e in later[1]}
             queued = report[name].pop("queued")
             history_ids |= {e["id"] for e in fresh}
         neg, req = report["negentropy_first"], report.get("paged_req")

@@ -57,13 +57,16 @@ def _slices(
 ) -> list[tuple[dict[str, Any], dict[str, int]]]:
     """`query`'s window cut at whole seconds into slices of about `per_slice` of `items`
     each (every item in exactly one: slice k asks [since_k, since_k+1 - 1], the last has no
-    `until`); one slice when they are few."""
+    `until`); one slice when they are few. One sort, then each item is placed once."""
     if len(items) <= per_slice:
         return [(query, items)]
-    times = sorted(items.values())
-    cuts = sorted({times[i] for i in range(per_slice, len(times), per_slice)} - {times[0]})
+    ordered = sorted(items.items(), key=lambda item: item[1])
+    cuts = sorted(
+        {ordered[i][1] for i in range(per_slice, len(ordered), per_slice)} - {ordered[0][1]}
+    )
     bounds = [query.get("since"), *cuts]
     slices = []
+    position = 0
     for k, since in enumerate(bounds):
         until = cuts[k] - 1 if k < len(cuts) else None
         window = dict(query)
@@ -71,10 +74,12 @@ def _slices(
             window["since"] = since
         if until is not None:
             window["until"] = until
-        part = {
-            event_id: created_at for event_id, created_at in items.items()
-            if (since is None or created_at >= since) and (until is None or created_at <= until)
-        }
+        part: dict[str, int] = {}
+        while position < len(ordered) and (until is None or ordered[position][1] <= until):
+            event_id, created_at = ordered[position]
+            if since is None or created_at >= since:
+                part[event_id] = created_at
+            position += 1
         slices.append((window, part))
     return slices
 
