@@ -284,7 +284,6 @@ async def run_bridge(
                 "new_dms": len(fresh_ids),
                 "new_pushed_exactly_once": sum(1 for i in fresh_ids if queued.get(i) == 1),
             }
-            new_ids = new_ids | fresh_ids
     new_pushed = [queued.get(event_id, 0) for event_id in new_ids]
     return {
         "method": method,
