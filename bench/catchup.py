@@ -184,11 +184,16 @@ def dataset(recipients: list[str], count: int, now: int, seed: int) -> list[dict
     return events
 
 
-async def publish(url: str, events: list[dict[str, Any]], per_connection: int = 5000) -> None:
+async def publish(
+    url: str, events: list[dict[str, Any]], per_connection: int = 5000, parallel: int = 4
+) -> None:
     """Store `events`, `per_connection` on each connection (rust-nostr's relay drops a
-    connection that publishes far more)."""
-    for start in range(0, len(events), per_connection):
-        await _publish_some(url, events[start : start + per_connection])
+    connection that publishes far more), `parallel` connections at a time."""
+    batches = [events[start : start + per_connection]
+               for start in range(0, len(events), per_connection)]
+    for first in range(0, len(batches), parallel):
+        await asyncio.gather(*(_publish_some(url, batch)
+                               for batch in batches[first : first + parallel]))
 
 
 async def _publish_some(url: str, events: list[dict[str, Any]], window: int = 500) -> None:
@@ -305,13 +310,14 @@ async def run_bridge(
 
 async def bench_relay(
     kind: str, keys: int, dms: int, folder: Path, new: int | None = None,
-    replay: bool = True, profile: Path | None = None,
+    replay: bool = True, profile: Path | None = None, lmdb: bool = False,
 ) -> dict[str, Any]:
     """One relay's figures; `new` DMs per outage (default 1 % of `dms`); `replay` false skips
     the paged REQ replay; `profile` writes a cProfile of the negentropy catch-up there."""
     folder.mkdir(parents=True, exist_ok=True)
     relay: RustRelayProcess | RelayProcess
-    relay = RustRelayProcess(folder / "relay") if kind == "rust" else RelayProcess(folder / "relay")
+    relay = (RustRelayProcess(folder / "relay", lmdb=lmdb) if kind == "rust"
+             else RelayProcess(folder / "relay"))
     relay.start()
     relay_pid = relay.pid if isinstance(relay, RustRelayProcess) else relay._process.pid  # type: ignore[union-attr]
     proxy = CountingProxy(relay.port)
@@ -326,6 +332,7 @@ async def bench_relay(
         started = time.monotonic()
         await publish(relay.url, history)
         published = time.monotonic() - started
+        print(f"published {dms} in {published:.0f} s", flush=True)
         store = await open_sqlite(folder / "bench.db")
         for n, pubkey in enumerate(recipients):
             await store.devices.register(pubkey, "android", f"fcm-{n}", "opaque", (), None, 0)
@@ -333,6 +340,7 @@ async def bench_relay(
         history_ids = {event["id"] for event in history}
         report: dict[str, Any] = {
             "relay": kind, "keys": keys, "dms_in_window": dms,
+            **({"relay_store": "lmdb"} if lmdb and kind == "rust" else {}),
             "generate_seconds": round(generated, 1), "publish_seconds": round(published, 1),
         }
         report["baseline"] = await run_bridge(
@@ -386,6 +394,9 @@ async def main() -> None:
                         help="skip the paged REQ replay (negentropy catch-up only)")
     parser.add_argument("--profile", type=Path, default=None,
                         help="write a cProfile of the negentropy catch-up to this file")
+    parser.add_argument("--lmdb", action="store_true",
+                        help="rust-nostr's relay keeps its events in LMDB (its in-memory store"
+                        " keeps about 75,000)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where the JSON goes")
     parser.add_argument("--log", default="WARNING", help="log level of sigil_push")
     arguments = parser.parse_args()
@@ -401,7 +412,7 @@ async def main() -> None:
                 dms = arguments.nostr_relay_dms
             report = await bench_relay(
                 kind, arguments.keys, dms, Path(folder) / kind, arguments.new,
-                not arguments.no_replay, arguments.profile,
+                not arguments.no_replay, arguments.profile, arguments.lmdb,
             )
             print(json.dumps(report, indent=2), flush=True)
             runs.append(report)
