@@ -9,6 +9,12 @@ nothing else (still in flight when the window ends) counts in ``events`` but in 
 column. The latency of an (event, platform) is that of its final outcome (the smallest if
 several records share it), i.e. first ``seen`` to the provider's answer, retries included.
 
+Suppressed DMs (``suppressed`` records: paused, present, muted, not followed) woke no device,
+so they belong to no platform and are no failure: they are counted in the ``suppressed``
+column of a row of their own, platform ``none`` (absent when there were none). A DM held back
+by a presence that then lapsed is also pushed once at the lapse, and counts in its platform
+row as well.
+
 Runs on its own with ``spark-submit analytics/delivery.py --input LOG --output DIR``.
 """
 
@@ -65,8 +71,31 @@ def final_outcomes(pushes: DataFrame) -> DataFrame:
     )
 
 
+NO_PLATFORM = "none"
+"""The platform of the row counting suppressed DMs (they woke no device)."""
+
+
+def _suppressed_row(obs: Observations) -> DataFrame:
+    """The `none` row: distinct suppressed DMs in ``events`` and ``suppressed``, no outcome."""
+    counted = (
+        obs.suppressions.select(F.lit(NO_PLATFORM).alias("platform"), "event_id")
+        .distinct()
+        .groupBy("platform")
+        .agg(F.count(F.lit(1)).alias("events"))
+    )
+    zero = F.lit(0).cast(LongType())
+    return counted.select(
+        "platform",
+        "events",
+        *(zero.alias(status) for status in FINAL_STATUSES),
+        *(F.lit(None).cast(LongType()).alias(name) for name in ("p50_ms", "p99_ms")),
+        F.col("events").alias("suppressed"),
+    )
+
+
 def compute(obs: Observations) -> dict[str, DataFrame]:
-    """Per platform: events, accepted, unregistered, rejected, failed, p50_ms, p99_ms."""
+    """Per platform: events, accepted, unregistered, rejected, failed, p50_ms, p99_ms, and
+    suppressed (always 0 there; the `none` row counts suppressed DMs)."""
     outcomes = final_outcomes(obs.pushes)
     counts = [
         F.count(F.when(F.col("rank") == position, 1)).alias(status)
@@ -82,9 +111,14 @@ def compute(obs: Observations) -> dict[str, DataFrame]:
         F.round(F.col("q")[i]).cast(LongType()).alias(name)
         for i, name in enumerate(("p50_ms", "p99_ms"))
     ]
-    return {
-        OUTPUT: funnel.select("platform", "events", *FINAL_STATUSES, *as_ms).orderBy("platform")
-    }
+    by_platform = funnel.select(
+        "platform",
+        "events",
+        *FINAL_STATUSES,
+        *as_ms,
+        F.lit(0).cast(LongType()).alias("suppressed"),
+    )
+    return {OUTPUT: by_platform.unionByName(_suppressed_row(obs)).orderBy("platform")}
 
 
 JOB = Job(name="delivery", description=__doc__ or "", compute=compute)

@@ -57,6 +57,8 @@ SCHEMA = StructType(
         StructField("published", BooleanType()),
         StructField("ok_message", StringType()),
         StructField("received_ms", DoubleType()),
+        # suppressed: why a verified DM woke no device (the recipient's own choices)
+        StructField("reason", StringType()),
         StructField(CORRUPT_COLUMN, StringType()),
     ]
 )
@@ -68,6 +70,7 @@ REQUIRED_FIELDS: dict[str, tuple[str, ...]] = {
     "push": ("ts", "event_id", "platform", "status"),
     "expect": ("ts", "event_id", "relays"),
     "canary": ("ts", "relay", "event_id", "published"),
+    "suppressed": ("ts", "event_id", "reason"),
 }
 
 _FILE_NAME = re.compile(r"^observations-(?:[A-Za-z0-9._-]+-)?(\d{8}T\d{2})\.jsonl(?:\.gz)?$")
@@ -177,6 +180,11 @@ class Observations:
     @property
     def pushes(self) -> DataFrame:
         return self.of_type("push", "event_id", "platform", "status", "ts", "latency_ms")
+
+    @property
+    def suppressions(self) -> DataFrame:
+        """``event_id, reason``: DMs that woke no device by their recipients' choice."""
+        return self.of_type("suppressed", "event_id", "reason")
 
     @property
     def expects(self) -> DataFrame:

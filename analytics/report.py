@@ -240,8 +240,12 @@ def _summary(facts: Sequence[tuple[str, str]], tables: dict[str, Any]) -> str:
     )
     p_cols, p_rows = tables["delivery"]
     wakeups = []
+    held_back = 0
     for row in p_rows:
         get = dict(zip(p_cols, row, strict=True))
+        if get["platform"] == delivery.NO_PLATFORM:
+            held_back = get["suppressed"]
+            continue
         failed = sum(get[s] for s in delivery.FINAL_STATUSES[1:])
         done = get["accepted"] + failed
         wakeups.append(
@@ -256,7 +260,9 @@ def _summary(facts: Sequence[tuple[str, str]], tables: dict[str, Any]) -> str:
             labels=["platform", "wakeups", "accepted", "failed", "accepted"],
         )
         + '<p class="note">failed: unregistered, rejected or failed at the provider; wakeups '
-        "still being retried count in neither.</p>"
+        "still being retried count in neither. "
+        f"Suppressed by the recipients' own choices (pause, presence, mutes, follows-only), "
+        f"not failures: {held_back} DMs.</p>"
     )
     cards = "".join(f'<div class="card">{c}</div>' for c in (inbox_card, canary_card, push_card))
     return f'<table>{fact_rows}</table>\n<div class="cards">{cards}</div>'
@@ -344,7 +350,7 @@ def _delivery_section(tables: dict[str, Any]) -> str:
     columns, rows = tables["delivery"]
     parts = ['<h2 id="delivery">Delivery funnel</h2>']
     if rows:
-        stages = ["events", *delivery.FINAL_STATUSES]
+        stages = ["events", *delivery.FINAL_STATUSES, "suppressed"]
         counts = [[row[columns.index(stage)] for stage in stages] for row in rows]
         parts.append(
             _image(charts.funnel_chart([r[0] for r in rows], stages, counts), "delivery funnel")

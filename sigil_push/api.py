@@ -30,12 +30,22 @@ from sigil_push.ratelimit import RateLimiter, client_address, rate_limit_key, tr
 from sigil_push.service import Service, State
 from sigil_push.store.errors import STORE_UNAVAILABLE, TooManyAccounts, TooManyDevices
 from sigil_push.store.records import Device
-from sigil_push.validation import parse_json_object, parse_npub, parse_register
+from sigil_push.validation import (
+    parse_json_object,
+    parse_npub,
+    parse_pair_token,
+    parse_preferences,
+    parse_presence_seconds,
+    parse_register,
+)
 from sigil_push.worker_metrics import WorkerLabelled
 
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 8 * 1024
+MAX_MUTE_BODY_BYTES = 80 * 1024
+"""/preferences only: a private mute list of 1,000 npubs is about 66 KiB, past the 8 KiB of
+every other route (/register keeps 8 KiB: a longer list is sent with /preferences)."""
 UNLIMITED_ROUTES = ("/health", "/metrics")
 
 
@@ -64,25 +74,25 @@ class Api:
         if wait:
             raise RateLimited(wait)
 
-    async def _read_body(self, request: Request) -> bytes:
-        """Read at most MAX_BODY_BYTES; larger bodies are refused without being buffered."""
+    async def _read_body(self, request: Request, most: int = MAX_BODY_BYTES) -> bytes:
+        """Read at most `most` bytes; larger bodies are refused without being buffered."""
         declared = request.headers.get("content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > MAX_BODY_BYTES):
-            raise ApiError(413, "body_too_large", f"body must be at most {MAX_BODY_BYTES} bytes")
+        if declared is not None and (not declared.isdigit() or int(declared) > most):
+            raise ApiError(413, "body_too_large", f"body must be at most {most} bytes")
         chunks: list[bytes] = []
         size = 0
         async for chunk in request.stream():
             size += len(chunk)
-            if size > MAX_BODY_BYTES:
-                raise ApiError(413, "body_too_large", f"body must be at most {MAX_BODY_BYTES} bytes")
+            if size > most:
+                raise ApiError(413, "body_too_large", f"body must be at most {most} bytes")
             chunks.append(chunk)
         return b"".join(chunks)
 
-    async def _json_body(self, request: Request) -> bytes:
+    async def _json_body(self, request: Request, most: int = MAX_BODY_BYTES) -> bytes:
         media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if media_type != "application/json":
             raise ApiError(415, "unsupported_media_type", "Content-Type must be application/json")
-        return await self._read_body(request)
+        return await self._read_body(request, most)
 
     async def _authenticate(self, request: Request, body: bytes) -> str:
         """Verify NIP-98 for this exact request and spend the auth event; returns its pubkey."""
@@ -123,6 +133,10 @@ class Api:
         if wanted.auth_signer is not None:
             await self.service.components.delegated_auth.set_signer(pubkey, wanted.auth_signer)
         device = registration.device
+        if not wanted.preferences.empty:
+            device = await self.service.components.devices.set_preferences(
+                pubkey, device.token, wanted.preferences
+            ) or device
         log.info(
             "%s %s device …%s", "registered" if registration.created else "updated",
             device.platform, device.token_suffix,
@@ -136,9 +150,48 @@ class Api:
                 "token_suffix": device.token_suffix,
                 "registered_at": device.registered_at,
                 "sealed": device.device_key is not None,
+                **_preferences(device, int(time.time())),
             },
             status_code=201 if registration.created else 200,
         )
+
+    async def preferences(self, request: Request) -> Response:
+        """POST /preferences: pause, follows-only and the private mute list of one pair."""
+        self._require_serving()
+        self._limit_ip(request)
+        raw = await self._json_body(request, MAX_MUTE_BODY_BYTES)
+        pubkey = await self._authenticate(request, raw)
+        body = parse_json_object(raw)
+        token = parse_pair_token(body.get("device_token"))
+        now = int(time.time())
+        change = parse_preferences(body, now)
+        devices = self.service.components.devices
+        device = None
+        for stored in _stored_forms(token):
+            device = await devices.set_preferences(pubkey, stored, change)
+            if device is not None:
+                break
+        if device is None:
+            raise ApiError(404, "not_registered", "you have no registration with this device token")
+        return JSONResponse(_preferences(device, now))
+
+    async def presence(self, request: Request) -> Response:
+        """POST /presence: the app is in the foreground (no wakeups) for `seconds`; 0 ends it."""
+        self._require_serving()
+        self._limit_ip(request)
+        raw = await self._json_body(request)
+        pubkey = await self._authenticate(request, raw)
+        body = parse_json_object(raw)
+        token = parse_pair_token(body.get("device_token"))
+        seconds = parse_presence_seconds(body.get("seconds"))
+        until = int(time.time()) + seconds if seconds else None
+        devices = self.service.components.devices
+        for stored in _stored_forms(token):
+            if await devices.set_presence(pubkey, stored, until):
+                break
+        else:
+            raise ApiError(404, "not_registered", "you have no registration with this device token")
+        return JSONResponse({"present_until": until})
 
     async def unregister(self, request: Request) -> Response:
         self._require_serving()
@@ -162,6 +215,7 @@ class Api:
         pubkey = await self._authenticate(request, await self._read_body(request))
         devices = await self.service.components.devices.of_pubkey(pubkey)
         delegated = self.service.components.delegated_auth
+        now = int(time.time())
         signer_status = delegated.status(pubkey)
         return JSONResponse(
             {
@@ -176,6 +230,8 @@ class Api:
                         "delegated_auth": signer_status == "active",
                         "auth_signer_status": signer_status,
                         "auth_signer_detail": delegated.detail(pubkey),
+                        **_preferences(device, now),
+                        "follows_known": bool(device.rules and device.rules.follows_known),
                         **_device_fields(device),
                     }
                     for device in devices
@@ -249,6 +305,23 @@ class Api:
         return extras if serving else dict.fromkeys(extras)
 
 
+def _stored_forms(token: str) -> tuple[str, ...]:
+    """The token as given, then lowercased when it could be an APNs token (stored lowercase),
+    as `unregister` looks a pair up."""
+    if len(token) >= 64 and token != token.lower() and all(c in "0123456789abcdefABCDEF" for c in token):
+        return (token, token.lower())
+    return (token,)
+
+
+def _preferences(device: Device, now: int) -> dict[str, Any]:
+    """A pair's preferences as the API shows them (a pause already over shows as null)."""
+    rules = device.rules
+    if rules is None:
+        return {"pause_until": None, "senders": "anyone", "muted_count": 0}
+    pause = rules.pause_until if rules.pause_until is not None and rules.pause_until > now else None
+    return {"pause_until": pause, "senders": rules.senders, "muted_count": rules.muted_count}
+
+
 def _device_fields(device: Device) -> dict[str, Any]:
     """A device's provider-specific fields in `GET /registrations` (UnifiedPush: `encrypted`)."""
     if device.platform not in registry.PLATFORMS:  # a provider since removed from the registry
@@ -312,6 +385,8 @@ def create_app(service: Service) -> Starlette:
         Route("/register", api.register, methods=["POST"]),
         Route("/unregister", api.unregister, methods=["DELETE"]),
         Route("/registrations", api.registrations, methods=["GET"]),
+        Route("/preferences", api.preferences, methods=["POST"]),
+        Route("/presence", api.presence, methods=["POST"]),
         Route("/health", api.health, methods=["GET"]),
         Route("/metrics", api.metrics, methods=["GET"]),
         Route("/info", api.info, methods=["GET"]),

@@ -270,6 +270,11 @@ class ObservationLog:
             f'{{"type":"expect","ts":{ts_ms},"event_id":"{event_id}","relays":{encoded}}}'
         )))
 
+    def suppressed(self, ts_ms: int, event_id: str, reason: str) -> None:
+        """A verified DM that woke no device because of its recipient's own choices (pause,
+        presence, mute lists, follows-only): the id and the reason only, never who."""
+        self._append({"type": "suppressed", "ts": ts_ms, "event_id": event_id, "reason": reason})
+
     def canary(
         self,
         ts_ms: int,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -15,12 +16,22 @@ from sigil_push.nostr.nip44 import is_public_key
 from sigil_push.nostr.nip46 import BunkerUri, InvalidBunkerUri
 from sigil_push.push import registry
 from sigil_push.relays.discovery import normalize_relay_url
-from sigil_push.store.records import PAYLOAD_MODES, WebPushKeys
+from sigil_push.store.records import (
+    PAYLOAD_MODES,
+    SENDERS,
+    PreferenceChange,
+    WebPushKeys,
+    pack_keys,
+)
 
 MAX_USER_RELAYS = 10
 MAX_BUNKER_URI_LENGTH = 2048
 MAX_RELAY_URL_LENGTH = 256
 BASE64URL = re.compile(r"[A-Za-z0-9_\-]+={0,2}")
+MAX_PAUSE_SECONDS = 366 * 24 * 3600
+MAX_MUTED = 1000
+MAX_PRESENCE_SECONDS = 300
+PREFERENCE_KEYS = ("pause_until", "senders", "muted")
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +43,7 @@ class RegisterRequest:
     relays: tuple[str, ...]
     webpush_keys: WebPushKeys | None
     auth_signer: BunkerUri | None
+    preferences: PreferenceChange
     device_key: str | None = None
 
 
@@ -152,7 +164,71 @@ def parse_auth_signer(value: Any, allow_insecure_relays: bool) -> BunkerUri | No
     return bunker
 
 
-def parse_register(body: dict[str, Any], pubkey: str, allow_insecure_relays: bool) -> RegisterRequest:
+def _invalid_preferences(field: str, problem: str) -> BadRequest:
+    return BadRequest("invalid_preferences", f"'{field}' {problem}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def parse_preferences(body: dict[str, Any], now: int) -> PreferenceChange:
+    """The preference keys present in `body` (absent ones stay as they are); every value is
+    checked before anything is changed, and a refusal names its field."""
+    change = PreferenceChange()
+    if "pause_until" in body:
+        value = body["pause_until"]
+        if value is not None and not _is_int(value):
+            raise _invalid_preferences("pause_until", "must be Unix seconds or null")
+        if value is not None and value > now + MAX_PAUSE_SECONDS:
+            raise _invalid_preferences("pause_until", "may be at most 366 days ahead")
+        # null or a time already past clears the pause
+        until = value if value is not None and value > now else None
+        change = PreferenceChange(sets_pause=True, pause_until=until)
+    senders = body.get("senders")
+    if "senders" in body and senders not in SENDERS:
+        raise _invalid_preferences("senders", f"must be one of {', '.join(SENDERS)}")
+    muted: bytes | None = None
+    muted_count = 0
+    if "muted" in body:
+        value = body["muted"]
+        if not isinstance(value, list) or len(value) > MAX_MUTED:
+            raise _invalid_preferences("muted", f"must be a list of at most {MAX_MUTED} pubkeys")
+        keys = []
+        for item in value:
+            if not isinstance(item, str) or len(item) > 100:
+                raise _invalid_preferences("muted", "entries must be 64 hex or npub strings")
+            try:
+                keys.append(parse_public_key(item.lower() if len(item) == 64 else item))
+            except InvalidKey:
+                raise _invalid_preferences(
+                    "muted", f"entry is neither 64 hex nor an npub: {item[:70]}"
+                ) from None
+        muted = pack_keys(keys)
+        muted_count = len(muted) // 32
+    return PreferenceChange(
+        change.sets_pause, change.pause_until, senders if "senders" in body else None,
+        muted, muted_count,
+    )
+
+
+def parse_presence_seconds(value: Any) -> int:
+    if not _is_int(value) or not 0 <= value <= MAX_PRESENCE_SECONDS:
+        raise _invalid_preferences("seconds", f"must be an integer from 0 to {MAX_PRESENCE_SECONDS}")
+    return int(value)
+
+
+def parse_pair_token(value: Any) -> str:
+    """The `device_token` naming one of the caller's pairs (its syntax is the platform's,
+    checked when it was registered)."""
+    if not isinstance(value, str) or not value or len(value) > 4096:
+        raise BadRequest("invalid_device_token", "'device_token' must be a non-empty string")
+    return value
+
+
+def parse_register(
+    body: dict[str, Any], pubkey: str, allow_insecure_relays: bool, now: int | None = None
+) -> RegisterRequest:
     """The rest of a registration, once the caller has checked `npub` against the auth key."""
     platform = parse_platform(body.get("platform"))
     payload = parse_payload_mode(body.get("payload"))
@@ -167,5 +243,6 @@ def parse_register(body: dict[str, Any], pubkey: str, allow_insecure_relays: boo
         relays=parse_relays(body.get("relays"), allow_insecure_relays),
         webpush_keys=parse_webpush_keys(body.get("keys"), platform),
         auth_signer=parse_auth_signer(body.get("auth_signer"), allow_insecure_relays),
+        preferences=parse_preferences(body, int(time.time()) if now is None else now),
         device_key=device_key,
     )

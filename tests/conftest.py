@@ -71,5 +71,21 @@ def api(client: httpx.Client, service: ServiceProcess) -> ApiCaller:
     return ApiCaller(client, service.url)
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "slow: starts extra processes")
+PROCESS_FIXTURES = frozenset({"start_service", "start_relay", "workers", "parts", "spark"})
+"""Fixtures that start processes of the test's own (relays, `serve`, gated inboxes and signers,
+a Spark session): a test taking one is `slow` without saying so (tests/README.md)."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`slow` on every test that starts processes through the fixtures above or runs Spark
+    (the `spark` marker); the tests sharing the `spark` session in one xdist group, so one
+    worker starts that JVM (about 1.5 GB, 30 s under load). Those running Spark in processes of
+    their own (the CLI, the standalone cluster) go to either worker."""
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        spark = "spark" in names or item.get_closest_marker("spark") is not None
+        if spark or names & PROCESS_FIXTURES:
+            item.add_marker(pytest.mark.slow)
+        if "spark" in names:
+            item.add_marker(pytest.mark.xdist_group("spark"))

@@ -110,6 +110,7 @@ async def _subscribed(instance: Instance, keys: int) -> None:
                      timeout=30.0, what=f"the relay subscribed for {keys} keys")
 
 
+@pytest.mark.slow
 async def test_two_accounts_on_one_phone_get_one_push_for_dms_inside_the_window(
     instance: Instance,
 ) -> None:
@@ -145,6 +146,7 @@ async def test_two_accounts_on_one_phone_get_one_push_for_dms_inside_the_window(
                                       "lunch at noon?", to_bob["content"]])
 
 
+@pytest.mark.slow
 async def test_unregistering_one_account_keeps_the_other(instance: Instance) -> None:
     """Carol signs out of Dave's phone: Dave's registration and wakeups stay, Carol's go."""
     carol, dave, sender, token = SdkUser(), SdkUser(), SdkUser(), fcm_token()
@@ -169,6 +171,7 @@ async def test_unregistering_one_account_keeps_the_other(instance: Instance) -> 
     assert instance.push_records(to_carol["id"]) == []
 
 
+@pytest.mark.slow
 async def test_a_dead_token_removes_every_account(instance: Instance) -> None:
     """FCM answers UNREGISTERED to a push for Erin: Frank's pair on the same token goes too."""
     erin, frank, sender, token = SdkUser(), SdkUser(), SdkUser(), fcm_token()
@@ -189,6 +192,7 @@ async def test_a_dead_token_removes_every_account(instance: Instance) -> None:
         del instance.fcm.script.answers[token]
 
 
+@pytest.mark.slow
 def test_the_account_cap_is_enforced_with_a_clear_error(instance: Instance) -> None:
     """A fourth npub on a token capped at three is refused with 409 too_many_accounts; the
     three registered accounts can still update their own registrations."""
@@ -364,11 +368,12 @@ async def test_migrating_a_0004_database_keeps_every_row_and_id(tmp_path: Path) 
         await outbox.hold([6], 6)  # `due` reserved it: given back as it was, attempt undone
     finally:
         await db.close()
-    # later migrations add columns (0008: device_key, NULL for every existing row)
+    # later migrations add columns (0008: device_key, NULL for every existing row; 0009: the
+    # preferences, at their defaults: NULL, senders 'anyone', muted_count 0)
     width = len(devices_before[0])
     after = _rows(path, "devices")[:2]
     assert [row[:width] for row in after] == devices_before
-    assert all(value is None for row in after for value in row[width:])
+    assert all(value in (None, 0, "anyone") for row in after for value in row[width:])
     assert _rows(path, "outbox") == outbox_before
     with sqlite3.connect(path) as connection:
         connection.execute("PRAGMA foreign_keys = ON")

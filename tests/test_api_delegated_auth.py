@@ -33,6 +33,7 @@ def signer_status(api: ApiCaller, user: SdkUser, wanted: str | None) -> dict[str
     raise AssertionError(f"signer status never became {wanted}: {devices}")
 
 
+@pytest.mark.slow
 def test_signer_session_is_reported_and_ends_with_the_last_device(
     api: ApiCaller, service: ServiceProcess, signer_relay: RelayProcess
 ) -> None:
@@ -57,6 +58,7 @@ def test_signer_session_is_reported_and_ends_with_the_last_device(
     assert signer.bunker_uri not in service.log()
 
 
+@pytest.mark.slow
 def test_refusing_signer_is_visible_to_the_owner(api: ApiCaller, signer_relay: RelayProcess) -> None:
     signer = RemoteSigner(signer_relay.url, refuse=True).start()
     try:

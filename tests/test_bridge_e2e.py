@@ -1,6 +1,10 @@
 """The relay bridge end to end: real `nostr-relay` processes, a real `sigil-push serve` process,
 real NIP-04 DMs and NIP-17 gift wraps built with nostr-sdk. A push is what the dry-run sender
 logs; every wait polls for the outcome with a generous deadline.
+
+The stories run on SQLite; the two whose service restarts (catch-up from the stored cursors
+and baselines) take `engine` and run on PostgreSQL too. What the store does for the others
+(seen ids, relay lists, registrations) is checked on both engines in process.
 """
 
 from __future__ import annotations
@@ -41,7 +45,9 @@ from tests.support.processes import FAST_RECONNECT
 from tests.support.relay import RelayProcess
 from tests.support.rogue_relay import RogueRelay
 from tests.support.service import ServiceProcess
-from tests.support.stores import fetch
+from tests.support.stores import Engine, fetch
+
+pytestmark = pytest.mark.slow  # every story here starts its own processes
 
 
 async def register_live(service: ServiceProcess, relay_url: str, keys: nostr_sdk.Keys) -> None:
@@ -178,6 +184,7 @@ async def test_restart_catches_up_once_without_duplicates(
     start_relay: Callable[..., RelayProcess],
     start_service: Callable[..., ServiceProcess],
     stop_signal: signal.Signals,
+    engine: Engine,
 ) -> None:
     """DMs sent while the service is down are pushed once when it returns; what was pushed
     before the stop is not pushed again, whether the stop was clean or a kill."""
@@ -425,7 +432,7 @@ async def test_an_updated_kind_10050_list_is_followed_live(
 
 
 async def test_a_relays_max_limit_is_paged_through_before_the_baseline(
-    start_service: Callable[..., ServiceProcess],
+    start_service: Callable[..., ServiceProcess], engine: Engine
 ) -> None:
     """A relay that returns at most 2 stored events per filter (its NIP-11 max_limit) is asked
     for older pages: all five earlier DMs are remembered, none pushed; a new one is pushed."""

@@ -6,13 +6,13 @@ only to keys granted role `r` (AUTH on connect, `restricted:` NOTICE), and the k
 (CLOSED after or before AUTH), chorus and nostr-rs-relay styles of tests/support/auth_relay.py. A push is
 what the dry-run sender logs; every wait polls with a generous deadline.
 
-Every test runs on both engines, where the sessions, their sealed secrets, the registrations
-and the learned NIP-42 modes are kept. The stories that take `parts` are about how each relay
-style gates reads, which the store does not change: they run against every style on SQLite and
-against `nostr-relay` (the real relay process) on PostgreSQL, and the connection-cap test's two
-styles share one PostgreSQL run; each style on each engine would double the longest file of
-the suite for no store behaviour more. The learned mode surviving a restart is the store's
-behaviour, so both its styles run on both engines.
+The stories about what the store keeps run on both engines: the first story (the sessions,
+their sealed secrets at rest, the registrations) against `nostr-relay` on PostgreSQL too, and
+the learned mode surviving a restart in both its styles. The others are about how each relay
+style gates reads and how the bridge shares connections, which the store does not change: they
+run on SQLite (every style where they take `parts`); the store's side of them (sessions, auth
+modes) is checked on both engines in process (tests/test_delegated_auth.py,
+tests/test_auth_modes_store.py, tests/test_pg_delegated_auth.py).
 """
 
 from __future__ import annotations
@@ -49,6 +49,8 @@ from tests.support.relay import RelayProcess, free_port
 from tests.support.remote_signer import RemoteSigner
 from tests.support.service import ServiceProcess
 from tests.support.stores import Engine, engine_of
+
+pytestmark = pytest.mark.slow  # every story here starts its own processes
 
 GATED = {"save": "a", "query": "r"}
 # how each style reports the shared connection: refused after AUTH, or silently served nothing
@@ -145,10 +147,13 @@ def sign_requests(signer: RemoteSigner) -> int:
     return signer.methods().count("sign_event")
 
 
+STYLES_ON_SQLITE = [pytest.param((style, "sqlite"), id=f"{style}-sqlite") for style in STYLES]
 STYLES_BY_ENGINE = [
-    *(pytest.param((style, "sqlite"), id=f"{style}-sqlite") for style in STYLES),
-    pytest.param(("nostr-relay", "postgres"), id="nostr-relay-postgres"),
+    *STYLES_ON_SQLITE, pytest.param(("nostr-relay", "postgres"), id="nostr-relay-postgres")
 ]
+SQLITE = Engine("sqlite", None)
+"""The engine of the stories about relays and connections rather than the store."""
+on_sqlite = pytest.mark.parametrize("parts", STYLES_ON_SQLITE, indirect=True)
 
 
 @pytest.fixture(params=STYLES_BY_ENGINE)
@@ -289,6 +294,7 @@ async def test_gift_wraps_on_a_gated_inbox_are_pushed_only_through_delegated_aut
     )
 
 
+@on_sqlite
 async def test_a_signer_that_will_not_sign_is_not_asked_in_a_storm(parts: dict[str, Any]) -> None:
     """The session is active but the signer refuses every AUTH signature: the per-user
     connection backs off (default 1 s doubling), the per-user rate limit caps what reaches the
@@ -321,6 +327,7 @@ async def test_a_signer_that_will_not_sign_is_not_asked_in_a_storm(parts: dict[s
     assert wakeups(service)[wrap["id"]] == 0
 
 
+@on_sqlite
 async def test_user_connections_respect_their_cap(parts: dict[str, Any]) -> None:
     """With max_user_connections = 0 an active session opens no connection: it is counted as
     skipped, and the gated relay stays unread."""
@@ -363,6 +370,7 @@ def start_signers(open_relay: RelayProcess, count: int, parts: dict[str, Any]) -
     return signers
 
 
+@on_sqlite
 async def test_users_share_a_connection_only_where_the_relay_accepts_several_auths(
     parts: dict[str, Any],
 ) -> None:
@@ -418,12 +426,12 @@ async def test_users_share_a_connection_only_where_the_relay_accepts_several_aut
 
 
 async def test_a_shared_relay_that_turns_one_key_per_connection_is_read_per_user(
-    tmp_path: Path, engine: Engine
+    tmp_path: Path
 ) -> None:
     """A relay learned to accept several AUTHs restarts as strfry (one key per connection, a
     second AUTH refused): the bridge falls back to a connection per user and every user reads
     again, without being told."""
-    with delegating(tmp_path, AuthRelay(tmp_path / "gated", "multi"), engine) as (
+    with delegating(tmp_path, AuthRelay(tmp_path / "gated", "multi"), SQLITE) as (
         open_relay, gated, service, started
     ):
         signers = delegating_users(service, open_relay, gated.url, started, 3)
@@ -464,7 +472,7 @@ def _restart_as_strfry_with_signers_held(
 
 
 async def test_a_one_key_relay_keeps_the_key_it_accepted_when_auths_arrive_out_of_order(
-    tmp_path: Path, engine: Engine
+    tmp_path: Path
 ) -> None:
     """The interleaving behind a flake of the test above under load, forced: after the shared
     relay restarts as strfry, the last user on the shared connection gets its AUTH to the relay
@@ -473,7 +481,7 @@ async def test_a_one_key_relay_keeps_the_key_it_accepted_when_auths_arrive_out_o
     accepted on the shared connection (its signer asked once), moves the others to connections
     of their own, and every user reads: nobody is taken as refused. It used to keep the first
     other member instead, whose own AUTH the relay then refused, and mark that user failed."""
-    with delegating(tmp_path, AuthRelay(tmp_path / "gated", "multi"), engine) as (
+    with delegating(tmp_path, AuthRelay(tmp_path / "gated", "multi"), SQLITE) as (
         open_relay, gated, service, started
     ):
         signers = delegating_users(service, open_relay, gated.url, started, 3)
@@ -531,7 +539,7 @@ def challenges_signed(signer: RemoteSigner) -> list[str]:
 
 
 async def test_a_reconnect_while_one_signer_signs_asks_nobody_else_for_the_old_challenge(
-    tmp_path: Path, engine: Engine
+    tmp_path: Path
 ) -> None:
     """On a relay whose mode is not learned yet (strfry here), the probe connection's two users
     are asked one after the other for each challenge. The relay restarts while the first user's
@@ -544,7 +552,7 @@ async def test_a_reconnect_while_one_signer_signs_asks_nobody_else_for_the_old_c
     after it began), so the relay restarts twice with every signer held: the second socket's
     round holds both users, and the third socket replaces it while the first user's signer is
     still signing for the second."""
-    with delegating(tmp_path, AuthRelay(tmp_path / "gated", "strfry"), engine) as (
+    with delegating(tmp_path, AuthRelay(tmp_path / "gated", "strfry"), SQLITE) as (
         open_relay, gated, service, started
     ):
         signers = [RemoteSigner(open_relay.url).start() for _ in range(2)]
@@ -598,7 +606,7 @@ async def test_a_reconnect_while_one_signer_signs_asks_nobody_else_for_the_old_c
 
 @pytest.mark.parametrize("ok", ["said", "withheld"])
 async def test_every_shared_connection_keeps_the_key_its_relay_serves(
-    tmp_path: Path, engine: Engine, ok: str
+    tmp_path: Path, ok: str
 ) -> None:
     """Two shared connections of two users each (NIP-11 `max_subscriptions = 4`) when the
     relay restarts as strfry. On the second connection the second user's AUTH reaches the
@@ -609,7 +617,7 @@ async def test_every_shared_connection_keeps_the_key_its_relay_serves(
     that refusal is the relay serving the other key, so the connection reconnects for that
     user alone instead of marking them failed. Either way every user reads."""
     relay = AuthRelay(tmp_path / "gated", "multi", max_subscriptions=4)
-    with delegating(tmp_path, relay, engine) as (open_relay, gated, service, started):
+    with delegating(tmp_path, relay, SQLITE) as (open_relay, gated, service, started):
         signers = delegating_users(service, open_relay, gated.url, started, 4)
         by_key = {s.user_hex: s for s in signers}
         await eventually(lambda: users_on(service, gated.url) == (4, 0), "all reading", 90)
@@ -660,19 +668,13 @@ async def test_every_shared_connection_keeps_the_key_its_relay_serves(
             await eventually(lambda w=wrap: wakeups(service)[w["id"]] == 1, "pushed per user")
 
 
-@pytest.mark.parametrize(
-    ("style", "store_backend"),
-    [("chorus-multi", "sqlite"), ("strfry", "sqlite"), ("chorus-multi", "postgres")],
-    ids=["chorus-multi-sqlite", "strfry-sqlite", "chorus-multi-postgres"],
-)
-async def test_the_connection_cap_counts_connections_not_users(
-    tmp_path: Path, style: str, engine: Engine
-) -> None:
+@pytest.mark.parametrize("style", ["chorus-multi", "strfry"])
+async def test_the_connection_cap_counts_connections_not_users(tmp_path: Path, style: str) -> None:
     """max_user_connections = 2 and four delegating users: on a relay that accepts several
     AUTHs all four read over the allowed connections; on a one-key relay two read and two are
     counted as skipped."""
     with delegating(
-        tmp_path, gated_inbox(tmp_path / "gated", style), engine, "max_user_connections = 2\n"
+        tmp_path, gated_inbox(tmp_path / "gated", style), SQLITE, "max_user_connections = 2\n"
     ) as (open_relay, gated, service, started):
         signers = delegating_users(service, open_relay, gated.url, started, 4)
         reading = 4 if style == "chorus-multi" else 2
@@ -692,12 +694,12 @@ async def test_the_connection_cap_counts_connections_not_users(
 
 
 async def test_a_signer_that_will_not_sign_leaves_a_shared_connection(
-    tmp_path: Path, engine: Engine
+    tmp_path: Path
 ) -> None:
     """On a relay that accepts several AUTHs, one user whose signer refuses to sign does not
     hold the others back: they read over the shared connection, and the refusing user gets a
     connection of their own that backs off, reported as failed."""
-    with delegating(tmp_path, AuthRelay(tmp_path / "gated", "multi"), engine) as (
+    with delegating(tmp_path, AuthRelay(tmp_path / "gated", "multi"), SQLITE) as (
         open_relay, gated, service, started
     ):
         good = [RemoteSigner(open_relay.url).start() for _ in range(3)]

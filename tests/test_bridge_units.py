@@ -202,7 +202,7 @@ def test_nip11_limits_shrink_shards_and_merge_filters() -> None:
     assert all(len(r.filters) == 2 for r in requests)
     assert requests[0].filters[0]["kinds"] == [4, 1059]
     assert requests[0].filters[1] == {
-        "kinds": [10050, 10002],
+        "kinds": [10050, 10002, 10000, 3],
         "authors": requests[0].filters[0]["#p"],
     }
 

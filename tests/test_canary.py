@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from sigil_push.nostr.keys import SecretKey
@@ -30,6 +31,8 @@ from tests.support.nostr_client import gift_wrap, hex_of, npub_of, publish, user
 from tests.support.relay import RelayProcess, free_port
 from tests.support.service import ServiceProcess
 from tests.support.stores import Engine
+
+pytestmark = pytest.mark.slow  # every story here starts its own processes
 
 INTERVAL_SECONDS = 2
 # nostr-relay holds its answer to a refused write for 2 s (throttling): the gated relay's probes

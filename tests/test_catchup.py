@@ -302,6 +302,7 @@ async def test_a_restart_while_catching_up_loses_nothing(tmp_path: Path, engine:
     assert nip77._clients_open == 0
 
 
+@pytest.mark.slow
 async def test_a_sigkilled_worker_while_reconciling_loses_nothing_on_postgres(
     tmp_path: Path, postgres_server: Any
 ) -> None:

@@ -84,6 +84,7 @@ def test_database_from_a_newer_version_is_refused(tmp_path: Path) -> None:
     assert "9999" in result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_stops_cleanly_with_exit_0(tmp_path: Path, sig: int, engine: Engine) -> None:
     """On either engine: the store closes (and a PostgreSQL worker lets go of its leases)
@@ -93,6 +94,7 @@ def test_signal_stops_cleanly_with_exit_0(tmp_path: Path, sig: int, engine: Engi
     assert "sigil-push stopped" in service.log()
 
 
+@pytest.mark.slow
 def test_dry_run_is_announced_at_start(tmp_path: Path) -> None:
     with ServiceProcess(tmp_path) as service:
         assert "dry-run" in service.log()

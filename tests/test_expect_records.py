@@ -10,6 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.support.bridge_harness import (
     assert_private,
     eventually,
@@ -31,6 +33,8 @@ from tests.support.processes import FAST_RECONNECT
 from tests.support.relay import RelayProcess, free_port
 from tests.support.service import ServiceProcess
 from tests.support.stores import Engine
+
+pytestmark = pytest.mark.slow  # every story here starts its own processes
 
 
 def expects(service: ServiceProcess, event_id: str) -> list[dict[str, Any]]:

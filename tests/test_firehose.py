@@ -162,7 +162,7 @@ async def test_a_firehose_relay_is_asked_for_every_dm_and_wakes_only_registered_
             for request in requests:
                 for query in request[2:]:
                     assert "#p" not in query and "authors" not in query, query
-                    assert set(query["kinds"]) & {4, 1059} or set(query["kinds"]) == {10050, 10002}
+                    assert set(query["kinds"]) & {4, 1059} or set(query["kinds"]) == {10050, 10002, 10000, 3}
             sent_text = json.dumps(proxy.sent)
             for keys in (alice, bob, carol):
                 assert hex_of(keys) not in sent_text, "the relay learnt a registered key"

@@ -83,3 +83,52 @@ async def test_a_key_without_relays_of_its_own_costs_the_bridge_little(tmp_path:
     per_key = sum(stat.size for stat in held.statistics("filename")) / len(keys)
     print(f"bridge and relay structures: {per_key:.0f} bytes per key")
     assert per_key < 200
+
+
+async def test_a_follows_only_user_with_2000_follows_costs_the_bridge_little_memory(
+    tmp_path: Path,
+) -> None:
+    """Issue 20: lists stay in the store. 200 follows-only users, each with a stored kind 3 of
+    2,000 follows: their devices in the committer's cache and a DM's author checked against
+    every list leave at most 20 KB per user resident (the Python side holds a `Rules` tuple per
+    device, not the follows). One engine: this is the bridge process's memory."""
+    from sigil_push.store.records import pack_keys
+
+    users = [secrets.token_hex(32) for _ in range(200)]
+    await _store_keys(tmp_path, users)
+    db = await open_database(tmp_path / "push.db")
+    try:
+        follows = pack_keys(secrets.token_hex(32) for _ in range(2000))
+        await db.executemany("UPDATE devices SET senders = 'follows' WHERE pubkey = ?",
+                             [(user,) for user in users])
+        await db.executemany(
+            "INSERT INTO user_lists (pubkey, kind, created_at, event_id, entries, entry_count)"
+            " VALUES (?, 3, 1, ?, ?, 2000)",
+            [(user, secrets.token_hex(32), follows) for user in users],
+        )
+        await db.commit()
+    finally:
+        await db.close()
+    async with in_process_bridge(tmp_path, "push.db", [{"url": url} for url in RELAYS]) as parts:
+        committer = parts.bridge._committer
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            cached = await committer._devices_of(users)
+            checks = [(secrets.token_hex(32), cached[user]) for user in users]
+            answers = await committer._link.lists.blocked(checks)  # type: ignore[union-attr]
+            assert all(answer for answer in answers), "strangers are not followed"
+            del checks, answers
+            # aiosqlite's thread keeps its last result until its next statement: one read's
+            # lists (OWNERS_PER_READ of them), a bounded buffer, not a cost per user
+            await parts.db.execute_fetchall("SELECT 1")
+            await committer._link.state.cursors()  # type: ignore[union-attr]
+            current, peak = tracemalloc.get_traced_memory()
+            per_user = (current - before) / len(users)
+        finally:
+            tracemalloc.stop()
+        assert all(d.rules is not None and d.rules.follows_known for d in cached[users[0]])
+        assert per_user <= 20_000, per_user
+        # the lists are read a group at a time: all 200 at once (12.8 MB, twice over while
+        # copied) would be the peak otherwise
+        assert peak - before < 10_000_000, peak - before

@@ -99,6 +99,7 @@ def test_retention_zero_keeps_everything_and_a_crash_leftover_is_finished(tmp_pa
     assert read_hour(tmp_path, interrupted) == lines(2, "interrupted")
 
 
+@pytest.mark.slow
 async def test_the_running_service_tidies_its_log_and_reports_its_size(tmp_path: Path) -> None:
     """A real `sigil-push serve` with `observations_retention_days = 7`: an old hour put in its
     folder is deleted, a recent finished one compressed, off the event loop while the API

@@ -42,6 +42,7 @@ def test_invalid_ops_config_exits_2_naming_the_key(tmp_path: Path, toml: str, ke
     assert_config_refused(tmp_path, toml, key)
 
 
+@pytest.mark.slow
 def test_an_unusable_canary_key_file_stops_the_service_and_is_kept(tmp_path: Path) -> None:
     """A key file that holds no key is an operator's problem to fix, never a reason to make a
     new identity: the service refuses to start, names the key, and leaves the file as it was."""

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from sigil_push.observations import safe_worker
 from sigil_push.store.postgres.sharding import CANARY_SHARD
@@ -23,6 +24,8 @@ from tests.support.processes import FAST_RECONNECT
 from tests.support.relay import RelayProcess
 from tests.support.service import ServiceProcess
 from tests.support.stores import on_database
+
+pytestmark = pytest.mark.slow  # every story here starts its own processes
 
 LEASE_SECONDS = 3
 INTERVAL_SECONDS = 1

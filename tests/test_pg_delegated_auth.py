@@ -51,6 +51,7 @@ def _shards(service: ServiceProcess) -> set[int]:
         return set()
 
 
+@pytest.mark.slow
 async def test_a_signer_set_through_one_worker_is_used_by_the_keys_owner(
     tmp_path: Path, postgres_url: str, started: list[Any]
 ) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import asyncpg
 import nostr_sdk
+import pytest
 
 from sigil_push.shards import DEFAULT_SHARDS
 from tests.support.bridge_harness import eventually, eventually_async, new_token, register, wakeups
@@ -25,6 +26,8 @@ from tests.support.processes import FAST_RECONNECT, worker_health
 from tests.support.relay import RelayProcess
 from tests.support.service import ServiceProcess
 from tests.support.stores import on_database
+
+pytestmark = pytest.mark.slow  # every story here starts its own processes
 
 LEASE_SECONDS = 2
 WORKER_TOML = FAST_RECONNECT + f"lease_seconds = {LEASE_SECONDS}\n"

@@ -26,6 +26,8 @@ from tests.support.relay import RelayProcess
 from tests.support.service import ServiceProcess
 from tests.support.stores import on_database
 
+pytestmark = pytest.mark.slow  # every story here starts its own processes
+
 
 @pytest.fixture
 def workers(tmp_path: Path) -> Iterator[list[ServiceProcess]]:

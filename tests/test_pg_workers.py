@@ -20,6 +20,7 @@ from typing import Any
 
 import asyncpg
 import nostr_sdk
+import pytest
 
 from sigil_push.shards import DEFAULT_SHARDS, shard_of
 from tests.support.bridge_harness import (
@@ -34,6 +35,8 @@ from tests.support.processes import FAST_RECONNECT, worker_health
 from tests.support.relay import RelayProcess
 from tests.support.service import ServiceProcess
 from tests.support.stores import on_database
+
+pytestmark = pytest.mark.slow  # every story here starts its own processes
 
 LEASE_SECONDS = 3
 WORKER_TOML = FAST_RECONNECT + f"lease_seconds = {LEASE_SECONDS}\n[push]\nsend_timeout_seconds = 1\n"

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
@@ -103,6 +104,7 @@ async def test_a_refusal_without_a_challenge_ends_as_auth_required() -> None:
         assert result.message.startswith("auth-required:")
 
 
+@pytest.mark.slow
 async def test_a_plain_relay_accepts_and_serves_the_gift_wrap(tmp_path: Path) -> None:
     """A real nostr-relay (signatures checked) takes the wrap at once; a down relay is
     `connect`."""

@@ -23,6 +23,8 @@ import urllib.request
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from sigil_push.nostr.event import sign_event
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.observations import now_ms
@@ -34,6 +36,8 @@ from tests.fakes.harness import (
 )
 from tests.support.service import ServiceProcess
 from tests.support.stores import Engine, fetch, opened
+
+pytestmark = pytest.mark.slow  # every story here starts its own processes
 
 EVENTS = 300
 CONCURRENCY = 8

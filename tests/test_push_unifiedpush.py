@@ -485,6 +485,7 @@ def test_a_key_file_that_holds_no_p256_key_stops_start_up(tmp_path: Path, conten
     assert path.read_text() == content, "a bad key file is reported, never replaced"
 
 
+@pytest.mark.slow
 def test_a_bad_key_file_stops_the_service_naming_the_key(tmp_path: Path) -> None:
     """The real service refuses to start rather than sign with a new key that no endpoint
     bound to the old one would accept; the file is left for the operator."""
@@ -565,6 +566,7 @@ def _wait_for(check: Any, what: str, timeout: float = 30.0) -> Any:
     return result
 
 
+@pytest.mark.slow
 def test_the_service_publishes_its_vapid_key_and_signs_with_it_across_restarts(
     tmp_path: Path, autopush: FakeUnifiedPush, engine: Engine
 ) -> None:

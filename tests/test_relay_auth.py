@@ -201,6 +201,7 @@ def lazy_relay(tmp_path: Path) -> Iterator[AuthRelay]:
     relay.stop()
 
 
+@pytest.mark.slow
 async def test_a_lazy_auth_relay_is_read_after_auth_and_its_late_closed_is_not_a_refusal(
     lazy_relay: AuthRelay, tmp_path: Path, engine: Engine
 ) -> None:

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
 from sigil_push.nostr.keys import SecretKey
@@ -144,6 +145,7 @@ async def poll_async(count: Any, wanted: int, timeout: float = 30.0) -> None:
     raise AssertionError(f"count never reached {wanted}: {await count()}")
 
 
+@pytest.mark.slow
 async def test_a_recipient_only_inbox_refusing_with_error_starts_delegated_auth(
     tmp_path: Path, engine: Engine
 ) -> None:

@@ -19,7 +19,7 @@ from sigil_push.store.postgres.migrate import migrate as migrate_postgres
 from sigil_push.store.sqlite.database import migrate as migrate_sqlite
 
 Column = tuple[str, bool]
-"""(kind, nullable): kind is one of `integer`, `text`, `timestamp`."""
+"""(kind, nullable): kind is one of `integer`, `text`, `bytes`, `timestamp`."""
 
 ONLY_ON: dict[str, dict[str, str]] = {
     "postgres": {
@@ -47,12 +47,13 @@ COLUMN_DIFFERENCES: dict[tuple[str, str], tuple[Column | None, Column | None, st
 }
 """Columns that differ on purpose: (SQLite, PostgreSQL) as (kind, nullable), None for absent."""
 
-_SQLITE_KINDS = {"INTEGER": "integer", "TEXT": "text"}
+_SQLITE_KINDS = {"INTEGER": "integer", "TEXT": "text", "BLOB": "bytes"}
 _POSTGRES_KINDS = {
     "bigint": "integer",
     "integer": "integer",
     "smallint": "integer",
     "text": "text",
+    "bytea": "bytes",
     "timestamp with time zone": "timestamp",
 }
 

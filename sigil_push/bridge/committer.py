@@ -19,9 +19,13 @@ from operator import attrgetter, itemgetter
 from sigil_push.bridge.metrics import (
     BASELINED,
     COMMIT_FAILURES,
+    LAPSE_WAKEUPS,
     LATENCY,
     POISON,
     PUSHED,
+    SUPPRESS_REASONS,
+    SUPPRESSED_BY,
+    USER_LISTS_BY,
     RelayCounters,
 )
 from sigil_push.bridge.pending import Arrival, DbOp, Pending
@@ -31,6 +35,7 @@ from sigil_push.relays.inbox import connected_inboxes
 from sigil_push.relays.pool import RelayPool
 from sigil_push.store.errors import TRANSIENT_ERRORS
 from sigil_push.store.interface import BridgeConnection, DeviceStore, OutboxStore, SeenStore
+from sigil_push.store.preferences import AuthorCheck, UserList
 from sigil_push.store.records import Device
 
 log = logging.getLogger(__name__)
@@ -44,6 +49,12 @@ one event that land in several batches are appended to its `seen_events` row in 
 FURTHER_HOLD_EVENTS = 10_000
 
 CommitListener = Callable[[Sequence[tuple[str, int]]], None]
+DIRECT_MESSAGE = 4
+"""The one kind whose author is visible: mute lists and follows-only apply to it alone."""
+PAUSED, PRESENT = "paused", "present"
+_STRENGTH = {reason: rank for rank, reason in enumerate(SUPPRESS_REASONS)}
+LapseMark = tuple[str, str, int]
+"""(event id, relay, device id): a DM the device's presence held back."""
 
 
 def in_lock_order(
@@ -70,6 +81,69 @@ def in_lock_order(
         sorted(new_events, key=itemgetter(0)),
         sorted(further, key=itemgetter(0)),
     )
+
+
+def _any_rules(devices: list[Device]) -> bool:
+    """Whether any device carries rules (a plain loop: no generator per event)."""
+    for device in devices:
+        if device.rules is not None:
+            return True
+    return False
+
+
+class Choice:
+    """What one DM's recipients chose, for the devices that carry rules: `kept` are the
+    devices it wakes, first without the kind 4 author checks (queued in `checks`, answered
+    for the whole batch at once), then, by `settle`, with them.
+
+    Pause and presence apply to every DM; mute lists and follows-only to kind 4 alone (a gift
+    wrap hides its author). A presence that holds a DM back is marked for its lapse wakeup.
+    """
+
+    __slots__ = ("_asking", "_first", "_reasons", "kept")
+
+    def __init__(
+        self,
+        arrival: Arrival,
+        targets: list[Device],
+        now: int,
+        marks: list[LapseMark],
+        checks: list[AuthorCheck],
+    ) -> None:
+        event = arrival.event
+        self.kept: list[Device] = []
+        self._reasons: list[str] = []
+        asking: dict[str, list[Device]] = {}
+        for device in targets:
+            rules = device.rules
+            if rules is None:
+                self.kept.append(device)
+            elif rules.pause_until is not None and rules.pause_until > now:
+                self._reasons.append(PAUSED)
+            elif rules.present_until is not None and rules.present_until > now:
+                self._reasons.append(PRESENT)
+                marks.append((event.id, arrival.relay, device.id))
+            elif event.kind == DIRECT_MESSAGE and rules.checks_author:
+                asking.setdefault(device.pubkey, []).append(device)
+            else:
+                self.kept.append(device)
+        self._first = len(checks)
+        self._asking = list(asking.values())
+        checks.extend((event.pubkey, devices) for devices in self._asking)
+
+    def settle(self, answers: list[dict[int, str]]) -> str | None:
+        """Add the devices the author checks let through to `kept`; returns the strongest
+        reason (SUPPRESS_REASONS order) that kept any device asleep."""
+        for offset, devices in enumerate(self._asking):
+            blocked = answers[self._first + offset]
+            for device in devices:
+                reason = blocked.get(device.id)
+                if reason is None:
+                    self.kept.append(device)
+                else:
+                    self._reasons.append(reason)
+        reasons = self._reasons
+        return min(reasons, key=_STRENGTH.__getitem__) if reasons else None
 
 
 class DatabaseUnavailable(Exception):
@@ -104,12 +178,13 @@ class Committer:
         self._outbox = outbox
         self._observations = observations
         self._pool = pool
-        self._counters = counters
+        self.counters = counters
         self._registration_relays = registration_relays
         self._insecure = insecure
         self._link: BridgeConnection | None = None
         self._seen: SeenStore
         self._lists: RelayLists
+        self._lists_waiting: dict[tuple[str, int], UserList] = {}
         self._listeners: list[CommitListener] = []
         self._device_cache: dict[str, list[Device]] = {}
         self._device_generation = 0
@@ -119,9 +194,18 @@ class Committer:
         self._held_since = 0.0
 
     def attach(self, link: BridgeConnection, seen: SeenStore, lists: RelayLists) -> None:
-        """The committer's own connection (with its outbox writer and bookkeeping), the
-        dedupe and the relay lists."""
+        """The committer's own connection (with its outbox writer, bookkeeping and the users'
+        own lists and presence lapses), the dedupe and the relay lists."""
         self._link, self._seen, self._lists = link, seen, lists
+
+    def offer_list(self, item: UserList) -> None:
+        """Ingest verified a kind 10000 or 3 of a watched key: store it soon (the newest of
+        each (key, kind) waiting here wins; the store keeps it only if newer than its own)."""
+        slot = (item.pubkey, item.kind)
+        waiting = self._lists_waiting.get(slot)
+        if waiting is None or (item.created_at, waiting.event_id) > (waiting.created_at, item.event_id):
+            self._lists_waiting[slot] = item
+        self._pending.work.set()
 
     def add_listener(self, listener: CommitListener) -> None:
         """Be told (event id, frame received ms) of every event whose wakeups reached the outbox."""
@@ -152,11 +236,45 @@ class Committer:
             work.clear()
             while self._pending:
                 await self._commit_pending()
+            if self._lists_waiting:
+                await self._save_user_lists()
             if self._held and (self._stopping or self._hold_expired()):
                 # no batch came to carry the held deliveries: a commit of their own
                 await self._commit_pending()
             if self._stopping:
                 return
+
+    async def _save_user_lists(self) -> None:
+        """Store the users' lists taken since the last time; the keys whose list replaced the
+        stored one have their devices (and the flags read with them) read again."""
+        waiting, self._lists_waiting = self._lists_waiting, {}
+        link = self._link
+        assert link is not None
+        try:
+            async with self._turn:
+                taken = await link.lists.save(list(waiting.values()))
+        except TRANSIENT_ERRORS as exc:
+            log.warning("storing %d user lists failed (%s); kept for the next turn",
+                        len(waiting), type(exc).__name__)
+            self._lists_waiting = waiting | self._lists_waiting
+            return
+        USER_LISTS_BY["stored"].inc(len(taken))
+        USER_LISTS_BY["stale"].inc(len(waiting) - len(taken))
+        for item in taken:
+            self.devices_changed(item.pubkey)
+
+    async def claim_lapses(self) -> int:
+        """Presences that lapsed by time after holding a DM back: one wakeup each, claimed and
+        written in one transaction (see `UserLists.claim_lapses`)."""
+        link = self._link
+        assert link is not None
+        now_ms = int(time.time() * 1000)
+        async with self._turn, link.transaction():
+            claimed = await link.lists.claim_lapses(now_ms // 1000, now_ms)
+        if claimed:
+            LAPSE_WAKEUPS.inc(claimed)
+            self._outbox.ready.set()
+        return claimed
 
     def _hold_expired(self) -> bool:
         return (
@@ -197,7 +315,7 @@ class Committer:
             except Exception:  # noqa: BLE001, S112 - counted below once it failed twice
                 continue
         POISON.inc()
-        counters = self._counters.get(arrival.relay)
+        counters = self.counters.get(arrival.relay)
         if counters is not None:  # None: the relay left the plan meanwhile (no series now)
             counters.dropped["poison"].inc()
         log.error("skipped an event that failed to commit %d times", POISON_ATTEMPTS)
@@ -225,12 +343,14 @@ class Committer:
         duplicate. A crash loses a held delivery's row and its record alike, so a relay's
         replay after the restart is recorded once, as it would have been."""
         new_events, further, further_seen, to_push, decided, delivered = await self._decide(batch)
-        writes = await self._targets(to_push)
+        writes, suppressed, marks = await self._targets(to_push)
         flush = bool(self._held) and (self._stopping or self._hold_expired())
         held_rows = [
             (event_id, relay) for event_id, relays in self._held.items() for relay in relays
         ] if flush else []
-        await self._write(writes, new_events, held_rows, ops)
+        await self._write(writes, new_events, held_rows, ops, marks)
+        if suppressed:
+            self._suppressed(suppressed)
         self._seen.remember(decided)
         if flush:
             delivered.extend(self._held_records)
@@ -297,7 +417,7 @@ class Committer:
             event_id, created_at = event.id, event.created_at
             is_new, first_here = first_delivery(event_id, relay, decided)
             if not first_here:
-                counters = self._counters.get(relay)
+                counters = self.counters.get(relay)
                 if counters is not None:
                     counters.duplicates.inc()
                 continue
@@ -330,12 +450,27 @@ class Committer:
         )
         self._observations.expect(arrival.received_ms, arrival.event.id, relays)
 
-    async def _targets(self, arrivals: list[Arrival]) -> list[tuple[Arrival, list[Device]]]:
-        """The devices each event wakes: its recipients' devices registered before it arrived."""
+    def _suppressed(self, suppressed: list[tuple[str, str]]) -> None:
+        """Count and log the DMs that woke nobody by their recipients' choice (once written)."""
+        ts_ms = int(time.time() * 1000)
+        for event_id, reason in suppressed:
+            SUPPRESSED_BY[reason].inc()
+            self._observations.suppressed(ts_ms, event_id, reason)
+
+    async def _targets(self, arrivals: list[Arrival]) -> tuple[
+        list[tuple[Arrival, list[Device]]], list[tuple[str, str]], list[LapseMark]
+    ]:
+        """The devices each event wakes: its recipients' devices registered before it arrived,
+        less those their owners' choices keep asleep (`Choice`); with the events that woke
+        nobody for that reason, and the presences that held one back. The kind 4 author
+        checks of the whole batch are one call to the store, after the first pass."""
         if not arrivals:
-            return []
+            return [], [], []
         by_key = await self._devices_of(dict.fromkeys(r for a in arrivals for r in a.push_to))
-        writes = []
+        decided: list[tuple[Arrival, list[Device], Choice | None]] = []
+        marks: list[LapseMark] = []
+        checks: list[AuthorCheck] = []
+        now = int(time.time())
         for arrival in arrivals:
             late = arrival.since_registration
             targets = [
@@ -345,15 +480,31 @@ class Committer:
                 if device.registered_at * 1000 <= arrival.received_ms
                 and (recipient not in late or device.registered_at <= arrival.event.created_at)
             ]
+            choice = None
+            if _any_rules(targets):  # someone chose something: the rare path
+                choice = Choice(arrival, targets, now, marks, checks)
+            decided.append((arrival, targets, choice))
+        link = self._link
+        assert link is not None
+        answers = await link.lists.blocked(checks) if checks else []
+        writes = []
+        suppressed: list[tuple[str, str]] = []
+        for arrival, targets, choice in decided:
+            if choice is not None:
+                reason = choice.settle(answers)
+                targets = choice.kept
+                if not targets and reason is not None:
+                    suppressed.append((arrival.event.id, reason))
+                    continue
             if targets:
                 writes.append((arrival, targets))
-            elif late:
+            elif arrival.since_registration:
                 BASELINED.inc()
             else:
-                counters = self._counters.get(arrival.relay)
+                counters = self.counters.get(arrival.relay)
                 if counters is not None:
                     counters.dropped["no_device"].inc()
-        return writes
+        return writes, suppressed, marks
 
     async def _devices_of(self, recipients: Iterable[str]) -> dict[str, list[Device]]:
         """Devices by recipient, from a cache that registration changes invalidate."""
@@ -378,9 +529,10 @@ class Committer:
         new_events: list[tuple[str, tuple[str, ...], int, int]],
         further: list[tuple[str, str]],
         ops: list[DbOp],
+        marks: list[LapseMark],
     ) -> None:
-        """One transaction: the batch's wakeups, its seen ids, and the queued bookkeeping,
-        each in lock order (`in_lock_order`)."""
+        """One transaction: the batch's wakeups, its seen ids, the queued bookkeeping and the
+        presences that held a DM back, each in lock order (`in_lock_order`)."""
         link = self._link
         writes, new_events, further = in_lock_order(writes, new_events, further)
         assert link is not None
@@ -391,3 +543,5 @@ class Committer:
             await self._seen.save(new_events, further)
             for op, rows in ops:
                 await link.state.apply(op, rows)
+            if marks:
+                await link.lists.mark_lapses(marks, int(time.time()))

@@ -4,7 +4,9 @@
 
 - `ingest`: frames in, verified arrivals out (synchronous, on the readers' tasks);
 - `pending`: the hand-off from ingest to the committer, and its back-pressure;
-- `committer`: arrivals → devices → outbox rows and seen ids, one transaction per batch;
+- `committer`: arrivals → devices (less those their owners' choices keep asleep) → outbox
+  rows and seen ids, one transaction per batch; the users' mute/contact lists and presence
+  lapses (`store/preferences.py`);
 - `keys`: which keys are watched where (registrations, relay lists, shards);
 - `relay_state`: baselines, cursors and gated relays, for the pool and per-user connections.
 
@@ -38,6 +40,7 @@ from sigil_push.relays.connection import BridgeKeySigner
 from sigil_push.relays.discovery import RelayLists, normalize_relay_url
 from sigil_push.relays.pool import RelayPool
 from sigil_push.relays.user_inbox import UserInboxes
+from sigil_push.store.errors import TRANSIENT_ERRORS
 from sigil_push.store.factory import connect_bridge
 from sigil_push.store.interface import BridgeConnection, DeviceStore, OutboxStore, SeenStore
 from sigil_push.store.seen import SeenEvents
@@ -51,6 +54,7 @@ log = logging.getLogger(__name__)
 
 HOUSEKEEPING_SECONDS = 60.0
 PRUNE_EVERY_SECONDS = 3600.0
+LAPSE_POLL_SECONDS = 1.0
 CATCHUP_ITEMS_SLACK_SECONDS = 3600
 """Deliveries are kept this long past the catch-up window (clock skew, a late reconnect)."""
 
@@ -105,14 +109,15 @@ class Bridge:
         )
         self._turn = turn
         self._ledger = CatchupLedger(self._bridge.catchup_seconds)
-        self._ingest = Ingest(
-            self._bridge, self._pool, pending, self._registry.keys, self._registry.lists_changed,
-            self._ledger,
-        )
         self._committer = Committer(
-            pending, devices, outbox, observations, self._pool, self._ingest.counters,
+            pending, devices, outbox, observations, self._pool, {},
             self._registry.registration_relays, self._insecure, turn,
         )
+        self._ingest = Ingest(
+            self._bridge, self._pool, pending, self._registry.keys, self._registry.lists_changed,
+            self._ledger, self._committer.offer_list,
+        )
+        self._committer.counters = self._ingest.counters
         self._tasks: list[asyncio.Task[None]] = []
         # the pool's and the per-user connections' callbacks (PoolOwner, InboxOwner) and the
         # service's hooks: the parts' own bound methods, so no frame passes through here
@@ -145,6 +150,7 @@ class Bridge:
             ("bridge-commit", self._committer.run),
             ("bridge-registrations", self._registry.run),
             ("bridge-housekeeping", self._housekeeping_loop),
+            ("bridge-presence-lapses", self._lapse_loop),
         ):
             self._tasks.append(self.supervisor.spawn(name, loop, core=True))
         await self._registry.subscribe_loaded()
@@ -222,6 +228,16 @@ class Bridge:
                 removed = await self._seen.prune()
                 log.info("forgot %d event ids past retention", removed)
                 await self._ledger.prune(CATCHUP_ITEMS_SLACK_SECONDS)
+
+    async def _lapse_loop(self) -> None:
+        """Presences that lapsed after holding a DM back get their one wakeup within about
+        LAPSE_POLL_SECONDS (an indexed read of the lapsed marks; usually none)."""
+        while True:
+            await asyncio.sleep(LAPSE_POLL_SECONDS)
+            try:
+                await self._committer.claim_lapses()
+            except TRANSIENT_ERRORS as exc:
+                log.warning("presence lapse claim failed (%s); retried", type(exc).__name__)
 
     def health(self) -> dict[str, dict[str, Any]]:
         """Per relay: the contract's `connected`/`last_event_at` plus the bridge's own detail,

@@ -20,14 +20,16 @@ import orjson
 from sigil_push.bridge.catchup_ledger import CatchupLedger
 from sigil_push.bridge.metrics import RelayCounters, remove_relay_series
 from sigil_push.bridge.pending import Arrival, Pending
+from sigil_push.bridge.user_lists import USER_LIST_KINDS_SET, user_list_of
 from sigil_push.config import BridgeConfig
 from sigil_push.memory_gauges import track
 from sigil_push.nostr.event import Event, InvalidEvent, compute_id
 from sigil_push.relays.budget import ConnectionBudget
-from sigil_push.relays.discovery import LIST_KINDS_SET, RelayLists
+from sigil_push.relays.discovery import LIST_KINDS_SET, SUBSCRIBED_LIST_KINDS_SET, RelayLists
 from sigil_push.relays.pool import RelayPool
 from sigil_push.relays.subscriptions import DM_KINDS, RelaySubscriptions
 from sigil_push.store.interface import SeenStore
+from sigil_push.store.preferences import UserList
 from sigil_push.verified import RecentlyVerified, Verified
 
 if TYPE_CHECKING:
@@ -78,7 +80,8 @@ class Ingest:
     (`on_user_event`), dropped with a counted reason or queued as an `Arrival`.
 
     `keys` is the key registry's set of watched keys (the same set, kept current there);
-    `lists_changed` tells the registry that a key's relay list was replaced.
+    `lists_changed` tells the registry that a key's relay list was replaced; `user_list`
+    hands a watched key's verified mute or contact list to the committer, which stores it.
     """
 
     def __init__(
@@ -89,6 +92,7 @@ class Ingest:
         keys: set[str],
         lists_changed: Callable[[str], None],
         ledger: CatchupLedger,
+        user_list: Callable[[UserList], None],
     ) -> None:
         self._bridge = settings
         self._ledger = ledger
@@ -96,6 +100,7 @@ class Ingest:
         self._enqueue = pending.enqueue
         self._keys = keys
         self._lists_changed = lists_changed
+        self._user_list = user_list
         self._recent = RecentlyVerified(RECENTLY_VERIFIED)
         self._unaddressed: dict[str, int] = {}
         self._received: dict[str, int] = {}
@@ -225,6 +230,12 @@ class Ingest:
                 return
             if self._lists.offer(event):
                 self._lists_changed(event.pubkey)
+            return
+        elif event.kind in USER_LIST_KINDS_SET and configured:
+            if event.pubkey not in subscribed:
+                counters.dropped["unknown_recipient"].inc()
+                return
+            self._user_list(user_list_of(event))
             return
         else:
             counters.dropped["wrong_kind"].inc()
@@ -377,7 +388,7 @@ class Ingest:
         except InvalidEvent:
             counters.invalid("malformed")
             return None
-        is_list = event.kind in LIST_KINDS_SET
+        is_list = event.kind in SUBSCRIBED_LIST_KINDS_SET
         if event.kind not in DM_KINDS and not (is_list and lists):
             counters.dropped["wrong_kind"].inc()
             return None
@@ -489,8 +500,11 @@ class Ingest:
         return True
 
 
-_ADDRESSING = re.compile(r'"p"\s*,\s*"([0-9a-f]{64})"|"kind"\s*:\s*(10050|10002)\b')
-"""A `p` tag's key, or a relay-list kind, in a raw EVENT frame (one pass over the text)."""
+_ADDRESSING = re.compile(
+    r'"p"\s*,\s*"([0-9a-f]{64})"|"kind"\s*:\s*(10050|10002|10000|3)\b'
+)
+"""A `p` tag's key, or a list kind (relays, mutes, contacts), in a raw EVENT frame (one pass
+over the text)."""
 _EVENT_ID = re.compile(r'"id"\s*:\s*"([0-9a-f]{64})"')
 _FRAME_HEAD = re.compile(r'\["EVENT"\s*,\s*"([^"\\]{1,64})"\s*,')
 _COPY_HEAD = re.compile(r'\["EVENT","([^"\\]{1,64})",\{"id":"([0-9a-f]{64})"')
@@ -503,7 +517,7 @@ def _addressed(raw: Any, keys: Mapping[str, int]) -> bool:
     if not isinstance(raw, dict):
         return True
     kind = raw.get("kind")
-    if type(kind) is int and kind in LIST_KINDS_SET:
+    if type(kind) is int and kind in SUBSCRIBED_LIST_KINDS_SET:
         author = raw.get("pubkey")
         return type(author) is str and author in keys
     tags = raw.get("tags")

@@ -79,3 +79,25 @@ def remove_relay_series(url: str) -> None:
     for reason in DROP_REASONS:
         with contextlib.suppress(KeyError):
             DROPPED.remove(label, reason)
+
+
+SUPPRESS_REASONS = ("paused", "present", "muted", "not_followed")
+"""Why a verified DM woke none of its recipient's devices (issue 20), strongest first."""
+SUPPRESSED = Counter(
+    "sigil_push_suppressed_total",
+    "Verified DMs that woke no device because of the recipients' own choices, by reason",
+    ["reason"],
+)
+SUPPRESSED_BY = {reason: SUPPRESSED.labels(reason) for reason in SUPPRESS_REASONS}
+USER_LIST_OUTCOMES = ("stored", "stale", "truncated")
+USER_LISTS = Counter(
+    "sigil_push_bridge_user_lists_total",
+    "Users' kind 10000/3 lists taken: stored (newest), stale (an older or equal one), truncated"
+    " (stored with only the first 10,000 keys)",
+    ["outcome"],
+)
+USER_LISTS_BY = {outcome: USER_LISTS.labels(outcome) for outcome in USER_LIST_OUTCOMES}
+LAPSE_WAKEUPS = Counter(
+    "sigil_push_presence_lapse_wakeups_total",
+    "Wakeups sent because a presence lapsed by time after holding back a DM",
+)

@@ -20,6 +20,10 @@ DM_RELAYS_KIND = 10050
 RELAY_LIST_KIND = 10002
 LIST_KINDS = (DM_RELAYS_KIND, RELAY_LIST_KIND)
 LIST_KINDS_SET = frozenset(LIST_KINDS)
+SUBSCRIBED_LIST_KINDS = (*LIST_KINDS, 10000, 3)
+"""What the bridge asks for by author: the relay lists, and the users' mute (NIP-51 kind 10000)
+and contact (kind 3) lists that decide what wakes them (issue 20)."""
+SUBSCRIBED_LIST_KINDS_SET = frozenset(SUBSCRIBED_LIST_KINDS)
 MAX_RELAYS_PER_LIST = 10
 MAX_URL_LENGTH = 256
 

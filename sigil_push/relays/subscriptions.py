@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from sigil_push.relays.discovery import LIST_KINDS
+from sigil_push.relays.discovery import SUBSCRIBED_LIST_KINDS
 from sigil_push.relays.nip11 import RelayLimits
 
 DM_KINDS = (4, 1059)
@@ -437,8 +437,8 @@ class RelaySubscriptions:
         if self.firehose:
             # no key in any filter; relay lists only from the window (they are matched by
             # author locally, like the DMs by recipient)
-            return [*dm, {"kinds": list(LIST_KINDS), "since": since}]
-        return [*dm, {"kinds": list(LIST_KINDS), "authors": keys}]
+            return [*dm, {"kinds": list(SUBSCRIBED_LIST_KINDS), "since": since}]
+        return [*dm, {"kinds": list(SUBSCRIBED_LIST_KINDS), "authors": keys}]
 
     def _page_filters(self, sent: SentReq) -> list[dict[str, Any]]:
         """One filter per DM filter still paging, each from its own `until`: a relay caps

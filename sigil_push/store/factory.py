@@ -35,6 +35,7 @@ from sigil_push.store.interface import (
     SeenRows,
     SignerSessionStore,
     Store,
+    UserListStore,
 )
 from sigil_push.store.postgres.bridge_state import (
     PostgresCatchupItems,
@@ -53,6 +54,7 @@ from sigil_push.store.postgres.instance import (
 from sigil_push.store.postgres.migrate import migrate as migrate_postgres
 from sigil_push.store.postgres.migrate import migrate_connection
 from sigil_push.store.postgres.outbox import PostgresOutbox
+from sigil_push.store.postgres.preferences import PostgresUserLists
 from sigil_push.store.sqlite.bridge_state import (
     SqliteCatchupItems,
     SqliteRelayState,
@@ -70,6 +72,7 @@ from sigil_push.store.sqlite.instance import (
     SqliteSignerSessions,
 )
 from sigil_push.store.sqlite.outbox import Outbox
+from sigil_push.store.sqlite.preferences import SqliteUserLists
 
 POOL_MAX = 10
 SESSION_SETTINGS = {"lock_timeout": "5000"}
@@ -132,6 +135,7 @@ class SqliteBridgeLink:
     outbox: OutboxStore
     seen: SeenRows
     state: RelayStateStore
+    lists: UserListStore
     catchup: CatchupItemsStore
 
     def transaction(self) -> AbstractAsyncContextManager[None]:
@@ -149,6 +153,7 @@ class PostgresBridgeLink:
     outbox: OutboxStore
     seen: SeenRows
     state: RelayStateStore
+    lists: UserListStore
     catchup: CatchupItemsStore
 
     def transaction(self) -> AbstractAsyncContextManager[None]:
@@ -256,10 +261,12 @@ async def connect_bridge(config: Config) -> SqliteBridgeLink | PostgresBridgeLin
         # the committer only enqueues; claims are taken by the delivery side's outbox
         return PostgresBridgeLink(
             db, PostgresOutbox(db, new_worker_id()), PostgresSeenRows(db), PostgresRelayState(db),
+            PostgresUserLists(db),
             PostgresCatchupItems(db),
         )
     sqlite = await open_database(config.resolve(database))
     return SqliteBridgeLink(
         sqlite, Outbox(sqlite), SqliteSeenRows(sqlite), SqliteRelayState(sqlite),
+        SqliteUserLists(sqlite),
         SqliteCatchupItems(sqlite),
     )

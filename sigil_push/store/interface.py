@@ -10,6 +10,8 @@ Only `sigil_push.store` speaks SQL. Callers get typed repositories, each with on
 engine written in that engine's own SQL (`store/sqlite/...`, `store/postgres/...`):
 
 - `DeviceStore`, `OutboxStore`: registrations and the durable outbox;
+- `UserListStore`: the users' kind 10000/3 lists, the kind 4 author checks and the presence
+  lapse marks and claims (issue 20), on the bridge's connection;
 - `RelayStateStore`: the bridge's baselines, live cursors and the users' relay lists, plus the
   bookkeeping writes (`BookkeepingOp`) the bridge queues behind its events;
 - `SeenRows`, `AuthIdRows`: the rows under `store.seen.SeenEvents` and
@@ -33,8 +35,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from sigil_push.nostr.event import Event
     from sigil_push.shards import ShardSet
+    from sigil_push.store.preferences import AuthorCheck, UserList
     from sigil_push.store.records import (
         Device,
+        PreferenceChange,
         Registration,
         RegistrationListener,
         StoredRelayList,
@@ -63,6 +67,12 @@ class DeviceStore(Protocol):
     ) -> Registration: ...
 
     async def unregister(self, pubkey: str, token: str) -> int: ...
+
+    async def set_preferences(
+        self, pubkey: str, token: str, change: PreferenceChange
+    ) -> Device | None: ...
+
+    async def set_presence(self, pubkey: str, token: str, until: int | None) -> bool: ...
 
     async def forget(self, device_id: int) -> Device | None: ...
 
@@ -118,6 +128,19 @@ class OutboxStore(Protocol):
     async def oldest_first_seen_ms(self) -> int | None: ...
 
     async def depth(self) -> int: ...
+
+
+class UserListStore(Protocol):
+    """The users' own kind 10000/3 lists, the kind 4 author checks and presence lapses
+    (issue 20), on the bridge committer's connection."""
+
+    async def save(self, lists: Sequence[UserList]) -> list[UserList]: ...
+
+    async def blocked(self, checks: Sequence[AuthorCheck]) -> list[dict[int, str]]: ...
+
+    async def mark_lapses(self, marks: Sequence[tuple[str, str, int]], now: int) -> None: ...
+
+    async def claim_lapses(self, now: int, now_ms: int) -> int: ...
 
 
 class AuthIdStore(Protocol):
@@ -400,6 +423,7 @@ class BridgeConnection(Protocol):
     outbox: OutboxStore
     seen: SeenRows
     state: RelayStateStore
+    lists: UserListStore
     catchup: CatchupItemsStore
 
     def transaction(self) -> AbstractAsyncContextManager[None]:

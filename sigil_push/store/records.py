@@ -56,6 +56,78 @@ class WebPushKeys:
     auth: str
 
 
+SENDERS = ("anyone", "follows")
+MUTE_LIST_KIND = 10000
+CONTACTS_KIND = 3
+USER_LIST_KINDS = (MUTE_LIST_KIND, CONTACTS_KIND)
+KEY_BYTES = 32
+
+RULE_COLUMNS = (
+    "pause_until, senders, present_until, muted_count,"
+    " (SELECT COALESCE(SUM(CASE WHEN l.kind = 10000 AND l.entry_count > 0 THEN 1"
+    " WHEN l.kind = 3 THEN 2 ELSE 0 END), 0) FROM user_lists l WHERE l.pubkey = {table}.pubkey)"
+)
+"""What a pair's owner chose (issue 20), read after the device columns: `{table}` is the
+devices table's name or alias in the query. The last column packs the npub's lists: 1 when a
+kind 10000 with entries is stored, 2 when a kind 3 is."""
+
+
+class Rules(NamedTuple):
+    """What may keep a pair from being woken. A device whose columns are all at their defaults
+    carries None instead (nearly every device): the bridge's check then costs one comparison."""
+
+    pause_until: int | None
+    senders: str
+    present_until: int | None
+    muted_count: int
+    mute_list: bool
+    """The npub has a kind 10000 with at least one key stored."""
+    follows_known: bool
+    """The npub has a kind 3 stored (`senders = "follows"` filters only then)."""
+
+    @classmethod
+    def from_columns(cls, row: Sequence[object]) -> Rules | None:
+        """The five RULE_COLUMNS as read, or None when none of them can suppress a wakeup or
+        says anything `GET /registrations` shows."""
+        pause_until, senders, present_until, muted_count, lists = row
+        flags = int(str(lists))
+        if (pause_until is None and senders == "anyone" and present_until is None
+                and not muted_count and not flags):
+            return None
+        return cls(
+            None if pause_until is None else int(str(pause_until)), str(senders),
+            None if present_until is None else int(str(present_until)), int(str(muted_count)),
+            bool(flags & 1), bool(flags & 2),
+        )
+
+    @property
+    def checks_author(self) -> bool:
+        """A kind 4's author must be looked up for this pair (mute lists, follows-only)."""
+        return bool(self.muted_count or self.mute_list
+                    or (self.senders == "follows" and self.follows_known))
+
+
+def pack_keys(keys: Iterable[str]) -> bytes:
+    """Hex keys as one sorted blob of 32-byte keys (duplicates dropped): a list costs 32 bytes
+    a key in the store and none in memory, and `has_key` finds one by bisection."""
+    return b"".join(sorted({bytes.fromhex(key) for key in keys}))
+
+
+def has_key(packed: bytes, key: bytes) -> bool:
+    """Whether the sorted blob `pack_keys` made holds the 32-byte `key`."""
+    low, high = 0, len(packed) // KEY_BYTES
+    while low < high:
+        middle = (low + high) // 2
+        at = packed[middle * KEY_BYTES : (middle + 1) * KEY_BYTES]
+        if at == key:
+            return True
+        if at < key:
+            low = middle + 1
+        else:
+            high = middle
+    return False
+
+
 @dataclass(frozen=True, slots=True)
 class Device:
     id: int
@@ -68,6 +140,8 @@ class Device:
     registered_at: int
     device_key: str | None = None
     """x-only public key that `sealed` wakeups are encrypted to; never shown, never logged."""
+    rules: Rules | None = None
+    """None when read without RULE_COLUMNS (delivery's rows), or when all are defaults."""
 
     @property
     def token_suffix(self) -> str:
@@ -82,7 +156,25 @@ class Device:
         return cls(
             int(str(row[0])), str(row[1]), str(row[2]), str(row[3]), str(row[4]), relays, keys,
             int(str(row[8])), str(row[9]) if row[9] else None,
+            Rules.from_columns(row[10:15]) if len(row) > 10 else None,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class PreferenceChange:
+    """What one request changes of a pair's preferences (validated; absent keys stay)."""
+
+    sets_pause: bool = False
+    pause_until: int | None = None
+    """With `sets_pause`: the new value (None clears it)."""
+    senders: str | None = None
+    muted: bytes | None = None
+    """The new private mute list, packed (`pack_keys`; b"" clears it); None: unchanged."""
+    muted_count: int = 0
+
+    @property
+    def empty(self) -> bool:
+        return not self.sets_pause and self.senders is None and self.muted is None
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+import pytest
+
 from tests.adversarial.hostile_relay import ReplayRelay
 from tests.support.bridge_harness import (
     eventually,
@@ -21,6 +23,8 @@ from tests.support.bridge_harness import (
 from tests.support.nostr_client import kind4_dm, publish, relay_list, user
 from tests.support.relay import RelayProcess
 from tests.support.service import ServiceProcess
+
+pytestmark = pytest.mark.slow  # every story here starts its own processes
 
 DROPPED = "sigil_push_bridge_events_dropped_total"
 NEAR_2_63 = 2**63 - 1000

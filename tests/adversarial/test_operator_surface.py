@@ -35,6 +35,7 @@ def mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
 
+@pytest.mark.slow
 def test_public_listener_hides_metrics_and_relay_detail(tmp_path: Path) -> None:
     with ServiceProcess(tmp_path / "svc", relays=["ws://127.0.0.1:1"]) as service:
         public = httpx.get(service.url + "/health", timeout=10)
@@ -56,6 +57,7 @@ def test_forwarded_for_is_believed_only_from_trusted_proxies() -> None:
     assert client_address("127.0.0.1", "not-an-ip", trusted) == "127.0.0.1"
 
 
+@pytest.mark.slow
 def test_per_ip_limit_uses_the_forwarded_address_behind_a_trusted_proxy(tmp_path: Path) -> None:
     service = ServiceProcess(
         tmp_path / "svc", limits="requests_per_minute_per_ip = 3\nrequests_per_minute_per_npub = 0",
@@ -78,6 +80,7 @@ def test_per_ip_limit_uses_the_forwarded_address_behind_a_trusted_proxy(tmp_path
         assert info("2001:db8:1:3::1") == 200
 
 
+@pytest.mark.slow
 def test_key_file_and_database_files_are_private(tmp_path: Path, engine: Engine) -> None:
     """The bridge key lives in a 0600 file, never in the database; the SQLite files and the
     observation log are 0600 too."""
@@ -107,6 +110,7 @@ def test_key_file_and_database_files_are_private(tmp_path: Path, engine: Engine)
         assert httpx.get(service.url + "/info", timeout=10).json()["pubkey"] == pubkey
 
 
+@pytest.mark.slow
 def test_key_in_an_old_database_moves_to_the_key_file(tmp_path: Path) -> None:
     folder = tmp_path / "svc"
     folder.mkdir()
@@ -154,6 +158,7 @@ def internal_listener() -> Iterator[tuple[int, list[str]]]:
     server.close()
 
 
+@pytest.mark.slow
 def test_user_relays_pointing_inside_are_never_contacted(
     tmp_path: Path, internal_listener: tuple[int, list[str]]
 ) -> None:
@@ -186,6 +191,7 @@ def test_bad_operator_keys_exit_2_naming_the_key(tmp_path: Path, server: str, ke
     assert_config_refused(tmp_path, f"[server]\n{server}\n", key)
 
 
+@pytest.mark.slow
 def test_admin_port_taken_fails_the_start_cleanly(tmp_path: Path) -> None:
     service = ServiceProcess(tmp_path / "svc")
     with socket.socket() as squatter:

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 
 import httpx
+import pytest
 
 from tests.conftest import ApiCaller
 from tests.support.bridge_harness import eventually, new_token, relay_live, wakeups
@@ -20,6 +21,8 @@ from tests.support.nip98 import SdkUser
 from tests.support.nostr_client import kind4_dm, publish
 from tests.support.relay import RelayProcess
 from tests.support.service import ServiceProcess
+
+pytestmark = pytest.mark.slow  # every story here starts its own processes
 
 
 async def test_an_attacker_cannot_take_over_or_remove_a_victims_token(

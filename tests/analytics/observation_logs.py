@@ -48,6 +48,7 @@ CONTRACT_COLUMNS = {
         "failed",
         "p50_ms",
         "p99_ms",
+        "suppressed",
     ],
 }
 
@@ -111,6 +112,10 @@ def push(
     if latency_ms is not None:
         record["latency_ms"] = latency_ms
     return record
+
+
+def suppressed(ts: int, event_id: str, reason: str) -> dict[str, Any]:
+    return {"type": "suppressed", "ts": ts, "event_id": event_id, "reason": reason}
 
 
 def expect(ts: int, event_id: str, relays: list[str]) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from tests.analytics.observation_logs import (
     push,
     relay,
     seen,
+    suppressed,
 )
 
 pytestmark = pytest.mark.spark
@@ -212,5 +213,40 @@ def test_delivery_funnel_counts_one_final_outcome_per_event(
     funnel = delivery.compute(obs)["delivery"]
 
     assert funnel.columns == CONTRACT_COLUMNS["delivery.csv"]
-    assert rows(funnel) == [("android", 3, 1, 1, 1, 0, 40, 80), ("ios", 4, 2, 0, 0, 1, 300, 5000)]
+    assert rows(funnel) == [
+        ("android", 3, 1, 1, 1, 0, 40, 80, 0), ("ios", 4, 2, 0, 0, 1, 300, 5000, 0)
+    ]
+    obs.release()
+
+
+def test_suppressed_dms_have_their_own_column_not_failures(
+    spark: SparkSession, log: ObservationLog
+) -> None:
+    """e1 paused (recorded twice: two workers), e2 muted: the `none` row counts 2 suppressed
+    DMs and no outcome. e3 was held back by a presence and pushed at its lapse: suppressed in
+    the `none` row and accepted on ios. e4 accepted as usual. A suppressed record without a
+    reason is corrupt."""
+    t = T0_MS
+    log.write(
+        "20261121T10",
+        [
+            suppressed(t + 1, "e1", "paused"),
+            suppressed(t + 2, "e1", "paused"),
+            suppressed(t + 3, "e2", "muted"),
+            suppressed(t + 4, "e3", "present"),
+            push(t + 5, "e3", "ios", "accepted", 90_000),
+            push(t + 6, "e4", "ios", "accepted", 100),
+            {"type": "suppressed", "ts": t + 7, "event_id": "e5"},
+        ],
+    )
+    obs = load_observations(spark, log.path)
+    assert obs.corrupt_lines == 1
+
+    funnel = delivery.compute(obs)["delivery"]
+
+    assert funnel.columns == CONTRACT_COLUMNS["delivery.csv"]
+    assert rows(funnel) == [
+        ("ios", 2, 2, 0, 0, 0, 100, 90_000, 0),
+        ("none", 3, 0, 0, 0, 0, None, None, 3),
+    ]
     obs.release()

@@ -88,8 +88,8 @@ def test_run_all_writes_every_report(
     ]
     assert read_csv(out / "canary.csv")[1:] == [["wss://a", "1", "1", "1", "1.0", "250", "250"]]
     assert read_csv(out / "delivery.csv")[1:] == [
-        ["android", "1", "0", "0", "1", "0", "700", "700"],
-        ["ios", "1", "1", "0", "0", "0", "2400", "2400"],
+        ["android", "1", "0", "0", "1", "0", "700", "700", "0"],
+        ["ios", "1", "1", "0", "0", "0", "2400", "2400", "0"],
     ]
     for name, columns in CONTRACT_COLUMNS.items():
         assert read_csv(out / name)[0] == columns

@@ -25,7 +25,9 @@ from tests.support.nostr_client import npub_of, secret_hex_of
 from tests.support.service import ServiceProcess
 
 WAKEUP = re.compile(r"dry-run wakeup platform=\S+ token=\S+ events=([0-9a-f,]+)")
-DEADLINE_SECONDS = 30.0
+DEADLINE_SECONDS = 60.0
+"""Generous: two xdist workers on a machine shared by others can stretch a live relay-list
+follow past 30 s (seen at load 12); a passing wait returns as soon as its condition holds."""
 
 
 def new_token() -> str:
@@ -139,12 +141,13 @@ def assert_private(service: ServiceProcess, secrets_: list[str]) -> None:
         assert piece not in records, "a private value reached the observation log"
         assert piece not in log, "a private value reached the service log"
     for record in service.observation_records():
-        assert record["type"] in ("seen", "relay", "push", "expect", "canary")
+        assert record["type"] in ("seen", "relay", "push", "expect", "canary", "suppressed")
         allowed = {
             "seen": {"type", "ts", "relay", "event_id", "kind", "created_at"},
             "relay": {"type", "ts", "relay", "state", "detail"},
             "push": {"type", "ts", "event_id", "platform", "status", "latency_ms"},
             "expect": {"type", "ts", "event_id", "relays"},
+            "suppressed": {"type", "ts", "event_id", "reason"},
             "canary": {
                 "type", "ts", "relay", "event_id", "published", "ok_message", "received_ms"
             },

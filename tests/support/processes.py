@@ -34,9 +34,18 @@ def start_relay(tmp_path: Path) -> Iterator[Callable[..., RelayProcess]]:
 
 
 @pytest.fixture
-def start_service(tmp_path: Path, engine: Engine) -> Iterator[Callable[..., ServiceProcess]]:
-    """Starts services on the test's engine (so a test taking it runs on both), each on a
-    store of its own."""
+def start_service(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Callable[..., ServiceProcess]]:
+    """Starts services, each on a store of its own: on SQLite, or on the test's engine when the
+    test takes `engine` too (then it runs on both). A process-level story is about the process
+    (relays, signals, the wire); the store's behaviour is checked on both engines in process
+    (tests.support.in_process), so only stories about persistence or restarts take `engine`."""
+    engine = (
+        request.getfixturevalue("engine")
+        if "engine" in request.fixturenames
+        else Engine("sqlite", None)
+    )
     started: list[ServiceProcess] = []
 
     def start(relays: list[str], extra_toml: str = FAST_RECONNECT) -> ServiceProcess:

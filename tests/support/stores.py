@@ -7,15 +7,17 @@ service. A test that is genuinely about one engine does not take them, and says 
 
 PostgreSQL costs one server per session (tests.support.postgres) and, per database, a copy of a
 template migrated once (`CREATE DATABASE ... TEMPLATE`), so every test starts from an empty,
-fully migrated schema in a few tens of milliseconds.
+fully migrated schema; the copies are made ahead of need while earlier tests run.
 """
 
 from __future__ import annotations
 
 import asyncio
+import queue
 import re
 import sqlite3
 import subprocess
+import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -50,22 +52,66 @@ async def _create_template(server: PostgresServer) -> None:
     await migrate(server.url(_TEMPLATE))
 
 
-_templates: set[int] = set()
+class _DatabaseStock:
+    """Fresh databases copied from the template ahead of need, by a thread of their own.
+
+    A copy costs a few tenths of a second of the server's time (more on a loaded machine) and
+    the suite asks for hundreds; made while the previous test waits on its processes, the
+    copy is ready when the next test asks. The thread keeps `AHEAD` in stock and ends with the
+    server (its next CREATE fails)."""
+
+    AHEAD = 2
+
+    def __init__(self, server: PostgresServer) -> None:
+        self.server = server
+        self.ready: queue.Queue[str] = queue.Queue()
+        self.wanted = threading.Semaphore(self.AHEAD)
+        self.failure: BaseException | None = None
+        threading.Thread(target=self._fill, daemon=True).start()
+
+    def _fill(self) -> None:
+        """The thread's loop: the semaphore is taken here, outside any event loop, so the
+        thread never holds the interpreter's exit."""
+        loop = asyncio.new_event_loop()
+        try:
+            loop.run_until_complete(_create_template(self.server))
+            admin = loop.run_until_complete(asyncpg.connect(self.server.url()))
+            while True:
+                self.wanted.acquire()
+                name = f"t_{uuid.uuid4().hex[:16]}"
+                loop.run_until_complete(
+                    admin.execute(f"CREATE DATABASE {name} TEMPLATE {_TEMPLATE}")
+                )
+                self.ready.put(self.server.url(name))
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as failure:
+            # the server stopped, or a real fault: the test that asks next reports it
+            self.failure = failure
+            self.ready.put("")
+
+    def take(self) -> str:
+        url = self.ready.get(timeout=300)
+        if not url:
+            self.ready.put("")
+            raise RuntimeError("no fresh PostgreSQL database") from self.failure
+        self.wanted.release()
+        return url
+
+
+_stocks: dict[int, _DatabaseStock] = {}
+_stocks_lock = threading.Lock()
+
+
+def _stock(server: PostgresServer) -> _DatabaseStock:
+    with _stocks_lock:
+        if server.port not in _stocks:
+            _stocks[server.port] = _DatabaseStock(server)
+        return _stocks[server.port]
 
 
 async def fresh_postgres_database(server: PostgresServer) -> str:
     """The URL of a new database holding the migrated, empty schema (copied from a template
-    migrated once per server)."""
-    if server.port not in _templates:
-        await _create_template(server)
-        _templates.add(server.port)
-    name = f"t_{uuid.uuid4().hex[:16]}"
-    admin = await asyncpg.connect(server.url())
-    try:
-        await admin.execute(f"CREATE DATABASE {name} TEMPLATE {_TEMPLATE}")
-    finally:
-        await admin.close()
-    return server.url(name)
+    migrated once per server, ahead of need)."""
+    return await asyncio.to_thread(_stock(server).take)
 
 
 def _outside_the_loop(work: Any) -> Any:
@@ -77,7 +123,7 @@ def _outside_the_loop(work: Any) -> Any:
 
 def new_postgres_database(server: PostgresServer) -> str:
     """`fresh_postgres_database` for synchronous callers."""
-    return str(_outside_the_loop(fresh_postgres_database(server)))
+    return _stock(server).take()
 
 
 @pytest.fixture(params=BACKENDS)

@@ -28,7 +28,9 @@ from sigil_push.shards import DEFAULT_SHARDS
 from sigil_push.store.limits import Occupancy, refusal
 from sigil_push.store.postgres.database import PostgresDatabase
 from sigil_push.store.records import (
+    RULE_COLUMNS,
     Device,
+    PreferenceChange,
     Registration,
     RegistrationListener,
     WebPushKeys,
@@ -40,6 +42,8 @@ _COLUMNS = (
     "id, pubkey, platform, token, payload, relays, webpush_p256dh, webpush_auth, registered_at,"
     " device_key"
 )
+_WITH_RULES = f"{_COLUMNS}, {RULE_COLUMNS.format(table='devices')}"
+"""A pair's columns with what its owner chose (the bridge's and GET /registrations' reads)."""
 
 
 def _device(row: asyncpg.Record) -> Device:
@@ -224,9 +228,44 @@ class PostgresDevices:
         await self._changed(device.pubkey for device in devices)
         return next((d for d in devices if d.id == device_id), None)
 
+    async def set_preferences(
+        self, pubkey: str, token: str, change: PreferenceChange
+    ) -> Device | None:
+        """Apply `change` to `pubkey`'s own pair with `token` in one UPDATE (as on SQLite);
+        None when the caller has no such pair. Every worker hears of it (NOTIFY)."""
+        rows = await self._db.fetch(
+            "UPDATE devices SET pause_until = CASE WHEN $1 THEN $2::bigint ELSE pause_until END,"
+            " senders = COALESCE($3, senders),"
+            " muted = CASE WHEN $4 THEN $5::bytea ELSE muted END,"
+            " muted_count = CASE WHEN $4 THEN $6 ELSE muted_count END"
+            f" WHERE pubkey = $7 AND token = $8 RETURNING {_WITH_RULES}",
+            change.sets_pause, change.pause_until, change.senders,
+            change.muted is not None, change.muted or None, change.muted_count,
+            pubkey, token,
+        )
+        if not rows:
+            return None
+        await self._changed([pubkey])
+        return _device(rows[0])
+
+    async def set_presence(self, pubkey: str, token: str, until: int | None) -> bool:
+        """The app is in the foreground until `until` (None: it left; no lapse wakeup then).
+        False when the caller has no pair with `token`."""
+        rows = await self._db.fetch(
+            "UPDATE devices SET present_until = $1::bigint,"
+            " lapse_event_id = CASE WHEN $1::bigint IS NULL THEN NULL ELSE lapse_event_id END,"
+            " lapse_relay = CASE WHEN $1::bigint IS NULL THEN NULL ELSE lapse_relay END"
+            " WHERE pubkey = $2 AND token = $3 RETURNING id",
+            until, pubkey, token,
+        )
+        if not rows:
+            return False
+        await self._changed([pubkey])
+        return True
+
     async def of_pubkey(self, pubkey: str) -> list[Device]:
         rows = await self._db.fetch(
-            f"SELECT {_COLUMNS} FROM devices WHERE pubkey = $1 ORDER BY id", pubkey
+            f"SELECT {_WITH_RULES} FROM devices WHERE pubkey = $1 ORDER BY id", pubkey
         )
         return [_device(row) for row in rows]
 
@@ -234,13 +273,13 @@ class PostgresDevices:
         if not pubkeys:
             return []
         rows = await self._db.fetch(
-            f"SELECT {_COLUMNS} FROM devices WHERE pubkey = ANY($1::text[]) ORDER BY id",
+            f"SELECT {_WITH_RULES} FROM devices WHERE pubkey = ANY($1::text[]) ORDER BY id",
             list(pubkeys),
         )
         return [_device(row) for row in rows]
 
     async def by_id(self, device_id: int) -> Device | None:
-        rows = await self._db.fetch(f"SELECT {_COLUMNS} FROM devices WHERE id = $1", device_id)
+        rows = await self._db.fetch(f"SELECT {_WITH_RULES} FROM devices WHERE id = $1", device_id)
         return _device(rows[0]) if rows else None
 
     def narrow_to(self, shards: Collection[int], count: int) -> None:

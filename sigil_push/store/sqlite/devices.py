@@ -22,7 +22,9 @@ import aiosqlite
 from sigil_push.shards import DEFAULT_SHARDS, shard_of
 from sigil_push.store.limits import Occupancy, refusal
 from sigil_push.store.records import (
+    RULE_COLUMNS,
     Device,
+    PreferenceChange,
     Registration,
     RegistrationListener,
     WebPushKeys,
@@ -35,6 +37,8 @@ _COLUMNS = (
     "id, pubkey, platform, token, payload, relays, webpush_p256dh, webpush_auth, registered_at,"
     " device_key"
 )
+_WITH_RULES = f"{_COLUMNS}, {RULE_COLUMNS.format(table='devices')}"
+"""A pair's columns with what its owner chose (the bridge's and GET /registrations' reads)."""
 
 
 _OCCUPANCY = (
@@ -157,9 +161,47 @@ class Devices:
         self._changed(device.pubkey for device in forgotten)
         return next((device for device in forgotten if device.id == device_id), None)
 
+    async def set_preferences(
+        self, pubkey: str, token: str, change: PreferenceChange
+    ) -> Device | None:
+        """Apply `change` to `pubkey`'s own pair with `token`, all of it in one UPDATE (a new
+        private mute list replaces the old one whole); None when the caller has no such pair.
+        Other npubs' pairs with the same token are never touched."""
+        rows = await self._db.execute_fetchall(
+            "UPDATE devices SET pause_until = CASE WHEN ? THEN ? ELSE pause_until END,"
+            " senders = COALESCE(?, senders), muted = CASE WHEN ? THEN ? ELSE muted END,"
+            " muted_count = CASE WHEN ? THEN ? ELSE muted_count END"
+            f" WHERE pubkey = ? AND token = ? RETURNING {_WITH_RULES}",
+            (
+                change.sets_pause, change.pause_until, change.senders,
+                change.muted is not None, change.muted or None,
+                change.muted is not None, change.muted_count,
+                pubkey, token,
+            ),
+        )
+        if not rows:
+            return None
+        self._changed([pubkey])
+        return Device.from_row(next(iter(rows)))
+
+    async def set_presence(self, pubkey: str, token: str, until: int | None) -> bool:
+        """The app is in the foreground until `until` (None: it left, ending the presence
+        without a lapse wakeup). False when the caller has no pair with `token`."""
+        rows = await self._db.execute_fetchall(
+            "UPDATE devices SET present_until = ?,"
+            " lapse_event_id = CASE WHEN ? IS NULL THEN NULL ELSE lapse_event_id END,"
+            " lapse_relay = CASE WHEN ? IS NULL THEN NULL ELSE lapse_relay END"
+            " WHERE pubkey = ? AND token = ? RETURNING id",
+            (until, until, until, pubkey, token),
+        )
+        if not rows:
+            return False
+        self._changed([pubkey])
+        return True
+
     async def of_pubkey(self, pubkey: str) -> list[Device]:
         rows = await self._db.execute_fetchall(
-            f"SELECT {_COLUMNS} FROM devices WHERE pubkey = ? ORDER BY id", (pubkey,)
+            f"SELECT {_WITH_RULES} FROM devices WHERE pubkey = ? ORDER BY id", (pubkey,)
         )
         return [Device.from_row(row) for row in rows]
 
@@ -169,13 +211,13 @@ class Devices:
             return []
         marks = ",".join("?" * len(pubkeys))
         rows = await self._db.execute_fetchall(
-            f"SELECT {_COLUMNS} FROM devices WHERE pubkey IN ({marks}) ORDER BY id", tuple(pubkeys)
+            f"SELECT {_WITH_RULES} FROM devices WHERE pubkey IN ({marks}) ORDER BY id", tuple(pubkeys)
         )
         return [Device.from_row(row) for row in rows]
 
     async def by_id(self, device_id: int) -> Device | None:
         rows = await self._db.execute_fetchall(
-            f"SELECT {_COLUMNS} FROM devices WHERE id = ?", (device_id,)
+            f"SELECT {_WITH_RULES} FROM devices WHERE id = ?", (device_id,)
         )
         return Device.from_row(next(iter(rows))) if rows else None
 

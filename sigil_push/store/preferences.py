@@ -1,0 +1,124 @@
+"""What the bridge reads and writes of the users' choices (issue 20): each npub's newest kind
+10000 mute list and kind 3 contact list, the kind 4 author checks against them and against a
+pair's private mute list, and the presence lapse wakeups.
+
+Here is what the engines share (the stored form, the batch's author checks); each engine's SQL
+is in `store/sqlite/preferences.py` and `store/postgres/preferences.py`, and all of it runs on
+the bridge committer's own connection (`BridgeConnection.lists`). Lists are stored, not held in
+memory: a list is one row whose keys are packed 32 bytes each, sorted (`pack_keys`), replaced
+whole by one UPSERT that only a newer list wins, and read only for a kind 4 to a pair whose
+rules need it (`Rules.checks_author`).
+
+Exactly one lapse wakeup: the committer marks a pair whose presence held a DM back inside the
+transaction that decided so (`mark_lapses`), and `claim_lapses` clears the marks of lapsed
+presences and writes their outbox rows in one transaction. A mark is cleared only by that
+claim (or by the app ending its presence), and on PostgreSQL the UPDATE's row locks let only
+one worker's claim see a mark, so each lapse is enqueued once, whatever crashes or workers.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from sigil_push.store.records import CONTACTS_KIND, MUTE_LIST_KIND, Device, has_key
+
+MUTED = "muted"
+NOT_FOLLOWED = "not_followed"
+OWNERS_PER_READ = 32
+"""Recipients whose lists one read fetches: at most 32 x 2 x 320 KB alive at once."""
+AuthorCheck = tuple[str, Sequence[Device]]
+"""A kind 4's author and the devices of one recipient whose rules look at authors."""
+
+
+def _reasons(
+    author: bytes,
+    devices: Sequence[Device],
+    private: dict[int, bytes],
+    lists: dict[tuple[str, int], bytes],
+) -> dict[int, str]:
+    reasons: dict[int, str] = {}
+    for device in devices:
+        rules = device.rules
+        if rules is None:
+            continue
+        muted = private.get(device.id)
+        mute_list = lists.get((device.pubkey, MUTE_LIST_KIND)) if rules.mute_list else None
+        if (muted is not None and has_key(muted, author)) or (
+            mute_list is not None and has_key(mute_list, author)
+        ):
+            reasons[device.id] = MUTED
+            continue
+        if rules.senders == "follows" and rules.follows_known:
+            follows = lists.get((device.pubkey, CONTACTS_KIND))
+            if follows is not None and not has_key(follows, author):
+                reasons[device.id] = NOT_FOLLOWED
+    return reasons
+
+
+class UserList(NamedTuple):
+    """A verified kind 10000 or 3, reduced to what is stored."""
+
+    pubkey: str
+    kind: int
+    created_at: int
+    event_id: str
+    entries: bytes
+    """`pack_keys` of its `p` tags (at most MAX_LIST_ENTRIES of them)."""
+    entry_count: int
+    truncated: int
+    """How many further `p` tags were dropped past the cap."""
+
+
+class ListChecks(ABC):
+    """The engine-free half of `UserListStore`: the batch's kind 4 author checks, read through
+    the engine's `_private_lists` and `_lists_of`."""
+
+    async def blocked(self, checks: Sequence[AuthorCheck]) -> list[dict[int, str]]:
+        """For each (author, devices of one recipient): which of those devices a kind 4 by
+        that author must not wake, and why (`muted` before `not_followed`). The devices are
+        those whose rules check authors (`Rules.checks_author`).
+
+        A whole commit batch is answered together, OWNERS_PER_READ recipients at a time: per
+        group, one read of the private mute lists of its devices that have one and one of its
+        npubs' stored lists, checked and dropped before the next group is read, so a batch of
+        users with 10,000-key lists holds a few megabytes at most, however large the batch.
+        """
+        answers: list[dict[int, str]] = [{} for _ in checks]
+        by_owner: dict[str, list[int]] = {}
+        for index, (_, devices) in enumerate(checks):
+            if devices:
+                by_owner.setdefault(devices[0].pubkey, []).append(index)
+        owners = sorted(by_owner)
+        for start in range(0, len(owners), OWNERS_PER_READ):
+            group = owners[start : start + OWNERS_PER_READ]
+            indexes = [i for owner in group for i in by_owner[owner]]
+            devices = [d for i in indexes for d in checks[i][1]]
+            private = await self._private_lists(devices)
+            lists = await self._lists_of(devices)
+            for index in indexes:
+                author, asked = checks[index]
+                answers[index] = _reasons(bytes.fromhex(author), asked, private, lists)
+        return answers
+
+    @abstractmethod
+    async def _private_lists(self, devices: Sequence[Device]) -> dict[int, bytes]:
+        """Device id -> packed private mute list, of those `devices` whose rules say they
+        have one."""
+
+    @abstractmethod
+    async def _lists_of(self, devices: Sequence[Device]) -> dict[tuple[str, int], bytes]:
+        """(npub, kind) -> packed keys of the stored lists of the `devices`' npubs whose rules
+        use them."""
+
+
+def with_private_lists(devices: Sequence[Device]) -> list[int]:
+    """Ids of the `devices` whose rules say they have a private mute list, sorted."""
+    return sorted({d.id for d in devices if d.rules is not None and d.rules.muted_count})
+
+
+def list_owners(devices: Sequence[Device]) -> list[str]:
+    """The npubs of the `devices` whose rules use their stored lists, sorted."""
+    return sorted({d.pubkey for d in devices if d.rules is not None
+                   and (d.rules.mute_list or d.rules.follows_known)})
