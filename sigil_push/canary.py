@@ -5,7 +5,7 @@ to each probed relay, the way any sender would (sigil_push/relays/publish.py: a 
 connection, NIP-42 AUTH when refused), and waits for it to come back through the bridge's normal
 subscription to that relay. The canary key is one of the bridge's watched keys, so the probe
 takes the very path a user's DM takes: the relay's write path, its `#p` filter match, a
-`created_at` two days in the past, the bridge's verification. `Bridge.on_event` hands anything
+`created_at` two days in the past, the bridge's verification. ingest (`Ingest._route`) hands anything
 addressed to the canary key alone to `take` instead of the outbox: no device, no wakeup, no
 `seen` record (a probe is sent to one relay only and would look like a miss everywhere else).
 

@@ -10,20 +10,23 @@ from typing import TYPE_CHECKING
 from sigil_push.memory_gauges import track
 
 if TYPE_CHECKING:
+    from sigil_push.bridge.pending import Arrival
     from sigil_push.nostr.event import Event
 
 
 class Verified:
     """A verified event, its distinct `p` tag values in order (read once, not again for each
     relay's copy), and whether it was already handed to the committer (then a copy from
-    another relay only records that relay's delivery and spends no recipient quota)."""
+    another relay only records that relay's delivery and spends no recipient quota), as
+    `arrival` (a copy is folded into it while it waits in the queue)."""
 
-    __slots__ = ("enqueued", "event", "tagged")
+    __slots__ = ("arrival", "enqueued", "event", "tagged")
 
     def __init__(self, event: Event) -> None:
         self.event = event
         self.tagged = tuple(dict.fromkeys(event.tag_values("p")))
         self.enqueued = False
+        self.arrival: Arrival | None = None
 
 
 class RecentlyVerified:

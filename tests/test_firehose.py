@@ -280,16 +280,16 @@ async def test_a_copy_reuses_the_verified_original_and_a_forged_body_gains_nothi
         altered = {**original.to_json(), "content": "injected", "created_at": 12345}
         bad_sig = {**original.to_json(), "sig": sign_event(sender, 4, "x").sig}
 
-        bridge.on_user_event(relays[0], me, original.to_json(), now_ms, False)
-        bridge.on_user_event(relays[1], me, altered, now_ms, False)
-        bridge.on_user_event(relays[2], me, bad_sig, now_ms, False)
+        bridge.port.ingest.user_event(relays[0], me, original.to_json(), now_ms, False)
+        bridge.port.ingest.user_event(relays[1], me, altered, now_ms, False)
+        bridge.port.ingest.user_event(relays[2], me, bad_sig, now_ms, False)
         await poll(lambda: len(seen_records(tmp_path)) == 3, what="three deliveries recorded")
         assert {r["created_at"] for r in seen_records(tmp_path)} == {original.created_at}
         assert dropped(relays[1], "forged") == dropped(relays[1], "wrong_id") == 0
 
         bridge._ingest._recent = RecentlyVerified(1)  # as if the copies came long after the original
-        bridge.on_user_event(relays[3], me, altered, now_ms, False)
-        bridge.on_user_event(relays[4], me, bad_sig, now_ms, False)
+        bridge.port.ingest.user_event(relays[3], me, altered, now_ms, False)
+        bridge.port.ingest.user_event(relays[4], me, bad_sig, now_ms, False)
         await poll(lambda: len(seen_records(tmp_path)) == 4, what="the genuine late copy recorded")
         await poll(lambda: dropped(relays[3], "wrong_id") == 1, what="altered body dropped")
         assert {r["relay"] for r in seen_records(tmp_path)} == {relays[0], relays[1], relays[2], relays[4]}
@@ -324,11 +324,11 @@ async def test_copies_in_later_batches_share_one_row_and_are_recorded_once_on_di
         sender, me = SecretKey.generate(), await _alice_watched(parts)
         original = sign_event(sender, 4, "one event, three relays", [["p", me]])
         now_ms = int(time.time() * 1000)
-        bridge.on_user_event(relays[0], me, original.to_json(), now_ms, False)
+        bridge.port.ingest.user_event(relays[0], me, original.to_json(), now_ms, False)
         await poll(lambda: len(seen_records(tmp_path)) == 1, what="the first delivery committed")
         seen = bridge._ingest._seen
         for relay in relays[1:]:
-            bridge.on_user_event(relay, me, original.to_json(), now_ms, False)
+            bridge.port.ingest.user_event(relay, me, original.to_json(), now_ms, False)
             await poll(lambda r=relay: seen.delivered_by(original.id, r),
                        what="the copy decided in a batch of its own")
 
@@ -337,7 +337,7 @@ async def test_copies_in_later_batches_share_one_row_and_are_recorded_once_on_di
                 "sigil_push_bridge_events_duplicate_total", {"relay": relays[1]}
             ) or 0.0
 
-        bridge.on_user_event(relays[1], me, original.to_json(), now_ms, False)
+        bridge.port.ingest.user_event(relays[1], me, original.to_json(), now_ms, False)
         assert duplicates() == 1, "a held delivery is known at once"
         assert len(seen_records(tmp_path)) == 1, "held: not logged before its row is written"
         rows = await db.execute_fetchall(
@@ -347,7 +347,7 @@ async def test_copies_in_later_batches_share_one_row_and_are_recorded_once_on_di
 
         monkeypatch.setattr(committer, "FURTHER_HOLD_SECONDS", 0.0)
         another = sign_event(sender, 4, "the next one carries them", [["p", me]])
-        bridge.on_user_event(relays[0], me, another.to_json(), now_ms, False)
+        bridge.port.ingest.user_event(relays[0], me, another.to_json(), now_ms, False)
         await poll(lambda: len(seen_records(tmp_path)) == 4, what="the held copies recorded")
         assert sorted(r["relay"] for r in seen_records(tmp_path) if r["event_id"] == original.id
                       ) == sorted(relays)
@@ -395,8 +395,8 @@ async def test_the_raw_frame_scan_never_drops_an_addressed_event(
         ]
         before = dropped(relay, "unaddressed")
         for text in addressed:  # taken on to the full checks (parsed by the bridge itself)
-            bridge.raw_event(relay, text, 0)
-        assert all(bridge.raw_event(relay, text, 0) for text in strangers_only)
+            bridge.pool.deliver_text(relay, text, 0)
+        assert all(bridge.pool.deliver_text(relay, text, 0) for text in strangers_only)
         await poll(
             lambda: dropped(relay, "unaddressed") - before == len(strangers_only),
             what="the unaddressed frames counted",
@@ -423,8 +423,8 @@ async def test_a_raw_copy_of_a_verified_id_is_recorded_as_the_original(
         original = sign_event(sender, 4, "the real one", [["p", me]], int(time.time()) + 5)
         altered = {**original.to_json(), "content": "injected", "created_at": 12345}
         now_ms = int(time.time() * 1000)
-        bridge.on_event(first, "sp0.1", original.to_json(), now_ms)
-        assert bridge.raw_event(second, json.dumps(["EVENT", "sp0.1", altered]), now_ms)
+        bridge.pool.deliver(first, "sp0.1", original.to_json(), now_ms)
+        assert bridge.pool.deliver_text(second, json.dumps(["EVENT", "sp0.1", altered]), now_ms)
 
         await poll(lambda: len(seen_records(tmp_path)) == 2, what="both deliveries recorded")
         assert {(r["relay"], r["created_at"]) for r in seen_records(tmp_path)} == {

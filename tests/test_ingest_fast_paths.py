@@ -12,8 +12,10 @@ from typing import Any
 
 from prometheus_client import REGISTRY
 
+from sigil_push.bridge.pending import Pending
 from sigil_push.nostr.event import compute_id, sign_event
 from sigil_push.nostr.keys import SecretKey
+from sigil_push.verified import RecentlyVerified
 from tests.fakes.harness import eventually as poll
 from tests.support.in_process import InProcessBridge, in_process_bridge
 from tests.support.stores import Engine
@@ -50,8 +52,8 @@ async def test_frames_parsed_by_the_bridge_are_verified_like_any_other(
             forged["pubkey"], forged["created_at"], 4, (("p", me),), forged["content"]
         )
         wrong_id, bad_sig = dropped("wrong_id"), dropped("forged")
-        assert parts.bridge.raw_event(RELAY, frame(altered), 0)
-        assert parts.bridge.raw_event(RELAY, frame(forged), 0)
+        assert parts.bridge.pool.deliver_text(RELAY, frame(altered), 0)
+        assert parts.bridge.pool.deliver_text(RELAY, frame(forged), 0)
         assert dropped("wrong_id") == wrong_id + 1
         assert dropped("forged") == bad_sig + 1
 
@@ -59,8 +61,8 @@ async def test_frames_parsed_by_the_bridge_are_verified_like_any_other(
         surrogate = text.replace('"hello"', '"\\ud800"')
         for refused in (text[:-1], text.replace('"sp0.1"', "5"), surrogate,
                         text.replace('"hello"', "NaN")):
-            assert not parts.bridge.raw_event(RELAY, refused, 0), refused
-        parts.bridge.on_event(RELAY, "sp0.1", json.loads(surrogate)[2], 0)
+            assert not parts.bridge.pool.deliver_text(RELAY, refused, 0), refused
+        parts.bridge.pool.deliver(RELAY, "sp0.1", json.loads(surrogate)[2], 0)
         assert dropped("wrong_id") == wrong_id + 2
 
 
@@ -82,9 +84,9 @@ async def test_a_verified_id_in_another_body_routes_only_the_original(
         )
         original = sign_event(sender, 4, "hello", [["p", alice.public_key_hex]])
         now_ms = time.time_ns() // 1_000_000
-        assert parts.bridge.raw_event(RELAY, frame(original.to_json()), now_ms)
+        assert parts.bridge.pool.deliver_text(RELAY, frame(original.to_json()), now_ms)
         wrapped = {**original.to_json(), "tags": [["p", bob.public_key_hex]], "content": "x"}
-        assert parts.bridge.raw_event(second, frame(wrapped), now_ms)
+        assert parts.bridge.pool.deliver_text(second, frame(wrapped), now_ms)
 
         def recorded() -> set[str]:
             return {
@@ -133,9 +135,9 @@ async def test_a_copy_is_recognised_in_any_layout_and_recorded_per_relay(
 
         before = drops()  # the counters live as long as the test process
         now_ms = time.time_ns() // 1_000_000
-        assert parts.bridge.raw_event(relays[0], frame(original), now_ms)
-        assert parts.bridge.raw_event(relays[1], json.dumps(["EVENT", "sp0.1", id_last]), now_ms)
-        assert parts.bridge.raw_event(relays[2], json.dumps(["EVENT", "sp0.1", altered]), now_ms)
+        assert parts.bridge.pool.deliver_text(relays[0], frame(original), now_ms)
+        assert parts.bridge.pool.deliver_text(relays[1], json.dumps(["EVENT", "sp0.1", id_last]), now_ms)
+        assert parts.bridge.pool.deliver_text(relays[2], json.dumps(["EVENT", "sp0.1", altered]), now_ms)
 
         def recorded() -> list[str]:
             return sorted(
@@ -166,7 +168,7 @@ async def test_a_frame_that_only_looks_like_a_copy_takes_the_full_path(
         sender, me = SecretKey.generate(), await _alice_on_the_firehose(parts)
         known = sign_event(sender, 4, "verified first", [["p", me]])
         now_ms = time.time_ns() // 1_000_000
-        assert parts.bridge.raw_event(RELAY, frame(known.to_json()), now_ms)
+        assert parts.bridge.pool.deliver_text(RELAY, frame(known.to_json()), now_ms)
 
         lookalike = sign_event(sender, 4, f'{{"id":"{known.id}"}}', [["p", me]]).to_json()
         lookalike["sig"] = known.sig  # a signature that was verified, but for another id
@@ -177,7 +179,7 @@ async def test_a_frame_that_only_looks_like_a_copy_takes_the_full_path(
         )
         assert text.index(known.id) < text.index(lookalike["id"]), "the quoted id comes first"
         forged = dropped("forged")
-        assert parts.bridge.raw_event(RELAY, text, now_ms)
+        assert parts.bridge.pool.deliver_text(RELAY, text, now_ms)
         assert dropped("forged") == forged + 1
 
 
@@ -187,3 +189,70 @@ async def _alice_on_the_firehose(parts: InProcessBridge) -> str:
     await parts.devices.register(me, "android", "fcm-alice", "opaque", (), None, 0)
     await poll(lambda: me in parts.bridge._pool.subs[RELAY].keys, what="alice watched")
     return me
+
+
+async def test_a_copy_is_folded_into_its_still_queued_arrival(
+    tmp_path: Path, engine: Engine
+) -> None:
+    """Copies of an event that still waits for the committer join its arrival (one queue
+    place, decided in the same batch, one `seen_events` row); a copy after the committer took
+    it is an arrival of its own. Each relay's delivery is recorded once, the event pushed once."""
+    relays = [RELAY, "ws://127.0.0.1:10", "ws://127.0.0.1:11"]
+    async with in_process_bridge(
+        tmp_path, engine.database("push.db"), [{"url": url, "mode": "firehose"} for url in relays]
+    ) as parts:
+        alice, sender = SecretKey.generate(), SecretKey.generate()
+        await parts.devices.register(alice.public_key_hex, "android", "fcm-a", "opaque", (), None, 0)
+        await poll(
+            lambda: all(alice.public_key_hex in parts.bridge._pool.subs[url].keys for url in relays),
+            what="alice watched on every relay",
+        )
+        pending = parts.bridge.port.flow
+        assert isinstance(pending, Pending)
+        text = frame(sign_event(sender, 4, "hello", [["p", alice.public_key_hex]]).to_json())
+        # no await between the frames: the committer cannot take the arrival meanwhile
+        for at, url in enumerate(relays[:2]):
+            assert parts.bridge.pool.deliver_text(url, text, 1000 + at)
+        batch, _ = pending.take()
+        assert len(batch) == 1
+        assert batch[0].deliveries() == [(RELAY, 1000), (relays[1], 1001)]
+        assert parts.bridge.pool.deliver_text(relays[2], text, 1002)
+        late, _ = pending.take()
+        assert [a.deliveries() for a in late] == [[(relays[2], 1002)]], "taken: not folded"
+
+
+async def test_a_repeat_of_a_delivered_id_is_a_duplicate_before_any_parse(
+    tmp_path: Path, engine: Engine
+) -> None:
+    """A relay replaying an event it delivered before (a reconnect's catch-up), once the event
+    has left the recently verified: a duplicate from its id alone, the rest of the frame never
+    parsed (a body orjson would refuse is taken all the same), and nobody is woken again."""
+    async with in_process_bridge(
+        tmp_path, engine.database("push.db"), [{"url": RELAY, "mode": "firehose"}]
+    ) as parts:
+        me = await _alice_on_the_firehose(parts)
+        event = sign_event(SecretKey.generate(), 4, "hello", [["p", me]])
+        text = frame(event.to_json())
+        assert parts.bridge.pool.deliver_text(RELAY, text, time.time_ns() // 1_000_000)
+
+        def recorded() -> bool:
+            return any(
+                json.loads(line).get("event_id") == event.id
+                for path in (tmp_path / "observations").glob("*.jsonl")
+                for line in path.read_text().splitlines()
+            )
+
+        # the `seen` record is logged once the delivery is remembered
+        await poll(recorded, what="the delivery recorded")
+        parts.bridge._ingest._recent = RecentlyVerified(1)  # as if replayed long after
+        duplicates = REGISTRY.get_sample_value(
+            "sigil_push_bridge_events_duplicate_total", {"relay": RELAY}
+        ) or 0.0
+        assert parts.bridge.pool.deliver_text(RELAY, text[:-1], 0), "taken before any parse"
+        assert REGISTRY.get_sample_value(
+            "sigil_push_bridge_events_duplicate_total", {"relay": RELAY}
+        ) == duplicates + 1
+        rows = await parts.db.execute_fetchall(
+            "SELECT event_id FROM outbox WHERE event_id = ?", (event.id,)
+        )
+        assert len(rows) == 1

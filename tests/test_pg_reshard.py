@@ -130,7 +130,7 @@ async def test_a_large_reshard_runs_in_chunks_the_loop_gets_between(
         await bridge.reshard(ShardSet(half, DEFAULT_SHARDS, frozenset()))
         released = list(seen)
         assert registry.keys == set(keys) - given
-        assert not given & bridge.baselines_of(RELAY), "released keys' baselines are let go"
+        assert not given & bridge.port.baselines.baselines_of(RELAY), "released keys' baselines are let go"
 
         adopted_before = bridge._relays.rows_adopted
         seen.clear()
@@ -140,7 +140,7 @@ async def test_a_large_reshard_runs_in_chunks_the_loop_gets_between(
         await ticker
 
         assert registry.keys == set(keys)
-        assert given <= bridge.baselines_of(RELAY), "arriving keys take the stored baselines"
+        assert given <= bridge.port.baselines.baselines_of(RELAY), "arriving keys take the stored baselines"
         assert bridge._relays.rows_adopted - adopted_before == len(given), (
             "only the arriving keys' baselines are read"
         )
@@ -199,7 +199,7 @@ async def test_a_restart_reads_only_its_shards_baselines(
             store.devices.narrow_to(held, DEFAULT_SHARDS)
             await bridge.reshard(ShardSet(held, DEFAULT_SHARDS, held))
             await bridge.start()
-            assert bridge.baselines_of(RELAY) == ours
+            assert bridge.port.baselines.baselines_of(RELAY) == ours
             assert bridge._relays.rows_loaded == len(ours), "other shards' rows were read"
             subs = bridge._pool.subs.get(RELAY)
             assert set(subs.keys if subs is not None else ()) == ours

@@ -341,7 +341,7 @@ async def test_from_relay_frame_to_sealed_push_in_process(
         )
         wrap_json = gift_wrap(sender, account, "straight from the relay")
         frame = json.dumps(["EVENT", "sp0.1", wrap_json], separators=(",", ":"))
-        assert parts.bridge.raw_event(relay, frame, time.time_ns() // 1_000_000)
+        assert parts.bridge.pool.deliver_text(relay, frame, time.time_ns() // 1_000_000)
         await eventually(parts.outbox.depth, what="the wakeup queued")
 
         config = parse_config(

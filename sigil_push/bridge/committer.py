@@ -413,27 +413,42 @@ class Committer:
         delivered: list[SeenRecord] = []
         baselined = 0
         for arrival in batch:
-            event, relay = arrival.event, arrival.relay
+            event = arrival.event
             event_id, created_at = event.id, event.created_at
-            is_new, first_here = first_delivery(event_id, relay, decided)
+            is_new, first_here = first_delivery(event_id, arrival.relay, decided)
             if not first_here:
-                counters = self.counters.get(relay)
-                if counters is not None:
+                counters = self.counters.get(arrival.relay)
+                if counters is not None:  # None: the relay left the plan meanwhile
                     counters.duplicates.inc()
-                continue
-            record = (relay, event_id, event.kind, created_at, arrival.received_ms)
-            if is_new:
-                new_here[event_id] = (arrival.received_ms, created_at)
-                delivered.append(record)
-                if arrival.push_to:
-                    to_push.append(arrival)
-                else:
-                    baselined += 1
-            elif event_id in new_here:
-                delivered.append(record)
             else:
-                further.append((event_id, relay))
-                further_seen.append(record)
+                record = (arrival.relay, event_id, event.kind, created_at, arrival.received_ms)
+                if is_new:
+                    new_here[event_id] = (arrival.received_ms, created_at)
+                    delivered.append(record)
+                    if arrival.push_to:
+                        to_push.append(arrival)
+                    else:
+                        baselined += 1
+                elif event_id in new_here:
+                    delivered.append(record)
+                else:
+                    further.append((event_id, arrival.relay))
+                    further_seen.append(record)
+            if arrival.copies is None:
+                continue
+            # further relays' copies folded in while it was queued: records, never pushes
+            for relay, received_ms in arrival.copies:
+                if not first_delivery(event_id, relay, decided)[1]:
+                    counters = self.counters.get(relay)
+                    if counters is not None:
+                        counters.duplicates.inc()
+                    continue
+                record = (relay, event_id, event.kind, created_at, received_ms)
+                if event_id in new_here:
+                    delivered.append(record)
+                else:
+                    further.append((event_id, relay))
+                    further_seen.append(record)
         if baselined:
             BASELINED.inc(baselined)
         new_events = [

@@ -14,8 +14,10 @@ Their rows are the store's: the bridge's own connection (`store.interface.Bridge
 from `store.factory.connect_bridge`) carries the outbox writer, the seen rows and the relay
 state (`RelayStateStore`), and the committer's `transaction()`; none of these modules holds SQL.
 
-The pool and the per-user connections are handed the parts' own bound methods (set in
-`__init__`), so a frame costs no call through this class.
+The pool and the per-user connections are handed one `relays.port.BridgePort` naming the parts
+that answer them (ingest, relay state, key registry, the pending queue's flow control), so a
+frame costs no call through this class and every call up from `relays/` reads as the part it
+reaches. `relays/` never imports this package: the port's Protocols are defined there.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from sigil_push.bridge.catchup_ledger import CatchupLedger
-from sigil_push.bridge.committer import Committer
+from sigil_push.bridge.committer import CommitListener, Committer
 from sigil_push.bridge.ingest import Ingest
 from sigil_push.bridge.keys import KeyRegistry
 from sigil_push.bridge.pending import Pending
@@ -39,7 +41,9 @@ from sigil_push.observations import ObservationLog
 from sigil_push.relays.connection import BridgeKeySigner
 from sigil_push.relays.discovery import RelayLists, normalize_relay_url
 from sigil_push.relays.pool import RelayPool
+from sigil_push.relays.port import BridgePort
 from sigil_push.relays.user_inbox import UserInboxes
+from sigil_push.shards import ShardSet
 from sigil_push.store.errors import TRANSIENT_ERRORS
 from sigil_push.store.factory import connect_bridge
 from sigil_push.store.interface import BridgeConnection, DeviceStore, OutboxStore, SeenStore
@@ -62,9 +66,9 @@ CATCHUP_ITEMS_SLACK_SECONDS = 3600
 class Bridge:
     """Watches every relay that may carry a registered key's DMs and feeds the outbox.
 
-    A Devices listener (`registration_changed`) and the owner of the relay pool (`on_event`,
-    `baselined`); `health()` is what the API shows per relay. With `delegated_auth`, it also
-    reads gated inboxes through per-user connections (`UserInboxes`, `on_user_event`).
+    A Devices listener (`registration_changed`) and the owner of the relay pool, which it
+    hands its `port`; `health()` is what the API shows per relay. With `delegated_auth`, it
+    also reads gated inboxes through per-user connections (`UserInboxes`, same port).
     """
 
     def __init__(
@@ -94,11 +98,11 @@ class Bridge:
             if url is not None
         }
         self._pool = RelayPool(
-            self._bridge, configured, self, BridgeKeySigner(key), observations, modes
+            self._bridge, configured, BridgeKeySigner(key), observations, modes
         )
         self._inboxes: UserInboxes | None = None
         if delegated_auth is not None:
-            self._inboxes = UserInboxes(self, delegated_auth, observations, self._bridge)
+            self._inboxes = UserInboxes(delegated_auth, observations, self._bridge)
             delegated_auth.add_listener(self._inboxes.session_changed)
         pending = Pending()
         # the committer's transactions and the baseline reads take turns on the one connection
@@ -114,28 +118,32 @@ class Bridge:
             self._registry.registration_relays, self._insecure, turn,
         )
         self._ingest = Ingest(
-            self._bridge, self._pool, pending, self._registry.keys, self._registry.lists_changed,
+            self._bridge, pending, self._registry.keys, self._registry.lists_changed,
             self._ledger, self._committer.offer_list,
         )
         self._committer.counters = self._ingest.counters
         self._tasks: list[asyncio.Task[None]] = []
-        # the pool's and the per-user connections' callbacks (PoolOwner, InboxOwner) and the
-        # service's hooks: the parts' own bound methods, so no frame passes through here
-        self.relay_added = self._ingest.relay_added
-        self.relay_removed = self._ingest.relay_removed
-        self.on_event = self._ingest.on_event
-        self.raw_event = self._ingest.raw_event
-        self.on_user_event = self._ingest.on_user_event
-        self.congested = pending.congested
-        self.drained = pending.drained
-        self.baselined = self._relays.baselined
-        self.baselines_of = self._relays.baselines_of
-        self.gated_relays = self._relays.gated_relays
-        self.relay_gated = self._relays.relay_gated
-        self.user_relays = self._registry.user_relays
-        self.reshard = self._registry.reshard
-        self.add_commit_listener = self._committer.add_listener
-        self.catchup_items = self._ledger.items
+        self.port = BridgePort(
+            ingest=self._ingest, baselines=self._relays, keys=self._registry, flow=pending,
+            catchup=self._ledger,
+        )
+        """The one way up from `relays/`: what the pool and the per-user connections call."""
+        self._pool.attach(self.port)
+        if self._inboxes is not None:
+            self._inboxes.attach(self.port)
+
+    @property
+    def pool(self) -> RelayPool:
+        """The relay pool (tests and benches feed frames through `pool.deliver`)."""
+        return self._pool
+
+    async def reshard(self, owns: ShardSet) -> None:
+        """The service's coordination hands this worker its key shards (`KeyRegistry.reshard`)."""
+        await self._registry.reshard(owns)
+
+    def add_commit_listener(self, listener: CommitListener) -> None:
+        """Be told of every event whose wakeups reached the outbox (`Committer.add_listener`)."""
+        self._committer.add_listener(listener)
 
     # life cycle -------------------------------------------------------------------------
 

@@ -4,7 +4,10 @@ Frames are parsed, checked and verified synchronously as they arrive (no event i
 pushed before its id and BIP-340 signature verify), and whether an event is a pre-registration
 baseline is decided right then, from the REQ it answered. Nothing here waits on the database:
 the restart-proof dedupe is read from its in-memory cache, everything else is the committer's.
-The pool calls these methods directly, once per frame, so they hold what they use themselves.
+The pool calls these methods through the bridge's port (`relays.port.FrameSink`), once per
+frame: each frame carries its subscription context (`RelayFeed`), and each answer is a verdict
+(`Stored`, `Verdict`) that the pool applies to its own subscriptions. Ingest never reads or
+writes the pool.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Container, Mapping
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -26,8 +29,8 @@ from sigil_push.memory_gauges import track
 from sigil_push.nostr.event import Event, InvalidEvent, compute_id
 from sigil_push.relays.budget import ConnectionBudget
 from sigil_push.relays.discovery import LIST_KINDS_SET, SUBSCRIBED_LIST_KINDS_SET, RelayLists
-from sigil_push.relays.pool import RelayPool
-from sigil_push.relays.subscriptions import DM_KINDS, RelaySubscriptions
+from sigil_push.relays.port import Frame, Outcome, RelayFeed, Stored, Verdict
+from sigil_push.relays.subscriptions import DM_KINDS
 from sigil_push.store.interface import SeenStore
 from sigil_push.store.preferences import UserList
 from sigil_push.verified import RecentlyVerified, Verified
@@ -75,9 +78,9 @@ class TokenBucket:
 
 
 class Ingest:
-    """The readers' side of the bridge: every frame from the pool's shared connections
-    (`raw_event`, `on_event`) and from users' own connections to gated relays
-    (`on_user_event`), dropped with a counted reason or queued as an `Arrival`.
+    """The readers' side of the bridge (the port's `FrameSink`): every frame from the pool's
+    shared connections (`text`, `event`) and from users' own connections to gated relays
+    (`user_event`), dropped with a counted reason or queued as an `Arrival`.
 
     `keys` is the key registry's set of watched keys (the same set, kept current there);
     `lists_changed` tells the registry that a key's relay list was replaced; `user_list`
@@ -87,7 +90,6 @@ class Ingest:
     def __init__(
         self,
         settings: BridgeConfig,
-        pool: RelayPool,
         pending: Pending,
         keys: set[str],
         lists_changed: Callable[[str], None],
@@ -96,8 +98,8 @@ class Ingest:
     ) -> None:
         self._bridge = settings
         self._ledger = ledger
-        self._pool = pool
         self._enqueue = pending.enqueue
+        self._fold = pending.fold
         self._keys = keys
         self._lists_changed = lists_changed
         self._user_list = user_list
@@ -148,12 +150,12 @@ class Ingest:
         self._user_counters.pop(url, None)
         remove_relay_series(url)
 
-    def on_user_event(
+    def user_event(
         self, url: str, pubkey: str, raw: Any, received_ms: int, baseline: bool,
         budget: ConnectionBudget | None = None,
     ) -> None:
         """An event from `pubkey`'s own connection to a gated relay: the same checks, dedupe
-        and commit path as `on_event`, pushed to that user only (it answered their REQ) and
+        and commit path as `event`, pushed to that user only (it answered their REQ) and
         not at all when it predates their first subscription there (`baseline`). `budget`:
         that connection's, charged for this event's invalidity and signature check."""
         # counters of their own: the shared socket does not pay for per-user sockets' events
@@ -165,8 +167,8 @@ class Ingest:
         # the budget set here is the delivering socket's for the whole of this event
         counters.budget = budget
         counters.received.inc()
-        entry = self._admit(counters, url, "", raw, received_ms, lists=False)
-        if entry is None:
+        entry = self._admit(counters, url, "", raw, received_ms, False, (pubkey,))
+        if not isinstance(entry, Verified):
             return
         event = entry.event
         if event.kind not in DM_KINDS:
@@ -175,44 +177,47 @@ class Ingest:
         if pubkey not in self._keys or pubkey not in event.tag_values("p"):
             counters.invalid("unknown_recipient")
             return
+        arrival = entry.arrival
+        if arrival is not None and self._fold(arrival, url, received_ms):
+            return
         self._hand_over(counters, entry, url, received_ms, () if baseline else (pubkey,))
 
-    def on_event(self, url: str, sub_id: str, raw: Any, received_ms: int) -> None:
-        """An event from the pool's connection to `url`. It may wake only keys subscribed on
-        that relay (a relay cannot push keys it was never asked about; on a firehose relay
-        every key there counts as subscribed). The signature is checked before any recipient
-        lookup, so a forged event counts as `forged` whether or not its recipient is
-        registered: public counters do not tell who is. The one lookup that comes first is the
-        firehose's: an event naming no key on the relay is dropped as `unaddressed` before
+    def event(self, frame: Frame, raw: Any) -> Outcome:
+        """An event from the pool's connection to `frame.feed.url`. It may wake only keys
+        subscribed on that relay (a relay cannot push keys it was never asked about; on a
+        firehose relay every key there counts as subscribed). The signature is checked before
+        any recipient lookup, so a forged event counts as `forged` whether or not its recipient
+        is registered: public counters do not tell who is. The one lookup that comes first is
+        the firehose's: an event naming no key on the relay is dropped as `unaddressed` before
         any parse or signature check, which is what makes reading every DM affordable."""
+        feed = frame.feed
+        url = feed.url
         counters = self.counters[url]
         self._count_received(url)
-        subs = self._pool.subs.get(url)
-        subscribed: Mapping[str, int] = subs.keys if subs is not None else {}
-        if subs is not None and subs.firehose and not _addressed(raw, subscribed):
+        subs = feed.subs
+        if subs.firehose and not _addressed(raw, subs.keys):
             counters.dropped["unaddressed"].inc()
-            self._stored_anyway(url, sub_id, raw)
             self._ledger.note_unaddressed_event(url, raw)
-            return
-        configured = self._pool.plan.is_configured(url)
-        entry = self._admit(counters, url, sub_id, raw, received_ms, lists=configured)
-        if entry is None:
-            return
-        self._route(counters, subs, url, sub_id, entry, received_ms, configured)
+            return _stored_anyway(frame.sub_id, raw)
+        entry = self._admit(
+            counters, url, frame.sub_id, raw, frame.received_ms, feed.configured, subs.keys
+        )
+        if not isinstance(entry, Verified):
+            return entry
+        return self._route(counters, feed, frame.sub_id, entry, frame.received_ms)
 
     def _route(
         self,
         counters: RelayCounters,
-        subs: RelaySubscriptions | None,
-        url: str,
+        feed: RelayFeed,
         sub_id: str,
         entry: Verified,
         received_ms: int,
-        configured: bool,
-    ) -> None:
-        """A verified event from the shared connection to `url`: to the recipients subscribed
-        there, the relay lists, or the canary."""
-        subscribed: Mapping[str, int] = subs.keys if subs is not None else {}
+    ) -> Outcome:
+        """A verified event from the shared connection to `feed.url`: to the recipients
+        subscribed there, the relay lists, or the canary."""
+        url, subs = feed.url, feed.subs
+        subscribed = subs.keys
         event = entry.event
         if event.kind in DM_KINDS:
             tagged = entry.tagged
@@ -223,54 +228,56 @@ class Ingest:
                 recipients = tuple(p for p in tagged if p in subscribed)
             if not recipients:
                 counters.invalid("unknown_recipient")
-                return
-        elif event.kind in LIST_KINDS_SET and configured:
+                return Verdict.TAKEN
+        elif event.kind in LIST_KINDS_SET and feed.configured:
             if event.pubkey not in subscribed:
                 counters.invalid("unknown_recipient")
-                return
+                return Verdict.TAKEN
             if self._lists.offer(event):
                 self._lists_changed(event.pubkey)
-            return
-        elif event.kind in USER_LIST_KINDS_SET and configured:
+            return Verdict.TAKEN
+        elif event.kind in USER_LIST_KINDS_SET and feed.configured:
             if event.pubkey not in subscribed:
                 counters.dropped["unknown_recipient"].inc()
-                return
+                return Verdict.TAKEN
             self._user_list(user_list_of(event))
-            return
+            return Verdict.TAKEN
         else:
             counters.dropped["wrong_kind"].inc()
-            return
-        if subs is not None:
-            subs.stored(sub_id, event.id, event.kind, event.created_at)
-            self._ledger.note(url, event.id, event.created_at, recipients)
+            return Verdict.TAKEN
+        stored = Stored(sub_id, event.id, event.kind, event.created_at)
+        self._ledger.note(url, event.id, event.created_at, recipients)
         if self._probe is not None and self._probe.take(url, event):
-            return
+            return stored
+        arrival = entry.arrival
+        if arrival is not None and self._fold(arrival, url, received_ms):
+            # a further relay's copy while the event still waits for the committer
+            return stored
         # a stored answer (catch-up) is bounded by its pages, not by the recipients' live rate:
         # most of it is history the committer will find handled, and charging it would drop
         # the outage's new DMs as `recipient_quota` (to come back only at the next catch-up)
-        charge = subs is None or not subs.answering(sub_id)
-        if subs is not None and subs.firehose:
+        charge = not subs.answering(sub_id)
+        if subs.firehose:
             since_registration = tuple(r for r in recipients if subs.catching_up(sub_id, r))
             self._hand_over(
                 counters, entry, url, received_ms, recipients, since_registration, charge
             )
-            return
+            return stored
         # a key still fresh here is woken only for what was made after its registration (the
         # committer's `since_registration` rule): its baseline row can be missing for a key
         # registered long ago, when the worker that stored it was killed before the commit
         # and another worker took the shard over; every DM sent since would be swallowed
         fresh: tuple[str, ...]
-        if subs is None:
-            fresh = ()
-        elif len(recipients) == 1:
+        if len(recipients) == 1:
             fresh = recipients if subs.is_baseline(sub_id, recipients[0]) else ()
         else:
             fresh = tuple(r for r in recipients if subs.is_baseline(sub_id, r))
         self._hand_over(counters, entry, url, received_ms, recipients, fresh, charge)
+        return stored
 
-    def raw_event(self, url: str, frame: str, received_ms: int) -> bool:
-        """A frame from the shared connection to `url`, before it is parsed; True when it was
-        handled here, so it is never parsed at all:
+    def text(self, feed: RelayFeed, frame: str, received_ms: int) -> Outcome:
+        """A frame from the shared connection to `feed.url`, before it is parsed; anything but
+        `Verdict.UNPARSED` when it was handled here, so it is never parsed at all:
 
         - on a live firehose, a frame naming no key on the relay is dropped and counted as
           `unaddressed`. The scan finds every `"p","<hex>"` pair in the raw text; in JSON
@@ -281,14 +288,16 @@ class Ingest:
           delivery of the verified original, exactly as in `_admit`: nothing else of the
           frame is used, so a relay that wraps a known id in another body gains only the
           record that it delivered that id;
+        - a repeat of an id this relay delivered before (a reconnect's catch-up replays what
+          it stored) is a duplicate before any parse (`_repeat`), as `_admit` would count it;
         - any other EVENT frame is parsed here (`_parsed_event`), the connection's own parse
           skipped.
         """
-        subs = self._pool.subs.get(url)
-        if subs is None or not frame.startswith('["EVENT"'):
-            return False
+        if not frame.startswith('["EVENT"'):
+            return Verdict.UNPARSED
+        url, subs = feed.url, feed.subs
         if subs.streaming and self._unaddressed_frame(url, frame, subs.keys):
-            return True
+            return Verdict.TAKEN
         # the usual layout, the id first in the event: one match finds the sub id and the id
         # (the same id the search below finds: a sub id holds no quote)
         head = _COPY_HEAD.match(frame)
@@ -298,38 +307,55 @@ class Ingest:
             found = _EVENT_ID.search(frame)
             head = _FRAME_HEAD.match(frame)
             if found is None or head is None:
-                return self._parsed_event(url, frame, received_ms)
+                return self._parsed_event(feed, frame, received_ms)
             sub_id, event_id = head.group(1), found.group(1)
         entry = self._recent.get(event_id)
         if entry is None:
-            return self._parsed_event(url, frame, received_ms)
+            if (not subs.firehose or subs.streaming) and self._seen.delivered_by(event_id, url):
+                repeat = self._repeat(url, sub_id, event_id, frame)
+                if repeat is not None:
+                    return repeat
+            return self._parsed_event(feed, frame, received_ms)
         counters = self.counters[url]
         self._count_received(url)
         event = entry.event
         if self._seen.delivered_by(event.id, url):
             counters.duplicates.inc()
             if event.kind in DM_KINDS:
-                subs.stored(sub_id, event.id, event.kind, event.created_at)
-            return True
-        configured = self._pool.plan.is_configured(url)
-        self._route(counters, subs, url, sub_id, entry, received_ms, configured)
-        return True
+                return Stored(sub_id, event.id, event.kind, event.created_at)
+            return Verdict.TAKEN
+        return self._route(counters, feed, sub_id, entry, received_ms)
 
-    def _parsed_event(self, url: str, frame: str, received_ms: int) -> bool:
+    def _repeat(self, url: str, sub_id: str, event_id: str, frame: str) -> Outcome | None:
+        """A frame whose id this relay already delivered: a duplicate, whatever its body, and
+        still a place in its REQ's answer (`_stored_anyway`, from the kind and time read off
+        the text: as there, the relay's own word, only used to page that relay). None when
+        the text does not show them plainly: the frame then takes the parse."""
+        kind, created_at = _KIND.search(frame), _CREATED_AT.search(frame)
+        if kind is None or created_at is None:
+            return None
+        self._count_received(url)
+        self.counters[url].duplicates.inc()
+        number = int(kind.group(1))
+        if number not in DM_KINDS:
+            return Verdict.TAKEN
+        return Stored(sub_id, event_id, number, int(created_at.group(1)))
+
+    def _parsed_event(self, feed: RelayFeed, frame: str, received_ms: int) -> Outcome:
         """An EVENT frame parsed with orjson (a third of `json.loads`' instructions on a DM
-        frame) and handed to `on_event`, as the connection would have. A frame orjson refuses, or whose shape is not
-        `["EVENT", <string>, <anything>]`, goes back to the connection (False), whose own
+        frame) and handed to `event`, as the connection would have. A frame orjson refuses,
+        or whose shape is not `["EVENT", <string>, <anything>]`, goes back to the connection
+        (`Verdict.UNPARSED`), whose own
         parser decides as it always has: `json.loads` accepts a little more (NaN, a lone
         surrogate, integers past 64 bits), all of it refused later as malformed anyway."""
         try:
             message = orjson.loads(frame)
         except orjson.JSONDecodeError:
-            return False
+            return Verdict.UNPARSED
         # the '["EVENT"' prefix makes the first element exactly "EVENT"
         if type(message) is not list or len(message) < 3 or type(message[1]) is not str:
-            return False
-        self.on_event(url, message[1], message[2], received_ms)
-        return True
+            return Verdict.UNPARSED
+        return self.event(Frame(feed, message[1], received_ms), message[2])
 
     def _unaddressed_frame(self, url: str, frame: str, keys: Mapping[str, int]) -> bool:
         for key, list_kind in _ADDRESSING.findall(frame):
@@ -365,40 +391,40 @@ class Ingest:
 
     def _admit(
         self, counters: RelayCounters, url: str, sub_id: str, raw: Any, received_ms: int,
-        lists: bool,
-    ) -> Verified | None:
-        """The verified event behind a frame, or None when the frame was dropped (counted), a
+        lists: bool, keys: Container[str],
+    ) -> Verified | Outcome:
+        """The verified event behind a frame, or the verdict on a frame dropped (counted), a
         repeat from this relay, or a further relay's copy of a handled event (its delivery is
-        queued here). A copy of an event verified moments ago reuses that verified original:
+        queued here, and noted for the catch-up ledger under the `keys` the frame's
+        subscription carries). A copy of an event verified moments ago reuses that verified original:
         no parse, no signature check, and nothing of the copy's own body is used."""
         event_id = raw.get("id") if isinstance(raw, dict) else None
         if type(event_id) is str:
             if self._seen.delivered_by(event_id, url):
                 counters.duplicates.inc()
-                self._stored_anyway(url, sub_id, raw)
-                return None
+                return _stored_anyway(sub_id, raw)
             entry = self._recent.get(event_id)
             if entry is not None:
                 return entry
             if self._seen.known(event_id):
-                self._handled_copy(counters, url, sub_id, raw, received_ms)
-                return None
+                return self._handled_copy(counters, url, sub_id, raw, received_ms, keys)
         try:
             event = Event.from_json(raw)
         except InvalidEvent:
             counters.invalid("malformed")
-            return None
+            return Verdict.TAKEN
         is_list = event.kind in SUBSCRIBED_LIST_KINDS_SET
         if event.kind not in DM_KINDS and not (is_list and lists):
             counters.dropped["wrong_kind"].inc()
-            return None
+            return Verdict.TAKEN
         if not (self._in_window(counters, event, is_list) and self._verified(counters, event)):
-            return None
+            return Verdict.TAKEN
         return self._recent.add(event)
 
     def _handled_copy(
-        self, counters: RelayCounters, url: str, sub_id: str, raw: Any, received_ms: int
-    ) -> None:
+        self, counters: RelayCounters, url: str, sub_id: str, raw: Any, received_ms: int,
+        keys: Container[str],
+    ) -> Outcome:
         """A further relay's copy of an event already handled (pushed or baselined) that is no
         longer among the recently verified. It can push nothing, so only its delivery is
         recorded; its id is recomputed from its body (a hash, not a signature check: that id
@@ -407,19 +433,17 @@ class Ingest:
             event = Event.from_json(raw)
         except InvalidEvent:
             counters.invalid("malformed")
-            return
+            return Verdict.TAKEN
         if compute_id(event.pubkey, event.created_at, event.kind, event.tags, event.content) != (
             event.id
         ):
             counters.invalid("wrong_id")
-            return
-        subs = self._pool.subs.get(url)
-        if subs is not None:
-            subs.stored(sub_id, event.id, event.kind, event.created_at)
-            keys = subs.keys
-            self._ledger.note(url, event.id, event.created_at,
-                              tuple(p for p in event.tag_values("p") if p in keys))
+            return Verdict.TAKEN
+        self._ledger.note(
+            url, event.id, event.created_at, tuple(p for p in event.tag_values("p") if p in keys)
+        )
         self._enqueue(Arrival(event, url, received_ms, ()))
+        return Stored(sub_id, event.id, event.kind, event.created_at)
 
     def _hand_over(
         self,
@@ -445,7 +469,10 @@ class Ingest:
         if charged and not entry.enqueued and not self._within_quota(counters, charged):
             return
         entry.enqueued = True
-        self._enqueue(Arrival(entry.event, url, received_ms, push_to, since_registration))
+        arrival = entry.arrival = Arrival(
+            entry.event, url, received_ms, push_to, since_registration
+        )
+        self._enqueue(arrival)
 
     def _in_window(self, counters: RelayCounters, event: Event, is_list: bool) -> bool:
         """`created_at` within [now - catch-up - slack, now + 15 min], checked before anything
@@ -475,17 +502,6 @@ class Ingest:
             counters.dropped["recipient_quota"].inc()
         return allowed
 
-    def _stored_anyway(self, url: str, sub_id: str, raw: Any) -> None:
-        """A DM this relay already delivered still took a place in its answer to a REQ: count
-        it, or a page that the relay's limit cut short looks complete whenever the committer
-        has already marked the copy from the previous page (they overlap at `until`)."""
-        subs = self._pool.subs.get(url)
-        if subs is None or not isinstance(raw, dict):
-            return
-        created_at, kind, event_id = raw.get("created_at"), raw.get("kind"), raw.get("id")
-        if type(created_at) is int and kind in DM_KINDS and type(event_id) is str:
-            subs.stored(sub_id, event_id, kind, created_at)
-
     @staticmethod
     def _verified(counters: RelayCounters, event: Event) -> bool:
         """Id and signature check, last because it is the costliest; failures counted by kind,
@@ -507,7 +523,22 @@ _ADDRESSING = re.compile(
 over the text)."""
 _EVENT_ID = re.compile(r'"id"\s*:\s*"([0-9a-f]{64})"')
 _FRAME_HEAD = re.compile(r'\["EVENT"\s*,\s*"([^"\\]{1,64})"\s*,')
+_KIND = re.compile(r'"kind"\s*:\s*(\d{1,5})\s*[,}]')
+_CREATED_AT = re.compile(r'"created_at"\s*:\s*(\d{1,19})\s*[,}]')
 _COPY_HEAD = re.compile(r'\["EVENT","([^"\\]{1,64})",\{"id":"([0-9a-f]{64})"')
+
+
+def _stored_anyway(sub_id: str, raw: Any) -> Outcome:
+    """A DM this relay already delivered (or one naming nobody here) still took a place in its
+    answer to a REQ: count it, or a page that the relay's limit cut short looks complete
+    whenever the committer has already marked the copy from the previous page (they overlap
+    at `until`)."""
+    if not isinstance(raw, dict):
+        return Verdict.TAKEN
+    created_at, kind, event_id = raw.get("created_at"), raw.get("kind"), raw.get("id")
+    if type(created_at) is int and kind in DM_KINDS and type(event_id) is str:
+        return Stored(sub_id, event_id, kind, created_at)
+    return Verdict.TAKEN
 
 
 def _addressed(raw: Any, keys: Mapping[str, int]) -> bool:

@@ -119,6 +119,16 @@ class Arrival:
     since_registration: tuple[str, ...] = ()
     """Of `push_to`, recipients whose devices wake only if the event's `created_at` is not
     before their registration: firehose events that may predate the key's first watch there."""
+    copies: list[tuple[str, int]] | None = None
+    """Further relays' deliveries (relay, received ms) folded in while this arrival waited in
+    the queue (`Pending.fold`): each is only that relay's record, the push is this arrival's."""
+    generation: int = 0
+    """The queue's `taken` count when it was queued: still queued while they are equal."""
+
+    def deliveries(self) -> list[tuple[str, int]]:
+        """(relay, received ms) of every relay's delivery carried here, this one first."""
+        first = (self.relay, self.received_ms)
+        return [first] if self.copies is None else [first, *self.copies]
 
 
 class Pending:
@@ -129,13 +139,29 @@ class Pending:
         self._by_relay: dict[str, int] = {}
         self._ops: list[DbOp] = []
         self._unready: list[list[tuple[Any, ...]]] = []  # rows of `reserve`d ops being filled
+        self._taken = 0
+        """Batches taken so far: an arrival queued since the last take is still queued."""
         self.work = asyncio.Event()
         self._drained = asyncio.Event()
 
     def enqueue(self, arrival: Arrival) -> None:
+        arrival.generation = self._taken
         self._arrivals.append(arrival)
         self._by_relay[arrival.relay] = self._by_relay.get(arrival.relay, 0) + 1
         self.work.set()
+
+    def fold(self, arrival: Arrival, relay: str, received_ms: int) -> bool:
+        """Add a further relay's delivery of `arrival`'s event to it, if it is still queued
+        (False: already taken, queue the delivery on its own). A copy then costs no queue
+        place and no arrival of its own, and is decided with the event in one batch: one
+        `seen_events` row, where a copy that fell into the next batch was a row of its own."""
+        if arrival.generation != self._taken:
+            return False
+        if arrival.copies is None:
+            arrival.copies = [(relay, received_ms)]
+        else:
+            arrival.copies.append((relay, received_ms))
+        return True
 
     def add_op(self, op: BookkeepingOp, rows: list[tuple[Any, ...]]) -> None:
         self._ops.append((op, rows))
@@ -169,6 +195,7 @@ class Pending:
         """The next batch, and the queued bookkeeping once no arrival is left behind it."""
         batch = self._arrivals[:COMMIT_BATCH]
         self._arrivals = self._arrivals[COMMIT_BATCH:]
+        self._taken += 1
         for arrival in batch:
             left = self._by_relay.get(arrival.relay, 0) - 1
             if left > 0:

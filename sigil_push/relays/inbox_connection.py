@@ -18,7 +18,7 @@ import time
 from collections import Counter as Tally
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 from prometheus_client import Counter
 
@@ -26,11 +26,9 @@ from sigil_push.config import BridgeConfig
 from sigil_push.observations import ObservationLog
 from sigil_push.relays.connection import AuthSigner, AuthUnavailable, RelayConnection
 from sigil_push.relays.labels import relay_label
+from sigil_push.relays.port import BridgePort
 from sigil_push.relays.subscriptions import DM_KINDS
 from sigil_push.supervisor import BackgroundTasks
-
-if TYPE_CHECKING:
-    from sigil_push.relays.user_inbox import UserInboxes
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +70,26 @@ class _Probe:
     served: set[str] = field(default_factory=set)
 
 
+class InboxManager(Protocol):
+    """What a connection reports to the set of per-user connections (`UserInboxes`), defined
+    here so that this module needs nothing from the one that creates it."""
+
+    @property
+    def port(self) -> BridgePort: ...
+
+    def mode(self, url: str) -> AuthMode: ...
+
+    def learned(
+        self, connection: InboxConnection, mode: AuthMode, survivor: str | None, reason: str
+    ) -> None: ...
+
+    def evict(self, connection: InboxConnection, pubkey: str) -> None: ...
+
+    def reserve(self, connection: InboxConnection, pubkey: str) -> None: ...
+
+    def authenticated_changed(self, url: str, authenticated: bool) -> None: ...
+
+
 class InboxConnection:
     """One connection to a gated relay, carrying one user or (on a `multi` relay) several.
 
@@ -82,7 +100,7 @@ class InboxConnection:
     def __init__(
         self,
         url: str,
-        manager: UserInboxes,
+        manager: InboxManager,
         observations: ObservationLog,
         settings: BridgeConfig,
         solo: bool,
@@ -92,7 +110,7 @@ class InboxConnection:
         """Reserved for one user (whose signer failed on a shared connection): nobody joins."""
         self.members: dict[str, _Member] = {}
         self._manager = manager
-        self._owner = manager.owner
+        self._port = manager.port
         self._catchup = settings.catchup_seconds
         # sub id -> (pubkey, sent after that user's AUTH); kept until the socket resets, so a
         # late answer to a replaced REQ is still recognised for what it was
@@ -278,7 +296,7 @@ class InboxConnection:
         if member is not None:
             # until a REQ that counts reached EOSE, what a fresh user gets predates them
             baseline = member.fresh and not member.eosed
-            self._owner.on_user_event(
+            self._port.ingest.user_event(
                 self.url, member.pubkey, raw, received_ms, baseline, connection.budget
             )
 
@@ -298,8 +316,8 @@ class InboxConnection:
             member.eosed = True
             if member.fresh:
                 # stored after every event before this EOSE is committed (the bridge's rule)
-                self._owner.baselines_of(self.url).add(pubkey)
-                self._owner.baselined(self.url, frozenset((pubkey,)))
+                self._port.baselines.baselines_of(self.url).add(pubkey)
+                self._port.baselines.baselined(self.url, frozenset((pubkey,)))
             member.failed = False
             USER_AUTHS.labels(relay_label(self.url), "authenticated").inc()
             self._set_authenticated(member, True)
@@ -352,16 +370,16 @@ class InboxConnection:
             self._set_authenticated(member, False)
 
     def congested(self, connection: RelayConnection) -> bool:
-        return self._owner.congested(connection.url)
+        return self._port.flow.congested(connection.url)
 
     async def drained(self, connection: RelayConnection) -> None:
-        await self._owner.drained(connection.url)
+        await self._port.flow.drained(connection.url)
 
     # subscriptions ------------------------------------------------------------------------
 
     def _subscribe(self, member: _Member) -> str:
         """A new REQ for this user's DMs; the one it replaces is closed after it (no gap)."""
-        member.fresh = member.pubkey not in self._owner.baselines_of(self.url)
+        member.fresh = member.pubkey not in self._port.baselines.baselines_of(self.url)
         self._sub_seq += 1
         old, member.sub_id = member.sub_id, f"{SUB_PREFIX}{self._sub_seq}"
         self._subs[member.sub_id] = (member.pubkey, member.authed)

@@ -20,8 +20,9 @@ import asyncio
 import contextlib
 import re
 import time
-from collections.abc import Coroutine, Iterable, Sequence
-from typing import Any, Protocol
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any
 
 from prometheus_client import Gauge
 
@@ -29,10 +30,10 @@ from sigil_push.config import BridgeConfig
 from sigil_push.memory_gauges import track
 from sigil_push.observations import ObservationLog
 from sigil_push.relays import catchup_metrics
-from sigil_push.relays.budget import ConnectionBudget
 from sigil_push.relays.connection import AuthSigner, RelayConnection
 from sigil_push.relays.labels import relay_label
 from sigil_push.relays.nip77 import NegentropyFailed, Reconciler
+from sigil_push.relays.port import BridgePort, Frame, RelayFeed, Stored, Verdict
 from sigil_push.relays.subscriptions import RelaySubscriptions, Request
 from sigil_push.supervisor import BackgroundTasks
 
@@ -174,42 +175,40 @@ class RelayPlan:
         return all_keys if url in self._configured_set else self.demand.get(url, set())
 
 
-class PoolOwner(Protocol):
-    """What the pool reports to (the bridge): events, finished baselines, backpressure."""
+class _NoSubscriptions:
+    """The subscription context of a relay the pool no longer holds (its last frames still
+    arrive while it closes): no keys there, so ingest wakes nobody from it."""
 
-    def relay_added(self, url: str, budget: ConnectionBudget | None = None) -> None: ...
+    keys: Mapping[str, int] = MappingProxyType({})
+    firehose = False
+    streaming = False
 
-    def relay_removed(self, url: str) -> None: ...
+    def is_baseline(self, sub_id: str, recipient: str) -> bool:
+        return False
 
-    def on_event(self, url: str, sub_id: str, raw: Any, received_ms: int) -> None: ...
+    def catching_up(self, sub_id: str, recipient: str) -> bool:
+        return False
 
-    def raw_event(self, url: str, frame: str, received_ms: int) -> bool: ...
+    def answering(self, sub_id: str) -> bool:
+        return False
 
-    def baselined(self, url: str, keys: frozenset[str]) -> None: ...
 
-    def relay_gated(self, url: str) -> None: ...
-
-    def congested(self, url: str) -> bool: ...
-
-    async def drained(self, url: str) -> None: ...
-
-    async def catchup_items(
-        self, url: str, keys: list[str] | None, since: int
-    ) -> dict[str, int]: ...
+NO_SUBSCRIPTIONS = _NoSubscriptions()
 
 
 class RelayPool:
     """The open connections and their shards, kept in line with a RelayPlan.
 
     It is every connection's handler: it (re)sends REQs when a connection opens, after AUTH and
-    when keys change, pages and baselines at EOSE, and passes events on to its owner.
+    when keys change, pages and baselines at EOSE, and hands each EVENT frame to ingest as a
+    `Frame` carrying its relay's `RelayFeed`, applying the verdict it gets back. What it reports
+    goes through the bridge's port (`attach`), the one way up.
     """
 
     def __init__(
         self,
         settings: BridgeConfig,
         configured: Sequence[str],
-        owner: PoolOwner,
         signer: AuthSigner,
         observations: ObservationLog,
         modes: dict[str, str] | None = None,
@@ -217,10 +216,11 @@ class RelayPool:
         self._settings = settings
         self._modes = modes or {}
         self.plan = RelayPlan(configured, settings.max_relays)
-        self._owner = owner
+        self._port: BridgePort
         self._signer = signer
         self._observations = observations
         self.subs: dict[str, RelaySubscriptions] = {}
+        self._feeds: dict[str, RelayFeed] = {}
         self._connections: dict[str, RelayConnection] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._baselines: dict[str, set[str]] = {}
@@ -238,6 +238,10 @@ class RelayPool:
         track("relay_cursors", self, lambda p: len(p.cursors))
         track("relay_plan_keys", self, lambda p: len(p.plan.own_relays))
         track("negentropy_support", self, lambda p: len(p.negentropy_support))
+
+    def attach(self, port: BridgePort) -> None:
+        """The bridge's port, before any relay is opened."""
+        self._port = port
 
     def load(self, baselines: dict[str, set[str]], cursors: dict[str, int]) -> None:
         self._baselines = baselines
@@ -282,7 +286,7 @@ class RelayPool:
                     touched = True
             newly = subs.take_newly_baselined()
             if newly:
-                self._owner.baselined(url, newly)
+                self._port.baselines.baselined(url, newly)
             if touched:
                 self._spawn(self._sync(url))
         return left
@@ -303,6 +307,7 @@ class RelayPool:
             baselined=self._baselines.setdefault(url, set()),
         )
         self.subs[url] = subs
+        feed = self._feeds[url] = RelayFeed(url, self.plan.is_configured(url), subs)
         self._locks[url] = asyncio.Lock()
         connection = RelayConnection(
             url,
@@ -312,19 +317,20 @@ class RelayPool:
             self._settings.reconnect_min_seconds,
             self._settings.reconnect_max_seconds,
             max_frame_bytes=self._settings.max_frame_bytes,
-            skip_event=lambda frame, received_ms: self._raw_event(url, frame, received_ms),
+            skip_event=lambda text, received_ms: self._text(feed, text, received_ms),
             heartbeat_seconds=self._settings.relay_heartbeat_seconds,
             open_timeout_seconds=self._settings.relay_open_timeout_seconds,
         )
         self._connections[url] = connection
         UNSUBSCRIBED.labels(relay_label(url)).set(0)
         catchup_metrics.bind(relay_label(url))
-        self._owner.relay_added(url, connection.budget)
+        self._port.ingest.relay_added(url, connection.budget)
         connection.start()
         return subs
 
     def _drop(self, url: str) -> None:
         self.subs.pop(url, None)
+        self._feeds.pop(url, None)
         self._locks.pop(url, None)
         self._maybe_gated.discard(url)
         self._reconcilers.pop(url, None)
@@ -335,7 +341,7 @@ class RelayPool:
         with contextlib.suppress(KeyError):
             UNSUBSCRIBED.remove(relay_label(url))
         catchup_metrics.unbind(relay_label(url))
-        self._owner.relay_removed(url)
+        self._port.ingest.relay_removed(url)
         if connection is not None:
             self._spawn(connection.stop())
 
@@ -421,7 +427,7 @@ class RelayPool:
             query["#p"] = keys
         before = reconciler.count.bytes
         try:
-            items = await self._owner.catchup_items(url, keys, since)
+            items = await self._port.catchup.items(url, keys, since)
             missing = await reconciler.missing(query, items)
         except NegentropyFailed as failure:
             if failure.reason != "error":
@@ -519,7 +525,7 @@ class RelayPool:
     def on_gated(self, connection: RelayConnection) -> None:
         if connection.gated_reason:
             self._maybe_gated.discard(connection.url)
-        self._owner.relay_gated(connection.url)
+        self._port.baselines.relay_gated(connection.url)
 
     def on_auth_failed(self, connection: RelayConnection) -> None:
         """The bridge's own key always signs; nothing to do."""
@@ -541,7 +547,7 @@ class RelayPool:
             self._spawn(self._send(url, follow_ups))
         self._catchup_counts(url, subs)
         if newly:
-            self._owner.baselined(url, newly)
+            self._port.baselines.baselined(url, newly)
         if subs.live:
             self.cursors[url] = int(time.time())
             self._note_maybe_gated(url, self._maybe_gated_now(url, connection, subs))
@@ -549,32 +555,56 @@ class RelayPool:
     def on_event(
         self, connection: RelayConnection, sub_id: str, raw: Any, received_ms: int
     ) -> None:
-        if connection.url in self._maybe_gated:
-            # a DM came through the shared connection after all
-            self._note_maybe_gated(connection.url, False)
-        self._owner.on_event(connection.url, sub_id, raw, received_ms)
+        self.deliver(connection.url, sub_id, raw, received_ms)
 
-    def _raw_event(self, url: str, frame: str, received_ms: int) -> bool:
-        """A frame the owner may take unparsed (see RelayConnection's `skip_event`). While a
-        REQ of the relay is answering with stored events, its frames' bytes count as paged
-        catch-up (the connection carries no other large frames then)."""
-        subs = self.subs.get(url)
+    def deliver(self, url: str, sub_id: str, raw: Any, received_ms: int) -> None:
+        """An EVENT frame (parsed) from the shared connection to `url`: to ingest with its
+        subscription context, and the verdict applied here."""
+        if url in self._maybe_gated:
+            # a DM came through the shared connection after all
+            self._note_maybe_gated(url, False)
+        feed = self._feeds.get(url)
+        if feed is None:
+            feed = RelayFeed(url, self.plan.is_configured(url), NO_SUBSCRIPTIONS)
+        self._apply(url, self._port.ingest.event(Frame(feed, sub_id, received_ms), raw))
+
+    def deliver_text(self, url: str, text: str, received_ms: int) -> bool:
+        """An EVENT frame as text, before any parse; True when ingest took it (see
+        RelayConnection's `skip_event`), False for the connection to parse it itself."""
+        feed = self._feeds.get(url)
+        return feed is not None and self._text(feed, text, received_ms)
+
+    def _text(self, feed: RelayFeed, text: str, received_ms: int) -> bool:
+        """A text frame to ingest. While a REQ of the relay is answering with stored events,
+        its frames' bytes count as paged catch-up (the connection carries no other large
+        frames then)."""
+        subs = self.subs.get(feed.url)
         if subs is not None and subs.answering_any:
-            head = _SUB_ID.match(frame)
+            head = _SUB_ID.match(text)
             method = subs.answering_method(head.group(1)) if head is not None else None
             if method is not None:
-                catchup_metrics.BYTES.labels(relay_label(url), method).inc(len(frame))
-        if not self._owner.raw_event(url, frame, received_ms):
+                catchup_metrics.BYTES.labels(relay_label(feed.url), method).inc(len(text))
+        outcome = self._port.ingest.text(feed, text, received_ms)
+        if outcome is Verdict.UNPARSED:
             return False
+        url = feed.url
         if url in self._maybe_gated:
             self._note_maybe_gated(url, False)
+        self._apply(url, outcome)
         return True
 
+    def _apply(self, url: str, outcome: Stored | Verdict) -> None:
+        """Ingest's verdict on a frame: a stored DM counts towards its REQ's page."""
+        if type(outcome) is Stored:
+            subs = self.subs.get(url)
+            if subs is not None:
+                subs.stored(outcome.sub_id, outcome.event_id, outcome.kind, outcome.created_at)
+
     def congested(self, connection: RelayConnection) -> bool:
-        return self._owner.congested(connection.url)
+        return self._port.flow.congested(connection.url)
 
     async def drained(self, connection: RelayConnection) -> None:
-        await self._owner.drained(connection.url)
+        await self._port.flow.drained(connection.url)
 
     # health -----------------------------------------------------------------------------
 
@@ -622,7 +652,7 @@ class RelayPool:
             self._maybe_gated.add(url)
         else:
             self._maybe_gated.discard(url)
-        self._owner.relay_gated(url)
+        self._port.baselines.relay_gated(url)
 
     def _maybe_gated_now(
         self, url: str, connection: RelayConnection, subs: RelaySubscriptions

@@ -58,10 +58,10 @@ from prometheus_client import Counter, Gauge
 
 from sigil_push.config import BridgeConfig
 from sigil_push.observations import ObservationLog
-from sigil_push.relays.budget import ConnectionBudget
 from sigil_push.relays.connection import AuthSigner
 from sigil_push.relays.inbox_connection import USER_AUTHS, AuthMode, InboxConnection
 from sigil_push.relays.labels import relay_label
+from sigil_push.relays.port import BridgePort
 from sigil_push.store.auth_modes import LearnedAuthModes
 from sigil_push.store.errors import STORE_UNAVAILABLE
 from sigil_push.supervisor import BackgroundTasks
@@ -101,27 +101,6 @@ MODES_LEARNED = Counter(
 )
 
 
-class InboxOwner(Protocol):
-    """What the per-user connections need from the bridge."""
-
-    def gated_relays(self) -> set[str]: ...
-
-    def user_relays(self, pubkey: str) -> frozenset[str]: ...
-
-    def baselines_of(self, url: str) -> set[str]: ...
-
-    def baselined(self, url: str, keys: frozenset[str]) -> None: ...
-
-    def on_user_event(
-        self, url: str, pubkey: str, raw: Any, received_ms: int, baseline: bool,
-        budget: ConnectionBudget | None = None,
-    ) -> None: ...
-
-    def congested(self, url: str) -> bool: ...
-
-    async def drained(self, url: str) -> None: ...
-
-
 class SessionSource(Protocol):
     """The delegated AUTH sessions (sigil_push.delegated_auth.DelegatedAuth)."""
 
@@ -138,12 +117,11 @@ class UserInboxes:
 
     def __init__(
         self,
-        owner: InboxOwner,
         sessions: SessionSource,
         observations: ObservationLog,
         settings: BridgeConfig,
     ) -> None:
-        self.owner = owner
+        self.port: BridgePort
         self._sessions = sessions
         self._observations = observations
         self._settings = settings
@@ -165,6 +143,10 @@ class UserInboxes:
         USER_CONNECTIONS_SKIPPED.set(0)
         for mode in ("single", "multi"):
             MODES_LEARNED.labels(mode)
+
+    def attach(self, port: BridgePort) -> None:
+        """The bridge's port, before `start`: where events, baselines and back-pressure go."""
+        self.port = port
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="user-inboxes")
@@ -269,7 +251,7 @@ class UserInboxes:
         if not gated:
             return []
         per_key = [
-            [(url, pubkey) for url in sorted(self.owner.user_relays(pubkey) & gated)]
+            [(url, pubkey) for url in sorted(self.port.keys.user_relays(pubkey) & gated)]
             for pubkey in sorted(self._sessions.active_pubkeys())
         ]
         return [
@@ -278,7 +260,7 @@ class UserInboxes:
         ]
 
     def _reconcile(self) -> None:
-        gated = self.owner.gated_relays()
+        gated = self.port.baselines.gated_relays()
         GATED_RELAYS.set(len(gated))
         wanted = self._wanted(gated)
         wanted_set = set(wanted)
@@ -396,7 +378,7 @@ class UserInboxes:
         """Per gated relay: users reading, failed and waiting for the mode to be learned, the
         connections carrying them, and what the relay's answers taught (`auth_mode`)."""
         report: dict[str, dict[str, Any]] = {}
-        for url in set(self._by_url) | set(self._modes) | self.owner.gated_relays():
+        for url in set(self._by_url) | set(self._modes) | self.port.baselines.gated_relays():
             members = [m for c in self._by_url.get(url, []) for m in c.members.values()]
             report[url] = {
                 "users_authenticated": sum(m.authenticated for m in members),

@@ -45,20 +45,20 @@ async def test_one_relays_flood_pauses_only_that_relay_and_one_keys_flood_is_cap
         # a flood the committer has not seen yet: nothing yields while it arrives
         for i in range(RELAY_QUEUE_CAP):
             event = sign_event(mallory, 4, f"old {i}", [["p", me]])
-            bridge.on_user_event(FLOODER, me, event.to_json(), now_ms, True)
-        assert bridge.congested(FLOODER)
-        assert not bridge.congested(QUIET), "another relay's reader must not wait"
+            bridge.port.ingest.user_event(FLOODER, me, event.to_json(), now_ms, True)
+        assert bridge.port.flow.congested(FLOODER)
+        assert not bridge.port.flow.congested(QUIET), "another relay's reader must not wait"
 
         before = _dropped(FLOODER, "recipient_quota")
         flood = [sign_event(mallory, 4, f"to myself {i}", [["p", me]]) for i in range(300)]
         for event in flood:
-            bridge.on_user_event(FLOODER, me, event.to_json(), now_ms, False)
+            bridge.port.ingest.user_event(FLOODER, me, event.to_json(), now_ms, False)
         dropped = _dropped(FLOODER, "recipient_quota") - before
         assert 300 - RECIPIENT_BURST - 5 <= dropped <= 300 - RECIPIENT_BURST
 
         wanted = sign_event(SecretKey.generate(), 4, "hi", [["p", victim.public_key_hex]])
-        bridge.on_user_event(QUIET, victim.public_key_hex, wanted.to_json(), now_ms, False)
-        await asyncio.wait_for(bridge.drained(FLOODER), timeout=60)
+        bridge.port.ingest.user_event(QUIET, victim.public_key_hex, wanted.to_json(), now_ms, False)
+        await asyncio.wait_for(bridge.port.flow.drained(FLOODER), timeout=60)
 
         async def victim_queued() -> bool:
             rows = await db.execute_fetchall(

@@ -65,7 +65,7 @@ async def test_no_relay_input_raises_out_of_the_bridge(tmp_path: Path, engine: E
         pubkey = RECIPIENT.public_key_hex
         await devices.register(pubkey, "android", "fcm-fuzz", "opaque", (), None, 0)
         await eventually(lambda: pubkey in bridge._registry.keys, what="the key watched")
-        bridge.relay_added(RELAY)
+        bridge.port.ingest.relay_added(RELAY)
 
         @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
         @given(raw=raw_events, baseline=st.booleans())
@@ -73,15 +73,15 @@ async def test_no_relay_input_raises_out_of_the_bridge(tmp_path: Path, engine: E
             # what a relay frame decodes to: JSON round trip, as the connection does
             decoded = json.loads(json.dumps(raw))
             now_ms = int(time.time() * 1000)
-            bridge.on_event(RELAY, "sub", decoded, now_ms)
-            bridge.on_user_event(RELAY, pubkey, decoded, now_ms, baseline)
+            bridge.pool.deliver(RELAY, "sub", decoded, now_ms)
+            bridge.port.ingest.user_event(RELAY, pubkey, decoded, now_ms, baseline)
 
         feed()
         before = REGISTRY.get_sample_value(
             "sigil_push_task_restarts_total", {"task": "bridge-commit"}
         ) or 0.0
         probe = sign_event(SENDER, 4, "probe", [["p", pubkey]])
-        bridge.on_user_event(RELAY, pubkey, probe.to_json(), int(time.time() * 1000), False)
+        bridge.port.ingest.user_event(RELAY, pubkey, probe.to_json(), int(time.time() * 1000), False)
 
         async def probe_committed() -> bool:
             rows = await db.execute_fetchall(

@@ -104,7 +104,7 @@ async def test_a_per_user_socket_pays_for_its_own_invalid_events(tmp_path: Path)
         own, other = ConnectionBudget(), ConnectionBudget()
         now_ms = int(time.time() * 1000)
         for event in forged:
-            parts.bridge.on_user_event(url, VICTIM.public_key_hex, event, now_ms, False, own)
-        parts.bridge.on_user_event(url, VICTIM.public_key_hex, forged[0], now_ms, False, other)
+            parts.bridge.port.ingest.user_event(url, VICTIM.public_key_hex, event, now_ms, False, own)
+        parts.bridge.port.ingest.user_event(url, VICTIM.public_key_hex, forged[0], now_ms, False, other)
         assert own.exceeded
         assert not other.exceeded

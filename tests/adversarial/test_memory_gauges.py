@@ -36,7 +36,7 @@ async def test_growable_structures_report_their_size(tmp_path: Path) -> None:
                          "the key watched")
         before = entries("recently_verified") or 0.0
         dm = sign_event(SecretKey.generate(), 4, "hi", [["p", recipient.public_key_hex]])
-        parts.bridge.on_user_event("wss://inbox.example", recipient.public_key_hex,
+        parts.bridge.port.ingest.user_event("wss://inbox.example", recipient.public_key_hex,
                                    dm.to_json(), int(time.time() * 1000), False)
         assert {s: entries(s) for s in STRUCTURES if entries(s) is None} == {}
         assert entries("recently_verified") == before + 1

@@ -13,6 +13,7 @@ from typing import Any
 from sigil_push.config import BridgeConfig
 from sigil_push.observations import ObservationLog
 from sigil_push.relays.pool import MAX_RELAYS_PER_KEY, RelayPlan
+from sigil_push.relays.port import BridgePort
 from sigil_push.relays.user_inbox import UserInboxes
 
 CONFIGURED = ["wss://configured.example"]
@@ -93,9 +94,12 @@ def test_per_user_connections_go_round_robin_over_keys(tmp_path: Path) -> None:
         "bbbb": frozenset({"wss://only.example"}),
     }
     inboxes = UserInboxes(
-        _Owner(relays), _Sessions(set(relays)), ObservationLog(tmp_path),  # type: ignore[arg-type]
+        _Sessions(set(relays)), ObservationLog(tmp_path),  # type: ignore[arg-type]
         BridgeConfig(max_user_connections=10),
     )
+    owner = _Owner(relays)
+    # the ranking reads only the gated relays and the users' relays through the port
+    inboxes.attach(BridgePort(None, owner, owner, None, None))  # type: ignore[arg-type]
     wanted = inboxes._wanted(_Owner(relays).gated_relays())
     keep = wanted[:10]
     assert ("wss://only.example", "bbbb") in keep

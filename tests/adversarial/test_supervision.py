@@ -105,7 +105,7 @@ async def test_a_poison_event_is_skipped_after_two_failures_and_the_rest_is_comm
         committer._write = refusing  # type: ignore[method-assign, assignment]
         before = REGISTRY.get_sample_value("sigil_push_bridge_poison_events_total") or 0.0
         for event in events:  # one batch: nothing yields in between
-            bridge.on_user_event(RELAY, pubkey, event.to_json(), int(time.time() * 1000), False)
+            bridge.port.ingest.user_event(RELAY, pubkey, event.to_json(), int(time.time() * 1000), False)
 
         async def committed() -> bool:
             return await outbox.depth() == 2
@@ -116,7 +116,7 @@ async def test_a_poison_event_is_skipped_after_two_failures_and_the_rest_is_comm
         assert {r[0] for r in rows} == {events[0].id, events[2].id}
         assert not bridge._seen.known(events[1].id), "a failed write leaves nothing seen"
         later = sign_event(sender, 4, "later", [["p", pubkey]])
-        bridge.on_user_event(RELAY, pubkey, later.to_json(), int(time.time() * 1000), False)
+        bridge.port.ingest.user_event(RELAY, pubkey, later.to_json(), int(time.time() * 1000), False)
 
         async def loop_alive() -> bool:
             return await outbox.depth() == 3
