@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import json
 import logging
 import os
@@ -76,6 +77,20 @@ class CountingProxy:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._ready = threading.Event()
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._refusing = False
+
+    def cut(self, refuse: bool) -> None:
+        """Drop every connection through the proxy and refuse new ones while `refuse`
+        (an outage the bridge process lives through: it reconnects after)."""
+
+        def apply() -> None:
+            self._refusing = refuse
+            if refuse:
+                for writer in list(self._writers):
+                    writer.close()
+
+        self._loop.call_soon_threadsafe(apply)
 
     def start(self) -> None:
         self._thread.start()
@@ -98,6 +113,10 @@ class CountingProxy:
                 self.cpu = time.thread_time()
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._refusing:
+            writer.close()
+            return
+        self._writers.add(writer)
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
 
         async def upstream() -> None:
@@ -143,6 +162,7 @@ class CountingProxy:
         finally:
             task.cancel()
             writer.close()
+            self._writers.discard(writer)
 
 
 def dataset(recipients: list[str], count: int, now: int, seed: int) -> list[dict[str, Any]]:
@@ -164,11 +184,16 @@ def dataset(recipients: list[str], count: int, now: int, seed: int) -> list[dict
     return events
 
 
-async def publish(url: str, events: list[dict[str, Any]], per_connection: int = 5000) -> None:
+async def publish(
+    url: str, events: list[dict[str, Any]], per_connection: int = 5000, parallel: int = 4
+) -> None:
     """Store `events`, `per_connection` on each connection (rust-nostr's relay drops a
-    connection that publishes far more)."""
-    for start in range(0, len(events), per_connection):
-        await _publish_some(url, events[start : start + per_connection])
+    connection that publishes far more), `parallel` connections at a time."""
+    batches = [events[start : start + per_connection]
+               for start in range(0, len(events), per_connection)]
+    for first in range(0, len(batches), parallel):
+        await asyncio.gather(*(_publish_some(url, batch)
+                               for batch in batches[first : first + parallel]))
 
 
 async def _publish_some(url: str, events: list[dict[str, Any]], window: int = 500) -> None:
@@ -201,8 +226,17 @@ async def outbox_counts(db: Any) -> dict[str, int]:
 async def run_bridge(
     folder: Path, url: str, negentropy: bool, new_ids: set[str], keys: int,
     proxy: CountingProxy, relay_pid: int | None, history: set[str], before: dict[str, int],
+    reconnect: tuple[str, list[dict[str, Any]]] | None = None,
+    profile: Path | None = None,
 ) -> dict[str, Any]:
-    """Start the bridge; until every `new_ids` is queued and the relay is live; the figures."""
+    """Start the bridge; until every `new_ids` is queued and the relay is live; the figures.
+    With `reconnect` (the relay's own url, DMs): then cut the bridge's sockets, publish those
+    DMs meanwhile, let it reconnect, and measure that catch-up too (`reconnect` in the
+    figures): the same process, so what it kept from the first catch-up is still there.
+    `profile`: cProfile of the restart's catch-up there, of the reconnect's beside it."""
+    profiler = cProfile.Profile() if profile is not None else None
+    if profiler is not None:
+        profiler.enable()
     bytes0, frames0, proxy_cpu0 = proxy.bytes, proxy.frames, proxy.cpu
     relay_cpu0 = process_cpu(relay_pid)
     cpu0, wall0 = time.process_time(), time.monotonic()
@@ -218,9 +252,43 @@ async def run_bridge(
             await asyncio.sleep(0.05)
         wall = time.monotonic() - wall0
         cpu = time.process_time() - cpu0 - (proxy.cpu - proxy_cpu0)
+        if profiler is not None and profile is not None:
+            profiler.disable()
+            profiler.dump_stats(profile)
+            profiler = cProfile.Profile()
         queued = await outbox_counts(parts.db)
         pool = parts.bridge._pool
         method = "negentropy" if pool.negentropy_support.get(url) else "req"
+        again: dict[str, Any] | None = None
+        if reconnect is not None:
+            relay_url, fresh = reconnect
+            proxy.cut(True)
+            while parts.bridge.health().get(url, {}).get("connected"):
+                await asyncio.sleep(0.05)
+            await publish(relay_url, fresh)
+            fresh_ids = {event["id"] for event in fresh}
+            bytes1, frames1, proxy_cpu1 = proxy.bytes, proxy.frames, proxy.cpu
+            cpu1, wall1 = time.process_time(), time.monotonic()
+            if profiler is not None:
+                profiler.enable()
+            proxy.cut(False)
+            while True:
+                health = parts.bridge.health().get(url, {})
+                queued = await outbox_counts(parts.db)
+                if fresh_ids <= set(queued) and health.get("live"):
+                    break
+                await asyncio.sleep(0.05)
+            if profiler is not None and profile is not None:
+                profiler.disable()
+                profiler.dump_stats(profile.with_suffix(".reconnect.prof"))
+            again = {
+                "bytes_from_relay": proxy.bytes - bytes1,
+                "frames_from_relay": proxy.frames - frames1,
+                "wall_seconds": round(time.monotonic() - wall1, 2),
+                "cpu_seconds": round(time.process_time() - cpu1 - (proxy.cpu - proxy_cpu1), 2),
+                "new_dms": len(fresh_ids),
+                "new_pushed_exactly_once": sum(1 for i in fresh_ids if queued.get(i) == 1),
+            }
     new_pushed = [queued.get(event_id, 0) for event_id in new_ids]
     return {
         "method": method,
@@ -236,13 +304,20 @@ async def run_bridge(
             1 for event_id in history if queued.get(event_id, 0) > before.get(event_id, 0)
         ),
         "queued": queued,
+        **({"reconnect": again} if again is not None else {}),
     }
 
 
-async def bench_relay(kind: str, keys: int, dms: int, folder: Path) -> dict[str, Any]:
+async def bench_relay(
+    kind: str, keys: int, dms: int, folder: Path, new: int | None = None,
+    replay: bool = True, profile: Path | None = None, lmdb: bool = False,
+) -> dict[str, Any]:
+    """One relay's figures; `new` DMs per outage (default 1 % of `dms`); `replay` false skips
+    the paged REQ replay; `profile` writes a cProfile of the negentropy catch-up there."""
     folder.mkdir(parents=True, exist_ok=True)
     relay: RustRelayProcess | RelayProcess
-    relay = RustRelayProcess(folder / "relay") if kind == "rust" else RelayProcess(folder / "relay")
+    relay = (RustRelayProcess(folder / "relay", lmdb=lmdb) if kind == "rust"
+             else RelayProcess(folder / "relay"))
     relay.start()
     relay_pid = relay.pid if isinstance(relay, RustRelayProcess) else relay._process.pid  # type: ignore[union-attr]
     proxy = CountingProxy(relay.port)
@@ -257,6 +332,7 @@ async def bench_relay(kind: str, keys: int, dms: int, folder: Path) -> dict[str,
         started = time.monotonic()
         await publish(relay.url, history)
         published = time.monotonic() - started
+        print(f"published {dms} in {published:.0f} s", flush=True)
         store = await open_sqlite(folder / "bench.db")
         for n, pubkey in enumerate(recipients):
             await store.devices.register(pubkey, "android", f"fcm-{n}", "opaque", (), None, 0)
@@ -264,6 +340,7 @@ async def bench_relay(kind: str, keys: int, dms: int, folder: Path) -> dict[str,
         history_ids = {event["id"] for event in history}
         report: dict[str, Any] = {
             "relay": kind, "keys": keys, "dms_in_window": dms,
+            **({"relay_store": "lmdb"} if lmdb and kind == "rust" else {}),
             "generate_seconds": round(generated, 1), "publish_seconds": round(published, 1),
         }
         report["baseline"] = await run_bridge(
@@ -276,17 +353,26 @@ async def bench_relay(kind: str, keys: int, dms: int, folder: Path) -> dict[str,
         # users registered days ago, so the outage's back-dated DMs count as new
         with sqlite3.connect(folder / "bench.db") as database:
             database.execute("UPDATE devices SET registered_at = registered_at - ?", (5 * 86400,))
-        for name, negentropy, seed in (("negentropy_first", True, 2), ("paged_req", False, 3)):
-            fresh = dataset(recipients, max(1, dms // 100), int(time.time()), seed=seed)
+        report["new_dms_per_outage"] = new or max(1, dms // 100)
+        outages = [("negentropy_first", True, 2), ("paged_req", False, 3)][: 2 if replay else 1]
+        for name, negentropy, seed in outages:
+            fresh = dataset(recipients, report["new_dms_per_outage"], int(time.time()), seed=seed)
             await publish(relay.url, fresh)
+            later = None
+            if negentropy:
+                later = (relay.url, dataset(
+                    recipients, report["new_dms_per_outage"], int(time.time()), seed=seed + 10
+                ))
             report[name] = await run_bridge(
                 folder, url, negentropy, {e["id"] for e in fresh}, keys, proxy, relay_pid,
-                history_ids, queued,
+                history_ids, queued, later, profile if negentropy else None,
             )
+            if later is not None:
+                history_ids |= {e["id"] for e in later[1]}
             queued = report[name].pop("queued")
             history_ids |= {e["id"] for e in fresh}
-        neg, req = report["negentropy_first"], report["paged_req"]
-        if neg["method"] == "negentropy":
+        neg, req = report["negentropy_first"], report.get("paged_req")
+        if neg["method"] == "negentropy" and req is not None:
             report["negentropy_bytes_over_paged_replay"] = round(
                 neg["bytes_from_relay"] / max(1, req["bytes_from_relay"]), 4
             )
@@ -302,6 +388,16 @@ async def main() -> None:
     parser.add_argument("--relays", default="rust,nostr-relay")
     parser.add_argument("--nostr-relay-dms", type=int, default=None,
                         help="a smaller window for nostr-relay (it stores about 1,000 events/s)")
+    parser.add_argument("--new", type=int, default=None,
+                        help="new DMs per outage (default 1 %% of the window)")
+    parser.add_argument("--no-replay", action="store_true",
+                        help="skip the paged REQ replay (negentropy catch-up only)")
+    parser.add_argument("--profile", type=Path, default=None,
+                        help="write a cProfile of the negentropy catch-up to this file")
+    parser.add_argument("--lmdb", action="store_true",
+                        help="rust-nostr's relay keeps its events in LMDB (its in-memory store"
+                        " keeps about 75,000)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where the JSON goes")
     parser.add_argument("--log", default="WARNING", help="log level of sigil_push")
     arguments = parser.parse_args()
     logging.basicConfig(format="%(asctime)s %(name)s %(message)s")
@@ -314,7 +410,10 @@ async def main() -> None:
             dms = arguments.dms
             if kind == "nostr-relay" and arguments.nostr_relay_dms:
                 dms = arguments.nostr_relay_dms
-            report = await bench_relay(kind, arguments.keys, dms, Path(folder) / kind)
+            report = await bench_relay(
+                kind, arguments.keys, dms, Path(folder) / kind, arguments.new,
+                not arguments.no_replay, arguments.profile, arguments.lmdb,
+            )
             print(json.dumps(report, indent=2), flush=True)
             runs.append(report)
     result = {
@@ -325,8 +424,8 @@ async def main() -> None:
                     "load_1min_after": round(os.getloadavg()[0], 2)},
         "runs": runs,
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    arguments.out.parent.mkdir(parents=True, exist_ok=True)
+    arguments.out.write_text(json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -4,10 +4,15 @@ firehose relay, bounded by the catch-up window."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+from prometheus_client import REGISTRY
+
+from sigil_push.bridge.catchup_ledger import CatchupLedger
 from sigil_push.config import parse_config
 from sigil_push.store.factory import PostgresStore, SqliteStore, connect_bridge
 from sigil_push.store.interface import UNADDRESSED, BridgeConnection
@@ -76,3 +81,74 @@ async def test_a_shard_of_many_keys_is_read_in_chunks(
             await link.catchup.add([(RELAY, key, _id(n), 100 + n) for n, key in enumerate(keys)])
         found = await link.catchup.items(RELAY, keys, 0)
     assert len(found) == len(keys)
+
+
+async def test_rows_carry_the_recipient_for_a_relay_or_some_keys(
+    store: SqliteStore | PostgresStore, database: str, tmp_path: Path
+) -> None:
+    """`rows` is what the ledger loads into memory: (recipient, id, created_at), for the
+    whole relay or for the keys asked, within the window."""
+    async with bridge_link(database, tmp_path) as link:
+        async with link.transaction():
+            await link.catchup.add([
+                (RELAY, ALICE, _id(1), 1_000), (RELAY, BOB, _id(1), 1_000),
+                (RELAY, CAROL, _id(2), 2_000), (OTHER, ALICE, _id(3), 3_000),
+            ])
+        assert sorted(await link.catchup.rows(RELAY, None, 0)) == [
+            (ALICE, _id(1), 1_000), (BOB, _id(1), 1_000), (CAROL, _id(2), 2_000)
+        ]
+        assert await link.catchup.rows(RELAY, [CAROL], 0) == [(CAROL, _id(2), 2_000)]
+        assert await link.catchup.rows(RELAY, None, 1_500) == [(CAROL, _id(2), 2_000)]
+
+
+async def test_the_ledger_reads_each_relay_once_then_answers_from_memory(
+    store: SqliteStore | PostgresStore, database: str, tmp_path: Path
+) -> None:
+    """The first reconciliation of a relay loads its rows from the store; DMs noted after go
+    into memory as they are delivered, so the next reconciliation reads nothing from the
+    store (a row another writer adds is not seen, the noted one is); a key asked for the
+    first time (a shard moved here) is read once; pruning with the window empties memory,
+    and the sigil_push_memory_entries gauge follows."""
+    now = int(time.time())
+    async with bridge_link(database, tmp_path) as link:
+        async with link.transaction():
+            await link.catchup.add([
+                (RELAY, ALICE, _id(1), now - 100), (RELAY, UNADDRESSED, _id(2), now - 90),
+                (RELAY, CAROL, _id(3), now - 80),
+            ])
+        ledger = CatchupLedger(3600)
+        ledger.attach(link, asyncio.Lock())
+
+        assert await ledger.items(RELAY, None, 0) == {
+            _id(1): now - 100, _id(2): now - 90, _id(3): now - 80
+        }
+        assert ledger.store_reads == 1
+        assert _gauge("catchup_items") == 3
+
+        ledger.note(RELAY, _id(4), now - 10, (BOB,))
+        async with link.transaction():
+            await link.catchup.add([(RELAY, ALICE, _id(5), now - 5)])
+        assert await ledger.items(RELAY, None, 0) == {
+            _id(1): now - 100, _id(2): now - 90, _id(3): now - 80, _id(4): now - 10
+        }
+        assert await ledger.items(RELAY, [ALICE, BOB], now - 50) == {_id(4): now - 10}
+        assert ledger.store_reads == 1, "answered from memory"
+
+        assert await ledger.items(OTHER, [ALICE], 0) == {}
+        async with link.transaction():
+            await link.catchup.add([(OTHER, ALICE, _id(6), now - 3), (OTHER, BOB, _id(7), now - 1)])
+        assert await ledger.items(OTHER, [ALICE], 0) == {}
+        assert await ledger.items(OTHER, [ALICE, BOB], 0) == {_id(7): now - 1}
+        assert ledger.store_reads == 3, "ALICE once, then BOB once"
+
+        await ledger.flush()
+        async with link.transaction():
+            await link.catchup.add([(RELAY, ALICE, _id(8), now - 7200)])
+        assert await ledger.prune(-3600) >= 0  # cutoff: now, everything older goes
+        assert await ledger.items(RELAY, None, 0) == {}
+        assert ledger.kept_items() == 0
+        assert _gauge("catchup_items") == 0
+
+
+def _gauge(structure: str) -> float | None:
+    return REGISTRY.get_sample_value("sigil_push_memory_entries", {"structure": structure})

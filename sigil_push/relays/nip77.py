@@ -24,6 +24,7 @@ import contextlib
 import json
 import logging
 import time
+import weakref
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -31,6 +32,7 @@ from typing import Any
 import aiohttp
 import nostr_sdk
 
+from sigil_push.memory_gauges import track
 from sigil_push.relays.reader_socket import ReaderSocket, open_reader
 
 log = logging.getLogger(__name__)
@@ -44,6 +46,10 @@ MAX_FRAME_BYTES = 4 * 1024 * 1024
 CLOSE_WAIT_SECONDS = 5.0
 ITEMS_PER_SYNC = 20_000
 """Our items per reconciliation: a larger window is reconciled in time slices."""
+MAX_CONVERTED_ITEMS = 250_000
+"""nostr-sdk items kept per relay between reconciliations (about 630 bytes each, Python and
+Rust together, measured: about 160 MB at the bound): when full, the kept set is dropped and
+refilled, so a larger window costs CPU as before, never unbounded memory."""
 
 
 def _slices(
@@ -51,13 +57,16 @@ def _slices(
 ) -> list[tuple[dict[str, Any], dict[str, int]]]:
     """`query`'s window cut at whole seconds into slices of about `per_slice` of `items`
     each (every item in exactly one: slice k asks [since_k, since_k+1 - 1], the last has no
-    `until`); one slice when they are few."""
+    `until`); one slice when they are few. One sort, then each item is placed once."""
     if len(items) <= per_slice:
         return [(query, items)]
-    times = sorted(items.values())
-    cuts = sorted({times[i] for i in range(per_slice, len(times), per_slice)} - {times[0]})
+    ordered = sorted(items.items(), key=lambda item: item[1])
+    cuts = sorted(
+        {ordered[i][1] for i in range(per_slice, len(ordered), per_slice)} - {ordered[0][1]}
+    )
     bounds = [query.get("since"), *cuts]
     slices = []
+    position = 0
     for k, since in enumerate(bounds):
         until = cuts[k] - 1 if k < len(cuts) else None
         window = dict(query)
@@ -65,10 +74,12 @@ def _slices(
             window["since"] = since
         if until is not None:
             window["until"] = until
-        part = {
-            event_id: created_at for event_id, created_at in items.items()
-            if (since is None or created_at >= since) and (until is None or created_at <= until)
-        }
+        part: dict[str, int] = {}
+        while position < len(ordered) and (until is None or ordered[position][1] <= until):
+            event_id, created_at = ordered[position]
+            if since is None or created_at >= since:
+                part[event_id] = created_at
+            position += 1
         slices.append((window, part))
     return slices
 
@@ -164,6 +175,22 @@ def _reason(error: BaseException) -> str:
     return "error"
 
 
+class _Reconcilers:
+    """Every live Reconciler, for the memory gauge (one series for all relays)."""
+
+    def __init__(self) -> None:
+        self.live: weakref.WeakSet[Reconciler] = weakref.WeakSet()
+
+    def add(self, reconciler: Reconciler) -> None:
+        self.live.add(reconciler)
+
+    def kept_items(self) -> int:
+        return sum(len(reconciler._converted) for reconciler in list(self.live))
+
+
+_ALL = _Reconcilers()
+track("negentropy_items", _ALL, _Reconcilers.kept_items)
+
 _clients_open = 0
 """Reconcilers with a client open: uniffi's event loop is set while any is (process-wide, so
 it is cleared again after the last, and nostr-sdk calls made from other loops still work)."""
@@ -193,6 +220,38 @@ class Reconciler:
         self._client: nostr_sdk.Client | None = None
         self._relay: nostr_sdk.Relay | None = None
         self._transport: _GuardedTransport | None = None
+        self._converted: dict[str, tuple[int, nostr_sdk.NegentropyItem]] = {}
+        """Event id → (created_at, its nostr-sdk item), kept across catch-ups and reconnects:
+        building an item (hex parsing through uniffi) was most of a reconciliation's CPU, paid
+        again for the whole window each time; now only for the items new since the last."""
+        self.converted_now = 0
+        """Items built by the last `missing` call (the rest came from the kept set)."""
+        _ALL.add(self)
+
+    def _items(self, items: dict[str, int], since: int | None) -> list[nostr_sdk.NegentropyItem]:
+        """`items` as nostr-sdk items, built only for ids not kept from before; kept items
+        older than `since` (out of every later window) are forgotten."""
+        converted = self._converted
+        if since is not None:
+            stale = [event_id for event_id, (at, _) in converted.items() if at < since]
+            for event_id in stale:
+                del converted[event_id]
+        result = []
+        for event_id, created_at in items.items():
+            kept = converted.get(event_id)
+            if kept is None or kept[0] != created_at:
+                item = nostr_sdk.NegentropyItem(
+                    id=nostr_sdk.EventId.parse(event_id),
+                    timestamp=nostr_sdk.Timestamp.from_secs(created_at),
+                )
+                if len(converted) >= MAX_CONVERTED_ITEMS:
+                    converted.clear()
+                converted[event_id] = (created_at, item)
+                self.converted_now += 1
+            else:
+                item = kept[1]
+            result.append(item)
+        return result
 
     async def _open(self) -> nostr_sdk.Relay:
         if self._relay is not None:
@@ -219,6 +278,9 @@ class Reconciler:
         may cover (rust-nostr's relay refuses some tens of thousands with `NEG-ERR
         "rate-limited: too many negentropy items"`, strfry a million by default)."""
         missing: list[str] = []
+        self.converted_now = 0
+        if "#p" not in query:  # a firehose window: every kept item older is out of it
+            self._items({}, query.get("since"))
         for window, part in _slices(query, items, ITEMS_PER_SYNC):
             missing.extend(await self._missing(window, part))
         return missing
@@ -228,13 +290,7 @@ class Reconciler:
         self.count.refusal = None
         try:
             relay = await self._open()
-            negentropy_items = [
-                nostr_sdk.NegentropyItem(
-                    id=nostr_sdk.EventId.parse(event_id),
-                    timestamp=nostr_sdk.Timestamp.from_secs(created_at),
-                )
-                for event_id, created_at in items.items()
-            ]
+            negentropy_items = self._items(items, None)
             options = (
                 nostr_sdk.SyncOptions()
                 .dry_run()

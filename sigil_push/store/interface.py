@@ -403,6 +403,14 @@ class CatchupItemsStore(Protocol):
         every DM it delivered (a firehose relay) when None."""
         ...
 
+    async def rows(
+        self, relay: str, pubkeys: Sequence[str] | None, since: int
+    ) -> list[tuple[str, str, int]]:
+        """(recipient, event id, created_at) of what `relay` delivered since `since` for
+        `pubkeys` (every recipient when None): what the bridge loads once per process and
+        key to keep in memory."""
+        ...
+
     async def prune(self, cutoff: int) -> int:
         """Forget deliveries whose created_at is before `cutoff`; how many rows went."""
         ...

@@ -164,6 +164,11 @@ class RustRelayProcess:
 
 
 async def _serve(port: int, auth_reads: bool, auth_dm: bool, lmdb: str | None) -> None:
+    # nostr-sdk's Python binding hands the LMDB store to the relay as a Python object (a
+    # foreign NostrDatabase), so every save and lookup calls back into this process from the
+    # relay's threads, on the loop set here; without it each call fails ("no running event
+    # loop") and the relay stops acknowledging EVENTs: the "LMDB stall" seen before
+    nostr_sdk.uniffi_set_event_loop(asyncio.get_running_loop())
     store = await nostr_sdk.NostrLmdb.open(lmdb) if lmdb else None
     relay = _build(port, auth_reads, auth_dm, store)
     await relay.run()

@@ -179,5 +179,22 @@ class PostgresCatchupItems:
             )
         return {str(event_id): int(created_at) for event_id, created_at in rows}
 
+    async def rows(
+        self, relay: str, pubkeys: Sequence[str] | None, since: int
+    ) -> list[tuple[str, str, int]]:
+        if pubkeys is None:
+            rows = await self._db.fetch(
+                "SELECT pubkey, event_id, created_at FROM catchup_items"
+                " WHERE relay = $1 AND created_at >= $2",
+                relay, since,
+            )
+        else:
+            rows = await self._db.fetch(
+                "SELECT pubkey, event_id, created_at FROM catchup_items WHERE relay = $1"
+                " AND created_at >= $2 AND pubkey = ANY($3::text[])",
+                relay, since, list(pubkeys),
+            )
+        return [(str(pubkey), str(event_id), int(at)) for pubkey, event_id, at in rows]
+
     async def prune(self, cutoff: int) -> int:
         return await self._db.run("DELETE FROM catchup_items WHERE created_at < $1", cutoff)

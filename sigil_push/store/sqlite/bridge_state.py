@@ -185,6 +185,27 @@ class SqliteCatchupItems:
             found.update((str(event_id), int(created_at)) for event_id, created_at in rows)
         return found
 
+    async def rows(
+        self, relay: str, pubkeys: Sequence[str] | None, since: int
+    ) -> list[tuple[str, str, int]]:
+        if pubkeys is None:
+            rows = await self._db.execute_fetchall(
+                "SELECT pubkey, event_id, created_at FROM catchup_items"
+                " WHERE relay = ? AND created_at >= ?",
+                (relay, since),
+            )
+            return [(str(pubkey), str(event_id), int(at)) for pubkey, event_id, at in rows]
+        found: list[tuple[str, str, int]] = []
+        for start in range(0, len(pubkeys), CATCHUP_KEYS_PER_QUERY):
+            chunk = list(pubkeys[start : start + CATCHUP_KEYS_PER_QUERY])
+            rows = await self._db.execute_fetchall(
+                "SELECT pubkey, event_id, created_at FROM catchup_items WHERE relay = ?"
+                f" AND created_at >= ? AND pubkey IN ({','.join('?' * len(chunk))})",
+                (relay, since, *chunk),
+            )
+            found.extend((str(pubkey), str(event_id), int(at)) for pubkey, event_id, at in rows)
+        return found
+
     async def prune(self, cutoff: int) -> int:
         cursor = await self._db.execute(
             "DELETE FROM catchup_items WHERE created_at < ?", (cutoff,)
