@@ -226,9 +226,16 @@ async def test_a_dm_after_a_new_keys_first_eose_survives_a_kill_before_its_basel
     events that predate the registration. The committer is held back by a table lock the
     test holds on `relay_baselines`, released once the worker is dead."""
     relay = start_relay("relay")
-    await _instance(tmp_path, postgres_url, relay, workers, 2)
+    recipients = await _instance(tmp_path, postgres_url, relay, workers, 2)
     await eventually(
         lambda: sorted(map(len, _shards(workers))) == [128, 128], "the shards settled", 60
+    )
+    # a worker taking shards over re-requests their (baselined) keys and tries negentropy
+    # first; nostr-relay never answers NEG-OPEN, so that worker is not live until the 4 s
+    # fallback to paged REQ has caught the window up: count from live subscriptions only
+    await eventually(
+        lambda: _watched(workers, relay.url) == len(recipients),
+        "every key live again after the hand-over", 60,
     )
     victim, survivor = workers
     held = set(_shards([victim])[0])
@@ -236,7 +243,7 @@ async def test_a_dm_after_a_new_keys_first_eose_survives_a_kill_before_its_basel
     sender = user()
     history = kind4_dm(sender, newcomer, "before the registration", int(time.time()) - 600)
     await publish(relay.url, history)
-    watched = _watched(workers, relay.url)
+    watched = len(recipients)
     blocker = await asyncpg.connect(postgres_url)
     try:
         blocking = blocker.transaction()
