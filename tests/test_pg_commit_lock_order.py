@@ -171,8 +171,8 @@ async def test_overlapping_committers_wait_instead_of_deadlocking(
 
         committers: list[Committer] = [w.bridge._committer for w in workers]
         ordered = await _race(postgres_url, held, (
-            lambda: committers[0]._write(*_rows(table, a_events, device), []),
-            lambda: committers[1]._write(*_rows(table, b_events, device), []),
+            lambda: committers[0]._write(*_rows(table, a_events, device), [], []),
+            lambda: committers[1]._write(*_rows(table, b_events, device), [], []),
         ))
         assert ordered == [None, None]
         if table == "further":
