@@ -9,10 +9,18 @@ each other instead of deadlocking (tests/test_pg_commit_lock_order.py).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
+from sigil_push.store.bridge_rows import (
+    catchup_items,
+    catchup_rows,
+    cursor_map,
+    decode_relay_lists,
+    encode_relay_lists,
+    relay_pubkeys,
+    seen_row,
+)
 from sigil_push.store.interface import BookkeepingOp, SeenRow
 from sigil_push.store.postgres.database import PostgresDatabase
 from sigil_push.store.records import StoredRelayList
@@ -55,18 +63,18 @@ class PostgresRelayState:
             f"{narrow} ORDER BY relay, pubkey LIMIT ${3 + len(pairs or ())}",
             *after, *(pairs or ()), limit,
         )
-        return [(str(relay), str(pubkey)) for relay, pubkey in rows]
+        return relay_pubkeys(rows)
 
     async def baselines_of_keys(self, pubkeys: Sequence[str]) -> list[tuple[str, str]]:
         rows = await self._db.fetch(
             f"SELECT relay, pubkey FROM relay_baselines WHERE pubkey IN ({_marks(1, len(pubkeys))})",
             *pubkeys,
         )
-        return [(str(relay), str(pubkey)) for relay, pubkey in rows]
+        return relay_pubkeys(rows)
 
     async def cursors(self) -> dict[str, int]:
         rows = await self._db.fetch("SELECT relay, live_until FROM relay_cursors")
-        return {str(relay): int(live_until) for relay, live_until in rows}
+        return cursor_map(rows)
 
     async def save_cursors(self, cursors: Sequence[tuple[str, int]]) -> None:
         await self._db.many(
@@ -77,14 +85,14 @@ class PostgresRelayState:
 
     async def relay_lists(self) -> list[StoredRelayList]:
         rows = await self._db.fetch("SELECT pubkey, kind, created_at, relays FROM relay_lists")
-        return [(str(p), int(k), int(c), tuple(json.loads(r))) for p, k, c, r in rows]
+        return decode_relay_lists(rows)
 
     async def save_relay_lists(self, lists: Sequence[StoredRelayList]) -> None:
         await self._db.many(
             "INSERT INTO relay_lists (pubkey, kind, created_at, relays) VALUES ($1, $2, $3, $4)"
             " ON CONFLICT (pubkey, kind) DO UPDATE SET created_at = excluded.created_at,"
             " relays = excluded.relays",
-            [(p, k, c, json.dumps(list(r))) for p, k, c, r in lists],
+            encode_relay_lists(lists),
         )
 
     async def apply(self, op: BookkeepingOp, rows: Sequence[tuple[Any, ...]]) -> None:
@@ -112,7 +120,7 @@ class PostgresSeenRows:
             " ON r.event_id = e.event_id ORDER BY e.keep_until",
             limit,
         )
-        return [_seen_row(row) for row in rows]
+        return [seen_row(row) for row in rows]
 
     async def lookup(self, event_ids: Sequence[str]) -> list[SeenRow]:
         rows = await self._db.fetch(
@@ -120,7 +128,7 @@ class PostgresSeenRows:
             f" ON r.event_id = e.event_id WHERE e.event_id IN ({_marks(1, len(event_ids))})",
             *event_ids,
         )
-        return [_seen_row(row) for row in rows]
+        return [seen_row(row) for row in rows]
 
     async def insert(self, rows: Sequence[tuple[str, str, int]]) -> None:
         if rows:
@@ -140,11 +148,6 @@ class PostgresSeenRows:
         removed = await self._db.run("DELETE FROM seen_events WHERE keep_until < $1", cutoff)
         await self._db.run("DELETE FROM seen_on_relay WHERE keep_until < $1", cutoff)
         return removed
-
-
-def _seen_row(row: Any) -> SeenRow:
-    event_id, first, further = row
-    return str(event_id), str(first), None if further is None else str(further)
 
 
 class PostgresCatchupItems:
@@ -177,7 +180,7 @@ class PostgresCatchupItems:
                 " AND created_at >= $2 AND pubkey = ANY($3::text[])",
                 relay, since, list(pubkeys),
             )
-        return {str(event_id): int(created_at) for event_id, created_at in rows}
+        return catchup_items(rows)
 
     async def rows(
         self, relay: str, pubkeys: Sequence[str] | None, since: int
@@ -194,7 +197,7 @@ class PostgresCatchupItems:
                 " AND created_at >= $2 AND pubkey = ANY($3::text[])",
                 relay, since, list(pubkeys),
             )
-        return [(str(pubkey), str(event_id), int(at)) for pubkey, event_id, at in rows]
+        return catchup_rows(rows)
 
     async def prune(self, cutoff: int) -> int:
         return await self._db.run("DELETE FROM catchup_items WHERE created_at < $1", cutoff)

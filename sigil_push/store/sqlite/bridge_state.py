@@ -8,12 +8,20 @@ transaction holds a batch's outbox rows, seen ids and the bookkeeping queued beh
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import aiosqlite
 
+from sigil_push.store.bridge_rows import (
+    catchup_items,
+    catchup_rows,
+    cursor_map,
+    decode_relay_lists,
+    encode_relay_lists,
+    relay_pubkeys,
+    seen_row,
+)
 from sigil_push.store.errors import TRANSIENT_ERRORS
 from sigil_push.store.interface import BookkeepingOp, SeenRow
 from sigil_push.store.records import StoredRelayList
@@ -60,7 +68,7 @@ class SqliteRelayState:
             f"{narrow} ORDER BY relay, pubkey LIMIT ?",
             (*after, *(pairs or ()), limit),
         )
-        return [(str(relay), str(pubkey)) for relay, pubkey in rows]
+        return relay_pubkeys(rows)
 
     async def baselines_of_keys(self, pubkeys: Sequence[str]) -> list[tuple[str, str]]:
         rows = await self._db.execute_fetchall(
@@ -68,11 +76,11 @@ class SqliteRelayState:
             f" ({', '.join('?' * len(pubkeys))})",
             pubkeys,
         )
-        return [(str(relay), str(pubkey)) for relay, pubkey in rows]
+        return relay_pubkeys(rows)
 
     async def cursors(self) -> dict[str, int]:
         rows = await self._db.execute_fetchall("SELECT relay, live_until FROM relay_cursors")
-        return {str(relay): int(live_until) for relay, live_until in rows}
+        return cursor_map(rows)
 
     async def save_cursors(self, cursors: Sequence[tuple[str, int]]) -> None:
         await self._db.executemany(
@@ -85,14 +93,14 @@ class SqliteRelayState:
         rows = await self._db.execute_fetchall(
             "SELECT pubkey, kind, created_at, relays FROM relay_lists"
         )
-        return [(str(p), int(k), int(c), tuple(json.loads(r))) for p, k, c, r in rows]
+        return decode_relay_lists(rows)
 
     async def save_relay_lists(self, lists: Sequence[StoredRelayList]) -> None:
         await self._db.executemany(
             "INSERT INTO relay_lists (pubkey, kind, created_at, relays) VALUES (?, ?, ?, ?)"
             " ON CONFLICT (pubkey, kind) DO UPDATE SET created_at = excluded.created_at,"
             " relays = excluded.relays",
-            [(p, k, c, json.dumps(list(r))) for p, k, c, r in lists],
+            encode_relay_lists(lists),
         )
 
     async def apply(self, op: BookkeepingOp, rows: Sequence[tuple[Any, ...]]) -> None:
@@ -112,7 +120,7 @@ class SqliteSeenRows:
             " ON r.event_id = e.event_id ORDER BY e.keep_until",
             (limit,),
         )
-        return [_seen_row(row) for row in rows]
+        return [seen_row(row) for row in rows]
 
     async def lookup(self, event_ids: Sequence[str]) -> list[SeenRow]:
         rows = await self._db.execute_fetchall(
@@ -120,7 +128,7 @@ class SqliteSeenRows:
             f" ON r.event_id = e.event_id WHERE e.event_id IN ({','.join('?' * len(event_ids))})",
             event_ids,
         )
-        return [_seen_row(row) for row in rows]
+        return [seen_row(row) for row in rows]
 
     async def insert(self, rows: Sequence[tuple[str, str, int]]) -> None:
         await self._db.executemany(
@@ -140,11 +148,6 @@ class SqliteSeenRows:
         await cursor.close()
         await self._db.execute("DELETE FROM seen_on_relay WHERE keep_until < ?", (cutoff,))
         return removed
-
-
-def _seen_row(row: Any) -> SeenRow:
-    event_id, first, further = row
-    return str(event_id), str(first), None if further is None else str(further)
 
 
 CATCHUP_KEYS_PER_QUERY = 500
@@ -173,7 +176,7 @@ class SqliteCatchupItems:
                 " WHERE relay = ? AND created_at >= ?",
                 (relay, since),
             )
-            return {str(event_id): int(created_at) for event_id, created_at in rows}
+            return catchup_items(rows)
         found: dict[str, int] = {}
         for start in range(0, len(pubkeys), CATCHUP_KEYS_PER_QUERY):
             chunk = list(pubkeys[start : start + CATCHUP_KEYS_PER_QUERY])
@@ -182,7 +185,7 @@ class SqliteCatchupItems:
                 f" AND created_at >= ? AND pubkey IN ({','.join('?' * len(chunk))})",
                 (relay, since, *chunk),
             )
-            found.update((str(event_id), int(created_at)) for event_id, created_at in rows)
+            found.update(catchup_items(rows))
         return found
 
     async def rows(
@@ -194,7 +197,7 @@ class SqliteCatchupItems:
                 " WHERE relay = ? AND created_at >= ?",
                 (relay, since),
             )
-            return [(str(pubkey), str(event_id), int(at)) for pubkey, event_id, at in rows]
+            return catchup_rows(rows)
         found: list[tuple[str, str, int]] = []
         for start in range(0, len(pubkeys), CATCHUP_KEYS_PER_QUERY):
             chunk = list(pubkeys[start : start + CATCHUP_KEYS_PER_QUERY])
@@ -203,7 +206,7 @@ class SqliteCatchupItems:
                 f" AND created_at >= ? AND pubkey IN ({','.join('?' * len(chunk))})",
                 (relay, since, *chunk),
             )
-            found.extend((str(pubkey), str(event_id), int(at)) for pubkey, event_id, at in rows)
+            found.extend(catchup_rows(rows))
         return found
 
     async def prune(self, cutoff: int) -> int:
