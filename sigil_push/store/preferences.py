@@ -72,8 +72,15 @@ class UserList(NamedTuple):
 
 
 class ListChecks(ABC):
-    """The engine-free half of `UserListStore`: the batch's kind 4 author checks, read through
-    the engine's `_private_lists` and `_lists_of`."""
+    """The engine-free half of `UserListStore`: saving lists in key order through the engine's
+    `_replace`, and the batch's kind 4 author checks, read through the engine's
+    `_private_lists` and `_lists_of`."""
+
+    async def save(self, lists: Sequence[UserList]) -> list[UserList]:
+        """Store each list unless the stored one of its (npub, kind) is newer (NIP-01: newest
+        `created_at`, then lowest id), in key order (workers overlapping on keys lock rows
+        alike); returns those that replaced the stored one."""
+        return [item for item in sorted(lists) if await self._replace(item)]
 
     async def blocked(self, checks: Sequence[AuthorCheck]) -> list[dict[int, str]]:
         """For each (author, devices of one recipient): which of those devices a kind 4 by
@@ -95,22 +102,29 @@ class ListChecks(ABC):
             group = owners[start : start + OWNERS_PER_READ]
             indexes = [i for owner in group for i in by_owner[owner]]
             devices = [d for i in indexes for d in checks[i][1]]
-            private = await self._private_lists(devices)
-            lists = await self._lists_of(devices)
+            wanted = with_private_lists(devices)
+            private = await self._private_lists(wanted) if wanted else {}
+            list_npubs = list_owners(devices)
+            lists = await self._lists_of(list_npubs) if list_npubs else {}
             for index in indexes:
                 author, asked = checks[index]
                 answers[index] = _reasons(bytes.fromhex(author), asked, private, lists)
         return answers
 
     @abstractmethod
-    async def _private_lists(self, devices: Sequence[Device]) -> dict[int, bytes]:
-        """Device id -> packed private mute list, of those `devices` whose rules say they
-        have one."""
+    async def _replace(self, item: UserList) -> bool:
+        """Upsert `item` unless the stored list of its (npub, kind) is newer; whether it
+        was stored."""
 
     @abstractmethod
-    async def _lists_of(self, devices: Sequence[Device]) -> dict[tuple[str, int], bytes]:
-        """(npub, kind) -> packed keys of the stored lists of the `devices`' npubs whose rules
-        use them."""
+    async def _private_lists(self, device_ids: Sequence[int]) -> dict[int, bytes]:
+        """Device id -> packed private mute list, of those (non-empty) `device_ids` that
+        have one (`with_private_lists`)."""
+
+    @abstractmethod
+    async def _lists_of(self, owners: Sequence[str]) -> dict[tuple[str, int], bytes]:
+        """(npub, kind) -> packed keys of the stored lists of the (non-empty) `owners`
+        (`list_owners`)."""
 
 
 def with_private_lists(devices: Sequence[Device]) -> list[int]:

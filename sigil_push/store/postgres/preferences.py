@@ -13,50 +13,37 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sigil_push.store.postgres.database import PostgresDatabase
-from sigil_push.store.preferences import ListChecks, UserList, list_owners, with_private_lists
-from sigil_push.store.records import Device
+from sigil_push.store.preferences import ListChecks, UserList
 
 
 class PostgresUserLists(ListChecks):
     def __init__(self, db: PostgresDatabase) -> None:
         self._db = db
 
-    async def save(self, lists: Sequence[UserList]) -> list[UserList]:
-        """Store each list unless the stored one is newer (newest `created_at`, then lowest
-        id), in key order (workers overlapping on keys lock rows alike)."""
-        taken: list[UserList] = []
-        for item in sorted(lists):
-            rows = await self._db.fetch(
-                "INSERT INTO user_lists (pubkey, kind, created_at, event_id, entries, entry_count,"
-                " truncated) VALUES ($1, $2, $3, $4, $5, $6, $7)"
-                " ON CONFLICT (pubkey, kind) DO UPDATE SET"
-                " created_at = excluded.created_at, event_id = excluded.event_id,"
-                " entries = excluded.entries, entry_count = excluded.entry_count,"
-                " truncated = excluded.truncated"
-                " WHERE excluded.created_at > user_lists.created_at"
-                " OR (excluded.created_at = user_lists.created_at"
-                " AND excluded.event_id < user_lists.event_id)"
-                " RETURNING kind",
-                *item,
-            )
-            if rows:
-                taken.append(item)
-        return taken
+    async def _replace(self, item: UserList) -> bool:
+        rows = await self._db.fetch(
+            "INSERT INTO user_lists (pubkey, kind, created_at, event_id, entries, entry_count,"
+            " truncated) VALUES ($1, $2, $3, $4, $5, $6, $7)"
+            " ON CONFLICT (pubkey, kind) DO UPDATE SET"
+            " created_at = excluded.created_at, event_id = excluded.event_id,"
+            " entries = excluded.entries, entry_count = excluded.entry_count,"
+            " truncated = excluded.truncated"
+            " WHERE excluded.created_at > user_lists.created_at"
+            " OR (excluded.created_at = user_lists.created_at"
+            " AND excluded.event_id < user_lists.event_id)"
+            " RETURNING kind",
+            *item,
+        )
+        return bool(rows)
 
-    async def _private_lists(self, devices: Sequence[Device]) -> dict[int, bytes]:
-        wanted = with_private_lists(devices)
-        if not wanted:
-            return {}
+    async def _private_lists(self, wanted: Sequence[int]) -> dict[int, bytes]:
         rows = await self._db.fetch(
             "SELECT id, muted FROM devices WHERE id = ANY($1::bigint[]) AND muted IS NOT NULL",
             wanted,
         )
         return {int(row[0]): bytes(row[1]) for row in rows}
 
-    async def _lists_of(self, devices: Sequence[Device]) -> dict[tuple[str, int], bytes]:
-        owners = list_owners(devices)
-        if not owners:
-            return {}
+    async def _lists_of(self, owners: Sequence[str]) -> dict[tuple[str, int], bytes]:
         rows = await self._db.fetch(
             "SELECT pubkey, kind, entries FROM user_lists WHERE pubkey = ANY($1::text[])",
             owners,

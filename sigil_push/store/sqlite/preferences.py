@@ -9,39 +9,29 @@ from collections.abc import Sequence
 
 import aiosqlite
 
-from sigil_push.store.preferences import ListChecks, UserList, list_owners, with_private_lists
-from sigil_push.store.records import Device
+from sigil_push.store.preferences import ListChecks, UserList
 
 
 class SqliteUserLists(ListChecks):
     def __init__(self, db: aiosqlite.Connection) -> None:
         self._db = db
 
-    async def save(self, lists: Sequence[UserList]) -> list[UserList]:
-        """Store each list unless the stored one of its (npub, kind) is newer (NIP-01: newest
-        `created_at`, then lowest id); returns those that replaced the stored one."""
-        taken: list[UserList] = []
-        for item in sorted(lists):
-            rows = await self._db.execute_fetchall(
-                "INSERT INTO user_lists (pubkey, kind, created_at, event_id, entries, entry_count,"
-                " truncated) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (pubkey, kind) DO UPDATE SET"
-                " created_at = excluded.created_at, event_id = excluded.event_id,"
-                " entries = excluded.entries, entry_count = excluded.entry_count,"
-                " truncated = excluded.truncated"
-                " WHERE excluded.created_at > user_lists.created_at"
-                " OR (excluded.created_at = user_lists.created_at"
-                " AND excluded.event_id < user_lists.event_id)"
-                " RETURNING kind",
-                tuple(item),
-            )
-            if rows:
-                taken.append(item)
-        return taken
+    async def _replace(self, item: UserList) -> bool:
+        rows = await self._db.execute_fetchall(
+            "INSERT INTO user_lists (pubkey, kind, created_at, event_id, entries, entry_count,"
+            " truncated) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (pubkey, kind) DO UPDATE SET"
+            " created_at = excluded.created_at, event_id = excluded.event_id,"
+            " entries = excluded.entries, entry_count = excluded.entry_count,"
+            " truncated = excluded.truncated"
+            " WHERE excluded.created_at > user_lists.created_at"
+            " OR (excluded.created_at = user_lists.created_at"
+            " AND excluded.event_id < user_lists.event_id)"
+            " RETURNING kind",
+            tuple(item),
+        )
+        return bool(rows)
 
-    async def _private_lists(self, devices: Sequence[Device]) -> dict[int, bytes]:
-        wanted = with_private_lists(devices)
-        if not wanted:
-            return {}
+    async def _private_lists(self, wanted: Sequence[int]) -> dict[int, bytes]:
         rows = await self._db.execute_fetchall(
             f"SELECT id, muted FROM devices WHERE id IN ({','.join('?' * len(wanted))})"
             " AND muted IS NOT NULL",
@@ -49,10 +39,7 @@ class SqliteUserLists(ListChecks):
         )
         return {int(device_id): bytes(muted) for device_id, muted in rows}
 
-    async def _lists_of(self, devices: Sequence[Device]) -> dict[tuple[str, int], bytes]:
-        owners = list_owners(devices)
-        if not owners:
-            return {}
+    async def _lists_of(self, owners: Sequence[str]) -> dict[tuple[str, int], bytes]:
         rows = await self._db.execute_fetchall(
             "SELECT pubkey, kind, entries FROM user_lists"
             f" WHERE pubkey IN ({','.join('?' * len(owners))})",
