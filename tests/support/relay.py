@@ -30,6 +30,35 @@ def wait_for_port(port: int, timeout: float = 20.0) -> None:
     raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout} s")
 
 
+def start_listening(
+    command: list[str], log_path: Path, port: int, cwd: Path | None = None
+) -> subprocess.Popen[bytes]:
+    """`command` in a process group of its own (stopped by `stop_group`), its output appended
+    to `log_path`, once it listens on `port`; stopped again if it never does."""
+    with open(log_path, "ab") as log:  # the child keeps its own copy
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=cwd
+        )
+    try:
+        wait_for_port(port)
+    except TimeoutError:
+        stop_group(process)
+        raise
+    return process
+
+
+def stop_group(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the process group of `process` (SIGKILL after 10 s); gone already is fine."""
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=10)
+    except ProcessLookupError:
+        pass
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
 def _relay_command() -> list[str]:
     found = shutil.which("nostr-relay")
     if found:
@@ -84,33 +113,16 @@ class RelayProcess:
         self.config_path.write_text("\n".join(lines) + "\n")
 
     def start(self) -> Self:
-        with open(self.folder / "relay.log", "ab") as log:  # the child keeps its own copy
-            self._process = subprocess.Popen(
-                [*_relay_command(), "-c", str(self.config_path), "serve", "--use-uvicorn"],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                cwd=self.folder,
-            )
-        try:
-            wait_for_port(self.port)
-        except TimeoutError:
-            self.stop()
-            raise
+        self._process = start_listening(
+            [*_relay_command(), "-c", str(self.config_path), "serve", "--use-uvicorn"],
+            self.folder / "relay.log", self.port, cwd=self.folder,
+        )
         return self
 
     def stop(self) -> None:
-        if self._process is None:
-            return
-        try:
-            os.killpg(self._process.pid, signal.SIGTERM)
-            self._process.wait(timeout=10)
-        except ProcessLookupError:
-            pass
-        except subprocess.TimeoutExpired:
-            os.killpg(self._process.pid, signal.SIGKILL)
-            self._process.wait()
-        self._process = None
+        if self._process is not None:
+            stop_group(self._process)
+            self._process = None
 
     def grant_role(self, pubkey_hex: str, roles: str) -> None:
         subprocess.run(

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import signal
 import subprocess
 import sys
@@ -31,7 +30,7 @@ from typing import Any, Self
 import nostr_sdk
 
 from tests.support.nostr_client import publish
-from tests.support.relay import free_port, wait_for_port
+from tests.support.relay import free_port, start_listening, stop_group, wait_for_port
 
 FILTER_CAP = 500
 """What the relay answers at most per filter (its default `max_filter_limit`)."""
@@ -126,17 +125,11 @@ class RustRelayProcess:
         self._process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Self:
-        with open(self.folder / "rust-relay.log", "ab") as log:
-            self._process = subprocess.Popen(
-                [sys.executable, "-m", "tests.support.rust_relay", "--port", str(self.port),
-                 *self._options],
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            )
-        try:
-            wait_for_port(self.port)
-        except TimeoutError:
-            self.stop()
-            raise
+        self._process = start_listening(
+            [sys.executable, "-m", "tests.support.rust_relay", "--port", str(self.port),
+             *self._options],
+            self.folder / "rust-relay.log", self.port,
+        )
         return self
 
     @property
@@ -144,17 +137,9 @@ class RustRelayProcess:
         return self._process.pid if self._process is not None else None
 
     def stop(self) -> None:
-        if self._process is None:
-            return
-        try:
-            os.killpg(self._process.pid, signal.SIGTERM)
-            self._process.wait(timeout=10)
-        except ProcessLookupError:
-            pass
-        except subprocess.TimeoutExpired:
-            os.killpg(self._process.pid, signal.SIGKILL)
-            self._process.wait()
-        self._process = None
+        if self._process is not None:
+            stop_group(self._process)
+            self._process = None
 
     def __enter__(self) -> Self:
         return self.start()
