@@ -251,6 +251,14 @@ class NeverChallenges(LoopbackRelay):
                     await ws.send(json.dumps(["CLOSED", message[1], "auth-required: no"]))
 
 
+async def _until_gated(connection: RelayConnection) -> None:
+    """Until `connection` says why it is gated, or 20 s (the assertions after it then fail)."""
+    for _ in range(400):
+        if connection.gated_reason:
+            break
+        await asyncio.sleep(0.05)
+
+
 async def test_a_relay_that_refuses_and_never_challenges_is_gated(
     observations: ObservationLog, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -262,10 +270,7 @@ async def test_a_relay_that_refuses_and_never_challenges_is_gated(
         )
         connection.start()
         try:
-            for _ in range(400):
-                if connection.gated_reason:
-                    break
-                await asyncio.sleep(0.05)
+            await _until_gated(connection)
             assert connection.gated_reason == "auth-required"
             assert handler.gated == 1
         finally:
@@ -376,10 +381,7 @@ async def test_an_error_closed_before_auth_is_no_gate_but_a_notice_naming_a_req_
         )
         connection.start()
         try:
-            for _ in range(400):
-                if connection.gated_reason:
-                    break
-                await asyncio.sleep(0.05)
+            await _until_gated(connection)
             assert connection.gated_reason == "notice"
             assert handler.closed == ["s1", "s2"], "both REQs reported closed, s1 not as a gate"
             assert handler.gated == 1
