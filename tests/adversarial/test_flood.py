@@ -14,6 +14,7 @@ from sigil_push.bridge.ingest import RECIPIENT_BURST
 from sigil_push.bridge.pending import RELAY_QUEUE_CAP
 from sigil_push.nostr.event import sign_event
 from sigil_push.nostr.keys import SecretKey
+from sigil_push.relays.labels import series_label
 from tests.fakes.harness import eventually
 from tests.support.in_process import in_process_bridge
 from tests.support.stores import Engine
@@ -24,7 +25,8 @@ QUIET = "wss://quiet.example"
 
 def _dropped(relay: str, reason: str) -> float:
     return REGISTRY.get_sample_value(
-        "sigil_push_bridge_events_dropped_total", {"relay": relay, "reason": reason}
+        "sigil_push_bridge_events_dropped_total",
+        {"relay": series_label(relay), "reason": reason},
     ) or 0.0
 
 
