@@ -46,11 +46,12 @@ def start_service(folder: Path) -> tuple[subprocess.Popen[bytes], int]:
         f'[server]\nlisten = "127.0.0.1:{port}"\npublic_url = "http://127.0.0.1:{port}"\n'
         "[limits]\nrequests_per_minute_per_ip = 0\nrequests_per_minute_per_npub = 0\n"
     )
-    process = subprocess.Popen(
-        [sys.executable, "-m", "sigil_push", "--log-level", "WARNING", "serve", "--config",
-         str(folder / "relays.toml")],
-        stdout=open(folder / "service.log", "wb"), stderr=subprocess.STDOUT,
-    )
+    with open(folder / "service.log", "wb") as log:  # the child keeps its own copy
+        process = subprocess.Popen(
+            [sys.executable, "-m", "sigil_push", "--log-level", "WARNING", "serve", "--config",
+             str(folder / "relays.toml")],
+            stdout=log, stderr=subprocess.STDOUT,
+        )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
