@@ -33,6 +33,7 @@ import aiohttp
 import nostr_sdk
 
 from sigil_push.memory_gauges import track
+from sigil_push.relays.labels import relay_label
 from sigil_push.relays.reader_socket import ReaderSocket, open_reader
 
 log = logging.getLogger(__name__)
@@ -306,7 +307,7 @@ class Reconciler:
             raise NegentropyFailed("timeout") from error
         except Exception as error:  # nostr-sdk raises its own error type, by message
             reason = self.count.refusal or _reason(error)
-            log.info("relay %s: negentropy failed (%s: %s)", self.url, reason,
+            log.info("relay %s: negentropy failed (%s: %s)", relay_label(self.url), reason,
                      type(error).__name__)
             log.debug("negentropy error text: %s", str(error)[:200])
             if reason == "error" and time.monotonic() - started >= INITIAL_TIMEOUT_SECONDS:
