@@ -14,7 +14,6 @@ from typing import Any
 import aiosqlite
 
 from sigil_push.store.bridge_rows import (
-    catchup_items,
     catchup_rows,
     cursor_map,
     decode_relay_lists,
@@ -170,23 +169,8 @@ class SqliteCatchupItems:
     async def items(
         self, relay: str, pubkeys: Sequence[str] | None, since: int
     ) -> dict[str, int]:
-        if pubkeys is None:
-            rows = await self._db.execute_fetchall(
-                "SELECT event_id, created_at FROM catchup_items"
-                " WHERE relay = ? AND created_at >= ?",
-                (relay, since),
-            )
-            return catchup_items(rows)
-        found: dict[str, int] = {}
-        for start in range(0, len(pubkeys), CATCHUP_KEYS_PER_QUERY):
-            chunk = list(pubkeys[start : start + CATCHUP_KEYS_PER_QUERY])
-            rows = await self._db.execute_fetchall(
-                "SELECT event_id, created_at FROM catchup_items WHERE relay = ?"
-                f" AND created_at >= ? AND pubkey IN ({','.join('?' * len(chunk))})",
-                (relay, since, *chunk),
-            )
-            found.update(catchup_items(rows))
-        return found
+        """The (event id → created_at) view of `rows`: one chunked query serves both."""
+        return {event_id: at for _, event_id, at in await self.rows(relay, pubkeys, since)}
 
     async def rows(
         self, relay: str, pubkeys: Sequence[str] | None, since: int
