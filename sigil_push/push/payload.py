@@ -50,6 +50,13 @@ def _sealed_fits(fits: Callable[[dict[str, str]], bool], payload_length: int) ->
     return fits({"type": "wakeup", "sealed": "A" * payload_length, "epk": _EPK_PLACEHOLDER})
 
 
+@lru_cache(maxsize=1024)
+def _json_string(text: str) -> str:
+    """`text` as a JSON string: a push's relay URL, one of a few per bridge, so encoded once
+    per URL rather than once per push."""
+    return json.dumps(text, ensure_ascii=False)
+
+
 def sealed_data(
     device_key: str,
     event_id: str,
@@ -68,7 +75,7 @@ def sealed_data(
     """
     if event_json is None:
         return opaque_data()
-    relay_json = json.dumps(relay, ensure_ascii=False)
+    relay_json = _json_string(relay)
     plaintext = ('{"v":1,"event":' + event_json + ',"relay":' + relay_json + "}").encode()
     if not _sealed_fits(fits, nip44.payload_length(len(plaintext))):
         kind = int(json.loads(event_json)["kind"])
