@@ -14,6 +14,8 @@ from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
+import orjson
+
 from sigil_push.nostr import nip44
 
 MAX_PAYLOAD_BYTES = 4096
@@ -104,9 +106,15 @@ def compact_json(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
 
 
+def apns_json(body: dict[str, Any]) -> bytes:
+    """An APNs body as it goes on the wire: compact JSON by orjson (apns_sender's connection
+    encodes with this instead of aioapns' `json.dumps`, whose escaping scan of a sealed
+    payload's 3 KB cost about as much as the NIP-44 encryption itself)."""
+    return orjson.dumps(body)
+
+
 def apns_size(data: dict[str, str]) -> int:
-    # aioapns serialises with default separators; measure what actually goes on the wire
-    return len(json.dumps(apns_body(data), ensure_ascii=False).encode())
+    return len(apns_json(apns_body(data)))
 
 
 def fcm_size(data: dict[str, str]) -> int:
