@@ -355,7 +355,7 @@ def test_a_large_negentropy_window_is_reconciled_in_slices_that_cover_it_once() 
     at whole seconds, each item in exactly one slice (adjacent index ranges of the sorted
     items), the slices back to back from `since` to now (the last one open-ended)."""
     kept = SortedItems()
-    kept.add((f"{i:064x}", 1_000 + i // 3) for i in range(100))  # three per second
+    kept.add({f"{i:064x}": 1_000 + i // 3 for i in range(100)})  # three per second
     slices = _slices(kept, {"kinds": [4, 1059], "since": 900}, 30)
     assert len(slices) == 4
     assert [lower for _, lower, _ in slices] == [0, *(upper for _, _, upper in slices[:-1])]
@@ -366,5 +366,5 @@ def test_a_large_negentropy_window_is_reconciled_in_slices_that_cover_it_once() 
         assert until is not None and since == until + 1
     for window, lower, upper in slices:
         assert all(window["since"] <= t <= window.get("until", t)
-                   for t, _ in kept.keys[lower:upper])
+                   for t, _, _ in kept.keys[lower:upper])
     assert _slices(kept, {"since": 1}, 100) == [({"since": 1}, 0, 100)]

@@ -66,11 +66,12 @@ def test_prefix_sums_give_every_range_the_fingerprint_of_its_ids() -> None:
     ids = _ids(300)
     items = [(event_id, 1_000 + rng.randrange(0, 40)) for event_id in ids]
     kept = SortedItems()
-    assert kept.add(items[:100]) == 100
-    assert kept.add(items[50:200]) == 100, "only the new ones"
-    assert kept.add(items[200:]) == 100
+    assert kept.add(dict(items[:100])) == 100
+    assert kept.add(dict(items[50:200])) == 100, "only the new ones"
+    assert kept.add(dict(items[200:])) == 100
     kept.drop_before(1_010)
-    expected = sorted((t, bytes.fromhex(i)) for i, t in items if t >= 1_010)
+    expected = sorted((t, bytes.fromhex(i), int.from_bytes(bytes.fromhex(i), "little"))
+                      for i, t in items if t >= 1_010)
     assert kept.keys == expected
     assert kept.known == {key[1].hex() for key in expected}
     for _ in range(200):
@@ -109,7 +110,7 @@ def _parse(message: bytes) -> list[tuple[int, bytes, int, bytes]]:
 def test_the_opening_splits_many_items_into_sixteen_fingerprints_with_delta_bounds() -> None:
     items = [(event_id, 2_000 + n // 4) for n, event_id in enumerate(_ids(100))]
     kept = SortedItems()
-    kept.add(items)
+    kept.add(dict(items))
     ranges = _parse(Reconciliation(kept, 0, 100, 4096, 10).initiate())
     assert len(ranges) == 16 and all(mode == 1 for _, _, mode, _ in ranges)
     assert ranges[-1][0] == INFINITY
@@ -121,7 +122,7 @@ def test_the_opening_splits_many_items_into_sixteen_fingerprints_with_delta_boun
         if start < 100:
             assert (timestamp, prefix) == minimal_bound(kept.keys[start - 1], kept.keys[start])
     few = SortedItems()
-    few.add(items[:5])
+    few.add(dict(items[:5]))
     ((timestamp, _, mode, payload),) = _parse(Reconciliation(few, 0, 5, 4096, 10).initiate())
     assert (timestamp, mode) == (INFINITY, 2)
     assert payload == b"".join(key[1] for key in few.keys)
@@ -129,7 +130,7 @@ def test_the_opening_splits_many_items_into_sixteen_fingerprints_with_delta_boun
 
 def test_a_relay_message_we_cannot_accept_is_refused_before_any_work() -> None:
     kept = SortedItems()
-    kept.add((event_id, 1) for event_id in _ids(40))
+    kept.add(dict.fromkeys(_ids(40), 1))
     reconciliation = Reconciliation(kept, 0, 40, 4096, 3)
     for bad in (b"", b"\x62", b"\x61\x00\x00\x07", b"\x61\x00\x00\x01" + bytes(15),
                 b"\x61\x00\x21" + bytes(33) + b"\x00", b"\x61\x00\x00\x02\x05" + bytes(64)):
@@ -142,7 +143,7 @@ def test_a_relay_message_we_cannot_accept_is_refused_before_any_work() -> None:
 
 def test_a_relay_listing_what_we_have_and_more_leaves_only_the_rest_missing() -> None:
     kept = SortedItems()
-    kept.add((event_id, 1) for event_id in _ids(10))
+    kept.add(dict.fromkeys(_ids(10), 1))
     reconciliation = Reconciliation(kept, 0, 10, 4096, 100)
     theirs = [key[1] for key in kept.keys[:6]] + [bytes([9]) * 32]
     message = b"\x61\x00\x00\x02" + encode_varint(len(theirs)) + b"".join(theirs)
@@ -193,6 +194,6 @@ async def test_our_opening_message_is_nostr_sdks_byte_for_byte(count: int) -> No
     rng = random.Random(count)
     items = [(event_id, 1_700_000_000 + rng.randrange(0, 50)) for event_id in _ids(count)]
     kept = SortedItems()
-    kept.add(items)
+    kept.add(dict(items))
     ours = Reconciliation(kept, 0, len(kept), 50_000, 10).initiate().hex()
     assert await _nostr_sdk_opening(items) == ours

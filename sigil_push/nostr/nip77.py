@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import hashlib
 from bisect import bisect_left
-from collections.abc import Iterable
 from itertools import accumulate
+from operator import itemgetter
 
 PROTOCOL_VERSION = 0x61
 ID_SIZE = 32
@@ -90,7 +90,7 @@ def fingerprint(id_sum: int, count: int) -> bytes:
     return hashlib.sha256(payload).digest()[:FINGERPRINT_SIZE]
 
 
-def minimal_bound(previous: tuple[int, bytes], current: tuple[int, bytes]) -> Bound:
+def minimal_bound(previous: tuple[int, bytes, int], current: tuple[int, bytes, int]) -> Bound:
     """The shortest bound with `previous` below it and `current` at or above it."""
     if previous[0] != current[0]:
         return current[0], b""
@@ -105,17 +105,19 @@ def minimal_bound(previous: tuple[int, bytes], current: tuple[int, bytes]) -> Bo
 class SortedItems:
     """One set of (created_at, id) items, sorted, with prefix sums of the ids.
 
-    Kept between reconciliations so that a reconnect pays only for what is new: `add` sorts
-    the new items into place (a sort of the kept list plus a short sorted tail merges in
-    about k log n comparisons) and redoes the prefix sums from the first changed position;
-    `drop_before` forgets the items a moved window left behind.
+    Kept between reconciliations so that a reconnect pays for what is new, not for the set:
+    `add` finds the new ids with one set difference (in C), places each with a binary search
+    and splices the list together (slices copied in C), then redoes the prefix sums from the
+    first changed position out of the kept id integers; `drop_before` forgets the items a
+    moved window left behind.
     """
 
     __slots__ = ("keys", "known", "sums")
 
     def __init__(self) -> None:
-        self.keys: list[tuple[int, bytes]] = []
-        """(created_at, id bytes), ascending: the protocol's order."""
+        self.keys: list[tuple[int, bytes, int]] = []
+        """(created_at, id bytes, id as a little-endian integer), ascending by the first two:
+        the protocol's order (ids are unique, so the integer is never compared)."""
         self.sums: list[int] = [0]
         """sums[i]: the ids of keys[:i] added up (not reduced: only differences are used)."""
         self.known: set[str] = set()
@@ -124,26 +126,34 @@ class SortedItems:
     def __len__(self) -> int:
         return len(self.keys)
 
-    def add(self, items: Iterable[tuple[str, int]]) -> int:
-        """Add the (hex id, created_at) items not held yet; how many were new."""
-        known = self.known
-        new = [(created_at, bytes.fromhex(event_id)) for event_id, created_at in items
-               if event_id not in known]
-        if not new:
+    def add(self, items: dict[str, int]) -> int:
+        """Add the items (hex id → created_at) not held yet; how many were new."""
+        fresh = items.keys() - self.known
+        if not fresh:
             return 0
-        known.update(key[1].hex() for key in new)
+        self.known |= fresh
+        new = []
+        for event_id in fresh:
+            raw = bytes.fromhex(event_id)
+            new.append((items[event_id], raw, int.from_bytes(raw, "little")))
         new.sort()
         keys = self.keys
-        start = len(keys) if not keys or new[0] > keys[-1] else bisect_left(keys, new[0])
-        keys.extend(new)
-        if start < len(keys) - len(new):
-            keys.sort()
+        positions = [bisect_left(keys, key) for key in new]
+        start = positions[0]
+        if start == len(keys):
+            keys.extend(new)
+        else:
+            merged = keys[:start]
+            for position, following, key in zip(
+                positions, [*positions[1:], len(keys)], new, strict=True
+            ):
+                merged.append(key)
+                merged.extend(keys[position:following])
+            self.keys = keys = merged
         sums = self.sums
         base = sums[start]
         del sums[start:]
-        sums.extend(accumulate(
-            (int.from_bytes(key[1], "little") for key in keys[start:]), initial=base
-        ))
+        sums.extend(accumulate(map(itemgetter(2), keys[start:]), initial=base))
         return len(new)
 
     def position(self, created_at: int) -> int:
@@ -160,7 +170,6 @@ class SortedItems:
 
     def fingerprint(self, lower: int, upper: int) -> bytes:
         return fingerprint(self.sums[upper] - self.sums[lower], upper - lower)
-
 
 class Reconciliation:
     """Our side of one reconciliation over `items.keys[lower:upper]` (the items of one filter).

@@ -155,10 +155,10 @@ class Reconciler:
         since = query.get("since")
         if since is not None:
             kept.drop_before(since)
-        self.added_now = kept.add(items.items())
+        self.added_now = kept.add(items)
         if len(kept) != len(items):  # it held items `items` lacks (the store was pruned)
             kept = SortedItems()
-            self.added_now = kept.add(items.items())
+            self.added_now = kept.add(items)
         self._kept[name] = kept
         total = self.kept_items()
         while total > MAX_KEPT_ITEMS and self._kept:
