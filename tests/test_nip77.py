@@ -60,25 +60,36 @@ def test_a_fingerprint_is_sha256_of_the_id_sum_mod_2_256_and_the_count() -> None
 
 
 def test_prefix_sums_give_every_range_the_fingerprint_of_its_ids() -> None:
-    """Items added out of order in several batches, then a window moved past the oldest:
-    the order is (created_at, id) and every range's fingerprint is the naive one."""
+    """Items added out of order: a set, then small batches summed apart from it, a window
+    moved past the oldest, then a batch large enough to fold them all into one base: the
+    order is (created_at, id) and every range's fingerprint is the naive one throughout."""
     rng = random.Random(3)
-    ids = _ids(300)
-    items = [(event_id, 1_000 + rng.randrange(0, 40)) for event_id in ids]
+    items = [(event_id, 1_000 + rng.randrange(0, 40)) for event_id in _ids(400)]
     kept = SortedItems()
-    assert kept.add(dict(items[:100])) == 100
-    assert kept.add(dict(items[50:200])) == 100, "only the new ones"
-    assert kept.add(dict(items[200:])) == 100
+
+    def check(held: list[tuple[str, int]]) -> None:
+        expected = sorted((t, bytes.fromhex(i), int.from_bytes(bytes.fromhex(i), "little"))
+                          for i, t in held)
+        assert kept.keys == expected
+        assert kept.known == {key[1].hex() for key in expected}
+        for _ in range(300):
+            lower = rng.randrange(0, len(expected) + 1)
+            upper = rng.randrange(lower, len(expected) + 1)
+            total = sum(key[2] for key in expected[lower:upper])
+            assert kept.fingerprint(lower, upper) == fingerprint(total, upper - lower)
+
+    assert kept.add(dict(items[:300])) == 300
+    check(items[:300])
+    assert kept.add(dict(items[290:305])) == 5, "only the new ones"
+    assert kept.add(dict(items[305:312])) == 7
+    assert kept._added, "summed apart from the base"
+    check(items[:312])
     kept.drop_before(1_010)
-    expected = sorted((t, bytes.fromhex(i), int.from_bytes(bytes.fromhex(i), "little"))
-                      for i, t in items if t >= 1_010)
-    assert kept.keys == expected
-    assert kept.known == {key[1].hex() for key in expected}
-    for _ in range(200):
-        lower = rng.randrange(0, len(expected) + 1)
-        upper = rng.randrange(lower, len(expected) + 1)
-        total = sum(int.from_bytes(key[1], "little") for key in expected[lower:upper])
-        assert kept.fingerprint(lower, upper) == fingerprint(total, upper - lower)
+    held = [item for item in items[:312] if item[1] >= 1_010]
+    check(held)
+    assert kept.add(dict(items[312:])) == 88
+    assert not kept._added, "folded into the base"
+    check(held + items[312:])
 
 
 def test_a_minimal_bound_separates_two_neighbours_with_the_shortest_prefix() -> None:
