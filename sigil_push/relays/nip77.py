@@ -45,21 +45,22 @@ SYNC_TIMEOUT_SECONDS = 120.0
 """The whole reconciliation of one filter, however many rounds it takes."""
 OPEN_TIMEOUT_SECONDS = 10.0
 MAX_FRAME_BYTES = 4 * 1024 * 1024
-FRAME_LIMIT_BYTES = 50_000
-"""Our messages' size before hex (100 kB on the wire: under strfry's default 128 kB frame);
-a longer answer leaves the rest of the range for the next round."""
+FRAME_LIMIT_BYTES = 60_000
+"""Our messages' size before hex (120 kB on the wire, under strfry's default 128 KiB frame;
+nostr-sdk's choice too); a longer answer leaves the rest of the range for the next round."""
 MAX_ROUNDS = 500
-"""Messages a relay may answer in one reconciliation (2,000 differences in 200,000 items
-take about 40 at FRAME_LIMIT_BYTES)."""
+"""Messages a relay may answer in one reconciliation: an honest one needs about log16 of the
+set (each round splits a differing range in 16) plus one per frame of answers deferred."""
 MAX_MISSING_IDS = 200_000
 """Ids one reconciliation may find missing: more falls back to paged REQ, whose pages are
 bounded per relay, rather than fetching whatever a relay claims by id."""
 ITEMS_PER_SYNC = 20_000
 """Our items per reconciliation: a larger window is reconciled in time slices."""
 MAX_KEPT_ITEMS = 500_000
-"""Items kept per relay between reconciliations (about 250 bytes each with their prefix sum
-and id set entry: about 125 MB at the bound). The sets used least recently go first; a set
-larger than the bound is rebuilt each time, so a larger window costs CPU, never memory."""
+"""Items kept per relay between reconciliations (about 310 bytes each, measured, with the id
+as bytes and integer, its prefix sum and set entry; the hex id is the ledger's: about 155 MB
+at the bound, what nostr-sdk's 250,000 items took). The sets used least recently go first; a
+set larger than the bound is rebuilt each time, so a larger window costs CPU, never memory."""
 
 
 def _slices(
