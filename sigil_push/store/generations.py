@@ -19,7 +19,7 @@ GENERATIONS = 8
 dropping one generation frees a small slice (1/8) of the cache at a time. Measured standalone
 (`SeenEvents` of 100,000 ids, 800,000 remembered): RSS 38.7 MB when first full, then between
 39.8 and 40.6 MB with no step; the LRU went from 45.4 MB when full to 55.1 MB. With two
-generations (as `verified.RecentlyVerified` has, for 10,000 events) RSS swings by ~7 MB for
+generations (as `verified.RecentlyVerified` has, for 10,000 events) RSS swings by ~8 MB for
 100,000 ids as each half-cache table is freed and allocated again."""
 
 Value = TypeVar("Value")
