@@ -326,7 +326,7 @@ PRIVATE_MUTES = 20
 async def add_preferences(db: Any, pubkeys: list[str], senders: list[str]) -> dict[str, int]:
     """Bench setup only: 10% of `pubkeys` follows-only with a stored kind 3 that follows every
     sender, the next 10% with a stored kind 10000 muting others (half with private mutes)."""
-    from sigil_push.store.records import pack_keys
+    from sigil_push.store.records import LIST_FLAGS, pack_keys
 
     tenth = len(pubkeys) // 10
     follows, muting = pubkeys[:tenth], pubkeys[tenth : 2 * tenth]
@@ -342,6 +342,10 @@ async def add_preferences(db: Any, pubkeys: list[str], senders: list[str]) -> di
         "INSERT INTO user_lists (pubkey, kind, created_at, event_id, entries, entry_count)"
         " VALUES (?, ?, ?, ?, ?, ?)",
         lists,
+    )
+    await db.executemany(  # as the store does when it stores a list
+        f"UPDATE devices SET list_flags = {LIST_FLAGS.format(pubkey='?1')} WHERE pubkey = ?1",
+        [(p,) for p in follows + muting],
     )
     private = muting[: len(muting) // 2]
     await db.executemany(

@@ -7,7 +7,9 @@ is in `store/sqlite/preferences.py` and `store/postgres/preferences.py`, and all
 the bridge committer's own connection (`BridgeConnection.lists`). Lists are stored, not held in
 memory: a list is one row whose keys are packed 32 bytes each, sorted (`pack_keys`), replaced
 whole by one UPSERT that only a newer list wins, and read only for a kind 4 to a pair whose
-rules need it (`Rules.checks_author`).
+rules need it (`Rules.checks_author`). Which lists an npub has is copied onto its pairs' rows
+(`devices.list_flags`, migration 0011) when a list or a pair is written: the device read of
+every DM, the ingest's hot path, then reads one row and no other table.
 
 Exactly one lapse wakeup: the committer marks a pair whose presence held a DM back inside the
 transaction that decided so (`mark_lapses`), and `claim_lapses` clears the marks of lapsed
@@ -79,8 +81,12 @@ class ListChecks(ABC):
     async def save(self, lists: Sequence[UserList]) -> list[UserList]:
         """Store each list unless the stored one of its (npub, kind) is newer (NIP-01: newest
         `created_at`, then lowest id), in key order (workers overlapping on keys lock rows
-        alike); returns those that replaced the stored one."""
-        return [item for item in sorted(lists) if await self._replace(item)]
+        alike); returns those that replaced the stored one. In the caller's transaction, the
+        `list_flags` of the npubs' pairs follow (those of every list seen, not only the new
+        ones: a list seen again mends flags a crash left behind)."""
+        taken = [item for item in sorted(lists) if await self._replace(item)]
+        await self._flag_pairs(sorted({item.pubkey for item in lists}))
+        return taken
 
     async def blocked(self, checks: Sequence[AuthorCheck]) -> list[dict[int, str]]:
         """For each (author, devices of one recipient): which of those devices a kind 4 by
@@ -115,6 +121,11 @@ class ListChecks(ABC):
     async def _replace(self, item: UserList) -> bool:
         """Upsert `item` unless the stored list of its (npub, kind) is newer; whether it
         was stored."""
+
+    @abstractmethod
+    async def _flag_pairs(self, owners: Sequence[str]) -> None:
+        """Set `devices.list_flags` of every pair of the (sorted) `owners` from their stored
+        lists (`LIST_FLAGS`), so that the device read of every DM asks no other table."""
 
     @abstractmethod
     async def _private_lists(self, device_ids: Sequence[int]) -> dict[int, bytes]:

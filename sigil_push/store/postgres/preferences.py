@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from sigil_push.store.postgres.database import PostgresDatabase
 from sigil_push.store.preferences import ListChecks, UserList
+from sigil_push.store.records import LIST_FLAGS
 
 
 class PostgresUserLists(ListChecks):
@@ -35,6 +36,20 @@ class PostgresUserLists(ListChecks):
             *item,
         )
         return bool(rows)
+
+    async def _flag_pairs(self, owners: Sequence[str]) -> None:
+        """Under each npub's advisory lock, which a registration holds while it reads the
+        lists into its new pair's `list_flags` (`PostgresDevices.register`): whichever of the
+        two takes it second sees what the other committed, so no pair misses both."""
+        await self._db.run(
+            "SELECT pg_advisory_xact_lock(hashtext(p)) FROM unnest($1::text[]) AS p ORDER BY p",
+            owners,
+        )
+        await self._db.run(
+            f"UPDATE devices SET list_flags = {LIST_FLAGS.format(pubkey='devices.pubkey')}"
+            " WHERE pubkey = ANY($1::text[])",
+            owners,
+        )
 
     async def _private_lists(self, wanted: Sequence[int]) -> dict[int, bytes]:
         rows = await self._db.fetch(

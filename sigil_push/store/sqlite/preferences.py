@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import aiosqlite
 
 from sigil_push.store.preferences import ListChecks, UserList
+from sigil_push.store.records import LIST_FLAGS
 
 
 class SqliteUserLists(ListChecks):
@@ -30,6 +31,14 @@ class SqliteUserLists(ListChecks):
             tuple(item),
         )
         return bool(rows)
+
+    async def _flag_pairs(self, owners: Sequence[str]) -> None:
+        """SQLite writes one transaction at a time: a pair registered meanwhile is written
+        before this (and set here) or after it (and reads the lists stored here)."""
+        await self._db.executemany(
+            f"UPDATE devices SET list_flags = {LIST_FLAGS.format(pubkey='?1')} WHERE pubkey = ?1",
+            [(owner,) for owner in owners],
+        )
 
     async def _private_lists(self, wanted: Sequence[int]) -> dict[int, bytes]:
         rows = await self._db.execute_fetchall(
