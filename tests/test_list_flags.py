@@ -1,8 +1,11 @@
-"""Which lists an npub has, on its pairs' own rows (`devices.list_flags`, migration 0011): the
-device read of every DM, the ingest's hot path, reads that one row and asks `user_lists`
-nothing (issue 20's cost: the subquery it replaced made a device read 6.8 instead of 5.2 us
-with 20,000 lists stored). Both engines: the flags follow lists and pairs however they are
-written, and 0011 sets them on a database that already holds lists, keeping every value.
+"""What the ingest's hot path reads of the users' lists (issue 20's cost), both engines.
+
+Which lists an npub has is on its pairs' own rows (`devices.list_flags`, migration 0011): the
+device read of every DM reads that one row and asks `user_lists` nothing (the subquery it
+replaced made a device read 6.8 instead of 5.2 us with 20,000 lists stored). The flags follow
+lists and pairs however they are written, and 0011 sets them on a database that already holds
+lists, keeping every value. A kind 4's author checks read only the lists the pairs' rules use:
+a kind 3 for follows-only alone.
 """
 
 from __future__ import annotations
@@ -19,8 +22,10 @@ from sigil_push.config import parse_config
 from sigil_push.nostr.event import sign_event
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.store.factory import PostgresStore, SqliteStore, connect_bridge
+from sigil_push.store.interface import BridgeConnection
 from sigil_push.store.postgres.migrate import available, migrate_connection
-from sigil_push.store.records import pack_keys
+from sigil_push.store.preferences import list_owners
+from sigil_push.store.records import Device, PreferenceChange, Rules, pack_keys
 from sigil_push.store.sqlite.database import migration_files, open_database
 from sigil_push.store.sqlite.devices import Devices
 from tests.support.stores import sql_of
@@ -28,6 +33,62 @@ from tests.support.stores import sql_of
 
 def _key() -> str:
     return os.urandom(32).hex()
+
+
+async def _link(tmp_path: Path, database: str) -> BridgeConnection:
+    return await connect_bridge(parse_config({"server": {"database": database}},
+                                             tmp_path / "relays.toml"))
+
+
+def _device(device_id: int, pubkey: str, senders: str) -> Device:
+    """A pair whose npub has a kind 10000 with keys and a kind 3, as the device read gives it."""
+    return Device(device_id, pubkey, "ios", _key(), "opaque", (), None, 0,
+                  rules=Rules(None, senders, None, 0, True, True))
+
+
+def test_a_kind_3_is_read_for_follows_only_pairs_alone() -> None:
+    """Most users have a kind 3, often of thousands of keys: one who mutes but takes DMs from
+    anyone has only the kind 10000 read for a kind 4's author check."""
+    anyone, follows = _key(), _key()
+    assert list_owners([_device(1, anyone, "anyone"), _device(2, follows, "follows")]) == (
+        sorted([anyone, follows]), [follows],
+    )
+
+
+async def test_the_author_checks_read_the_kinds_asked_for(
+    store: SqliteStore | PostgresStore, database: str, tmp_path: Path
+) -> None:
+    """Two npubs each with both lists stored: the read for one's kind 10000 and the other's
+    kind 3 returns those two lists and nothing else; the verdicts follow the rules."""
+    mutes, follows = SecretKey.generate(), SecretKey.generate()
+    muted, friend = _key(), _key()
+    link = await _link(tmp_path, database)
+    try:
+        now = int(time.time())
+        async with link.transaction():
+            await link.lists.save([
+                user_list_of(sign_event(owner, kind, "", [["p", key]], now))
+                for owner in (mutes, follows) for kind, key in ((10000, muted), (3, friend))
+            ])
+        # the engine's read itself: what a group of checks fetches
+        read = await link.lists._lists_of(  # type: ignore[attr-defined]
+            [mutes.public_key_hex], [follows.public_key_hex]
+        )
+        assert sorted(read) == sorted([(mutes.public_key_hex, 10000), (follows.public_key_hex, 3)])
+        quiet = (await store.devices.register(mutes.public_key_hex, "ios", _key(), "opaque", (),
+                                              None, 0)).device
+        picky = (await store.devices.register(follows.public_key_hex, "ios", _key(), "opaque",
+                                              (), None, 0)).device
+        await store.devices.set_preferences(follows.public_key_hex, picky.token,
+                                            PreferenceChange(senders="follows"))
+        [quiet] = await store.devices.of_pubkey(mutes.public_key_hex)
+        [picky] = await store.devices.of_pubkey(follows.public_key_hex)
+        assert await link.lists.blocked([(muted, [quiet]), (friend, [quiet]),
+                                         (muted, [picky]), (_key(), [picky])]) == [
+            {quiet.id: "muted"}, {}, {picky.id: "muted"}, {picky.id: "not_followed"},
+        ]
+    finally:
+        await link.close()
 
 
 async def test_the_device_read_takes_the_lists_from_the_pair_alone(
@@ -41,8 +102,7 @@ async def test_the_device_read_takes_the_lists_from_the_pair_alone(
     token = _key()
     device = (await store.devices.register(owner.public_key_hex, "ios", token, "opaque", (),
                                            None, 0)).device
-    link = await connect_bridge(parse_config({"server": {"database": database}},
-                                             tmp_path / "relays.toml"))
+    link = await _link(tmp_path, database)
     try:
         now = int(time.time())
         async with link.transaction():

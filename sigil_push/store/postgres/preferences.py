@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from sigil_push.store.postgres.database import PostgresDatabase
 from sigil_push.store.preferences import ListChecks, UserList
-from sigil_push.store.records import LIST_FLAGS
+from sigil_push.store.records import CONTACTS_KIND, LIST_FLAGS, MUTE_LIST_KIND
 
 
 class PostgresUserLists(ListChecks):
@@ -58,10 +58,14 @@ class PostgresUserLists(ListChecks):
         )
         return {int(row[0]): bytes(row[1]) for row in rows}
 
-    async def _lists_of(self, owners: Sequence[str]) -> dict[tuple[str, int], bytes]:
+    async def _lists_of(
+        self, muting: Sequence[str], following: Sequence[str]
+    ) -> dict[tuple[str, int], bytes]:
         rows = await self._db.fetch(
-            "SELECT pubkey, kind, entries FROM user_lists WHERE pubkey = ANY($1::text[])",
-            owners,
+            "SELECT pubkey, kind, entries FROM user_lists"
+            f" WHERE (kind = {MUTE_LIST_KIND} AND pubkey = ANY($1::text[]))"
+            f" OR (kind = {CONTACTS_KIND} AND pubkey = ANY($2::text[]))",
+            muting, following,
         )
         return {(str(row[0]), int(row[1])): bytes(row[2]) for row in rows}
 

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import aiosqlite
 
 from sigil_push.store.preferences import ListChecks, UserList
-from sigil_push.store.records import LIST_FLAGS
+from sigil_push.store.records import CONTACTS_KIND, LIST_FLAGS, MUTE_LIST_KIND
 
 
 class SqliteUserLists(ListChecks):
@@ -48,11 +48,19 @@ class SqliteUserLists(ListChecks):
         )
         return {int(device_id): bytes(muted) for device_id, muted in rows}
 
-    async def _lists_of(self, owners: Sequence[str]) -> dict[tuple[str, int], bytes]:
+    async def _lists_of(
+        self, muting: Sequence[str], following: Sequence[str]
+    ) -> dict[tuple[str, int], bytes]:
+        # a condition per kind asked for, each searched in the primary key (an empty
+        # `IN ()` would make SQLite scan the table instead)
+        wanted = [
+            f"(kind = {kind} AND pubkey IN ({','.join('?' * len(owners))}))"
+            for kind, owners in ((MUTE_LIST_KIND, muting), (CONTACTS_KIND, following))
+            if owners
+        ]
         rows = await self._db.execute_fetchall(
-            "SELECT pubkey, kind, entries FROM user_lists"
-            f" WHERE pubkey IN ({','.join('?' * len(owners))})",
-            owners,
+            f"SELECT pubkey, kind, entries FROM user_lists WHERE {' OR '.join(wanted)}",
+            (*muting, *following),
         )
         return {(str(pubkey), int(kind)): bytes(entries) for pubkey, kind, entries in rows}
 
