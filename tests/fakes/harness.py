@@ -40,6 +40,7 @@ from tests.fakes.credentials import (
 from tests.fakes.fake_apns import FakeApns
 from tests.fakes.fake_fcm import FakeFcm
 from tests.fakes.fake_unifiedpush import FakeUnifiedPush
+from tests.support.observations import observation_records
 from tests.support.stores import Engine, PortableSql, open_test_store, sql_of
 
 RELAY = "wss://relay.example.com"
@@ -192,9 +193,7 @@ class Harness:
         )
 
     def push_records(self) -> list[dict[str, Any]]:
-        records = []
-        for path in sorted((self.folder / "observations").glob("observations-*.jsonl")):
-            records.extend(json.loads(line) for line in path.read_text().splitlines() if line)
+        records = observation_records(self.folder / "observations")
         return [record for record in records if record["type"] == "push"]
 
 

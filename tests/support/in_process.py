@@ -32,6 +32,7 @@ from sigil_push.service import Service
 from sigil_push.store.factory import open_store
 from sigil_push.store.interface import DeviceStore, OutboxStore, Store
 from tests.support.nip98 import SdkUser
+from tests.support.observations import observation_records
 from tests.support.stores import PortableSql, sql_of
 
 
@@ -114,10 +115,7 @@ class InProcessService:
         return await self.http.request(method, path, content=raw, headers=headers)
 
     def observation_records(self) -> list[dict[str, Any]]:
-        records: list[dict[str, Any]] = []
-        for path in sorted((self.folder / "observations").glob("observations-*.jsonl")):
-            records.extend(json.loads(line) for line in path.read_text().splitlines() if line)
-        return records
+        return observation_records(self.folder / "observations")
 
 
 @asynccontextmanager

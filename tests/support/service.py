@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import re
@@ -16,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Self
 
+from tests.support.observations import observation_records
 from tests.support.relay import free_port
 
 
@@ -132,16 +132,7 @@ class ServiceProcess:
 
     def observation_records(self) -> list[dict[str, Any]]:
         """Every record so far, from the hourly files, compressed (finished hours) or not."""
-        records: list[dict[str, Any]] = []
-        for path in sorted(self.observations.glob("observations-*.jsonl*")):
-            if path.name.endswith(".jsonl.gz"):
-                text = gzip.decompress(path.read_bytes()).decode()
-            elif path.name.endswith(".jsonl"):
-                text = path.read_text()
-            else:
-                continue
-            records.extend(json.loads(line) for line in text.splitlines() if line)
-        return records
+        return observation_records(self.observations)
 
     def __enter__(self) -> Self:
         return self.start()
