@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import random
 import shutil
 import signal
 import socket
@@ -15,21 +16,28 @@ from typing import Self
 
 PORTS_PER_WORKER = 1500
 FIRST_PORT = 20000
-"""Ports handed out here lie below Linux's ephemeral range (32768-60999 by default), so no
-outgoing connection is ever given one, and each xdist worker has a block of its own."""
+"""Ports handed out to xdist workers lie below Linux's ephemeral range (32768-60999 by
+default), so no outgoing connection is ever given one, and each worker has a block of its own."""
 
-_next_port = itertools.count()
+_next_port = itertools.count(random.randrange(PORTS_PER_WORKER))
+"""Where this process starts in its block: at random, so that two test sessions run side by
+side (each with a worker gw0) do not walk the same ports in the same order."""
 
 
 def free_port() -> int:
     """A port for a server whose URL must be known before it starts, or kept across its
     restarts (a relay named in its own NIP-42 `relay` tag, a service's public URL): servers of
     our own bind port 0 and report theirs instead. Asking the OS for a port and releasing it
-    races with every other test process asking at the same time; here each xdist worker takes
-    ports from its own block in turn (skipping any in use), so two workers never get the same
-    one and a worker does not get one back while a server it stopped may still hold it."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
-    first = FIRST_PORT + PORTS_PER_WORKER * (int(worker) if worker.isdigit() else 0)
+    races with the other xdist workers asking at the same time; so each worker takes ports from
+    its own block in turn (skipping any in use), and two workers never get the same one nor a
+    worker one back while a server it stopped may still hold it. Outside xdist (a bench, one
+    test run alone) the OS picks."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "").removeprefix("gw")
+    if not worker.isdigit():
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            return int(sock.getsockname()[1])
+    first = FIRST_PORT + PORTS_PER_WORKER * int(worker)
     for _ in range(PORTS_PER_WORKER):
         port = first + next(_next_port) % PORTS_PER_WORKER
         with socket.socket() as sock:
