@@ -19,11 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pyspark.sql import SparkSession
 from websockets.sync.client import ClientConnection, connect
 
-from analytics.run import run_all
-from tests.analytics.observation_logs import ObservationLog, network_log
+from tests.analytics.observation_logs import NetworkReport
 
 pytestmark = pytest.mark.spark
 
@@ -131,13 +129,11 @@ def _problems(events: list[dict[str, Any]]) -> list[str]:
 
 
 def test_report_of_200_relays_renders_cleanly_in_chromium(
-    spark: SparkSession, browser: DevTools, tmp_path: Path
+    network_report: NetworkReport, browser: DevTools, tmp_path: Path
 ) -> None:
-    log = ObservationLog(tmp_path / "observations")
-    urls = network_log(log, relays=200)
-    out = tmp_path / "report"
-    run_all(log.path, str(out))
-    page = out / "report.html"
+    urls = network_report.relays
+    assert len(urls) == 200
+    page = network_report.output / "report.html"
 
     for domain in ("Page", "Runtime", "Log", "Network"):
         browser.call(f"{domain}.enable")
