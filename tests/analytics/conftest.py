@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from analytics.run import run_all
-from tests.analytics.observation_logs import NetworkReport, ObservationLog, network_log
+from tests.analytics.observation_logs import ObservationLog
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -41,16 +40,3 @@ def spark() -> Iterator[SparkSession]:
 @pytest.fixture
 def log(tmp_path: Path) -> ObservationLog:
     return ObservationLog(tmp_path / "observations")
-
-
-@pytest.fixture(scope="session")
-def network_report(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> NetworkReport:
-    """One local run over a 200-relay network log (``network_log``'s default), made once:
-    the browser test renders its report, the standalone-cluster test compares its own run of
-    the same log with it byte for byte instead of making a second local run."""
-    root = tmp_path_factory.mktemp("network")
-    log = ObservationLog(root / "observations")
-    relays = network_log(log)
-    output = root / "report"
-    run_all(log.path, str(output))
-    return NetworkReport(log.path, output, relays)

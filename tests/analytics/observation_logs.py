@@ -5,7 +5,6 @@ from __future__ import annotations
 import gzip
 import json
 import random
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -199,12 +198,3 @@ def network_log(
     for hour, lines in by_hour.items():
         log.write(hour, lines)
     return urls
-
-
-@dataclass(frozen=True)
-class NetworkReport:
-    """A finished local ``run_all`` over a generated log; tests only read it."""
-
-    log: str
-    output: Path
-    relays: list[str]

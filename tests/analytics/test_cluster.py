@@ -1,6 +1,5 @@
 """`sigil-push analytics --master spark://…` on a real standalone cluster gives the same
-outputs, byte for byte, as the ``local[2]`` run on the same log (the session's
-``network_report``, made once and also rendered by the browser test)."""
+outputs, byte for byte, as the ``local[2]`` run on the same log."""
 
 from __future__ import annotations
 
@@ -11,7 +10,8 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from tests.analytics.observation_logs import CONTRACT_COLUMNS, NetworkReport
+from analytics.run import run_all
+from tests.analytics.observation_logs import CONTRACT_COLUMNS, ObservationLog, network_log
 from tests.support.spark_cluster import StandaloneCluster
 
 pytestmark = pytest.mark.spark
@@ -19,10 +19,10 @@ pytestmark = pytest.mark.spark
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_standalone_cluster_matches_local(
-    spark: SparkSession, network_report: NetworkReport, tmp_path: Path
-) -> None:
-    local_out, cluster_out = network_report.output, tmp_path / "cluster"
+def test_standalone_cluster_matches_local(spark: SparkSession, tmp_path: Path) -> None:
+    log = ObservationLog(tmp_path / "observations")
+    network_log(log, relays=12, dms=150, hours=2)
+    local_out, cluster_out = tmp_path / "local", tmp_path / "cluster"
 
     # As an operator would tune a small cluster: spark-defaults.conf in SPARK_CONF_DIR.
     conf = tmp_path / "conf"
@@ -41,11 +41,13 @@ def test_standalone_cluster_matches_local(
         }
         driver = subprocess.Popen(
             [sys.executable, "-m", "sigil_push", "analytics", "--master", master,
-             "--input", network_report.log, "--output", str(cluster_out)],
+             "--input", log.path, "--output", str(cluster_out)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
         )
         try:
             cluster.wait_for_worker()
+            # Meanwhile, the reference run in this process's local[2] session.
+            run_all(log.path, str(local_out))
             _, stderr = driver.communicate(timeout=600)
         finally:
             if driver.poll() is None:
@@ -64,7 +66,7 @@ def test_standalone_cluster_matches_local(
     for name in local_files:
         assert (cluster_out / name).read_bytes() == (local_out / name).read_bytes(), name
     canary_rows = (local_out / "canary.csv").read_text().splitlines()
-    assert len(canary_rows) == len(network_report.relays) + 1
+    assert len(canary_rows) == 13
     for name in local_files:
         if name.endswith(".csv"):
             table = name.replace(".csv", ".parquet")
