@@ -11,8 +11,9 @@ from datetime import datetime
 from pyspark.sql import DataFrame
 
 from analytics.duration import DEFAULT_GRACE_MS, parse_duration_ms
-from analytics.observations import InputError, Observations, load_observations
+from analytics.observations import Observations, load_observations
 from analytics.outputs import write_outputs
+from analytics.preflight import InputError, check_arguments
 from analytics.progress import progress, step
 from analytics.session import analytics_session
 
@@ -78,6 +79,7 @@ def job_main(job: Job, argv: Sequence[str] | None) -> int:
     """``main`` of a job module: run that job alone, as under ``spark-submit <job>.py``."""
     args = argument_parser(f"analytics/{job.name}.py", job.description).parse_args(argv)
     try:
+        check_arguments(args.input, args.since, args.until)  # before a JVM starts
         with analytics_session(args.master) as spark:
             obs = load_observations(spark, args.input, args.since, args.until, args.grace)
             try:

@@ -32,6 +32,7 @@ from pyspark.sql.types import (
 
 from analytics.duration import DEFAULT_GRACE_MS
 from analytics.hadoop import HadoopFS
+from analytics.preflight import InputError, check_window, to_epoch_ms
 
 HOUR_MS = 3_600_000
 CORRUPT_COLUMN = "_corrupt_record"
@@ -75,17 +76,6 @@ REQUIRED_FIELDS: dict[str, tuple[str, ...]] = {
 
 _FILE_NAME = re.compile(r"^observations-(?:[A-Za-z0-9._-]+-)?(\d{8}T\d{2})\.jsonl(?:\.gz)?$")
 _LOG_SUFFIXES = (".jsonl", ".jsonl.gz")
-
-
-class InputError(ValueError):
-    """The input path cannot be read as an observation log (bad usage, not a crash)."""
-
-
-def to_epoch_ms(moment: datetime) -> int:
-    """Milliseconds since the epoch; a naive datetime is taken to be UTC, like the log."""
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return int(moment.timestamp() * 1000)
 
 
 def file_hour_ms(name: str) -> int | None:
@@ -273,8 +263,7 @@ def load_observations(
     """
     since_ms = None if since is None else to_epoch_ms(since)
     until_ms = None if until is None else to_epoch_ms(until)
-    if since_ms is not None and until_ms is not None and since_ms >= until_ms:
-        raise InputError("--since must be before --until")
+    check_window(since_ms, until_ms)
     files = select_files(HadoopFS(spark), input_path, since_ms, until_ms)
     in_window = F.lit(True)
     if since_ms is not None:

@@ -23,7 +23,8 @@ from analytics import canary, delivery, dropped_events, relay_latency, report
 from analytics.duration import DEFAULT_GRACE_MS
 from analytics.hadoop import HadoopFS
 from analytics.jobs import EXIT_OK, EXIT_USAGE, argument_parser, run_job
-from analytics.observations import InputError, Observations, load_observations
+from analytics.observations import Observations, load_observations
+from analytics.preflight import InputError, check_arguments
 from analytics.progress import progress, step
 from analytics.session import DEFAULT_MASTER, analytics_session
 
@@ -76,6 +77,7 @@ def run_all(
     ``master`` None leaves the choice to spark-submit; an active SparkSession is reused.
     Raises ``InputError`` for an unusable input path or window.
     """
+    check_arguments(input_path, since, until)  # before a JVM starts
     rows: dict[str, int] = {}
     with analytics_session(master) as spark:
         with step("reading observations"):

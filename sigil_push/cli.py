@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from analytics.duration import DEFAULT_GRACE_MS, parse_duration_ms
+from analytics.preflight import InputError, check_arguments
 from sigil_push import __version__
 from sigil_push.config import Config, ConfigError, config_path, load_config
 
@@ -105,8 +106,14 @@ def _copy_from_sqlite(config: Config, source: Path) -> int:
 
 
 def _analytics(args: argparse.Namespace) -> int:
+    # A missing local input or an inverted window is exit 2 in a second, before PySpark is
+    # imported or a JVM started (a remote --input is checked once Spark can reach it).
     try:
-        from analytics.observations import InputError
+        check_arguments(args.input, args.since, args.until)
+    except InputError as exc:
+        print(f"sigil-push: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
         from analytics.run import run_all
     except ModuleNotFoundError as exc:
         if (exc.name or "").split(".")[0] not in ANALYTICS_MODULES:

@@ -28,7 +28,7 @@ def spark() -> Iterator[SparkSession]:
         .appName("sigil-push analytics tests")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.sql.shuffle.partitions", "2")  # one per core of local[2]
         .config("spark.sql.session.timeZone", "UTC")
         .getOrCreate()
     )

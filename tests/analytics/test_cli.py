@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from analytics.duration import parse_duration_ms
+from analytics.preflight import local_path
 from tests.analytics.observation_logs import SECOND, T0_MS, ObservationLog, relay, seen
 
 pytestmark = pytest.mark.spark
@@ -45,14 +46,43 @@ def test_cli_writes_the_contract_reports(tmp_path: Path) -> None:
     assert (out / "report.html").read_text().count("<table") >= 3
 
 
-def test_cli_missing_input_exits_2(tmp_path: Path) -> None:
+def _without_java(tmp_path: Path) -> dict[str, str]:
+    """An environment in which starting Spark's JVM fails: a usage error must not need it."""
+    return {**os.environ, "JAVA_HOME": str(tmp_path / "no-java")}
+
+
+def test_cli_missing_input_exits_2_before_starting_spark(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "sigil_push", "analytics", "--master", "local[1]",
          "--input", str(tmp_path / "absent"), "--output", str(tmp_path / "out")],
-        check=False, capture_output=True, text=True, timeout=300,
+        check=False, capture_output=True, text=True, timeout=120, env=_without_java(tmp_path),
     )
-    assert result.returncode == 2
-    assert result.stderr.strip()
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip() == f"sigil-push: --input: {tmp_path / 'absent'} does not exist"
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_inverted_window_exits_2_before_starting_spark(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "sigil_push", "analytics", "--input", str(tmp_path),
+         "--output", str(tmp_path / "out"),
+         "--since", "2026-11-21T11:00:00Z", "--until", "2026-11-21T10:00:00Z"],
+        check=False, capture_output=True, text=True, timeout=120, env=_without_java(tmp_path),
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip() == "sigil-push: --since must be before --until"
+
+
+@pytest.mark.parametrize(
+    ("path", "local"),
+    [("/var/log/sigil", "/var/log/sigil"), ("logs", "logs"), ("file:/var/log", "/var/log"),
+     ("file:///var/log", "/var/log"), ("file://localhost/var/log", "/var/log"),
+     ("hdfs://namenode:8020/logs", None), ("s3a://bucket/logs", None)],
+)
+def test_only_paths_on_the_local_disk_are_checked_without_spark(
+    path: str, local: str | None
+) -> None:
+    assert local_path(path) == (None if local is None else Path(local))
 
 
 # Loaded as sitecustomize by the child interpreter: makes the analytics extra look absent,

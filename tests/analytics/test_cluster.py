@@ -31,7 +31,9 @@ def test_standalone_cluster_matches_local(spark: SparkSession, tmp_path: Path) -
         "spark.sql.shuffle.partitions 4\nspark.ui.enabled false\nspark.executor.memory 512m\n"
     )
     cluster = StandaloneCluster(tmp_path / "spark", cores=1, memory="512m")
-    with cluster as master:
+    try:
+        master = cluster.start_master()
+        cluster.start_worker()  # its JVM starts while the driver's does
         env = {
             **cluster.env(),
             "PYTHONPATH": str(REPO),
@@ -43,6 +45,7 @@ def test_standalone_cluster_matches_local(spark: SparkSession, tmp_path: Path) -
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
         )
         try:
+            cluster.wait_for_worker()
             # Meanwhile, the reference run in this process's local[2] session.
             run_all(log.path, str(local_out))
             _, stderr = driver.communicate(timeout=600)
@@ -53,6 +56,8 @@ def test_standalone_cluster_matches_local(spark: SparkSession, tmp_path: Path) -
         assert driver.returncode == 0, stderr[-3000:]
         # The work really ran on the worker: it launched an executor for the application.
         assert list((tmp_path / "spark" / "work").glob("app-*/*/stderr"))
+    finally:
+        cluster.stop()
 
     local_files = sorted(p.name for p in local_out.iterdir() if p.suffix in (".csv", ".html"))
     cluster_files = sorted(p.name for p in cluster_out.iterdir() if p.suffix in (".csv", ".html"))

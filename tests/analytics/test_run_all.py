@@ -139,8 +139,10 @@ def test_empty_input_gives_headers_and_a_report_saying_so(
     assert "<img" not in page
 
 
-def test_main_reports_a_missing_input_as_bad_usage(spark: SparkSession, tmp_path: Path) -> None:
+def test_main_reports_a_missing_input_as_bad_usage(tmp_path: Path) -> None:
+    """Without a session of the tests' own: the check comes before one would start."""
     assert main(["--input", str(tmp_path / "missing"), "--output", str(tmp_path / "out")]) == 2
+    assert not (tmp_path / "out").exists()
 
 
 def test_job_modules_run_as_scripts() -> None:

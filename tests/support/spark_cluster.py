@@ -79,20 +79,33 @@ class StandaloneCluster:
             time.sleep(0.2)
         raise RuntimeError(f"{log.name}: {log.read_text(errors='replace')[-3000:]}")
 
-    def start(self) -> str:
+    def start_master(self) -> str:
+        """Start the master and return its URL; a driver may connect from now on."""
         self.directory.mkdir(parents=True, exist_ok=True)
         master_log = self._start(
             "master", "org.apache.spark.deploy.master.Master",
             "--host", "127.0.0.1", "--port", "0", "--webui-port", "0",
         )
         self.url = self._wait_for(master_log, _MASTER_URL)
-        worker_log = self._start(
+        return self.url
+
+    def start_worker(self) -> None:
+        """Start the worker without waiting for it: a driver that starts meanwhile waits for
+        the worker's executor by itself, so the two JVMs start side by side."""
+        self._start(
             "worker", "org.apache.spark.deploy.worker.Worker",
             "--host", "127.0.0.1", "--port", "0", "--webui-port", "0",
             "--cores", str(self.cores), "--memory", self.memory,
             "--work-dir", str(self.directory / "work"), self.url,
         )
-        self._wait_for(worker_log, _REGISTERED)
+
+    def wait_for_worker(self) -> None:
+        self._wait_for(self.directory / "worker.log", _REGISTERED)
+
+    def start(self) -> str:
+        self.start_master()
+        self.start_worker()
+        self.wait_for_worker()
         return self.url
 
     def stop(self) -> None:
