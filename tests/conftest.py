@@ -33,8 +33,11 @@ def loopback_outbound() -> Iterator[None]:
     outbound.configure(previous)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def client(service: ServiceProcess) -> Iterator[httpx.Client]:
+    """One client per shared service: building one costs a TLS context (the CA bundle read,
+    tenths of a second under load), and the API sets no cookies, so tests cannot leak state
+    through it."""
     with httpx.Client(base_url=service.url, timeout=10) as http:
         yield http
 
@@ -67,7 +70,7 @@ class ApiCaller:
         return self.call("POST", "/register", user, body)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def api(client: httpx.Client, service: ServiceProcess) -> ApiCaller:
     return ApiCaller(client, service.url)
 
