@@ -154,6 +154,14 @@ STYLES_BY_ENGINE = [
 SQLITE = Engine("sqlite", None)
 """The engine of the stories about relays and connections rather than the store."""
 on_sqlite = pytest.mark.parametrize("parts", STYLES_ON_SQLITE, indirect=True)
+on_both_auth_timings = pytest.mark.parametrize(
+    "parts",
+    [pytest.param((style, "sqlite"), id=f"{style}-sqlite") for style in ("nostr-relay", "khatru-lazy")],
+    indirect=True,
+)
+"""For stories about what the bridge does once a challenge reaches it (asking the signer, backing
+off), which the styles differ in only by when they challenge: on connect, or only after a
+refused REQ. The styles' own differences are the gift-wrap and sharing stories' (`on_sqlite`)."""
 
 
 @pytest.fixture(params=STYLES_BY_ENGINE)
@@ -294,7 +302,7 @@ async def test_gift_wraps_on_a_gated_inbox_are_pushed_only_through_delegated_aut
     )
 
 
-@on_sqlite
+@on_both_auth_timings
 async def test_a_signer_that_will_not_sign_is_not_asked_in_a_storm(parts: dict[str, Any]) -> None:
     """The session is active but the signer refuses every AUTH signature: the per-user
     connection backs off (default 1 s doubling), the per-user rate limit caps what reaches the
@@ -327,10 +335,13 @@ async def test_a_signer_that_will_not_sign_is_not_asked_in_a_storm(parts: dict[s
     assert wakeups(service)[wrap["id"]] == 0
 
 
-@on_sqlite
+@pytest.mark.parametrize(
+    "parts", [pytest.param(("nostr-relay", "sqlite"), id="nostr-relay-sqlite")], indirect=True
+)
 async def test_user_connections_respect_their_cap(parts: dict[str, Any]) -> None:
     """With max_user_connections = 0 an active session opens no connection: it is counted as
-    skipped, and the gated relay stays unread."""
+    skipped, and the gated relay stays unread. No connection means no relay style to tell
+    apart: one gated inbox is enough."""
     open_relay, gated = parts["open"], parts["gated"]
     service = ServiceProcess(
         parts["service"].folder.parent / "service-capped",

@@ -8,6 +8,7 @@ import itertools
 
 from sigil_push.nostr.event import sign_event
 from sigil_push.nostr.keys import SecretKey
+from sigil_push.nostr.nip77 import SortedItems
 from sigil_push.relays.discovery import RelayLists, normalize_relay_url, relays_in_list
 from sigil_push.relays.nip11 import RelayLimits, parse_limits
 from sigil_push.relays.nip77 import _slices
@@ -351,16 +352,19 @@ async def test_seen_events_survive_a_restart_and_memory_stays_bounded(
 
 def test_a_large_negentropy_window_is_reconciled_in_slices_that_cover_it_once() -> None:
     """Relays bound one reconciliation's set: more items than a slice holds cut the window
-    at whole seconds, each item in exactly one slice, the slices back to back from `since`
-    to now (the last one open-ended)."""
-    items = {f"{i:064x}": 1_000 + i // 3 for i in range(100)}  # three per second
-    slices = _slices({"kinds": [4, 1059], "since": 900}, items, 30)
+    at whole seconds, each item in exactly one slice (adjacent index ranges of the sorted
+    items), the slices back to back from `since` to now (the last one open-ended)."""
+    kept = SortedItems()
+    kept.add({f"{i:064x}": 1_000 + i // 3 for i in range(100)})  # three per second
+    slices = _slices(kept, {"kinds": [4, 1059], "since": 900}, 30)
     assert len(slices) == 4
-    assert sorted(i for _, part in slices for i in part) == sorted(items)
-    windows = [(window["since"], window.get("until")) for window, _ in slices]
+    assert [lower for _, lower, _ in slices] == [0, *(upper for _, _, upper in slices[:-1])]
+    assert slices[-1][2] == len(kept)
+    windows = [(window["since"], window.get("until")) for window, _, _ in slices]
     assert windows[0][0] == 900 and windows[-1][1] is None
     for (_, until), (since, _) in itertools.pairwise(windows):
         assert until is not None and since == until + 1
-    for window, part in slices:
-        assert all(window["since"] <= t <= window.get("until", t) for t in part.values())
-    assert _slices({"since": 1}, items, 100) == [({"since": 1}, items)]
+    for window, lower, upper in slices:
+        assert all(window["since"] <= t <= window.get("until", t)
+                   for t, _, _ in kept.keys[lower:upper])
+    assert _slices(kept, {"since": 1}, 100) == [({"since": 1}, 0, 100)]

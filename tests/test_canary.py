@@ -1,8 +1,9 @@
 """Canary probes end to end: a real `sigil-push serve` process probes real `nostr-relay`
 processes, one of them gating writes behind NIP-42 AUTH, one behind a layer that accepts gift
 wraps and never serves them, and one that is down. Every wait polls with a generous deadline.
-Both stories run on each engine: on PostgreSQL the one worker probes as holder of shard 0's
-lease (several workers: tests/test_pg_canary.py).
+The probing story is about the wire and runs on SQLite; the story of the canary key surviving a
+restart is about the store and runs on each engine: on PostgreSQL the one worker probes as
+holder of shard 0's lease (several workers probing: tests/test_pg_canary.py).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from tests.support.nostr_client import gift_wrap, hex_of, npub_of, publish, user
 from tests.support.relay import RelayProcess, free_port
 from tests.support.service import ServiceProcess
 from tests.support.stores import Engine
+
+SQLITE = Engine("sqlite", None)
 
 pytestmark = pytest.mark.slow  # every story here starts its own processes
 
@@ -63,7 +66,7 @@ def canaries(service: ServiceProcess, relay: str) -> list[dict[str, Any]]:
 
 
 async def test_probes_are_published_received_and_failures_are_told_apart(
-    start_relay: Callable[..., RelayProcess], tmp_path: Path, engine: Engine
+    start_relay: Callable[..., RelayProcess], tmp_path: Path
 ) -> None:
     """Each configured relay gets probes. A healthy relay and one that wants NIP-42 AUTH for
     writes (answered with the bridge key, then the probe is sent again) deliver them back
@@ -84,7 +87,7 @@ async def test_probes_are_published_received_and_failures_are_told_apart(
             configured,
             "[bridge]\nreconnect_min_seconds = 0.2\nreconnect_max_seconds = 1.0\n"
             f"[canary]\ninterval_seconds = {GATED_INTERVAL_SECONDS}\n",
-            database=engine.database(),
+            database=SQLITE.database(),
         )
         text = service.config_path.read_text()
         service.config_path.write_text(

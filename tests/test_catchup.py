@@ -293,13 +293,13 @@ async def test_a_reconnect_in_the_middle_of_reconciliation_loses_nothing(
 async def test_a_restart_while_catching_up_loses_nothing(tmp_path: Path, engine: Engine) -> None:
     """The bridge stops while its first reconciliation after a restart is held at the relay:
     nothing of it was committed, so the next start reconciles again and queues each new DM
-    once; a stopped reconciliation leaves no socket nor event-loop hook behind."""
+    once; a stopped reconciliation leaves no socket behind."""
 
     async def stop_now(proxy: NegentropyProxy, parts: InProcessBridge) -> None:
         return None
 
     await _story(tmp_path, engine, stop_now)
-    assert nip77._clients_open == 0
+    assert not any(reconciler.open for reconciler in nip77._ALL.live)
 
 
 @pytest.mark.slow

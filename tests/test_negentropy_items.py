@@ -1,15 +1,33 @@
-"""Negentropy catch-up costs CPU for what is new, not for the window (issue 24): the nostr-sdk
-items a reconciliation offers are built once per relay and kept across catch-ups and
-reconnects (relays/nip77.py), bounded by the window and counted in sigil_push_memory_entries.
-Against rust-nostr's relay (NIP-77)."""
+"""Our NIP-77 client (nostr/nip77.py over relays/nip77.py) against rust-nostr's relay, whose
+negentropy is nostr-sdk's: the ids it finds missing are exactly the relay's beyond ours, for
+many items, none, all missing, all present, ids of ours the relay lacks, ranges that take
+many rounds under a small frame limit, and windows cut in slices; the relay's say is bounded
+(ids it can make us fetch, rounds).
+
+Catch-up costs CPU for what is new, not for the window (issue 24): the sorted items and their
+prefix sums are kept per relay and filter across catch-ups and reconnects, bounded by the
+window and counted in sigil_push_memory_entries."""
 
 from __future__ import annotations
 
+import asyncio
+import itertools
+import json
+import random
 import time
+from typing import Any
 
+import nostr_sdk
+import pytest
 from prometheus_client import REGISTRY
+from websockets.asyncio.client import connect
+from websockets.asyncio.server import ServerConnection
+from websockets.exceptions import ConnectionClosed
 
-from sigil_push.relays.nip77 import Reconciler
+from sigil_push.nostr.nip77 import Reconciliation, SortedItems
+from sigil_push.relays import nip77
+from sigil_push.relays.nip77 import NegentropyFailed, Reconciler
+from tests.support.loopback_relay import LoopbackRelay
 from tests.support.nostr_client import hex_of, kind4_dm, user
 from tests.support.rust_relay import RustRelay
 
@@ -22,11 +40,11 @@ def _kept_gauge() -> float:
     return value
 
 
-async def test_a_second_reconciliation_builds_only_the_new_items() -> None:
-    """Three DMs on the relay, two of them already had: the first catch-up builds two items
-    and finds the third missing; the next, with the third now had too, builds only that one
-    (the first two are kept, also across the socket closing in between); items that fall out
-    of the window are forgotten, and the gauge follows."""
+async def test_a_second_reconciliation_adds_only_the_new_items() -> None:
+    """Three DMs on the relay, two of them already had: the first catch-up adds two items
+    and finds the third missing; the next, with the third now had too, adds only that one
+    (the first two are kept, also across the socket closing in between); a keyed filter has
+    a set of its own; items that fall out of the window are forgotten, and the gauge follows."""
     sender, recipient = user(), user()
     now = int(time.time())
     dms = [kind4_dm(sender, recipient, f"dm {n}", now - 100 + n) for n in range(3)]
@@ -37,26 +55,201 @@ async def test_a_second_reconciliation_builds_only_the_new_items() -> None:
         had = {dm["id"]: dm["created_at"] for dm in dms[:2]}
         try:
             assert await reconciler.missing(query, had) == [dms[2]["id"]]
-            assert reconciler.converted_now == 2
+            assert reconciler.added_now == 2
         finally:
             await reconciler.close()
+        assert not reconciler.open
         assert _kept_gauge() >= 2
 
         had[dms[2]["id"]] = dms[2]["created_at"]
         try:
             assert await reconciler.missing(query, had) == []
-            assert reconciler.converted_now == 1
+            assert reconciler.added_now == 1
             assert await reconciler.missing(query, had) == []
-            assert reconciler.converted_now == 0
+            assert reconciler.added_now == 0
             keyed = {**query, "#p": [hex_of(recipient)]}
             assert await reconciler.missing(keyed, had) == []
-            assert reconciler.converted_now == 0
+            assert reconciler.added_now == 3
+            assert await reconciler.missing(keyed, had) == []
+            assert reconciler.added_now == 0
+            assert reconciler.kept_items() == 6
 
             # the window moves past the first DM: it is forgotten from the kept set
             later = {**query, "since": dms[0]["created_at"] + 1}
             del had[dms[0]["id"]]
             assert await reconciler.missing(later, had) == []
-            assert reconciler.converted_now == 0
-            assert set(reconciler._converted) == set(had)
+            assert reconciler.added_now == 0
+            assert reconciler._kept[None].known == set(had)
         finally:
             await reconciler.close()
+
+
+async def test_many_items_reconcile_exactly_over_rounds_and_slices(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """2,400 DMs over two days on the relay; the smallest frame limit the protocol allows
+    and slices of 500 items force many rounds and several reconciliations per window. Every
+    case finds exactly the relay's ids beyond ours: none had, all had, a random tenth
+    missing, 300 missing from one busy second, and ids of ours the relay never had."""
+    monkeypatch.setattr(nip77, "FRAME_LIMIT_BYTES", 4096)
+    monkeypatch.setattr(nip77, "ITEMS_PER_SYNC", 500)
+    senders, recipients = [user() for _ in range(3)], [user() for _ in range(5)]
+    now = int(time.time())
+    rng = random.Random(24)
+    dms = [
+        kind4_dm(senders[n % 3], recipients[n % 5], f"dm {n}",
+                 now - 300 if n < 300 else now - rng.randrange(0, 2 * 86400))
+        for n in range(2_400)
+    ]
+    relay_ids = {dm["id"] for dm in dms}
+    everything = {dm["id"]: dm["created_at"] for dm in dms}
+    query: dict[str, Any] = {"kinds": [4, 1059], "since": now - 3 * 86400}
+    foreign = {f"{n:064x}": now - n * 60 for n in range(1, 50)}
+    cases = {
+        "none had": {},
+        "all had": everything,
+        "a tenth missing": {i: t for i, t in everything.items() if rng.random() > 0.1},
+        "one busy second missing": {dm["id"]: dm["created_at"] for dm in dms[300:]},
+        "ours beyond the relay's": {**everything, **foreign},
+    }
+    async with RustRelay() as relay:
+        await relay.publish(*dms)
+        reconciler = Reconciler(relay.url)
+        try:
+            for case, had in cases.items():
+                missing = await reconciler.missing(query, had)
+                assert sorted(missing) == sorted(relay_ids - set(had)), case
+                assert len(missing) == len(set(missing)), case
+            # the tenth took more than one round in a slice: allowed only one, it fails
+            # (`error`), and its socket is closed
+            monkeypatch.setattr(nip77, "MAX_ROUNDS", 1)
+            with pytest.raises(NegentropyFailed) as failure:
+                await reconciler.missing(query, cases["a tenth missing"])
+            assert failure.value.reason == "error"
+            assert not reconciler.open
+        finally:
+            await reconciler.close()
+
+
+async def test_an_empty_relay_and_an_empty_set_agree_at_once() -> None:
+    async with RustRelay() as relay:
+        reconciler = Reconciler(relay.url)
+        try:
+            assert await reconciler.missing({"kinds": [4, 1059], "since": 0}, {}) == []
+            assert reconciler.count.frames == 1
+        finally:
+            await reconciler.close()
+
+
+async def test_a_relay_claiming_more_missing_ids_than_we_fetch_ends_the_reconciliation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """More ids missing than we would fetch by id: the reconciliation fails (`error`: paged
+    REQ this once, whose pages are bounded) and its socket is closed."""
+    monkeypatch.setattr(nip77, "MAX_MISSING_IDS", 10)
+    sender, recipient = user(), user()
+    now = int(time.time())
+    dms = [kind4_dm(sender, recipient, f"dm {n}", now - n) for n in range(200)]
+    async with RustRelay() as relay:
+        await relay.publish(*dms)
+        reconciler = Reconciler(relay.url)
+        had = {dm["id"]: dm["created_at"] for dm in dms[::2]}
+        with pytest.raises(NegentropyFailed) as failure:
+            await reconciler.missing({"kinds": [4], "since": now - 3600}, had)
+        assert failure.value.reason == "error"
+        assert not reconciler.open
+
+
+class _RecordingProxy(LoopbackRelay):
+    """Passes frames to `upstream` and back, keeping every NEG-* frame in order, with
+    whether the relay sent it."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream
+        self.frames: list[tuple[bool, list[Any]]] = []
+
+    async def _handle(self, ws: ServerConnection) -> None:
+        async with connect(self.upstream, proxy=None, max_size=None) as upstream:
+
+            async def downstream() -> None:
+                async for frame in upstream:
+                    self._keep(frame, from_relay=True)
+                    await ws.send(frame)
+
+            relaying = asyncio.create_task(downstream())
+            try:
+                async for frame in ws:
+                    self._keep(frame, from_relay=False)
+                    await upstream.send(frame)
+            except ConnectionClosed:
+                pass
+            finally:
+                relaying.cancel()
+
+    def _keep(self, frame: str | bytes, from_relay: bool) -> None:
+        message = json.loads(frame)
+        if str(message[0]).startswith("NEG-"):
+            self.frames.append((from_relay, message))
+
+
+async def test_each_answer_is_the_one_nostr_sdk_gives_in_the_same_exchange() -> None:
+    """nostr-sdk's client reconciles 3,000 DMs (a tenth of them missing, 40 ids of ours the
+    relay lacks) with rust-nostr's relay through a recording proxy; fed the relay's messages
+    of that exchange, our side answers each as nostr-sdk did (byte for byte, but for the
+    fingerprint deferring the rest of a full frame), ends where it sent NEG-CLOSE, and finds
+    the same ids missing."""
+    senders, recipients = [user() for _ in range(3)], [user() for _ in range(5)]
+    now = int(time.time())
+    rng = random.Random(77)
+    dms = [kind4_dm(senders[n % 3], recipients[n % 5], f"dm {n}",
+                    now - rng.randrange(0, 2 * 86400)) for n in range(3_000)]
+    had = {dm["id"]: dm["created_at"] for dm in dms if rng.random() > 0.1}
+    had.update({f"{n:064x}": now - n * 60 for n in range(1, 41)})
+    query = nostr_sdk.Filter().kinds([nostr_sdk.Kind(4)])
+    async with RustRelay() as relay, _RecordingProxy(relay.url) as proxy:
+        await relay.publish(*dms)
+        nostr_sdk.uniffi_set_event_loop(asyncio.get_running_loop())
+        client = nostr_sdk.Client()
+        try:
+            url = nostr_sdk.RelayUrl.parse(proxy.url)
+            await client.add_relay(url)
+            await client.connect()
+            sdk_relay = await client.relay(url)
+            items = [nostr_sdk.NegentropyItem(
+                id=nostr_sdk.EventId.parse(event_id),
+                timestamp=nostr_sdk.Timestamp.from_secs(created_at),
+            ) for event_id, created_at in had.items()]
+            summary = await sdk_relay.sync(query, items, nostr_sdk.SyncOptions().dry_run())
+        finally:
+            await client.disconnect()
+            nostr_sdk.uniffi_set_event_loop(None)
+    sdk_missing = {event_id.to_hex() for event_id in summary.remote}
+    assert sdk_missing == {dm["id"] for dm in dms} - set(had)
+
+    ours = SortedItems()
+    ours.add(had)
+    reconciliation = Reconciliation(ours, 0, len(ours), nip77.FRAME_LIMIT_BYTES, len(dms))
+    frames = proxy.frames
+    assert [from_relay for from_relay, _ in frames] == [n % 2 == 1 for n in range(len(frames))]
+    assert frames[0][1][0] == "NEG-OPEN"
+    assert reconciliation.initiate().hex() == frames[0][1][3]
+    assert len(frames) >= 5, "more than one round"
+    for (from_relay, theirs), (_, sdk_answer) in itertools.pairwise(frames):
+        if not from_relay:
+            continue
+        assert theirs[0] == "NEG-MSG"
+        answer = reconciliation.reconcile(bytes.fromhex(theirs[2]))
+        if sdk_answer[0] == "NEG-CLOSE":
+            assert answer is None
+            continue
+        expected = bytes.fromhex(sdk_answer[2])
+        assert answer is not None
+        if answer != expected:
+            # a full frame: both defer the rest as one fingerprint to infinity, nostr-sdk's
+            # over the items after the last range it processed, ours over those after the
+            # last range it sent (what the range really holds)
+            assert answer[:-16] == expected[:-16]
+            assert answer[-19:-16] == b"\x00\x00\x01"
+            assert len(answer) > nip77.FRAME_LIMIT_BYTES - 1_500
+    assert frames[-1][1][0] == "NEG-CLOSE"
+    assert reconciliation.missing == sdk_missing

@@ -49,7 +49,7 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
-from tests.support.relay import RelayProcess, free_port
+from tests.support.relay import RelayProcess
 
 DM_KINDS = {4, 1059}
 MODES = ("lazy", "strfry", "multi", "silent")
@@ -73,8 +73,8 @@ class AuthRelay:
         self.any_key_reads = any_key_reads
         self.max_subscriptions = max_subscriptions
         self.upstream = RelayProcess(folder / "upstream")
-        self.port = free_port()
-        self.url = f"ws://127.0.0.1:{self.port}"
+        self.port = 0
+        """0 until the first start binds a port of the OS's choosing; a restart binds it again."""
         # what the relay saw, for assertions (read from the test's thread)
         self.connections = 0
         self.auth_connections = 0
@@ -110,6 +110,12 @@ class AuthRelay:
         self._loop = self._thread = None
         self.upstream.stop()
 
+    @property
+    def url(self) -> str:
+        if not self.port:
+            raise RuntimeError("the relay has no URL before it first starts")
+        return f"ws://127.0.0.1:{self.port}"
+
     def grant_role(self, pubkey_hex: str, roles: str) -> None:
         """Every style here lets an authenticated recipient read their own DMs: nothing to do."""
 
@@ -118,6 +124,7 @@ class AuthRelay:
             self._handle, "127.0.0.1", self.port, compression=None, max_size=None,
             process_request=self._nip11,
         )
+        self.port = self._server.sockets[0].getsockname()[1]
 
     def _nip11(self, connection: ServerConnection, request: Request) -> Response | None:
         """The NIP-11 document, for a plain HTTP request asking for it."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import signal
@@ -12,11 +13,32 @@ import time
 from pathlib import Path
 from typing import Self
 
+PORTS_PER_WORKER = 1500
+FIRST_PORT = 20000
+"""Ports handed out here lie below Linux's ephemeral range (32768-60999 by default), so no
+outgoing connection is ever given one, and each xdist worker has a block of its own."""
+
+_next_port = itertools.count()
+
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A port for a server whose URL must be known before it starts, or kept across its
+    restarts (a relay named in its own NIP-42 `relay` tag, a service's public URL): servers of
+    our own bind port 0 and report theirs instead. Asking the OS for a port and releasing it
+    races with every other test process asking at the same time; here each xdist worker takes
+    ports from its own block in turn (skipping any in use), so two workers never get the same
+    one and a worker does not get one back while a server it stopped may still hold it."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    first = FIRST_PORT + PORTS_PER_WORKER * (int(worker) if worker.isdigit() else 0)
+    for _ in range(PORTS_PER_WORKER):
+        port = first + next(_next_port) % PORTS_PER_WORKER
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {first}-{first + PORTS_PER_WORKER - 1}")
 
 
 def wait_for_port(port: int, timeout: float = 20.0) -> None:

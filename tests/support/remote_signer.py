@@ -10,6 +10,7 @@ users' AUTHs reach a relay (as a loaded machine may order them), not the schedul
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import threading
 from dataclasses import dataclass, field
@@ -90,6 +91,7 @@ class RemoteSigner:
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._ready = threading.Event()
         self._stop: asyncio.Event | None = None
+        self._serving: concurrent.futures.Future[None] | None = None
         self._signing = asyncio.Event()
         """Set while `sign_event` is answered; cleared by `hold()` (used on the signer's loop)."""
         self._signing.set()
@@ -105,9 +107,9 @@ class RemoteSigner:
 
     def start(self) -> RemoteSigner:
         self._thread.start()
-        serving = asyncio.run_coroutine_threadsafe(self._serve(), self._loop)
+        self._serving = asyncio.run_coroutine_threadsafe(self._serve(), self._loop)
         if not self._ready.wait(15):
-            raise TimeoutError(f"remote signer did not subscribe in time: {serving!r}")
+            raise TimeoutError(f"remote signer did not subscribe in time: {self._serving!r}")
         return self
 
     def hold(self) -> None:
@@ -124,10 +126,14 @@ class RemoteSigner:
         asyncio.run_coroutine_threadsafe(run(), self._loop).result(5)
 
     def stop(self) -> None:
+        """Ends the serving loop as soon as it sees the stop (not after a fixed pause: a story
+        stops several signers one after another), then the thread."""
         self._loop.call_soon_threadsafe(self._signing.set)
         if self._stop is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
-        self._loop.call_later(1.0, self._loop.stop)
+        if self._serving is not None:
+            concurrent.futures.wait([self._serving], timeout=5)
+        self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
 
     def methods(self) -> list[str]:
@@ -144,10 +150,11 @@ class RemoteSigner:
         # handing over, and a request lost that way looks to the bridge like an unreachable
         # signer (15 s timeout, then a minute's pause).
         pending: asyncio.Future[Any] = asyncio.ensure_future(notifications.next())
-        while not self._stop.is_set():
-            done, _ = await asyncio.wait({pending}, timeout=0.5)
-            if not done:
-                continue
+        stopping = asyncio.ensure_future(self._stop.wait())
+        while True:
+            await asyncio.wait({pending, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if stopping.done():
+                break
             notification = pending.result()
             pending = asyncio.ensure_future(notifications.next())
             if notification is None or not notification.is_new_event():
