@@ -79,7 +79,7 @@ PROCESS_FIXTURES = frozenset({"workers", "spark"})
 """Fixtures that hand a test processes it starts itself without starting one in their own
 code (`workers` collects the test's services, `spark` is the Spark session): a test taking one
 is `slow` without saying so. Fixtures and tests that start processes in their code are found by
-tests.support.slow_marks (tests/README.md)."""
+tests.support.slow_marks (README.md, Development)."""
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups

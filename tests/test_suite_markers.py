@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
-from tests.support.slow_marks import PROCESS_STARTERS, analyse_file, analyse_source
+from tests.support import cli, processes, stores
+from tests.support.slow_marks import PROCESS_STARTERS, analyse_file, analyse_source, slow_reason
 
 TESTS = Path(__file__).parent
 SHARED_CODE = sorted(
@@ -107,3 +110,21 @@ def test_the_quick_run_keeps_most_of_the_suite(request: pytest.FixtureRequest) -
         pytest.skip("only a whole-suite, unfiltered run sees the share")
     quick = [item for item in items if item.get_closest_marker("slow") is None]
     assert len(quick) >= 0.7 * len(items), f"{len(quick)} of {len(items)} are not slow"
+
+
+def _item(function: Any, **fixtures: tuple[str, Any]) -> SimpleNamespace:
+    """A collected test as slow_reason reads it: its function and its fixtures' definitions."""
+    definitions = {
+        name: [SimpleNamespace(scope=scope, func=fixture.__wrapped__)]
+        for name, (scope, fixture) in fixtures.items()
+    }
+    info = SimpleNamespace(names_closure=list(fixtures), name2fixturedefs=definitions)
+    return SimpleNamespace(name="a_test", function=function, _fixtureinfo=info)
+
+
+def test_a_test_is_slow_by_its_own_code_or_its_fixtures_but_not_the_session_service() -> None:
+    assert slow_reason(_item(cli.assert_config_refused)) is not None
+    assert slow_reason(_item(stores.engine_of)) is None  # Engine builds no process
+    assert slow_reason(_item(stores.engine_of, service=("session", stores.service))) is None
+    relay = slow_reason(_item(stores.engine_of, start_relay=("function", processes.start_relay)))
+    assert relay is not None and "RelayProcess" in relay

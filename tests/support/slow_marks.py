@@ -7,8 +7,9 @@ slow when its function, or a fixture it takes that is not shared by the whole se
 (directly or through helpers and classes of the same module) one of `PROCESS_STARTERS`, a
 `subprocess`/`asyncio` process function, or sleeps a literal half second or more.
 
-Session-scoped fixtures (the API `service`, the PostgreSQL server, the provider fakes) are
-shared by every test, so they are not a test's own processes. tests/test_suite_markers.py checks
+Session-scoped fixtures of the shared test code (the API `service`, the PostgreSQL server, the
+provider fakes) serve every test, so they are not a test's own processes; a test module's own
+fixtures are, whatever their scope. tests/test_suite_markers.py checks
 that every process-starting helper in tests/support and tests/fakes is listed here.
 """
 
@@ -150,6 +151,12 @@ def _reason_of(function: Callable[..., Any]) -> str | None:
     return analyse_file(code.co_filename).get(qualname)
 
 
+def _in_a_test_module(function: Callable[..., Any]) -> bool:
+    """Whether `function` is defined in a test module (test_*.py), not in shared test code."""
+    code = getattr(getattr(function, "__wrapped__", function), "__code__", None)
+    return code is not None and Path(code.co_filename).name.startswith("test_")
+
+
 def slow_reason(item: Any) -> str | None:
     """Why collected test `item` is slow by the definition, or None: its own function, or a
     fixture it takes that is not session-wide, starts processes or waits on a real timer."""
@@ -161,7 +168,7 @@ def slow_reason(item: Any) -> str | None:
         return None
     for name in info.names_closure:
         for definition in info.name2fixturedefs.get(name, ()):
-            if definition.scope == "session":
+            if definition.scope == "session" and not _in_a_test_module(definition.func):
                 continue
             reason = _reason_of(definition.func)
             if reason is not None:
