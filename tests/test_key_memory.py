@@ -92,7 +92,7 @@ async def test_a_follows_only_user_with_2000_follows_costs_the_bridge_little_mem
     2,000 follows: their devices in the committer's cache and a DM's author checked against
     every list leave at most 20 KB per user resident (the Python side holds a `Rules` tuple per
     device, not the follows). One engine: this is the bridge process's memory."""
-    from sigil_push.store.records import pack_keys
+    from sigil_push.store.records import LIST_FLAGS, pack_keys
 
     users = [secrets.token_hex(32) for _ in range(200)]
     await _store_keys(tmp_path, users)
@@ -105,6 +105,10 @@ async def test_a_follows_only_user_with_2000_follows_costs_the_bridge_little_mem
             "INSERT INTO user_lists (pubkey, kind, created_at, event_id, entries, entry_count)"
             " VALUES (?, 3, 1, ?, ?, 2000)",
             [(user, secrets.token_hex(32), follows) for user in users],
+        )
+        await db.executemany(  # as the store does when it stores a list
+            f"UPDATE devices SET list_flags = {LIST_FLAGS.format(pubkey='?1')} WHERE pubkey = ?1",
+            [(user,) for user in users],
         )
         await db.commit()
     finally:

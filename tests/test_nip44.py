@@ -92,6 +92,22 @@ def test_every_seal_has_its_own_ephemeral_key_and_nonce() -> None:
     assert device.public_key_hex not in {s.ephemeral_public_key for s in seals}
 
 
+GROUP_ORDER = bytes.fromhex("fffffffffffffffffffffffffffffffebaaedce6af48a03bbfd25e8cd0364141")
+
+
+@pytest.mark.parametrize("refused", [bytes(32), GROUP_ORDER, b"\xff" * 32])
+def test_an_out_of_range_ephemeral_secret_is_drawn_again(
+    refused: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Zero and secrets at or above the group order are no keys: the seal draws again from
+    the OS (here fed one refused draw, then a real one) and keeps the second draw."""
+    good = SecretKey.generate()
+    draws = iter([refused, bytes.fromhex(good.secret_hex)])
+    monkeypatch.setattr(nip44.os, "urandom", lambda n: next(draws) if n == 32 else bytes(n))
+    secret, public_key = nip44._ephemeral_key()
+    assert (secret.hex(), public_key) == (good.secret_hex, good.public_key_hex)
+
+
 @pytest.mark.parametrize(
     "key",
     [

@@ -110,6 +110,35 @@ async def test_kind_4_authors_are_checked_against_the_lists_and_the_private_mute
         await link.close()
 
 
+async def test_the_list_flags_follow_the_lists_on_pairs_written_before_and_after(
+    store: SqliteStore | PostgresStore, database: str, tmp_path: Path
+) -> None:
+    """The device read takes the npub's lists from its pairs' own rows (`list_flags`): a
+    list stored sets them on the npub's pairs already there, a pair registered later gets
+    them from the stored lists, a kind 10000 without keys mutes nobody, and other npubs'
+    pairs are left alone."""
+    owner, other = SecretKey.generate(), SecretKey.generate()
+    pubkey = owner.public_key_hex
+    before = (await store.devices.register(pubkey, "ios", _key(), "opaque", (), None, 0)).device
+    bystander = (await store.devices.register(other.public_key_hex, "ios", _key(), "opaque", (),
+                                              None, 0)).device
+    link = await _link(tmp_path, database)
+    try:
+        now = int(time.time())
+        await link.lists.save([user_list_of(_list(owner, 10000, [], now))])
+        assert (await store.devices.by_id(before.id)).rules is None  # type: ignore[union-attr]
+        await link.lists.save([user_list_of(_list(owner, 10000, [_key()], now + 1)),
+                               user_list_of(_list(owner, 3, [_key()], now))])
+        after = (await store.devices.register(pubkey, "ios", _key(), "opaque", (), None, 0)).device
+        for device in await store.devices.of_pubkey(pubkey):
+            assert device.rules is not None, device.id
+            assert device.rules.mute_list and device.rules.follows_known, device.id
+        assert {d.id for d in await store.devices.of_pubkey(pubkey)} == {before.id, after.id}
+        assert (await store.devices.by_id(bystander.id)).rules is None  # type: ignore[union-attr]
+    finally:
+        await link.close()
+
+
 @pytest.mark.parametrize("workers", [4])
 async def test_a_lapse_is_claimed_once_by_racing_workers(
     store: SqliteStore | PostgresStore, database: str, tmp_path: Path, workers: int

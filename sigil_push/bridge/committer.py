@@ -251,7 +251,7 @@ class Committer:
         link = self._link
         assert link is not None
         try:
-            async with self._turn:
+            async with self._turn, link.transaction():
                 taken = await link.lists.save(list(waiting.values()))
         except TRANSIENT_ERRORS as exc:
             log.warning("storing %d user lists failed (%s); kept for the next turn",

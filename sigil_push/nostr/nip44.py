@@ -15,7 +15,7 @@ and seals once.
 
 from __future__ import annotations
 
-import base64
+import binascii
 import hashlib
 import hmac
 import os
@@ -28,6 +28,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from sigil_push.nostr.keys import is_hex
 
 VERSION = 2
+_VERSION_BYTE = bytes((VERSION,))
 SALT = b"nip44-v2"
 MIN_PLAINTEXT_BYTES = 1
 MAX_PLAINTEXT_BYTES = 65535
@@ -91,7 +92,7 @@ def _conversation(secret: bytes, point: Any) -> bytes:
     shared = _ffi.new("unsigned char[32]")
     if not _lib.secp256k1_ecdh(_context, shared, point, secret, _x_coordinate, _ffi.NULL):
         raise ValueError("secret key out of range")
-    return _mac(_SALTED, bytes(_ffi.buffer(shared, 32)))
+    return _mac(_SALTED, _ffi.buffer(shared)[:])
 
 
 def conversation_key(secret: bytes, public_key_hex: str) -> bytes:
@@ -160,29 +161,35 @@ def encrypt(conversation: bytes, plaintext: str | bytes, nonce: bytes | None = N
     if nonce is None:
         nonce = os.urandom(_NONCE_BYTES)
     chacha_key, chacha_nonce, hmac_key = message_keys(conversation, nonce)
-    padded = len(text).to_bytes(2, "big") + text + bytes(padded_length(len(text)) - len(text))
+    padded = len(text).to_bytes(2, "big") + text.ljust(padded_length(len(text)), b"\0")
     # cryptography's ChaCha20 takes the 32-bit block counter (0) in front of the 96-bit nonce
     encryptor = Cipher(algorithms.ChaCha20(chacha_key, bytes(4) + chacha_nonce), None).encryptor()
     ciphertext = encryptor.update(padded)
     mac = hmac.digest(hmac_key, nonce + ciphertext, "sha256")
-    return base64.b64encode(bytes((VERSION,)) + nonce + ciphertext + mac).decode()
+    # binascii directly: base64.b64encode is a Python wrapper around the same call
+    return binascii.b2a_base64(_VERSION_BYTE + nonce + ciphertext + mac, newline=False).decode(
+        "ascii"
+    )
 
 
 def _ephemeral_key() -> tuple[bytes, str]:
-    """A fresh secret key and its x-only public key in hex."""
-    while True:
-        secret = os.urandom(32)
-        if _lib.secp256k1_ec_seckey_verify(_context, secret):  # fails about once in 2**128
-            break
+    """A fresh secret key and its x-only public key in hex.
+
+    Each secret is 32 bytes straight from the OS's CSPRNG, independent of every other.
+    `pubkey_create` itself refuses a secret of zero or not below the group order (about
+    once in 2**128), so a separate `seckey_verify` would only repeat its check: a refused
+    draw is simply drawn again.
+    """
     point = _ffi.new("secp256k1_pubkey *")
-    if not _lib.secp256k1_ec_pubkey_create(_context, point, secret):
-        raise RuntimeError("libsecp256k1 could not derive a public key")
+    secret = os.urandom(32)
+    while not _lib.secp256k1_ec_pubkey_create(_context, point, secret):
+        secret = os.urandom(32)
     serialized = _ffi.new("unsigned char[33]")
     size = _ffi.new("size_t *", 33)
     _lib.secp256k1_ec_pubkey_serialize(
         _context, serialized, size, point, _lib.SECP256K1_EC_COMPRESSED
     )
-    return secret, bytes(_ffi.buffer(serialized, 33))[1:].hex()
+    return secret, _ffi.buffer(serialized)[1:].hex()
 
 
 def seal(device_key_hex: str, plaintext: str | bytes) -> Sealed:

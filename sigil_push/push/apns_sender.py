@@ -14,6 +14,7 @@ import asyncio
 import itertools
 import secrets
 import ssl
+import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -35,7 +36,7 @@ from hpack.hpack import encode_integer
 from sigil_push.config_tables import ConfigError
 from sigil_push.push.apns import PROVIDER, ApnsConfig
 from sigil_push.push.base import Outcome, Status, WakeupMessage
-from sigil_push.push.payload import apns_body, apns_size
+from sigil_push.push.payload import apns_body, apns_json, apns_size
 from sigil_push.store.records import Device
 
 MAX_PAYLOAD_BYTES = PROVIDER.policy.max_payload_bytes
@@ -46,7 +47,7 @@ _APS_BYTES = apns_size({})
 _JSON_BYTES_PER_CHAR = 6
 """The most one character can take in the body: `\\u001f` (escapes) or 4 UTF-8 bytes."""
 _ENTRY_OVERHEAD = 6
-"""`, "k": "v"` around one extra key and value: comma, space, four quotes, colon, space."""
+"""`,"k":"v"` around one extra key and value: comma, four quotes, colon (compact JSON)."""
 
 DEAD_TOKEN_REASONS = frozenset({"BadDeviceToken", "Unregistered", "DeviceTokenNotForTopic"})
 """The token will never work for this app again: forget the device."""
@@ -173,6 +174,37 @@ class _FlushOncePerTick(APNsTLSClientProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.conn = _Http2Connection()
+
+    async def send_notification(self, request: NotificationRequest) -> NotificationResult:
+        """aioapns' send with the body encoded by `apns_json` (orjson) instead of `json.dumps`:
+        the same request on the same stream, headers in the same order, the answer matched by
+        apns-id as aioapns matches it."""
+        stream_id = await self.free_channels.acquire()
+        headers = [
+            (":method", "POST"),
+            (":scheme", "https"),
+            (":path", f"/3/device/{request.device_token}"),
+            ("host", self.APNS_SERVER),
+            ("apns-id", request.notification_id),
+            ("apns-topic", request.apns_topic or self.apns_topic),
+        ]
+        if request.time_to_live is not None:
+            headers.append(("apns-expiration", str(int(time.time()) + request.time_to_live)))
+        if request.priority is not None:
+            headers.append(("apns-priority", str(request.priority)))
+        if request.collapse_key is not None:
+            headers.append(("apns-collapse-id", request.collapse_key))
+        if request.push_type is not None:
+            headers.append(("apns-push-type", request.push_type.value))
+        if self.auth_provider:
+            headers.append(("authorization", self.auth_provider.get_header()))
+        self.conn.send_headers(stream_id=stream_id, headers=headers)
+        self.conn.send_data(stream_id=stream_id, data=apns_json(request.message), end_stream=True)
+        self.flush()
+        answer: asyncio.Future[NotificationResult] = asyncio.Future()
+        self.requests[request.notification_id] = answer
+        self.request_streams[stream_id] = request.notification_id
+        return await answer
 
     def flush(self) -> None:
         if not self._flush_pending:

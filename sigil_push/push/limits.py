@@ -113,7 +113,13 @@ class DeviceRateLimiter:
         self._buckets[device] = (self._level(device, now_ms) - pushes, now_ms)
 
     def prune(self, now_ms: int) -> None:
-        """Forget devices whose bucket is full again (they are indistinguishable from new)."""
-        full = [d for d in self._buckets if self._level(d, now_ms) >= self._capacity]
-        for device in full:
-            del self._buckets[device]
+        """Forget devices whose bucket is full again (they are indistinguishable from new).
+
+        Rebuilt rather than deleted from: a dict losing keys as fast as it gains new ones
+        keeps the deleted slots until its entries run out, then resizes to a table for three
+        times its live keys, a step of memory long after it was at its steady size (issue 22)."""
+        level, capacity = self._level, self._capacity
+        self._buckets = {
+            device: bucket for device, bucket in self._buckets.items()
+            if level(device, now_ms) < capacity
+        }

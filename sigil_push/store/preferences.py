@@ -7,7 +7,9 @@ is in `store/sqlite/preferences.py` and `store/postgres/preferences.py`, and all
 the bridge committer's own connection (`BridgeConnection.lists`). Lists are stored, not held in
 memory: a list is one row whose keys are packed 32 bytes each, sorted (`pack_keys`), replaced
 whole by one UPSERT that only a newer list wins, and read only for a kind 4 to a pair whose
-rules need it (`Rules.checks_author`).
+rules need it (`Rules.checks_author`). Which lists an npub has is copied onto its pairs' rows
+(`devices.list_flags`, migration 0011) when a list or a pair is written: the device read of
+every DM, the ingest's hot path, then reads one row and no other table.
 
 Exactly one lapse wakeup: the committer marks a pair whose presence held a DM back inside the
 transaction that decided so (`mark_lapses`), and `claim_lapses` clears the marks of lapsed
@@ -79,8 +81,12 @@ class ListChecks(ABC):
     async def save(self, lists: Sequence[UserList]) -> list[UserList]:
         """Store each list unless the stored one of its (npub, kind) is newer (NIP-01: newest
         `created_at`, then lowest id), in key order (workers overlapping on keys lock rows
-        alike); returns those that replaced the stored one."""
-        return [item for item in sorted(lists) if await self._replace(item)]
+        alike); returns those that replaced the stored one. In the caller's transaction, the
+        `list_flags` of the npubs' pairs follow (those of every list seen, not only the new
+        ones: a list seen again mends flags a crash left behind)."""
+        taken = [item for item in sorted(lists) if await self._replace(item)]
+        await self._flag_pairs(sorted({item.pubkey for item in lists}))
+        return taken
 
     async def blocked(self, checks: Sequence[AuthorCheck]) -> list[dict[int, str]]:
         """For each (author, devices of one recipient): which of those devices a kind 4 by
@@ -88,8 +94,8 @@ class ListChecks(ABC):
         those whose rules check authors (`Rules.checks_author`).
 
         A whole commit batch is answered together, OWNERS_PER_READ recipients at a time: per
-        group, one read of the private mute lists of its devices that have one and one of its
-        npubs' stored lists, checked and dropped before the next group is read, so a batch of
+        group, one read of the private mute lists of its devices that have one and one of the
+        stored lists its npubs' rules use (`list_owners`), checked and dropped before the next group is read, so a batch of
         users with 10,000-key lists holds a few megabytes at most, however large the batch.
         """
         answers: list[dict[int, str]] = [{} for _ in checks]
@@ -104,8 +110,8 @@ class ListChecks(ABC):
             devices = [d for i in indexes for d in checks[i][1]]
             wanted = with_private_lists(devices)
             private = await self._private_lists(wanted) if wanted else {}
-            list_npubs = list_owners(devices)
-            lists = await self._lists_of(list_npubs) if list_npubs else {}
+            muting, following = list_owners(devices)
+            lists = await self._lists_of(muting, following) if muting or following else {}
             for index in indexes:
                 author, asked = checks[index]
                 answers[index] = _reasons(bytes.fromhex(author), asked, private, lists)
@@ -117,14 +123,21 @@ class ListChecks(ABC):
         was stored."""
 
     @abstractmethod
+    async def _flag_pairs(self, owners: Sequence[str]) -> None:
+        """Set `devices.list_flags` of every pair of the (sorted) `owners` from their stored
+        lists (`LIST_FLAGS`), so that the device read of every DM asks no other table."""
+
+    @abstractmethod
     async def _private_lists(self, device_ids: Sequence[int]) -> dict[int, bytes]:
         """Device id -> packed private mute list, of those (non-empty) `device_ids` that
         have one (`with_private_lists`)."""
 
     @abstractmethod
-    async def _lists_of(self, owners: Sequence[str]) -> dict[tuple[str, int], bytes]:
-        """(npub, kind) -> packed keys of the stored lists of the (non-empty) `owners`
-        (`list_owners`)."""
+    async def _lists_of(
+        self, muting: Sequence[str], following: Sequence[str]
+    ) -> dict[tuple[str, int], bytes]:
+        """(npub, kind) -> packed keys of the stored kind 10000 of the `muting` npubs and
+        kind 3 of the `following` ones (`list_owners`; not both empty)."""
 
 
 def with_private_lists(devices: Sequence[Device]) -> list[int]:
@@ -132,7 +145,19 @@ def with_private_lists(devices: Sequence[Device]) -> list[int]:
     return sorted({d.id for d in devices if d.rules is not None and d.rules.muted_count})
 
 
-def list_owners(devices: Sequence[Device]) -> list[str]:
-    """The npubs of the `devices` whose rules use their stored lists, sorted."""
-    return sorted({d.pubkey for d in devices if d.rules is not None
-                   and (d.rules.mute_list or d.rules.follows_known)})
+def list_owners(devices: Sequence[Device]) -> tuple[list[str], list[str]]:
+    """The npubs of the `devices` whose rules use their stored kind 10000, and those whose
+    rules use their kind 3 (follows-only), each sorted. A kind 3 is read only for
+    follows-only: most users have one, often of thousands of keys, and a user who mutes but
+    takes DMs from anyone must not have it read with every DM."""
+    muting: set[str] = set()
+    following: set[str] = set()
+    for device in devices:
+        rules = device.rules
+        if rules is None:
+            continue
+        if rules.mute_list:
+            muting.add(device.pubkey)
+        if rules.senders == "follows" and rules.follows_known:
+            following.add(device.pubkey)
+    return sorted(muting), sorted(following)

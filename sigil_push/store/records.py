@@ -62,14 +62,16 @@ CONTACTS_KIND = 3
 USER_LIST_KINDS = (MUTE_LIST_KIND, CONTACTS_KIND)
 KEY_BYTES = 32
 
-RULE_COLUMNS = (
-    "pause_until, senders, present_until, muted_count,"
-    " (SELECT COALESCE(SUM(CASE WHEN l.kind = 10000 AND l.entry_count > 0 THEN 1"
-    " WHEN l.kind = 3 THEN 2 ELSE 0 END), 0) FROM user_lists l WHERE l.pubkey = {table}.pubkey)"
+RULE_COLUMNS = "pause_until, senders, present_until, muted_count, list_flags"
+"""What a pair's owner chose (issue 20), read after the device columns. `list_flags` packs its
+npub's stored lists (1: a kind 10000 with entries, 2: a kind 3), kept on the pair's row by
+whoever writes a list or a pair (`LIST_FLAGS`), so that reading a device asks nothing more."""
+LIST_FLAGS = (
+    "(SELECT COALESCE(SUM(CASE WHEN l.kind = 10000 AND l.entry_count > 0 THEN 1"
+    " WHEN l.kind = 3 THEN 2 ELSE 0 END), 0) FROM user_lists l WHERE l.pubkey = {pubkey})"
 )
-"""What a pair's owner chose (issue 20), read after the device columns: `{table}` is the
-devices table's name or alias in the query. The last column packs the npub's lists: 1 when a
-kind 10000 with entries is stored, 2 when a kind 3 is."""
+"""`list_flags` as the stored lists of the npub `{pubkey}` (a column or a placeholder) say:
+computed when a pair is written and, for every pair of the npub, when one of its lists is."""
 
 
 class Rules(NamedTuple):

@@ -28,6 +28,7 @@ from sigil_push.shards import DEFAULT_SHARDS
 from sigil_push.store.limits import Occupancy, refusal
 from sigil_push.store.postgres.database import PostgresDatabase
 from sigil_push.store.records import (
+    LIST_FLAGS,
     RULE_COLUMNS,
     Device,
     PreferenceChange,
@@ -42,7 +43,7 @@ _COLUMNS = (
     "id, pubkey, platform, token, payload, relays, webpush_p256dh, webpush_auth, registered_at,"
     " device_key"
 )
-_WITH_RULES = f"{_COLUMNS}, {RULE_COLUMNS.format(table='devices')}"
+_WITH_RULES = f"{_COLUMNS}, {RULE_COLUMNS}"
 """A pair's columns with what its owner chose (the bridge's and GET /registrations' reads)."""
 
 
@@ -172,7 +173,9 @@ class PostgresDevices:
         now = int(time.time())
         async with self._db.connection() as connection, connection.transaction():
             # the limits count rows other registrations may be adding right now: lock the npub
-            # and the token (always in this order) before counting
+            # and the token (always in this order) before counting; the npub's lock also keeps
+            # its lists from being stored meanwhile (`PostgresUserLists.save`), so the pair's
+            # `list_flags` are those of the lists committed when it is written
             await connection.execute(
                 "SELECT pg_advisory_xact_lock(hashtext($1)), pg_advisory_xact_lock(hashtext($2))",
                 pubkey, token,
@@ -191,11 +194,13 @@ class PostgresDevices:
                 raise refused
             row = await connection.fetchrow(
                 "INSERT INTO devices (pubkey, platform, token, payload, relays, webpush_p256dh,"
-                " webpush_auth, registered_at, updated_at, device_key) VALUES ($1, $2, $3, $4, $5,"
-                " $6, $7, $8, $8, $9) ON CONFLICT (pubkey, token) DO UPDATE SET"
+                " webpush_auth, registered_at, updated_at, device_key, list_flags) VALUES ($1, $2,"
+                f" $3, $4, $5, $6, $7, $8, $8, $9, {LIST_FLAGS.format(pubkey='$1')})"
+                " ON CONFLICT (pubkey, token) DO UPDATE SET"
                 " platform = excluded.platform, payload = excluded.payload, relays = excluded.relays,"
                 " webpush_p256dh = excluded.webpush_p256dh, webpush_auth = excluded.webpush_auth,"
-                " updated_at = excluded.updated_at, device_key = excluded.device_key"
+                " updated_at = excluded.updated_at, device_key = excluded.device_key,"
+                " list_flags = excluded.list_flags"
                 f" RETURNING {_COLUMNS}",
                 pubkey, platform, token, payload, json.dumps(list(relays)),
                 webpush_keys.p256dh if webpush_keys else None,

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from sigil_push.store.postgres.database import PostgresDatabase
 from sigil_push.store.preferences import ListChecks, UserList
+from sigil_push.store.records import CONTACTS_KIND, LIST_FLAGS, MUTE_LIST_KIND
 
 
 class PostgresUserLists(ListChecks):
@@ -36,6 +37,20 @@ class PostgresUserLists(ListChecks):
         )
         return bool(rows)
 
+    async def _flag_pairs(self, owners: Sequence[str]) -> None:
+        """Under each npub's advisory lock, which a registration holds while it reads the
+        lists into its new pair's `list_flags` (`PostgresDevices.register`): whichever of the
+        two takes it second sees what the other committed, so no pair misses both."""
+        await self._db.run(
+            "SELECT pg_advisory_xact_lock(hashtext(p)) FROM unnest($1::text[]) AS p ORDER BY p",
+            owners,
+        )
+        await self._db.run(
+            f"UPDATE devices SET list_flags = {LIST_FLAGS.format(pubkey='devices.pubkey')}"
+            " WHERE pubkey = ANY($1::text[])",
+            owners,
+        )
+
     async def _private_lists(self, wanted: Sequence[int]) -> dict[int, bytes]:
         rows = await self._db.fetch(
             "SELECT id, muted FROM devices WHERE id = ANY($1::bigint[]) AND muted IS NOT NULL",
@@ -43,10 +58,14 @@ class PostgresUserLists(ListChecks):
         )
         return {int(row[0]): bytes(row[1]) for row in rows}
 
-    async def _lists_of(self, owners: Sequence[str]) -> dict[tuple[str, int], bytes]:
+    async def _lists_of(
+        self, muting: Sequence[str], following: Sequence[str]
+    ) -> dict[tuple[str, int], bytes]:
         rows = await self._db.fetch(
-            "SELECT pubkey, kind, entries FROM user_lists WHERE pubkey = ANY($1::text[])",
-            owners,
+            "SELECT pubkey, kind, entries FROM user_lists"
+            f" WHERE (kind = {MUTE_LIST_KIND} AND pubkey = ANY($1::text[]))"
+            f" OR (kind = {CONTACTS_KIND} AND pubkey = ANY($2::text[]))",
+            muting, following,
         )
         return {(str(row[0]), int(row[1])): bytes(row[2]) for row in rows}
 

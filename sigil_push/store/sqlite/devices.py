@@ -22,6 +22,7 @@ import aiosqlite
 from sigil_push.shards import DEFAULT_SHARDS, shard_of
 from sigil_push.store.limits import Occupancy, refusal
 from sigil_push.store.records import (
+    LIST_FLAGS,
     RULE_COLUMNS,
     Device,
     PreferenceChange,
@@ -37,7 +38,7 @@ _COLUMNS = (
     "id, pubkey, platform, token, payload, relays, webpush_p256dh, webpush_auth, registered_at,"
     " device_key"
 )
-_WITH_RULES = f"{_COLUMNS}, {RULE_COLUMNS.format(table='devices')}"
+_WITH_RULES = f"{_COLUMNS}, {RULE_COLUMNS}"
 """A pair's columns with what its owner chose (the bridge's and GET /registrations' reads)."""
 
 
@@ -48,22 +49,25 @@ _OCCUPANCY = (
 """The `Occupancy` a registration of (pubkey, token) finds."""
 _WRITE_PAIR = (
     "INSERT INTO devices (pubkey, platform, token, payload, relays, webpush_p256dh,"
-    " webpush_auth, registered_at, updated_at, device_key) SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?"
-    " WHERE {guard}"
+    " webpush_auth, registered_at, updated_at, device_key, list_flags)"
+    " SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, {flags} WHERE {{guard}}"
     " ON CONFLICT (token, pubkey) DO UPDATE SET platform = excluded.platform,"
     " payload = excluded.payload, relays = excluded.relays,"
     " webpush_p256dh = excluded.webpush_p256dh, webpush_auth = excluded.webpush_auth,"
-    " updated_at = excluded.updated_at, device_key = excluded.device_key"
+    " updated_at = excluded.updated_at, device_key = excluded.device_key,"
+    " list_flags = excluded.list_flags"
     f" RETURNING {_COLUMNS}"
-)
+).format(flags=LIST_FLAGS.format(pubkey="?1"))
+"""A pair written with the `list_flags` its npub's stored lists give (the lists' writer sets
+them on pairs already there; SQLite runs one write at a time, so no pair misses both)."""
 _UPSERT_IF_PAIR = _WRITE_PAIR.format(
-    guard="EXISTS (SELECT 1 FROM devices WHERE token = ? AND pubkey = ?)"
+    guard="EXISTS (SELECT 1 FROM devices WHERE token = ?11 AND pubkey = ?12)"
 )
 """Update the pair read as existing, if it still does."""
 _INSERT_IF_UNCHANGED = _WRITE_PAIR.format(
-    guard="NOT EXISTS (SELECT 1 FROM devices WHERE token = ? AND pubkey = ?)"
-    " AND (SELECT COUNT(*) FROM devices WHERE pubkey = ?) = ?"
-    " AND (SELECT COUNT(*) FROM devices WHERE token = ?) = ?"
+    guard="NOT EXISTS (SELECT 1 FROM devices WHERE token = ?11 AND pubkey = ?12)"
+    " AND (SELECT COUNT(*) FROM devices WHERE pubkey = ?13) = ?14"
+    " AND (SELECT COUNT(*) FROM devices WHERE token = ?15) = ?16"
 )
 """Insert the new pair if the counts its limits were decided on still hold."""
 

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import aiosqlite
 
 from sigil_push.store.preferences import ListChecks, UserList
+from sigil_push.store.records import CONTACTS_KIND, LIST_FLAGS, MUTE_LIST_KIND
 
 
 class SqliteUserLists(ListChecks):
@@ -31,6 +32,14 @@ class SqliteUserLists(ListChecks):
         )
         return bool(rows)
 
+    async def _flag_pairs(self, owners: Sequence[str]) -> None:
+        """SQLite writes one transaction at a time: a pair registered meanwhile is written
+        before this (and set here) or after it (and reads the lists stored here)."""
+        await self._db.executemany(
+            f"UPDATE devices SET list_flags = {LIST_FLAGS.format(pubkey='?1')} WHERE pubkey = ?1",
+            [(owner,) for owner in owners],
+        )
+
     async def _private_lists(self, wanted: Sequence[int]) -> dict[int, bytes]:
         rows = await self._db.execute_fetchall(
             f"SELECT id, muted FROM devices WHERE id IN ({','.join('?' * len(wanted))})"
@@ -39,11 +48,19 @@ class SqliteUserLists(ListChecks):
         )
         return {int(device_id): bytes(muted) for device_id, muted in rows}
 
-    async def _lists_of(self, owners: Sequence[str]) -> dict[tuple[str, int], bytes]:
+    async def _lists_of(
+        self, muting: Sequence[str], following: Sequence[str]
+    ) -> dict[tuple[str, int], bytes]:
+        # a condition per kind asked for, each searched in the primary key (an empty
+        # `IN ()` would make SQLite scan the table instead)
+        wanted = [
+            f"(kind = {kind} AND pubkey IN ({','.join('?' * len(owners))}))"
+            for kind, owners in ((MUTE_LIST_KIND, muting), (CONTACTS_KIND, following))
+            if owners
+        ]
         rows = await self._db.execute_fetchall(
-            "SELECT pubkey, kind, entries FROM user_lists"
-            f" WHERE pubkey IN ({','.join('?' * len(owners))})",
-            owners,
+            f"SELECT pubkey, kind, entries FROM user_lists WHERE {' OR '.join(wanted)}",
+            (*muting, *following),
         )
         return {(str(pubkey), int(kind)): bytes(entries) for pubkey, kind, entries in rows}
 
