@@ -12,6 +12,7 @@ import pytest
 from sigil_push import outbound
 from tests.support.nip98 import SdkUser
 from tests.support.service import ServiceProcess
+from tests.support.slow_marks import slow_reason
 
 # fixtures for every test module: the PostgreSQL server, the engine-parametrised stores and
 # services, relay and service processes, the provider fakes (fake APNs, FCM and UnifiedPush
@@ -32,8 +33,11 @@ def loopback_outbound() -> Iterator[None]:
     outbound.configure(previous)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def client(service: ServiceProcess) -> Iterator[httpx.Client]:
+    """One client per shared service: building one costs a TLS context (the CA bundle read,
+    tenths of a second under load), and the API sets no cookies, so tests cannot leak state
+    through it."""
     with httpx.Client(base_url=service.url, timeout=10) as http:
         yield http
 
@@ -66,26 +70,31 @@ class ApiCaller:
         return self.call("POST", "/register", user, body)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def api(client: httpx.Client, service: ServiceProcess) -> ApiCaller:
     return ApiCaller(client, service.url)
 
 
-PROCESS_FIXTURES = frozenset({"start_service", "start_relay", "workers", "parts", "spark"})
-"""Fixtures that start processes of the test's own (relays, `serve`, gated inboxes and signers,
-a Spark session): a test taking one is `slow` without saying so (tests/README.md)."""
+PROCESS_FIXTURES = frozenset({"workers", "spark"})
+"""Fixtures that hand a test processes it starts itself without starting one in their own
+code (`workers` collects the test's services, `spark` is the Spark session): a test taking one
+is `slow` without saying so. Fixtures and tests that start processes in their code are found by
+tests.support.slow_marks (README.md, Development)."""
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """`slow` on every test that starts processes through the fixtures above or runs Spark
-    (the `spark` marker); the tests sharing the `spark` session in one xdist group, so one
-    worker starts that JVM (about 1.5 GB, 30 s under load). Those running Spark in processes of
-    their own (the CLI, the standalone cluster) go to either worker."""
+    """`slow` on every test that starts processes or waits on real timers, by the fixtures above,
+    Spark (the `spark` marker) or its code (tests.support.slow_marks); the tests sharing the
+    `spark` session in one xdist group, so one worker starts that JVM (about 1.5 GB, 30 s under
+    load). Those running Spark in processes of their own (the CLI, the standalone cluster) go to
+    either worker."""
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
         spark = "spark" in names or item.get_closest_marker("spark") is not None
-        if spark or names & PROCESS_FIXTURES:
+        if spark or names & PROCESS_FIXTURES or (
+            item.get_closest_marker("slow") is None and slow_reason(item) is not None
+        ):
             item.add_marker(pytest.mark.slow)
         if "spark" in names:
             item.add_marker(pytest.mark.xdist_group("spark"))

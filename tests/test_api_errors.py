@@ -299,6 +299,7 @@ def test_per_ip_limit_spares_health_and_metrics(strict_api: ApiCaller, strict_se
     assert httpx.get(strict_service.admin_url + "/metrics", timeout=10).status_code == 200
 
 
+@pytest.mark.slow  # waits out the real busy and lock timeouts (5 s)
 def test_busy_storage_answers_503_with_retry_after(api: ApiCaller, service: ServiceProcess) -> None:
     """A database locked beyond the busy timeout is a temporary 503, never a 500, and one
     warning line in the log on either engine, not an unhandled error's traceback."""

@@ -34,6 +34,8 @@ from tests.support.postgres import PostgresServer
 
 LEASE_SECONDS = 2.0
 
+pytestmark = pytest.mark.slow  # the stories wait on real lease timers (LEASE_SECONDS)
+
 
 class Monitor:
     """Samples the leasers' local views and records every (shard, epoch) -> owner it sees."""

@@ -163,6 +163,7 @@ async def _respond(body: bytes) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": "application/nostr+json"})
 
 
+@pytest.mark.slow  # waits on the real NIP-11 fetch timeout
 async def test_nip11_slow_dribble_and_huge_body_are_cut_off() -> None:
     async def dribble(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "application/nostr+json"})
@@ -215,6 +216,7 @@ async def test_names_are_resolved_and_the_checked_address_pinned() -> None:
         assert dns.queries["relay.test"] >= 1
 
 
+@pytest.mark.slow  # waits on the real DNS timeout
 async def test_a_silent_name_server_stalls_nobody_and_its_lookups_end() -> None:
     """A name server that never answers once held the guard's 8 lookup threads after their
     callers gave up, stalling every new relay connection and UnifiedPush send. Lookups are

@@ -61,6 +61,7 @@ async def _slow_client(port: int, closed: list[float], started: float) -> None:
     writer.close()
 
 
+@pytest.mark.slow  # waits on the real request deadline
 async def test_slow_clients_are_closed_and_health_still_answers(api_port: int) -> None:
     closed: list[float] = []
     started = time.monotonic()

@@ -3,17 +3,50 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-from pyspark.sql import SparkSession
+from _pytest.mark.expression import Expression
 
 from tests.analytics.observation_logs import ObservationLog
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+SPARK_MODULE = "pytestmark = pytest.mark.spark"
+"""How a module says all its tests run Spark (so all are `slow`, see tests/conftest.py)."""
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "spark: needs a local SparkSession (PySpark and Java 17)")
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """A run that deselects `slow` (`-m "not slow"`) need not import the Spark modules: all
+    their tests are slow, and importing them (PySpark, matplotlib, the jobs) costs each xdist
+    worker about ten seconds of a loaded machine. Whatever other marks a test has, the
+    expression must leave it out either way."""
+    expression = config.getoption("markexpr", "")
+    if not expression or collection_path.suffix != ".py":
+        return None
+    if not collection_path.name.startswith("test_"):
+        return None
+    if SPARK_MODULE not in collection_path.read_text(encoding="utf-8"):
+        return None
+    compiled = Expression.compile(expression)
+    kept = any(compiled.evaluate(_marked_slow(other)) for other in (False, True))
+    return True if not kept else None
+
+
+def _marked_slow(other: bool) -> Callable[..., bool]:
+    """A mark matcher for a test marked `slow` and `spark`, and `other` for any further mark."""
+
+    def matches(name: str, /, **kwargs: object) -> bool:
+        return name in ("slow", "spark") or other
+
+    return matches
 
 
 @pytest.fixture(scope="session")
@@ -22,6 +55,8 @@ def spark() -> Iterator[SparkSession]:
 
     The jobs reuse an active session, so ``run_all`` runs in this one too.
     """
+    from pyspark.sql import SparkSession  # here: only runs that keep Spark tests pay for it
+
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     session = (
         SparkSession.builder.master("local[2]")

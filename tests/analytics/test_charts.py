@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import base64
+import importlib
+from types import ModuleType
 
-from analytics import charts
+import pytest
 
 HOSTILE = "wss://$\\frac{x$.example/<script>"
 LONG = "wss://" + "a" * 300 + ".example"
@@ -16,7 +18,14 @@ def _png(uri: str) -> bytes:
     return base64.b64decode(uri[len(prefix):])
 
 
-def test_math_text_and_long_urls_are_drawn_literally() -> None:
+@pytest.fixture(scope="module")
+def charts() -> ModuleType:
+    """`analytics.charts`, imported when the test runs: matplotlib costs seconds that every
+    xdist worker would otherwise pay while collecting."""
+    return importlib.import_module("analytics.charts")
+
+
+def test_math_text_and_long_urls_are_drawn_literally(charts: ModuleType) -> None:
     """A `$...$` would be parsed as a (here malformed) matplotlib formula and fail the
     figure; a 300-character URL would squeeze the plot to nothing."""
     assert charts.relay_labels([HOSTILE, LONG]) == [

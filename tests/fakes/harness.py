@@ -62,6 +62,21 @@ def credentials(tmp_path_factory: pytest.TempPathFactory) -> Credentials:
     return Credentials(folder, make_tls(folder), apns_key, apns_public)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def trust_the_test_ca(credentials: Credentials) -> Iterator[None]:
+    """Every TLS client of the session (and the processes it starts) trusts only the fakes' CA,
+    through SSL_CERT_FILE, which OpenSSL and httpx read: tests reach no other TLS server, and a
+    context loading one certificate costs a millisecond where the system or certifi bundle
+    costs tenths of a second under load, paid several times by every FCM and APNs sender."""
+    previous = os.environ.get("SSL_CERT_FILE")
+    os.environ["SSL_CERT_FILE"] = str(credentials.tls.ca_file)
+    yield
+    if previous is None:
+        os.environ.pop("SSL_CERT_FILE", None)
+    else:
+        os.environ["SSL_CERT_FILE"] = previous
+
+
 @pytest.fixture(scope="session")
 def fake_apns(credentials: Credentials) -> Iterator[FakeApns]:
     fake = FakeApns(credentials.tls.cert_file, credentials.tls.key_file, credentials.apns_public_key)
