@@ -1,5 +1,9 @@
 """`sigil-push analytics --master spark://…` on a real standalone cluster gives the same
-outputs, byte for byte, as the ``local[2]`` run on the same log."""
+outputs, byte for byte, as the ``local[2]`` run on the same log.
+
+It takes no `spark` fixture, so it stays out of the xdist group of the tests sharing that one
+session: its cluster and its own local session run beside that group instead of adding the
+suite's longest test to the group's serial time."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from analytics.run import run_all
+from analytics.session import analytics_session
 from tests.analytics.observation_logs import CONTRACT_COLUMNS, ObservationLog, network_log
 from tests.support.spark_cluster import StandaloneCluster
 
@@ -19,7 +24,12 @@ pytestmark = pytest.mark.spark
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_standalone_cluster_matches_local(spark: SparkSession, tmp_path: Path) -> None:
+def test_standalone_cluster_matches_local(tmp_path: Path) -> None:
+    with analytics_session("local[2]") as spark:
+        _cluster_matches_local(spark, tmp_path)
+
+
+def _cluster_matches_local(spark: SparkSession, tmp_path: Path) -> None:
     log = ObservationLog(tmp_path / "observations")
     network_log(log, relays=12, dms=150, hours=2)
     local_out, cluster_out = tmp_path / "local", tmp_path / "cluster"

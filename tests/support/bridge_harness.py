@@ -26,7 +26,7 @@ from tests.support.service import ServiceProcess
 
 WAKEUP = re.compile(r"dry-run wakeup platform=\S+ token=\S+ events=([0-9a-f,]+)")
 DEADLINE_SECONDS = 60.0
-"""Generous: two xdist workers on a machine shared by others can stretch a live relay-list
+"""Generous: xdist workers on a machine shared by others can stretch a live relay-list
 follow past 30 s (seen at load 12); a passing wait returns as soon as its condition holds."""
 
 
