@@ -24,7 +24,7 @@ from sigil_push.nostr.event import sign_event
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.observations import now_ms
 from sigil_push.store.postgres.migrate import available, migrate_connection
-from sigil_push.store.sqlite.database import migration_files, open_database
+from sigil_push.store.sqlite.database import open_database
 from sigil_push.store.sqlite.devices import Devices
 from sigil_push.store.sqlite.outbox import Outbox
 from tests.conftest import ApiCaller
@@ -40,6 +40,7 @@ from tests.fakes.harness import (
 from tests.support.bridge_harness import assert_private, relay_live
 from tests.support.nip98 import SdkUser
 from tests.support.nostr_client import kind4_dm, publish
+from tests.support.old_schema import sqlite_at
 from tests.support.processes import FAST_RECONNECT
 from tests.support.relay import RelayProcess
 from tests.support.service import ServiceProcess
@@ -308,18 +309,8 @@ async def test_a_dead_token_is_forgotten_even_if_the_push_named_a_signed_out_acc
 def _database_at_0004(path: Path) -> None:
     """A database as the previous release left it: migrations 0001-0004 and some rows,
     including a claimed wakeup (in flight at the last stop)."""
-    connection = sqlite3.connect(path, isolation_level=None)
+    connection = sqlite_at(path, 4)
     try:
-        connection.execute(
-            "CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL,"
-            " applied_at INTEGER NOT NULL)"
-        )
-        for version, name, sql in migration_files():
-            if version <= 4:
-                connection.executescript(
-                    f"BEGIN;\n{sql}\nINSERT INTO schema_migrations VALUES ({version}, '{name}', 0);"
-                    "\nCOMMIT;"
-                )
         connection.executemany(
             "INSERT INTO devices (id, pubkey, platform, token, payload, relays, webpush_p256dh,"
             " webpush_auth, registered_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",

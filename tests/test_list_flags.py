@@ -26,8 +26,9 @@ from sigil_push.store.interface import BridgeConnection
 from sigil_push.store.postgres.migrate import available, migrate_connection
 from sigil_push.store.preferences import list_owners
 from sigil_push.store.records import Device, PreferenceChange, Rules, pack_keys
-from sigil_push.store.sqlite.database import migration_files, open_database
+from sigil_push.store.sqlite.database import open_database
 from sigil_push.store.sqlite.devices import Devices
+from tests.support.old_schema import sqlite_at
 from tests.support.stores import sql_of
 
 
@@ -148,18 +149,8 @@ async def test_sqlite_0011_flags_the_pairs_of_stored_lists_and_keeps_muted_last(
     gets both flags, the one whose kind 10000 is empty none; every value stays, and `muted`
     is still the last column (reading the ones before it never walks its overflow pages)."""
     path = tmp_path / "old.db"
-    connection = sqlite3.connect(path, isolation_level=None)
+    connection = sqlite_at(path, 10)
     try:
-        connection.execute(
-            "CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL,"
-            " applied_at INTEGER NOT NULL)"
-        )
-        for version, name, sql in migration_files():
-            if version < 11:
-                connection.executescript(
-                    f"BEGIN;\n{sql}\nINSERT INTO schema_migrations VALUES ({version}, '{name}', 0);"
-                    "\nCOMMIT;"
-                )
         connection.executemany(
             f"INSERT INTO devices ({_PAIR_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", _PAIRS
         )

@@ -17,10 +17,11 @@ import pytest
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.store.postgres.devices import PostgresDevices
 from sigil_push.store.postgres.migrate import available, migrate_connection
-from sigil_push.store.sqlite.database import migration_files, open_database
+from sigil_push.store.sqlite.database import open_database
 from sigil_push.store.sqlite.devices import Devices
 from tests.conftest import ApiCaller
 from tests.support.nip98 import SdkUser
+from tests.support.old_schema import sqlite_at
 from tests.support.service import ServiceProcess
 
 BAD_KEYS = [
@@ -120,18 +121,8 @@ _OLD_COLUMNS = (
 
 
 def _sqlite_at_0007(path: Path) -> None:
-    connection = sqlite3.connect(path, isolation_level=None)
+    connection = sqlite_at(path, 7)
     try:
-        connection.execute(
-            "CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL,"
-            " applied_at INTEGER NOT NULL)"
-        )
-        for version, name, sql in migration_files():
-            if version < 8:
-                connection.executescript(
-                    f"BEGIN;\n{sql}\nINSERT INTO schema_migrations VALUES ({version}, '{name}', 0);"
-                    "\nCOMMIT;"
-                )
         connection.executemany(
             f"INSERT INTO devices ({_OLD_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", _OLD_ROWS
         )
