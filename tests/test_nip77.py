@@ -5,7 +5,6 @@ then says NEG-ERR): byte for byte, for an empty set, an id list and sixteen fing
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import random
@@ -28,6 +27,7 @@ from sigil_push.nostr.nip77 import (
     read_varint,
 )
 from tests.support.loopback_relay import LoopbackRelay
+from tests.support.nostr_client import sdk_dry_run_sync
 
 VARINTS = [(0, "00"), (1, "01"), (127, "7f"), (128, "8100"), (255, "817f"),
            (16_383, "ff7f"), (16_384, "818000"), (2**64 - 1, "81ffffffffffffffff7f")]
@@ -178,24 +178,11 @@ class _RecordsNegOpen(LoopbackRelay):
 
 async def _nostr_sdk_opening(items: list[tuple[str, int]]) -> str:
     async with _RecordsNegOpen() as recorder:
-        nostr_sdk.uniffi_set_event_loop(asyncio.get_running_loop())
-        client = nostr_sdk.Client()
-        try:
-            url = nostr_sdk.RelayUrl.parse(recorder.url)
-            await client.add_relay(url)
-            await client.connect()
-            relay = await client.relay(url)
-            negentropy_items = [nostr_sdk.NegentropyItem(
-                id=nostr_sdk.EventId.parse(event_id),
-                timestamp=nostr_sdk.Timestamp.from_secs(created_at),
-            ) for event_id, created_at in items]
-            options = nostr_sdk.SyncOptions().dry_run().initial_timeout(timedelta(seconds=5))
-            with pytest.raises(Exception, match="recorded"):
-                await relay.sync(nostr_sdk.Filter().kinds([nostr_sdk.Kind(4)]),
-                                 negentropy_items, options)
-        finally:
-            await client.disconnect()
-            nostr_sdk.uniffi_set_event_loop(None)
+        options = nostr_sdk.SyncOptions().dry_run().initial_timeout(timedelta(seconds=5))
+        with pytest.raises(Exception, match="recorded"):
+            await sdk_dry_run_sync(
+                recorder.url, nostr_sdk.Filter().kinds([nostr_sdk.Kind(4)]), items, options
+            )
     assert len(recorder.opened) == 1
     return recorder.opened[0]
 

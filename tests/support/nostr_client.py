@@ -4,6 +4,7 @@ plain websocket publisher that waits for the relay's OK (so a test knows the eve
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -75,3 +76,30 @@ async def publish(relay_url: str, *events: dict[str, Any]) -> None:
                     if not answer[2] and not str(answer[3]).startswith("duplicate"):
                         raise PublishRefused(str(answer[3]))
                     break
+
+
+async def sdk_dry_run_sync(
+    relay_url: str, query: nostr_sdk.Filter, items: dict[str, int] | list[tuple[str, int]],
+    options: nostr_sdk.SyncOptions,
+) -> nostr_sdk.Reconciliation:
+    """nostr-sdk's own NIP-77 client reconciling `items` (id → created_at) against
+    `relay_url`: the independent side our negentropy client is checked against."""
+    pairs = items.items() if isinstance(items, dict) else items
+    nostr_sdk.uniffi_set_event_loop(asyncio.get_running_loop())
+    client = nostr_sdk.Client()
+    try:
+        url = nostr_sdk.RelayUrl.parse(relay_url)
+        await client.add_relay(url)
+        await client.connect()
+        relay = await client.relay(url)
+        negentropy_items = [
+            nostr_sdk.NegentropyItem(
+                id=nostr_sdk.EventId.parse(event_id),
+                timestamp=nostr_sdk.Timestamp.from_secs(created_at),
+            )
+            for event_id, created_at in pairs
+        ]
+        return await relay.sync(query, negentropy_items, options)
+    finally:
+        await client.disconnect()
+        nostr_sdk.uniffi_set_event_loop(None)
