@@ -27,10 +27,9 @@ import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.push_cost import fill
 from sigil_push.config import LimitsConfig, PushConfig
 from sigil_push.delivery import Delivery
-from sigil_push.nostr.event import sign_event
-from sigil_push.nostr.keys import SecretKey
 from sigil_push.observations import ObservationLog, now_ms
 from sigil_push.push.base import Outcome, Status, WakeupMessage
 from sigil_push.server import tune_gc
@@ -39,7 +38,6 @@ from sigil_push.store.sqlite.database import open_database
 from sigil_push.store.sqlite.devices import Devices
 from sigil_push.store.sqlite.outbox import Outbox
 
-DEVICES = 2000
 ACCEPTED = Outcome(Status.ACCEPTED)
 
 
@@ -57,23 +55,6 @@ class NextTick:
 
     async def close(self) -> None:
         return None
-
-
-async def fill(database: Path, pushes: int) -> None:
-    """`pushes` event_id wakeups for DEVICES iOS devices (as bench/push_cost.py fills)."""
-    db = await open_database(database)
-    store, outbox = Devices(db), Outbox(db)
-    recipient, sender_key = SecretKey.generate(), SecretKey.generate()
-    devices = [
-        (await store.register(recipient.public_key_hex, "ios", os.urandom(32).hex(), "event_id",
-                              (), None, 0)).device
-        for _ in range(DEVICES)
-    ]
-    seen = now_ms()
-    for i in range(pushes):
-        event = sign_event(sender_key, 4, f"m{i}", [["p", recipient.public_key_hex]])
-        await outbox.enqueue(event, "wss://relay.example.com", seen, [devices[i % DEVICES]])
-    await db.close()
 
 
 async def drain(database: Path) -> None:
