@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from http import HTTPStatus
 
 import pytest
@@ -249,17 +251,24 @@ async def test_a_silent_name_server_stalls_nobody_and_its_lookups_end() -> None:
             outbound.use_nameservers(None)
 
 
+@asynccontextmanager
+async def redirecting_to(location: str) -> AsyncIterator[int]:
+    """A websocket server on a port of its own (yielded) answering every handshake with a 302
+    to `location`: a relay trying to send the bridge somewhere else."""
+
+    def redirect(connection: ServerConnection, request: Request) -> Response:
+        response = connection.respond(HTTPStatus.FOUND, "")
+        response.headers["Location"] = location
+        return response
+
+    async with serve(lambda ws: ws.close(), "127.0.0.1", 0, process_request=redirect) as server:
+        yield next(iter(server.sockets)).getsockname()[1]
+
+
 async def test_websocket_redirect_is_not_followed() -> None:
     """Even under the test switch (where nothing is pinned), a relay's 302 ends the attempt."""
     async with hostile_relay() as target:
-
-        def redirect(connection: ServerConnection, request: Request) -> Response:
-            response = connection.respond(HTTPStatus.FOUND, "")
-            response.headers["Location"] = target.url
-            return response
-
-        async with serve(lambda ws: ws.close(), "127.0.0.1", 0, process_request=redirect) as server:
-            port = next(iter(server.sockets)).getsockname()[1]
+        async with redirecting_to(target.url) as port:
             with pytest.raises(InvalidStatus):
                 async with open_relay_socket(f"ws://127.0.0.1:{port}", OutboundGuard(allow_private=True)):
                     pass
@@ -285,14 +294,7 @@ async def test_canary_publishing_goes_through_the_guard() -> None:
     (up to 10 of them) wherever it pointed; now a redirect ends the publish as `connect`, and
     the strict guard refuses a loopback relay outright."""
     async with hostile_relay() as target:
-
-        def redirect(connection: ServerConnection, request: Request) -> Response:
-            response = connection.respond(HTTPStatus.FOUND, "")
-            response.headers["Location"] = target.url
-            return response
-
-        async with serve(lambda ws: ws.close(), "127.0.0.1", 0, process_request=redirect) as server:
-            port = next(iter(server.sockets)).getsockname()[1]
+        async with redirecting_to(target.url) as port:
             key = SecretKey.generate()
             event = sign_event(key, 4, "probe", [["p", key.public_key_hex]])
             result = await publish(f"ws://127.0.0.1:{port}", event, BridgeKeySigner(key), 10.0)
