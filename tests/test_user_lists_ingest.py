@@ -12,37 +12,24 @@ from typing import Any
 
 import nostr_sdk
 from prometheus_client import REGISTRY
-from websockets.asyncio.server import ServerConnection
-from websockets.exceptions import ConnectionClosed
 
+from tests.adversarial.hostile_relay import ReplayRelay
 from tests.fakes.harness import eventually
 from tests.support.in_process import in_process_bridge
-from tests.support.loopback_relay import LoopbackRelay
 from tests.support.stores import Engine, fetch
 
 DEADLINE = 60.0
 
 
-class ListRelay(LoopbackRelay):
-    """Answers each REQ with EOSE and then its events (so they arrive live)."""
+class ListRelay(ReplayRelay):
+    """Answers each REQ with EOSE and then its events (so they arrive live), taking frames of
+    any size (the hostile lists are larger than websockets' default 1 MiB)."""
 
     def __init__(self) -> None:
-        self.events: list[dict[str, Any]] = []
+        super().__init__([])
 
     def _serve_options(self) -> dict[str, Any]:
         return {"max_size": None}
-
-    async def _handle(self, ws: ServerConnection) -> None:
-        try:
-            async for text in ws:
-                message = json.loads(text)
-                if message[0] != "REQ":
-                    continue
-                await ws.send(json.dumps(["EOSE", message[1]]))
-                for event in self.events:
-                    await ws.send(json.dumps(["EVENT", message[1], event]))
-        except ConnectionClosed:
-            return
 
 
 def _signed(owner: nostr_sdk.Keys, kind: int, tags: list[list[str]], created_at: int) -> dict[str, Any]:
