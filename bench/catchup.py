@@ -12,9 +12,11 @@ NIP-77, 500 events per filter, no NIP-11) and `nostr-relay` (no NIP-77). For eac
    before the window, as for users registered days ago (a firehose catch-up wakes a device only
    for DMs not older than its registration);
 3. outage: the bridge stops, 1 % new DMs arrive (back-dated like gift wraps), it starts again
-   and catches up with negentropy (bridge.negentropy = true); then another 1 % with
-   bridge.negentropy = false: a full paged REQ replay of the window. On nostr-relay the first
-   restart tries NIP-77 and falls back (no answer within 4 s).
+   and catches up with negentropy (bridge.negentropy = true); then the same again
+   (`negentropy_again`: a restart after a process that caught up with negentropy, so its
+   stored snapshot of the window's items is there, as on any later restart); then another
+   1 % with bridge.negentropy = false: a full paged REQ replay of the window. On nostr-relay
+   the first restart tries NIP-77 and falls back (no answer within 4 s).
 
 Measured for each catch-up, from the restart until every new DM is in the outbox and every
 REQ and page is past EOSE: bytes and websocket frames from the relay (a counting TCP proxy in
@@ -50,6 +52,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from prometheus_client import REGISTRY
 from websockets.asyncio.client import connect
 
 from sigil_push import outbound
@@ -218,6 +221,13 @@ def process_cpu(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def snapshot_loads() -> dict[str, float]:
+    """sigil_push_catchup_snapshot_loads_total by outcome (none before snapshots existed)."""
+    return {sample.labels["outcome"]: sample.value
+            for family in REGISTRY.collect() if family.name == "sigil_push_catchup_snapshot_loads"
+            for sample in family.samples if sample.name.endswith("_total")}
+
+
 async def outbox_counts(db: Any) -> dict[str, int]:
     rows = await db.execute_fetchall("SELECT event_id, COUNT(*) FROM outbox GROUP BY event_id")
     return {str(event_id): int(count) for event_id, count in rows}
@@ -234,6 +244,7 @@ async def run_bridge(
     DMs meanwhile, let it reconnect, and measure that catch-up too (`reconnect` in the
     figures): the same process, so what it kept from the first catch-up is still there.
     `profile`: cProfile of the restart's catch-up there, of the reconnect's beside it."""
+    loads_before = snapshot_loads()
     profiler = cProfile.Profile() if profile is not None else None
     if profiler is not None:
         profiler.enable()
@@ -260,6 +271,8 @@ async def run_bridge(
             profiler.disable()
             profiler.dump_stats(profile)
             profiler = cProfile.Profile()
+        loads = {outcome: count - loads_before.get(outcome, 0)
+                 for outcome, count in snapshot_loads().items()}
         queued = await outbox_counts(parts.db)
         pool = parts.bridge._pool
         method = "negentropy" if pool.negentropy_support.get(url) else "req"
@@ -307,6 +320,7 @@ async def run_bridge(
         "history_pushed": sum(
             1 for event_id in history if queued.get(event_id, 0) > before.get(event_id, 0)
         ),
+        "snapshot_loads": {outcome: count for outcome, count in loads.items() if count},
         "queued": queued,
         **({"reconnect": again} if again is not None else {}),
     }
@@ -358,7 +372,8 @@ async def bench_relay(
         with sqlite3.connect(folder / "bench.db") as database:
             database.execute("UPDATE devices SET registered_at = registered_at - ?", (5 * 86400,))
         report["new_dms_per_outage"] = new or max(1, dms // 100)
-        outages = [("negentropy_first", True, 2), ("paged_req", False, 3)][: 2 if replay else 1]
+        outages = [("negentropy_first", True, 2), ("negentropy_again", True, 4),
+                   ("paged_req", False, 3)][: 3 if replay else 2]
         for name, negentropy, seed in outages:
             fresh = dataset(recipients, report["new_dms_per_outage"], int(time.time()), seed=seed)
             await publish(relay.url, fresh)

@@ -31,21 +31,24 @@ def _loads(outcome: str) -> float:
 
 async def _age_rows(store: SqliteStore | PostgresStore, seconds: int) -> None:
     """Date every catch-up row's write back (so a cut now lies after all of them)."""
-    await sql_of(store).execute("UPDATE catchup_items SET noted_at = noted_at - ?", (seconds,))
+    await sql_of(store).execute(
+        "UPDATE catchup_items SET noted_ms = noted_ms - ?", (seconds * 1000,)
+    )
 
 
 async def test_the_store_keeps_one_snapshot_per_relay_and_scope_and_prunes_it(
     store: SqliteStore | PostgresStore, database: str, tmp_path: Path
 ) -> None:
     now = int(time.time())
+    ms = now * 1000
     async with bridge_link(database, tmp_path) as link:
         catchup = link.catchup
         assert await catchup.snapshot(RELAY, FIREHOSE_SCOPE) is None
         async with link.transaction():
-            await catchup.save_snapshot(RELAY, FIREHOSE_SCOPE, now - 10, b"first")
-            await catchup.save_snapshot(RELAY, FIREHOSE_SCOPE, now - 5, b"second")
-            await catchup.save_snapshot(OTHER, FIREHOSE_SCOPE, now - 7200, b"old")
-        assert await catchup.snapshot(RELAY, FIREHOSE_SCOPE) == (now - 5, b"second")
+            await catchup.save_snapshot(RELAY, FIREHOSE_SCOPE, ms - 10_000, b"first")
+            await catchup.save_snapshot(RELAY, FIREHOSE_SCOPE, ms - 5_000, b"second")
+            await catchup.save_snapshot(OTHER, FIREHOSE_SCOPE, ms - 7_200_000, b"old")
+        assert await catchup.snapshot(RELAY, FIREHOSE_SCOPE) == (ms - 5_000, b"second")
         assert await catchup.snapshot(RELAY, "shard") is None
 
         async with link.transaction():
@@ -53,14 +56,14 @@ async def test_the_store_keeps_one_snapshot_per_relay_and_scope_and_prunes_it(
         await _age_rows(store, 20)
         async with link.transaction():
             await catchup.add([(RELAY, ALICE, _id(3), now - 3000), (OTHER, BOB, _id(4), now)])
-        assert await catchup.noted_since(RELAY, now - 1, 0) == [(ALICE, _id(3), now - 3000)]
-        assert await catchup.noted_since(RELAY, now - 1, now - 2000) == []
-        assert len(await catchup.noted_since(RELAY, now - 30, 0)) == 3
+        assert await catchup.noted_since(RELAY, ms - 1000, 0) == [(ALICE, _id(3), now - 3000)]
+        assert await catchup.noted_since(RELAY, ms - 1000, now - 2000) == []
+        assert len(await catchup.noted_since(RELAY, ms - 30_000, 0)) == 3
 
         async with link.transaction():
             await catchup.prune(now - 3600)
         assert await catchup.snapshot(OTHER, FIREHOSE_SCOPE) is None, "cut before the window"
-        assert await catchup.snapshot(RELAY, FIREHOSE_SCOPE) == (now - 5, b"second")
+        assert await catchup.snapshot(RELAY, FIREHOSE_SCOPE) == (ms - 5_000, b"second")
 
 
 async def _noted_window(link: BridgeConnection, now: int, count: int) -> dict[str, int]:
@@ -92,7 +95,7 @@ async def test_a_restart_reads_the_snapshot_and_only_the_rows_written_since(
         await first.flush()
         await first.save_snapshots(final=True)
         stored = await link.catchup.snapshot(RELAY, FIREHOSE_SCOPE)
-        assert stored is not None and now - 2 <= stored[0] <= int(time.time())
+        assert stored is not None and now * 1000 <= stored[0] <= time.time() * 1000
         assert len(SnapshotItems(stored[1])) == 301
 
         await _age_rows(store, 20)
@@ -161,13 +164,13 @@ async def test_a_snapshot_that_cannot_serve_falls_back_to_reading_the_window(
         window = await _noted_window(link, now, 50)
         pairs = sorted((at, bytes.fromhex(event_id)) for event_id, at in window.items())
         data = encode_snapshot(pairs)
-        cut = now
+        cut = now * 1000
         if damage == "corrupt":
             data = data[:100] + bytes([data[100] ^ 1]) + data[101:]
         elif damage == "oversized":
             monkeypatch.setattr(catchup_ledger, "MAX_SNAPSHOT_ITEMS", 10)
         else:
-            cut = now - 7200
+            cut = (now - 7200) * 1000
         async with link.transaction():
             await link.catchup.save_snapshot(RELAY, FIREHOSE_SCOPE, cut, data)
         ledger = CatchupLedger(3600)

@@ -160,10 +160,10 @@ class PostgresCatchupItems:
     async def add(self, rows: Sequence[tuple[str, str, str, int]]) -> None:
         if rows:
             await self._db.run(
-                "INSERT INTO catchup_items (relay, pubkey, event_id, created_at, noted_at)"
+                "INSERT INTO catchup_items (relay, pubkey, event_id, created_at, noted_ms)"
                 " SELECT *, $5::bigint FROM unnest($1::text[], $2::text[], $3::text[],"
                 " $4::bigint[]) ON CONFLICT DO NOTHING",
-                *_columns(rows), int(time.time()),
+                *_columns(rows), int(time.time() * 1000),
             )
 
     async def items(
@@ -201,30 +201,30 @@ class PostgresCatchupItems:
         return catchup_rows(rows)
 
     async def noted_since(
-        self, relay: str, noted_at: int, since: int
+        self, relay: str, noted_ms: int, since: int
     ) -> list[tuple[str, str, int]]:
         rows = await self._db.fetch(
             "SELECT pubkey, event_id, created_at FROM catchup_items"
-            " WHERE relay = $1 AND noted_at >= $2 AND created_at >= $3",
-            relay, noted_at, since,
+            " WHERE relay = $1 AND noted_ms >= $2 AND created_at >= $3",
+            relay, noted_ms, since,
         )
         return catchup_rows(rows)
 
     async def snapshot(self, relay: str, scope: str) -> tuple[int, bytes] | None:
         rows = await self._db.fetch(
-            "SELECT cut, data FROM catchup_snapshots WHERE relay = $1 AND scope = $2",
+            "SELECT cut_ms, data FROM catchup_snapshots WHERE relay = $1 AND scope = $2",
             relay, scope,
         )
-        return (int(rows[0]["cut"]), bytes(rows[0]["data"])) if rows else None
+        return (int(rows[0]["cut_ms"]), bytes(rows[0]["data"])) if rows else None
 
-    async def save_snapshot(self, relay: str, scope: str, cut: int, data: bytes) -> None:
+    async def save_snapshot(self, relay: str, scope: str, cut_ms: int, data: bytes) -> None:
         await self._db.run(
-            "INSERT INTO catchup_snapshots (relay, scope, cut, data) VALUES ($1, $2, $3, $4)"
-            " ON CONFLICT (relay, scope) DO UPDATE SET cut = excluded.cut, data = excluded.data",
-            relay, scope, cut, data,
+            "INSERT INTO catchup_snapshots (relay, scope, cut_ms, data) VALUES ($1, $2, $3, $4)"
+            " ON CONFLICT (relay, scope) DO UPDATE SET cut_ms = excluded.cut_ms, data = excluded.data",
+            relay, scope, cut_ms, data,
         )
 
     async def prune(self, cutoff: int) -> int:
         removed = await self._db.run("DELETE FROM catchup_items WHERE created_at < $1", cutoff)
-        await self._db.run("DELETE FROM catchup_snapshots WHERE cut < $1", cutoff)
+        await self._db.run("DELETE FROM catchup_snapshots WHERE cut_ms < $1", cutoff * 1000)
         return removed

@@ -161,11 +161,11 @@ class SqliteCatchupItems:
         self._db = db
 
     async def add(self, rows: Sequence[tuple[str, str, str, int]]) -> None:
-        noted_at = int(time.time())
+        noted_ms = int(time.time() * 1000)
         await self._db.executemany(
-            "INSERT INTO catchup_items (relay, pubkey, event_id, created_at, noted_at)"
+            "INSERT INTO catchup_items (relay, pubkey, event_id, created_at, noted_ms)"
             " VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-            [(*row, noted_at) for row in rows],
+            [(*row, noted_ms) for row in rows],
         )
 
     async def items(
@@ -196,27 +196,27 @@ class SqliteCatchupItems:
         return found
 
     async def noted_since(
-        self, relay: str, noted_at: int, since: int
+        self, relay: str, noted_ms: int, since: int
     ) -> list[tuple[str, str, int]]:
         rows = await self._db.execute_fetchall(
             "SELECT pubkey, event_id, created_at FROM catchup_items"
-            " WHERE relay = ? AND noted_at >= ? AND created_at >= ?",
-            (relay, noted_at, since),
+            " WHERE relay = ? AND noted_ms >= ? AND created_at >= ?",
+            (relay, noted_ms, since),
         )
         return catchup_rows(rows)
 
     async def snapshot(self, relay: str, scope: str) -> tuple[int, bytes] | None:
         rows = list(await self._db.execute_fetchall(
-            "SELECT cut, data FROM catchup_snapshots WHERE relay = ? AND scope = ?",
+            "SELECT cut_ms, data FROM catchup_snapshots WHERE relay = ? AND scope = ?",
             (relay, scope),
         ))
         return (int(rows[0][0]), bytes(rows[0][1])) if rows else None
 
-    async def save_snapshot(self, relay: str, scope: str, cut: int, data: bytes) -> None:
+    async def save_snapshot(self, relay: str, scope: str, cut_ms: int, data: bytes) -> None:
         await self._db.execute(
-            "INSERT INTO catchup_snapshots (relay, scope, cut, data) VALUES (?, ?, ?, ?)"
-            " ON CONFLICT (relay, scope) DO UPDATE SET cut = excluded.cut, data = excluded.data",
-            (relay, scope, cut, data),
+            "INSERT INTO catchup_snapshots (relay, scope, cut_ms, data) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT (relay, scope) DO UPDATE SET cut_ms = excluded.cut_ms, data = excluded.data",
+            (relay, scope, cut_ms, data),
         )
 
     async def prune(self, cutoff: int) -> int:
@@ -225,5 +225,5 @@ class SqliteCatchupItems:
         )
         removed = int(cursor.rowcount)
         await cursor.close()
-        await self._db.execute("DELETE FROM catchup_snapshots WHERE cut < ?", (cutoff,))
+        await self._db.execute("DELETE FROM catchup_snapshots WHERE cut_ms < ?", (cutoff * 1000,))
         return removed
