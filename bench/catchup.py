@@ -237,7 +237,7 @@ async def run_bridge(
     folder: Path, url: str, negentropy: bool, new_ids: set[str], keys: int,
     proxy: CountingProxy, relay_pid: int | None, history: set[str], before: dict[str, int],
     reconnect: tuple[str, list[dict[str, Any]]] | None = None,
-    profile: Path | None = None,
+    profile: Path | None = None, seen_cache: int | None = None,
 ) -> dict[str, Any]:
     """Start the bridge; until every `new_ids` is queued and the relay is live; the figures.
     With `reconnect` (the relay's own url, DMs): then cut the bridge's sockets, publish those
@@ -251,7 +251,9 @@ async def run_bridge(
     bytes0, frames0, proxy_cpu0 = proxy.bytes, proxy.frames, proxy.cpu
     relay_cpu0 = process_cpu(relay_pid)
     cpu0, wall0 = time.process_time(), time.monotonic()
-    bridge_table = {"negentropy": negentropy, "reconnect_min_seconds": 0.2}
+    bridge_table: dict[str, Any] = {"negentropy": negentropy, "reconnect_min_seconds": 0.2}
+    if seen_cache is not None:
+        bridge_table["seen_cache_size"] = seen_cache
     async with in_process_bridge(folder, "bench.db", [{"url": url}], bridge_table) as parts:
         while True:
             health = parts.bridge.health().get(url, {})
@@ -329,6 +331,7 @@ async def run_bridge(
 async def bench_relay(
     kind: str, keys: int, dms: int, folder: Path, new: int | None = None,
     replay: bool = True, profile: Path | None = None, lmdb: bool = False,
+    seen_cache: int | None = None,
 ) -> dict[str, Any]:
     """One relay's figures; `new` DMs per outage (default 1 % of `dms`); `replay` false skips
     the paged REQ replay; `profile` writes a cProfile of the negentropy catch-up there."""
@@ -360,9 +363,11 @@ async def bench_relay(
             "relay": kind, "keys": keys, "dms_in_window": dms,
             **({"relay_store": "lmdb"} if lmdb and kind == "rust" else {}),
             "generate_seconds": round(generated, 1), "publish_seconds": round(published, 1),
+            **({"seen_cache_size": seen_cache} if seen_cache is not None else {}),
         }
         report["baseline"] = await run_bridge(
-            folder, url, True, set(), keys, proxy, relay_pid, history_ids, {}
+            folder, url, True, set(), keys, proxy, relay_pid, history_ids, {},
+            seen_cache=seen_cache,
         )
         queued = report["baseline"].pop("queued")
         # with more than bridge.firehose_above_keys keys the relay is read as a firehose,
@@ -384,7 +389,7 @@ async def bench_relay(
                 ))
             report[name] = await run_bridge(
                 folder, url, negentropy, {e["id"] for e in fresh}, keys, proxy, relay_pid,
-                history_ids, queued, later, profile if negentropy else None,
+                history_ids, queued, later, profile if negentropy else None, seen_cache,
             )
             if later is not None:
                 history_ids |= {e["id"] for e in later[1]}
@@ -416,6 +421,9 @@ async def main() -> None:
     parser.add_argument("--lmdb", action="store_true",
                         help="rust-nostr's relay keeps its events in LMDB (its in-memory store"
                         " keeps about 75,000)")
+    parser.add_argument("--seen-cache", type=int, default=None,
+                        help="bridge.seen_cache_size (default the config's): a restart warms"
+                        " that many seen ids, a cost apart from the catch-up's")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where the JSON goes")
     parser.add_argument("--log", default="WARNING", help="log level of sigil_push")
     arguments = parser.parse_args()
@@ -432,6 +440,7 @@ async def main() -> None:
             report = await bench_relay(
                 kind, arguments.keys, dms, Path(folder) / kind, arguments.new,
                 not arguments.no_replay, arguments.profile, arguments.lmdb,
+                arguments.seen_cache,
             )
             print(json.dumps(report, indent=2), flush=True)
             runs.append(report)
