@@ -36,7 +36,7 @@ def encode_relay_lists(lists: Sequence[StoredRelayList]) -> list[tuple[str, int,
 def seen_row(row: Any) -> SeenRow:
     """(event id, first relay, further relay or NULL) of a `seen_events` join."""
     event_id, first, further = row
-    return str(event_id), str(first), None if further is None else str(further)
+    return bytes(event_id), str(first), None if further is None else str(further)
 
 
 def catchup_items(rows: Iterable[Any]) -> dict[str, int]:

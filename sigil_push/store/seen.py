@@ -65,7 +65,7 @@ class SeenEvents:
             # round trip, where a size seen before reuses the prepared statement
             size = min(LOOKUP_CHUNK, max(8, 1 << (len(chunk) - 1).bit_length()))
             chunk += [chunk[-1]] * (size - len(chunk))
-            self._remember_rows(await self._rows.lookup(chunk))
+            self._remember_rows(await self._rows.lookup(list(map(bytes.fromhex, chunk))))
 
     def first_delivery(
         self, event_id: str, relay: str, pending: dict[str, tuple[str, ...]]
@@ -93,7 +93,8 @@ class SeenEvents:
         self._relays.trim()
 
     def _remember_rows(self, rows: Iterable[SeenRow]) -> None:
-        for event_id, first, further in rows:
+        for packed_id, first, further in rows:
+            event_id = packed_id.hex()
             for relay in first.split(RELAY_SEPARATOR):
                 self._remember(event_id, relay)
             if further is not None:
@@ -132,9 +133,10 @@ class SeenEvents:
         if new_events:
             # the later of arrival and created_at, plus retention, within int64
             keep, most, join = self._retention, MAX_KEEP_UNTIL, RELAY_SEPARATOR.join
+            packed = bytes.fromhex
             await self._rows.insert(
                 [
-                    (i, relays[0] if len(relays) == 1 else join(relays),
+                    (packed(i), relays[0] if len(relays) == 1 else join(relays),
                      min(max(ms // 1000, c) + keep, most))
                     for i, relays, ms, c in new_events
                 ],
@@ -147,7 +149,7 @@ class SeenEvents:
                     relays.append(relay)
             await self._rows.append_relays(
                 [
-                    (RELAY_SEPARATOR + RELAY_SEPARATOR.join(relays), event_id)
+                    (RELAY_SEPARATOR + RELAY_SEPARATOR.join(relays), bytes.fromhex(event_id))
                     for event_id, relays in grouped.items()
                 ],
             )

@@ -105,6 +105,9 @@ class PostgresRelayState:
 
 
 _SEEN_COLUMNS = "SELECT e.event_id, e.relay, r.relay"
+_LEGACY_ROW = "r.event_id = encode(e.event_id, 'hex')"
+"""`seen_on_relay` (only read: written by releases before further relays were appended to
+`seen_events` rows) keeps its ids as hex text."""
 
 
 class PostgresSeenRows:
@@ -117,29 +120,29 @@ class PostgresSeenRows:
         rows = await self._db.fetch(
             f"{_SEEN_COLUMNS} FROM (SELECT event_id, relay, keep_until FROM seen_events"
             " ORDER BY keep_until DESC LIMIT $1) e LEFT JOIN seen_on_relay r"
-            " ON r.event_id = e.event_id ORDER BY e.keep_until",
+            f" ON {_LEGACY_ROW} ORDER BY e.keep_until",
             limit,
         )
         return [seen_row(row) for row in rows]
 
-    async def lookup(self, event_ids: Sequence[str]) -> list[SeenRow]:
+    async def lookup(self, event_ids: Sequence[bytes]) -> list[SeenRow]:
         rows = await self._db.fetch(
             f"{_SEEN_COLUMNS} FROM seen_events e LEFT JOIN seen_on_relay r"
-            f" ON r.event_id = e.event_id WHERE e.event_id IN ({_marks(1, len(event_ids))})",
+            f" ON {_LEGACY_ROW} WHERE e.event_id IN ({_marks(1, len(event_ids))})",
             *event_ids,
         )
         return [seen_row(row) for row in rows]
 
-    async def insert(self, rows: Sequence[tuple[str, str, int]]) -> None:
+    async def insert(self, rows: Sequence[tuple[bytes, str, int]]) -> None:
         if rows:
             await self._db.run(
                 "INSERT INTO seen_events (event_id, relay, keep_until)"
-                " SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])"
+                " SELECT * FROM unnest($1::bytea[], $2::text[], $3::bigint[])"
                 " ON CONFLICT DO NOTHING",
                 *_columns(rows),
             )
 
-    async def append_relays(self, rows: Sequence[tuple[str, str]]) -> None:
+    async def append_relays(self, rows: Sequence[tuple[str, bytes]]) -> None:
         await self._db.many(
             "UPDATE seen_events SET relay = relay || $1 WHERE event_id = $2", rows
         )

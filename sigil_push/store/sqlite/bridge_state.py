@@ -106,8 +106,15 @@ class SqliteRelayState:
         await self._db.executemany(BOOKKEEPING_SQL[op], rows)
 
 
+_LEGACY_ROW = "r.event_id = lower(hex(e.event_id))"
+"""`seen_on_relay` (only read: written by releases before further relays were appended to
+`seen_events` rows) keeps its ids as hex text."""
+
+
 class SqliteSeenRows:
-    """`SeenRows` on one aiosqlite connection."""
+    """`SeenRows` on one aiosqlite connection: a rowid table in arrival order with the ids'
+    32 bytes under a unique index (migrations/0014_seen_ids_in_arrival_order.sql: an insert
+    dirties the pages at the ends of the table and the expiry index, not random ones)."""
 
     def __init__(self, db: aiosqlite.Connection) -> None:
         self._db = db
@@ -116,27 +123,27 @@ class SqliteSeenRows:
         rows = await self._db.execute_fetchall(
             "SELECT e.event_id, e.relay, r.relay FROM (SELECT event_id, relay, keep_until"
             " FROM seen_events ORDER BY keep_until DESC LIMIT ?) e LEFT JOIN seen_on_relay r"
-            " ON r.event_id = e.event_id ORDER BY e.keep_until",
+            f" ON {_LEGACY_ROW} ORDER BY e.keep_until",
             (limit,),
         )
         return [seen_row(row) for row in rows]
 
-    async def lookup(self, event_ids: Sequence[str]) -> list[SeenRow]:
+    async def lookup(self, event_ids: Sequence[bytes]) -> list[SeenRow]:
         rows = await self._db.execute_fetchall(
             "SELECT e.event_id, e.relay, r.relay FROM seen_events e LEFT JOIN seen_on_relay r"
-            f" ON r.event_id = e.event_id WHERE e.event_id IN ({','.join('?' * len(event_ids))})",
+            f" ON {_LEGACY_ROW} WHERE e.event_id IN ({','.join('?' * len(event_ids))})",
             event_ids,
         )
         return [seen_row(row) for row in rows]
 
-    async def insert(self, rows: Sequence[tuple[str, str, int]]) -> None:
+    async def insert(self, rows: Sequence[tuple[bytes, str, int]]) -> None:
         await self._db.executemany(
             "INSERT INTO seen_events (event_id, relay, keep_until) VALUES (?, ?, ?)"
             " ON CONFLICT DO NOTHING",
             rows,
         )
 
-    async def append_relays(self, rows: Sequence[tuple[str, str]]) -> None:
+    async def append_relays(self, rows: Sequence[tuple[str, bytes]]) -> None:
         await self._db.executemany(
             "UPDATE seen_events SET relay = relay || ? WHERE event_id = ?", rows
         )
