@@ -9,6 +9,16 @@
 -- (keep_until, event_id), and one second's rows all share a keep_until. `unhex` is
 -- registered by the migration runner (store/sqlite/database.py): SQLite has it only from 3.41.
 --
+-- outbox: a wakeup's uniqueness per (device, event) was a second index keyed by the random id
+-- (some 76 bytes an entry, random like the old seen_events). One process owns a SQLite file
+-- (store/sqlite/coordination.py) and its committer hands an event to the outbox only in the
+-- transaction that records it in seen_events, after finding it in neither its memory nor
+-- that table: an event's wakeups are written once without the constraint. PostgreSQL keeps
+-- it: several workers overlap on a shard during a hand-over and rely on it. The outbox keeps
+-- an index on device_id alone, for the claim's join and a device's deletion. Rebuilt (SQLite
+-- cannot drop a table constraint) with its ids and its AUTOINCREMENT sequence (0007: ids
+-- are never reused).
+--
 -- The PostgreSQL schema stores the ids as bytea too (migrations/postgres/0014_...).
 
 CREATE TABLE seen_events_in_order (
@@ -22,3 +32,29 @@ INSERT INTO seen_events_in_order (event_id, relay, keep_until)
 DROP TABLE seen_events;
 ALTER TABLE seen_events_in_order RENAME TO seen_events;
 CREATE INDEX seen_events_by_expiry ON seen_events (keep_until);
+
+CREATE TABLE outbox_by_device (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    device_id INTEGER NOT NULL REFERENCES devices (id) ON DELETE CASCADE,
+    event_id TEXT NOT NULL,
+    relay TEXT NOT NULL,
+    event_json TEXT,
+    first_seen_ms INTEGER NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    next_attempt_ms INTEGER NOT NULL,
+    claimed_ms INTEGER
+);
+INSERT INTO outbox_by_device (id, device_id, event_id, relay, event_json, first_seen_ms, attempts,
+                              next_attempt_ms, claimed_ms)
+    SELECT id, device_id, event_id, relay, event_json, first_seen_ms, attempts, next_attempt_ms,
+           claimed_ms
+    FROM outbox;
+-- the sequence goes on from the old table's (the largest id ever handed out, not only the
+-- largest still queued), whose entry goes with it
+DELETE FROM sqlite_sequence WHERE name = 'outbox_by_device';
+INSERT INTO sqlite_sequence (name, seq) SELECT 'outbox_by_device', seq FROM sqlite_sequence
+    WHERE name = 'outbox';
+DROP TABLE outbox;
+ALTER TABLE outbox_by_device RENAME TO outbox;
+CREATE INDEX outbox_unclaimed_by_due ON outbox (next_attempt_ms) WHERE claimed_ms IS NULL;
+CREATE INDEX outbox_by_device ON outbox (device_id);

@@ -10,19 +10,27 @@ whole: every id still de-duplicates, with every relay that delivered it (the leg
 
 from __future__ import annotations
 
+import json
 import sqlite3
+import time
 from pathlib import Path
 
 import asyncpg
 import pytest
 
+from sigil_push.nostr.event import Event, sign_event
+from sigil_push.nostr.keys import SecretKey
+from sigil_push.store.generations import GenerationalCache
 from sigil_push.store.postgres.bridge_state import PostgresSeenRows
 from sigil_push.store.postgres.database import PostgresDatabase
 from sigil_push.store.postgres.migrate import available, migrate_connection
 from sigil_push.store.seen import SeenEvents
 from sigil_push.store.sqlite.bridge_state import SqliteSeenRows
 from sigil_push.store.sqlite.database import MigrationError, open_database
+from tests.fakes.harness import eventually as poll
+from tests.support.in_process import InProcessBridge, in_process_bridge
 from tests.support.old_schema import sqlite_at
+from tests.support.stores import Engine
 
 PACKED = 14
 OLD_ROWS = [
@@ -57,10 +65,29 @@ async def test_sqlite_0014_moves_every_seen_id_and_its_relays(tmp_path: Path) ->
         connection.execute(
             "INSERT INTO seen_on_relay (event_id, relay, keep_until) VALUES (?, ?, ?)", LEGACY
         )
+        connection.execute(
+            "INSERT INTO devices (id, pubkey, platform, token, registered_at, updated_at)"
+            " VALUES (7, ?, 'android', 'fcm-a', 1, 1)", ("0a" * 32,)
+        )
+        connection.executemany(
+            "INSERT INTO outbox (device_id, event_id, relay, first_seen_ms, next_attempt_ms,"
+            " attempts) VALUES (7, ?, 'wss://a', 5, 6, ?)", [("ab" * 32, 2), ("ff" * 32, 0)]
+        )
+        connection.execute("DELETE FROM outbox WHERE id = 2")  # handed out, settled
     finally:
         connection.close()
     db = await open_database(path)
     try:
+        # the queued wakeup kept whole; the next id is not one handed out before (0007)
+        assert list(await db.execute_fetchall(
+            "SELECT id, device_id, event_id, relay, first_seen_ms, next_attempt_ms, attempts"
+            " FROM outbox"
+        )) == [(1, 7, "ab" * 32, "wss://a", 5, 6, 2)]
+        await db.execute(
+            "INSERT INTO outbox (device_id, event_id, relay, first_seen_ms, next_attempt_ms)"
+            " VALUES (7, ?, 'wss://a', 7, 7)", ("01" * 32,)
+        )
+        assert [r[0] for r in await db.execute_fetchall("SELECT id FROM outbox")] == [1, 3]
         rows = SqliteSeenRows(db)
         await _assert_remembered(SeenEvents(rows, 1000, 10))
         warmed = SeenEvents(rows, 1000, 10)
@@ -78,6 +105,7 @@ async def test_sqlite_0014_moves_every_seen_id_and_its_relays(tmp_path: Path) ->
         table_sql = check.execute(
             "SELECT sql FROM sqlite_master WHERE name = 'seen_events'"
         ).fetchone()[0]
+        outbox_indexes = {(r[1], r[2]) for r in check.execute("PRAGMA index_list(outbox)")}
     # moved in keep_until order, ids as 32 bytes; the new row appended after them
     assert stored == [
         (2, bytes.fromhex("ab" * 32), "wss://a wss://b", 2_000),
@@ -85,6 +113,8 @@ async def test_sqlite_0014_moves_every_seen_id_and_its_relays(tmp_path: Path) ->
         (4, bytes.fromhex("02" * 32), "wss://a", 2_500),
     ]
     assert "WITHOUT ROWID" not in table_sql.upper()
+    # no index keyed by the random event id; the device's rows still found by device
+    assert outbox_indexes == {("outbox_by_device", 0), ("outbox_unclaimed_by_due", 0)}
 
 
 async def test_sqlite_0014_refuses_a_malformed_id_and_changes_nothing(tmp_path: Path) -> None:
@@ -133,3 +163,58 @@ async def test_postgres_0014_moves_every_seen_id_and_its_relays(postgres_url: st
         assert await warmed.prune(now=1_500) == 1
     finally:
         await db.close()
+
+
+RELAYS = ["ws://127.0.0.1:9", "ws://127.0.0.1:10", "ws://127.0.0.1:11"]
+"""Nothing listens: frames are fed to the bridge directly."""
+
+
+def _frame(event: Event) -> str:
+    return json.dumps(["EVENT", "sp0.1", event.to_json()], separators=(",", ":"))
+
+
+async def test_every_copy_and_a_replay_after_a_restart_wake_each_device_once(
+    tmp_path: Path, engine: Engine
+) -> None:
+    """The outbox keeps no (device, event) constraint on SQLite (0014): the seen ids are what
+    hands an event over once. Copies from three relays (one folded into the queued arrival,
+    one a batch later) and the same event replayed to a restarted bridge, whose memory of
+    seen ids starts cold, give one wakeup per device, on both engines."""
+    database = engine.database("push.db")
+    relays = [{"url": url, "mode": "firehose"} for url in RELAYS]
+    alice, sender = SecretKey.generate(), SecretKey.generate()
+
+    async def wakeups(parts: InProcessBridge) -> list[int]:
+        return sorted(w.device_id for w in await parts.store.outbox.due(2**62, 100))
+
+    async with in_process_bridge(tmp_path, database, relays) as parts:
+        phones = [
+            (await parts.devices.register(alice.public_key_hex, "android", f"fcm-{n}",
+                                          "opaque", (), None, 0)).device.id
+            for n in range(2)
+        ]
+        await poll(lambda: all(alice.public_key_hex in parts.bridge._pool.subs[url].keys
+                               for url in RELAYS), what="alice watched on every relay")
+        # signed after the registration: a firehose wakes a fresh key from then on
+        event = sign_event(sender, 4, "hello", [["p", alice.public_key_hex]])
+        now_ms = int(time.time() * 1000)
+        assert parts.bridge.pool.deliver_text(RELAYS[0], _frame(event), now_ms)
+        assert parts.bridge.pool.deliver_text(RELAYS[1], _frame(event), now_ms)
+        await poll(lambda: parts.bridge._seen.known(event.id), what="the event committed")
+        assert parts.bridge.pool.deliver_text(RELAYS[2], _frame(event), now_ms)
+        assert await wakeups(parts) == sorted(phones)
+    async with in_process_bridge(tmp_path, database, relays) as parts:
+        await poll(lambda: all(alice.public_key_hex in parts.bridge._pool.subs[url].keys
+                               for url in RELAYS), what="alice watched again")
+        parts.bridge._seen._relays = GenerationalCache(10)  # as if long forgotten in memory
+        other = sign_event(sender, 4, "and again", [["p", alice.public_key_hex]])
+        now_ms = int(time.time() * 1000)
+        for url in RELAYS:
+            assert parts.bridge.pool.deliver_text(url, _frame(event), now_ms)
+        assert parts.bridge.pool.deliver_text(RELAYS[0], _frame(other), now_ms)
+        await poll(lambda: parts.bridge._seen.known(other.id), what="the next event committed")
+        # claimed by the first `due` above: every row of the first event, once, and the new one's
+        rows = await parts.store.outbox.due(2**62, 100)
+        assert sorted(w.device_id for w in rows) == sorted(phones)
+        assert {w.event_id for w in rows} == {other.id}
+        assert await parts.store.outbox.depth() == 2 * len(phones)

@@ -102,7 +102,12 @@ class OutboxStore(Protocol):
 
     async def enqueue_many(
         self, batch: Sequence[tuple[Event, str, int, Sequence[Device]]]
-    ) -> int: ...
+    ) -> int:
+        """Queue one wakeup per (event, device); returns how many rows were added. The
+        committer hands an event over once, in the transaction that records it as seen: on
+        PostgreSQL a (device, event) already queued (by another worker during a shard's
+        hand-over) is skipped; SQLite's one writer needs no such constraint (migration 0014)."""
+        ...
 
     async def resume(self, now_ms: int) -> int: ...
 
