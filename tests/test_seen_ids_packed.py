@@ -20,7 +20,6 @@ import pytest
 
 from sigil_push.nostr.event import Event, sign_event
 from sigil_push.nostr.keys import SecretKey
-from sigil_push.store.generations import GenerationalCache
 from sigil_push.store.postgres.bridge_state import PostgresSeenRows
 from sigil_push.store.postgres.database import PostgresDatabase
 from sigil_push.store.postgres.migrate import available, migrate_connection
@@ -30,7 +29,7 @@ from sigil_push.store.sqlite.database import MigrationError, open_database
 from tests.fakes.harness import eventually as poll
 from tests.support.in_process import InProcessBridge, in_process_bridge
 from tests.support.old_schema import sqlite_at
-from tests.support.stores import Engine
+from tests.support.stores import Engine, open_test_store, seen_rows
 
 PACKED = 14
 OLD_ROWS = [
@@ -203,18 +202,53 @@ async def test_every_copy_and_a_replay_after_a_restart_wake_each_device_once(
         await poll(lambda: parts.bridge._seen.known(event.id), what="the event committed")
         assert parts.bridge.pool.deliver_text(RELAYS[2], _frame(event), now_ms)
         assert await wakeups(parts) == sorted(phones)
-    async with in_process_bridge(tmp_path, database, relays) as parts:
+    # a memory of one id: the event is forgotten there once the next one is remembered
+    async with in_process_bridge(
+        tmp_path, database, relays, bridge={"seen_cache_size": 1}
+    ) as parts:
         await poll(lambda: all(alice.public_key_hex in parts.bridge._pool.subs[url].keys
                                for url in RELAYS), what="alice watched again")
-        parts.bridge._seen._relays = GenerationalCache(10)  # as if long forgotten in memory
-        other = sign_event(sender, 4, "and again", [["p", alice.public_key_hex]])
+        later = [sign_event(sender, 4, f"and again {n}", [["p", alice.public_key_hex]])
+                 for n in range(2)]
         now_ms = int(time.time() * 1000)
+        assert parts.bridge.pool.deliver_text(RELAYS[0], _frame(later[0]), now_ms)
+        await poll(lambda: parts.bridge._seen.known(later[0].id), what="the next event committed")
+        assert not parts.bridge._seen.known(event.id), "only the database remembers it"
         for url in RELAYS:
             assert parts.bridge.pool.deliver_text(url, _frame(event), now_ms)
-        assert parts.bridge.pool.deliver_text(RELAYS[0], _frame(other), now_ms)
-        await poll(lambda: parts.bridge._seen.known(other.id), what="the next event committed")
-        # claimed by the first `due` above: every row of the first event, once, and the new one's
+        assert parts.bridge.pool.deliver_text(RELAYS[0], _frame(later[1]), now_ms)
+        await poll(lambda: parts.bridge._seen.known(later[1].id), what="the last event committed")
+        # claimed by the first `due` above: every row of the first event, once
         rows = await parts.store.outbox.due(2**62, 100)
-        assert sorted(w.device_id for w in rows) == sorted(phones)
-        assert {w.event_id for w in rows} == {other.id}
-        assert await parts.store.outbox.depth() == 2 * len(phones)
+        assert sorted(w.device_id for w in rows) == sorted(phones * 2)
+        assert {w.event_id for w in rows} == {e.id for e in later}
+        assert await parts.store.outbox.depth() == 3 * len(phones)
+
+
+async def test_a_cache_holding_every_row_asks_the_database_nothing(database: str) -> None:
+    """On SQLite (one process owns the file) a cache loaded with every row there is, and fed
+    every row written since, answers for the database: a row that only the database holds
+    (no writer of this build makes one) is not looked up, until the cache first forgets
+    ids. On PostgreSQL other workers write rows too: the database is always asked."""
+    store = await open_test_store(database)
+    try:
+        rows = seen_rows(store)
+        seen = SeenEvents(rows, 1000, 10)
+        await seen.load()
+        behind = ("0b" * 32, "wss://elsewhere", 2**40)
+        await rows.insert([(bytes.fromhex(behind[0]), behind[1], behind[2])])
+        await seen.lookup([behind[0]])
+        asked = not seen.first_delivery(behind[0], "wss://a", {})[0]
+        assert asked == (not rows.sole_writer)
+        for n in range(20):  # past the cache's size: its oldest ids are dropped
+            decided: dict[str, tuple[str, ...]] = {}
+            seen.first_delivery(f"{n:064x}", "wss://a", decided)
+            await seen.save([(f"{n:064x}", ("wss://a",), 0, 0)], [])
+            seen.remember(decided)
+        await seen.lookup([behind[0]])
+        assert seen.delivered_by(behind[0], "wss://elsewhere")
+        assert not seen.known(f"{0:064x}")
+        await seen.lookup([f"{0:064x}"])
+        assert seen.known(f"{0:064x}"), "a forgotten id is found in the database again"
+    finally:
+        await store.close()

@@ -237,6 +237,10 @@ class SeenRows(Protocol):
     """The rows of handled event ids (`seen_events`, legacy `seen_on_relay`). Ids are their
     32 bytes here (half the index of hex text: `store.seen` converts)."""
 
+    sole_writer: bool
+    """Whether the rows' only writer is this process (SQLite: one process owns the file), so
+    that a cache holding every row it loaded and wrote since needs no lookups."""
+
     async def recent(self, limit: int) -> list[SeenRow]:
         """The `limit` ids kept longest, oldest first."""
         ...

@@ -37,14 +37,25 @@ class SeenEvents:
         self._cache_size = max(1, cache_size)
         self._relays: GenerationalCache[tuple[str, ...]] = GenerationalCache(self._cache_size)
         self._interned: dict[str, str] = {}
+        self._whole = False
+        """The cache holds every row of the database (see `load`): `lookup` has nothing to
+        bring in."""
 
     def relay_names(self) -> int:
         """Relay URLs interned for the cache's rows (grows with the relays ever delivering)."""
         return len(self._interned)
 
     async def load(self) -> None:
-        """Warm the cache with the most recent ids, so a restart's catch-up stays cheap."""
-        self._remember_rows(await self._rows.recent(self._cache_size))
+        """Warm the cache with the most recent ids, so a restart's catch-up stays cheap.
+
+        When the database held fewer ids than the cache takes and this process is the rows'
+        only writer, the cache holds every id there is, and every id written later goes
+        through it: `lookup` asks the database nothing until the cache first drops ids (a
+        small instance, most self-hosted ones, never asks; a batch's lookup was a few
+        microseconds of SQLite's thread per event, issue 23)."""
+        rows = await self._rows.recent(self._cache_size)
+        self._remember_rows(rows)
+        self._whole = self._rows.sole_writer and len({row[0] for row in rows}) < self._cache_size
 
     def delivered_by(self, event_id: str, relay: str) -> bool:
         """Hot path, memory only: did this relay already deliver this event?"""
@@ -57,6 +68,8 @@ class SeenEvents:
 
     async def lookup(self, event_ids: Iterable[str]) -> None:
         """Bring the database's knowledge of these ids into memory before deciding on them."""
+        if self._whole:
+            return
         missing = [i for i in dict.fromkeys(event_ids) if i not in self._relays]
         for start in range(0, len(missing), LOOKUP_CHUNK):
             chunk = missing[start : start + LOOKUP_CHUNK]
@@ -90,7 +103,8 @@ class SeenEvents:
         put = self._relays.put
         for event_id, relays in pending.items():
             put(event_id, relays)
-        self._relays.trim()
+        if self._relays.trim():
+            self._whole = False
 
     def _remember_rows(self, rows: Iterable[SeenRow]) -> None:
         for packed_id, first, further in rows:

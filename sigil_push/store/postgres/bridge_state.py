@@ -113,6 +113,9 @@ _LEGACY_ROW = "r.event_id = encode(e.event_id, 'hex')"
 class PostgresSeenRows:
     """`SeenRows` on a PostgreSQL handle."""
 
+    sole_writer = False
+    """Several workers write the rows (a shard's hand-over overlaps two of them)."""
+
     def __init__(self, db: PostgresDatabase) -> None:
         self._db = db
 

@@ -116,6 +116,9 @@ class SqliteSeenRows:
     32 bytes under a unique index (migrations/0014_seen_ids_in_arrival_order.sql: an insert
     dirties the pages at the ends of the table and the expiry index, not random ones)."""
 
+    sole_writer = True
+    """One process owns the file (store/sqlite/coordination.py)."""
+
     def __init__(self, db: aiosqlite.Connection) -> None:
         self._db = db
 
