@@ -9,6 +9,12 @@
 -- (keep_until, event_id), and one second's rows all share a keep_until. `unhex` is
 -- registered by the migration runner (store/sqlite/database.py): SQLite has it only from 3.41.
 --
+-- catchup_items (0010): a row per relay's delivery of a DM (four rows a DM with four relays),
+-- keyed (relay, recipient, event id) in hex, and a WITHOUT ROWID table's expiry index repeats
+-- that whole key (some 155 bytes an entry, twice). Now a rowid table in arrival order with the
+-- key's two ids as bytes under a unique index, and an expiry index of (created_at, rowid).
+-- The recipient '' (a firehose DM for nobody here) stays an empty value.
+--
 -- outbox: a wakeup's uniqueness per (device, event) was a second index keyed by the random id
 -- (some 76 bytes an entry, random like the old seen_events). One process owns a SQLite file
 -- (store/sqlite/coordination.py) and its committer hands an event to the outbox only in the
@@ -58,3 +64,18 @@ DROP TABLE outbox;
 ALTER TABLE outbox_by_device RENAME TO outbox;
 CREATE INDEX outbox_unclaimed_by_due ON outbox (next_attempt_ms) WHERE claimed_ms IS NULL;
 CREATE INDEX outbox_by_device ON outbox (device_id);
+
+CREATE TABLE catchup_items_in_order (
+    id INTEGER PRIMARY KEY,
+    relay TEXT NOT NULL,
+    pubkey BLOB NOT NULL,
+    event_id BLOB NOT NULL,
+    created_at INTEGER NOT NULL,
+    UNIQUE (relay, pubkey, event_id)
+);
+INSERT INTO catchup_items_in_order (relay, pubkey, event_id, created_at)
+    SELECT relay, unhex(pubkey), unhex(event_id), created_at FROM catchup_items
+    ORDER BY created_at;
+DROP TABLE catchup_items;
+ALTER TABLE catchup_items_in_order RENAME TO catchup_items;
+CREATE INDEX catchup_items_by_time ON catchup_items (created_at);

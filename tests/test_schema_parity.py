@@ -46,6 +46,10 @@ COLUMN_DIFFERENCES: dict[tuple[str, str], tuple[Column | None, Column | None, st
          " order, so a commit appends pages instead of rewriting random ones (0014); a"
          " PostgreSQL heap is in arrival order already"),
     ),
+    ("catchup_items", "id"): (
+        ("integer", False), None,
+        "as seen_events' id: SQLite's rows in arrival order, the expiry index (created_at, id)",
+    ),
     ("schema_migrations", "applied_at"): (
         ("integer", False), ("timestamp", False),
         "bookkeeping of each tree's own runner (Unix seconds / timestamptz); no code reads it",

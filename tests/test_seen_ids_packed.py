@@ -20,11 +20,12 @@ import pytest
 
 from sigil_push.nostr.event import Event, sign_event
 from sigil_push.nostr.keys import SecretKey
-from sigil_push.store.postgres.bridge_state import PostgresSeenRows
+from sigil_push.store.interface import CatchupItemsStore
+from sigil_push.store.postgres.bridge_state import PostgresCatchupItems, PostgresSeenRows
 from sigil_push.store.postgres.database import PostgresDatabase
 from sigil_push.store.postgres.migrate import available, migrate_connection
 from sigil_push.store.seen import SeenEvents
-from sigil_push.store.sqlite.bridge_state import SqliteSeenRows
+from sigil_push.store.sqlite.bridge_state import SqliteCatchupItems, SqliteSeenRows
 from sigil_push.store.sqlite.database import MigrationError, open_database
 from tests.fakes.harness import eventually as poll
 from tests.support.in_process import InProcessBridge, in_process_bridge
@@ -38,6 +39,13 @@ OLD_ROWS = [
     ("ff" * 32, "wss://c", 3_000),
 ]
 """(hex id, relays, keep_until) as releases before 0014 wrote them, not in keep_until order."""
+CATCHUP_ROWS = [
+    ("wss://a", "0a" * 32, "ab" * 32, 2_000),
+    ("wss://a", "", "cd" * 32, 1_000),
+    ("wss://b", "0a" * 32, "ab" * 32, 2_000),
+]
+"""(relay, recipient, event id, created_at) as 0010 stored them; '' is a firehose DM for
+nobody here."""
 LEGACY = ("01" * 32, "wss://d", 1_000)
 """A further relay recorded in `seen_on_relay`, as releases before further relays were
 appended in place wrote it."""
@@ -52,6 +60,20 @@ async def _assert_remembered(seen: SeenEvents) -> None:
         assert seen.first_delivery(event_id, "wss://new", {}) == (False, True)
     assert seen.delivered_by(LEGACY[0], LEGACY[1])
     assert seen.first_delivery("02" * 32, "wss://a", {}) == (True, True)
+
+
+async def _assert_catchup_rows_kept(items: CatchupItemsStore) -> None:
+    """Every relay's deliveries read back as stored, by recipient and whole; a repeat of a
+    row is kept once, and the window still prunes by created_at."""
+    assert sorted(await items.rows("wss://a", None, 0)) == [
+        ("", "cd" * 32, 1_000), ("0a" * 32, "ab" * 32, 2_000),
+    ]
+    assert await items.items("wss://b", ["0a" * 32, "0c" * 32], 1_500) == {"ab" * 32: 2_000}
+    await items.add([("wss://b", "0a" * 32, "ab" * 32, 2_000), ("wss://b", "0c" * 32,
+                                                                 "ef" * 32, 3_000)])
+    assert await items.items("wss://b", None, 0) == {"ab" * 32: 2_000, "ef" * 32: 3_000}
+    assert await items.prune(1_500) == 1
+    assert await items.rows("wss://a", [""], 0) == []
 
 
 async def test_sqlite_0014_moves_every_seen_id_and_its_relays(tmp_path: Path) -> None:
@@ -73,6 +95,10 @@ async def test_sqlite_0014_moves_every_seen_id_and_its_relays(tmp_path: Path) ->
             " attempts) VALUES (7, ?, 'wss://a', 5, 6, ?)", [("ab" * 32, 2), ("ff" * 32, 0)]
         )
         connection.execute("DELETE FROM outbox WHERE id = 2")  # handed out, settled
+        connection.executemany(
+            "INSERT INTO catchup_items (relay, pubkey, event_id, created_at) VALUES (?, ?, ?, ?)",
+            CATCHUP_ROWS,
+        )
     finally:
         connection.close()
     db = await open_database(path)
@@ -87,6 +113,7 @@ async def test_sqlite_0014_moves_every_seen_id_and_its_relays(tmp_path: Path) ->
             " VALUES (7, ?, 'wss://a', 7, 7)", ("01" * 32,)
         )
         assert [r[0] for r in await db.execute_fetchall("SELECT id FROM outbox")] == [1, 3]
+        await _assert_catchup_rows_kept(SqliteCatchupItems(db))
         rows = SqliteSeenRows(db)
         await _assert_remembered(SeenEvents(rows, 1000, 10))
         warmed = SeenEvents(rows, 1000, 10)
@@ -146,6 +173,10 @@ async def test_postgres_0014_moves_every_seen_id_and_its_relays(postgres_url: st
             "INSERT INTO seen_on_relay (event_id, relay, keep_until) VALUES ($1, $2, $3)",
             *LEGACY,
         )
+        await connection.executemany(
+            "INSERT INTO catchup_items (relay, pubkey, event_id, created_at)"
+            " VALUES ($1, $2, $3, $4)", CATCHUP_ROWS,
+        )
         await migrate_connection(connection)
         stored = await connection.fetch("SELECT event_id FROM seen_events ORDER BY keep_until")
         assert [bytes(r[0]) for r in stored] == [bytes.fromhex(i) for i in ("01" * 32, "ab" * 32,
@@ -154,6 +185,7 @@ async def test_postgres_0014_moves_every_seen_id_and_its_relays(postgres_url: st
         await connection.close()
     db = PostgresDatabase(await asyncpg.connect(postgres_url))
     try:
+        await _assert_catchup_rows_kept(PostgresCatchupItems(db))
         rows = PostgresSeenRows(db)
         await _assert_remembered(SeenEvents(rows, 1000, 10))
         warmed = SeenEvents(rows, 1000, 10)

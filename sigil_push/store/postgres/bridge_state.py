@@ -18,6 +18,8 @@ from sigil_push.store.bridge_rows import (
     cursor_map,
     decode_relay_lists,
     encode_relay_lists,
+    packed_catchup_rows,
+    packed_keys,
     relay_pubkeys,
     seen_row,
 )
@@ -166,9 +168,9 @@ class PostgresCatchupItems:
         if rows:
             await self._db.run(
                 "INSERT INTO catchup_items (relay, pubkey, event_id, created_at)"
-                " SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[])"
+                " SELECT * FROM unnest($1::text[], $2::bytea[], $3::bytea[], $4::bigint[])"
                 " ON CONFLICT DO NOTHING",
-                *_columns(rows),
+                *_columns(packed_catchup_rows(rows)),
             )
 
     async def items(
@@ -183,8 +185,8 @@ class PostgresCatchupItems:
         else:
             rows = await self._db.fetch(
                 "SELECT DISTINCT event_id, created_at FROM catchup_items WHERE relay = $1"
-                " AND created_at >= $2 AND pubkey = ANY($3::text[])",
-                relay, since, list(pubkeys),
+                " AND created_at >= $2 AND pubkey = ANY($3::bytea[])",
+                relay, since, packed_keys(pubkeys),
             )
         return catchup_items(rows)
 
@@ -200,8 +202,8 @@ class PostgresCatchupItems:
         else:
             rows = await self._db.fetch(
                 "SELECT pubkey, event_id, created_at FROM catchup_items WHERE relay = $1"
-                " AND created_at >= $2 AND pubkey = ANY($3::text[])",
-                relay, since, list(pubkeys),
+                " AND created_at >= $2 AND pubkey = ANY($3::bytea[])",
+                relay, since, packed_keys(pubkeys),
             )
         return catchup_rows(rows)
 

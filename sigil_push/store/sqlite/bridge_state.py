@@ -18,6 +18,8 @@ from sigil_push.store.bridge_rows import (
     cursor_map,
     decode_relay_lists,
     encode_relay_lists,
+    packed_catchup_rows,
+    packed_keys,
     relay_pubkeys,
     seen_row,
 )
@@ -164,7 +166,8 @@ CATCHUP_KEYS_PER_QUERY = 500
 
 class SqliteCatchupItems:
     """`CatchupItemsStore` on one aiosqlite connection (writes inside the caller's
-    transaction)."""
+    transaction). A rowid table in arrival order with the ids as bytes under the unique
+    index (migration 0014): rows append, only that index takes random inserts."""
 
     def __init__(self, db: aiosqlite.Connection) -> None:
         self._db = db
@@ -173,7 +176,7 @@ class SqliteCatchupItems:
         await self._db.executemany(
             "INSERT INTO catchup_items (relay, pubkey, event_id, created_at)"
             " VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
-            rows,
+            packed_catchup_rows(rows),
         )
 
     async def items(
@@ -198,7 +201,7 @@ class SqliteCatchupItems:
             rows = await self._db.execute_fetchall(
                 "SELECT pubkey, event_id, created_at FROM catchup_items WHERE relay = ?"
                 f" AND created_at >= ? AND pubkey IN ({','.join('?' * len(chunk))})",
-                (relay, since, *chunk),
+                (relay, since, *packed_keys(chunk)),
             )
             found.extend(catchup_rows(rows))
         return found
