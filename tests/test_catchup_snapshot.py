@@ -32,7 +32,7 @@ def _loads(outcome: str) -> float:
 async def _age_rows(store: SqliteStore | PostgresStore, seconds: int) -> None:
     """Date every catch-up row's write back (so a cut now lies after all of them)."""
     await sql_of(store).execute(
-        "UPDATE catchup_items SET noted_ms = noted_ms - ?", (seconds * 1000,)
+        "UPDATE catchup_items SET noted_at = noted_at - ?", (seconds * 1000,)
     )
 
 

@@ -12,7 +12,7 @@ relay, past which that relay is read from the store as before; its size is the
 A firehose relay's items are also kept as a snapshot in the store (sorted records with their
 prefix sums, nostr/nip77_snapshot.py): written from memory when the items noted since the last
 one pass a sixteenth of it (off the event loop) and at a clean shutdown, so a restart reads
-the snapshot as bytes and only the rows written since its cut (`noted_ms`), and the
+the snapshot as bytes and only the rows written since its cut (`noted_at`, in milliseconds), and the
 reconciliation reads both as one set: a restart's CPU follows what is new, not the window. A
 snapshot that is missing, corrupt, too large or cut before the window falls back to reading
 the window's rows, counted in sigil_push_catchup_snapshot_loads_total by outcome.
@@ -301,8 +301,8 @@ class CatchupLedger:
             stored = await self._link.catchup.snapshot(url, FIREHOSE_SCOPE)
         outcome = "none"
         if stored is not None:
-            cut_ms, data = stored
-            outcome = "stale" if cut_ms < cutoff * 1000 else "loaded"
+            cut, data = stored
+            outcome = "stale" if cut < cutoff * 1000 else "loaded"
             if len(data) > MAX_SNAPSHOT_ITEMS * RECORD_SIZE + 12 + DIGEST_SIZE:
                 outcome = "oversized"
             elif outcome == "loaded":
@@ -334,9 +334,9 @@ class CatchupLedger:
         if link is None or turn is None:
             return
         await self.flush()
-        # every row written before `cut_ms` is in memory now and goes into this snapshot; a
+        # every row written before `cut` is in memory now and goes into this snapshot; a
         # row not in it is noted after, so written after (the store's add takes the time)
-        cut_ms = int(time.time() * 1000)
+        cut = int(time.time() * 1000)
         captured = kept.recutting = kept.by_key
         kept.by_key, kept.size = {}, 0
         try:
@@ -344,7 +344,7 @@ class CatchupLedger:
                 _recut, kept.base, list(captured.values()), self._cutoff(0)
             )
             async with turn, link.transaction():
-                await link.catchup.save_snapshot(url, FIREHOSE_SCOPE, cut_ms, data)
+                await link.catchup.save_snapshot(url, FIREHOSE_SCOPE, cut, data)
             base = SnapshotItems(data)
         except STORE_UNAVAILABLE as error:
             SNAPSHOT_WRITES.labels("failed").inc()
