@@ -131,6 +131,15 @@ async def test_many_items_reconcile_exactly_over_rounds_and_slices(
                 )))
                 layered = await reconciler.missing(query, dict(above), base)
                 assert sorted(layered) == sorted(missing), case
+            # the window moves past a snapshot's oldest items: its lower bound leaves them out
+            later = {**query, "since": now - 86400}
+            tenth = cases["a tenth missing"]
+            base = SnapshotItems(encode_snapshot(sorted(
+                (created_at, bytes.fromhex(event_id)) for event_id, created_at in tenth.items()
+            )))
+            in_window = {dm["id"] for dm in dms if dm["created_at"] >= now - 86400}
+            missing = await reconciler.missing(later, {}, base)
+            assert sorted(missing) == sorted(in_window - set(tenth))
             # the tenth took more than one round in a slice: allowed only one, it fails
             # (`error`), and its socket is closed
             monkeypatch.setattr(nip77, "MAX_ROUNDS", 1)
