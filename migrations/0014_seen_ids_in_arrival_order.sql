@@ -9,7 +9,7 @@
 -- (keep_until, event_id), and one second's rows all share a keep_until. `unhex` is
 -- registered by the migration runner (store/sqlite/database.py): SQLite has it only from 3.41.
 --
--- catchup_items (0010): a row per relay's delivery of a DM (four rows a DM with four relays),
+-- catchup_items (0010, with 0013's noted_at kept): a row per relay's delivery of a DM (four rows a DM with four relays),
 -- keyed (relay, recipient, event id) in hex, and a WITHOUT ROWID table's expiry index repeats
 -- that whole key (some 155 bytes an entry, twice). Now a rowid table in arrival order with the
 -- key's two ids as bytes under a unique index, and an expiry index of (created_at, rowid).
@@ -71,11 +71,13 @@ CREATE TABLE catchup_items_in_order (
     pubkey BLOB NOT NULL,
     event_id BLOB NOT NULL,
     created_at INTEGER NOT NULL,
+    noted_at INTEGER NOT NULL DEFAULT 0,
     UNIQUE (relay, pubkey, event_id)
 );
-INSERT INTO catchup_items_in_order (relay, pubkey, event_id, created_at)
-    SELECT relay, unhex(pubkey), unhex(event_id), created_at FROM catchup_items
-    ORDER BY created_at;
+INSERT INTO catchup_items_in_order (relay, pubkey, event_id, created_at, noted_at)
+    SELECT relay, unhex(pubkey), unhex(event_id), created_at, noted_at FROM catchup_items
+    ORDER BY noted_at, created_at;
 DROP TABLE catchup_items;
 ALTER TABLE catchup_items_in_order RENAME TO catchup_items;
 CREATE INDEX catchup_items_by_time ON catchup_items (created_at);
+CREATE INDEX catchup_items_by_noted ON catchup_items (relay, noted_at);

@@ -421,8 +421,26 @@ class CatchupItemsStore(Protocol):
         key to keep in memory."""
         ...
 
+    async def noted_since(
+        self, relay: str, noted_at: int, since: int
+    ) -> list[tuple[str, str, int]]:
+        """(recipient, event id, created_at) of what `relay` delivered since `since` whose
+        row was written at or after `noted_at` (unix seconds): what a restart adds on top of
+        the relay's snapshot."""
+        ...
+
+    async def snapshot(self, relay: str, scope: str) -> tuple[int, bytes] | None:
+        """(cut, bytes) of the relay's stored NIP-77 snapshot for `scope`, if any."""
+        ...
+
+    async def save_snapshot(self, relay: str, scope: str, cut: int, data: bytes) -> None:
+        """Keep `data` as the relay's snapshot for `scope` (replacing the one before): it
+        holds every item whose row was written before `cut`."""
+        ...
+
     async def prune(self, cutoff: int) -> int:
-        """Forget deliveries whose created_at is before `cutoff`; how many rows went."""
+        """Forget deliveries whose created_at is before `cutoff`, and snapshots cut before
+        it (their overlay would be the whole window); how many delivery rows went."""
         ...
 
 

@@ -9,6 +9,7 @@ each other instead of deadlocking (tests/test_pg_commit_lock_order.py).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -167,10 +168,10 @@ class PostgresCatchupItems:
     async def add(self, rows: Sequence[tuple[str, str, str, int]]) -> None:
         if rows:
             await self._db.run(
-                "INSERT INTO catchup_items (relay, pubkey, event_id, created_at)"
-                " SELECT * FROM unnest($1::text[], $2::bytea[], $3::bytea[], $4::bigint[])"
-                " ON CONFLICT DO NOTHING",
-                *_columns(packed_catchup_rows(rows)),
+                "INSERT INTO catchup_items (relay, pubkey, event_id, created_at, noted_at)"
+                " SELECT *, $5::bigint FROM unnest($1::text[], $2::bytea[], $3::bytea[],"
+                " $4::bigint[]) ON CONFLICT DO NOTHING",
+                *_columns(packed_catchup_rows(rows)), int(time.time()),
             )
 
     async def items(
@@ -207,5 +208,31 @@ class PostgresCatchupItems:
             )
         return catchup_rows(rows)
 
+    async def noted_since(
+        self, relay: str, noted_at: int, since: int
+    ) -> list[tuple[str, str, int]]:
+        rows = await self._db.fetch(
+            "SELECT pubkey, event_id, created_at FROM catchup_items"
+            " WHERE relay = $1 AND noted_at >= $2 AND created_at >= $3",
+            relay, noted_at, since,
+        )
+        return catchup_rows(rows)
+
+    async def snapshot(self, relay: str, scope: str) -> tuple[int, bytes] | None:
+        rows = await self._db.fetch(
+            "SELECT cut, data FROM catchup_snapshots WHERE relay = $1 AND scope = $2",
+            relay, scope,
+        )
+        return (int(rows[0]["cut"]), bytes(rows[0]["data"])) if rows else None
+
+    async def save_snapshot(self, relay: str, scope: str, cut: int, data: bytes) -> None:
+        await self._db.run(
+            "INSERT INTO catchup_snapshots (relay, scope, cut, data) VALUES ($1, $2, $3, $4)"
+            " ON CONFLICT (relay, scope) DO UPDATE SET cut = excluded.cut, data = excluded.data",
+            relay, scope, cut, data,
+        )
+
     async def prune(self, cutoff: int) -> int:
-        return await self._db.run("DELETE FROM catchup_items WHERE created_at < $1", cutoff)
+        removed = await self._db.run("DELETE FROM catchup_items WHERE created_at < $1", cutoff)
+        await self._db.run("DELETE FROM catchup_snapshots WHERE cut < $1", cutoff)
+        return removed

@@ -8,6 +8,7 @@ transaction holds a batch's outbox rows, seen ids and the bookkeeping queued beh
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -173,10 +174,11 @@ class SqliteCatchupItems:
         self._db = db
 
     async def add(self, rows: Sequence[tuple[str, str, str, int]]) -> None:
+        noted_at = int(time.time())
         await self._db.executemany(
-            "INSERT INTO catchup_items (relay, pubkey, event_id, created_at)"
-            " VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
-            packed_catchup_rows(rows),
+            "INSERT INTO catchup_items (relay, pubkey, event_id, created_at, noted_at)"
+            " VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            [(*row, noted_at) for row in packed_catchup_rows(rows)],
         )
 
     async def items(
@@ -206,10 +208,35 @@ class SqliteCatchupItems:
             found.extend(catchup_rows(rows))
         return found
 
+    async def noted_since(
+        self, relay: str, noted_at: int, since: int
+    ) -> list[tuple[str, str, int]]:
+        rows = await self._db.execute_fetchall(
+            "SELECT pubkey, event_id, created_at FROM catchup_items"
+            " WHERE relay = ? AND noted_at >= ? AND created_at >= ?",
+            (relay, noted_at, since),
+        )
+        return catchup_rows(rows)
+
+    async def snapshot(self, relay: str, scope: str) -> tuple[int, bytes] | None:
+        rows = list(await self._db.execute_fetchall(
+            "SELECT cut, data FROM catchup_snapshots WHERE relay = ? AND scope = ?",
+            (relay, scope),
+        ))
+        return (int(rows[0][0]), bytes(rows[0][1])) if rows else None
+
+    async def save_snapshot(self, relay: str, scope: str, cut: int, data: bytes) -> None:
+        await self._db.execute(
+            "INSERT INTO catchup_snapshots (relay, scope, cut, data) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT (relay, scope) DO UPDATE SET cut = excluded.cut, data = excluded.data",
+            (relay, scope, cut, data),
+        )
+
     async def prune(self, cutoff: int) -> int:
         cursor = await self._db.execute(
             "DELETE FROM catchup_items WHERE created_at < ?", (cutoff,)
         )
         removed = int(cursor.rowcount)
         await cursor.close()
+        await self._db.execute("DELETE FROM catchup_snapshots WHERE cut < ?", (cutoff,))
         return removed
