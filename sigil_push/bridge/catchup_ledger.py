@@ -122,7 +122,9 @@ class CatchupLedger:
         rows = self._rows
         for recipient in recipients:
             rows.append((url, recipient, event_id, created_at))
-            self._keep(url, recipient, event_id, created_at)
+        if url in self._kept:
+            for recipient in recipients:
+                self._keep(url, recipient, event_id, created_at)
         if len(rows) >= MAX_PENDING_ROWS:
             self._flush_soon()
 
