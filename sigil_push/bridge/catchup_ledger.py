@@ -1,5 +1,5 @@
 """Which DMs each relay delivered, for negentropy catch-ups (relays/nip77.py): noted on the
-readers' tasks, written to the store in bulk (`store.catchup_items`), and kept in memory per
+readers' tasks, written to the store in bulk (`CatchupItemsStore`), and kept in memory per
 relay: loaded from the store once per process (a firehose relay's whole window in one query;
 a keyed relay's rows per key, the first time a shard asks for that key: a key that moved here
 from another worker brings what that worker saw), then appended to as DMs are noted, so a
