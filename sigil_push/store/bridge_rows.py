@@ -53,30 +53,20 @@ def catchup_deliveries(
     rows: Iterable[tuple[str, str, str, int]],
 ) -> list[tuple[str, str, int, str]]:
     """(relay, recipient, event id, created_at) deliveries as `catchup_deliveries` rows:
-    (recipient, event id, created_at, relays), the deliveries of one recipient and event
-    that follow each other joined in one row, a relay listed once. Several relays' copies of
-    a DM are noted within moments, so in rows ordered by recipient they are neighbours; a
-    delivery apart from its neighbours is a row of its own, which the store merges into the
-    first (`merged_relays`)."""
-    joined: list[tuple[str, str, int, str]] = []
-    relays: list[str] = []
-    pubkey = event_id = ""
-    created_at = 0
-    for relay, recipient, event, at in rows:
-        if event == event_id and recipient == pubkey:
-            if relay not in relays:
-                relays.append(relay)
-            continue
-        if relays:
-            joined.append((pubkey, event_id, created_at, _joined(relays)))
-        pubkey, event_id, created_at, relays = recipient, event, at, [relay]
-    if relays:
-        joined.append((pubkey, event_id, created_at, _joined(relays)))
-    return joined
-
-
-def _joined(relays: list[str]) -> str:
-    return relays[0] if len(relays) == 1 else RELAYS_SEPARATOR.join(relays)
+    (recipient, event id, created_at, relays), one per recipient and event with every relay
+    that delivered it joined, in the order each first appears (a relay listed once)."""
+    grouped: dict[tuple[str, str], tuple[int, list[str]]] = {}
+    for relay, pubkey, event_id, created_at in rows:
+        found = grouped.get((pubkey, event_id))
+        if found is None:
+            grouped[pubkey, event_id] = (created_at, [relay])
+        elif relay not in found[1]:
+            found[1].append(relay)
+    join = RELAYS_SEPARATOR.join
+    return [
+        (pubkey, event_id, created_at, join(relays))
+        for (pubkey, event_id), (created_at, relays) in grouped.items()
+    ]
 
 
 def merged_relays(listed: str, more: str) -> str:

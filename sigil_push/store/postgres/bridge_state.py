@@ -10,7 +10,6 @@ each other instead of deadlocking (tests/test_pg_commit_lock_order.py).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from operator import itemgetter
 from typing import Any
 
 from sigil_push.store.bridge_rows import (
@@ -165,7 +164,7 @@ class PostgresCatchupItems:
         # one row per key in the statement (an upsert may touch a row once), in key order
         # (workers overlapping on keys lock rows in one order); a row already there gets the
         # relays it does not list yet, each once, in order (as `merged_relays` on SQLite)
-        deliveries = catchup_deliveries(sorted(rows, key=_DELIVERY_KEY))
+        deliveries = sorted(catchup_deliveries(rows))
         if deliveries:
             await self._db.run(
                 "INSERT INTO catchup_deliveries AS c (pubkey, event_id, created_at, relays)"
@@ -207,8 +206,6 @@ class PostgresCatchupItems:
         )
 
 
-_DELIVERY_KEY = itemgetter(1, 2)
-"""A delivery's (recipient, event id): its row's key."""
 _MERGED_RELAYS = (
     f"(SELECT string_agg(relay, '{RELAYS_SEPARATOR}' ORDER BY first) FROM (SELECT relay,"
     f" min(n) AS first FROM unnest(string_to_array(c.relays || '{RELAYS_SEPARATOR}' ||"
