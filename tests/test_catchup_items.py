@@ -1,28 +1,21 @@
-"""The store's record of what each relay delivered (migration 0010, one row per recipient and
-DM since 0012's `catchup_deliveries`), on both engines: what negentropy offers a relay as
-"already have", per shard's keys or for a whole firehose relay, bounded by the catch-up
-window."""
+"""The store's record of what each relay delivered (migration 0010, `catchup_items`), on both
+engines: what negentropy offers a relay as "already have", per shard's keys or for a whole
+firehose relay, bounded by the catch-up window."""
 
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-import asyncpg
 from prometheus_client import REGISTRY
 
 from sigil_push.bridge.catchup_ledger import CatchupLedger
 from sigil_push.config import parse_config
 from sigil_push.store.factory import PostgresStore, SqliteStore, connect_bridge
 from sigil_push.store.interface import UNADDRESSED, BridgeConnection
-from sigil_push.store.postgres.migrate import available, migrate_connection
-from sigil_push.store.sqlite.database import open_database
-from tests.support.old_schema import sqlite_at
-from tests.support.stores import sql_of
 
 RELAY, OTHER = "wss://a.example", "wss://b.example"
 ALICE, BOB, CAROL = "a" * 64, "b" * 64, "c" * 64
@@ -193,94 +186,3 @@ async def test_the_ledger_writes_its_rows_in_recipient_order(
         assert await link.catchup.items(OTHER, [ALICE], 0) == {
             _id(n): now - n for n in range(12) if n % 3 == 1
         }
-
-
-async def test_every_relay_of_a_dm_shares_one_row(
-    store: SqliteStore | PostgresStore, database: str, tmp_path: Path
-) -> None:
-    """The copies of a DM that several relays delivered are one row per recipient listing the
-    relays (in one flush or in later ones, a repeat listed once), and each relay still reads
-    exactly what it delivered: a URL that extends another is not taken for it."""
-    third = f"{RELAY}/x"  # RELAY is a prefix of it
-    async with bridge_link(database, tmp_path) as link:
-        async with link.transaction():
-            await link.catchup.add([
-                (RELAY, ALICE, _id(1), 1_000), (OTHER, ALICE, _id(1), 1_000),
-                (RELAY, BOB, _id(1), 1_000), (RELAY, ALICE, _id(2), 2_000),
-                (OTHER, ALICE, _id(1), 1_000),
-            ])
-        async with link.transaction():
-            await link.catchup.add([
-                (third, ALICE, _id(1), 1_000), (OTHER, ALICE, _id(1), 1_000),
-                (third, ALICE, _id(3), 3_000),
-            ])
-        rows = await sql_of(link).execute_fetchall(
-            "SELECT pubkey, event_id, relays FROM catchup_deliveries ORDER BY pubkey, event_id"
-        )
-        assert [(p, e, r.split()) for p, e, r in rows] == [
-            (ALICE, _id(1), [RELAY, OTHER, third]),
-            (ALICE, _id(2), [RELAY]),
-            (ALICE, _id(3), [third]),
-            (BOB, _id(1), [RELAY]),
-        ]
-        assert await link.catchup.items(RELAY, [ALICE, BOB], 0) == {
-            _id(1): 1_000, _id(2): 2_000
-        }
-        assert await link.catchup.items(OTHER, None, 0) == {_id(1): 1_000}
-        assert await link.catchup.items(third, [ALICE], 0) == {_id(1): 1_000, _id(3): 3_000}
-        assert sorted(await link.catchup.rows(RELAY, None, 0)) == [
-            (ALICE, _id(1), 1_000), (ALICE, _id(2), 2_000), (BOB, _id(1), 1_000)
-        ]
-
-
-_OLD_ITEMS = [
-    (RELAY, ALICE, _id(1), 1_000), (OTHER, ALICE, _id(1), 1_000),
-    (RELAY, BOB, _id(1), 1_000), (OTHER, UNADDRESSED, _id(2), 2_000),
-]
-
-
-async def _carried_over(link: BridgeConnection) -> None:
-    assert await link.catchup.items(RELAY, [ALICE, BOB], 0) == {_id(1): 1_000}
-    assert await link.catchup.items(OTHER, None, 0) == {_id(1): 1_000, _id(2): 2_000}
-    assert sorted(await link.catchup.rows(OTHER, None, 0)) == [
-        (UNADDRESSED, _id(2), 2_000), (ALICE, _id(1), 1_000)
-    ]
-
-
-async def test_sqlite_0012_carries_every_relays_items_over(tmp_path: Path) -> None:
-    """0012 on a database at 0011: each relay's rows of 0010 become the relays of one row per
-    recipient and DM, and every relay reads what it read before."""
-    path = tmp_path / "old.db"
-    connection = sqlite_at(path, 11)
-    try:
-        connection.executemany(
-            "INSERT INTO catchup_items (relay, pubkey, event_id, created_at) VALUES (?, ?, ?, ?)",
-            _OLD_ITEMS,
-        )
-    finally:
-        connection.close()
-    await (await open_database(path)).close()
-    with sqlite3.connect(path) as check:
-        assert check.execute("SELECT count(*) FROM catchup_deliveries").fetchone() == (3,)
-    async with bridge_link(str(path), tmp_path) as link:
-        await _carried_over(link)
-
-
-async def test_postgres_0012_carries_every_relays_items_over(
-    postgres_url: str, tmp_path: Path
-) -> None:
-    migrations = available()
-    connection = await asyncpg.connect(postgres_url)
-    try:
-        await migrate_connection(connection, [m for m in migrations if m.version < 12])
-        await connection.executemany(
-            "INSERT INTO catchup_items (relay, pubkey, event_id, created_at)"
-            " VALUES ($1, $2, $3, $4)",
-            _OLD_ITEMS,
-        )
-        await migrate_connection(connection)
-        assert await connection.fetchval("SELECT count(*) FROM catchup_deliveries") == 3
-    finally:
-        await connection.close()
-    async with bridge_link(postgres_url, tmp_path) as link:
-        await _carried_over(link)

@@ -39,51 +39,11 @@ def seen_row(row: Any) -> SeenRow:
     return str(event_id), str(first), None if further is None else str(further)
 
 
-RELAYS_SEPARATOR = " "
-"""Joins the relays of one `catchup_deliveries` row (no URL has a space)."""
-
-
-def relay_word(relay: str) -> str:
-    """`relay` as it is found in a row's relays padded with the separator on both sides: a
-    whole word of the list, never a prefix of a longer URL."""
-    return f"{RELAYS_SEPARATOR}{relay}{RELAYS_SEPARATOR}"
-
-
-def catchup_deliveries(
-    rows: Iterable[tuple[str, str, str, int]],
-) -> list[tuple[str, str, int, str]]:
-    """(relay, recipient, event id, created_at) deliveries as `catchup_deliveries` rows:
-    (recipient, event id, created_at, relays), one per recipient and event with every relay
-    that delivered it joined, in the order each first appears (a relay listed once)."""
-    grouped: dict[tuple[str, str], tuple[int, list[str]]] = {}
-    for relay, pubkey, event_id, created_at in rows:
-        found = grouped.get((pubkey, event_id))
-        if found is None:
-            grouped[pubkey, event_id] = (created_at, [relay])
-        elif relay not in found[1]:
-            found[1].append(relay)
-    join = RELAYS_SEPARATOR.join
-    return [
-        (pubkey, event_id, created_at, join(relays))
-        for (pubkey, event_id), (created_at, relays) in grouped.items()
-    ]
-
-
-def merged_relays(listed: str, more: str) -> str:
-    """A row's relays with those of `more` not yet among them appended, each listed once:
-    what an added delivery makes of a `catchup_deliveries` row that is already there."""
-    relays = listed.split(RELAYS_SEPARATOR)
-    for relay in more.split(RELAYS_SEPARATOR):
-        if relay not in relays:
-            relays.append(relay)
-    return RELAYS_SEPARATOR.join(relays)
-
-
 def catchup_items(rows: Iterable[Any]) -> dict[str, int]:
-    """(event_id, created_at) rows of `catchup_deliveries`, by event id."""
+    """(event_id, created_at) rows of `catchup_items`, by event id."""
     return {str(event_id): int(created_at) for event_id, created_at in rows}
 
 
 def catchup_rows(rows: Iterable[Any]) -> list[tuple[str, str, int]]:
-    """(pubkey, event_id, created_at) rows of `catchup_deliveries`."""
+    """(pubkey, event_id, created_at) rows of `catchup_items`."""
     return [(str(pubkey), str(event_id), int(at)) for pubkey, event_id, at in rows]

@@ -390,11 +390,9 @@ UNADDRESSED = ""
 
 
 class CatchupItemsStore(Protocol):
-    """Which DMs each relay delivered within the catch-up window: what negentropy (NIP-77)
-    offers the relay as already had. Deliveries are added as (relay, recipient, event id,
-    created_at), a delivery already there kept once; they are stored one row per recipient
-    and DM listing its relays (`catchup_deliveries`, migration 0012), so the further relays
-    that deliver every DM cost no row of their own."""
+    """Which DMs each relay delivered within the catch-up window (`catchup_items`): what
+    negentropy (NIP-77) offers the relay as already had. Rows are (relay, recipient, event id,
+    created_at); a row already there is kept."""
 
     async def add(self, rows: Sequence[tuple[str, str, str, int]]) -> None: ...
 

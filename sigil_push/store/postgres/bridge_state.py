@@ -13,15 +13,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from sigil_push.store.bridge_rows import (
-    RELAYS_SEPARATOR,
-    catchup_deliveries,
     catchup_items,
     catchup_rows,
     cursor_map,
     decode_relay_lists,
     encode_relay_lists,
     relay_pubkeys,
-    relay_word,
     seen_row,
 )
 from sigil_push.store.interface import BookkeepingOp, SeenRow
@@ -154,65 +151,53 @@ class PostgresSeenRows:
 
 
 class PostgresCatchupItems:
-    """`CatchupItemsStore` on a PostgreSQL handle, one `catchup_deliveries` row per recipient
-    and DM (migration 0012)."""
+    """`CatchupItemsStore` on a PostgreSQL handle."""
 
     def __init__(self, db: PostgresDatabase) -> None:
         self._db = db
 
     async def add(self, rows: Sequence[tuple[str, str, str, int]]) -> None:
-        # one row per key in the statement (an upsert may touch a row once), in key order
-        # (workers overlapping on keys lock rows in one order); a row already there gets the
-        # relays it does not list yet, each once, in order (as `merged_relays` on SQLite)
-        deliveries = sorted(catchup_deliveries(rows))
-        if deliveries:
+        if rows:
             await self._db.run(
-                "INSERT INTO catchup_deliveries AS c (pubkey, event_id, created_at, relays)"
-                " SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[])"
-                f" ON CONFLICT (pubkey, event_id) DO UPDATE SET relays = {_MERGED_RELAYS}",
-                *_columns(deliveries),
+                "INSERT INTO catchup_items (relay, pubkey, event_id, created_at)"
+                " SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[])"
+                " ON CONFLICT DO NOTHING",
+                *_columns(rows),
             )
 
     async def items(
         self, relay: str, pubkeys: Sequence[str] | None, since: int
     ) -> dict[str, int]:
-        return catchup_items(
-            (event_id, created_at) for _, event_id, created_at in await self.rows(
-                relay, pubkeys, since
+        if pubkeys is None:
+            rows = await self._db.fetch(
+                "SELECT event_id, created_at FROM catchup_items"
+                " WHERE relay = $1 AND created_at >= $2",
+                relay, since,
             )
-        )
+        else:
+            rows = await self._db.fetch(
+                "SELECT DISTINCT event_id, created_at FROM catchup_items WHERE relay = $1"
+                " AND created_at >= $2 AND pubkey = ANY($3::text[])",
+                relay, since, list(pubkeys),
+            )
+        return catchup_items(rows)
 
     async def rows(
         self, relay: str, pubkeys: Sequence[str] | None, since: int
     ) -> list[tuple[str, str, int]]:
         if pubkeys is None:
             rows = await self._db.fetch(
-                "SELECT pubkey, event_id, created_at FROM catchup_deliveries"
-                f" WHERE created_at >= $1 AND {_LISTS_RELAY.format(n=2)}",
-                since, relay_word(relay),
+                "SELECT pubkey, event_id, created_at FROM catchup_items"
+                " WHERE relay = $1 AND created_at >= $2",
+                relay, since,
             )
         else:
             rows = await self._db.fetch(
-                "SELECT pubkey, event_id, created_at FROM catchup_deliveries"
-                " WHERE pubkey = ANY($1::text[]) AND created_at >= $2"
-                f" AND {_LISTS_RELAY.format(n=3)}",
-                list(pubkeys), since, relay_word(relay),
+                "SELECT pubkey, event_id, created_at FROM catchup_items WHERE relay = $1"
+                " AND created_at >= $2 AND pubkey = ANY($3::text[])",
+                relay, since, list(pubkeys),
             )
         return catchup_rows(rows)
 
     async def prune(self, cutoff: int) -> int:
-        return await self._db.run(
-            "DELETE FROM catchup_deliveries WHERE created_at < $1", cutoff
-        )
-
-
-_MERGED_RELAYS = (
-    f"(SELECT string_agg(relay, '{RELAYS_SEPARATOR}' ORDER BY first) FROM (SELECT relay,"
-    f" min(n) AS first FROM unnest(string_to_array(c.relays || '{RELAYS_SEPARATOR}' ||"
-    f" EXCLUDED.relays, '{RELAYS_SEPARATOR}')) WITH ORDINALITY AS listed (relay, n)"
-    " GROUP BY relay) AS merged)"
-)
-_LISTS_RELAY = (
-    f"strpos('{RELAYS_SEPARATOR}' || relays || '{RELAYS_SEPARATOR}', ${{n}}) > 0"
-)
-"""The row's relays name the relay (its `relay_word`, parameter `n`)."""
+        return await self._db.run("DELETE FROM catchup_items WHERE created_at < $1", cutoff)

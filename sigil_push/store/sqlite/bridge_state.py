@@ -14,15 +14,11 @@ from typing import Any
 import aiosqlite
 
 from sigil_push.store.bridge_rows import (
-    RELAYS_SEPARATOR,
-    catchup_deliveries,
     catchup_rows,
     cursor_map,
     decode_relay_lists,
     encode_relay_lists,
-    merged_relays,
     relay_pubkeys,
-    relay_word,
     seen_row,
 )
 from sigil_push.store.errors import TRANSIENT_ERRORS
@@ -158,26 +154,16 @@ CATCHUP_KEYS_PER_QUERY = 500
 
 class SqliteCatchupItems:
     """`CatchupItemsStore` on one aiosqlite connection (writes inside the caller's
-    transaction), one `catchup_deliveries` row per recipient and DM (migration 0012)."""
+    transaction)."""
 
     def __init__(self, db: aiosqlite.Connection) -> None:
         self._db = db
-        self._merging = False
-        """`merged_relays` is registered on the connection (at the first write)."""
 
     async def add(self, rows: Sequence[tuple[str, str, str, int]]) -> None:
-        # a row already there gets the relays it does not list yet (`merged_relays`, asked
-        # only on a conflict: a relay's delivery of a DM in an earlier flush)
-        if not self._merging:
-            await self._db.create_function(
-                _MERGED_RELAYS, 2, merged_relays, deterministic=True
-            )
-            self._merging = True
         await self._db.executemany(
-            "INSERT INTO catchup_deliveries (pubkey, event_id, created_at, relays)"
-            " VALUES (?, ?, ?, ?) ON CONFLICT (pubkey, event_id) DO UPDATE"
-            f" SET relays = {_MERGED_RELAYS}(relays, excluded.relays)",
-            catchup_deliveries(rows),
+            "INSERT INTO catchup_items (relay, pubkey, event_id, created_at)"
+            " VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            rows,
         )
 
     async def items(
@@ -189,39 +175,28 @@ class SqliteCatchupItems:
     async def rows(
         self, relay: str, pubkeys: Sequence[str] | None, since: int
     ) -> list[tuple[str, str, int]]:
-        word = relay_word(relay)
         if pubkeys is None:
             rows = await self._db.execute_fetchall(
-                "SELECT pubkey, event_id, created_at FROM catchup_deliveries"
-                f" WHERE created_at >= ? AND {_LISTS_RELAY}",
-                (since, word),
+                "SELECT pubkey, event_id, created_at FROM catchup_items"
+                " WHERE relay = ? AND created_at >= ?",
+                (relay, since),
             )
             return catchup_rows(rows)
         found: list[tuple[str, str, int]] = []
         for start in range(0, len(pubkeys), CATCHUP_KEYS_PER_QUERY):
             chunk = list(pubkeys[start : start + CATCHUP_KEYS_PER_QUERY])
-            # `+created_at`: the keys' rows by the primary key, never the whole window's by
-            # the time index
             rows = await self._db.execute_fetchall(
-                "SELECT pubkey, event_id, created_at FROM catchup_deliveries"
-                f" WHERE pubkey IN ({','.join('?' * len(chunk))}) AND +created_at >= ?"
-                f" AND {_LISTS_RELAY}",
-                (*chunk, since, word),
+                "SELECT pubkey, event_id, created_at FROM catchup_items WHERE relay = ?"
+                f" AND created_at >= ? AND pubkey IN ({','.join('?' * len(chunk))})",
+                (relay, since, *chunk),
             )
             found.extend(catchup_rows(rows))
         return found
 
     async def prune(self, cutoff: int) -> int:
         cursor = await self._db.execute(
-            "DELETE FROM catchup_deliveries WHERE created_at < ?", (cutoff,)
+            "DELETE FROM catchup_items WHERE created_at < ?", (cutoff,)
         )
         removed = int(cursor.rowcount)
         await cursor.close()
         return removed
-
-
-_MERGED_RELAYS = "sigil_merged_relays"
-_LISTS_RELAY = (
-    f"instr('{RELAYS_SEPARATOR}' || relays || '{RELAYS_SEPARATOR}', ?) > 0"
-)
-"""The row's relays name the relay (its `relay_word`, the statement's last parameter)."""
