@@ -91,6 +91,7 @@ async def test_a_restart_reads_the_snapshot_and_only_the_rows_written_since(
         assert base is None and items == window
         assert _loads("none") == none_before + 1
         first.note(RELAY, _id(500), now - 1, (BOB,))
+        first.confirm([_id(500)])
         window[_id(500)] = now - 1
         await first.flush()
         await first.save_snapshots(final=True)
@@ -141,10 +142,12 @@ async def test_a_new_snapshot_is_cut_once_the_rows_since_the_last_are_many(
         assert first is not None and len(SnapshotItems(first[1])) == 40
         for n in range(5):
             ledger.note(RELAY, _id(100 + n), now - 500 - n, (ALICE,))
+        ledger.confirm(_id(100 + n) for n in range(12))
         await ledger.save_snapshots()
         assert await link.catchup.snapshot(RELAY, FIREHOSE_SCOPE) == first, "5 are few"
         for n in range(5, 12):
             ledger.note(RELAY, _id(100 + n), now - 500 - n, (ALICE,))
+        ledger.confirm(_id(100 + n) for n in range(5, 12))
         await ledger.save_snapshots()
         second = await link.catchup.snapshot(RELAY, FIREHOSE_SCOPE)
         assert second is not None and len(SnapshotItems(second[1])) == 52
@@ -179,3 +182,41 @@ async def test_a_snapshot_that_cannot_serve_falls_back_to_reading_the_window(
         base, items = await ledger.held(RELAY, None, 0)
         assert base is None and items == window, "every row read instead"
         assert _loads(damage) == before + 1
+
+
+async def test_rows_of_a_dm_not_yet_committed_are_not_written_nor_snapshotted(
+    store: SqliteStore | PostgresStore, database: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A DM noted on delivery but not yet decided by the committer is offered as had in this
+    process, but neither its row nor a snapshot says so on disk: if the process died before
+    the commit, the next one's reconciliation must fetch it again. Confirmed, it is written;
+    never confirmed (dropped before the committer), it is let go after UNCONFIRMED_SECONDS."""
+    now = int(time.time())
+    async with bridge_link(database, tmp_path) as link:
+        window = await _noted_window(link, now, 30)
+        ledger = CatchupLedger(3600)
+        ledger.attach(link, asyncio.Lock())
+        await ledger.held(RELAY, None, 0)
+        ledger.note(RELAY, _id(900), now - 5, (ALICE,))
+        ledger.note(RELAY, _id(901), now - 6, (BOB,))
+        assert (await ledger.held(RELAY, None, 0))[1] == {
+            **window, _id(900): now - 5, _id(901): now - 6
+        }, "in memory at once"
+        await ledger.flush()
+        await ledger.save_snapshots(final=True)
+        assert _id(900) not in await link.catchup.items(RELAY, None, 0)
+        stored = await link.catchup.snapshot(RELAY, FIREHOSE_SCOPE)
+        assert stored is not None
+        assert {raw.hex() for _, raw in SnapshotItems(stored[1]).pairs(0)} == set(window)
+        base, items = await ledger.held(RELAY, None, 0)
+        assert base is not None and items == {_id(900): now - 5, _id(901): now - 6}
+
+        ledger.confirm([_id(900)])
+        monkeypatch.setattr(catchup_ledger, "UNCONFIRMED_SECONDS", 0.0)
+        await ledger.flush()
+        on_disk = await link.catchup.items(RELAY, None, 0)
+        assert on_disk[_id(900)] == now - 5 and _id(901) not in on_disk
+        ledger.confirm([_id(901)])  # too late: let go
+        await ledger.flush()
+        assert _id(901) not in await link.catchup.items(RELAY, None, 0)
