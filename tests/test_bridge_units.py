@@ -333,7 +333,9 @@ async def test_seen_events_survive_a_restart_and_memory_stays_bounded(
     assert looked_up.first_delivery(KEYS[1], "wss://c", {}) == (False, False)
     assert restarted.first_delivery(KEYS[0], "wss://b", {}) == (False, True)
     await restarted.save([], [(KEYS[0], "wss://b"), (KEYS[0], "wss://c"), (KEYS[0], "wss://b")])
-    row = await db.execute_fetchall("SELECT relay FROM seen_events WHERE event_id = ?", (KEYS[0],))
+    row = await db.execute_fetchall(
+        "SELECT relay FROM seen_events WHERE event_id = ?", (bytes.fromhex(KEYS[0]),)
+    )
     assert list(row) == [("wss://a wss://b wss://c",)], "further relays appended to its row once"
     again = SeenEvents(rows, retention_seconds=1000, cache_size=10)
     await again.lookup([KEYS[0]])

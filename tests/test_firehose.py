@@ -307,7 +307,7 @@ async def test_a_copy_reuses_the_verified_original_and_a_forged_body_gains_nothi
         assert {r["relay"] for r in seen_records(tmp_path)} == {relays[0], relays[1], relays[2], relays[4]}
 
         first_batch = await db.execute_fetchall(
-            "SELECT relay FROM seen_events WHERE event_id = ?", (original.id,)
+            "SELECT relay FROM seen_events WHERE event_id = ?", (bytes.fromhex(original.id),)
         )
         assert list(first_batch) == [(" ".join((*relays[:3], relays[4])),)], (
             "copies of its first batch, then a later batch's copy appended"
@@ -354,7 +354,7 @@ async def test_copies_in_later_batches_share_one_row_and_are_recorded_once_on_di
         assert duplicates() - duplicates_before == 1, "a held delivery is known at once"
         assert len(seen_records(tmp_path)) == 1, "held: not logged before its row is written"
         rows = await db.execute_fetchall(
-            "SELECT relay FROM seen_events WHERE event_id = ?", (original.id,)
+            "SELECT relay FROM seen_events WHERE event_id = ?", (bytes.fromhex(original.id),)
         )
         assert list(rows) == [(relays[0],)], "held: not written yet"
 
@@ -365,7 +365,7 @@ async def test_copies_in_later_batches_share_one_row_and_are_recorded_once_on_di
         assert sorted(r["relay"] for r in seen_records(tmp_path) if r["event_id"] == original.id
                       ) == sorted(relays)
         rows = await db.execute_fetchall(
-            "SELECT relay FROM seen_events WHERE event_id = ?", (original.id,)
+            "SELECT relay FROM seen_events WHERE event_id = ?", (bytes.fromhex(original.id),)
         )
         assert list(rows) == [(" ".join(relays),)], "both later copies appended to its row"
         wakeups = await db.execute_fetchall(

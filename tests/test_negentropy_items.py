@@ -79,7 +79,7 @@ async def test_a_second_reconciliation_adds_only_the_new_items() -> None:
             del had[dms[0]["id"]]
             assert await reconciler.missing(later, had) == []
             assert reconciler.added_now == 0
-            assert reconciler._kept[None].known == set(had)
+            assert reconciler._kept[None][1].known == set(had)
         finally:
             await reconciler.close()
 

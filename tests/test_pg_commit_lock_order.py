@@ -70,10 +70,10 @@ def _held_rows(table: str, events: tuple[Event, ...], device: Device) -> list[Ho
                " VALUES ($1, $2, $3, 0, 0)")
         return [(sql, (device.id, e.id, RELAY)) for e in events]
     if table == "further":
-        return [("UPDATE seen_events SET relay = relay WHERE event_id = $1", (e.id,))
-                for e in events]
+        return [("UPDATE seen_events SET relay = relay WHERE event_id = $1",
+                 (bytes.fromhex(e.id),)) for e in events]
     return [(f"INSERT INTO {table} (event_id, relay, keep_until) VALUES ($1, $2, 1)",
-             (e.id, RELAY)) for e in events]
+             (bytes.fromhex(e.id), RELAY)) for e in events]
 
 
 async def _waiting_on_locks(watcher: asyncpg.Connection) -> int:
@@ -158,7 +158,7 @@ async def test_overlapping_committers_wait_instead_of_deadlocking(
             if table == "further":
                 await connection.executemany(
                     "INSERT INTO seen_events (event_id, relay, keep_until) VALUES ($1, $2, 1)",
-                    [(e.id, FIRST) for e in (x, p, q, y)])
+                    [(bytes.fromhex(e.id), FIRST) for e in (x, p, q, y)])
 
         await fresh()
         held = _held_rows(table, (p, q), device)
@@ -176,13 +176,15 @@ async def test_overlapping_committers_wait_instead_of_deadlocking(
         ))
         assert ordered == [None, None]
         if table == "further":
-            rows = await connection.fetch("SELECT event_id, relay FROM seen_events")
+            rows = await connection.fetch(
+                "SELECT encode(event_id, 'hex'), relay FROM seen_events")
             appended = {e.id: FIRST for e in (x, p, q, y)}
             for event in [*a_events, *b_events]:
                 appended[event.id] += " " + RELAY
             assert dict(rows) == appended, "each worker's relay appended once per event"
             return
-        rows = await connection.fetch(f"SELECT event_id FROM {table}")
+        hex_id = "event_id" if table == "outbox" else "encode(event_id, 'hex')"
+        rows = await connection.fetch(f"SELECT {hex_id} FROM {table}")
         assert sorted(r[0] for r in rows) == sorted(e.id for e in (x, p, q, y))
 
 

@@ -55,11 +55,11 @@ async def test_many_row_inserts_are_one_statement_with_the_rows_of_row_by_row(
         for table in ("seen_events", "relay_baselines"):
             await _count_statements(db, table)
         seen, state = PostgresSeenRows(db), PostgresRelayState(db)
-        await seen.insert([("b", "wss://x", 2), ("a", "wss://x", 2**40), ("b", "wss://dup", 3)])
-        await seen.insert([("a", "wss://already", 9), ("c", "wss://y", 4)])
+        await seen.insert([(b"b", "wss://x", 2), (b"a", "wss://x", 2**40), (b"b", "wss://dup", 3)])
+        await seen.insert([(b"a", "wss://already", 9), (b"c", "wss://y", 4)])
         rows = await db.fetch("SELECT event_id, relay, keep_until FROM seen_events ORDER BY 1")
         assert [tuple(r) for r in rows] == [
-            ("a", "wss://x", 2**40), ("b", "wss://x", 2), ("c", "wss://y", 4)
+            (b"a", "wss://x", 2**40), (b"b", "wss://x", 2), (b"c", "wss://y", 4)
         ]
         await state.apply(
             BookkeepingOp.INSERT_BASELINES, [("wss://x", f"{i:064x}", i) for i in range(50)]
@@ -79,14 +79,14 @@ async def test_a_transaction_commits_its_writes_or_none_of_them(postgres_url: st
     seen = PostgresSeenRows(db)
     try:
         async with db.transaction():
-            await seen.insert([("kept", "wss://x", 1)])
+            await seen.insert([(b"kept", "wss://x", 1)])
         with pytest.raises(RuntimeError):
             async with db.transaction():
-                await seen.insert([("dropped", "wss://x", 1)])
+                await seen.insert([(b"dropped", "wss://x", 1)])
                 raise RuntimeError("a poison batch")
         async with db.transaction():
-            await seen.append_relays([(" wss://y", "kept")])
+            await seen.append_relays([(" wss://y", b"kept")])
         rows = await db.fetch("SELECT event_id, relay FROM seen_events")
-        assert [tuple(r) for r in rows] == [("kept", "wss://x wss://y")]
+        assert [tuple(r) for r in rows] == [(b"kept", "wss://x wss://y")]
     finally:
         await db.close()

@@ -87,7 +87,7 @@ async def test_serve_on_postgres_pushes_a_relayed_dm_once(
     await eventually_async(lambda: _empty(postgres_url), "the outbox row was settled")
     await publish(relay.url, dm)  # the same event again: already handled, never pushed twice
     assert await _count(
-        postgres_url, f"SELECT count(*) FROM seen_events WHERE event_id = '{dm['id']}'"
+        postgres_url, f"SELECT count(*) FROM seen_events WHERE event_id = decode('{dm['id']}', 'hex')"
     ) == 1
     assert len(ours()) == 1
     request = ours()[0]

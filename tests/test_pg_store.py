@@ -36,11 +36,18 @@ async def _devices(store: Store, count: int, payload: str = "opaque") -> list[De
     ]
 
 
-async def test_outbox_enqueues_each_event_device_pair_once(store: Store) -> None:
+async def test_outbox_enqueues_each_event_device_pair_once(
+    store: Store, store_backend: str
+) -> None:
+    """One wakeup per device. A (device, event) queued again is skipped on PostgreSQL, where
+    workers overlapping on a shard may both hand the event over; SQLite's one writer hands
+    each event over once (tests/test_bridge_units.py: exactly once through the committer),
+    so it keeps no index keyed by the random event id (migration 0014)."""
     devices = await _devices(store, 2, payload="event")
     event = _event()
     assert await store.outbox.enqueue(event, "wss://a", NOW, devices) == 2
-    assert await store.outbox.enqueue(event, "wss://b", NOW, devices) == 0
+    if store_backend == "postgres":
+        assert await store.outbox.enqueue(event, "wss://b", NOW, devices) == 0
     assert await store.outbox.depth() == 2
     await store.outbox.resume(NOW)
     due = await store.outbox.due(NOW, 10)

@@ -102,7 +102,7 @@ async def _diagnosis(
                 continue
             recipient = next(t[1] for t in dm["tags"] if t[0] == "p")
             seen = await connection.fetchval(
-                "SELECT count(*) FROM seen_events WHERE event_id = $1", dm["id"]
+                "SELECT count(*) FROM seen_events WHERE event_id = decode($1, 'hex')", dm["id"]
             )
             outbox = await connection.fetch(
                 "SELECT claimed_by, claimed_until_ms, attempts, next_attempt_ms FROM outbox"

@@ -40,6 +40,16 @@ COLUMN_DIFFERENCES: dict[tuple[str, str], tuple[Column | None, Column | None, st
     ("outbox", "claimed_until_ms"): (
         None, ("integer", True), "when a dead worker's claim lapses (as claimed_by)",
     ),
+    ("seen_events", "id"): (
+        ("integer", False), None,
+        ("SQLite's rowid made explicit: its rows (and the expiry index's entries) in arrival"
+         " order, so a commit appends pages instead of rewriting random ones (0014); a"
+         " PostgreSQL heap is in arrival order already"),
+    ),
+    ("catchup_items", "id"): (
+        ("integer", False), None,
+        "as seen_events' id: SQLite's rows in arrival order, the expiry index (created_at, id)",
+    ),
     ("schema_migrations", "applied_at"): (
         ("integer", False), ("timestamp", False),
         "bookkeeping of each tree's own runner (Unix seconds / timestamptz); no code reads it",

@@ -9,6 +9,14 @@ Memory is bounded like the table, by the window (pruned with it), and by MAX_KEP
 relay, past which that relay is read from the store as before; its size is the
 `catchup_items` series of sigil_push_memory_entries.
 
+A firehose relay's items are also kept as a snapshot in the store (sorted records with their
+prefix sums, nostr/nip77_snapshot.py): written from memory when the items noted since the last
+one pass a sixteenth of it (off the event loop) and at a clean shutdown, so a restart reads
+the snapshot as bytes and only the rows written since its cut (`noted_at`), and the
+reconciliation reads both as one set: a restart's CPU follows what is new, not the window. A
+snapshot that is missing, corrupt, too large or cut before the window falls back to reading
+the window's rows, counted in sigil_push_catchup_snapshot_loads_total by outcome.
+
 Noting costs a tuple append per delivery; the rows reach the store with the housekeeping (or
 as soon as MAX_PENDING_ROWS wait), never in the committer's transaction: a row lost to a crash
 only makes the next reconciliation fetch that event again, which the seen ids then drop. Every
@@ -20,12 +28,23 @@ bounded by the window.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import re
 import time
+from collections.abc import Iterable, Iterator
 from typing import Any
 
+from prometheus_client import Counter
+
 from sigil_push.memory_gauges import track
+from sigil_push.nostr.nip77_snapshot import (
+    DIGEST_SIZE,
+    RECORD_SIZE,
+    SnapshotInvalid,
+    SnapshotItems,
+    encode_snapshot,
+)
 from sigil_push.store.errors import STORE_UNAVAILABLE
 from sigil_push.store.interface import UNADDRESSED, BridgeConnection
 
@@ -35,18 +54,65 @@ MAX_PENDING_ROWS = 20_000
 MAX_KEPT_ITEMS = 2_000_000
 """(recipient, event id) pairs kept in memory per relay (about 100 bytes each beyond the id
 strings, which the seen cache and nostr-sdk's kept items share)."""
+FIREHOSE_SCOPE = ""
+"""The snapshot scope of a relay's whole window (a firehose relay's, read with no `#p`)."""
+MAX_SNAPSHOT_ITEMS = 500_000
+"""Items one snapshot may hold (72 bytes each: 36 MB), the reconciler's bound per relay; a
+larger window is read from the store's rows, as before snapshots."""
+RECUT_MIN_ITEMS = 2_000
+RECUT_FRACTION = 16
+"""A new snapshot is cut once the items noted since the last pass a sixteenth of it (and
+RECUT_MIN_ITEMS): a restart then reads at most about that many rows beyond the snapshot."""
+SNAPSHOT_LOADS = Counter(
+    "sigil_push_catchup_snapshot_loads_total",
+    "Restarts' first catch-up item reads of a firehose relay, by how its stored snapshot"
+    " served: loaded, or none/corrupt/oversized/stale/keyed (the window's rows read instead)",
+    ["outcome"],
+)
+SNAPSHOT_OUTCOMES = ("loaded", "none", "corrupt", "oversized", "stale", "keyed")
+SNAPSHOT_WRITES = Counter(
+    "sigil_push_catchup_snapshot_writes_total",
+    "NIP-77 snapshots of a relay's catch-up items written, by outcome (written, failed)",
+    ["outcome"],
+)
+for _outcome in SNAPSHOT_OUTCOMES:
+    SNAPSHOT_LOADS.labels(_outcome)
+for _outcome in ("written", "failed"):
+    SNAPSHOT_WRITES.labels(_outcome)
 _EVENT_ID = re.compile(r'"id"\s*:\s*"([0-9a-f]{64})"')
 _CREATED_AT = re.compile(r'"created_at"\s*:\s*(\d{1,12})\b')
 
 
+def _recut(base: SnapshotItems | None, groups: list[dict[str, int]], since: int) -> bytes:
+    """A new snapshot: `base`'s items and those of `groups` (id → created_at), since `since`."""
+    fresh: dict[str, int] = {}
+    for ids in groups:
+        fresh.update(ids)
+    new = sorted((at, bytes.fromhex(event_id)) for event_id, at in fresh.items() if at >= since)
+    old = base.pairs(since) if base is not None else []
+
+    def unique(pairs: Iterable[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:
+        previous = None
+        for pair in pairs:
+            if pair != previous:
+                yield pair
+            previous = pair
+
+    return encode_snapshot(unique(heapq.merge(old, new)))
+
+
 class _Kept:
-    """One relay's deliveries in memory: recipient → event id → created_at."""
+    """One relay's deliveries in memory: recipient → event id → created_at; for a firehose
+    relay with a snapshot (`base`), those noted since it was cut."""
 
     def __init__(self) -> None:
         self.by_key: dict[str, dict[str, int]] = {}
         self.size = 0
         self.loaded_keys: set[str] = set()
         self.all_loaded = False
+        self.base: SnapshotItems | None = None
+        self.recutting: dict[str, dict[str, int]] | None = None
+        """What a snapshot being cut takes in (still read until it is saved)."""
 
     def unloaded(self, keys: list[str] | None) -> list[str] | None:
         """Which of `keys` still need reading from the store ([] none; None all of them)."""
@@ -65,10 +131,12 @@ class _Kept:
             self.size += 1
 
     def items(self, keys: list[str] | None, since: int) -> dict[str, int]:
+        """Beyond the snapshot, when there is one."""
         found: dict[str, int] = {}
-        groups = self.by_key.values() if keys is None else (
-            self.by_key[key] for key in keys if key in self.by_key
-        )
+        layers = [self.by_key] if self.recutting is None else [self.recutting, self.by_key]
+        groups = [ids for layer in layers for ids in (
+            layer.values() if keys is None else (layer[key] for key in keys if key in layer)
+        )]
         for ids in groups:
             for event_id, created_at in ids.items():
                 if created_at >= since:
@@ -102,7 +170,8 @@ class CatchupLedger:
         track("catchup_items", self, CatchupLedger.kept_items)
 
     def kept_items(self) -> int:
-        return sum(kept.size for kept in self._kept.values())
+        return sum(kept.size + (len(kept.base) if kept.base is not None else 0)
+                   for kept in self._kept.values())
 
     def _keep(self, url: str, recipient: str, event_id: str, created_at: int) -> None:
         kept = self._kept.get(url)
@@ -169,24 +238,43 @@ class CatchupLedger:
             self._rows = (rows + self._rows)[-MAX_PENDING_ROWS * 5 :]
 
     async def items(self, url: str, keys: list[str] | None, since: int) -> dict[str, int]:
-        """Event id → created_at of the DMs `url` delivered since `since` (for `keys`, or all):
-        from memory, the relay's rows loaded from the store the first time."""
+        """Event id → created_at of the DMs `url` delivered since `since` (for `keys`, or
+        all), the snapshot's among them."""
+        base, items = await self.held(url, keys, since)
+        if base is not None:
+            items.update((raw.hex(), at) for at, raw in base.pairs(since))
+        return items
+
+    async def held(
+        self, url: str, keys: list[str] | None, since: int
+    ) -> tuple[SnapshotItems | None, dict[str, int]]:
+        """What `url` delivered since `since` (for `keys`, or all) as a stored snapshot (for
+        the whole window only; its older items are the caller's to leave out) and event id →
+        created_at of the rest: from memory, loaded from the store the first time."""
         kept = self._kept.get(url)
+        if kept is not None and kept.base is not None and keys is not None:
+            # the snapshot has no recipients: a keyed read of a relay once read whole
+            del self._kept[url]
+            kept = None
+            SNAPSHOT_LOADS.labels("keyed").inc()
         unloaded = [] if kept is None else kept.unloaded(keys)
         if kept is not None and unloaded == []:
-            return kept.items(keys, since)
+            return kept.base, kept.items(keys, since)
         await self.flush()
         if self._link is None or self._turn is None:
-            return {}
+            return None, {}
         self.store_reads += 1
         if url in self._too_large:
             async with self._turn:
-                return await self._link.catchup.items(url, keys, since)
+                return None, await self._link.catchup.items(url, keys, since)
         if kept is None:
             kept = self._kept[url] = _Kept()
             unloaded = keys
-        async with self._turn:
-            rows = await self._link.catchup.rows(url, unloaded, self._cutoff(0))
+        if unloaded is None:
+            rows = await self._load_whole(url, kept)
+        else:
+            async with self._turn:
+                rows = await self._link.catchup.rows(url, unloaded, self._cutoff(0))
         if unloaded is None:
             kept.all_loaded = True
         else:
@@ -200,7 +288,74 @@ class CatchupLedger:
         if kept.size > MAX_KEPT_ITEMS:
             del self._kept[url]
             self._too_large.add(url)
-        return kept.items(keys, since)
+            async with self._turn:
+                return None, await self._link.catchup.items(url, keys, since)
+        return kept.base, kept.items(keys, since)
+
+    async def _load_whole(self, url: str, kept: _Kept) -> list[tuple[str, str, int]]:
+        """A relay's rows for the whole window: those written since its snapshot, when the
+        snapshot serves (`kept.base`), else all of them."""
+        assert self._link is not None and self._turn is not None
+        cutoff = self._cutoff(0)
+        async with self._turn:
+            stored = await self._link.catchup.snapshot(url, FIREHOSE_SCOPE)
+        outcome = "none"
+        if stored is not None:
+            cut, data = stored
+            outcome = "stale" if cut < cutoff else "loaded"
+            if len(data) > MAX_SNAPSHOT_ITEMS * RECORD_SIZE + 12 + DIGEST_SIZE:
+                outcome = "oversized"
+            elif outcome == "loaded":
+                try:
+                    kept.base = SnapshotItems(data)
+                except SnapshotInvalid as error:
+                    log.warning("catch-up snapshot refused: %s", error)
+                    outcome = "corrupt"
+        SNAPSHOT_LOADS.labels(outcome).inc()
+        async with self._turn:
+            if stored is not None and kept.base is not None:
+                return await self._link.catchup.noted_since(url, stored[0], cutoff)
+            return await self._link.catchup.rows(url, None, cutoff)
+
+    async def save_snapshots(self, final: bool = False) -> None:
+        """Cut a new snapshot of each relay held whole whose items noted since the last one
+        are many enough (any, when `final`: at a clean shutdown)."""
+        for url, kept in list(self._kept.items()):
+            if not kept.all_loaded or kept.recutting is not None:
+                continue
+            base_size = len(kept.base) if kept.base is not None else 0
+            if base_size + kept.size > MAX_SNAPSHOT_ITEMS or not kept.size:
+                continue
+            if final or kept.size >= max(RECUT_MIN_ITEMS, base_size // RECUT_FRACTION):
+                await self._save_snapshot(url, kept)
+
+    async def _save_snapshot(self, url: str, kept: _Kept) -> None:
+        link, turn = self._link, self._turn
+        if link is None or turn is None:
+            return
+        await self.flush()
+        # every row written before `cut` is in memory now: it goes into this snapshot
+        cut = int(time.time()) - 1
+        captured = kept.recutting = kept.by_key
+        kept.by_key, kept.size = {}, 0
+        try:
+            data = await asyncio.to_thread(
+                _recut, kept.base, list(captured.values()), self._cutoff(0)
+            )
+            async with turn, link.transaction():
+                await link.catchup.save_snapshot(url, FIREHOSE_SCOPE, cut, data)
+            base = SnapshotItems(data)
+        except STORE_UNAVAILABLE as error:
+            SNAPSHOT_WRITES.labels("failed").inc()
+            log.warning("catch-up snapshot not saved: %s", type(error).__name__)
+            for recipient, ids in captured.items():
+                for event_id, created_at in ids.items():
+                    kept.add(recipient, event_id, created_at)
+        else:
+            SNAPSHOT_WRITES.labels("written").inc()
+            kept.base = base
+        finally:
+            kept.recutting = None
 
     def _cutoff(self, slack_seconds: int) -> int:
         return int(time.time()) - self._window - slack_seconds

@@ -205,6 +205,7 @@ class Bridge:
                 await task
         await committer
         await self._ledger.flush()
+        await self._ledger.save_snapshots(final=True)
         await self._relays.save_cursors()
         if self._link is not None:
             await self._link.close()
@@ -231,6 +232,7 @@ class Bridge:
             await self._relays.save_cursors()
             self._ingest.forget_full_buckets()
             await self._ledger.flush()
+            await self._ledger.save_snapshots()
             if time.monotonic() - last_prune >= PRUNE_EVERY_SECONDS:
                 last_prune = time.monotonic()
                 removed = await self._seen.prune()

@@ -29,8 +29,10 @@ from __future__ import annotations
 
 import hashlib
 from bisect import bisect_left
+from collections.abc import Sequence
 from itertools import accumulate
 from operator import itemgetter
+from typing import Protocol
 
 PROTOCOL_VERSION = 0x61
 ID_SIZE = 32
@@ -49,6 +51,9 @@ _MOD = 1 << 256
 
 Bound = tuple[int, bytes]
 """(timestamp, id prefix): items below it sort before it."""
+Key = tuple[int, bytes, int]
+"""(created_at, id bytes, id as a little-endian integer): the protocol's order is the first
+two (ids are unique, so the integer is never compared)."""
 
 
 class ProtocolError(ValueError):
@@ -180,7 +185,8 @@ class SortedItems:
             return len(self._added)
         return bisect_left(self._added, self.keys[index])
 
-    def _sum_before(self, index: int) -> int:
+    def sum_before(self, index: int) -> int:
+        """The first `index` items' ids added up (any multiple of 2^256 apart)."""
         added = self._added_before(index)
         return self._base_sums[index - added] + self._added_sums[added]
 
@@ -200,7 +206,28 @@ class SortedItems:
             del self._added_sums[:added]
 
     def fingerprint(self, lower: int, upper: int) -> bytes:
-        return fingerprint(self._sum_before(upper) - self._sum_before(lower), upper - lower)
+        return fingerprint(self.sum_before(upper) - self.sum_before(lower), upper - lower)
+
+    def lacking(self, ids: list[bytes], lower: int, upper: int) -> list[bytes]:
+        """Which of `ids` (a relay's, for the range [lower, upper)) are not held."""
+        known = self.known
+        return [raw for raw in ids if raw.hex() not in known]
+
+
+class Items(Protocol):
+    """What a reconciliation reads: sorted items by index, range fingerprints, membership.
+    `SortedItems` in memory, or `LayeredItems` (a stored snapshot beneath them)."""
+
+    @property
+    def keys(self) -> Sequence[Key]: ...
+
+    def __len__(self) -> int: ...
+
+    def position(self, created_at: int) -> int: ...
+
+    def fingerprint(self, lower: int, upper: int) -> bytes: ...
+
+    def lacking(self, ids: list[bytes], lower: int, upper: int) -> list[bytes]: ...
 
 
 class Reconciliation:
@@ -213,7 +240,7 @@ class Reconciliation:
     """
 
     def __init__(
-        self, items: SortedItems, lower: int, upper: int, frame_limit: int, max_missing: int
+        self, items: Items, lower: int, upper: int, frame_limit: int, max_missing: int
     ) -> None:
         if frame_limit < MIN_FRAME_LIMIT:
             raise ValueError("frame limit too small")
@@ -277,7 +304,7 @@ class Reconciliation:
                 count, position = read_varint(message, position)
                 if count * ID_SIZE > len(message) - position:
                     raise ProtocolError("message ends inside an id list")
-                self._note_theirs(message, position, count)
+                self._note_theirs(message, position, count, lower, upper)
                 position += count * ID_SIZE
                 skipping = True
             else:
@@ -294,12 +321,17 @@ class Reconciliation:
             lower, previous_bound = upper, bound
         return None if len(out) == 1 else bytes(out)
 
-    def _note_theirs(self, message: bytes, position: int, count: int) -> None:
-        known, missing = self._items.known, self.missing
-        for start in range(position, position + count * ID_SIZE, ID_SIZE):
-            event_id = message[start : start + ID_SIZE].hex()
-            if event_id not in known:
-                missing.add(event_id)
+    def _note_theirs(
+        self, message: bytes, position: int, count: int, lower: int, upper: int
+    ) -> None:
+        """The relay's ids for our range [lower, upper): those we lack are missing (the same
+        event falls in the same range on both sides, as both order by (created_at, id))."""
+        if not count:
+            return
+        theirs = [message[start : start + ID_SIZE]
+                  for start in range(position, position + count * ID_SIZE, ID_SIZE)]
+        missing = self.missing
+        missing.update(raw.hex() for raw in self._items.lacking(theirs, lower, upper))
         if len(missing) > self._max_missing:
             raise TooManyMissing(f"more than {self._max_missing} ids missing")
 

@@ -33,7 +33,8 @@ from typing import Any
 import aiohttp
 
 from sigil_push.memory_gauges import track
-from sigil_push.nostr.nip77 import ProtocolError, Reconciliation, SortedItems
+from sigil_push.nostr.nip77 import Items, ProtocolError, Reconciliation, SortedItems
+from sigil_push.nostr.nip77_snapshot import LayeredItems, SnapshotItems
 from sigil_push.relays.labels import relay_label
 from sigil_push.relays.reader_socket import ReaderSocket, open_reader
 
@@ -64,7 +65,7 @@ set larger than the bound is rebuilt each time, so a larger window costs CPU, ne
 
 
 def _slices(
-    kept: SortedItems, query: dict[str, Any], per_slice: int
+    kept: Items, query: dict[str, Any], per_slice: int
 ) -> list[tuple[dict[str, Any], int, int]]:
     """`query`'s window cut at whole seconds into slices of about `per_slice` of the kept
     items each, as (filter, first index, end index): every item in exactly one, slice k asks
@@ -136,23 +137,33 @@ class Reconciler:
         self.count = WireCount()
         self._socket: ReaderSocket | None = None
         self._stack: contextlib.AsyncExitStack | None = None
-        self._kept: dict[tuple[str, ...] | None, SortedItems] = {}
+        self._kept: dict[tuple[str, ...] | None, tuple[SnapshotItems | None, SortedItems]] = {}
         """Per filter (a shard's keys; None for a firehose window), least recently used
-        first: the items of its last reconciliation, sorted, with their prefix sums."""
+        first: the items of its last reconciliation, sorted, with their prefix sums (those
+        noted since its snapshot, when a stored snapshot lies beneath them)."""
         self._next_sub = 0
         self.added_now = 0
         """Items the last `missing` call added to a kept set (the rest were kept from before)."""
         _ALL.add(self)
 
     def kept_items(self) -> int:
-        return sum(len(kept) for kept in self._kept.values())
+        return sum(len(kept) + (len(base) if base is not None else 0)
+                   for base, kept in self._kept.values())
 
-    def _items(self, query: dict[str, Any], items: dict[str, int]) -> SortedItems:
+    def _items(
+        self, query: dict[str, Any], items: dict[str, int], base: SnapshotItems | None
+    ) -> Items:
         """The kept set for `query`, brought to exactly `items` (id → created_at, all within
-        the window): older items dropped, new ones added; rebuilt if it held others."""
+        the window) on top of `base`: older items dropped, new ones added; rebuilt if it
+        held others or lay on another snapshot. Items the snapshot holds are left to it."""
         keys = query.get("#p")
         name = None if keys is None else tuple(keys)
-        kept = self._kept.pop(name, None) or SortedItems()
+        under, kept = self._kept.pop(name, (None, None))
+        if kept is None or under is not base:
+            kept = SortedItems()
+        if base is not None:
+            items = {event_id: created_at for event_id, created_at in items.items()
+                     if not base.holds(created_at, bytes.fromhex(event_id))}
         since = query.get("since")
         if since is not None:
             kept.drop_before(since)
@@ -160,28 +171,32 @@ class Reconciler:
         if len(kept) != len(items):  # it held items `items` lacks (the store was pruned)
             kept = SortedItems()
             self.added_now = kept.add(items)
-        self._kept[name] = kept
+        self._kept[name] = (base, kept)
         total = self.kept_items()
         while total > MAX_KEPT_ITEMS and self._kept:
-            oldest = next(iter(self._kept))
-            total -= len(self._kept.pop(oldest))
-        return kept
+            oldest_base, oldest = self._kept.pop(next(iter(self._kept)))
+            total -= len(oldest) + (len(oldest_base) if oldest_base is not None else 0)
+        return kept if base is None else LayeredItems(base, kept)
 
-    async def missing(self, query: dict[str, Any], items: dict[str, int]) -> list[str]:
-        """The ids the relay holds for `query` that are not among `items` (id → created_at).
+    async def missing(
+        self, query: dict[str, Any], items: dict[str, int], base: SnapshotItems | None = None
+    ) -> list[str]:
+        """The ids the relay holds for `query` that are not among `items` (id → created_at)
+        or in `base` (a stored snapshot of the window's items, older ones left out by the
+        window's lower bound).
 
         A window holding more than ITEMS_PER_SYNC of our items is reconciled in time slices
         of about that many, one after the other: relays bound the set one reconciliation
         may cover (rust-nostr's relay refuses some tens of thousands with `NEG-ERR
         "rate-limited: too many negentropy items"`, strfry a million by default)."""
-        kept = self._items(query, items)
+        kept = self._items(query, items, base)
         missing: list[str] = []
         for window, lower, upper in _slices(kept, query, ITEMS_PER_SYNC):
             missing.extend(await self._reconcile(window, kept, lower, upper))
         return missing
 
     async def _reconcile(
-        self, query: dict[str, Any], kept: SortedItems, lower: int, upper: int
+        self, query: dict[str, Any], kept: Items, lower: int, upper: int
     ) -> list[str]:
         try:
             async with asyncio.timeout(SYNC_TIMEOUT_SECONDS):
@@ -200,7 +215,7 @@ class Reconciler:
         raise NegentropyFailed(reason)
 
     async def _exchange(
-        self, query: dict[str, Any], kept: SortedItems, lower: int, upper: int
+        self, query: dict[str, Any], kept: Items, lower: int, upper: int
     ) -> list[str]:
         ws = await self._open()
         self._next_sub += 1

@@ -528,8 +528,8 @@ class RelayPool:
             query["#p"] = keys
         before = reconciler.count.bytes
         try:
-            items = await self._port.catchup.items(url, keys, since)
-            missing = await reconciler.missing(query, items)
+            base, items = await self._port.catchup.held(url, keys, since)
+            missing = await reconciler.missing(query, items, base)
         except NegentropyFailed as failure:
             if failure.reason != "error":
                 self.negentropy_support[url] = False

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from sigil_push.nostr.nip77_snapshot import SnapshotItems
 from sigil_push.relays.budget import ConnectionBudget
 
 
@@ -137,7 +138,11 @@ class FlowControl(Protocol):
 class CatchupItems(Protocol):
     """What a relay delivered before, for a negentropy reconciliation (the catch-up ledger)."""
 
-    async def items(self, url: str, keys: list[str] | None, since: int) -> dict[str, int]: ...
+    async def held(
+        self, url: str, keys: list[str] | None, since: int
+    ) -> tuple[SnapshotItems | None, dict[str, int]]:
+        """A stored snapshot of the window (None: none) and event id → created_at beyond it."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)

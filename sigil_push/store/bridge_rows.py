@@ -36,14 +36,29 @@ def encode_relay_lists(lists: Sequence[StoredRelayList]) -> list[tuple[str, int,
 def seen_row(row: Any) -> SeenRow:
     """(event id, first relay, further relay or NULL) of a `seen_events` join."""
     event_id, first, further = row
-    return str(event_id), str(first), None if further is None else str(further)
+    return bytes(event_id), str(first), None if further is None else str(further)
+
+
+def packed_catchup_rows(
+    rows: Sequence[tuple[str, str, str, int]],
+) -> list[tuple[str, bytes, bytes, int]]:
+    """(relay, recipient, event id, created_at) as `catchup_items` stores them: the two ids
+    as their bytes (migration 0014; the recipient UNADDRESSED, '', as an empty value)."""
+    packed = bytes.fromhex
+    return [(relay, packed(pubkey), packed(event_id), at) for relay, pubkey, event_id, at in rows]
+
+
+def packed_keys(pubkeys: Sequence[str]) -> list[bytes]:
+    """Recipients as `catchup_items` stores them, to select by."""
+    return [bytes.fromhex(pubkey) for pubkey in pubkeys]
 
 
 def catchup_items(rows: Iterable[Any]) -> dict[str, int]:
     """(event_id, created_at) rows of `catchup_items`, by event id."""
-    return {str(event_id): int(created_at) for event_id, created_at in rows}
+    return {bytes(event_id).hex(): int(created_at) for event_id, created_at in rows}
 
 
 def catchup_rows(rows: Iterable[Any]) -> list[tuple[str, str, int]]:
     """(pubkey, event_id, created_at) rows of `catchup_items`."""
-    return [(str(pubkey), str(event_id), int(at)) for pubkey, event_id, at in rows]
+    return [(bytes(pubkey).hex(), bytes(event_id).hex(), int(at))
+            for pubkey, event_id, at in rows]

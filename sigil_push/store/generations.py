@@ -82,10 +82,13 @@ class GenerationalCache(Generic[Value]):
                 young = self._young = {}
         young[key] = value
 
-    def trim(self) -> None:
-        """Drop the oldest generations beyond the bound, whole."""
+    def trim(self) -> bool:
+        """Drop the oldest generations beyond the bound, whole; True if any was dropped."""
+        dropped = False
         while len(self._older) >= self._generations:
             self._older.pop()
+            dropped = True
+        return dropped
 
     def __len__(self) -> int:
         return len(self._young) + sum(len(generation) for generation in self._older)

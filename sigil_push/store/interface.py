@@ -102,7 +102,12 @@ class OutboxStore(Protocol):
 
     async def enqueue_many(
         self, batch: Sequence[tuple[Event, str, int, Sequence[Device]]]
-    ) -> int: ...
+    ) -> int:
+        """Queue one wakeup per (event, device); returns how many rows were added. The
+        committer hands an event over once, in the transaction that records it as seen: on
+        PostgreSQL a (device, event) already queued (by another worker during a shard's
+        hand-over) is skipped; SQLite's one writer needs no such constraint (migration 0014)."""
+        ...
 
     async def resume(self, now_ms: int) -> int: ...
 
@@ -224,26 +229,31 @@ class RelayStateStore(Protocol):
         ...
 
 
-SeenRow = tuple[str, str, "str | None"]
+SeenRow = tuple[bytes, str, "str | None"]
 """(event_id, relays of its own row, relays of a legacy `seen_on_relay` row or None)."""
 
 
 class SeenRows(Protocol):
-    """The rows of handled event ids (`seen_events`, legacy `seen_on_relay`)."""
+    """The rows of handled event ids (`seen_events`, legacy `seen_on_relay`). Ids are their
+    32 bytes here (half the index of hex text: `store.seen` converts)."""
+
+    sole_writer: bool
+    """Whether the rows' only writer is this process (SQLite: one process owns the file), so
+    that a cache holding every row it loaded and wrote since needs no lookups."""
 
     async def recent(self, limit: int) -> list[SeenRow]:
         """The `limit` ids kept longest, oldest first."""
         ...
 
-    async def lookup(self, event_ids: Sequence[str]) -> list[SeenRow]:
+    async def lookup(self, event_ids: Sequence[bytes]) -> list[SeenRow]:
         """The rows of these ids (the caller pads the list to a few sizes: prepared once)."""
         ...
 
-    async def insert(self, rows: Sequence[tuple[str, str, int]]) -> None:
+    async def insert(self, rows: Sequence[tuple[bytes, str, int]]) -> None:
         """New (event_id, relays, keep_until) rows; an id already there is left alone."""
         ...
 
-    async def append_relays(self, rows: Sequence[tuple[str, str]]) -> None:
+    async def append_relays(self, rows: Sequence[tuple[str, bytes]]) -> None:
         """(suffix, event_id): append `suffix` to the event's relays."""
         ...
 
@@ -411,8 +421,26 @@ class CatchupItemsStore(Protocol):
         key to keep in memory."""
         ...
 
+    async def noted_since(
+        self, relay: str, noted_at: int, since: int
+    ) -> list[tuple[str, str, int]]:
+        """(recipient, event id, created_at) of what `relay` delivered since `since` whose
+        row was written at or after `noted_at` (unix seconds): what a restart adds on top of
+        the relay's snapshot."""
+        ...
+
+    async def snapshot(self, relay: str, scope: str) -> tuple[int, bytes] | None:
+        """(cut, bytes) of the relay's stored NIP-77 snapshot for `scope`, if any."""
+        ...
+
+    async def save_snapshot(self, relay: str, scope: str, cut: int, data: bytes) -> None:
+        """Keep `data` as the relay's snapshot for `scope` (replacing the one before): it
+        holds every item whose row was written before `cut`."""
+        ...
+
     async def prune(self, cutoff: int) -> int:
-        """Forget deliveries whose created_at is before `cutoff`; how many rows went."""
+        """Forget deliveries whose created_at is before `cutoff`, and snapshots cut before
+        it (their overlay would be the whole window); how many delivery rows went."""
         ...
 
 

@@ -37,14 +37,25 @@ class SeenEvents:
         self._cache_size = max(1, cache_size)
         self._relays: GenerationalCache[tuple[str, ...]] = GenerationalCache(self._cache_size)
         self._interned: dict[str, str] = {}
+        self._whole = False
+        """The cache holds every row of the database (see `load`): `lookup` has nothing to
+        bring in."""
 
     def relay_names(self) -> int:
         """Relay URLs interned for the cache's rows (grows with the relays ever delivering)."""
         return len(self._interned)
 
     async def load(self) -> None:
-        """Warm the cache with the most recent ids, so a restart's catch-up stays cheap."""
-        self._remember_rows(await self._rows.recent(self._cache_size))
+        """Warm the cache with the most recent ids, so a restart's catch-up stays cheap.
+
+        When the database held fewer ids than the cache takes and this process is the rows'
+        only writer, the cache holds every id there is, and every id written later goes
+        through it: `lookup` asks the database nothing until the cache first drops ids (a
+        small instance, most self-hosted ones, never asks; a batch's lookup was a few
+        microseconds of SQLite's thread per event, issue 23)."""
+        rows = await self._rows.recent(self._cache_size)
+        self._remember_rows(rows)
+        self._whole = self._rows.sole_writer and len({row[0] for row in rows}) < self._cache_size
 
     def delivered_by(self, event_id: str, relay: str) -> bool:
         """Hot path, memory only: did this relay already deliver this event?"""
@@ -57,6 +68,8 @@ class SeenEvents:
 
     async def lookup(self, event_ids: Iterable[str]) -> None:
         """Bring the database's knowledge of these ids into memory before deciding on them."""
+        if self._whole:
+            return
         missing = [i for i in dict.fromkeys(event_ids) if i not in self._relays]
         for start in range(0, len(missing), LOOKUP_CHUNK):
             chunk = missing[start : start + LOOKUP_CHUNK]
@@ -65,7 +78,7 @@ class SeenEvents:
             # round trip, where a size seen before reuses the prepared statement
             size = min(LOOKUP_CHUNK, max(8, 1 << (len(chunk) - 1).bit_length()))
             chunk += [chunk[-1]] * (size - len(chunk))
-            self._remember_rows(await self._rows.lookup(chunk))
+            self._remember_rows(await self._rows.lookup(list(map(bytes.fromhex, chunk))))
 
     def first_delivery(
         self, event_id: str, relay: str, pending: dict[str, tuple[str, ...]]
@@ -90,10 +103,12 @@ class SeenEvents:
         put = self._relays.put
         for event_id, relays in pending.items():
             put(event_id, relays)
-        self._relays.trim()
+        if self._relays.trim():
+            self._whole = False
 
     def _remember_rows(self, rows: Iterable[SeenRow]) -> None:
-        for event_id, first, further in rows:
+        for packed_id, first, further in rows:
+            event_id = packed_id.hex()
             for relay in first.split(RELAY_SEPARATOR):
                 self._remember(event_id, relay)
             if further is not None:
@@ -132,9 +147,10 @@ class SeenEvents:
         if new_events:
             # the later of arrival and created_at, plus retention, within int64
             keep, most, join = self._retention, MAX_KEEP_UNTIL, RELAY_SEPARATOR.join
+            packed = bytes.fromhex
             await self._rows.insert(
                 [
-                    (i, relays[0] if len(relays) == 1 else join(relays),
+                    (packed(i), relays[0] if len(relays) == 1 else join(relays),
                      min(max(ms // 1000, c) + keep, most))
                     for i, relays, ms, c in new_events
                 ],
@@ -147,7 +163,7 @@ class SeenEvents:
                     relays.append(relay)
             await self._rows.append_relays(
                 [
-                    (RELAY_SEPARATOR + RELAY_SEPARATOR.join(relays), event_id)
+                    (RELAY_SEPARATOR + RELAY_SEPARATOR.join(relays), bytes.fromhex(event_id))
                     for event_id, relays in grouped.items()
                 ],
             )

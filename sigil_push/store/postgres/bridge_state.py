@@ -9,6 +9,7 @@ each other instead of deadlocking (tests/test_pg_commit_lock_order.py).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,6 +19,8 @@ from sigil_push.store.bridge_rows import (
     cursor_map,
     decode_relay_lists,
     encode_relay_lists,
+    packed_catchup_rows,
+    packed_keys,
     relay_pubkeys,
     seen_row,
 )
@@ -105,10 +108,16 @@ class PostgresRelayState:
 
 
 _SEEN_COLUMNS = "SELECT e.event_id, e.relay, r.relay"
+_LEGACY_ROW = "r.event_id = encode(e.event_id, 'hex')"
+"""`seen_on_relay` (only read: written by releases before further relays were appended to
+`seen_events` rows) keeps its ids as hex text."""
 
 
 class PostgresSeenRows:
     """`SeenRows` on a PostgreSQL handle."""
+
+    sole_writer = False
+    """Several workers write the rows (a shard's hand-over overlaps two of them)."""
 
     def __init__(self, db: PostgresDatabase) -> None:
         self._db = db
@@ -117,29 +126,29 @@ class PostgresSeenRows:
         rows = await self._db.fetch(
             f"{_SEEN_COLUMNS} FROM (SELECT event_id, relay, keep_until FROM seen_events"
             " ORDER BY keep_until DESC LIMIT $1) e LEFT JOIN seen_on_relay r"
-            " ON r.event_id = e.event_id ORDER BY e.keep_until",
+            f" ON {_LEGACY_ROW} ORDER BY e.keep_until",
             limit,
         )
         return [seen_row(row) for row in rows]
 
-    async def lookup(self, event_ids: Sequence[str]) -> list[SeenRow]:
+    async def lookup(self, event_ids: Sequence[bytes]) -> list[SeenRow]:
         rows = await self._db.fetch(
             f"{_SEEN_COLUMNS} FROM seen_events e LEFT JOIN seen_on_relay r"
-            f" ON r.event_id = e.event_id WHERE e.event_id IN ({_marks(1, len(event_ids))})",
+            f" ON {_LEGACY_ROW} WHERE e.event_id IN ({_marks(1, len(event_ids))})",
             *event_ids,
         )
         return [seen_row(row) for row in rows]
 
-    async def insert(self, rows: Sequence[tuple[str, str, int]]) -> None:
+    async def insert(self, rows: Sequence[tuple[bytes, str, int]]) -> None:
         if rows:
             await self._db.run(
                 "INSERT INTO seen_events (event_id, relay, keep_until)"
-                " SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])"
+                " SELECT * FROM unnest($1::bytea[], $2::text[], $3::bigint[])"
                 " ON CONFLICT DO NOTHING",
                 *_columns(rows),
             )
 
-    async def append_relays(self, rows: Sequence[tuple[str, str]]) -> None:
+    async def append_relays(self, rows: Sequence[tuple[str, bytes]]) -> None:
         await self._db.many(
             "UPDATE seen_events SET relay = relay || $1 WHERE event_id = $2", rows
         )
@@ -159,10 +168,10 @@ class PostgresCatchupItems:
     async def add(self, rows: Sequence[tuple[str, str, str, int]]) -> None:
         if rows:
             await self._db.run(
-                "INSERT INTO catchup_items (relay, pubkey, event_id, created_at)"
-                " SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[])"
-                " ON CONFLICT DO NOTHING",
-                *_columns(rows),
+                "INSERT INTO catchup_items (relay, pubkey, event_id, created_at, noted_at)"
+                " SELECT *, $5::bigint FROM unnest($1::text[], $2::bytea[], $3::bytea[],"
+                " $4::bigint[]) ON CONFLICT DO NOTHING",
+                *_columns(packed_catchup_rows(rows)), int(time.time()),
             )
 
     async def items(
@@ -177,8 +186,8 @@ class PostgresCatchupItems:
         else:
             rows = await self._db.fetch(
                 "SELECT DISTINCT event_id, created_at FROM catchup_items WHERE relay = $1"
-                " AND created_at >= $2 AND pubkey = ANY($3::text[])",
-                relay, since, list(pubkeys),
+                " AND created_at >= $2 AND pubkey = ANY($3::bytea[])",
+                relay, since, packed_keys(pubkeys),
             )
         return catchup_items(rows)
 
@@ -194,10 +203,36 @@ class PostgresCatchupItems:
         else:
             rows = await self._db.fetch(
                 "SELECT pubkey, event_id, created_at FROM catchup_items WHERE relay = $1"
-                " AND created_at >= $2 AND pubkey = ANY($3::text[])",
-                relay, since, list(pubkeys),
+                " AND created_at >= $2 AND pubkey = ANY($3::bytea[])",
+                relay, since, packed_keys(pubkeys),
             )
         return catchup_rows(rows)
 
+    async def noted_since(
+        self, relay: str, noted_at: int, since: int
+    ) -> list[tuple[str, str, int]]:
+        rows = await self._db.fetch(
+            "SELECT pubkey, event_id, created_at FROM catchup_items"
+            " WHERE relay = $1 AND noted_at >= $2 AND created_at >= $3",
+            relay, noted_at, since,
+        )
+        return catchup_rows(rows)
+
+    async def snapshot(self, relay: str, scope: str) -> tuple[int, bytes] | None:
+        rows = await self._db.fetch(
+            "SELECT cut, data FROM catchup_snapshots WHERE relay = $1 AND scope = $2",
+            relay, scope,
+        )
+        return (int(rows[0]["cut"]), bytes(rows[0]["data"])) if rows else None
+
+    async def save_snapshot(self, relay: str, scope: str, cut: int, data: bytes) -> None:
+        await self._db.run(
+            "INSERT INTO catchup_snapshots (relay, scope, cut, data) VALUES ($1, $2, $3, $4)"
+            " ON CONFLICT (relay, scope) DO UPDATE SET cut = excluded.cut, data = excluded.data",
+            relay, scope, cut, data,
+        )
+
     async def prune(self, cutoff: int) -> int:
-        return await self._db.run("DELETE FROM catchup_items WHERE created_at < $1", cutoff)
+        removed = await self._db.run("DELETE FROM catchup_items WHERE created_at < $1", cutoff)
+        await self._db.run("DELETE FROM catchup_snapshots WHERE cut < $1", cutoff)
+        return removed

@@ -8,6 +8,7 @@ transaction holds a batch's outbox rows, seen ids and the bookkeeping queued beh
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -18,6 +19,8 @@ from sigil_push.store.bridge_rows import (
     cursor_map,
     decode_relay_lists,
     encode_relay_lists,
+    packed_catchup_rows,
+    packed_keys,
     relay_pubkeys,
     seen_row,
 )
@@ -106,8 +109,18 @@ class SqliteRelayState:
         await self._db.executemany(BOOKKEEPING_SQL[op], rows)
 
 
+_LEGACY_ROW = "r.event_id = lower(hex(e.event_id))"
+"""`seen_on_relay` (only read: written by releases before further relays were appended to
+`seen_events` rows) keeps its ids as hex text."""
+
+
 class SqliteSeenRows:
-    """`SeenRows` on one aiosqlite connection."""
+    """`SeenRows` on one aiosqlite connection: a rowid table in arrival order with the ids'
+    32 bytes under a unique index (migrations/0014_seen_ids_in_arrival_order.sql: an insert
+    dirties the pages at the ends of the table and the expiry index, not random ones)."""
+
+    sole_writer = True
+    """One process owns the file (store/sqlite/coordination.py)."""
 
     def __init__(self, db: aiosqlite.Connection) -> None:
         self._db = db
@@ -116,27 +129,27 @@ class SqliteSeenRows:
         rows = await self._db.execute_fetchall(
             "SELECT e.event_id, e.relay, r.relay FROM (SELECT event_id, relay, keep_until"
             " FROM seen_events ORDER BY keep_until DESC LIMIT ?) e LEFT JOIN seen_on_relay r"
-            " ON r.event_id = e.event_id ORDER BY e.keep_until",
+            f" ON {_LEGACY_ROW} ORDER BY e.keep_until",
             (limit,),
         )
         return [seen_row(row) for row in rows]
 
-    async def lookup(self, event_ids: Sequence[str]) -> list[SeenRow]:
+    async def lookup(self, event_ids: Sequence[bytes]) -> list[SeenRow]:
         rows = await self._db.execute_fetchall(
             "SELECT e.event_id, e.relay, r.relay FROM seen_events e LEFT JOIN seen_on_relay r"
-            f" ON r.event_id = e.event_id WHERE e.event_id IN ({','.join('?' * len(event_ids))})",
+            f" ON {_LEGACY_ROW} WHERE e.event_id IN ({','.join('?' * len(event_ids))})",
             event_ids,
         )
         return [seen_row(row) for row in rows]
 
-    async def insert(self, rows: Sequence[tuple[str, str, int]]) -> None:
+    async def insert(self, rows: Sequence[tuple[bytes, str, int]]) -> None:
         await self._db.executemany(
             "INSERT INTO seen_events (event_id, relay, keep_until) VALUES (?, ?, ?)"
             " ON CONFLICT DO NOTHING",
             rows,
         )
 
-    async def append_relays(self, rows: Sequence[tuple[str, str]]) -> None:
+    async def append_relays(self, rows: Sequence[tuple[str, bytes]]) -> None:
         await self._db.executemany(
             "UPDATE seen_events SET relay = relay || ? WHERE event_id = ?", rows
         )
@@ -154,16 +167,18 @@ CATCHUP_KEYS_PER_QUERY = 500
 
 class SqliteCatchupItems:
     """`CatchupItemsStore` on one aiosqlite connection (writes inside the caller's
-    transaction)."""
+    transaction). A rowid table in arrival order with the ids as bytes under the unique
+    index (migration 0014): rows append, only that index takes random inserts."""
 
     def __init__(self, db: aiosqlite.Connection) -> None:
         self._db = db
 
     async def add(self, rows: Sequence[tuple[str, str, str, int]]) -> None:
+        noted_at = int(time.time())
         await self._db.executemany(
-            "INSERT INTO catchup_items (relay, pubkey, event_id, created_at)"
-            " VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
-            rows,
+            "INSERT INTO catchup_items (relay, pubkey, event_id, created_at, noted_at)"
+            " VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            [(*row, noted_at) for row in packed_catchup_rows(rows)],
         )
 
     async def items(
@@ -188,10 +203,34 @@ class SqliteCatchupItems:
             rows = await self._db.execute_fetchall(
                 "SELECT pubkey, event_id, created_at FROM catchup_items WHERE relay = ?"
                 f" AND created_at >= ? AND pubkey IN ({','.join('?' * len(chunk))})",
-                (relay, since, *chunk),
+                (relay, since, *packed_keys(chunk)),
             )
             found.extend(catchup_rows(rows))
         return found
+
+    async def noted_since(
+        self, relay: str, noted_at: int, since: int
+    ) -> list[tuple[str, str, int]]:
+        rows = await self._db.execute_fetchall(
+            "SELECT pubkey, event_id, created_at FROM catchup_items"
+            " WHERE relay = ? AND noted_at >= ? AND created_at >= ?",
+            (relay, noted_at, since),
+        )
+        return catchup_rows(rows)
+
+    async def snapshot(self, relay: str, scope: str) -> tuple[int, bytes] | None:
+        rows = list(await self._db.execute_fetchall(
+            "SELECT cut, data FROM catchup_snapshots WHERE relay = ? AND scope = ?",
+            (relay, scope),
+        ))
+        return (int(rows[0][0]), bytes(rows[0][1])) if rows else None
+
+    async def save_snapshot(self, relay: str, scope: str, cut: int, data: bytes) -> None:
+        await self._db.execute(
+            "INSERT INTO catchup_snapshots (relay, scope, cut, data) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT (relay, scope) DO UPDATE SET cut = excluded.cut, data = excluded.data",
+            (relay, scope, cut, data),
+        )
 
     async def prune(self, cutoff: int) -> int:
         cursor = await self._db.execute(
@@ -199,4 +238,5 @@ class SqliteCatchupItems:
         )
         removed = int(cursor.rowcount)
         await cursor.close()
+        await self._db.execute("DELETE FROM catchup_snapshots WHERE cut < ?", (cutoff,))
         return removed

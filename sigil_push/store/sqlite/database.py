@@ -40,7 +40,14 @@ def migration_files() -> list[tuple[int, str, str]]:
     return sorted(found)
 
 
+def _unhex(text: str) -> bytes:
+    """SQLite's `unhex` (built in only from 3.41), for the migrations that store hex ids as
+    bytes (0014). A malformed id fails the migration, which then changes nothing."""
+    return bytes.fromhex(text)
+
+
 async def _apply_migrations(connection: aiosqlite.Connection) -> list[str]:
+    await connection.create_function("unhex", 1, _unhex, deterministic=True)
     await connection.execute(
         "CREATE TABLE IF NOT EXISTS schema_migrations"
         " (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL)"

@@ -47,7 +47,7 @@ class Outbox:
     async def enqueue(
         self, event: Event, relay: str, first_seen_ms: int, devices: Sequence[Device]
     ) -> int:
-        """Queue one wakeup per device; a repeated (device, event) pair is ignored."""
+        """Queue one wakeup per device (see `enqueue_many`)."""
         return await self.enqueue_many([(event, relay, first_seen_ms, devices)])
 
     async def enqueue_many(
@@ -56,6 +56,9 @@ class Outbox:
         """Queue the wakeups of many events in one statement (the bridge commits per batch).
 
         The full event JSON is built only for devices whose payload mode carries it (`event`, `sealed`).
+        No (device, event) constraint (migration 0014): the one process that owns the file
+        hands each event over once, in the transaction that records it in `seen_events`; an
+        index keyed by the random event id made every batch rewrite pages all over it.
         """
         rows = wakeup_rows(batch)
         if not rows:
@@ -63,7 +66,7 @@ class Outbox:
         # ?5 twice: a wakeup is first due when its event was first seen (no row copy per wakeup)
         cursor = await self._db.executemany(
             "INSERT INTO outbox (device_id, event_id, relay, event_json, first_seen_ms,"
-            " next_attempt_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?5) ON CONFLICT DO NOTHING",
+            " next_attempt_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?5)",
             rows,
         )
         added = cursor.rowcount

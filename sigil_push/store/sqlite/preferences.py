@@ -95,7 +95,7 @@ class SqliteUserLists(ListChecks):
             )
             await self._db.executemany(
                 "INSERT INTO outbox (device_id, event_id, relay, first_seen_ms, next_attempt_ms)"
-                " VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                " VALUES (?, ?, ?, ?, ?)",
                 wakeups,
             )
         return len(wakeups)
