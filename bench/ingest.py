@@ -687,6 +687,9 @@ def main() -> None:
         "ingest_cpu_ratio_at_least_0.8": ("ingest", lambda r: r["cpu_ratio"] >= 0.8),
         "copies_ratio_at_least_0.3": ("copies", lambda r: max(r["wall_runs"]) >= 0.3),
         "copies_cpu_ratio_at_least_0.3": ("copies", lambda r: r["cpu_ratio"] >= 0.3),
+        # issue 23's targets through the port (the 0.8 above is withdrawn, see docs/bridge.md)
+        "ingest_cpu_ratio_at_least_0.55": ("ingest", lambda r: r["cpu_ratio"] >= 0.55),
+        "copies_cpu_ratio_at_least_0.45": ("copies", lambda r: r["cpu_ratio"] >= 0.45),
         "p99_below_20ms_at_1000_per_s": ("latency", lambda r: r["p99_ms"] < 20),
         "100k_keys_start_below_10s": ("keys", lambda r: r["start_to_live_s"] < 10),
         "100k_keys_rss_below_300mb": ("keys", lambda r: r["peak_rss_mb"] < 300),

@@ -90,6 +90,7 @@ class Service:
         store = await open_store(config)
         stack.push_async_callback(store.close)
         devices, outbox, coordination = store.devices, store.outbox, store.coordination
+        await coordination.claim(stack)
         self.worker_id = store.worker_id
         # several workers: each labels its metrics and writes observation files of its own
         # (they may share one folder)

@@ -152,3 +152,37 @@ async def test_the_ledger_reads_each_relay_once_then_answers_from_memory(
 
 def _gauge(structure: str) -> float | None:
     return REGISTRY.get_sample_value("sigil_push_memory_entries", {"structure": structure})
+
+
+async def test_the_ledger_writes_its_rows_in_recipient_order(
+    store: SqliteStore | PostgresStore, database: str, tmp_path: Path
+) -> None:
+    """With every DM from several relays, the noted rows (one per relay and recipient) reach
+    the store in one batch grouped by recipient, not in arrival order (a random key page per
+    row), and every row is there afterwards."""
+    now = int(time.time())
+    async with bridge_link(database, tmp_path) as link:
+        added: list[list[tuple[str, str, str, int]]] = []
+        real_add = link.catchup.add
+
+        async def add(rows: list[tuple[str, str, str, int]]) -> None:
+            added.append(list(rows))
+            await real_add(rows)
+
+        link.catchup.add = add  # type: ignore[method-assign]
+        ledger = CatchupLedger(3600)
+        ledger.attach(link, asyncio.Lock())
+        recipients = (CAROL, ALICE, BOB)
+        for n in range(12):
+            for relay in (RELAY, OTHER):
+                ledger.note(relay, _id(n), now - n, (recipients[n % 3],))
+        await ledger.flush()
+
+        assert len(added) == 1
+        assert [row[1] for row in added[0]] == sorted(row[1] for row in added[0])
+        assert await link.catchup.items(RELAY, [ALICE, BOB, CAROL], 0) == {
+            _id(n): now - n for n in range(12)
+        }
+        assert await link.catchup.items(OTHER, [ALICE], 0) == {
+            _id(n): now - n for n in range(12) if n % 3 == 1
+        }

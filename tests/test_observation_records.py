@@ -63,6 +63,26 @@ async def test_fields_of_other_types_are_encoded_not_spliced(tmp_path: Path) -> 
 
 
 @pytest.mark.asyncio
+async def test_every_relays_record_of_an_id_is_checked_as_that_id(tmp_path: Path) -> None:
+    """The relays' records of one event share its id, checked once for them: an id that
+    follows a good one, or repeats right after itself, is still encoded, never spliced."""
+    sneaky = 'x","pubkey":"' + "cd" * 32
+    records = await written(
+        tmp_path,
+        lambda log: log.seen_many([
+            ("wss://a", EVENT_ID, 4, 1, TS), ("wss://b", EVENT_ID, 4, 1, TS),
+            ("wss://c", sneaky, 4, 1, TS), ("wss://d", sneaky, 4, 1, TS),
+            ("wss://e", EVENT_ID, 4, 1, TS),
+        ]),
+    )
+    assert [(r["relay"], r["event_id"]) for r in records] == [
+        ("wss://a", EVENT_ID), ("wss://b", EVENT_ID), ("wss://c", sneaky), ("wss://d", sneaky),
+        ("wss://e", EVENT_ID),
+    ]
+    assert all("pubkey" not in r for r in records)
+
+
+@pytest.mark.asyncio
 async def test_expect_records_carry_the_relay_list(tmp_path: Path) -> None:
     relays = ["wss://a", 'wss://b/"x"']
     records = await written(

@@ -1,5 +1,5 @@
 """Which DMs each relay delivered, for negentropy catch-ups (relays/nip77.py): noted on the
-readers' tasks, written to the store in bulk (`store.catchup_items`), and kept in memory per
+readers' tasks, written to the store in bulk (`CatchupItemsStore`), and kept in memory per
 relay: loaded from the store once per process (a firehose relay's whole window in one query;
 a keyed relay's rows per key, the first time a shard asks for that key: a key that moved here
 from another worker brings what that worker saw), then appended to as DMs are noted, so a
@@ -33,6 +33,7 @@ import logging
 import re
 import time
 from collections.abc import Iterable, Iterator
+from operator import itemgetter
 from typing import Any
 
 from prometheus_client import Counter
@@ -54,6 +55,7 @@ MAX_PENDING_ROWS = 20_000
 MAX_KEPT_ITEMS = 2_000_000
 """(recipient, event id) pairs kept in memory per relay (about 100 bytes each beyond the id
 strings, which the seen cache and nostr-sdk's kept items share)."""
+_RECIPIENT = itemgetter(1)
 FIREHOSE_SCOPE = ""
 """The snapshot scope of a relay's whole window (a firehose relay's, read with no `#p`)."""
 MAX_SNAPSHOT_ITEMS = 500_000
@@ -189,7 +191,9 @@ class CatchupLedger:
         rows = self._rows
         for recipient in recipients:
             rows.append((url, recipient, event_id, created_at))
-            self._keep(url, recipient, event_id, created_at)
+        if url in self._kept:
+            for recipient in recipients:
+                self._keep(url, recipient, event_id, created_at)
         if len(rows) >= MAX_PENDING_ROWS:
             self._flush_soon()
 
@@ -230,6 +234,12 @@ class CatchupLedger:
         if link is None or self._turn is None or not self._rows:
             return
         rows, self._rows = self._rows, []
+        # by recipient, so the inserts walk each relay's part of the (relay, pubkey, event_id)
+        # key in order instead of a random page per row: with every DM from several relays
+        # (a row each) the rows in arrival order cost SQLite 11 us each in a 120,000-row
+        # table, most of it pages read back and written again; in this order 7 (a stable
+        # sort on one string, 0.1 us a row)
+        rows.sort(key=_RECIPIENT)
         try:
             async with self._turn, link.transaction():
                 await link.catchup.add(rows)

@@ -175,7 +175,7 @@ class SqliteStore:
     meta: MetaStore
     signer_sessions: SignerSessionStore
     auth_modes: AuthModeStore
-    coordination: Coordination = field(default_factory=SingleProcess)
+    coordination: Coordination
     engine: str = "sqlite"
     worker_id: str = field(default_factory=new_worker_id)
 
@@ -238,7 +238,7 @@ async def open_sqlite(path: Path) -> SqliteStore:
     make_private(path)
     return SqliteStore(
         path, db, Devices(db), Outbox(db), UsedAuthIds(SqliteAuthIdRows(db)), SqliteMeta(db),
-        SqliteSignerSessions(db), SqliteAuthModes(db),
+        SqliteSignerSessions(db), SqliteAuthModes(db), SingleProcess(path),
     )
 
 

@@ -350,6 +350,12 @@ class Coordination(Protocol):
         then carry the worker id)."""
         ...
 
+    async def claim(self, stack: AsyncExitStack) -> None:
+        """Take this process's place among the store's workers until `stack` closes: the
+        only one on SQLite (`StoreInUse` while another process serves the file), one of any
+        number on PostgreSQL."""
+        ...
+
     async def check_instance_key(self, pubkey: str) -> None:
         """Refuse to run with a bridge key other than the instance's (`ForeignBridgeKey`)."""
         ...

@@ -86,7 +86,9 @@ class SeenEvents:
         """Note in `pending` (one batch's decisions, not yet on disk) that `relay` delivered
         the event (after `lookup`). Returns (new_event, new_for_relay).
         """
-        relays = pending.get(event_id, self._relays.get(event_id))
+        relays = pending.get(event_id)
+        if relays is None:  # not yet in this batch (a further relay's copy always is)
+            relays = self._relays.get(event_id)
         if relays is not None and relay in relays:
             return False, False
         pending[event_id] = (*(relays or ()), relay)

@@ -82,6 +82,9 @@ class WorkerCoordination:
         self._meta = meta
         self._worker_id = worker_id
 
+    async def claim(self, stack: AsyncExitStack) -> None:
+        return None
+
     async def check_instance_key(self, pubkey: str) -> None:
         await check_instance_key(self._meta, pubkey)
 
