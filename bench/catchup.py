@@ -12,9 +12,11 @@ NIP-77, 500 events per filter, no NIP-11) and `nostr-relay` (no NIP-77). For eac
    before the window, as for users registered days ago (a firehose catch-up wakes a device only
    for DMs not older than its registration);
 3. outage: the bridge stops, 1 % new DMs arrive (back-dated like gift wraps), it starts again
-   and catches up with negentropy (bridge.negentropy = true); then another 1 % with
-   bridge.negentropy = false: a full paged REQ replay of the window. On nostr-relay the first
-   restart tries NIP-77 and falls back (no answer within 4 s).
+   and catches up with negentropy (bridge.negentropy = true); then the same again
+   (`negentropy_again`: a restart after a process that caught up with negentropy, so its
+   stored snapshot of the window's items is there, as on any later restart); then another
+   1 % with bridge.negentropy = false: a full paged REQ replay of the window. On nostr-relay
+   the first restart tries NIP-77 and falls back (no answer within 4 s).
 
 Measured for each catch-up, from the restart until every new DM is in the outbox and every
 REQ and page is past EOSE: bytes and websocket frames from the relay (a counting TCP proxy in
@@ -50,6 +52,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from prometheus_client import REGISTRY
 from websockets.asyncio.client import connect
 
 from sigil_push import outbound
@@ -218,6 +221,13 @@ def process_cpu(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def snapshot_loads() -> dict[str, float]:
+    """sigil_push_catchup_snapshot_loads_total by outcome (none before snapshots existed)."""
+    return {sample.labels["outcome"]: sample.value
+            for family in REGISTRY.collect() if family.name == "sigil_push_catchup_snapshot_loads"
+            for sample in family.samples if sample.name.endswith("_total")}
+
+
 async def outbox_counts(db: Any) -> dict[str, int]:
     rows = await db.execute_fetchall("SELECT event_id, COUNT(*) FROM outbox GROUP BY event_id")
     return {str(event_id): int(count) for event_id, count in rows}
@@ -227,20 +237,23 @@ async def run_bridge(
     folder: Path, url: str, negentropy: bool, new_ids: set[str], keys: int,
     proxy: CountingProxy, relay_pid: int | None, history: set[str], before: dict[str, int],
     reconnect: tuple[str, list[dict[str, Any]]] | None = None,
-    profile: Path | None = None,
+    profile: Path | None = None, seen_cache: int | None = None,
 ) -> dict[str, Any]:
     """Start the bridge; until every `new_ids` is queued and the relay is live; the figures.
     With `reconnect` (the relay's own url, DMs): then cut the bridge's sockets, publish those
     DMs meanwhile, let it reconnect, and measure that catch-up too (`reconnect` in the
     figures): the same process, so what it kept from the first catch-up is still there.
     `profile`: cProfile of the restart's catch-up there, of the reconnect's beside it."""
+    loads_before = snapshot_loads()
     profiler = cProfile.Profile() if profile is not None else None
     if profiler is not None:
         profiler.enable()
     bytes0, frames0, proxy_cpu0 = proxy.bytes, proxy.frames, proxy.cpu
     relay_cpu0 = process_cpu(relay_pid)
     cpu0, wall0 = time.process_time(), time.monotonic()
-    bridge_table = {"negentropy": negentropy, "reconnect_min_seconds": 0.2}
+    bridge_table: dict[str, Any] = {"negentropy": negentropy, "reconnect_min_seconds": 0.2}
+    if seen_cache is not None:
+        bridge_table["seen_cache_size"] = seen_cache
     async with in_process_bridge(folder, "bench.db", [{"url": url}], bridge_table) as parts:
         while True:
             health = parts.bridge.health().get(url, {})
@@ -260,6 +273,8 @@ async def run_bridge(
             profiler.disable()
             profiler.dump_stats(profile)
             profiler = cProfile.Profile()
+        loads = {outcome: count - loads_before.get(outcome, 0)
+                 for outcome, count in snapshot_loads().items()}
         queued = await outbox_counts(parts.db)
         pool = parts.bridge._pool
         method = "negentropy" if pool.negentropy_support.get(url) else "req"
@@ -307,6 +322,7 @@ async def run_bridge(
         "history_pushed": sum(
             1 for event_id in history if queued.get(event_id, 0) > before.get(event_id, 0)
         ),
+        "snapshot_loads": {outcome: count for outcome, count in loads.items() if count},
         "queued": queued,
         **({"reconnect": again} if again is not None else {}),
     }
@@ -315,6 +331,7 @@ async def run_bridge(
 async def bench_relay(
     kind: str, keys: int, dms: int, folder: Path, new: int | None = None,
     replay: bool = True, profile: Path | None = None, lmdb: bool = False,
+    seen_cache: int | None = None,
 ) -> dict[str, Any]:
     """One relay's figures; `new` DMs per outage (default 1 % of `dms`); `replay` false skips
     the paged REQ replay; `profile` writes a cProfile of the negentropy catch-up there."""
@@ -346,9 +363,11 @@ async def bench_relay(
             "relay": kind, "keys": keys, "dms_in_window": dms,
             **({"relay_store": "lmdb"} if lmdb and kind == "rust" else {}),
             "generate_seconds": round(generated, 1), "publish_seconds": round(published, 1),
+            **({"seen_cache_size": seen_cache} if seen_cache is not None else {}),
         }
         report["baseline"] = await run_bridge(
-            folder, url, True, set(), keys, proxy, relay_pid, history_ids, {}
+            folder, url, True, set(), keys, proxy, relay_pid, history_ids, {},
+            seen_cache=seen_cache,
         )
         queued = report["baseline"].pop("queued")
         # with more than bridge.firehose_above_keys keys the relay is read as a firehose,
@@ -358,7 +377,8 @@ async def bench_relay(
         with sqlite3.connect(folder / "bench.db") as database:
             database.execute("UPDATE devices SET registered_at = registered_at - ?", (5 * 86400,))
         report["new_dms_per_outage"] = new or max(1, dms // 100)
-        outages = [("negentropy_first", True, 2), ("paged_req", False, 3)][: 2 if replay else 1]
+        outages = [("negentropy_first", True, 2), ("negentropy_again", True, 4),
+                   ("paged_req", False, 3)][: 3 if replay else 2]
         for name, negentropy, seed in outages:
             fresh = dataset(recipients, report["new_dms_per_outage"], int(time.time()), seed=seed)
             await publish(relay.url, fresh)
@@ -369,7 +389,7 @@ async def bench_relay(
                 ))
             report[name] = await run_bridge(
                 folder, url, negentropy, {e["id"] for e in fresh}, keys, proxy, relay_pid,
-                history_ids, queued, later, profile if negentropy else None,
+                history_ids, queued, later, profile if negentropy else None, seen_cache,
             )
             if later is not None:
                 history_ids |= {e["id"] for e in later[1]}
@@ -401,6 +421,9 @@ async def main() -> None:
     parser.add_argument("--lmdb", action="store_true",
                         help="rust-nostr's relay keeps its events in LMDB (its in-memory store"
                         " keeps about 75,000)")
+    parser.add_argument("--seen-cache", type=int, default=None,
+                        help="bridge.seen_cache_size (default the config's): a restart warms"
+                        " that many seen ids, a cost apart from the catch-up's")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where the JSON goes")
     parser.add_argument("--log", default="WARNING", help="log level of sigil_push")
     arguments = parser.parse_args()
@@ -417,6 +440,7 @@ async def main() -> None:
             report = await bench_relay(
                 kind, arguments.keys, dms, Path(folder) / kind, arguments.new,
                 not arguments.no_replay, arguments.profile, arguments.lmdb,
+                arguments.seen_cache,
             )
             print(json.dumps(report, indent=2), flush=True)
             runs.append(report)

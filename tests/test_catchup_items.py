@@ -176,6 +176,7 @@ async def test_the_ledger_writes_its_rows_in_recipient_order(
         for n in range(12):
             for relay in (RELAY, OTHER):
                 ledger.note(relay, _id(n), now - n, (recipients[n % 3],))
+        ledger.confirm(_id(n) for n in range(12))  # as the committer does once decided
         await ledger.flush()
 
         assert len(added) == 1

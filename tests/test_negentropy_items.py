@@ -25,6 +25,7 @@ from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
 from sigil_push.nostr.nip77 import Reconciliation, SortedItems
+from sigil_push.nostr.nip77_snapshot import SnapshotItems, encode_snapshot
 from sigil_push.relays import nip77
 from sigil_push.relays.nip77 import NegentropyFailed, Reconciler
 from tests.support.loopback_relay import LoopbackRelay
@@ -90,7 +91,8 @@ async def test_many_items_reconcile_exactly_over_rounds_and_slices(
     """2,400 DMs over two days on the relay; the smallest frame limit the protocol allows
     and slices of 500 items force many rounds and several reconciliations per window. Every
     case finds exactly the relay's ids beyond ours: none had, all had, a random tenth
-    missing, 300 missing from one busy second, and ids of ours the relay never had."""
+    missing, 300 missing from one busy second, and ids of ours the relay never had; and the
+    same again with most of ours in a stored snapshot beneath the rest."""
     monkeypatch.setattr(nip77, "FRAME_LIMIT_BYTES", 4096)
     monkeypatch.setattr(nip77, "ITEMS_PER_SYNC", 500)
     senders, recipients = [user() for _ in range(3)], [user() for _ in range(5)]
@@ -120,6 +122,24 @@ async def test_many_items_reconcile_exactly_over_rounds_and_slices(
                 missing = await reconciler.missing(query, had)
                 assert sorted(missing) == sorted(relay_ids - set(had)), case
                 assert len(missing) == len(set(missing)), case
+                # the same with most of ours in a stored snapshot beneath the rest (a few
+                # in both, as rows written just after a cut are)
+                ordered = list(had.items())
+                below, above = ordered[: len(ordered) * 4 // 5], ordered[len(ordered) * 4 // 5 - 5 :]
+                base = SnapshotItems(encode_snapshot(sorted(
+                    (created_at, bytes.fromhex(event_id)) for event_id, created_at in below
+                )))
+                layered = await reconciler.missing(query, dict(above), base)
+                assert sorted(layered) == sorted(missing), case
+            # the window moves past a snapshot's oldest items: its lower bound leaves them out
+            later = {**query, "since": now - 86400}
+            tenth = cases["a tenth missing"]
+            base = SnapshotItems(encode_snapshot(sorted(
+                (created_at, bytes.fromhex(event_id)) for event_id, created_at in tenth.items()
+            )))
+            in_window = {dm["id"] for dm in dms if dm["created_at"] >= now - 86400}
+            missing = await reconciler.missing(later, {}, base)
+            assert sorted(missing) == sorted(in_window - set(tenth))
             # the tenth took more than one round in a slice: allowed only one, it fails
             # (`error`), and its socket is closed
             monkeypatch.setattr(nip77, "MAX_ROUNDS", 1)

@@ -68,6 +68,12 @@ def test_snapshot_and_overlay_read_as_one_sorted_set(base_count: int, overlay_co
         assert layered.keys[lower:upper] == union.keys[lower:upper]
     for created_at in range(1_700_000_000 - 1, 1_700_000_000 + 62):
         assert layered.position(created_at) == union.position(created_at)
+        for prefix in (b"", bytes([rng.randrange(256)]), rng.randbytes(32)):
+            lower = rng.randrange(0, len(union) + 1)
+            upper = rng.randrange(lower, len(union) + 1)
+            bound = (created_at, prefix)
+            assert layered.bisect(bound, lower, upper) == union.bisect(bound, lower, upper)
+    assert layered.bisect((1 << 64, b""), 0, len(union)) == len(union)
     for frame_limit in (4096, 60_000):
         ours = Reconciliation(layered, 0, len(layered), frame_limit, 10).initiate()
         plain = Reconciliation(union, 0, len(union), frame_limit, 10).initiate()

@@ -12,14 +12,16 @@ relay, past which that relay is read from the store as before; its size is the
 A firehose relay's items are also kept as a snapshot in the store (sorted records with their
 prefix sums, nostr/nip77_snapshot.py): written from memory when the items noted since the last
 one pass a sixteenth of it (off the event loop) and at a clean shutdown, so a restart reads
-the snapshot as bytes and only the rows written since its cut (`noted_at`), and the
+the snapshot as bytes and only the rows written since its cut (`noted_at`, in milliseconds), and the
 reconciliation reads both as one set: a restart's CPU follows what is new, not the window. A
 snapshot that is missing, corrupt, too large or cut before the window falls back to reading
 the window's rows, counted in sigil_push_catchup_snapshot_loads_total by outcome.
 
 Noting costs a tuple append per delivery; the rows reach the store with the housekeeping (or
-as soon as MAX_PENDING_ROWS wait), never in the committer's transaction: a row lost to a crash
-only makes the next reconciliation fetch that event again, which the seen ids then drop. Every
+as soon as MAX_PENDING_ROWS wait), never in the committer's transaction, and only once the
+committer has decided their event (`confirm`, after its batch is on disk): a row on disk for
+a DM whose commit a crash lost would make the next process's reconciliation skip that DM,
+while a row lost to a crash only makes it fetch the event again, which the seen ids then drop. Every
 store call takes the bridge connection's `turn`, as the committer's transactions do. Rows
 older than the catch-up window (plus the dedupe slack) are pruned, so memory and table stay
 bounded by the window.
@@ -52,6 +54,9 @@ from sigil_push.store.interface import UNADDRESSED, BridgeConnection
 log = logging.getLogger(__name__)
 
 MAX_PENDING_ROWS = 20_000
+MAX_UNCONFIRMED_EVENTS = 200_000
+UNCONFIRMED_SECONDS = 900.0
+"""How long a noted DM's rows wait for the committer's decision before they are let go."""
 MAX_KEPT_ITEMS = 2_000_000
 """(recipient, event id) pairs kept in memory per relay (about 100 bytes each beyond the id
 strings, which the seen cache and nostr-sdk's kept items share)."""
@@ -85,12 +90,17 @@ _EVENT_ID = re.compile(r'"id"\s*:\s*"([0-9a-f]{64})"')
 _CREATED_AT = re.compile(r'"created_at"\s*:\s*(\d{1,12})\b')
 
 
-def _recut(base: SnapshotItems | None, groups: list[dict[str, int]], since: int) -> bytes:
-    """A new snapshot: `base`'s items and those of `groups` (id → created_at), since `since`."""
+def _recut(
+    base: SnapshotItems | None, groups: list[dict[str, int]], since: int,
+    undecided: frozenset[str],
+) -> bytes:
+    """A new snapshot: `base`'s items and those of `groups` (id → created_at) since `since`,
+    but for the `undecided` (not committed yet: a crash must not leave them looking had)."""
     fresh: dict[str, int] = {}
     for ids in groups:
         fresh.update(ids)
-    new = sorted((at, bytes.fromhex(event_id)) for event_id, at in fresh.items() if at >= since)
+    new = sorted((at, bytes.fromhex(event_id)) for event_id, at in fresh.items()
+                 if at >= since and event_id not in undecided)
     old = base.pairs(since) if base is not None else []
 
     def unique(pairs: Iterable[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:
@@ -160,6 +170,8 @@ class CatchupLedger:
     def __init__(self, window_seconds: int) -> None:
         self._window = window_seconds
         self._rows: list[tuple[str, str, str, int]] = []
+        self._unconfirmed: dict[str, tuple[float, list[tuple[str, str, str, int]]]] = {}
+        """Event id → (noted at, rows) of DMs the committer has not decided yet, oldest first."""
         self._link: BridgeConnection | None = None
         self._turn: asyncio.Lock | None = None
         self._flushing: asyncio.Task[None] | None = None
@@ -187,15 +199,43 @@ class CatchupLedger:
         self._link, self._turn = link, turn
 
     def note(self, url: str, event_id: str, created_at: int, recipients: tuple[str, ...]) -> None:
-        """`url` delivered a verified DM for `recipients` (keys subscribed there)."""
-        rows = self._rows
+        """`url` delivered a verified DM for `recipients` (keys subscribed there). Kept in
+        memory at once; written to the store (and into a snapshot) only once the committer
+        has decided the event (`confirm`): a row on disk tells the next process's
+        reconciliation not to fetch that DM again, so it must not outlive a crash that lost
+        the DM's commit."""
+        waiting = self._unconfirmed.get(event_id)
+        if waiting is None:
+            waiting = self._unconfirmed[event_id] = (time.monotonic(), [])
+            if len(self._unconfirmed) > MAX_UNCONFIRMED_EVENTS:
+                del self._unconfirmed[next(iter(self._unconfirmed))]
         for recipient in recipients:
-            rows.append((url, recipient, event_id, created_at))
+            waiting[1].append((url, recipient, event_id, created_at))
         if url in self._kept:
             for recipient in recipients:
                 self._keep(url, recipient, event_id, created_at)
+
+    def confirm(self, event_ids: Iterable[str]) -> None:
+        """The committer decided these events (pushed, baselined or known), durably: their
+        noted rows may go to the store."""
+        unconfirmed, rows = self._unconfirmed, self._rows
+        for event_id in event_ids:
+            waiting = unconfirmed.pop(event_id, None)
+            if waiting is not None:
+                rows.extend(waiting[1])
         if len(rows) >= MAX_PENDING_ROWS:
             self._flush_soon()
+
+    def _expire_unconfirmed(self) -> None:
+        """Rows of events the committer never decided (dropped before it: a quota, a relay
+        gone) are not written: a later reconciliation fetches those DMs again."""
+        oldest = time.monotonic() - UNCONFIRMED_SECONDS
+        unconfirmed = self._unconfirmed
+        while unconfirmed:
+            event_id = next(iter(unconfirmed))
+            if unconfirmed[event_id][0] >= oldest:
+                break
+            del unconfirmed[event_id]
 
     def note_unaddressed(self, url: str, frame: str) -> None:
         """A firehose relay's DM for nobody here, dropped before any parse: its id and time
@@ -230,6 +270,7 @@ class CatchupLedger:
         running = self._flushing
         if running is not None and running is not asyncio.current_task():
             await asyncio.wait({running})
+        self._expire_unconfirmed()
         link = self._link
         if link is None or self._turn is None or not self._rows:
             return
@@ -292,7 +333,8 @@ class CatchupLedger:
         for recipient, event_id, created_at in rows:
             kept.add(recipient, event_id, created_at)
         # noted but not in the store yet (a store outage keeps them back): in memory too
-        for relay, recipient, event_id, created_at in self._rows:
+        waiting = [row for _, rows in self._unconfirmed.values() for row in rows]
+        for relay, recipient, event_id, created_at in [*self._rows, *waiting]:
             if relay == url:
                 kept.add(recipient, event_id, created_at)
         if kept.size > MAX_KEPT_ITEMS:
@@ -312,7 +354,7 @@ class CatchupLedger:
         outcome = "none"
         if stored is not None:
             cut, data = stored
-            outcome = "stale" if cut < cutoff else "loaded"
+            outcome = "stale" if cut < cutoff * 1000 else "loaded"
             if len(data) > MAX_SNAPSHOT_ITEMS * RECORD_SIZE + 12 + DIGEST_SIZE:
                 outcome = "oversized"
             elif outcome == "loaded":
@@ -344,13 +386,15 @@ class CatchupLedger:
         if link is None or turn is None:
             return
         await self.flush()
-        # every row written before `cut` is in memory now: it goes into this snapshot
-        cut = int(time.time()) - 1
+        # every row written before `cut` is in memory now and goes into this snapshot; a
+        # row not in it is noted after, so written after (the store's add takes the time)
+        cut = int(time.time() * 1000)
         captured = kept.recutting = kept.by_key
         kept.by_key, kept.size = {}, 0
+        undecided = frozenset(self._unconfirmed)
         try:
             data = await asyncio.to_thread(
-                _recut, kept.base, list(captured.values()), self._cutoff(0)
+                _recut, kept.base, list(captured.values()), self._cutoff(0), undecided
             )
             async with turn, link.transaction():
                 await link.catchup.save_snapshot(url, FIREHOSE_SCOPE, cut, data)
@@ -364,6 +408,10 @@ class CatchupLedger:
         else:
             SNAPSHOT_WRITES.labels("written").inc()
             kept.base = base
+            for recipient, ids in captured.items():  # still in memory, above the snapshot
+                for event_id, created_at in ids.items():
+                    if event_id in undecided:
+                        kept.add(recipient, event_id, created_at)
         finally:
             kept.recutting = None
 

@@ -186,6 +186,7 @@ class Committer:
         self._lists: RelayLists
         self._lists_waiting: dict[tuple[str, int], UserList] = {}
         self._listeners: list[CommitListener] = []
+        self._decided_listeners: list[Callable[[Iterable[str]], None]] = []
         self._device_cache: dict[str, list[Device]] = {}
         self._device_generation = 0
         self._stopping = False
@@ -210,6 +211,11 @@ class Committer:
     def add_listener(self, listener: CommitListener) -> None:
         """Be told (event id, frame received ms) of every event whose wakeups reached the outbox."""
         self._listeners.append(listener)
+
+    def add_decided_listener(self, listener: Callable[[Iterable[str]], None]) -> None:
+        """Be told the ids of every batch's events once their decision is on disk (pushed,
+        baselined, or another relay's copy recorded)."""
+        self._decided_listeners.append(listener)
 
     def devices_changed(self, pubkey: str) -> None:
         """The key's devices changed: read them again before its next wakeup."""
@@ -352,6 +358,8 @@ class Committer:
         if suppressed:
             self._suppressed(suppressed)
         self._seen.remember(decided)
+        for decided_listener in self._decided_listeners:
+            decided_listener(decided.keys())
         if flush:
             delivered.extend(self._held_records)
             self._held, self._held_records = {}, []

@@ -122,6 +122,7 @@ class Bridge:
             self._ledger, self._committer.offer_list,
         )
         self._committer.counters = self._ingest.counters
+        self._committer.add_decided_listener(self._ledger.confirm)
         self._tasks: list[asyncio.Task[None]] = []
         self.port = BridgePort(
             ingest=self._ingest, baselines=self._relays, keys=self._registry, flow=pending,

@@ -194,6 +194,10 @@ class SortedItems:
         """Index of the first item not older than `created_at`."""
         return bisect_left(self.keys, (created_at, b""))
 
+    def bisect(self, bound: Bound, lower: int, upper: int) -> int:
+        """Index of the first item in [lower, upper) not below `bound` (upper: none)."""
+        return bisect_left(self.keys, bound, lower, upper)
+
     def drop_before(self, created_at: int) -> None:
         """Forget the items older than `created_at` (out of every later window)."""
         cut = self.position(created_at)
@@ -224,6 +228,8 @@ class Items(Protocol):
     def __len__(self) -> int: ...
 
     def position(self, created_at: int) -> int: ...
+
+    def bisect(self, bound: Bound, lower: int, upper: int) -> int: ...
 
     def fingerprint(self, lower: int, upper: int) -> bytes: ...
 
@@ -263,7 +269,7 @@ class Reconciliation:
             raise ProtocolError("empty message")
         if message[0] != PROTOCOL_VERSION:
             raise ProtocolError(f"protocol version {message[0]:#x}")
-        items, keys = self._items, self._items.keys
+        items = self._items
         self._last_out = 0
         last_in = 0
         position = 1
@@ -284,7 +290,7 @@ class Reconciliation:
             position += length
             mode, position = read_varint(message, position)
             upper = (self._upper if last_in == INFINITY
-                     else bisect_left(keys, bound, lower, self._upper))
+                     else items.bisect(bound, lower, self._upper))
             answer = bytearray()
             if mode == _MODE_SKIP:
                 skipping = True

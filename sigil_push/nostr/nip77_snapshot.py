@@ -21,12 +21,13 @@ from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from typing import overload
 
-from sigil_push.nostr.nip77 import ID_SIZE, Key, SortedItems, fingerprint
+from sigil_push.nostr.nip77 import ID_SIZE, INFINITY, Bound, Key, SortedItems, fingerprint
 
 MAGIC = b"NEG1"
 RECORD_SIZE = 8 + ID_SIZE + ID_SIZE
 DIGEST_SIZE = 16
 _HEADER_SIZE = len(MAGIC) + 8
+_KEY_SIZE = 8 + ID_SIZE
 _MASK = (1 << 256) - 1
 
 
@@ -49,11 +50,42 @@ def encode_snapshot(items: Iterable[tuple[int, bytes]]) -> bytes:
     return body + _digest(body)
 
 
-class SnapshotItems(Sequence[Key]):
-    """A snapshot's items, read in place: item i is decoded when read (O(1)), the sum of the
-    first i ids is one record's field, so a range's id sum is two reads."""
+class _RawKeys(Sequence[bytes]):
+    """A snapshot's records cut to created_at and id (40 bytes): compared as bytes they
+    order as the protocol's (created_at, id), so a binary search decodes nothing."""
 
     __slots__ = ("_count", "_data")
+
+    def __init__(self, data: bytes, count: int) -> None:
+        self._data, self._count = data, count
+
+    def __len__(self) -> int:
+        return self._count
+
+    @overload
+    def __getitem__(self, index: int) -> bytes: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[bytes]: ...
+
+    def __getitem__(self, index: int | slice) -> bytes | list[bytes]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self._count))]
+        start = _HEADER_SIZE + index * RECORD_SIZE
+        return self._data[start : start + _KEY_SIZE]
+
+
+def raw_key(created_at: int, prefix: bytes) -> bytes:
+    """A key or bound as bytes that order as (created_at, id): the time big-endian first."""
+    return created_at.to_bytes(8, "big") + prefix
+
+
+class SnapshotItems(Sequence[Key]):
+    """A snapshot's items, read in place: item i is decoded when read (O(1)), binary
+    searches compare raw bytes, and the sum of the first i ids is one record's field, so a
+    range's id sum is two reads."""
+
+    __slots__ = ("_count", "_data", "raw")
 
     def __init__(self, data: bytes) -> None:
         """Checks the bytes whole (length, digest: C speed, no per-item Python work)."""
@@ -67,7 +99,8 @@ class SnapshotItems(Sequence[Key]):
             raise SnapshotInvalid("digest does not match")
         self._data = data
         self._count = count
-        if count > 1 and self[0] > self[count - 1]:
+        self.raw = _RawKeys(data, count)
+        if count > 1 and self.raw[0] > self.raw[count - 1]:
             raise SnapshotInvalid("records out of order")
 
     def __len__(self) -> int:
@@ -85,7 +118,7 @@ class SnapshotItems(Sequence[Key]):
         if not 0 <= index < self._count:
             raise IndexError(index)
         start = _HEADER_SIZE + index * RECORD_SIZE
-        raw = self._data[start + 8 : start + 8 + ID_SIZE]
+        raw = self._data[start + 8 : start + _KEY_SIZE]
         created_at = int.from_bytes(self._data[start : start + 8], "big")
         return created_at, raw, int.from_bytes(raw, "little")
 
@@ -100,12 +133,17 @@ class SnapshotItems(Sequence[Key]):
         end = _HEADER_SIZE + index * RECORD_SIZE
         return int.from_bytes(self._data[end - ID_SIZE : end], "little")
 
+    def bisect_raw(self, key: bytes) -> int:
+        """Index of the first item not below `key` (see `raw_key`)."""
+        return bisect_left(self.raw, key)
+
     def position(self, created_at: int) -> int:
-        return bisect_left(self, (created_at, b""))
+        return self.bisect_raw(created_at.to_bytes(8, "big"))
 
     def holds(self, created_at: int, raw: bytes) -> bool:
-        at = bisect_left(self, (created_at, raw))
-        return at < self._count and self[at][:2] == (created_at, raw)
+        key = raw_key(created_at, raw)
+        at = self.bisect_raw(key)
+        return at < self._count and self.raw[at] == key
 
     def ids(self, lower: int, upper: int) -> set[bytes]:
         """The ids of items [lower, upper), as bytes."""
@@ -116,7 +154,10 @@ class SnapshotItems(Sequence[Key]):
 
     def pairs(self, since: int) -> list[tuple[int, bytes]]:
         """(created_at, id) of every item not older than `since`, in order (for a re-cut)."""
-        return [key[:2] for key in self[self.position(since) :]]
+        data = self._data
+        return [(int.from_bytes(data[start : start + 8], "big"), data[start + 8 : start + _KEY_SIZE])
+                for start in range(_HEADER_SIZE + self.position(since) * RECORD_SIZE,
+                                   _HEADER_SIZE + self._count * RECORD_SIZE, RECORD_SIZE)]
 
 
 class _MergedKeys(Sequence[Key]):
@@ -143,34 +184,40 @@ class _MergedKeys(Sequence[Key]):
             raise IndexError(index)
         layers = self._layers
         added = layers.overlay_before(index)
-        base, overlay = layers.base, layers.overlay.keys
+        base, overlay = layers.base, layers.overlay_raw
         if added < len(overlay) and (index - added >= len(base)
-                                     or overlay[added] < base[index - added]):
-            return overlay[added]
+                                     or overlay[added] < base.raw[index - added]):
+            return layers.overlay.keys[added]
         return base[index - added]
 
 
 class LayeredItems:
     """A snapshot (`base`) with the items noted since it (`overlay`, none of them in the
-    base) on top: what `Reconciliation` reads, as if one `SortedItems` held both. Item i of
-    the union is found by a binary search for how many overlay items precede it."""
+    base) on top: what `Reconciliation` reads, as if one `SortedItems` held both. A bound's
+    index is the sum of its index in each; item i of the union is found by a binary search
+    for how many overlay items precede it (remembered for the indices bounds gave)."""
 
-    __slots__ = ("base", "keys", "overlay")
+    __slots__ = ("_overlay_at", "base", "keys", "overlay", "overlay_raw")
 
     def __init__(self, base: SnapshotItems, overlay: SortedItems) -> None:
         self.base = base
         self.overlay = overlay
+        self.overlay_raw = [raw_key(key[0], key[1]) for key in overlay.keys]
         self.keys: Sequence[Key] = _MergedKeys(self)
+        self._overlay_at: dict[int, int] = {0: 0, len(self): len(overlay)}
 
     def __len__(self) -> int:
         return len(self.base) + len(self.overlay)
 
     def overlay_before(self, index: int) -> int:
         """How many of the union's first `index` items are overlay items."""
-        overlay = self.overlay.keys
+        overlay = self.overlay_raw
         if not overlay:
             return 0
-        base = self.base
+        known = self._overlay_at.get(index)
+        if known is not None:
+            return known
+        base = self.base.raw
         lower, upper = max(0, index - len(base)), min(index, len(overlay))
         while lower < upper:
             middle = (lower + upper) // 2
@@ -180,12 +227,24 @@ class LayeredItems:
                 upper = middle
         return lower
 
+    def _at(self, key: bytes) -> int:
+        """The union's index of the first item not below `key`."""
+        added = bisect_left(self.overlay_raw, key)
+        index = self.base.bisect_raw(key) + added
+        self._overlay_at[index] = added
+        return index
+
+    def bisect(self, bound: Bound, lower: int, upper: int) -> int:
+        if bound[0] >= INFINITY:
+            return upper
+        return min(max(self._at(raw_key(*bound)), lower), upper)
+
+    def position(self, created_at: int) -> int:
+        return self._at(created_at.to_bytes(8, "big"))
+
     def _sum_before(self, index: int) -> int:
         added = self.overlay_before(index)
         return self.base.sum_before(index - added) + self.overlay.sum_before(added)
-
-    def position(self, created_at: int) -> int:
-        return self.base.position(created_at) + self.overlay.position(created_at)
 
     def fingerprint(self, lower: int, upper: int) -> bytes:
         return fingerprint(self._sum_before(upper) - self._sum_before(lower), upper - lower)

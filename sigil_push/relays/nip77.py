@@ -161,9 +161,11 @@ class Reconciler:
         under, kept = self._kept.pop(name, (None, None))
         if kept is None or under is not base:
             kept = SortedItems()
-        if base is not None:
-            items = {event_id: created_at for event_id, created_at in items.items()
-                     if not base.holds(created_at, bytes.fromhex(event_id))}
+        if base is not None:  # only ids new to the kept set are looked up in the snapshot
+            held = {event_id for event_id in items.keys() - kept.known
+                    if base.holds(items[event_id], bytes.fromhex(event_id))}
+            if held:
+                items = {event_id: at for event_id, at in items.items() if event_id not in held}
         since = query.get("since")
         if since is not None:
             kept.drop_before(since)

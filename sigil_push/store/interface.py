@@ -431,17 +431,17 @@ class CatchupItemsStore(Protocol):
         self, relay: str, noted_at: int, since: int
     ) -> list[tuple[str, str, int]]:
         """(recipient, event id, created_at) of what `relay` delivered since `since` whose
-        row was written at or after `noted_at` (unix seconds): what a restart adds on top of
-        the relay's snapshot."""
+        row was written at or after `noted_at` (unix milliseconds, the add's clock): what a
+        restart adds on top of the relay's snapshot."""
         ...
 
     async def snapshot(self, relay: str, scope: str) -> tuple[int, bytes] | None:
-        """(cut, bytes) of the relay's stored NIP-77 snapshot for `scope`, if any."""
+        """(cut in unix milliseconds, bytes) of the relay's NIP-77 snapshot for `scope`."""
         ...
 
     async def save_snapshot(self, relay: str, scope: str, cut: int, data: bytes) -> None:
         """Keep `data` as the relay's snapshot for `scope` (replacing the one before): it
-        holds every item whose row was written before `cut`."""
+        holds every item whose row was written before `cut` (unix milliseconds)."""
         ...
 
     async def prune(self, cutoff: int) -> int:

@@ -171,7 +171,7 @@ class PostgresCatchupItems:
                 "INSERT INTO catchup_items (relay, pubkey, event_id, created_at, noted_at)"
                 " SELECT *, $5::bigint FROM unnest($1::text[], $2::bytea[], $3::bytea[],"
                 " $4::bigint[]) ON CONFLICT DO NOTHING",
-                *_columns(packed_catchup_rows(rows)), int(time.time()),
+                *_columns(packed_catchup_rows(rows)), int(time.time() * 1000),
             )
 
     async def items(
@@ -234,5 +234,5 @@ class PostgresCatchupItems:
 
     async def prune(self, cutoff: int) -> int:
         removed = await self._db.run("DELETE FROM catchup_items WHERE created_at < $1", cutoff)
-        await self._db.run("DELETE FROM catchup_snapshots WHERE cut < $1", cutoff)
+        await self._db.run("DELETE FROM catchup_snapshots WHERE cut < $1", cutoff * 1000)
         return removed

@@ -174,7 +174,7 @@ class SqliteCatchupItems:
         self._db = db
 
     async def add(self, rows: Sequence[tuple[str, str, str, int]]) -> None:
-        noted_at = int(time.time())
+        noted_at = int(time.time() * 1000)
         await self._db.executemany(
             "INSERT INTO catchup_items (relay, pubkey, event_id, created_at, noted_at)"
             " VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
@@ -238,5 +238,5 @@ class SqliteCatchupItems:
         )
         removed = int(cursor.rowcount)
         await cursor.close()
-        await self._db.execute("DELETE FROM catchup_snapshots WHERE cut < ?", (cutoff,))
+        await self._db.execute("DELETE FROM catchup_snapshots WHERE cut < ?", (cutoff * 1000,))
         return removed
