@@ -619,6 +619,9 @@ def main() -> None:
     summary = uvloop.run(main_async(args))  # `sigil-push serve` runs on uvloop through uvicorn
     if args.sealed:
         summary["note"] = args.note
+        if SEALED_RESULTS.exists():  # earlier runs' figures (kept under their own keys) stay
+            earlier = json.loads(SEALED_RESULTS.read_text())
+            summary = {**{k: v for k, v in earlier.items() if k not in summary}, **summary}
         SEALED_RESULTS.write_text(json.dumps(summary, indent=2) + "\n")
         print(f"wrote {SEALED_RESULTS}")
         return

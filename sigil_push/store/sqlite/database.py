@@ -77,6 +77,15 @@ async def _apply_migrations(connection: aiosqlite.Connection) -> list[str]:
     return newly_applied
 
 
+ORDINARY_SECURE_DELETE = "FAST"
+"""How ordinary deletes (outbox rows, seen ids) clear their bytes: zeroed inside the b-tree
+pages the delete writes anyway, but a page left empty goes to the free list unwritten. SQLite's
+default depends on its build (Debian's is ON), and ON writes every page a delete frees: a sealed
+wakeup's outbox row carries its ~2 KB event, so a whole page per row or two, which was most of
+what settling a sealed push cost over an opaque one (bench/push.py --sealed, issue 21). The one
+secret that must leave no trace uses `SqliteMeta.delete_securely` (ON for that statement)."""
+
+
 async def open_database(path: Path) -> aiosqlite.Connection:
     """Open (creating if needed) and migrate the database at `path`."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -86,6 +95,7 @@ async def open_database(path: Path) -> aiosqlite.Connection:
         await connection.execute("PRAGMA synchronous=NORMAL")
         await connection.execute("PRAGMA foreign_keys=ON")
         await connection.execute("PRAGMA busy_timeout=5000")
+        await connection.execute(f"PRAGMA secure_delete={ORDINARY_SECURE_DELETE}")
         await _apply_migrations(connection)
     except BaseException:
         await connection.close()

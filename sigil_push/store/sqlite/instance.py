@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import aiosqlite
 
 from sigil_push.store.records import StoredSession, stored_session
+from sigil_push.store.sqlite.database import ORDINARY_SECURE_DELETE
 
 _SESSION_COLUMNS = (
     "pubkey, signer_pubkey, relays, sealed_secret, sealed_client_key, status, detail"
@@ -117,10 +118,11 @@ class SqliteMeta:
         )
 
     async def delete_securely(self, key: str) -> None:
-        """`secure_delete` for this one statement: zeroing every later delete (outbox, seen
-        ids) would cost I/O for nothing."""
+        """`secure_delete` ON for this one statement (freed pages zeroed on disk too), then
+        back to ordinary deletes (`ORDINARY_SECURE_DELETE`): zeroing every freed page of later
+        deletes (outbox, seen ids) would cost I/O for nothing."""
         await self._db.execute("PRAGMA secure_delete = ON")
         try:
             await self._db.execute("DELETE FROM meta WHERE key = ?", (key,))
         finally:
-            await self._db.execute("PRAGMA secure_delete = OFF")
+            await self._db.execute(f"PRAGMA secure_delete = {ORDINARY_SECURE_DELETE}")
