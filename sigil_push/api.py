@@ -262,9 +262,9 @@ class Api:
                 body.update(worker=self.service.worker_id, shards=shards)
         if not serving:
             body.update(error="unavailable", message=f"service is {self.service.state.value}")
-        down = self.service.tasks_down() if serving else []
+        down = self.service.tasks_down() if serving else {}
         if down:
-            body.update(status="degraded", down=down)
+            body.update(status="degraded", down=list(down), reasons=down)
         return JSONResponse(body, status_code=200 if serving and not down else 503)
 
     async def metrics(self, request: Request) -> Response:

@@ -160,9 +160,10 @@ class Service:
         """The key shards this worker's bridge watches (None: one worker watches every key)."""
         return self._shards.held() if self._shards is not None else None
 
-    def tasks_down(self) -> list[str]:
-        """Core tasks (e.g. `bridge-commit`) waiting to be restarted after an exception."""
-        return self.supervisor.down()
+    def tasks_down(self) -> dict[str, str]:
+        """Core tasks (e.g. `bridge-commit`) waiting to be restarted after an exception, or
+        impaired (the committer while the database refuses writes), each with its reason."""
+        return self.supervisor.reasons()
 
     def relay_health(self) -> dict[str, dict[str, Any]]:
         """Per relay: whether it is connected and when it last delivered an event.

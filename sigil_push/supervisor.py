@@ -4,7 +4,9 @@ restarted with backoff.
 A loop that dies silently (the commit loop on one hostile event) stops wakeups for every user
 while `/health` still says ok. Under a Supervisor such a loop comes back, each restart shows in
 `sigil_push_task_restarts_total{task}`, and while a *core* task waits out its backoff it is
-listed by `down()`, which `/health` reports with a 503.
+listed by `down()`, which `/health` reports with a 503. A core task that runs but cannot do
+its work (the committer while the database refuses writes) reports itself `impaired`, and is
+listed the same way, with its reason, until it reports that it works again.
 """
 
 from __future__ import annotations
@@ -35,13 +37,17 @@ HEALTHY_AFTER_SECONDS = 60.0
 """A task that ran this long before failing starts its backoff from the beginning again."""
 
 
+RESTARTING = "restarting after an exception"
+
+
 class Supervisor:
     """Runs named tasks, restarting each after an exception; `down()` lists core tasks that are
-    currently waiting to be restarted."""
+    currently waiting to be restarted or report themselves impaired."""
 
     def __init__(self) -> None:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._down: set[str] = set()
+        self._impaired: dict[str, str] = {}
 
     def spawn(
         self, name: str, run: Callable[[], Awaitable[None]], core: bool = False
@@ -56,13 +62,26 @@ class Supervisor:
         if self._tasks.get(name) is task:
             del self._tasks[name]
         self._down.discard(name)
+        self._impaired.pop(name, None)
 
     async def _supervise(self, name: str, run: Callable[[], Awaitable[None]], core: bool) -> None:
         await _restarting(name, run, self._down if core else None)
 
+    def impaired(self, name: str, reason: str | None) -> None:
+        """Task `name` runs but cannot do its work, for `reason` (None: it works again). A
+        state, not an event: the task says it once per outage, however often it retries."""
+        if reason is None:
+            self._impaired.pop(name, None)
+        else:
+            self._impaired[name] = reason
+
     def down(self) -> list[str]:
-        """Core tasks currently down (between a failure and their restart), sorted."""
-        return sorted(self._down)
+        """Core tasks currently down (between a failure and their restart, or impaired), sorted."""
+        return sorted(self._down | self._impaired.keys())
+
+    def reasons(self) -> dict[str, str]:
+        """Why each task of `down()` is down, for `/health`."""
+        return {name: self._impaired.get(name, RESTARTING) for name in self.down()}
 
     def running(self, name: str) -> bool:
         return name in self._tasks

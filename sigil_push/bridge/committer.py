@@ -18,7 +18,7 @@ from operator import attrgetter, itemgetter
 
 from sigil_push.bridge.metrics import (
     BASELINED,
-    COMMIT_FAILURES,
+    COMMIT_RETRIES,
     LAPSE_WAKEUPS,
     LATENCY,
     POISON,
@@ -29,6 +29,7 @@ from sigil_push.bridge.metrics import (
     RelayCounters,
 )
 from sigil_push.bridge.pending import Arrival, DbOp, Pending
+from sigil_push.config import STOP_GRACE_SECONDS
 from sigil_push.observations import ObservationLog, SeenRecord
 from sigil_push.relays.discovery import RelayLists
 from sigil_push.relays.inbox import connected_inboxes
@@ -40,7 +41,11 @@ from sigil_push.store.records import Device
 
 log = logging.getLogger(__name__)
 
-COMMIT_ATTEMPTS = 5
+RETRY_FIRST_SECONDS = 0.1
+RETRY_MAX_SECONDS = 5.0
+"""A write the database refuses (busy, locked, connection lost) is retried after 0.1 s,
+doubling to at most this, for as long as it takes: a batch is never given up while the
+service runs. Meanwhile the pending queue fills to its bound and the readers wait."""
 POISON_ATTEMPTS = 2
 DEVICE_CACHE_SIZE = 50_000
 FURTHER_HOLD_SECONDS = 1.0
@@ -147,7 +152,15 @@ class Choice:
 
 
 class DatabaseUnavailable(Exception):
-    """The database stayed busy or locked through every retry (not the batch's fault)."""
+    """The service is stopping and the database still refuses writes past the stop grace (not
+    the batch's fault): what is not stored is left to the next start's catch-up."""
+
+    events = 0
+    """How many events of the batch being committed were not stored."""
+
+
+ReportImpaired = Callable[[str | None], None]
+"""Told why the committer cannot write (once per outage), and None once it writes again."""
 
 
 class Committer:
@@ -169,10 +182,22 @@ class Committer:
         registration_relays: Mapping[str, tuple[str, ...]],
         insecure: bool,
         turn: asyncio.Lock | None = None,
+        report: ReportImpaired | None = None,
     ) -> None:
         """`turn` is held for each transaction: the bridge's other readers of the connection
-        (`RelayState`) take it too, so their statements never run inside one."""
+        (`RelayState`) take it too, so their statements never run inside one. `report` is
+        told when the database refuses the committer's writes and when it takes them again
+        (the supervisor's `impaired`, for `/health`)."""
         self._pending = pending
+        self._report = report
+        self.retry_first_seconds = RETRY_FIRST_SECONDS
+        self.retry_max_seconds = RETRY_MAX_SECONDS
+        self.stop_grace_seconds = STOP_GRACE_SECONDS
+        """How long a stop waits for a refusing database before it leaves the rest unstored."""
+        self._stop_deadline = 0.0
+        self._stop_requested = asyncio.Event()
+        self._outage: tuple[float, int] | None = None
+        """(monotonic start, retries) of the current outage; None while writes succeed."""
         self._turn = turn if turn is not None else asyncio.Lock()
         self._devices = devices
         self._outbox = outbox
@@ -223,11 +248,29 @@ class Committer:
         self._device_generation += 1
 
     def stop(self) -> None:
-        """Finish what is pending, then let `run` return."""
+        """Finish what is pending, then let `run` return. While the database refuses writes,
+        `run` gives up after `stop_grace_seconds` (plus the one attempt then waiting on its
+        lock): what is not stored is not in `seen_events`, so the next start's catch-up
+        brings it again, as after a crash."""
+        if not self._stopping:
+            self._stop_deadline = time.monotonic() + self.stop_grace_seconds
         self._stopping = True
+        self._stop_requested.set()
         self._pending.work.set()
 
     async def run(self) -> None:
+        try:
+            await self._run()
+        except DatabaseUnavailable as gave_up:
+            left = gave_up.events
+            while self._pending:
+                left += len(self._pending.take()[0])
+            log.error(
+                "stopping with the database unavailable: %d events not stored; the next"
+                " start's catch-up brings them again", left,
+            )
+
+    async def _run(self) -> None:
         work = self._pending.work
         while True:
             if self._held:
@@ -291,7 +334,8 @@ class Committer:
     async def _commit_pending(self) -> None:
         """The next batch, committed. A batch that raises is retried once, then committed event
         by event, and an event that fails twice on its own is skipped and counted (`poison`):
-        one bad input never stops the loop nor comes back forever."""
+        one bad input never stops the loop nor comes back forever. The database refusing the
+        write is no fault of the batch: that is retried until it succeeds (`_commit_retrying`)."""
         batch, ops = self._pending.take()
         try:
             for attempt in range(POISON_ATTEMPTS):
@@ -307,9 +351,9 @@ class Committer:
                 await self._commit_alone(arrival)
             if ops:
                 await self._commit_retrying([], ops)
-        except DatabaseUnavailable:
-            COMMIT_FAILURES.inc(len(batch))
-            log.error("could not store %d events; their wakeups are lost", len(batch))
+        except DatabaseUnavailable as gave_up:
+            gave_up.events = len(batch)
+            raise
 
     async def _commit_alone(self, arrival: Arrival) -> None:
         for _ in range(POISON_ATTEMPTS):
@@ -327,16 +371,55 @@ class Committer:
         log.error("skipped an event that failed to commit %d times", POISON_ATTEMPTS)
 
     async def _commit_retrying(self, batch: list[Arrival], ops: list[DbOp]) -> None:
-        """`_commit`, retried with backoff while the database is busy or locked."""
-        for attempt in range(COMMIT_ATTEMPTS):
+        """`_commit`, retried with capped exponential backoff for as long as the database is
+        busy, locked or unreachable (`TRANSIENT_ERRORS`); while stopping, only until the stop
+        grace has passed (then `DatabaseUnavailable`)."""
+        delay = self.retry_first_seconds
+        while True:
             try:
                 await self._commit(batch, ops)
-                return
             except TRANSIENT_ERRORS as exc:
-                log.warning("bridge commit failed (%s: %s), attempt %d",
-                            type(exc).__name__, exc, attempt + 1)
-                await asyncio.sleep(0.1 * 2**attempt)
-        raise DatabaseUnavailable
+                self._refused(exc, len(batch))
+                if self._stopping:
+                    remaining = self._stop_deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise DatabaseUnavailable from exc
+                    await asyncio.sleep(min(delay, remaining))
+                else:
+                    # a stop meanwhile cuts the wait short: its grace starts counting now
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(delay):
+                            await self._stop_requested.wait()
+                delay = min(self.retry_max_seconds, delay * 2)
+            else:
+                self._accepted()
+                return
+
+    def _refused(self, exc: BaseException, events: int) -> None:
+        """The database refused a write: counted each time, logged and reported once."""
+        COMMIT_RETRIES.inc()
+        if self._outage is not None:
+            started, retries = self._outage
+            self._outage = (started, retries + 1)
+            return
+        self._outage = (time.monotonic(), 1)
+        # the exception's type only: its message may name a row's values
+        reason = f"database unavailable ({type(exc).__name__}); commits retried"
+        log.error("bridge commits refused by the database (%s); retrying a batch of %d events"
+                  " until it takes them", type(exc).__name__, events)
+        if self._report is not None:
+            self._report(reason)
+
+    def _accepted(self) -> None:
+        """A commit succeeded: the end of an outage, if there was one."""
+        if self._outage is None:
+            return
+        started, retries = self._outage
+        self._outage = None
+        log.warning("bridge commits stored again after %.1f s and %d retries",
+                    time.monotonic() - started, retries)
+        if self._report is not None:
+            self._report(None)
 
     async def _commit(self, batch: list[Arrival], ops: list[DbOp]) -> None:
         """Decide, write, and only then remember the batch's ids as seen and log what the

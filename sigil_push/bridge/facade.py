@@ -116,6 +116,7 @@ class Bridge:
         self._committer = Committer(
             pending, devices, outbox, observations, self._pool, {},
             self._registry.registration_relays, self._insecure, turn,
+            lambda reason: self.supervisor.impaired("bridge-commit", reason),
         )
         self._ingest = Ingest(
             self._bridge, pending, self._registry.keys, self._registry.lists_changed,
@@ -205,11 +206,18 @@ class Bridge:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await committer
-        await self._ledger.flush()
-        await self._ledger.save_snapshots(final=True)
-        await self._relays.save_cursors()
-        if self._link is not None:
-            await self._link.close()
+        try:
+            await self._ledger.flush()
+            await self._ledger.save_snapshots(final=True)
+            await self._relays.save_cursors()
+        except TRANSIENT_ERRORS as exc:
+            # the database still refuses writes (the committer gave up too): the next start
+            # reads the cursors saved before, so its catch-up reaches further back, not less
+            log.error("stopping with the database unavailable (%s): relay cursors not saved",
+                      type(exc).__name__)
+        finally:
+            if self._link is not None:
+                await self._link.close()
 
     def add_probe(self, probe: Canary) -> None:
         """Watch the canary key on its relays (before `start`). Events addressed to it alone are

@@ -32,8 +32,9 @@ LATENCY = Histogram(
     buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0),
 )
 KEYS = Gauge("sigil_push_bridge_watched_keys", "Registered keys the bridge subscribes for")
-COMMIT_FAILURES = Counter(
-    "sigil_push_bridge_commit_failures_total", "Wakeups lost because the database refused them"
+COMMIT_RETRIES = Counter(
+    "sigil_push_bridge_commit_retries_total",
+    "Bridge commits the database refused (busy, locked, unreachable), each retried",
 )
 QUEUE = Gauge("sigil_push_bridge_commit_queue_events", "Verified events waiting for the committer")
 POISON = Counter(

@@ -19,8 +19,8 @@ DRAINED_AT = 5_000
 OP_ROWS_PER_COMMIT = 20_000
 """Bookkeeping rows per transaction. A firehose baselines every key at its EOSE: a million
 rows in one transaction held their row locks for tens of seconds, and a second worker taking
-over some of those keys waited past its 5 s lock timeout (retried, and with five failures the
-batch's wakeups would be lost). In slices, each transaction holds its locks for about a second."""
+over some of those keys waited past its 5 s lock timeout (retried until granted, its commits
+stalled meanwhile). In slices, each transaction holds its locks for about a second."""
 RELAY_QUEUE_CAP = 2 * COMMIT_BATCH
 """A relay whose events fill this much of the commit queue waits (its reader only)."""
 

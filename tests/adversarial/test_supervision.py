@@ -52,6 +52,31 @@ async def test_a_failing_task_is_restarted_counted_and_reported_down() -> None:
     assert runs[2] - runs[1] > runs[1] - runs[0] > 0, "backoff grows"
 
 
+async def test_an_impaired_task_is_down_with_its_reason_until_it_recovers() -> None:
+    """A running core task that cannot work (the committer while the database refuses
+    writes) is listed as down with its reason; a task waiting to restart says so."""
+    supervisor = Supervisor()
+    supervisor.impaired("bridge-commit", "database unavailable (OperationalError)")
+    assert supervisor.down() == ["bridge-commit"]
+    assert supervisor.reasons() == {"bridge-commit": "database unavailable (OperationalError)"}
+    supervisor.impaired("bridge-commit", None)
+    assert supervisor.down() == []
+    assert supervisor.reasons() == {}
+    release = asyncio.Event()
+
+    async def fails_once() -> None:
+        if not release.is_set():
+            release.set()
+            raise OverflowError("boom")
+
+    task = supervisor.spawn("flaky-once", fails_once, core=True)
+    await eventually(lambda: supervisor.down() == ["flaky-once"] or task.done(), what="down")
+    if not task.done():
+        assert supervisor.reasons() == {"flaky-once": "restarting after an exception"}
+    await task
+    assert supervisor.reasons() == {}
+
+
 async def test_a_failed_background_task_is_logged_by_type_and_counted(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -1,0 +1,220 @@
+"""The database refusing the committer's writes for a long time loses nothing: a real
+`nostr-relay` process, a whole sigil-push `Service` in the test's event loop sending to the
+fake APNs server, and a second connection that holds the database's write lock (SQLite: a raw
+`BEGIN IMMEDIATE`; PostgreSQL: `LOCK TABLE seen_events IN EXCLUSIVE MODE`, which the
+committer's transaction waits on after writing its outbox rows).
+
+The committer's lock wait and backoff are lowered here, so the outage outlasts many more
+attempts than the five after which a batch used to be given up ("their wakeups are lost")
+without the test waiting the ~23 s that took.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import nostr_sdk
+import pytest
+from prometheus_client import REGISTRY
+
+from tests.fakes.fake_apns import FakeApns
+from tests.fakes.fake_fcm import FakeFcm
+from tests.fakes.harness import Credentials, apns_token, document, eventually, provider_tables
+from tests.support.in_process import InProcessService, in_process_service
+from tests.support.nip98 import SdkUser
+from tests.support.nostr_client import kind4_dm, publish
+from tests.support.relay import RelayProcess
+from tests.support.stores import Engine, fetch, sql_of
+
+DEADLINE = 60.0
+OLD_COMMIT_ATTEMPTS = 5
+"""After this many refused attempts the committer used to drop the batch."""
+
+
+@pytest.fixture(scope="module")
+def relay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RelayProcess]:
+    with RelayProcess(tmp_path_factory.mktemp("relay")) as running:
+        yield running
+
+
+@pytest.fixture
+def config(
+    tmp_path: Path,
+    engine: Engine,
+    relay: RelayProcess,
+    credentials: Credentials,
+    fake_apns: FakeApns,
+    fake_fcm_server: tuple[FakeFcm, Path],
+) -> dict[str, Any]:
+    fake_apns.script.answers.clear()
+    document_: dict[str, Any] = document(
+        {"apns": provider_tables(credentials, fake_apns, fake_fcm_server)["apns"]},
+        limits={"requests_per_minute_per_ip": 0, "requests_per_minute_per_npub": 0},
+    )
+    document_["server"] = {
+        "database": engine.database(str(tmp_path / "sigil-push.db")),
+        "public_url": "http://127.0.0.1:8080",
+        "allow_insecure_relays": True,
+    }
+    document_["relay"] = [{"url": relay.url}]
+    return document_
+
+
+def _retries() -> float:
+    return REGISTRY.get_sample_value("sigil_push_bridge_commit_retries_total") or 0.0
+
+
+class WriteLock:
+    """Another connection holding the lock the committer's transaction needs."""
+
+    def __init__(self, engine: Engine, database: str) -> None:
+        self._engine, self._database = engine, database
+        self._sqlite: sqlite3.Connection | None = None
+        self._postgres: asyncpg.Connection | None = None
+
+    async def take(self) -> None:
+        if self._engine.postgres:
+            self._postgres = await asyncpg.connect(self._database)
+            await self._postgres.execute("BEGIN")
+            await self._postgres.execute("LOCK TABLE seen_events IN EXCLUSIVE MODE")
+        else:
+            self._sqlite = sqlite3.connect(self._database, isolation_level=None)
+            self._sqlite.execute("BEGIN IMMEDIATE")
+
+    async def release(self) -> None:
+        if self._postgres is not None:
+            await self._postgres.close()  # its transaction ends with it
+            self._postgres = None
+        if self._sqlite is not None:
+            self._sqlite.execute("ROLLBACK")
+            self._sqlite.close()
+            self._sqlite = None
+
+
+@asynccontextmanager
+async def _write_lock(engine: Engine, database: str) -> AsyncIterator[None]:
+    lock = WriteLock(engine, database)
+    await lock.take()
+    try:
+        yield
+    finally:
+        await lock.release()
+
+
+async def _impatient(instance: InProcessService, engine: Engine) -> None:
+    """The committer waits 50 ms per lock and at most 50 ms between attempts."""
+    bridge = instance.service.components.bridge
+    committer = bridge._committer
+    committer.retry_first_seconds = 0.01
+    committer.retry_max_seconds = 0.05
+    link = bridge._link
+    assert link is not None
+    if engine.postgres:
+        await sql_of(link).execute("SET lock_timeout = '50ms'")
+    else:
+        await sql_of(link).execute("PRAGMA busy_timeout=50")
+
+
+async def _register(instance: InProcessService, relay: RelayProcess) -> tuple[SdkUser, str]:
+    user, token = SdkUser(), apns_token()
+    body = {"npub": user.npub, "platform": "ios", "device_token": token}
+    assert (await instance.call(user, "POST", "/register", body)).status_code == 201
+
+    def live() -> bool:
+        state = instance.service.relay_health().get(relay.url)
+        return bool(state and state.get("live") and state.get("keys") == 1)
+
+    await eventually(live, DEADLINE, "the key live on the relay")
+    return user, token
+
+
+def _pushes(fake_apns: FakeApns, token: str) -> int:
+    return sum(1 for request in fake_apns.requests if request.token == token)
+
+
+def _stored(database: str, event_id: str) -> bool:
+    """Whether the event's `seen_events` row is on disk (both engines keep the id as bytes)."""
+    key = bytes.fromhex(event_id)
+    return bool(fetch(database, "SELECT relay FROM seen_events WHERE event_id = ?", [key]))
+
+
+async def test_a_long_outage_delays_the_batch_and_shows_in_health_but_loses_nothing(
+    tmp_path: Path, engine: Engine, relay: RelayProcess, fake_apns: FakeApns,
+    config: dict[str, Any],
+) -> None:
+    """While the lock is held the DM's batch is retried far past the old five attempts, the
+    retries are counted, /health answers 503 naming the committer and why; once the lock is
+    released the DM is stored and pushed exactly once and /health is ok again."""
+    database = config["server"]["database"]
+    async with in_process_service(tmp_path, config) as instance:
+        user, token = await _register(instance, relay)
+        await _impatient(instance, engine)
+        before = _retries()
+        dm = kind4_dm(nostr_sdk.Keys.generate(), user.keys, "during the outage")
+        async with _write_lock(engine, database):
+            await publish(relay.url, dm)
+            await eventually(lambda: _retries() - before > 3 * OLD_COMMIT_ATTEMPTS, DEADLINE,
+                             "the batch retried far past the old give-up")
+            health = await instance.http.get("/health")
+            assert health.status_code == 503, health.text
+            body = health.json()
+            assert body["status"] == "degraded"
+            assert "bridge-commit" in body["down"]
+            assert "database unavailable" in body["reasons"]["bridge-commit"]
+            assert _pushes(fake_apns, token) == 0
+            assert not _stored(database, dm["id"])
+
+        await eventually(lambda: _pushes(fake_apns, token) == 1, DEADLINE, "the DM pushed")
+        assert _stored(database, dm["id"])
+
+        async def healthy() -> bool:
+            return (await instance.http.get("/health")).status_code == 200
+
+        await eventually(healthy, DEADLINE, "/health ok again")
+        retries = _retries()
+        # a later DM goes through at once, and the outage's DM is never pushed again
+        later = kind4_dm(nostr_sdk.Keys.generate(), user.keys, "after the outage")
+        await publish(relay.url, later)
+        await eventually(lambda: _pushes(fake_apns, token) == 2, DEADLINE, "the later DM pushed")
+        assert _retries() == retries
+
+
+async def test_a_stop_during_an_outage_ends_and_the_next_start_catches_the_dm_up(
+    tmp_path: Path, engine: Engine, relay: RelayProcess, fake_apns: FakeApns,
+    config: dict[str, Any],
+) -> None:
+    """Stopping while the committer retries ends within the stop grace (it does not wait for
+    the database forever); the DM it could not store is not seen, so the next start's
+    catch-up pushes it, once."""
+    database = config["server"]["database"]
+    lock = WriteLock(engine, database)
+    try:
+        async with asyncio.timeout(3 * DEADLINE), in_process_service(tmp_path, config) as instance:
+            user, token = await _register(instance, relay)
+            await _impatient(instance, engine)
+            instance.service.components.bridge._committer.stop_grace_seconds = 0.5
+            before = _retries()
+            await lock.take()
+            dm = kind4_dm(nostr_sdk.Keys.generate(), user.keys, "before the stop")
+            await publish(relay.url, dm)
+            await eventually(lambda: _retries() - before > OLD_COMMIT_ATTEMPTS, DEADLINE,
+                             "the batch being retried")
+            stopping = time.monotonic()
+        # the service's whole stop (relays, delivery, the store), not only the committer's
+        assert time.monotonic() - stopping < DEADLINE
+        assert not _stored(database, dm["id"])
+    finally:
+        await lock.release()
+    assert _pushes(fake_apns, token) == 0
+    async with in_process_service(tmp_path, config):
+        await eventually(lambda: _pushes(fake_apns, token) == 1, DEADLINE,
+                         "the DM caught up and pushed")
+        assert _stored(database, dm["id"])
+    assert _pushes(fake_apns, token) == 1
