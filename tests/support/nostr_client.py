@@ -66,16 +66,35 @@ def relay_list(
 
 
 async def publish(relay_url: str, *events: dict[str, Any]) -> None:
-    """Send events to a relay and wait until it has accepted every one."""
+    """Send events to a relay and wait until it has accepted every one.
+
+    An event whose OK does not come within `OK_WAIT_SECONDS` is sent again (a relay answers a
+    repeat with a `duplicate:` OK), as real clients do, so a lost answer under load fails
+    loudly after `PUBLISH_ATTEMPTS` instead of hanging the suite."""
     async with connect(relay_url, proxy=None) as ws:
         for event in events:
-            await ws.send(json.dumps(["EVENT", event]))
-            while True:
-                answer = json.loads(await ws.recv())
-                if answer[0] == "OK" and answer[1] == event["id"]:
-                    if not answer[2] and not str(answer[3]).startswith("duplicate"):
-                        raise PublishRefused(str(answer[3]))
+            for _ in range(PUBLISH_ATTEMPTS):
+                await ws.send(json.dumps(["EVENT", event]))
+                try:
+                    await asyncio.wait_for(_accepted(ws, event["id"]), OK_WAIT_SECONDS)
                     break
+                except TimeoutError:
+                    continue
+            else:
+                raise PublishRefused(f"no OK for an event after {PUBLISH_ATTEMPTS} attempts")
+
+
+OK_WAIT_SECONDS = 30.0
+PUBLISH_ATTEMPTS = 3
+
+
+async def _accepted(ws: Any, event_id: str) -> None:
+    while True:
+        answer = json.loads(await ws.recv())
+        if answer[0] == "OK" and answer[1] == event_id:
+            if not answer[2] and not str(answer[3]).startswith("duplicate"):
+                raise PublishRefused(str(answer[3]))
+            return
 
 
 async def sdk_dry_run_sync(
