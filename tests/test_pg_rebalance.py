@@ -80,7 +80,6 @@ async def _renewed_since(url: str, since: float, times: int) -> bool:
     return float(oldest) >= since + times * LEASE_SECONDS / 3
 
 
-@pytest.mark.skip(reason="hangs in full-suite runs since session 10: the shared relay stops answering OK to publish (passes alone); next session must fix, see closing note")
 async def test_workers_joining_settle_fairly_and_push_every_dm_once(
     tmp_path: Path, postgres_url: str, start_relay: Callable[..., RelayProcess],
     workers: list[ServiceProcess],

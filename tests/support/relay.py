@@ -8,9 +8,11 @@ import random
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
+from contextlib import closing
 from pathlib import Path
 from typing import Self
 
@@ -143,11 +145,28 @@ class RelayProcess:
         self.config_path.write_text("\n".join(lines) + "\n")
 
     def start(self) -> Self:
+        self._start_in_wal_mode()
         self._process = start_listening(
             [*_relay_command(), "-c", str(self.config_path), "serve", "--use-uvicorn"],
             self.folder / "relay.log", self.port, cwd=self.folder,
         )
         return self
+
+    def _start_in_wal_mode(self) -> None:
+        """Creates the relay's database in WAL mode before its first start.
+
+        nostr-relay sets `journal_mode = wal` on every new pooled connection. On a fresh file
+        that pragma is a write (it rewrites the header). When the first REQs open two pooled
+        connections at once, the two switches deadlock. SQLAlchemy then keeps both failed
+        connections open, one of them holding the write lock and a journal. From then on every
+        query and EVENT fails with "database is locked" until the relay stops (full-suite runs
+        saw an EVENT go unanswered for 90 s). A file already in WAL mode makes the pragma a no-op.
+        """
+        database = self.folder / "relay.sqlite3"
+        if database.exists():
+            return
+        with closing(sqlite3.connect(database)) as connection:
+            connection.execute("PRAGMA journal_mode = wal")
 
     def stop(self) -> None:
         if self._process is not None:
