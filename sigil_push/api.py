@@ -264,7 +264,9 @@ class Api:
             body.update(error="unavailable", message=f"service is {self.service.state.value}")
         down = self.service.tasks_down() if serving else {}
         if down:
-            body.update(status="degraded", down=list(down), reasons=down)
+            body["status"] = "degraded"
+            if detail or not self.admin_split:
+                body.update(down=list(down), reasons=down)
         return JSONResponse(body, status_code=200 if serving and not down else 503)
 
     async def metrics(self, request: Request) -> Response:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import httpx
 
-from sigil_push.api import create_app
-from sigil_push.config import parse_config
+from sigil_push.api import create_admin_app, create_app
+from sigil_push.config import Config, parse_config
 from sigil_push.service import Service
 from tests.fakes.harness import eventually
 from tests.support.stores import Engine
@@ -23,12 +23,34 @@ async def test_health_is_503_naming_the_task_while_a_core_loop_is_down(
         {"server": {"database": engine.database("push.db"), "observations": "observations"}},
         tmp_path / "relays.toml",
     )
+    await _story(config)
+
+
+async def test_with_an_admin_listener_only_the_admin_health_names_the_down_task(
+    tmp_path: Path,
+) -> None:
+    """The public listener then answers the status alone (CONTRACT): which loop is down, and
+    why, is the operator's detail."""
+    config = parse_config(
+        {"server": {"database": str(tmp_path / "push.db"), "observations": "observations",
+                    "admin_listen": "127.0.0.1:9464"}},
+        tmp_path / "relays.toml",
+    )
+    await _story(config)
+
+
+async def _story(config: Config) -> None:
     service = Service(config)
     await service.start()
     try:
-        transport = httpx.ASGITransport(app=create_app(service))
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            assert (await client.get("/health")).status_code == 200
+        split = bool(config.server.admin_listen)
+        admin_app = create_admin_app(service) if split else create_app(service)
+        public = httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(service)),
+                                   base_url="http://test")
+        admin = httpx.AsyncClient(transport=httpx.ASGITransport(app=admin_app),
+                                  base_url="http://test")
+        async with public, admin:
+            assert (await public.get("/health")).status_code == 200
             failures = 0
             recovered = asyncio.Event()
 
@@ -41,16 +63,22 @@ async def test_health_is_503_naming_the_task_while_a_core_loop_is_down(
 
             task = service.supervisor.spawn("bridge-commit-probe", broken_loop, core=True)
 
-            async def degraded() -> httpx.Response | None:
-                response = await client.get("/health")
-                return response if response.status_code == 503 else None
+            async def degraded() -> tuple[httpx.Response, httpx.Response] | None:
+                detail, status_only = await admin.get("/health"), await public.get("/health")
+                both_down = detail.status_code == status_only.status_code == 503
+                return (detail, status_only) if both_down else None
 
-            response = await eventually(degraded, what="503 while the loop is down")
-            assert response.json()["status"] == "degraded"
-            assert response.json()["down"] == ["bridge-commit-probe"]
+            detail, status_only = await eventually(degraded, what="503 while the loop is down")
+            assert detail.json()["status"] == "degraded"
+            assert detail.json()["down"] == ["bridge-commit-probe"]
+            assert set(detail.json()["reasons"]) == {"bridge-commit-probe"}
+            if split:
+                assert status_only.json() == {"status": "degraded"}
+            else:
+                assert status_only.json() == detail.json()
 
             async def healthy() -> bool:
-                return (await client.get("/health")).status_code == 200
+                return (await admin.get("/health")).status_code == 200
 
             await eventually(healthy, what="200 once the loop runs again")
             recovered.set()
