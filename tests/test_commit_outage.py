@@ -24,6 +24,9 @@ import nostr_sdk
 import pytest
 from prometheus_client import REGISTRY
 
+from sigil_push.bridge.pending import Arrival
+from sigil_push.nostr.event import Event
+from sigil_push.relays.labels import series_label
 from tests.fakes.fake_apns import FakeApns
 from tests.fakes.fake_fcm import FakeFcm
 from tests.fakes.harness import Credentials, apns_token, document, eventually, provider_tables
@@ -135,6 +138,15 @@ async def _register(instance: InProcessService, relay: RelayProcess) -> tuple[Sd
     return user, token
 
 
+def _counted(relay: RelayProcess) -> tuple[float, float]:
+    """The relay's repeats and the pre-registration events, as counted so far."""
+    repeats = REGISTRY.get_sample_value(
+        "sigil_push_bridge_events_duplicate_total", {"relay": series_label(relay.url)}
+    )
+    baselined = REGISTRY.get_sample_value("sigil_push_bridge_events_baselined_total")
+    return repeats or 0.0, baselined or 0.0
+
+
 def _pushes(fake_apns: FakeApns, token: str) -> int:
     return sum(1 for request in fake_apns.requests if request.token == token)
 
@@ -150,15 +162,25 @@ async def test_a_long_outage_delays_the_batch_and_shows_in_health_but_loses_noth
     config: dict[str, Any],
 ) -> None:
     """While the lock is held the DM's batch is retried far past the old five attempts, the
-    retries are counted, /health answers 503 naming the committer and why; once the lock is
+    retries are counted (the batch's repeats and pre-registration events once), /health answers 503 naming the committer and why; once the lock is
     released the DM is stored and pushed exactly once and /health is ok again."""
     database = config["server"]["database"]
     async with in_process_service(tmp_path, config) as instance:
         user, token = await _register(instance, relay)
         await _impatient(instance, engine)
+        earlier = kind4_dm(nostr_sdk.Keys.generate(), user.keys, "before the outage")
+        await publish(relay.url, earlier)
+        await eventually(lambda: _pushes(fake_apns, token) == 1, DEADLINE, "the first DM pushed")
+        counted = _counted(relay)
         before = _retries()
         dm = kind4_dm(nostr_sdk.Keys.generate(), user.keys, "during the outage")
         async with _write_lock(engine, database):
+            # in the refused batch: a repeat of the earlier DM and an event that wakes nobody
+            pending = instance.service.components.bridge._committer._pending
+            received_ms = int(time.time() * 1000)
+            pending.enqueue(Arrival(Event.from_json(earlier), relay.url, received_ms, ()))
+            history = kind4_dm(nostr_sdk.Keys.generate(), nostr_sdk.Keys.generate(), "old")
+            pending.enqueue(Arrival(Event.from_json(history), relay.url, received_ms, ()))
             await publish(relay.url, dm)
             await eventually(lambda: _retries() - before > 3 * OLD_COMMIT_ATTEMPTS, DEADLINE,
                              "the batch retried far past the old give-up")
@@ -168,11 +190,13 @@ async def test_a_long_outage_delays_the_batch_and_shows_in_health_but_loses_noth
             assert body["status"] == "degraded"
             assert "bridge-commit" in body["down"]
             assert "database unavailable" in body["reasons"]["bridge-commit"]
-            assert _pushes(fake_apns, token) == 0
+            assert _pushes(fake_apns, token) == 1
             assert not _stored(database, dm["id"])
 
-        await eventually(lambda: _pushes(fake_apns, token) == 1, DEADLINE, "the DM pushed")
+        await eventually(lambda: _pushes(fake_apns, token) == 2, DEADLINE, "the DM pushed")
         assert _stored(database, dm["id"])
+        # counted once, however many times the refused batch was decided again
+        assert _counted(relay) == (counted[0] + 1, counted[1] + 1)
 
         async def healthy() -> bool:
             return (await instance.http.get("/health")).status_code == 200
@@ -182,7 +206,7 @@ async def test_a_long_outage_delays_the_batch_and_shows_in_health_but_loses_noth
         # a later DM goes through at once, and the outage's DM is never pushed again
         later = kind4_dm(nostr_sdk.Keys.generate(), user.keys, "after the outage")
         await publish(relay.url, later)
-        await eventually(lambda: _pushes(fake_apns, token) == 2, DEADLINE, "the later DM pushed")
+        await eventually(lambda: _pushes(fake_apns, token) == 3, DEADLINE, "the later DM pushed")
         assert _retries() == retries
 
 

@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from operator import attrgetter, itemgetter
+from typing import NamedTuple
 
 from sigil_push.bridge.metrics import (
     BASELINED,
@@ -149,6 +150,21 @@ class Choice:
                     self._reasons.append(reason)
         reasons = self._reasons
         return min(reasons, key=_STRENGTH.__getitem__) if reasons else None
+
+
+class _Decision(NamedTuple):
+    """One pass over a batch (`Committer._decide`)."""
+
+    new_events: list[tuple[str, tuple[str, ...], int, int]]
+    further: list[tuple[str, str]]
+    further_seen: list[SeenRecord]
+    to_push: list[Arrival]
+    decided: dict[str, tuple[str, ...]]
+    delivered: list[SeenRecord]
+    duplicates: dict[str, int]
+    """Repeats of an event by a relay that had delivered it before, per relay."""
+    baselined: int
+    """New events that wake nobody: history from before their recipients' registration."""
 
 
 class DatabaseUnavailable(Exception):
@@ -431,13 +447,15 @@ class Committer:
         batch its copies happen to fall in. It is remembered at once, so a repeat counts as a
         duplicate. A crash loses a held delivery's row and its record alike, so a relay's
         replay after the restart is recorded once, as it would have been."""
-        new_events, further, further_seen, to_push, decided, delivered = await self._decide(batch)
+        (new_events, further, further_seen, to_push, decided, delivered, duplicates,
+         baselined) = await self._decide(batch)
         writes, suppressed, marks = await self._targets(to_push)
         flush = bool(self._held) and (self._stopping or self._hold_expired())
         held_rows = [
             (event_id, relay) for event_id, relays in self._held.items() for relay in relays
         ] if flush else []
         await self._write(writes, new_events, held_rows, ops, marks)
+        self._count(duplicates, baselined)
         if suppressed:
             self._suppressed(suppressed)
         self._seen.remember(decided)
@@ -482,14 +500,22 @@ class Committer:
                 relays.append(relay)
         self._held_records.extend(records)
 
-    async def _decide(self, batch: list[Arrival]) -> tuple[
-        list[tuple[str, tuple[str, ...], int, int]], list[tuple[str, str]],
-        list[SeenRecord], list[Arrival], dict[str, tuple[str, ...]], list[SeenRecord],
-    ]:
+    def _count(self, duplicates: dict[str, int], baselined: int) -> None:
+        """A written batch's repeats per relay and pre-registration events, counted once: a
+        batch the database refused is decided again on each retry."""
+        for relay, repeats in duplicates.items():
+            counters = self.counters.get(relay)
+            if counters is not None:  # None: the relay left the plan meanwhile (no series now)
+                counters.duplicates.inc(repeats)
+        if baselined:
+            BASELINED.inc(baselined)
+
+    async def _decide(self, batch: list[Arrival]) -> _Decision:
         """Which arrivals are new events, deliveries by a further relay (with their `seen`
         records apart: they are held, see `_commit`), and wanted pushes; the deliveries to
         remember once they are on disk (not before: a failed write must not make them look
-        handled), and the `seen` records of the rest. One pass, once per event.
+        handled), the `seen` records of the rest, and what to count once written. One pass,
+        once per event.
 
         A further relay's copy of an event that is new in this same batch is no row of its
         own: it is among the relays of the event's `seen_events` row (`decided` holds them
@@ -502,15 +528,14 @@ class Committer:
         to_push: list[Arrival] = []
         decided: dict[str, tuple[str, ...]] = {}
         delivered: list[SeenRecord] = []
+        duplicates: dict[str, int] = {}
         baselined = 0
         for arrival in batch:
             event = arrival.event
             event_id, created_at = event.id, event.created_at
             is_new, first_here = first_delivery(event_id, arrival.relay, decided)
             if not first_here:
-                counters = self.counters.get(arrival.relay)
-                if counters is not None:  # None: the relay left the plan meanwhile
-                    counters.duplicates.inc()
+                duplicates[arrival.relay] = duplicates.get(arrival.relay, 0) + 1
             else:
                 record = (arrival.relay, event_id, event.kind, created_at, arrival.received_ms)
                 if is_new:
@@ -530,9 +555,7 @@ class Committer:
             # further relays' copies folded in while it was queued: records, never pushes
             for relay, received_ms in arrival.copies:
                 if not first_delivery(event_id, relay, decided)[1]:
-                    counters = self.counters.get(relay)
-                    if counters is not None:
-                        counters.duplicates.inc()
+                    duplicates[relay] = duplicates.get(relay, 0) + 1
                     continue
                 record = (relay, event_id, event.kind, created_at, received_ms)
                 if event_id in new_here:
@@ -540,13 +563,12 @@ class Committer:
                 else:
                     further.append((event_id, relay))
                     further_seen.append(record)
-        if baselined:
-            BASELINED.inc(baselined)
         new_events = [
             (event_id, decided[event_id], received_ms, created_at)
             for event_id, (received_ms, created_at) in new_here.items()
         ]
-        return new_events, further, further_seen, to_push, decided, delivered
+        return _Decision(new_events, further, further_seen, to_push, decided, delivered,
+                         duplicates, baselined)
 
     def _expect(self, arrival: Arrival) -> None:
         """Observation: the recipients' inbox relays that were connected as their DM arrived."""
