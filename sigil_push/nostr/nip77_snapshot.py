@@ -17,9 +17,10 @@ Everything is checked before use (`SnapshotInvalid`): magic, length, digest, ord
 from __future__ import annotations
 
 import hashlib
+from abc import abstractmethod
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
-from typing import overload
+from typing import TypeVar, overload
 
 from sigil_push.nostr.nip77 import ID_SIZE, INFINITY, Bound, Key, SortedItems, fingerprint
 
@@ -29,6 +30,7 @@ DIGEST_SIZE = 16
 _HEADER_SIZE = len(MAGIC) + 8
 _KEY_SIZE = 8 + ID_SIZE
 _MASK = (1 << 256) - 1
+_Item = TypeVar("_Item")
 
 
 class SnapshotInvalid(ValueError):
@@ -50,9 +52,8 @@ def encode_snapshot(items: Iterable[tuple[int, bytes]]) -> bytes:
     return body + _digest(body)
 
 
-class _RawKeys(Sequence[bytes]):
-    """A snapshot's records cut to created_at and id (40 bytes): compared as bytes they
-    order as the protocol's (created_at, id), so a binary search decodes nothing."""
+class _Records(Sequence[_Item]):
+    """A snapshot's records as a sequence, each decoded (`_record`) only when read."""
 
     __slots__ = ("_count", "_data")
 
@@ -63,15 +64,30 @@ class _RawKeys(Sequence[bytes]):
         return self._count
 
     @overload
-    def __getitem__(self, index: int) -> bytes: ...
+    def __getitem__(self, index: int) -> _Item: ...
 
     @overload
-    def __getitem__(self, index: slice) -> list[bytes]: ...
+    def __getitem__(self, index: slice) -> list[_Item]: ...
 
-    def __getitem__(self, index: int | slice) -> bytes | list[bytes]:
+    def __getitem__(self, index: int | slice) -> _Item | list[_Item]:
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(self._count))]
-        start = _HEADER_SIZE + index * RECORD_SIZE
+        if not 0 <= index < self._count:
+            raise IndexError(index)
+        return self._record(_HEADER_SIZE + index * RECORD_SIZE)
+
+    @abstractmethod
+    def _record(self, start: int) -> _Item:
+        """The record that begins at byte `start`."""
+
+
+class _RawKeys(_Records[bytes]):
+    """A snapshot's records cut to created_at and id (40 bytes): compared as bytes they
+    order as the protocol's (created_at, id), so a binary search decodes nothing."""
+
+    __slots__ = ()
+
+    def _record(self, start: int) -> bytes:
         return self._data[start : start + _KEY_SIZE]
 
 
@@ -80,12 +96,12 @@ def raw_key(created_at: int, prefix: bytes) -> bytes:
     return created_at.to_bytes(8, "big") + prefix
 
 
-class SnapshotItems(Sequence[Key]):
+class SnapshotItems(_Records[Key]):
     """A snapshot's items, read in place: item i is decoded when read (O(1)), binary
     searches compare raw bytes, and the sum of the first i ids is one record's field, so a
     range's id sum is two reads."""
 
-    __slots__ = ("_count", "_data", "raw")
+    __slots__ = ("raw",)
 
     def __init__(self, data: bytes) -> None:
         """Checks the bytes whole (length, digest: C speed, no per-item Python work)."""
@@ -97,27 +113,12 @@ class SnapshotItems(Sequence[Key]):
         body = memoryview(data)[:-DIGEST_SIZE]
         if _digest(body) != data[-DIGEST_SIZE:]:
             raise SnapshotInvalid("digest does not match")
-        self._data = data
-        self._count = count
+        super().__init__(data, count)
         self.raw = _RawKeys(data, count)
         if count > 1 and self.raw[0] > self.raw[count - 1]:
             raise SnapshotInvalid("records out of order")
 
-    def __len__(self) -> int:
-        return self._count
-
-    @overload
-    def __getitem__(self, index: int) -> Key: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[Key]: ...
-
-    def __getitem__(self, index: int | slice) -> Key | list[Key]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(self._count))]
-        if not 0 <= index < self._count:
-            raise IndexError(index)
-        start = _HEADER_SIZE + index * RECORD_SIZE
+    def _record(self, start: int) -> Key:
         raw = self._data[start + 8 : start + _KEY_SIZE]
         created_at = int.from_bytes(self._data[start : start + 8], "big")
         return created_at, raw, int.from_bytes(raw, "little")
