@@ -107,10 +107,11 @@ class PostgresRelayState:
             await self._db.many(_DELETES[op], rows)
 
 
-_SEEN_COLUMNS = "SELECT e.event_id, e.relay, r.relay"
 _LEGACY_ROW = "r.event_id = encode(e.event_id, 'hex')"
 """`seen_on_relay` (only read: written by releases before further relays were appended to
 `seen_events` rows) keeps its ids as hex text."""
+_WITH_LEGACY = ("e.event_id, e.relay, r.relay", f" LEFT JOIN seen_on_relay r ON {_LEGACY_ROW}")
+_WITHOUT_LEGACY = ("e.event_id, e.relay, NULL", "")
 
 
 class PostgresSeenRows:
@@ -121,20 +122,30 @@ class PostgresSeenRows:
 
     def __init__(self, db: PostgresDatabase) -> None:
         self._db = db
+        self._legacy_rows = True
+        """Until seen as empty: no release writes `seen_on_relay` any more, so it stays so."""
+
+    async def _legacy_join(self) -> tuple[str, str]:
+        """Columns and join reading legacy rows while there are any (each id's hex probed)."""
+        if self._legacy_rows:
+            found = await self._db.fetchval("SELECT 1 FROM seen_on_relay LIMIT 1")
+            self._legacy_rows = found is not None
+        return _WITH_LEGACY if self._legacy_rows else _WITHOUT_LEGACY
 
     async def recent(self, limit: int) -> list[SeenRow]:
+        columns, join = await self._legacy_join()
         rows = await self._db.fetch(
-            f"{_SEEN_COLUMNS} FROM (SELECT event_id, relay, keep_until FROM seen_events"
-            " ORDER BY keep_until DESC LIMIT $1) e LEFT JOIN seen_on_relay r"
-            f" ON {_LEGACY_ROW} ORDER BY e.keep_until",
+            f"SELECT {columns} FROM (SELECT event_id, relay, keep_until FROM seen_events"
+            f" ORDER BY keep_until DESC LIMIT $1) e{join} ORDER BY e.keep_until",
             limit,
         )
         return [seen_row(row) for row in rows]
 
     async def lookup(self, event_ids: Sequence[bytes]) -> list[SeenRow]:
+        columns, join = await self._legacy_join()
         rows = await self._db.fetch(
-            f"{_SEEN_COLUMNS} FROM seen_events e LEFT JOIN seen_on_relay r"
-            f" ON {_LEGACY_ROW} WHERE e.event_id IN ({_marks(1, len(event_ids))})",
+            f"SELECT {columns} FROM seen_events e{join}"
+            f" WHERE e.event_id IN ({_marks(1, len(event_ids))})",
             *event_ids,
         )
         return [seen_row(row) for row in rows]

@@ -112,6 +112,8 @@ class SqliteRelayState:
 _LEGACY_ROW = "r.event_id = lower(hex(e.event_id))"
 """`seen_on_relay` (only read: written by releases before further relays were appended to
 `seen_events` rows) keeps its ids as hex text."""
+_WITH_LEGACY = ("e.event_id, e.relay, r.relay", f" LEFT JOIN seen_on_relay r ON {_LEGACY_ROW}")
+_WITHOUT_LEGACY = ("e.event_id, e.relay, NULL", "")
 
 
 class SqliteSeenRows:
@@ -124,20 +126,31 @@ class SqliteSeenRows:
 
     def __init__(self, db: aiosqlite.Connection) -> None:
         self._db = db
+        self._legacy_rows = True
+        """Until seen as empty: nothing writes `seen_on_relay` any more, so it stays so."""
+
+    async def _legacy_join(self) -> tuple[str, str]:
+        """Columns and join reading legacy rows while there are any: probing each id's hex
+        there was most of the start-up seen-cache load."""
+        if self._legacy_rows:
+            found = await self._db.execute_fetchall("SELECT 1 FROM seen_on_relay LIMIT 1")
+            self._legacy_rows = bool(found)
+        return _WITH_LEGACY if self._legacy_rows else _WITHOUT_LEGACY
 
     async def recent(self, limit: int) -> list[SeenRow]:
+        columns, join = await self._legacy_join()
         rows = await self._db.execute_fetchall(
-            "SELECT e.event_id, e.relay, r.relay FROM (SELECT event_id, relay, keep_until"
-            " FROM seen_events ORDER BY keep_until DESC LIMIT ?) e LEFT JOIN seen_on_relay r"
-            f" ON {_LEGACY_ROW} ORDER BY e.keep_until",
+            f"SELECT {columns} FROM (SELECT event_id, relay, keep_until"
+            f" FROM seen_events ORDER BY keep_until DESC LIMIT ?) e{join} ORDER BY e.keep_until",
             (limit,),
         )
         return [seen_row(row) for row in rows]
 
     async def lookup(self, event_ids: Sequence[bytes]) -> list[SeenRow]:
+        columns, join = await self._legacy_join()
         rows = await self._db.execute_fetchall(
-            "SELECT e.event_id, e.relay, r.relay FROM seen_events e LEFT JOIN seen_on_relay r"
-            f" ON {_LEGACY_ROW} WHERE e.event_id IN ({','.join('?' * len(event_ids))})",
+            f"SELECT {columns} FROM seen_events e{join}"
+            f" WHERE e.event_id IN ({','.join('?' * len(event_ids))})",
             event_ids,
         )
         return [seen_row(row) for row in rows]
