@@ -14,6 +14,7 @@ from prometheus_client import REGISTRY
 
 from sigil_push.bridge.catchup_ledger import CatchupLedger
 from sigil_push.config import parse_config
+from sigil_push.store.bridge_rows import noted_catchup_rows, packed_catchup_rows
 from sigil_push.store.factory import PostgresStore, SqliteStore, connect_bridge
 from sigil_push.store.interface import UNADDRESSED, BridgeConnection
 
@@ -187,3 +188,20 @@ async def test_the_ledger_writes_its_rows_in_recipient_order(
         assert await link.catchup.items(OTHER, [ALICE], 0) == {
             _id(n): now - n for n in range(12) if n % 3 == 1
         }
+
+
+def test_noted_rows_are_the_packed_rows_with_their_time_each_id_packed_once() -> None:
+    """SQLite's `add` binds `noted_catchup_rows`: exactly `packed_catchup_rows` plus the time,
+    for keyed and unaddressed rows alike; an id delivered by several relays (or a key of
+    several DMs) is converted once for the flush and shared by its rows."""
+    rows = [
+        (RELAY, ALICE, _id(1), 1_000), (OTHER, ALICE, _id(1), 1_000),
+        (RELAY, BOB, _id(1), 1_000), (RELAY, ALICE, _id(2), 2_000),
+        (OTHER, UNADDRESSED, _id(3), 3_000),
+    ]
+    noted = noted_catchup_rows(rows, 77)
+    assert noted == [(*row, 77) for row in packed_catchup_rows(rows)]
+    assert noted[4][1] == b""
+    assert noted[0][2] is noted[1][2] is noted[2][2]
+    assert noted[0][1] is noted[1][1] is noted[3][1]
+    assert noted_catchup_rows([], 77) == []

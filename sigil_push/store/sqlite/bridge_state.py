@@ -19,7 +19,7 @@ from sigil_push.store.bridge_rows import (
     cursor_map,
     decode_relay_lists,
     encode_relay_lists,
-    packed_catchup_rows,
+    noted_catchup_rows,
     packed_keys,
     relay_pubkeys,
     seen_row,
@@ -191,7 +191,7 @@ class SqliteCatchupItems:
         await self._db.executemany(
             "INSERT INTO catchup_items (relay, pubkey, event_id, created_at, noted_at)"
             " VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-            [(*row, noted_at) for row in packed_catchup_rows(rows)],
+            noted_catchup_rows(rows, noted_at),
         )
 
     async def items(
