@@ -478,9 +478,9 @@ class Committer:
             self._outbox.ready.set()
             now_ms = time.time() * 1000
             committed = [(arrival.event.id, arrival.received_ms) for arrival, _ in writes]
-            observe = LATENCY.observe
-            for _, received_ms in committed:
-                observe(max(0.0, now_ms - received_ms) / 1000)
+            LATENCY.observe_many(
+                [max(0.0, now_ms - received_ms) / 1000 for _, received_ms in committed]
+            )
             PUSHED.inc(len(writes))
             for listener in self._listeners:
                 listener(committed)
