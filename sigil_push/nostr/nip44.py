@@ -114,8 +114,8 @@ _OPAD = int.from_bytes(b"\x5c" * 64, "big")
 
 def _keyed(key: bytes) -> tuple[Any, Any]:
     """HMAC-SHA256's two hashes after their key block (RFC 2104; `key` of at most 64 bytes),
-    to be copied for each message under the same key: HKDF-expand's three blocks set the key
-    up once instead of three times."""
+    to be copied for each message under the same key: HKDF-extract's key is the NIP's salt,
+    so its block is set up once per process (`_SALTED`), not once per push."""
     padded = int.from_bytes(key.ljust(64, b"\0"), "big")
     return (hashlib.sha256((padded ^ _IPAD).to_bytes(64, "big")),
             hashlib.sha256((padded ^ _OPAD).to_bytes(64, "big")))
