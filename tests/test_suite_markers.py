@@ -140,3 +140,12 @@ def test_a_grouped_test_reaches_the_loadgroup_scheduler_with_its_group(
     if not getattr(request.config.option, "loadgroup", False):
         pytest.skip("only a worker of `--dist loadgroup` reports groups")
     assert request.node.nodeid.endswith("@grouping-check")
+
+
+def test_a_loadgroup_worker_hands_out_the_slow_tests_first(request: pytest.FixtureRequest) -> None:
+    """The worker finishing last sets the wall time: no quick test is scheduled before a slow
+    one (tests.support.xdist_groups), so long stories do not start at the end of a run."""
+    if not getattr(request.config.option, "loadgroup", False):
+        pytest.skip("only a worker of `--dist loadgroup` orders for the scheduler")
+    slow = [item.get_closest_marker("slow") is not None for item in request.session.items]
+    assert slow == sorted(slow, reverse=True)
