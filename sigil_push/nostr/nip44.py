@@ -24,6 +24,8 @@ from typing import Any, NamedTuple
 
 import secp256k1
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+from cryptography.hazmat.primitives.hashes import SHA256
+from cryptography.hazmat.primitives.kdf.hkdf import HKDFExpand
 
 from sigil_push.nostr.keys import is_hex
 
@@ -88,7 +90,12 @@ def _lifted_or_raise(xonly_hex: str) -> Any:
 
 
 def _conversation(secret: bytes, point: Any) -> bytes:
-    """HKDF-extract (salt 'nip44-v2') of the x coordinate of `secret` times `point`."""
+    """HKDF-extract (salt 'nip44-v2') of the x coordinate of `secret` times `point`.
+
+    `secp256k1_ecdh` (about 28 µs here) multiplies in constant time. `ec_pubkey_tweak_mul`
+    plus a serialisation gives the same x in about 22 µs, but through libsecp256k1's
+    variable-time `ecmult` (a tweak is public to it), which would leak the one-time secret
+    through timing: not used. The Python callback that copies x costs about 0.1 µs."""
     shared = _ffi.new("unsigned char[32]")
     if not _lib.secp256k1_ecdh(_context, shared, point, secret, _x_coordinate, _ffi.NULL):
         raise ValueError("secret key out of range")
@@ -107,8 +114,8 @@ _OPAD = int.from_bytes(b"\x5c" * 64, "big")
 
 def _keyed(key: bytes) -> tuple[Any, Any]:
     """HMAC-SHA256's two hashes after their key block (RFC 2104; `key` of at most 64 bytes),
-    to be copied for each message under the same key: HKDF-expand's three blocks set the key
-    up once instead of three times."""
+    to be copied for each message under the same key: HKDF-extract's key is the NIP's salt,
+    so its block is set up once per process (`_SALTED`), not once per push."""
     padded = int.from_bytes(key.ljust(64, b"\0"), "big")
     return (hashlib.sha256((padded ^ _IPAD).to_bytes(64, "big")),
             hashlib.sha256((padded ^ _OPAD).to_bytes(64, "big")))
@@ -124,14 +131,16 @@ def _mac(keyed: tuple[Any, Any], message: bytes) -> bytes:
 _SALTED = _keyed(SALT)
 """HKDF-extract's HMAC keyed with the NIP's salt, made once."""
 
+_SHA256 = SHA256()
+_MESSAGE_KEYS_BYTES = 76
+
 
 def message_keys(conversation: bytes, nonce: bytes) -> tuple[bytes, bytes, bytes]:
-    """(ChaCha20 key, ChaCha20 nonce, HMAC key): HKDF-expand(conversation, nonce, 76), split."""
-    keyed = _keyed(conversation)
-    first = _mac(keyed, nonce + b"\x01")
-    second = _mac(keyed, first + nonce + b"\x02")
-    third = _mac(keyed, second + nonce + b"\x03")
-    keys = first + second + third
+    """(ChaCha20 key, ChaCha20 nonce, HMAC key): HKDF-expand(conversation, nonce, 76), split.
+
+    `cryptography`'s HKDF-expand (RFC 5869) runs its three HMAC blocks in one call: about
+    2.1 µs a push against 2.9 for the same blocks chained from Python."""
+    keys = HKDFExpand(_SHA256, _MESSAGE_KEYS_BYTES, nonce).derive(conversation)
     return keys[:32], keys[32:44], keys[44:76]
 
 
@@ -161,13 +170,16 @@ def encrypt(conversation: bytes, plaintext: str | bytes, nonce: bytes | None = N
     if nonce is None:
         nonce = os.urandom(_NONCE_BYTES)
     chacha_key, chacha_nonce, hmac_key = message_keys(conversation, nonce)
-    padded = len(text).to_bytes(2, "big") + text.ljust(padded_length(len(text)), b"\0")
+    # each piece copied once (a sealed push's plaintext is ~2 KB, copied at every `+`)
+    padded = b"".join(
+        (len(text).to_bytes(2, "big"), text, bytes(padded_length(len(text)) - len(text)))
+    )
     # cryptography's ChaCha20 takes the 32-bit block counter (0) in front of the 96-bit nonce
     encryptor = Cipher(algorithms.ChaCha20(chacha_key, bytes(4) + chacha_nonce), None).encryptor()
-    ciphertext = encryptor.update(padded)
-    mac = hmac.digest(hmac_key, nonce + ciphertext, "sha256")
+    authenticated = nonce + encryptor.update(padded)
+    mac = hmac.digest(hmac_key, authenticated, "sha256")
     # binascii directly: base64.b64encode is a Python wrapper around the same call
-    return binascii.b2a_base64(_VERSION_BYTE + nonce + ciphertext + mac, newline=False).decode(
+    return binascii.b2a_base64(b"".join((_VERSION_BYTE, authenticated, mac)), newline=False).decode(
         "ascii"
     )
 
