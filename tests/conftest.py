@@ -19,7 +19,7 @@ from tests.support.slow_marks import slow_reason
 # servers). Listed before the modules that import them, so pytest rewrites their asserts.
 pytest_plugins = (
     "tests.support.postgres", "tests.support.stores", "tests.support.processes",
-    "tests.fakes.harness",
+    "tests.fakes.harness", "tests.support.xdist_groups",
 )
 
 

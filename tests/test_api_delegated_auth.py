@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -13,12 +12,6 @@ from tests.support.nip98 import SdkUser
 from tests.support.relay import RelayProcess
 from tests.support.remote_signer import RemoteSigner
 from tests.support.service import ServiceProcess
-
-
-@pytest.fixture(scope="module")
-def signer_relay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RelayProcess]:
-    with RelayProcess(tmp_path_factory.mktemp("signer-relay")) as relay:
-        yield relay
 
 
 def signer_status(api: ApiCaller, user: SdkUser, wanted: str | None) -> dict[str, object]:
@@ -35,10 +28,10 @@ def signer_status(api: ApiCaller, user: SdkUser, wanted: str | None) -> dict[str
 
 @pytest.mark.slow
 def test_signer_session_is_reported_and_ends_with_the_last_device(
-    api: ApiCaller, service: ServiceProcess, signer_relay: RelayProcess
+    api: ApiCaller, service: ServiceProcess, module_relay: RelayProcess
 ) -> None:
     secret = "bunker-secret-" + secrets.token_hex(8)
-    signer = RemoteSigner(signer_relay.url, secret=secret).start()
+    signer = RemoteSigner(module_relay.url, secret=secret).start()
     try:
         user = SdkUser(keys=signer.user)
         token = secrets.token_hex(32)
@@ -59,8 +52,8 @@ def test_signer_session_is_reported_and_ends_with_the_last_device(
 
 
 @pytest.mark.slow
-def test_refusing_signer_is_visible_to_the_owner(api: ApiCaller, signer_relay: RelayProcess) -> None:
-    signer = RemoteSigner(signer_relay.url, refuse=True).start()
+def test_refusing_signer_is_visible_to_the_owner(api: ApiCaller, module_relay: RelayProcess) -> None:
+    signer = RemoteSigner(module_relay.url, refuse=True).start()
     try:
         user = SdkUser(keys=signer.user)
         api.register(user, device_token=secrets.token_hex(32), auth_signer=signer.bunker_uri)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -41,17 +41,11 @@ OLD_COMMIT_ATTEMPTS = 5
 """After this many refused attempts the committer used to drop the batch."""
 
 
-@pytest.fixture(scope="module")
-def relay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RelayProcess]:
-    with RelayProcess(tmp_path_factory.mktemp("relay")) as running:
-        yield running
-
-
 @pytest.fixture
 def config(
     tmp_path: Path,
     engine: Engine,
-    relay: RelayProcess,
+    module_relay: RelayProcess,
     credentials: Credentials,
     fake_apns: FakeApns,
     fake_fcm_server: tuple[FakeFcm, Path],
@@ -66,7 +60,7 @@ def config(
         "public_url": "http://127.0.0.1:8080",
         "allow_insecure_relays": True,
     }
-    document_["relay"] = [{"url": relay.url}]
+    document_["relay"] = [{"url": module_relay.url}]
     return document_
 
 
@@ -88,7 +82,10 @@ class WriteLock:
             await self._postgres.execute("BEGIN")
             await self._postgres.execute("LOCK TABLE seen_events IN EXCLUSIVE MODE")
         else:
-            self._sqlite = sqlite3.connect(self._database, isolation_level=None)
+            # the service may be writing (its registration, a batch): wait as long as the
+            # stories' deadline for its write to end, not sqlite3's default 5 s (loaded runs
+            # saw "database is locked" here)
+            self._sqlite = sqlite3.connect(self._database, isolation_level=None, timeout=DEADLINE)
             self._sqlite.execute("BEGIN IMMEDIATE")
 
     async def release(self) -> None:
@@ -158,7 +155,7 @@ def _stored(database: str, event_id: str) -> bool:
 
 
 async def test_a_long_outage_delays_the_batch_and_shows_in_health_but_loses_nothing(
-    tmp_path: Path, engine: Engine, relay: RelayProcess, fake_apns: FakeApns,
+    tmp_path: Path, engine: Engine, module_relay: RelayProcess, fake_apns: FakeApns,
     config: dict[str, Any],
 ) -> None:
     """While the lock is held the DM's batch is retried far past the old five attempts, the
@@ -166,22 +163,22 @@ async def test_a_long_outage_delays_the_batch_and_shows_in_health_but_loses_noth
     released the DM is stored and pushed exactly once and /health is ok again."""
     database = config["server"]["database"]
     async with in_process_service(tmp_path, config) as instance:
-        user, token = await _register(instance, relay)
+        user, token = await _register(instance, module_relay)
         await _impatient(instance, engine)
         earlier = kind4_dm(nostr_sdk.Keys.generate(), user.keys, "before the outage")
-        await publish(relay.url, earlier)
+        await publish(module_relay.url, earlier)
         await eventually(lambda: _pushes(fake_apns, token) == 1, DEADLINE, "the first DM pushed")
-        counted = _counted(relay)
+        counted = _counted(module_relay)
         before = _retries()
         dm = kind4_dm(nostr_sdk.Keys.generate(), user.keys, "during the outage")
         async with _write_lock(engine, database):
             # in the refused batch: a repeat of the earlier DM and an event that wakes nobody
             pending = instance.service.components.bridge._committer._pending
             received_ms = int(time.time() * 1000)
-            pending.enqueue(Arrival(Event.from_json(earlier), relay.url, received_ms, ()))
+            pending.enqueue(Arrival(Event.from_json(earlier), module_relay.url, received_ms, ()))
             history = kind4_dm(nostr_sdk.Keys.generate(), nostr_sdk.Keys.generate(), "old")
-            pending.enqueue(Arrival(Event.from_json(history), relay.url, received_ms, ()))
-            await publish(relay.url, dm)
+            pending.enqueue(Arrival(Event.from_json(history), module_relay.url, received_ms, ()))
+            await publish(module_relay.url, dm)
             await eventually(lambda: _retries() - before > 3 * OLD_COMMIT_ATTEMPTS, DEADLINE,
                              "the batch retried far past the old give-up")
             health = await instance.http.get("/health")
@@ -196,7 +193,7 @@ async def test_a_long_outage_delays_the_batch_and_shows_in_health_but_loses_noth
         await eventually(lambda: _pushes(fake_apns, token) == 2, DEADLINE, "the DM pushed")
         assert _stored(database, dm["id"])
         # counted once, however many times the refused batch was decided again
-        assert _counted(relay) == (counted[0] + 1, counted[1] + 1)
+        assert _counted(module_relay) == (counted[0] + 1, counted[1] + 1)
 
         async def healthy() -> bool:
             return (await instance.http.get("/health")).status_code == 200
@@ -205,13 +202,13 @@ async def test_a_long_outage_delays_the_batch_and_shows_in_health_but_loses_noth
         retries = _retries()
         # a later DM goes through at once, and the outage's DM is never pushed again
         later = kind4_dm(nostr_sdk.Keys.generate(), user.keys, "after the outage")
-        await publish(relay.url, later)
+        await publish(module_relay.url, later)
         await eventually(lambda: _pushes(fake_apns, token) == 3, DEADLINE, "the later DM pushed")
         assert _retries() == retries
 
 
 async def test_a_stop_during_an_outage_ends_and_the_next_start_catches_the_dm_up(
-    tmp_path: Path, engine: Engine, relay: RelayProcess, fake_apns: FakeApns,
+    tmp_path: Path, engine: Engine, module_relay: RelayProcess, fake_apns: FakeApns,
     config: dict[str, Any],
 ) -> None:
     """Stopping while the committer retries ends within the stop grace (it does not wait for
@@ -221,13 +218,13 @@ async def test_a_stop_during_an_outage_ends_and_the_next_start_catches_the_dm_up
     lock = WriteLock(engine, database)
     try:
         async with asyncio.timeout(3 * DEADLINE), in_process_service(tmp_path, config) as instance:
-            user, token = await _register(instance, relay)
+            user, token = await _register(instance, module_relay)
             await _impatient(instance, engine)
             instance.service.components.bridge._committer.stop_grace_seconds = 0.5
             before = _retries()
             await lock.take()
             dm = kind4_dm(nostr_sdk.Keys.generate(), user.keys, "before the stop")
-            await publish(relay.url, dm)
+            await publish(module_relay.url, dm)
             await eventually(lambda: _retries() - before > OLD_COMMIT_ATTEMPTS, DEADLINE,
                              "the batch being retried")
             stopping = time.monotonic()

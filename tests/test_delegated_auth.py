@@ -21,18 +21,12 @@ from tests.support.remote_signer import RemoteSigner
 from tests.support.stores import Engine, fetch
 
 
-@pytest.fixture(scope="module")
-def signer_relay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RelayProcess]:
-    with RelayProcess(tmp_path_factory.mktemp("signer-relay")) as relay:
-        yield relay
-
-
 @pytest.fixture
-def start_signer(signer_relay: RelayProcess) -> Iterator[Callable[..., RemoteSigner]]:
+def start_signer(module_relay: RelayProcess) -> Iterator[Callable[..., RemoteSigner]]:
     started: list[RemoteSigner] = []
 
     def start(**options: Any) -> RemoteSigner:
-        signer = RemoteSigner(signer_relay.url, **options).start()
+        signer = RemoteSigner(module_relay.url, **options).start()
         started.append(signer)
         return signer
 
@@ -160,14 +154,14 @@ async def test_sessions_beyond_one_subscription_chunk_are_answered(
 
 
 async def test_a_request_cancelled_as_its_answer_lands_stays_cancelled(
-    signer_relay: RelayProcess,
+    module_relay: RelayProcess,
 ) -> None:
     """A session's handshake is stopped by cancelling it; on Python 3.11 `asyncio.wait_for`
     returned the answer instead when the cancellation landed in the turn the answer arrived,
     and a retrying session went on after its stop. Here the answer is set and the request
     cancelled in one turn, as the link's reader and a stop would: the request ends cancelled.
     The relay is real; the answer is the test's (a signer cannot be timed to the turn)."""
-    link = SignerRelayLink(signer_relay.url)
+    link = SignerRelayLink(module_relay.url)
     client, signer = SecretKey.generate(), SecretKey.generate()
     request_id, message = connect_request(client, BunkerUri(signer.public_key_hex, (), None))
     task = asyncio.create_task(link.request(client, request_id, message, 60))

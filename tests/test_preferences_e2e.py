@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -31,17 +31,11 @@ from tests.support.stores import Engine, fetch
 DEADLINE = 60.0
 
 
-@pytest.fixture(scope="module")
-def relay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RelayProcess]:
-    with RelayProcess(tmp_path_factory.mktemp("relay")) as running:
-        yield running
-
-
 @pytest.fixture
 async def instance(
     tmp_path: Path,
     engine: Engine,
-    relay: RelayProcess,
+    module_relay: RelayProcess,
     credentials: Credentials,
     fake_apns: FakeApns,
     fake_fcm_server: tuple[FakeFcm, Path],
@@ -57,7 +51,7 @@ async def instance(
         "allow_insecure_relays": True,
         "observations": "observations",
     }
-    config["relay"] = [{"url": relay.url}]
+    config["relay"] = [{"url": module_relay.url}]
     async with in_process_service(tmp_path, config) as running:
         yield running
 
@@ -139,35 +133,35 @@ def _hex(keys: nostr_sdk.Keys) -> str:
 
 
 async def test_a_paused_pair_is_not_woken_until_the_pause_is_cleared(
-    instance: InProcessService, relay: RelayProcess, fake_apns: FakeApns
+    instance: InProcessService, module_relay: RelayProcess, fake_apns: FakeApns
 ) -> None:
     alice, bob = Phone(instance, fake_apns, SdkUser()), nostr_sdk.Keys.generate()
     await alice.register(pause_until=int(time.time()) + 3600)
-    await _watched(instance, relay.url, 1)
+    await _watched(instance, module_relay.url, 1)
     paused_before = _suppressed_total("paused")
     held = kind4_dm(bob, alice.keys, "while paused")
-    await publish(relay.url, held)
+    await publish(module_relay.url, held)
     await _held_back(instance, held, "paused")
     assert _suppressed_total("paused") == paused_before + 1
     await alice.preferences(pause_until=None)
-    await publish(relay.url, gift_wrap(bob, alice.keys, "after the pause"))
+    await publish(module_relay.url, gift_wrap(bob, alice.keys, "after the pause"))
     await eventually(lambda: alice.pushes() == 1, DEADLINE, "the DM after the pause pushed")
     assert alice.pushes() == 1, "the DM held back during the pause is never pushed later"
 
 
 async def test_presence_ended_by_the_app_sends_no_lapse_wakeup(
-    instance: InProcessService, relay: RelayProcess, fake_apns: FakeApns
+    instance: InProcessService, module_relay: RelayProcess, fake_apns: FakeApns
 ) -> None:
     alice, bob = Phone(instance, fake_apns, SdkUser()), nostr_sdk.Keys.generate()
     await alice.register()
-    await _watched(instance, relay.url, 1)
+    await _watched(instance, module_relay.url, 1)
     await alice.presence(300)
     held = gift_wrap(bob, alice.keys, "read in the app")
-    await publish(relay.url, held)
+    await publish(module_relay.url, held)
     await _held_back(instance, held, "present")
     await alice.presence(0)
     after = kind4_dm(bob, alice.keys, "app closed")
-    await publish(relay.url, after)
+    await publish(module_relay.url, after)
     await eventually(lambda: alice.pushes() == 1, DEADLINE, "the DM after the presence pushed")
     # the claim loop runs every second: give it several turns to (wrongly) send a lapse wakeup
     await _turns_of_the_lapse_claim(instance)
@@ -192,16 +186,16 @@ async def _turns_of_the_lapse_claim(instance: InProcessService) -> None:
 
 
 async def test_a_presence_that_lapses_sends_exactly_one_wakeup(
-    instance: InProcessService, relay: RelayProcess, fake_apns: FakeApns
+    instance: InProcessService, module_relay: RelayProcess, fake_apns: FakeApns
 ) -> None:
     """The app died in the foreground: the two DMs its presence held back bring one wakeup
     when the presence lapses, and nothing more."""
     alice, bob = Phone(instance, fake_apns, SdkUser()), nostr_sdk.Keys.generate()
     await alice.register()
-    await _watched(instance, relay.url, 1)
+    await _watched(instance, module_relay.url, 1)
     await alice.presence(8)
     first, second = kind4_dm(bob, alice.keys, "one"), kind4_dm(bob, alice.keys, "two")
-    await publish(relay.url, first, second)
+    await publish(module_relay.url, first, second)
     await _held_back(instance, first, "present")
     await _held_back(instance, second, "present")
     assert alice.pushes() == 0
@@ -219,33 +213,33 @@ async def test_a_presence_that_lapses_sends_exactly_one_wakeup(
 
 
 async def test_the_kind_10000_mute_list_applies_and_its_update_too(
-    instance: InProcessService, relay: RelayProcess, fake_apns: FakeApns
+    instance: InProcessService, module_relay: RelayProcess, fake_apns: FakeApns
 ) -> None:
     alice = Phone(instance, fake_apns, SdkUser())
     spammer, friend = nostr_sdk.Keys.generate(), nostr_sdk.Keys.generate()
     await alice.register()
-    await _watched(instance, relay.url, 1)
+    await _watched(instance, module_relay.url, 1)
     now = int(time.time())
     first = _list_event(alice.keys, 10000, [_hex(spammer)], now - 10)
-    await publish(relay.url, first)
+    await publish(module_relay.url, first)
     await _list_stored(instance, alice, first)
     muted = kind4_dm(spammer, alice.keys, "buy now")
-    await publish(relay.url, muted)
+    await publish(module_relay.url, muted)
     await _held_back(instance, muted, "muted")
-    await publish(relay.url, kind4_dm(friend, alice.keys, "hi"))
+    await publish(module_relay.url, kind4_dm(friend, alice.keys, "hi"))
     await eventually(lambda: alice.pushes() == 1, DEADLINE, "the friend's DM pushed")
     # the spammer's gift wraps pass: their author is hidden
-    await publish(relay.url, gift_wrap(spammer, alice.keys, "wrapped"))
+    await publish(module_relay.url, gift_wrap(spammer, alice.keys, "wrapped"))
     await eventually(lambda: alice.pushes() == 2, DEADLINE, "the gift wrap pushed")
     # a newer list without the spammer: applied within seconds of reaching the relay
     newer = _list_event(alice.keys, 10000, [_hex(friend)], now)
-    await publish(relay.url, newer)
+    await publish(module_relay.url, newer)
     await _list_stored(instance, alice, newer)
-    await publish(relay.url, kind4_dm(spammer, alice.keys, "again"))
+    await publish(module_relay.url, kind4_dm(spammer, alice.keys, "again"))
     await eventually(lambda: alice.pushes() == 3, DEADLINE, "pushed once unmuted")
     # an older list (muting the spammer again) changes nothing
-    await publish(relay.url, _list_event(alice.keys, 10000, [_hex(spammer)], now - 5))
-    await publish(relay.url, kind4_dm(spammer, alice.keys, "still allowed"))
+    await publish(module_relay.url, _list_event(alice.keys, 10000, [_hex(spammer)], now - 5))
+    await publish(module_relay.url, kind4_dm(spammer, alice.keys, "still allowed"))
     await eventually(lambda: alice.pushes() == 4, DEADLINE, "pushed despite the old list")
     assert _stored_list_id(instance, alice, 10000) == newer["id"]
 
@@ -266,50 +260,50 @@ async def _list_stored(instance: InProcessService, phone: Phone, event: dict[str
 
 
 async def test_the_private_mute_list_holds_back_kind_4_only(
-    instance: InProcessService, relay: RelayProcess, fake_apns: FakeApns
+    instance: InProcessService, module_relay: RelayProcess, fake_apns: FakeApns
 ) -> None:
     alice, spammer = Phone(instance, fake_apns, SdkUser()), nostr_sdk.Keys.generate()
     await alice.register(muted=[str(spammer.public_key().to_bech32())])
-    await _watched(instance, relay.url, 1)
+    await _watched(instance, module_relay.url, 1)
     assert (await alice.device())["muted_count"] == 1
     muted = kind4_dm(spammer, alice.keys, "buy now")
-    await publish(relay.url, muted)
+    await publish(module_relay.url, muted)
     await _held_back(instance, muted, "muted")
-    await publish(relay.url, gift_wrap(spammer, alice.keys, "wrapped"))
+    await publish(module_relay.url, gift_wrap(spammer, alice.keys, "wrapped"))
     await eventually(lambda: alice.pushes() == 1, DEADLINE, "the gift wrap pushed")
     await alice.preferences(muted=[])
-    await publish(relay.url, kind4_dm(spammer, alice.keys, "unmuted"))
+    await publish(module_relay.url, kind4_dm(spammer, alice.keys, "unmuted"))
     await eventually(lambda: alice.pushes() == 2, DEADLINE, "pushed once unmuted")
 
 
 async def test_follows_only_fails_open_until_a_contact_list_is_known(
-    instance: InProcessService, relay: RelayProcess, fake_apns: FakeApns
+    instance: InProcessService, module_relay: RelayProcess, fake_apns: FakeApns
 ) -> None:
     alice = Phone(instance, fake_apns, SdkUser())
     stranger, friend = nostr_sdk.Keys.generate(), nostr_sdk.Keys.generate()
     await alice.register(senders="follows")
-    await _watched(instance, relay.url, 1)
+    await _watched(instance, module_relay.url, 1)
     device = await alice.device()
     assert (device["senders"], device["follows_known"]) == ("follows", False)
-    await publish(relay.url, kind4_dm(stranger, alice.keys, "no kind 3 yet"))
+    await publish(module_relay.url, kind4_dm(stranger, alice.keys, "no kind 3 yet"))
     await eventually(lambda: alice.pushes() == 1, DEADLINE, "pushed: nothing is filtered")
-    await publish(relay.url, _list_event(alice.keys, 3, [_hex(friend)], int(time.time())))
+    await publish(module_relay.url, _list_event(alice.keys, 3, [_hex(friend)], int(time.time())))
 
     async def known() -> bool:
         return bool((await alice.device())["follows_known"])
 
     await eventually(known, DEADLINE, "follows_known")
     held = kind4_dm(stranger, alice.keys, "not followed")
-    await publish(relay.url, held)
+    await publish(module_relay.url, held)
     await _held_back(instance, held, "not_followed")
-    await publish(relay.url, kind4_dm(friend, alice.keys, "followed"))
+    await publish(module_relay.url, kind4_dm(friend, alice.keys, "followed"))
     await eventually(lambda: alice.pushes() == 2, DEADLINE, "the friend's DM pushed")
-    await publish(relay.url, gift_wrap(stranger, alice.keys, "wrapped"))
+    await publish(module_relay.url, gift_wrap(stranger, alice.keys, "wrapped"))
     await eventually(lambda: alice.pushes() == 3, DEADLINE, "the stranger's gift wrap pushed")
 
 
 async def test_an_attacker_on_the_victims_token_cannot_silence_the_victim(
-    instance: InProcessService, relay: RelayProcess, fake_apns: FakeApns
+    instance: InProcessService, module_relay: RelayProcess, fake_apns: FakeApns
 ) -> None:
     """The attacker learnt the victim's token, registered it for its own npub (allowed: accounts
     on one phone), then paused, presented and muted on it: only its own pair is affected."""
@@ -321,8 +315,8 @@ async def test_an_attacker_on_the_victims_token_cannot_silence_the_victim(
     await attacker.preferences(pause_until=int(time.time()) + 3600, muted=[_hex(sender)],
                                senders="follows")
     await attacker.presence(300)
-    await _watched(instance, relay.url, 2)
-    await publish(relay.url, kind4_dm(sender, victim.keys, "for the victim"))
+    await _watched(instance, module_relay.url, 2)
+    await publish(module_relay.url, kind4_dm(sender, victim.keys, "for the victim"))
     await eventually(lambda: victim.pushes() == 1, DEADLINE, "the victim's wakeup")
     assert (await victim.device())["pause_until"] is None
     text = json.dumps(instance.observation_records())

@@ -128,3 +128,24 @@ def test_a_test_is_slow_by_its_own_code_or_its_fixtures_but_not_the_session_serv
     assert slow_reason(_item(stores.engine_of, service=("session", stores.service))) is None
     relay = slow_reason(_item(stores.engine_of, start_relay=("function", processes.start_relay)))
     assert relay is not None and "RelayProcess" in relay
+
+
+@pytest.mark.xdist_group("grouping-check")
+def test_a_grouped_test_reaches_the_loadgroup_scheduler_with_its_group(
+    request: pytest.FixtureRequest,
+) -> None:
+    """xdist's scheduler reads a test's `xdist_group` only from the `@group` suffix of the id
+    the worker reports; with pytest 9 xdist 3.8's own rename does not take (tests.support.
+    xdist_groups), and the Spark session's tests ran on every worker, a JVM each."""
+    if not getattr(request.config.option, "loadgroup", False):
+        pytest.skip("only a worker of `--dist loadgroup` reports groups")
+    assert request.node.nodeid.endswith("@grouping-check")
+
+
+def test_a_loadgroup_worker_hands_out_the_slow_tests_first(request: pytest.FixtureRequest) -> None:
+    """The worker finishing last sets the wall time: no quick test is scheduled before a slow
+    one (tests.support.xdist_groups), so long stories do not start at the end of a run."""
+    if not getattr(request.config.option, "loadgroup", False):
+        pytest.skip("only a worker of `--dist loadgroup` orders for the scheduler")
+    slow = [item.get_closest_marker("slow") is not None for item in request.session.items]
+    assert slow == sorted(slow, reverse=True)

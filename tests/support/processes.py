@@ -19,6 +19,15 @@ SHORT_LEASES = "lease_seconds = 3\n"
 leases lapse: 3 s instead of the default 15 s keeps restart stories short."""
 
 
+@pytest.fixture(scope="module")
+def module_relay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RelayProcess]:
+    """One `nostr-relay` shared by the tests of a module that only publish to it and read from
+    it under fresh keys (no test restarts, stops or gates it): a relay start per module instead
+    of per test. Stories about a relay's restart, death or NIP-42 gate start their own."""
+    with RelayProcess(tmp_path_factory.mktemp("relay")) as running:
+        yield running
+
+
 @pytest.fixture
 def start_relay(tmp_path: Path) -> Iterator[Callable[..., RelayProcess]]:
     started: list[RelayProcess] = []
