@@ -65,7 +65,7 @@ class Recorder:
         for key, count in counts.items():
             self._pushes[key].inc(count)
         for provider, seconds in latencies.items():
-            metrics.LATENCY.observe_many(provider, seconds)
+            metrics.LATENCY.observe_many(seconds, provider)
         if self._record_outcomes:
             self._observations.push_many(records, max(a[3] for a in answers))
 
