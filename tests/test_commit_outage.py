@@ -29,7 +29,7 @@ from sigil_push.nostr.event import Event
 from sigil_push.relays.labels import series_label
 from tests.fakes.fake_apns import FakeApns
 from tests.fakes.fake_fcm import FakeFcm
-from tests.fakes.harness import Credentials, apns_token, document, eventually, provider_tables
+from tests.fakes.harness import Credentials, apns_relay_document, apns_token, eventually
 from tests.support.in_process import InProcessService, in_process_service
 from tests.support.nip98 import SdkUser
 from tests.support.nostr_client import kind4_dm, publish
@@ -50,18 +50,9 @@ def config(
     fake_apns: FakeApns,
     fake_fcm_server: tuple[FakeFcm, Path],
 ) -> dict[str, Any]:
-    fake_apns.script.answers.clear()
-    document_: dict[str, Any] = document(
-        {"apns": provider_tables(credentials, fake_apns, fake_fcm_server)["apns"]},
-        limits={"requests_per_minute_per_ip": 0, "requests_per_minute_per_npub": 0},
-    )
-    document_["server"] = {
-        "database": engine.database(str(tmp_path / "sigil-push.db")),
-        "public_url": "http://127.0.0.1:8080",
-        "allow_insecure_relays": True,
-    }
-    document_["relay"] = [{"url": module_relay.url}]
-    return document_
+    database = engine.database(str(tmp_path / "sigil-push.db"))
+    return apns_relay_document(credentials, fake_apns, fake_fcm_server, database,
+                               module_relay.url)
 
 
 def _retries() -> float:

@@ -21,7 +21,7 @@ from prometheus_client import REGISTRY
 
 from tests.fakes.fake_apns import FakeApns
 from tests.fakes.fake_fcm import FakeFcm
-from tests.fakes.harness import Credentials, apns_token, document, eventually, provider_tables
+from tests.fakes.harness import Credentials, apns_relay_document, apns_token, eventually
 from tests.support.in_process import InProcessService, in_process_service
 from tests.support.nip98 import SdkUser
 from tests.support.nostr_client import gift_wrap, kind4_dm, publish
@@ -40,18 +40,9 @@ async def instance(
     fake_apns: FakeApns,
     fake_fcm_server: tuple[FakeFcm, Path],
 ) -> AsyncIterator[InProcessService]:
-    fake_apns.script.answers.clear()
-    config: dict[str, Any] = document(
-        {"apns": provider_tables(credentials, fake_apns, fake_fcm_server)["apns"]},
-        limits={"requests_per_minute_per_ip": 0, "requests_per_minute_per_npub": 0},
-    )
-    config["server"] = {
-        "database": engine.database(str(tmp_path / "sigil-push.db")),
-        "public_url": "http://127.0.0.1:8080",
-        "allow_insecure_relays": True,
-        "observations": "observations",
-    }
-    config["relay"] = [{"url": module_relay.url}]
+    database = engine.database(str(tmp_path / "sigil-push.db"))
+    config = apns_relay_document(credentials, fake_apns, fake_fcm_server, database,
+                                 module_relay.url, observations="observations")
     async with in_process_service(tmp_path, config) as running:
         yield running
 

@@ -238,6 +238,25 @@ def document(
     }
 
 
+def apns_relay_document(
+    credentials: Credentials, fake_apns: FakeApns, fake_fcm_server: tuple[FakeFcm, Path],
+    database: str, relay_url: str, **server: Any,
+) -> dict[str, Any]:
+    """A whole service on one relay sending to the APNs fake, without API rate limits: the
+    config of the in-process stories (`server` adds keys to its `[server]` table)."""
+    fake_apns.script.answers.clear()
+    config = document(
+        {"apns": provider_tables(credentials, fake_apns, fake_fcm_server)["apns"]},
+        limits={"requests_per_minute_per_ip": 0, "requests_per_minute_per_npub": 0},
+    )
+    config["server"] = {
+        "database": database, "public_url": "http://127.0.0.1:8080",
+        "allow_insecure_relays": True, **server,
+    }
+    config["relay"] = [{"url": relay_url}]
+    return config
+
+
 def reset_fakes(fake_apns: FakeApns, fake_fcm: FakeFcm, fake_up: FakeUnifiedPush) -> None:
     """The session-wide fakes as new: no scripted answers left from an earlier test, and no
     UnifiedPush requests under endpoint names (e.g. "big") an earlier test also used."""
