@@ -28,8 +28,7 @@ from sigil_push.bridge.pending import Arrival
 from sigil_push.nostr.event import Event
 from sigil_push.relays.labels import series_label
 from tests.fakes.fake_apns import FakeApns
-from tests.fakes.fake_fcm import FakeFcm
-from tests.fakes.harness import Credentials, apns_relay_document, apns_token, eventually
+from tests.fakes.harness import apns_token, eventually
 from tests.support.in_process import InProcessService, in_process_service
 from tests.support.nip98 import SdkUser
 from tests.support.nostr_client import kind4_dm, publish
@@ -42,17 +41,8 @@ OLD_COMMIT_ATTEMPTS = 5
 
 
 @pytest.fixture
-def config(
-    tmp_path: Path,
-    engine: Engine,
-    module_relay: RelayProcess,
-    credentials: Credentials,
-    fake_apns: FakeApns,
-    fake_fcm_server: tuple[FakeFcm, Path],
-) -> dict[str, Any]:
-    database = engine.database(str(tmp_path / "sigil-push.db"))
-    return apns_relay_document(credentials, fake_apns, fake_fcm_server, database,
-                               module_relay.url)
+def config(apns_relay_config: dict[str, Any]) -> dict[str, Any]:
+    return apns_relay_config
 
 
 def _retries() -> float:

@@ -20,30 +20,22 @@ import pytest
 from prometheus_client import REGISTRY
 
 from tests.fakes.fake_apns import FakeApns
-from tests.fakes.fake_fcm import FakeFcm
-from tests.fakes.harness import Credentials, apns_relay_document, apns_token, eventually
+from tests.fakes.harness import apns_token, eventually
 from tests.support.in_process import InProcessService, in_process_service
 from tests.support.nip98 import SdkUser
 from tests.support.nostr_client import gift_wrap, kind4_dm, publish
 from tests.support.relay import RelayProcess
-from tests.support.stores import Engine, fetch
+from tests.support.stores import fetch
 
 DEADLINE = 60.0
 
 
 @pytest.fixture
 async def instance(
-    tmp_path: Path,
-    engine: Engine,
-    module_relay: RelayProcess,
-    credentials: Credentials,
-    fake_apns: FakeApns,
-    fake_fcm_server: tuple[FakeFcm, Path],
+    tmp_path: Path, apns_relay_config: dict[str, Any]
 ) -> AsyncIterator[InProcessService]:
-    database = engine.database(str(tmp_path / "sigil-push.db"))
-    config = apns_relay_document(credentials, fake_apns, fake_fcm_server, database,
-                                 module_relay.url, observations="observations")
-    async with in_process_service(tmp_path, config) as running:
+    apns_relay_config["server"]["observations"] = "observations"
+    async with in_process_service(tmp_path, apns_relay_config) as running:
         yield running
 
 

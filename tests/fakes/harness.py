@@ -41,6 +41,7 @@ from tests.fakes.fake_apns import FakeApns
 from tests.fakes.fake_fcm import FakeFcm
 from tests.fakes.fake_unifiedpush import FakeUnifiedPush
 from tests.support.observations import observation_records
+from tests.support.relay import RelayProcess
 from tests.support.stores import Engine, PortableSql, open_test_store, sql_of
 
 RELAY = "wss://relay.example.com"
@@ -238,22 +239,23 @@ def document(
     }
 
 
-def apns_relay_document(
-    credentials: Credentials, fake_apns: FakeApns, fake_fcm_server: tuple[FakeFcm, Path],
-    database: str, relay_url: str, **server: Any,
+@pytest.fixture
+def apns_relay_config(
+    tmp_path: Path, engine: Engine, module_relay: RelayProcess, credentials: Credentials,
+    fake_apns: FakeApns, fake_fcm_server: tuple[FakeFcm, Path],
 ) -> dict[str, Any]:
-    """A whole service on one relay sending to the APNs fake, without API rate limits: the
-    config of the in-process stories (`server` adds keys to its `[server]` table)."""
+    """The config of the in-process stories: a whole service on the test's engine and the
+    module's relay, sending to the APNs fake, without API rate limits."""
     fake_apns.script.answers.clear()
     config = document(
         {"apns": provider_tables(credentials, fake_apns, fake_fcm_server)["apns"]},
         limits={"requests_per_minute_per_ip": 0, "requests_per_minute_per_npub": 0},
     )
     config["server"] = {
-        "database": database, "public_url": "http://127.0.0.1:8080",
-        "allow_insecure_relays": True, **server,
+        "database": engine.database(str(tmp_path / "sigil-push.db")),
+        "public_url": "http://127.0.0.1:8080", "allow_insecure_relays": True,
     }
-    config["relay"] = [{"url": relay_url}]
+    config["relay"] = [{"url": module_relay.url}]
     return config
 
 
