@@ -39,38 +39,57 @@ def seen_row(row: Any) -> SeenRow:
     return bytes(event_id), str(first), None if further is None else str(further)
 
 
-def packed_catchup_rows(
-    rows: Sequence[tuple[str, str, str, int]],
-) -> list[tuple[str, bytes, bytes, int]]:
-    """(relay, recipient, event id, created_at) as `catchup_items` stores them: the two ids
-    as their bytes (migration 0014; the recipient UNADDRESSED, '', as an empty value)."""
-    packed = bytes.fromhex
-    return [(relay, packed(pubkey), packed(event_id), at) for relay, pubkey, event_id, at in rows]
+CATCHUP_RELAY_SEPARATOR = " "
+"""Joins the relays of one `catchup_items` row (migration 0016; no URL has a space)."""
 
 
-def noted_catchup_rows(
-    rows: Sequence[tuple[str, str, str, int]], noted_at: int
+def merged_catchup_rows(
+    rows: Iterable[tuple[str, str, str, int]], noted_at: int
 ) -> list[tuple[str, bytes, bytes, int, int]]:
-    """`packed_catchup_rows` with each row's `noted_at`, in one pass, for an engine that
-    binds it per row. A second pass copying each packed row into a longer tuple
-    (`(*row, noted_at)`) cost more than the packing itself, about 2 us a row on this machine:
-    most of a four-relay flush's CPU on the event loop (bench/ingest_breakdown.py). Each
-    distinct id is converted once: with every DM from several relays a flush holds each event
-    id once per relay, and its recipients' keys once per DM (a flush's distinct ids are
-    bounded by its rows)."""
+    """(relay, recipient, event id, created_at) deliveries as `catchup_items` rows: one per
+    (recipient, event id), its relays joined (`CATCHUP_RELAY_SEPARATOR`), the two ids as their
+    bytes (the recipient UNADDRESSED, '', as an empty value), and `noted_at`; in (recipient,
+    event id) order.
+
+    With every DM from several relays a flush holds each (recipient, event) once per relay:
+    a row each was about 6 us of SQLite's CPU per relay's copy (a rowid and three index
+    entries), most of what a further copy cost the bridge; merged here they are one row. A
+    recipient's rows in key order walk the unique index's part for that key in order instead
+    of a random page per row, and are the one lock order in which PostgreSQL workers that
+    overlap during a shard's hand-over upsert the same rows (opposite orders deadlock). A row
+    keeps the first `created_at` given for its id (they differ only when relays lied about an
+    unverified, unaddressed id: that relay's next reconciliation fetches it once more). Each
+    distinct id is converted once, in the same pass (a second pass copying each row into a
+    longer tuple cost more than the packing itself)."""
     fromhex = bytes.fromhex
+    by_key: dict[tuple[str, str], tuple[list[str], int]] = {}
+    for relay, pubkey, event_id, at in rows:
+        found = by_key.get((pubkey, event_id))
+        if found is None:
+            by_key[pubkey, event_id] = ([relay], at)
+        elif relay not in found[0]:
+            found[0].append(relay)
     packed: dict[str, bytes] = {}
     get = packed.get
-    noted = []
-    for relay, pubkey, event_id, at in rows:
+    join = CATCHUP_RELAY_SEPARATOR.join
+    merged = []
+    for (pubkey, event_id), (relays, at) in sorted(by_key.items()):
         pubkey_bytes = get(pubkey)
         if pubkey_bytes is None:
             pubkey_bytes = packed[pubkey] = fromhex(pubkey)
-        id_bytes = get(event_id)
-        if id_bytes is None:
-            id_bytes = packed[event_id] = fromhex(event_id)
-        noted.append((relay, pubkey_bytes, id_bytes, at, noted_at))
-    return noted
+        merged.append((join(relays), pubkey_bytes, fromhex(event_id), at, noted_at))
+    return merged
+
+
+def relays_union(kept: str, added: str) -> str:
+    """A `catchup_items` row's relays with those of `added` not yet listed appended, in order:
+    what a later flush's row for the same (recipient, DM) adds (SQLite calls it from the
+    upsert; PostgreSQL's upsert computes the same in SQL)."""
+    listed = kept.split(CATCHUP_RELAY_SEPARATOR)
+    for relay in added.split(CATCHUP_RELAY_SEPARATOR):
+        if relay not in listed:
+            listed.append(relay)
+    return CATCHUP_RELAY_SEPARATOR.join(listed)
 
 
 def packed_keys(pubkeys: Sequence[str]) -> list[bytes]:
@@ -78,12 +97,9 @@ def packed_keys(pubkeys: Sequence[str]) -> list[bytes]:
     return [bytes.fromhex(pubkey) for pubkey in pubkeys]
 
 
-def catchup_items(rows: Iterable[Any]) -> dict[str, int]:
-    """(event_id, created_at) rows of `catchup_items`, by event id."""
-    return {bytes(event_id).hex(): int(created_at) for event_id, created_at in rows}
-
-
-def catchup_rows(rows: Iterable[Any]) -> list[tuple[str, str, int]]:
-    """(pubkey, event_id, created_at) rows of `catchup_items`."""
+def catchup_rows(rows: Iterable[Any], relay: str) -> list[tuple[str, str, int]]:
+    """(recipient, event id, created_at) of the (relays, pubkey, event_id, created_at) rows of
+    `catchup_items` that list `relay`."""
     return [(bytes(pubkey).hex(), bytes(event_id).hex(), int(at))
-            for pubkey, event_id, at in rows]
+            for relays, pubkey, event_id, at in rows
+            if relay in str(relays).split(CATCHUP_RELAY_SEPARATOR)]
