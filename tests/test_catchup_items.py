@@ -241,7 +241,7 @@ async def _after(ms: int) -> None:
 def test_merged_rows_are_one_per_recipient_and_dm_in_key_order_each_id_packed_once() -> None:
     """Both engines bind `merged_catchup_rows`: a DM's deliveries by several relays to one
     recipient are one row listing those relays in the order noted (a relay noted twice
-    listed once), keyed and unaddressed rows alike, ordered by (recipient, id) (the lock
+    listed once), keyed and unaddressed rows alike, ordered by the two ids joined (the lock
     order), the ids as bytes, each key converted once for the flush."""
     rows = [
         (RELAY, ALICE, _id(2), 2_000), (RELAY, ALICE, _id(1), 1_000),
