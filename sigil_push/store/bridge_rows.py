@@ -106,6 +106,13 @@ def packed_keys(pubkeys: Sequence[str]) -> list[bytes]:
     return [bytes.fromhex(pubkey) for pubkey in pubkeys]
 
 
+def listed(relay: str) -> str:
+    """`relay` as it appears in a row's relays padded with a separator at each end: what both
+    engines' reads match first, so a relay's reads skip the other relays' rows in SQL
+    (`catchup_rows` still checks each row it decodes)."""
+    return f"{CATCHUP_RELAY_SEPARATOR}{relay}{CATCHUP_RELAY_SEPARATOR}"
+
+
 def catchup_rows(rows: Iterable[Any], relay: str) -> list[tuple[str, str, int]]:
     """(recipient, event id, created_at) of the (relays, pubkey, event_id, created_at) rows of
     `catchup_items` that list `relay`."""

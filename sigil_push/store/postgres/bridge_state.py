@@ -18,6 +18,7 @@ from sigil_push.store.bridge_rows import (
     cursor_map,
     decode_relay_lists,
     encode_relay_lists,
+    listed,
     merged_catchup_rows,
     packed_keys,
     relay_pubkeys,
@@ -201,14 +202,15 @@ class PostgresCatchupItems:
         if pubkeys is None:
             rows = await self._db.fetch(
                 "SELECT relays, pubkey, event_id, created_at FROM catchup_items"
-                " WHERE created_at >= $1",
-                since,
+                " WHERE created_at >= $1 AND strpos(' ' || relays || ' ', $2) > 0",
+                since, listed(relay),
             )
         else:
             rows = await self._db.fetch(
                 "SELECT relays, pubkey, event_id, created_at FROM catchup_items"
-                " WHERE created_at >= $1 AND pubkey = ANY($2::bytea[])",
-                since, packed_keys(pubkeys),
+                " WHERE created_at >= $1 AND strpos(' ' || relays || ' ', $2) > 0"
+                " AND pubkey = ANY($3::bytea[])",
+                since, listed(relay), packed_keys(pubkeys),
             )
         return catchup_rows(rows, relay)
 
@@ -217,8 +219,8 @@ class PostgresCatchupItems:
     ) -> list[tuple[str, str, int]]:
         rows = await self._db.fetch(
             "SELECT relays, pubkey, event_id, created_at FROM catchup_items"
-            " WHERE noted_at >= $1 AND created_at >= $2",
-            noted_at, since,
+            " WHERE noted_at >= $1 AND created_at >= $2 AND strpos(' ' || relays || ' ', $3) > 0",
+            noted_at, since, listed(relay),
         )
         return catchup_rows(rows, relay)
 

@@ -19,6 +19,7 @@ from sigil_push.store.bridge_rows import (
     cursor_map,
     decode_relay_lists,
     encode_relay_lists,
+    listed,
     merged_catchup_rows,
     packed_keys,
     relay_pubkeys,
@@ -208,8 +209,8 @@ class SqliteCatchupItems:
         if pubkeys is None:
             rows = await self._db.execute_fetchall(
                 "SELECT relays, pubkey, event_id, created_at FROM catchup_items"
-                " WHERE created_at >= ?",
-                (since,),
+                " WHERE created_at >= ? AND instr(' ' || relays || ' ', ?) > 0",
+                (since, listed(relay)),
             )
             return catchup_rows(rows, relay)
         found: list[tuple[str, str, int]] = []
@@ -217,8 +218,9 @@ class SqliteCatchupItems:
             chunk = list(pubkeys[start : start + CATCHUP_KEYS_PER_QUERY])
             rows = await self._db.execute_fetchall(
                 "SELECT relays, pubkey, event_id, created_at FROM catchup_items"
-                f" WHERE created_at >= ? AND pubkey IN ({','.join('?' * len(chunk))})",
-                (since, *packed_keys(chunk)),
+                " WHERE created_at >= ? AND instr(' ' || relays || ' ', ?) > 0"
+                f" AND pubkey IN ({','.join('?' * len(chunk))})",
+                (since, listed(relay), *packed_keys(chunk)),
             )
             found.extend(catchup_rows(rows, relay))
         return found
@@ -228,8 +230,8 @@ class SqliteCatchupItems:
     ) -> list[tuple[str, str, int]]:
         rows = await self._db.execute_fetchall(
             "SELECT relays, pubkey, event_id, created_at FROM catchup_items"
-            " WHERE noted_at >= ? AND created_at >= ?",
-            (noted_at, since),
+            " WHERE noted_at >= ? AND created_at >= ? AND instr(' ' || relays || ' ', ?) > 0",
+            (noted_at, since, listed(relay)),
         )
         return catchup_rows(rows, relay)
 
