@@ -24,7 +24,11 @@ class Verified:
 
     def __init__(self, event: Event) -> None:
         self.event = event
-        self.tagged = tuple(dict.fromkeys(event.tag_values("p")))
+        tags = event.tags
+        if len(tags) == 1 and len(tags[0]) >= 2 and tags[0][0] == "p":  # nearly every DM
+            self.tagged: tuple[str, ...] = (tags[0][1],)
+        else:
+            self.tagged = tuple(dict.fromkeys(event.tag_values("p")))
         self.enqueued = False
         self.arrival: Arrival | None = None
 

@@ -256,3 +256,42 @@ async def test_a_repeat_of_a_delivered_id_is_a_duplicate_before_any_parse(
             "SELECT event_id FROM outbox WHERE event_id = ?", (event.id,)
         )
         assert len(rows) == 1
+
+
+async def test_the_id_read_off_the_text_stands_in_only_for_that_same_id(
+    tmp_path: Path, engine: Engine
+) -> None:
+    """`text` looks up the id it reads at the head of the frame once and hands what it found
+    to the parsed path. A frame whose head names an event already handled (by another relay)
+    while its parsed body is another, genuine event (JSON's last duplicate key wins) must be
+    decided by its parsed id: the new event is verified and pushed, not recorded as a copy of
+    the handled one."""
+    second = "ws://127.0.0.1:10"
+    relays = [{"url": RELAY, "mode": "firehose"}, {"url": second, "mode": "firehose"}]
+    async with in_process_bridge(tmp_path, engine.database("push.db"), relays) as parts:
+        alice, sender = SecretKey.generate(), SecretKey.generate()
+        me = alice.public_key_hex
+        await parts.devices.register(me, "android", "fcm-alice", "opaque", (), None, 0)
+        await poll(
+            lambda: all(me in parts.bridge._pool.subs[r["url"]].keys for r in relays),
+            what="alice watched on both relays",
+        )
+        handled = sign_event(sender, 4, "first", [["p", me]])
+        assert parts.bridge.pool.deliver_text(RELAY, frame(handled.to_json()),
+                                              time.time_ns() // 1_000_000)
+        await poll(lambda: parts.bridge._seen.known(handled.id), what="the first one handled")
+        parts.bridge._ingest._recent = RecentlyVerified(1)  # out of the recently verified
+
+        fresh = sign_event(sender, 4, "second", [["p", me]])
+        body = json.dumps(fresh.to_json(), separators=(",", ":"))
+        text = f'["EVENT","sp0.1",{{"id":"{handled.id}",{body[1:]}]'
+        assert parts.bridge.pool.deliver_text(second, text, time.time_ns() // 1_000_000)
+
+        async def pushed() -> list[Any]:
+            return list(await parts.db.execute_fetchall(
+                "SELECT event_id FROM outbox ORDER BY event_id"
+            ))
+
+        await poll(lambda: parts.bridge._seen.known(fresh.id), what="the second one handled")
+        assert sorted(row[0] for row in await pushed()) == sorted([handled.id, fresh.id])
+        assert not parts.bridge._seen.delivered_by(handled.id, second)

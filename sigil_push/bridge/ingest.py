@@ -38,6 +38,8 @@ from sigil_push.verified import RecentlyVerified, Verified
 if TYPE_CHECKING:
     from sigil_push.canary import Canary
 
+LookedUp = tuple[str, tuple[str, ...] | None]
+"""An id `text` read off a frame and the seen cache's relays for it (see `_admit`)."""
 MAX_FUTURE_SECONDS = 15 * 60
 GIFT_WRAP_LAG_SECONDS = 2 * 24 * 3600
 """NIP-59 lets a gift wrap's `created_at` lag up to two days behind its real time."""
@@ -190,6 +192,10 @@ class Ingest:
         is registered: public counters do not tell who is. The one lookup that comes first is
         the firehose's: an event naming no key on the relay is dropped as `unaddressed` before
         any parse or signature check, which is what makes reading every DM affordable."""
+        return self._event(frame, raw, None)
+
+    def _event(self, frame: Frame, raw: Any, looked_up: LookedUp | None) -> Outcome:
+        """`event`, with what `text` already looked up of the frame's id (see `_admit`)."""
         feed = frame.feed
         url = feed.url
         counters = self.counters[url]
@@ -200,7 +206,8 @@ class Ingest:
             self._ledger.note_unaddressed_event(url, raw)
             return _stored_anyway(frame.sub_id, raw)
         entry = self._admit(
-            counters, url, frame.sub_id, raw, frame.received_ms, feed.configured, subs.keys
+            counters, url, frame.sub_id, raw, frame.received_ms, feed.configured, subs.keys,
+            looked_up,
         )
         if not isinstance(entry, Verified):
             return entry
@@ -313,15 +320,20 @@ class Ingest:
             found = _EVENT_ID.search(frame)
             head = _FRAME_HEAD.match(frame)
             if found is None or head is None:
-                return self._parsed_event(feed, frame, received_ms)
+                return self._parsed_event(feed, frame, received_ms, None)
             sub_id, event_id = head.group(1), found.group(1)
         entry = self._recent.get(event_id)
         if entry is None:
-            if (not subs.firehose or subs.streaming) and self._seen.delivered_by(event_id, url):
+            if subs.firehose and not subs.streaming:
+                return self._parsed_event(feed, frame, received_ms, None)
+            # one lookup of the id for both questions: this relay's repeat here, a handled
+            # event's copy in `_admit`
+            relays = self._seen.relays(event_id)
+            if relays is not None and url in relays:
                 repeat = self._repeat(url, sub_id, event_id, frame)
                 if repeat is not None:
                     return repeat
-            return self._parsed_event(feed, frame, received_ms)
+            return self._parsed_event(feed, frame, received_ms, (event_id, relays))
         counters = self.counters[url]
         self._count_received(url)
         event = entry.event
@@ -347,7 +359,9 @@ class Ingest:
             return Verdict.TAKEN
         return Stored(sub_id, event_id, number, int(created_at.group(1)))
 
-    def _parsed_event(self, feed: RelayFeed, frame: str, received_ms: int) -> Outcome:
+    def _parsed_event(
+        self, feed: RelayFeed, frame: str, received_ms: int, looked_up: LookedUp | None
+    ) -> Outcome:
         """An EVENT frame parsed with orjson (a third of `json.loads`' instructions on a DM
         frame) and handed to `event`, as the connection would have. A frame orjson refuses,
         or whose shape is not `["EVENT", <string>, <anything>]`, goes back to the connection
@@ -361,7 +375,7 @@ class Ingest:
         # the '["EVENT"' prefix makes the first element exactly "EVENT"
         if type(message) is not list or len(message) < 3 or type(message[1]) is not str:
             return Verdict.UNPARSED
-        return self.event(Frame(feed, message[1], received_ms), message[2])
+        return self._event(Frame(feed, message[1], received_ms), message[2], looked_up)
 
     def _unaddressed_frame(self, url: str, frame: str, keys: Mapping[str, int]) -> bool:
         for key, list_kind in _ADDRESSING.findall(frame):
@@ -397,22 +411,31 @@ class Ingest:
 
     def _admit(
         self, counters: RelayCounters, url: str, sub_id: str, raw: Any, received_ms: int,
-        lists: bool, keys: Container[str],
+        lists: bool, keys: Container[str], looked_up: LookedUp | None = None,
     ) -> Verified | Outcome:
         """The verified event behind a frame, or the verdict on a frame dropped (counted), a
         repeat from this relay, or a further relay's copy of a handled event (its delivery is
         queued here, and noted for the catch-up ledger under the `keys` the frame's
         subscription carries). A copy of an event verified moments ago reuses that verified original:
-        no parse, no signature check, and nothing of the copy's own body is used."""
+        no parse, no signature check, and nothing of the copy's own body is used.
+
+        `looked_up` is what `text` found for the id it read off the frame (not recently
+        verified, and the relays the seen cache knows for it): used only when the parsed
+        event carries that same id; otherwise (`unchecked`) the id is looked up here."""
         event_id = raw.get("id") if isinstance(raw, dict) else None
         if type(event_id) is str:
-            if self._seen.delivered_by(event_id, url):
+            if looked_up is not None and looked_up[0] == event_id:
+                unchecked, relays = False, looked_up[1]
+            else:
+                unchecked, relays = True, self._seen.relays(event_id)
+            if relays is not None and url in relays:
                 counters.duplicates.inc()
                 return _stored_anyway(sub_id, raw)
-            entry = self._recent.get(event_id)
-            if entry is not None:
-                return entry
-            if self._seen.known(event_id):
+            if unchecked:
+                entry = self._recent.get(event_id)
+                if entry is not None:
+                    return entry
+            if relays is not None:
                 return self._handled_copy(counters, url, sub_id, raw, received_ms, keys)
         try:
             event = Event.from_json(raw)

@@ -68,7 +68,12 @@ class GenerationalCache(Generic[Value]):
         return None
 
     def __contains__(self, key: str) -> bool:
-        return key in self._young or any(key in generation for generation in self._older)
+        if key in self._young:
+            return True
+        for generation in self._older:  # a loop, not `any`: no generator per miss
+            if key in generation:
+                return True
+        return False
 
     def put(self, key: str, value: Value) -> None:
         """Make `key` the newest, with `value`. Never evicts (see `trim`)."""

@@ -62,6 +62,11 @@ class SeenEvents:
         relays = self._relays.get(event_id)
         return relays is not None and relay in relays
 
+    def relays(self, event_id: str) -> tuple[str, ...] | None:
+        """Memory only: the relays known to have delivered the event, None when it is not
+        known to be handled (`delivered_by` and `known` in one lookup)."""
+        return self._relays.get(event_id)
+
     def known(self, event_id: str) -> bool:
         """Memory only: is the event known to be handled? (False may still be in the database.)"""
         return event_id in self._relays
