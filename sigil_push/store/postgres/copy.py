@@ -28,7 +28,7 @@ from sigil_push.store.records import BRIDGE_KEY_LEFT
 from sigil_push.store.sqlite.database import open_database
 
 TABLES = (
-    "meta", "devices", "outbox", "nip98_used", "seen_events", "seen_on_relay",
+    "meta", "devices", "outbox", "outbox_events", "nip98_used", "seen_events", "seen_on_relay",
     "relay_baselines", "relay_cursors", "relay_lists", "auth_signers", "relay_auth_modes",
 )
 _SERIAL = ("devices", "outbox")
@@ -82,8 +82,9 @@ async def _copy_table(
         f"PRAGMA table_info({table})"
     )]
     target_columns = {
-        str(row["column_name"]) for row in await connection.fetch(
-            "SELECT column_name FROM information_schema.columns WHERE table_name = $1", table
+        str(row["column_name"]): str(row["data_type"]) for row in await connection.fetch(
+            "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = $1",
+            table,
         )
     }
     columns = [
@@ -94,6 +95,12 @@ async def _copy_table(
         f"SELECT {', '.join(columns)} FROM {table}{where}",
         (BRIDGE_KEY_META,) if where else (),
     )]
+    flags = [i for i, c in enumerate(columns) if target_columns[c] == "boolean"]
+    if flags:  # SQLite keeps a flag (outbox.has_event) as 0 or 1; asyncpg wants a bool
+        rows = [
+            tuple(bool(v) if i in flags and v is not None else v for i, v in enumerate(row))
+            for row in rows
+        ]
     if table == "meta" and rows:
         await connection.execute(
             "DELETE FROM meta WHERE key = ANY($1::text[])", [str(row[0]) for row in rows]
