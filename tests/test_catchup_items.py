@@ -14,9 +14,10 @@ from prometheus_client import REGISTRY
 
 from sigil_push.bridge.catchup_ledger import CatchupLedger
 from sigil_push.config import parse_config
-from sigil_push.store.bridge_rows import noted_catchup_rows, packed_catchup_rows
+from sigil_push.store.bridge_rows import merged_catchup_rows
 from sigil_push.store.factory import PostgresStore, SqliteStore, connect_bridge
 from sigil_push.store.interface import UNADDRESSED, BridgeConnection
+from tests.support.stores import sql_of
 
 RELAY, OTHER = "wss://a.example", "wss://b.example"
 ALICE, BOB, CAROL = "a" * 64, "b" * 64, "c" * 64
@@ -155,53 +156,106 @@ def _gauge(structure: str) -> float | None:
     return REGISTRY.get_sample_value("sigil_push_memory_entries", {"structure": structure})
 
 
-async def test_the_ledger_writes_its_rows_in_recipient_order(
+async def test_the_copies_of_one_dm_are_one_row_listing_their_relays(
     store: SqliteStore | PostgresStore, database: str, tmp_path: Path
 ) -> None:
-    """With every DM from several relays, the noted rows (one per relay and recipient) reach
-    the store in one batch grouped by recipient, not in arrival order (a random key page per
-    row), and every row is there afterwards."""
+    """With every DM from several relays, the ledger's rows (one per relay and recipient)
+    reach the store as one row per (recipient, DM) listing its relays (migration 0016): each
+    relay still reads back exactly what it delivered, and the window prunes one row per
+    recipient and DM, whatever its relays."""
     now = int(time.time())
     async with bridge_link(database, tmp_path) as link:
-        added: list[list[tuple[str, str, str, int]]] = []
-        real_add = link.catchup.add
-
-        async def add(rows: list[tuple[str, str, str, int]]) -> None:
-            added.append(list(rows))
-            await real_add(rows)
-
-        link.catchup.add = add  # type: ignore[method-assign]
         ledger = CatchupLedger(3600)
         ledger.attach(link, asyncio.Lock())
         recipients = (CAROL, ALICE, BOB)
         for n in range(12):
             for relay in (RELAY, OTHER):
-                ledger.note(relay, _id(n), now - n, (recipients[n % 3],))
+                if relay == RELAY or n % 2:
+                    ledger.note(relay, _id(n), now - n, (recipients[n % 3],))
         ledger.confirm(_id(n) for n in range(12))  # as the committer does once decided
         await ledger.flush()
 
-        assert len(added) == 1
-        assert [row[1] for row in added[0]] == sorted(row[1] for row in added[0])
         assert await link.catchup.items(RELAY, [ALICE, BOB, CAROL], 0) == {
             _id(n): now - n for n in range(12)
         }
-        assert await link.catchup.items(OTHER, [ALICE], 0) == {
-            _id(n): now - n for n in range(12) if n % 3 == 1
+        assert await link.catchup.items(OTHER, [ALICE, BOB, CAROL], 0) == {
+            _id(n): now - n for n in range(12) if n % 2
         }
+        assert await link.catchup.items(OTHER, None, 0) == {
+            _id(n): now - n for n in range(12) if n % 2
+        }
+        async with link.transaction():
+            assert await link.catchup.prune(now + 1) == 12, "one row per DM, not per copy"
 
 
-def test_noted_rows_are_the_packed_rows_with_their_time_each_id_packed_once() -> None:
-    """SQLite's `add` binds `noted_catchup_rows`: exactly `packed_catchup_rows` plus the time,
-    for keyed and unaddressed rows alike; an id delivered by several relays (or a key of
-    several DMs) is converted once for the flush and shared by its rows."""
+async def test_a_later_relays_delivery_is_added_to_the_dms_row_once(
+    store: SqliteStore | PostgresStore, database: str, tmp_path: Path
+) -> None:
+    """A relay's copy written by a later flush joins the DM's row: that relay reads it back,
+    and a restart's read past a snapshot's cut (`noted_since`) finds it; the same delivery
+    written again (or a relay already listed) changes nothing; the other recipient's row and
+    an unaddressed DM are their own."""
+    third = "wss://c.example"
+    async with bridge_link(database, tmp_path) as link:
+        catchup = link.catchup
+        async with link.transaction():
+            await catchup.add([
+                (RELAY, ALICE, _id(1), 1_000), (OTHER, ALICE, _id(1), 1_000),
+                (RELAY, BOB, _id(1), 1_000), (RELAY, UNADDRESSED, _id(2), 2_000),
+            ])
+        cut = int(time.time() * 1000) + 1
+        await _after(cut)
+        async with link.transaction():
+            await catchup.add([(third, ALICE, _id(1), 1_000), (third, UNADDRESSED, _id(2), 2_000)])
+        async with link.transaction():
+            await catchup.add([(third, ALICE, _id(1), 1_000), (OTHER, ALICE, _id(1), 1_000)])
+
+        assert sorted(await catchup.rows(third, None, 0)) == [
+            (UNADDRESSED, _id(2), 2_000), (ALICE, _id(1), 1_000)
+        ]
+        assert sorted(await catchup.noted_since(third, cut, 0)) == [
+            (UNADDRESSED, _id(2), 2_000), (ALICE, _id(1), 1_000)
+        ]
+        assert await catchup.noted_since(third, cut + 60_000, 0) == []
+        assert await catchup.rows(OTHER, None, 0) == [(ALICE, _id(1), 1_000)]
+        assert sorted(await catchup.rows(RELAY, None, 0)) == [
+            (UNADDRESSED, _id(2), 2_000), (ALICE, _id(1), 1_000), (BOB, _id(1), 1_000)
+        ]
+        assert await catchup.rows(RELAY, [BOB], 0) == [(BOB, _id(1), 1_000)]
+        assert await catchup.rows(third, [BOB], 0) == []
+        assert sorted(
+            tuple(row) for row in await sql_of(store).execute_fetchall(
+                "SELECT relays FROM catchup_items"
+            )
+        ) == [(RELAY,), (f"{RELAY} {OTHER} {third}",), (f"{RELAY} {third}",)]
+        async with link.transaction():
+            assert await catchup.prune(5_000) == 3
+
+
+async def _after(ms: int) -> None:
+    """Wait until the clock has passed `ms` (unix milliseconds)."""
+    while time.time() * 1000 <= ms:
+        await asyncio.sleep(0.005)
+
+
+def test_merged_rows_are_one_per_recipient_and_dm_in_key_order_each_id_packed_once() -> None:
+    """Both engines bind `merged_catchup_rows`: a DM's deliveries by several relays to one
+    recipient are one row listing those relays in the order noted (a relay noted twice
+    listed once), keyed and unaddressed rows alike, ordered by the two ids joined (the lock
+    order), the ids as bytes, each key converted once for the flush."""
     rows = [
-        (RELAY, ALICE, _id(1), 1_000), (OTHER, ALICE, _id(1), 1_000),
-        (RELAY, BOB, _id(1), 1_000), (RELAY, ALICE, _id(2), 2_000),
-        (OTHER, UNADDRESSED, _id(3), 3_000),
+        (RELAY, ALICE, _id(2), 2_000), (RELAY, ALICE, _id(1), 1_000),
+        (OTHER, ALICE, _id(1), 1_000), (RELAY, BOB, _id(1), 1_000),
+        (OTHER, ALICE, _id(1), 1_000), (OTHER, UNADDRESSED, _id(3), 3_000),
+        (RELAY, UNADDRESSED, _id(3), 3_000),
     ]
-    noted = noted_catchup_rows(rows, 77)
-    assert noted == [(*row, 77) for row in packed_catchup_rows(rows)]
-    assert noted[4][1] == b""
-    assert noted[0][2] is noted[1][2] is noted[2][2]
-    assert noted[0][1] is noted[1][1] is noted[3][1]
-    assert noted_catchup_rows([], 77) == []
+    merged = merged_catchup_rows(rows, 77)
+    key = bytes.fromhex
+    assert merged == [
+        (f"{OTHER} {RELAY}", b"", key(_id(3)), 3_000, 77),
+        (f"{RELAY} {OTHER}", key(ALICE), key(_id(1)), 1_000, 77),
+        (RELAY, key(ALICE), key(_id(2)), 2_000, 77),
+        (RELAY, key(BOB), key(_id(1)), 1_000, 77),
+    ]
+    assert merged[1][1] is merged[2][1]
+    assert merged_catchup_rows([], 77) == []

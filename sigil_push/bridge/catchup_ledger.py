@@ -35,7 +35,6 @@ import logging
 import re
 import time
 from collections.abc import Iterable, Iterator
-from operator import itemgetter
 from typing import Any
 
 from prometheus_client import Counter
@@ -60,7 +59,6 @@ UNCONFIRMED_SECONDS = 900.0
 MAX_KEPT_ITEMS = 2_000_000
 """(recipient, event id) pairs kept in memory per relay (about 100 bytes each beyond the id
 strings, which the seen cache and nostr-sdk's kept items share)."""
-_RECIPIENT = itemgetter(1)
 FIREHOSE_SCOPE = ""
 """The snapshot scope of a relay's whole window (a firehose relay's, read with no `#p`)."""
 MAX_SNAPSHOT_ITEMS = 500_000
@@ -274,13 +272,9 @@ class CatchupLedger:
         link = self._link
         if link is None or self._turn is None or not self._rows:
             return
+        # the store merges each DM's copies into one row and writes in key order
+        # (`bridge_rows.merged_catchup_rows`)
         rows, self._rows = self._rows, []
-        # by recipient, so the inserts walk each relay's part of the (relay, pubkey, event_id)
-        # key in order instead of a random page per row: with every DM from several relays
-        # (a row each) the rows in arrival order cost SQLite 11 us each in a 120,000-row
-        # table, most of it pages read back and written again; in this order 7 (a stable
-        # sort on one string, 0.1 us a row)
-        rows.sort(key=_RECIPIENT)
         try:
             async with self._turn, link.transaction():
                 await link.catchup.add(rows)

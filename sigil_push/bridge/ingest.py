@@ -245,7 +245,13 @@ class Ingest:
         else:
             counters.dropped["wrong_kind"].inc()
             return Verdict.TAKEN
-        stored = Stored(sub_id, event.id, event.kind, event.created_at)
+        # a place in a REQ's answer only counts while that REQ is answering (a catch-up's
+        # page): a live DM, nearly every frame, is no page's, and the pool has nothing to count
+        answering = subs.answering(sub_id)
+        stored: Outcome = (
+            Stored(sub_id, event.id, event.kind, event.created_at) if answering
+            else Verdict.TAKEN
+        )
         self._ledger.note(url, event.id, event.created_at, recipients)
         if self._probe is not None and self._probe.take(url, event):
             return stored
@@ -256,7 +262,7 @@ class Ingest:
         # a stored answer (catch-up) is bounded by its pages, not by the recipients' live rate:
         # most of it is history the committer will find handled, and charging it would drop
         # the outage's new DMs as `recipient_quota` (to come back only at the next catch-up)
-        charge = not subs.answering(sub_id)
+        charge = not answering
         if subs.firehose:
             since_registration = tuple(r for r in recipients if subs.catching_up(sub_id, r))
             self._hand_over(
@@ -321,7 +327,7 @@ class Ingest:
         event = entry.event
         if self._seen.delivered_by(event.id, url):
             counters.duplicates.inc()
-            if event.kind in DM_KINDS:
+            if event.kind in DM_KINDS and subs.answering(sub_id):
                 return Stored(sub_id, event.id, event.kind, event.created_at)
             return Verdict.TAKEN
         return self._route(counters, feed, sub_id, entry, received_ms)

@@ -39,38 +39,66 @@ def seen_row(row: Any) -> SeenRow:
     return bytes(event_id), str(first), None if further is None else str(further)
 
 
-def packed_catchup_rows(
-    rows: Sequence[tuple[str, str, str, int]],
-) -> list[tuple[str, bytes, bytes, int]]:
-    """(relay, recipient, event id, created_at) as `catchup_items` stores them: the two ids
-    as their bytes (migration 0014; the recipient UNADDRESSED, '', as an empty value)."""
-    packed = bytes.fromhex
-    return [(relay, packed(pubkey), packed(event_id), at) for relay, pubkey, event_id, at in rows]
+CATCHUP_RELAY_SEPARATOR = " "
+"""Joins the relays of one `catchup_items` row (migration 0016; no URL has a space)."""
 
 
-def noted_catchup_rows(
-    rows: Sequence[tuple[str, str, str, int]], noted_at: int
+def merged_catchup_rows(
+    rows: Iterable[tuple[str, str, str, int]], noted_at: int
 ) -> list[tuple[str, bytes, bytes, int, int]]:
-    """`packed_catchup_rows` with each row's `noted_at`, in one pass, for an engine that
-    binds it per row. A second pass copying each packed row into a longer tuple
-    (`(*row, noted_at)`) cost more than the packing itself, about 2 us a row on this machine:
-    most of a four-relay flush's CPU on the event loop (bench/ingest_breakdown.py). Each
-    distinct id is converted once: with every DM from several relays a flush holds each event
-    id once per relay, and its recipients' keys once per DM (a flush's distinct ids are
-    bounded by its rows)."""
+    """(relay, recipient, event id, created_at) deliveries as `catchup_items` rows: one per
+    (recipient, event id), its relays joined (`CATCHUP_RELAY_SEPARATOR`), the two ids as their
+    bytes (the recipient UNADDRESSED, '', as an empty value), and `noted_at`; in the order of
+    the two ids joined (a keyed recipient's rows by event id, together).
+
+    With every DM from several relays a flush holds each (recipient, event) once per relay:
+    a row each was about 6 us of SQLite's CPU per relay's copy (a rowid and three index
+    entries), most of what a further copy cost the bridge; merged here they are one row. A
+    recipient's rows in key order walk the unique index's part for that key in order instead
+    of a random page per row, and one order of the keys is the lock order in which
+    PostgreSQL workers that overlap during a shard's hand-over upsert the same rows
+    (opposite orders deadlock). The pass allocates a string per row and a tuple per DM
+    only: a tuple and a list per row (tracked by the collector) cost the flush 3 us per
+    event more with one relay (bench/ingest_breakdown.py). A row
+    keeps the first `created_at` given for its id (they differ only when relays lied about an
+    unverified, unaddressed id: that relay's next reconciliation fetches it once more). Each
+    distinct id is converted once, in the same pass (a second pass copying each row into a
+    longer tuple cost more than the packing itself)."""
+    separator = CATCHUP_RELAY_SEPARATOR
+    # keyed by the two ids joined (a string: nothing for the collector to track; a keyed
+    # recipient's 64 characters or UNADDRESSED's none tell the join apart), holding the first
+    # row given as it is: a copy-free pass when every DM came from one relay
+    by_key: dict[str, tuple[str, str, str, int]] = {}
+    get_row = by_key.get
+    for row in rows:
+        key = row[1] + row[2]
+        kept = get_row(key)
+        if kept is None:
+            by_key[key] = row
+        elif row[0] not in kept[0].split(separator):
+            by_key[key] = (kept[0] + separator + row[0], kept[1], kept[2], kept[3])
     fromhex = bytes.fromhex
     packed: dict[str, bytes] = {}
     get = packed.get
-    noted = []
-    for relay, pubkey, event_id, at in rows:
+    merged = []
+    for key in sorted(by_key):
+        relays, pubkey, event_id, at = by_key[key]
         pubkey_bytes = get(pubkey)
         if pubkey_bytes is None:
             pubkey_bytes = packed[pubkey] = fromhex(pubkey)
-        id_bytes = get(event_id)
-        if id_bytes is None:
-            id_bytes = packed[event_id] = fromhex(event_id)
-        noted.append((relay, pubkey_bytes, id_bytes, at, noted_at))
-    return noted
+        merged.append((relays, pubkey_bytes, fromhex(event_id), at, noted_at))
+    return merged
+
+
+def relays_union(kept: str, added: str) -> str:
+    """A `catchup_items` row's relays with those of `added` not yet listed appended, in order:
+    what a later flush's row for the same (recipient, DM) adds (SQLite calls it from the
+    upsert; PostgreSQL's upsert computes the same in SQL)."""
+    listed = kept.split(CATCHUP_RELAY_SEPARATOR)
+    for relay in added.split(CATCHUP_RELAY_SEPARATOR):
+        if relay not in listed:
+            listed.append(relay)
+    return CATCHUP_RELAY_SEPARATOR.join(listed)
 
 
 def packed_keys(pubkeys: Sequence[str]) -> list[bytes]:
@@ -78,12 +106,16 @@ def packed_keys(pubkeys: Sequence[str]) -> list[bytes]:
     return [bytes.fromhex(pubkey) for pubkey in pubkeys]
 
 
-def catchup_items(rows: Iterable[Any]) -> dict[str, int]:
-    """(event_id, created_at) rows of `catchup_items`, by event id."""
-    return {bytes(event_id).hex(): int(created_at) for event_id, created_at in rows}
+def listed(relay: str) -> str:
+    """`relay` as it appears in a row's relays padded with a separator at each end: what both
+    engines' reads match first, so a relay's reads skip the other relays' rows in SQL
+    (`catchup_rows` still checks each row it decodes)."""
+    return f"{CATCHUP_RELAY_SEPARATOR}{relay}{CATCHUP_RELAY_SEPARATOR}"
 
 
-def catchup_rows(rows: Iterable[Any]) -> list[tuple[str, str, int]]:
-    """(pubkey, event_id, created_at) rows of `catchup_items`."""
+def catchup_rows(rows: Iterable[Any], relay: str) -> list[tuple[str, str, int]]:
+    """(recipient, event id, created_at) of the (relays, pubkey, event_id, created_at) rows of
+    `catchup_items` that list `relay`."""
     return [(bytes(pubkey).hex(), bytes(event_id).hex(), int(at))
-            for pubkey, event_id, at in rows]
+            for relays, pubkey, event_id, at in rows
+            if relay in str(relays).split(CATCHUP_RELAY_SEPARATOR)]

@@ -408,7 +408,9 @@ UNADDRESSED = ""
 class CatchupItemsStore(Protocol):
     """Which DMs each relay delivered within the catch-up window (`catchup_items`): what
     negentropy (NIP-77) offers the relay as already had. Rows are (relay, recipient, event id,
-    created_at); a row already there is kept."""
+    created_at); a row already there is kept. The store keeps one row per (recipient, event
+    id) listing its relays (migration 0016): the copies of one DM from several relays are
+    one row, and a relay's delivery added later is appended to it."""
 
     async def add(self, rows: Sequence[tuple[str, str, str, int]]) -> None: ...
 
@@ -446,7 +448,8 @@ class CatchupItemsStore(Protocol):
 
     async def prune(self, cutoff: int) -> int:
         """Forget deliveries whose created_at is before `cutoff`, and snapshots cut before
-        it (their overlay would be the whole window); how many delivery rows went."""
+        it (their overlay would be the whole window); how many rows went (one per recipient
+        and DM, whatever its relays)."""
         ...
 
 

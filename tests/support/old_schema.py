@@ -13,7 +13,7 @@ def sqlite_at(path: Path, last_version: int) -> sqlite3.Connection:
     as the service records them, open in autocommit mode for the test to add its rows (and
     to close)."""
     connection = sqlite3.connect(path, isolation_level=None)
-    # as the migration runner registers it (0014 stores hex ids as bytes with it)
+    # as the service's runner does (store/sqlite/database.py): built in only from SQLite 3.41
     connection.create_function("unhex", 1, bytes.fromhex, deterministic=True)
     connection.execute(
         "CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL,"

@@ -14,12 +14,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from sigil_push.store.bridge_rows import (
-    catchup_items,
     catchup_rows,
     cursor_map,
     decode_relay_lists,
     encode_relay_lists,
-    packed_catchup_rows,
+    listed,
+    merged_catchup_rows,
     packed_keys,
     relay_pubkeys,
     seen_row,
@@ -179,55 +179,50 @@ class PostgresCatchupItems:
     async def add(self, rows: Sequence[tuple[str, str, str, int]]) -> None:
         if rows:
             await self._db.run(
-                "INSERT INTO catchup_items (relay, pubkey, event_id, created_at, noted_at)"
-                " SELECT *, $5::bigint FROM unnest($1::text[], $2::bytea[], $3::bytea[],"
-                " $4::bigint[]) ON CONFLICT DO NOTHING",
-                *_columns(packed_catchup_rows(rows)), int(time.time() * 1000),
+                "INSERT INTO catchup_items AS kept (relays, pubkey, event_id, created_at,"
+                " noted_at) SELECT * FROM unnest($1::text[], $2::bytea[], $3::bytea[],"
+                " $4::bigint[], $5::bigint[]) ON CONFLICT (pubkey, event_id) DO UPDATE"
+                " SET relays = (SELECT string_agg(relay, ' ' ORDER BY first) FROM"
+                " (SELECT relay, min(n) AS first FROM unnest(string_to_array(kept.relays"
+                " || ' ' || excluded.relays, ' ')) WITH ORDINALITY AS listed (relay, n)"
+                " GROUP BY relay) AS once), noted_at = excluded.noted_at"
+                " WHERE NOT string_to_array(excluded.relays, ' ')"
+                " <@ string_to_array(kept.relays, ' ')",
+                *_columns(merged_catchup_rows(rows, int(time.time() * 1000))),
             )
 
     async def items(
         self, relay: str, pubkeys: Sequence[str] | None, since: int
     ) -> dict[str, int]:
-        if pubkeys is None:
-            rows = await self._db.fetch(
-                "SELECT event_id, created_at FROM catchup_items"
-                " WHERE relay = $1 AND created_at >= $2",
-                relay, since,
-            )
-        else:
-            rows = await self._db.fetch(
-                "SELECT DISTINCT event_id, created_at FROM catchup_items WHERE relay = $1"
-                " AND created_at >= $2 AND pubkey = ANY($3::bytea[])",
-                relay, since, packed_keys(pubkeys),
-            )
-        return catchup_items(rows)
+        return {event_id: at for _, event_id, at in await self.rows(relay, pubkeys, since)}
 
     async def rows(
         self, relay: str, pubkeys: Sequence[str] | None, since: int
     ) -> list[tuple[str, str, int]]:
         if pubkeys is None:
             rows = await self._db.fetch(
-                "SELECT pubkey, event_id, created_at FROM catchup_items"
-                " WHERE relay = $1 AND created_at >= $2",
-                relay, since,
+                "SELECT relays, pubkey, event_id, created_at FROM catchup_items"
+                " WHERE created_at >= $1 AND strpos(' ' || relays || ' ', $2) > 0",
+                since, listed(relay),
             )
         else:
             rows = await self._db.fetch(
-                "SELECT pubkey, event_id, created_at FROM catchup_items WHERE relay = $1"
-                " AND created_at >= $2 AND pubkey = ANY($3::bytea[])",
-                relay, since, packed_keys(pubkeys),
+                "SELECT relays, pubkey, event_id, created_at FROM catchup_items"
+                " WHERE created_at >= $1 AND strpos(' ' || relays || ' ', $2) > 0"
+                " AND pubkey = ANY($3::bytea[])",
+                since, listed(relay), packed_keys(pubkeys),
             )
-        return catchup_rows(rows)
+        return catchup_rows(rows, relay)
 
     async def noted_since(
         self, relay: str, noted_at: int, since: int
     ) -> list[tuple[str, str, int]]:
         rows = await self._db.fetch(
-            "SELECT pubkey, event_id, created_at FROM catchup_items"
-            " WHERE relay = $1 AND noted_at >= $2 AND created_at >= $3",
-            relay, noted_at, since,
+            "SELECT relays, pubkey, event_id, created_at FROM catchup_items"
+            " WHERE noted_at >= $1 AND created_at >= $2 AND strpos(' ' || relays || ' ', $3) > 0",
+            noted_at, since, listed(relay),
         )
-        return catchup_rows(rows)
+        return catchup_rows(rows, relay)
 
     async def snapshot(self, relay: str, scope: str) -> tuple[int, bytes] | None:
         rows = await self._db.fetch(

@@ -19,7 +19,8 @@ from sigil_push.store.bridge_rows import (
     cursor_map,
     decode_relay_lists,
     encode_relay_lists,
-    noted_catchup_rows,
+    listed,
+    merged_catchup_rows,
     packed_keys,
     relay_pubkeys,
     seen_row,
@@ -181,17 +182,19 @@ CATCHUP_KEYS_PER_QUERY = 500
 class SqliteCatchupItems:
     """`CatchupItemsStore` on one aiosqlite connection (writes inside the caller's
     transaction). A rowid table in arrival order with the ids as bytes under the unique
-    index (migration 0014): rows append, only that index takes random inserts."""
+    index (migration 0014), one row per DM and recipient listing its relays (0016): rows
+    append, only that index takes random inserts."""
 
     def __init__(self, db: aiosqlite.Connection) -> None:
         self._db = db
 
     async def add(self, rows: Sequence[tuple[str, str, str, int]]) -> None:
-        noted_at = int(time.time() * 1000)
         await self._db.executemany(
-            "INSERT INTO catchup_items (relay, pubkey, event_id, created_at, noted_at)"
-            " VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-            noted_catchup_rows(rows, noted_at),
+            "INSERT INTO catchup_items (relays, pubkey, event_id, created_at, noted_at)"
+            " VALUES (?, ?, ?, ?, ?) ON CONFLICT (pubkey, event_id) DO UPDATE"
+            " SET relays = relays_union(relays, excluded.relays), noted_at = excluded.noted_at"
+            " WHERE relays_union(relays, excluded.relays) != relays",
+            merged_catchup_rows(rows, int(time.time() * 1000)),
         )
 
     async def items(
@@ -205,31 +208,32 @@ class SqliteCatchupItems:
     ) -> list[tuple[str, str, int]]:
         if pubkeys is None:
             rows = await self._db.execute_fetchall(
-                "SELECT pubkey, event_id, created_at FROM catchup_items"
-                " WHERE relay = ? AND created_at >= ?",
-                (relay, since),
+                "SELECT relays, pubkey, event_id, created_at FROM catchup_items"
+                " WHERE created_at >= ? AND instr(' ' || relays || ' ', ?) > 0",
+                (since, listed(relay)),
             )
-            return catchup_rows(rows)
+            return catchup_rows(rows, relay)
         found: list[tuple[str, str, int]] = []
         for start in range(0, len(pubkeys), CATCHUP_KEYS_PER_QUERY):
             chunk = list(pubkeys[start : start + CATCHUP_KEYS_PER_QUERY])
             rows = await self._db.execute_fetchall(
-                "SELECT pubkey, event_id, created_at FROM catchup_items WHERE relay = ?"
-                f" AND created_at >= ? AND pubkey IN ({','.join('?' * len(chunk))})",
-                (relay, since, *packed_keys(chunk)),
+                "SELECT relays, pubkey, event_id, created_at FROM catchup_items"
+                " WHERE created_at >= ? AND instr(' ' || relays || ' ', ?) > 0"
+                f" AND pubkey IN ({','.join('?' * len(chunk))})",
+                (since, listed(relay), *packed_keys(chunk)),
             )
-            found.extend(catchup_rows(rows))
+            found.extend(catchup_rows(rows, relay))
         return found
 
     async def noted_since(
         self, relay: str, noted_at: int, since: int
     ) -> list[tuple[str, str, int]]:
         rows = await self._db.execute_fetchall(
-            "SELECT pubkey, event_id, created_at FROM catchup_items"
-            " WHERE relay = ? AND noted_at >= ? AND created_at >= ?",
-            (relay, noted_at, since),
+            "SELECT relays, pubkey, event_id, created_at FROM catchup_items"
+            " WHERE noted_at >= ? AND created_at >= ? AND instr(' ' || relays || ' ', ?) > 0",
+            (noted_at, since, listed(relay)),
         )
-        return catchup_rows(rows)
+        return catchup_rows(rows, relay)
 
     async def snapshot(self, relay: str, scope: str) -> tuple[int, bytes] | None:
         rows = list(await self._db.execute_fetchall(

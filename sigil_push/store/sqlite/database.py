@@ -15,6 +15,8 @@ from pathlib import Path
 
 import aiosqlite
 
+from sigil_push.store.bridge_rows import relays_union
+
 log = logging.getLogger(__name__)
 
 
@@ -97,6 +99,9 @@ async def open_database(path: Path) -> aiosqlite.Connection:
         await connection.execute("PRAGMA busy_timeout=5000")
         await connection.execute(f"PRAGMA secure_delete={ORDINARY_SECURE_DELETE}")
         await _apply_migrations(connection)
+        await connection.create_function(
+            "relays_union", 2, relays_union, deterministic=True
+        )
     except BaseException:
         await connection.close()
         raise
