@@ -66,11 +66,14 @@ async def _events_kept(store: Store) -> list[tuple[int, str]]:
     )]
 
 
-async def test_only_event_carrying_rows_keep_the_event_and_it_goes_with_them(store: Store) -> None:
+async def test_only_event_carrying_rows_keep_the_event_and_it_goes_with_them(
+    store: Store, store_backend: str
+) -> None:
     """A batch mixing modes: one copy of the event per `event`/`sealed` row, under the row's
-    id, none for the opaque row; the claim hands each row its event (opaque: None) and a hold
-    or reschedule leaves it; a delivered row's event is deleted with it, and so is the event
-    of a row whose device is unregistered (the cascade from devices)."""
+    id, none for the opaque row (on PostgreSQL a (device, event) queued again adds neither a
+    row nor an event); the claim hands each row its event (opaque: None) and a hold or
+    reschedule leaves it; a delivered row's event is deleted with it, and so is the event of
+    a row whose device is unregistered (the cascade from devices)."""
     outbox = store.outbox
     await outbox.resume(NOW)
     opaque, event_mode, sealed = [await _device(store, mode) for mode in ("opaque", "event", "sealed")]
@@ -101,6 +104,11 @@ async def test_only_event_carrying_rows_keep_the_event_and_it_goes_with_them(sto
     assert await store.devices.unregister(sealed.pubkey, sealed.token) == 1
     assert await _events_kept(store) == []
     assert await outbox.depth() == 0
+    if store_backend == "postgres":
+        assert await outbox.enqueue(other, "wss://a", NOW, [event_mode]) == 1
+        assert await outbox.enqueue(other, "wss://b", NOW, [event_mode]) == 0
+        [(_, kept)] = await _events_kept(store)
+        assert json.loads(kept) == other.to_json()
 
 
 async def test_the_outbox_row_itself_holds_no_event(store: Store, database: str) -> None:
