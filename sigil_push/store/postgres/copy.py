@@ -2,7 +2,8 @@
 
 Everything an instance remembers is copied: registrations (with their ids, which the outbox
 refers to), the outbox (claims dropped, so wakeups in flight when the old instance stopped go
-out again, under the same collapse ids since the collapse secret in `meta` comes along), the
+out again, under the same collapse ids since the collapse secret in `meta` comes along) with
+the events its `event` and `sealed` wakeups carry (`outbox_events`, migration 0015), the
 handled event ids, per-relay baselines and cursors, relay lists, delegated-auth sessions, learned
 AUTH modes and NIP-98 ids. The SQLite file is first brought to this build's schema. Columns are matched by
 name, so a column only one side has is left to its default.
