@@ -365,11 +365,16 @@ async def test_migrating_a_0004_database_keeps_every_row_and_id(tmp_path: Path) 
     after = _rows(path, "devices")[:2]
     assert [row[:width] for row in after] == devices_before
     assert all(value in (None, 0, "anyone") for row in after for value in row[width:])
-    assert _rows(path, "outbox") == outbox_before
+    # 0015 moved the event JSON (column 4) into outbox_events, flagged by has_event (last)
+    assert _rows(path, "outbox") == [
+        (*row[:4], *row[5:], int(row[4] is not None)) for row in outbox_before
+    ]
     with sqlite3.connect(path) as connection:
+        assert connection.execute("SELECT * FROM outbox_events").fetchall() == [(6, "{}")]
         connection.execute("PRAGMA foreign_keys = ON")
         connection.execute("DELETE FROM devices WHERE id = 8")
         assert [r[0] for r in connection.execute("SELECT id FROM outbox")] == [5]
+        assert connection.execute("SELECT * FROM outbox_events").fetchall() == []
         versions = [r[0] for r in connection.execute("SELECT version FROM schema_migrations")]
         assert 5 in versions
 

@@ -4,6 +4,7 @@ collapse ids), handled event ids, baselines, cursors and used NIP-98 ids."""
 
 from __future__ import annotations
 
+import json
 import secrets
 import time
 from pathlib import Path
@@ -27,8 +28,12 @@ async def _old_instance(path: Path) -> dict[str, object]:
         up = (await store.devices.register(
             bob, "unifiedpush", "https://push.example/x", "opaque", (), WebPushKeys("p" * 87, "a" * 22), 0,
         )).device
+        sealed = (await store.devices.register(
+            alice, "ios", "cd" * 32, "sealed", (), None, 0,
+            device_key=SecretKey.generate().public_key_hex,
+        )).device
         event = sign_event(SecretKey.generate(), 4, "hi", [["p", alice]])
-        await store.outbox.enqueue(event, "wss://a.example", NOW_MS, [ios, up])
+        await store.outbox.enqueue(event, "wss://a.example", NOW_MS, [ios, up, sealed])
         await store.outbox.resume(NOW_MS)
         due = await store.outbox.due(NOW_MS, 10)
         collapse = {w.id: store.outbox.collapse_id(w.id) for w in due}
@@ -41,7 +46,7 @@ async def _old_instance(path: Path) -> dict[str, object]:
         await sql_of(store).execute("INSERT INTO relay_cursors VALUES (?, ?)", ("wss://a.example", 42))
         assert await store.auth_ids.claim("f" * 64)
         return {"alice": alice, "bob": bob, "event": event.id, "collapse": collapse,
-                "ios": ios, "up": up}
+                "ios": ios, "up": up, "sealed": (sealed.id, event.to_json())}
     finally:
         await store.close()
 
@@ -55,11 +60,12 @@ async def test_migrate_from_copies_an_sqlite_instance_into_postgres(
 
     result = run_cli("migrate", "--config", str(config), "--from", str(tmp_path / "old.db"))
     assert result.returncode == 0, result.stderr
-    assert "devices: 2" in result.stdout and "outbox: 2" in result.stdout
+    assert "devices: 3" in result.stdout and "outbox: 3" in result.stdout
+    assert "outbox_events: 1" in result.stdout
 
     store = await open_test_store(postgres_url, "new-worker")
     try:
-        [ios] = await store.devices.of_pubkey(str(old["alice"]))
+        ios, _ = sorted(await store.devices.of_pubkey(str(old["alice"])), key=lambda d: d.id)
         assert ios == old["ios"]
         [up] = await store.devices.of_pubkey(str(old["bob"]))
         assert up == old["up"] and up.webpush_keys == WebPushKeys("p" * 87, "a" * 22)
@@ -67,6 +73,11 @@ async def test_migrate_from_copies_an_sqlite_instance_into_postgres(
         due = await store.outbox.due(NOW_MS, 10)
         assert {w.id: store.outbox.collapse_id(w.id) for w in due} == old["collapse"]
         assert {w.event_id for w in due} == {old["event"]}
+        # the sealed row's event came along (outbox_events, migration 0015), the others have none
+        events = {w.device_id: w.event_json for w in due}
+        sealed_id, event_json = old["sealed"]  # type: ignore[misc]
+        assert json.loads(events.pop(sealed_id)) == event_json
+        assert set(events.values()) == {None}
         assert not await store.auth_ids.claim("f" * 64), "a used NIP-98 id stays used"
         seen = SeenEvents(seen_rows(store), 3600, 10)
         await seen.lookup([str(old["event"])])
@@ -76,7 +87,7 @@ async def test_migrate_from_copies_an_sqlite_instance_into_postgres(
         fresh = await store.devices.register(
             secrets.token_hex(32), "ios", "cd" * 32, "opaque", (), None, 0
         )
-        assert fresh.device.id > max(ios.id, up.id), "ids continue after the copied ones"
+        assert fresh.device.id > max(ios.id, up.id, sealed_id), "ids continue after the copied ones"
     finally:
         await store.close()
 

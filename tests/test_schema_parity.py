@@ -62,6 +62,8 @@ _POSTGRES_KINDS = {
     "bigint": "integer",
     "integer": "integer",
     "smallint": "integer",
+    # SQLite has no boolean type: its flags (outbox.has_event) are 0/1 INTEGERs
+    "boolean": "integer",
     "text": "text",
     "bytea": "bytes",
     "timestamp with time zone": "timestamp",

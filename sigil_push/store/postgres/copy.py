@@ -2,7 +2,8 @@
 
 Everything an instance remembers is copied: registrations (with their ids, which the outbox
 refers to), the outbox (claims dropped, so wakeups in flight when the old instance stopped go
-out again, under the same collapse ids since the collapse secret in `meta` comes along), the
+out again, under the same collapse ids since the collapse secret in `meta` comes along) with
+the events its `event` and `sealed` wakeups carry (`outbox_events`, migration 0015), the
 handled event ids, per-relay baselines and cursors, relay lists, delegated-auth sessions, learned
 AUTH modes and NIP-98 ids. The SQLite file is first brought to this build's schema. Columns are matched by
 name, so a column only one side has is left to its default.
@@ -28,7 +29,7 @@ from sigil_push.store.records import BRIDGE_KEY_LEFT
 from sigil_push.store.sqlite.database import open_database
 
 TABLES = (
-    "meta", "devices", "outbox", "nip98_used", "seen_events", "seen_on_relay",
+    "meta", "devices", "outbox", "outbox_events", "nip98_used", "seen_events", "seen_on_relay",
     "relay_baselines", "relay_cursors", "relay_lists", "auth_signers", "relay_auth_modes",
 )
 _SERIAL = ("devices", "outbox")
@@ -82,8 +83,9 @@ async def _copy_table(
         f"PRAGMA table_info({table})"
     )]
     target_columns = {
-        str(row["column_name"]) for row in await connection.fetch(
-            "SELECT column_name FROM information_schema.columns WHERE table_name = $1", table
+        str(row["column_name"]): str(row["data_type"]) for row in await connection.fetch(
+            "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = $1",
+            table,
         )
     }
     columns = [
@@ -94,6 +96,12 @@ async def _copy_table(
         f"SELECT {', '.join(columns)} FROM {table}{where}",
         (BRIDGE_KEY_META,) if where else (),
     )]
+    flags = [i for i, c in enumerate(columns) if target_columns[c] == "boolean"]
+    if flags:  # SQLite keeps a flag (outbox.has_event) as 0 or 1; asyncpg wants a bool
+        rows = [
+            tuple(bool(v) if i in flags and v is not None else v for i, v in enumerate(row))
+            for row in rows
+        ]
     if table == "meta" and rows:
         await connection.execute(
             "DELETE FROM meta WHERE key = ANY($1::text[])", [str(row[0]) for row in rows]

@@ -27,7 +27,8 @@ from sigil_push.store.records import SIBLINGS, Device, Wakeup, collapse_id, wake
 
 _SECRET_KEY = "outbox_collapse_secret"
 _WAKEUP_COLUMNS = (
-    "o.id, o.event_id, o.relay, o.event_json, o.first_seen_ms, o.attempts,"
+    "o.id, o.event_id, o.relay, CASE WHEN o.has_event THEN (SELECT e.event_json"
+    " FROM outbox_events e WHERE e.wakeup_id = o.id) END, o.first_seen_ms, o.attempts,"
     " d.id, d.pubkey, d.platform, d.token, d.payload, d.relays, d.webpush_p256dh,"
     " d.webpush_auth, d.registered_at, d.device_key"
 )
@@ -57,20 +58,46 @@ class PostgresOutbox:
     async def enqueue_many(
         self, batch: Sequence[tuple[Event, str, int, Sequence[Device]]]
     ) -> int:
-        """Queue many events' wakeups in one statement; a queued (device, event) is skipped."""
+        """Queue many events' wakeups in one statement; a queued (device, event) is skipped.
+
+        The event JSON of the rows that carry it goes into `outbox_events` under the new row's
+        id (migration 0015) in the same statement, matched back by (device, event): the
+        outbox row itself, which every claim writes a new version of, stays small. A batch
+        without events is the plain INSERT it was before."""
         rows = wakeup_rows(batch)
         if not rows:
             return 0
         columns = [list(column) for column in zip(*rows)]
-        added = await self._db.fetch(
-            "INSERT INTO outbox (device_id, event_id, relay, event_json, first_seen_ms,"
-            " next_attempt_ms) SELECT d, e, r, j, s, s FROM unnest($1::bigint[], $2::text[],"
-            " $3::text[], $4::text[], $5::bigint[]) AS u (d, e, r, j, s)"
-            " ON CONFLICT (device_id, event_id) DO NOTHING RETURNING id",
+        if all(event is None for event in columns[3]):
+            del columns[3]
+            added = len(await self._db.fetch(
+                "INSERT INTO outbox (device_id, event_id, relay, first_seen_ms, next_attempt_ms)"
+                " SELECT d, e, r, s, s FROM unnest($1::bigint[], $2::text[], $3::text[],"
+                " $4::bigint[]) AS u (d, e, r, s)"
+                " ON CONFLICT (device_id, event_id) DO NOTHING RETURNING id",
+                *columns,
+            ))
+        else:
+            added = await self._added_with_events(columns)
+        self.ready.set()
+        return added
+
+    async def _added_with_events(self, columns: list[list[object]]) -> int:
+        """Insert the rows whose (device_id, event_id, relay, event_json, first_seen_ms)
+        are `columns`, and the events of the new ones that carry one; returns how many rows."""
+        added = await self._db.fetchval(
+            "WITH u AS (SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[],"
+            "  $5::bigint[]) AS u (d, e, r, j, s)),"
+            " added AS (INSERT INTO outbox (device_id, event_id, relay, has_event, first_seen_ms,"
+            "  next_attempt_ms) SELECT d, e, r, j IS NOT NULL, s, s FROM u"
+            "  ON CONFLICT (device_id, event_id) DO NOTHING RETURNING id, device_id, event_id,"
+            "  has_event),"
+            " events AS (INSERT INTO outbox_events (wakeup_id, event_json) SELECT a.id, u.j"
+            "  FROM added a JOIN u ON u.d = a.device_id AND u.e = a.event_id WHERE a.has_event)"
+            " SELECT count(*) FROM added",
             *columns,
         )
-        self.ready.set()
-        return len(added)
+        return int(added)
 
     async def resume(self, now_ms: int) -> int:
         """Release the claims of workers that are gone (no heartbeat for a minute): their
@@ -110,7 +137,9 @@ class PostgresOutbox:
         due".
 
         The attempt is counted here (`attempts + 1` in the reserving UPDATE), and each
-        `Wakeup.attempts` is the count before it, as on SQLite.
+        `Wakeup.attempts` is the count before it, as on SQLite. A row's event JSON is read
+        from `outbox_events` for flagged rows only (migration 0015): the reserving UPDATE
+        writes a new version of a small row, not of one carrying a ~1.9 KB event.
 
         The head's phones are read in the same pass that picks the head rows, and their other
         registrations are found through the token index (`token = ANY(...)`): joined on

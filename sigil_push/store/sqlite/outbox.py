@@ -55,7 +55,12 @@ class Outbox:
     ) -> int:
         """Queue the wakeups of many events in one statement (the bridge commits per batch).
 
-        The full event JSON is built only for devices whose payload mode carries it (`event`, `sealed`).
+        The full event JSON is built only for devices whose payload mode carries it (`event`, `sealed`),
+        and goes into `outbox_events` under its row's id (migration 0015), never into the
+        outbox row that every claim rewrites. A batch without one inserts into the outbox
+        directly; a batch with some inserts into the view `outbox_queue`, whose trigger writes
+        each row and its event in one statement, so a claim on this shared connection never
+        runs between the two (both ways are one executemany, one trip to the database thread).
         No (device, event) constraint (migration 0014): the one process that owns the file
         hands each event over once, in the transaction that records it in `seen_events`; an
         index keyed by the random event id made every batch rewrite pages all over it.
@@ -63,13 +68,22 @@ class Outbox:
         rows = wakeup_rows(batch)
         if not rows:
             return 0
-        # ?5 twice: a wakeup is first due when its event was first seen (no row copy per wakeup)
-        cursor = await self._db.executemany(
-            "INSERT INTO outbox (device_id, event_id, relay, event_json, first_seen_ms,"
-            " next_attempt_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?5)",
-            rows,
-        )
-        added = cursor.rowcount
+        if any(event is not None for _, _, _, event, _ in rows):
+            cursor = await self._db.executemany(
+                "INSERT INTO outbox_queue (device_id, event_id, relay, event_json, first_seen_ms)"
+                " VALUES (?, ?, ?, ?, ?)",
+                rows,
+            )
+            added = len(rows)  # a view's INSTEAD OF writes are not counted: every row went in
+        else:
+            # ?5 twice: a wakeup is first due when its event was first seen (no row copy per
+            # wakeup); ?4 (the absent event) is bound and unused
+            cursor = await self._db.executemany(
+                "INSERT INTO outbox (device_id, event_id, relay, first_seen_ms, next_attempt_ms)"
+                " VALUES (?1, ?2, ?3, ?5, ?5)",
+                rows,
+            )
+            added = cursor.rowcount
         await cursor.close()
         self.ready.set()
         return added
@@ -119,7 +133,10 @@ class Outbox:
         picks them (an UPDATE ... RETURNING), nothing is written between `due` and the sends,
         and `hold` undoes the count for rows delivery does not send now: one statement, one commit and
         one write of each row per batch instead of two, and the ordering sorts row ids rather
-        than whole rows. The devices are then read by id; a row whose device was unregistered
+        than whole rows. The UPDATE rewrites small rows: a row's event JSON (`event` and
+        `sealed` modes) is in `outbox_events` (migration 0015), read after the claim for the
+        flagged rows only, by id (a scalar subquery in the RETURNING cost about 0.7 µs a row
+        more: SQLite buffers RETURNING rows, ~2 KB each here). The devices are then read by id; a row whose device was unregistered
         in between went with it (ON DELETE CASCADE) and is left out.
         """
         only = ""
@@ -138,7 +155,7 @@ class Outbox:
             " WHERE o.claimed_ms IS NULL AND o.next_attempt_ms <= ?"
             " ORDER BY o.next_attempt_ms, o.id LIMIT ?)"
             " UPDATE outbox SET claimed_ms = ?, attempts = attempts + 1 WHERE id IN picked"
-            " RETURNING next_attempt_ms, id, device_id, event_id, relay, event_json,"
+            " RETURNING next_attempt_ms, id, device_id, event_id, relay, has_event,"
             " first_seen_ms, attempts",
             (now_ms, *(platforms or ()), limit, now_ms, SIBLINGS * limit, now_ms),
         ))
@@ -152,8 +169,18 @@ class Outbox:
                 (_id_list({r[2] for r in rows}),),
             )
         }
+        flagged = [r[1] for r in rows if r[5]]
+        events: dict[int, str] = {}
+        if flagged:
+            events = {
+                int(r[0]): str(r[1]) for r in await self._db.execute_fetchall(
+                    "SELECT wakeup_id, event_json FROM outbox_events"
+                    " WHERE wakeup_id IN (SELECT value FROM json_each(?))",
+                    (_id_list(flagged),),
+                )
+            }
         return [
-            Wakeup(r[1], device, r[3], r[4], r[5], r[6], r[7] - 1)
+            Wakeup(r[1], device, r[3], r[4], events.get(r[1]), r[6], r[7] - 1)
             for r in rows if (device := devices.get(r[2])) is not None
         ]
 
