@@ -209,3 +209,11 @@ def test_readme_cli_flags_are_the_parsers(command: str) -> None:
     assert documented == actual
     top_level = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", help_text())) - {"--help"}
     assert top_level <= set(re.findall(r"--[a-z-]+", block))
+
+
+@pytest.mark.parametrize("shipped", ["relays.toml", "deploy/systemd/relays.toml"])
+def test_the_shipped_configs_load(shipped: str) -> None:
+    """The configs the README and the systemd kit tell operators to copy are valid as shipped,
+    and the default one keeps /metrics off the public listener, as README says."""
+    config = config_module.load_config(ROOT / shipped)
+    assert config.server.admin_listen == "127.0.0.1:9464"
