@@ -11,7 +11,10 @@ import time
 from prometheus_client import Counter, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-KNOWN_ROUTES = ("/register", "/unregister", "/registrations", "/health", "/metrics", "/info")
+KNOWN_ROUTES = (
+    "/register", "/unregister", "/registrations", "/preferences", "/presence", "/health",
+    "/metrics", "/info",
+)
 
 REQUESTS = Counter(
     "sigil_push_http_requests_total", "API requests by route, method and status",

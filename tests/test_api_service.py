@@ -8,6 +8,7 @@ import httpx
 
 from sigil_push.api import create_app
 from sigil_push.config import load_config
+from sigil_push.http_metrics import KNOWN_ROUTES
 from sigil_push.service import Service
 from tests.conftest import ApiCaller
 from tests.support.nip98 import SdkUser
@@ -58,3 +59,14 @@ async def test_not_serving_answers_503(tmp_path: Path) -> None:
         )
         assert register.status_code == 503
         assert register.json()["error"] == "unavailable"
+
+
+def test_every_api_route_has_its_own_metrics_label(tmp_path: Path) -> None:
+    """Each route of the public app is labelled by its path in the request metrics, not lumped
+    into `other` with scanners' paths (/preferences and /presence once were)."""
+    config_file = tmp_path / "relays.toml"
+    config_file.write_text("")
+    app = create_app(Service(load_config(config_file)))
+    paths = {getattr(route, "path", "") for route in app.routes}
+    assert {"/preferences", "/presence", "/register"} <= paths
+    assert sorted(paths - set(KNOWN_ROUTES)) == []
