@@ -21,6 +21,7 @@ from sigil_push.config import LimitsConfig, PushConfig
 from sigil_push.nostr import nip98
 from sigil_push.push import registry
 from sigil_push.push.payload import AES128GCM_OVERHEAD, MAX_PAYLOAD_BYTES
+from sigil_push.push.vapid import TOKEN_LIFETIME_SECONDS
 from sigil_push.store.errors import TooManyAccounts, TooManyDevices
 from sigil_push.store.records import PAYLOAD_MODES
 
@@ -197,6 +198,7 @@ def test_the_limits_the_guide_states_are_the_codes() -> None:
         (f"is at most {_thousands(MAX_PAYLOAD_BYTES)} bytes "
          f"({_thousands(MAX_PAYLOAD_BYTES - AES128GCM_OVERHEAD)} of JSON)"),
         f"at most {_thousands(MAX_LIST_ENTRIES)} keys",
+        f"`exp` at most {TOKEN_LIFETIME_SECONDS // 3600} h ahead",
     ]
     missing = [phrase for phrase in stated if phrase not in words]
     assert missing == [], "docs/clients.md no longer states these as the code has them"
