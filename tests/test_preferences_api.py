@@ -54,6 +54,25 @@ def test_a_new_pair_has_default_preferences(api: ApiCaller) -> None:
     assert device["follows_known"] is False
 
 
+def test_registering_again_replaces_the_registration_but_keeps_the_preferences(
+    api: ApiCaller,
+) -> None:
+    """docs/clients.md, section 1: an update replaces `payload` and `relays` with what it sends
+    (a field left out is removed), while the pause, follows-only and the mute list stay."""
+    user, token = SdkUser(), _token()
+    until = int(time.time()) + 3600
+    _registered(api, user, token, payload="event_id", relays=["wss://inbox.example"],
+                pause_until=until, senders="follows", muted=[SdkUser().hex])
+    again = api.register(user, device_token=token)
+    assert again.status_code == 200, again.text
+    shown = again.json()
+    assert (shown["payload"], shown["relays"]) == ("opaque", [])
+    assert (shown["pause_until"], shown["senders"], shown["muted_count"]) == (until, "follows", 1)
+    device = _device(api, user, token)
+    assert (device["payload"], device["relays"]) == ("opaque", [])
+    assert (device["pause_until"], device["senders"], device["muted_count"]) == (until, "follows", 1)
+
+
 def test_preferences_are_set_shown_and_replaced(api: ApiCaller) -> None:
     """A pause, follows-only and a private mute list (hex and npub, duplicates counted once);
     a second mute list replaces the first; a past pause clears it."""

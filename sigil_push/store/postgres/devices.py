@@ -169,7 +169,8 @@ class PostgresDevices:
         device_key: str | None = None,
     ) -> Registration:
         """Insert or update this npub's pair with `token` (201 when new, 200 when updated);
-        an update replaces the device key too (absent: none), as on SQLite."""
+        an update replaces the device key too (absent: none), as on SQLite, and keeps the
+        preferences, which the returned device carries (the API's answer shows them)."""
         now = int(time.time())
         async with self._db.connection() as connection, connection.transaction():
             # the limits count rows other registrations may be adding right now: lock the npub
@@ -201,7 +202,7 @@ class PostgresDevices:
                 " webpush_p256dh = excluded.webpush_p256dh, webpush_auth = excluded.webpush_auth,"
                 " updated_at = excluded.updated_at, device_key = excluded.device_key,"
                 " list_flags = excluded.list_flags"
-                f" RETURNING {_COLUMNS}",
+                f" RETURNING {_WITH_RULES}",
                 pubkey, platform, token, payload, json.dumps(list(relays)),
                 webpush_keys.p256dh if webpush_keys else None,
                 webpush_keys.auth if webpush_keys else None,

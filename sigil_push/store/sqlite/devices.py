@@ -56,7 +56,7 @@ _WRITE_PAIR = (
     " webpush_p256dh = excluded.webpush_p256dh, webpush_auth = excluded.webpush_auth,"
     " updated_at = excluded.updated_at, device_key = excluded.device_key,"
     " list_flags = excluded.list_flags"
-    f" RETURNING {_COLUMNS}"
+    f" RETURNING {_WITH_RULES}"
 ).format(flags=LIST_FLAGS.format(pubkey="?1"))
 """A pair written with the `list_flags` its npub's stored lists give (the lists' writer sets
 them on pairs already there; SQLite runs one write at a time, so no pair misses both)."""
@@ -100,7 +100,8 @@ class Devices:
         device_key: str | None = None,
     ) -> Registration:
         """Insert or update the (pubkey, token) pair; other npubs' pairs are never touched.
-        An update replaces everything the client sends, the device key included (absent: none).
+        An update replaces everything the client sends, the device key included (absent: none),
+        and keeps the preferences, which the returned device carries (the API's answer shows them).
 
         The limits (`store.limits`) are decided on the counts read first; the write then goes
         only if they still hold, checked inside the inserting statement itself, so
