@@ -19,7 +19,8 @@ from sigil_push import api, validation
 from sigil_push.bridge.user_lists import MAX_LIST_ENTRIES
 from sigil_push.config import LimitsConfig, PushConfig
 from sigil_push.nostr import nip98
-from sigil_push.push import registry
+from sigil_push.push import apns, fcm, registry
+from sigil_push.push.endpoint_guard import MAX_ENDPOINT_LENGTH
 from sigil_push.push.payload import AES128GCM_OVERHEAD, MAX_PAYLOAD_BYTES
 from sigil_push.push.vapid import TOKEN_LIFETIME_SECONDS
 from sigil_push.store.errors import TooManyAccounts, TooManyDevices
@@ -173,6 +174,13 @@ def _thousands(number: int) -> str:
     return f"{number:,}"
 
 
+def _length_range(pattern: re.Pattern[str]) -> str:
+    """A token pattern's `{min,max}` as the guide words it: "64 to 200"."""
+    match = re.search(r"\{(\d+),(\d+)\}$", pattern.pattern)
+    assert match, pattern.pattern
+    return f"{_thousands(int(match[1]))} to {_thousands(int(match[2]))}"
+
+
 def test_the_limits_the_guide_states_are_the_codes() -> None:
     """Each number an app developer relies on, as the guide words it, from the code."""
     words = " ".join(GUIDE.split())  # line breaks fall anywhere in a paragraph
@@ -199,6 +207,9 @@ def test_the_limits_the_guide_states_are_the_codes() -> None:
          f"({_thousands(MAX_PAYLOAD_BYTES - AES128GCM_OVERHEAD)} of JSON)"),
         f"at most {_thousands(MAX_LIST_ENTRIES)} keys",
         f"`exp` at most {TOKEN_LIFETIME_SECONDS // 3600} h ahead",
+        f"APNs: {_length_range(apns.TOKEN)} hex characters",
+        f"FCM: {_length_range(fcm.TOKEN)} letters, digits and `_:.-`",
+        f"an `https://` URL of at most {_thousands(MAX_ENDPOINT_LENGTH)} characters",
     ]
     missing = [phrase for phrase in stated if phrase not in words]
     assert missing == [], "docs/clients.md no longer states these as the code has them"
