@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import re
 import time
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
+
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from sigil_push.errors import BadRequest
 from sigil_push.hosts import InvalidHost, check_host
@@ -28,6 +32,9 @@ MAX_USER_RELAYS = 10
 MAX_BUNKER_URI_LENGTH = 2048
 MAX_RELAY_URL_LENGTH = 256
 BASE64URL = re.compile(r"[A-Za-z0-9_\-]+={0,2}")
+WEBPUSH_AUTH_SECRET_BYTES = 16
+"""RFC 8291's authentication secret."""
+_UNCOMPRESSED_P256_POINT_BYTES = 65
 MAX_PAUSE_SECONDS = 366 * 24 * 3600
 MAX_MUTED = 1000
 MAX_PRESENCE_SECONDS = 300
@@ -133,7 +140,38 @@ def parse_webpush_keys(value: Any, platform: str) -> WebPushKeys | None:
             "'keys' must be {\"p256dh\", \"auth\"} base64url strings, for "
             f"{', '.join(p.platform for p in registry.PROVIDERS if p.webpush_keys)} only",
         )
+    if not _is_p256_point(_base64url_bytes(value["p256dh"])):
+        raise BadRequest(
+            "invalid_device_token",
+            "'keys.p256dh' must be the subscription's P-256 public key: a 65-byte uncompressed "
+            "point (RFC 8291)",
+        )
+    if len(_base64url_bytes(value["auth"])) != WEBPUSH_AUTH_SECRET_BYTES:
+        raise BadRequest("invalid_device_token", "'keys.auth' must be a 16-byte secret (RFC 8291)")
     return WebPushKeys(value["p256dh"], value["auth"])
+
+
+def _base64url_bytes(text: str) -> bytes:
+    """Unpadded or padded base64url (already matched by BASE64URL) as bytes; a length no
+    encoder writes (one character over a group) decodes to nothing, which no check accepts."""
+    unpadded = text.rstrip("=")
+    try:
+        return base64.urlsafe_b64decode(unpadded + "=" * (-len(unpadded) % 4))
+    except binascii.Error:
+        return b""
+
+
+def _is_p256_point(raw: bytes) -> bool:
+    """Whether `raw` is an uncompressed point on P-256. Checked at registration because a key
+    that is not one makes every RFC 8291 encryption to it fail: the app would get a 201 and
+    then never a push, with nothing to tell it why."""
+    if len(raw) != _UNCOMPRESSED_P256_POINT_BYTES or raw[0] != 4:
+        return False
+    try:
+        ec.EllipticCurvePublicKey.from_encoded_point(ec.SECP256R1(), raw)
+    except ValueError:
+        return False
+    return True
 
 
 def parse_device_key(value: Any) -> str | None:

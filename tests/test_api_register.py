@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import base64
 import secrets
+
+import pytest
 
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip98 import make_http_auth
 from tests.conftest import ApiCaller
+from tests.fakes.credentials import WebPushSubscriber
 from tests.support.nip98 import SdkUser
 from tests.support.service import ServiceProcess
 
@@ -131,15 +135,50 @@ def test_user_relays_are_normalised_and_stored(api: ApiCaller) -> None:
 
 def test_unifiedpush_webpush_keys_accepted(api: ApiCaller) -> None:
     user = SdkUser()
+    subscriber = WebPushSubscriber.generate()
     response = api.register(
         user,
         platform="unifiedpush",
         device_token="https://93.184.216.34/push/abc",
-        keys={"p256dh": "BCVxsr7N_eNgVRqvHtD0zTZsEc6-VV-JvLexhqUzORcx", "auth": "BTBZMqHH6r4Tts7J_aSIgg"},
+        keys={"p256dh": subscriber.p256dh, "auth": subscriber.auth},
     )
     assert response.status_code == 201, response.text
     [device] = api.call("GET", "/registrations", user).json()["devices"]
     assert device["encrypted"] is True
+
+
+def _base64url(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+@pytest.mark.parametrize(
+    ("field", "bad"),
+    [
+        # base64url of the right form, but no key an RFC 8291 encryption can use: each of
+        # these once got a 201 and then never a push
+        ("p256dh", _base64url(secrets.token_bytes(32))),  # too short for a point
+        ("p256dh", _base64url(b"\x04" + bytes(64))),  # the right length, not on the curve
+        ("p256dh", _base64url(b"\x02" + secrets.token_bytes(64))),  # not the uncompressed form
+        ("auth", _base64url(secrets.token_bytes(12))),
+        ("auth", _base64url(secrets.token_bytes(32))),
+        ("auth", "A"),  # one character: no whole byte
+    ],
+)
+def test_unifiedpush_keys_that_no_push_could_use_are_refused(
+    api: ApiCaller, field: str, bad: str
+) -> None:
+    """A registration with WebPush keys that RFC 8291 cannot encrypt to gets a clear 400 and
+    stores nothing, rather than a registration whose every push fails."""
+    user = SdkUser()
+    subscriber = WebPushSubscriber.generate()
+    keys = {"p256dh": subscriber.p256dh, "auth": subscriber.auth, field: bad}
+    response = api.register(
+        user, platform="unifiedpush", device_token="https://93.184.216.34/push/k", keys=keys
+    )
+    assert response.status_code == 400, response.text
+    assert response.json()["error"] == "invalid_device_token"
+    assert field in response.json()["message"]
+    assert api.call("GET", "/registrations", user).json()["devices"] == []
 
 
 def test_unifiedpush_without_keys_is_listed_as_not_encrypted(api: ApiCaller) -> None:

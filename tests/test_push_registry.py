@@ -26,6 +26,7 @@ from sigil_push.push.factory import build_senders
 from sigil_push.push.provider import Provider
 from sigil_push.service import Service
 from sigil_push.validation import parse_device_token, parse_platform, parse_webpush_keys
+from tests.fakes.credentials import WebPushSubscriber
 from tests.fakes.fake_apns import FakeApns
 from tests.fakes.fake_fcm import FakeFcm
 from tests.fakes.harness import Credentials, provider_tables
@@ -121,7 +122,8 @@ def test_registration_checks_a_token_by_its_platforms_provider(provider: Provide
     with pytest.raises(BadRequest) as bad:
         parse_device_token("!", provider.platform)
     assert bad.value.code == "invalid_device_token"
-    keys = {"p256dh": "BNcRdreALRFXTkOOUHK1EtK2wtaz5Ry4YfYCA_0QTpQ", "auth": "tBHItJI5svbpez7KI4CCXg"}
+    subscriber = WebPushSubscriber.generate()
+    keys = {"p256dh": subscriber.p256dh, "auth": subscriber.auth}
     if provider.webpush_keys:
         assert parse_webpush_keys(keys, provider.platform) is not None
     else:
