@@ -155,14 +155,17 @@ def _base64url(raw: bytes) -> str:
     ("field", "bad"),
     [
         # base64url of the right form, but no key an RFC 8291 encryption can use: each of
-        # these once got a 201 and then never a push
-        ("p256dh", _base64url(secrets.token_bytes(32))),  # too short for a point
-        ("p256dh", _base64url(b"\x04" + bytes(64))),  # the right length, not on the curve
-        ("p256dh", _base64url(b"\x02" + secrets.token_bytes(64))),  # not the uncompressed form
-        ("auth", _base64url(secrets.token_bytes(12))),
-        ("auth", _base64url(secrets.token_bytes(32))),
-        ("auth", "A"),  # one character: no whole byte
+        # these once got a 201 and then never a push (fixed bytes: xdist's workers must collect
+        # the same ids)
+        ("p256dh", _base64url(bytes(range(32)))),
+        ("p256dh", _base64url(b"\x04" + bytes(64))),
+        ("p256dh", _base64url(b"\x02" + bytes(range(64)))),
+        ("auth", _base64url(bytes(range(12)))),
+        ("auth", _base64url(bytes(range(32)))),
+        ("auth", "A"),
     ],
+    ids=["p256dh-short", "p256dh-off-curve", "p256dh-not-uncompressed", "auth-12-bytes",
+         "auth-32-bytes", "auth-no-whole-byte"],
 )
 def test_unifiedpush_keys_that_no_push_could_use_are_refused(
     api: ApiCaller, field: str, bad: str
