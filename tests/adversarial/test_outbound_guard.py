@@ -178,11 +178,14 @@ async def test_nip11_slow_dribble_and_huge_body_are_cut_off() -> None:
         padding = " " * (10 * 1024 * 1024)
         return web.Response(body=json.dumps({"limitation": {"max_subscriptions": 1}, "x": padding}))
 
+    async def nested(request: web.Request) -> web.Response:
+        # past Python's recursion limit: json.loads raises RecursionError, not ValueError
+        return await _respond(b"[" * 5000 + b"]" * 5000)
+
     app = web.Application()
     app.router.add_get("/slow", dribble)
     app.router.add_get("/huge", huge)
-    # nested past Python's recursion limit: json.loads raises RecursionError, not ValueError
-    app.router.add_get("/nested", lambda _: _respond(b"[" * 5000 + b"]" * 5000))
+    app.router.add_get("/nested", nested)
     runner, port = await _http_server(app)
     guard = OutboundGuard(allow_private=True)
     try:
