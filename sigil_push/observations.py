@@ -6,7 +6,10 @@ which sorts by time. A worker of a multi-worker instance (PostgreSQL) puts its w
 the name, `observations-<worker>-YYYYMMDDTHH.jsonl`, so workers sharing a folder never write
 one file and analytics reads them all together. Callers pass only relay URLs, event ids, kinds
 and timings: this module has no parameter through which a pubkey, token or content could reach
-the log.
+the log. A relay URL can name a user (`wss://filter.nostr.wine/npub1…`, inbox services keyed by
+hex pubkey), so every relay URL a record carries is written as its `relay_label` (the key
+replaced by `<key-XXXXXXXX>`), whoever the caller: the same label the `relay` records and the
+logs use, so the records of one relay still join.
 
 Housekeeping keeps the folder bounded: a finished hour is gzip-compressed to
 `observations-YYYYMMDDTHH.jsonl.gz` (which analytics reads as is), hours older than the
@@ -51,6 +54,7 @@ from prometheus_client import Counter, Gauge
 
 from sigil_push.push.base import Status
 from sigil_push.push.registry import PLATFORMS
+from sigil_push.relays.labels import relay_label
 from sigil_push.supervisor import supervise
 
 log = logging.getLogger(__name__)
@@ -208,13 +212,13 @@ class ObservationLog:
             if not (event_id is checked and type(kind) is int and type(created_at) is int
                     and type(ts_ms) is int):
                 lines.append(
-                    {"type": "seen", "ts": ts_ms, "relay": relay, "event_id": event_id,
+                    {"type": "seen", "ts": ts_ms, "relay": relay_label(relay), "event_id": event_id,
                      "kind": kind, "created_at": created_at}
                 )
                 continue
             encoded = relay_json.get(relay)
             if encoded is None:
-                encoded = relay_json[relay] = _ENCODER.encode(relay)
+                encoded = relay_json[relay] = _ENCODER.encode(relay_label(relay))
             lines.append((ts_ms, (
                 f'{{"type":"seen","ts":{ts_ms},"relay":{encoded},"event_id":"{event_id}",'
                 f'"kind":{kind},"created_at":{created_at}}}'
@@ -223,7 +227,8 @@ class ObservationLog:
 
     def relay_state(self, relay: str, state: str, detail: str = "") -> None:
         self._append(
-            {"type": "relay", "ts": now_ms(), "relay": relay, "state": state, "detail": detail}
+            {"type": "relay", "ts": now_ms(), "relay": relay_label(relay), "state": state,
+             "detail": detail}
         )
 
     def push(self, event_id: str, platform: str, status: str, latency_ms: int) -> None:
@@ -263,7 +268,8 @@ class ObservationLog:
         per DM, so encoded like `seen`, with the JSON of a relay list kept per list."""
         if not (type(ts_ms) is int and type(event_id) is str and _HEX64(event_id) is not None):
             self._append(
-                {"type": "expect", "ts": ts_ms, "event_id": event_id, "relays": list(relays)}
+                {"type": "expect", "ts": ts_ms, "event_id": event_id,
+                 "relays": [relay_label(relay) for relay in relays]}
             )
             return
         key = tuple(relays)
@@ -271,7 +277,7 @@ class ObservationLog:
         if encoded is None:
             if len(self._relays_json) >= MAX_ENCODED_LISTS:
                 self._relays_json.clear()
-            encoded = self._relays_json[key] = _ENCODER.encode(list(key))
+            encoded = self._relays_json[key] = _ENCODER.encode([relay_label(r) for r in key])
         self._append((ts_ms, (
             f'{{"type":"expect","ts":{ts_ms},"event_id":"{event_id}","relays":{encoded}}}'
         )))
@@ -292,7 +298,7 @@ class ObservationLog:
     ) -> None:
         """One canary probe: `ts_ms` when it was published, `received_ms` after that or None."""
         self._append(
-            {"type": "canary", "ts": ts_ms, "relay": relay, "event_id": event_id,
+            {"type": "canary", "ts": ts_ms, "relay": relay_label(relay), "event_id": event_id,
              "published": published, "ok_message": ok_message, "received_ms": received_ms}
         )
 

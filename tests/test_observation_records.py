@@ -10,7 +10,9 @@ from typing import Any
 
 import pytest
 
+from sigil_push.nostr.nip19 import encode_npub
 from sigil_push.observations import _KNOWN_PLATFORMS, _KNOWN_STATUSES, _PLAIN_WORD, ObservationLog
+from sigil_push.relays.labels import relay_label
 
 EVENT_ID = "ab" * 32
 TS = 1_790_000_000_123
@@ -147,3 +149,33 @@ async def test_unknown_push_names_are_still_checked(tmp_path: Path) -> None:
         ("webos", "deferred"), ("ios", 'ok","npub":"x'), (["ios"], "accepted")
     ]
     assert all("npub" not in r for r in records)
+
+
+@pytest.mark.asyncio
+async def test_no_record_names_a_user_through_a_relay_url(tmp_path: Path) -> None:
+    """A relay URL can carry a user's key (`wss://filter.nostr.wine/npub1…`, inbox services
+    keyed by hex pubkey): the bridge hands its records the connection's URL as it is, so the
+    log writes every relay as its `relay_label`, on the spliced and the encoded paths alike,
+    and one relay is one string across the record types (analytics joins them)."""
+    npub = encode_npub("cd" * 32)
+    hex_key = "ef" * 32
+    by_npub = f"wss://filter.example/{npub}"
+    by_hex = f"wss://inbox.example/u/{hex_key}?k={npub}"
+    records = await written(
+        tmp_path,
+        lambda log: (
+            log.seen_many([(by_npub, EVENT_ID, 1059, 5, TS), (by_hex, EVENT_ID, 1059, 5, TS)]),
+            log.seen(by_npub, "not-hex", 1059, 5, TS),
+            log.expect(TS, EVENT_ID, [by_npub, by_hex]),
+            log.expect(TS, "not-hex", [by_hex]),
+            log.relay_state(by_npub, "connected"),
+            log.canary(TS, by_hex, EVENT_ID, True, "", 12),
+        ),
+    )
+    text = json.dumps(records)
+    assert npub not in text and hex_key not in text
+    assert {r["type"] for r in records} == {"seen", "expect", "relay", "canary"}
+    names = [r["relay"] for r in records if "relay" in r]
+    names += [relay for r in records for relay in r.get("relays", [])]
+    assert set(names) == {relay_label(by_npub), relay_label(by_hex)}
+    assert relay_label(by_npub).startswith("wss://filter.example/<key-")
