@@ -9,7 +9,8 @@ and timings: this module has no parameter through which a pubkey, token or conte
 the log. A relay URL can name a user (`wss://filter.nostr.wine/npub1…`, inbox services keyed by
 hex pubkey), so every relay URL a record carries is written as its `relay_label` (the key
 replaced by `<key-XXXXXXXX>`), whoever the caller: the same label the `relay` records and the
-logs use, so the records of one relay still join.
+logs use, so the records of one relay still join. A relay's own text (a canary's
+`ok_message`, a `detail`) may quote a pubkey: any key in it is replaced the same way.
 
 Housekeeping keeps the folder bounded: a finished hour is gzip-compressed to
 `observations-YYYYMMDDTHH.jsonl.gz` (which analytics reads as is), hours older than the
@@ -54,7 +55,7 @@ from prometheus_client import Counter, Gauge
 
 from sigil_push.push.base import Status
 from sigil_push.push.registry import PLATFORMS
-from sigil_push.relays.labels import relay_label
+from sigil_push.relays.labels import redact_keys, relay_label
 from sigil_push.supervisor import supervise
 
 log = logging.getLogger(__name__)
@@ -228,7 +229,7 @@ class ObservationLog:
     def relay_state(self, relay: str, state: str, detail: str = "") -> None:
         self._append(
             {"type": "relay", "ts": now_ms(), "relay": relay_label(relay), "state": state,
-             "detail": detail}
+             "detail": redact_keys(detail)}
         )
 
     def push(self, event_id: str, platform: str, status: str, latency_ms: int) -> None:
@@ -299,7 +300,7 @@ class ObservationLog:
         """One canary probe: `ts_ms` when it was published, `received_ms` after that or None."""
         self._append(
             {"type": "canary", "ts": ts_ms, "relay": relay_label(relay), "event_id": event_id,
-             "published": published, "ok_message": ok_message, "received_ms": received_ms}
+             "published": published, "ok_message": redact_keys(ok_message), "received_ms": received_ms}
         )
 
     def _append(self, record: dict[str, Any] | tuple[int, str]) -> None:

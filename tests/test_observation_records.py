@@ -179,3 +179,25 @@ async def test_no_record_names_a_user_through_a_relay_url(tmp_path: Path) -> Non
     names += [relay for r in records for relay in r.get("relays", [])]
     assert set(names) == {relay_label(by_npub), relay_label(by_hex)}
     assert relay_label(by_npub).startswith("wss://filter.example/<key-")
+
+
+@pytest.mark.asyncio
+async def test_relay_free_text_in_a_record_names_no_key(tmp_path: Path) -> None:
+    """A canary record's `ok_message` is the relay's own OK text, and a `relay` record's
+    `detail` may quote a relay's message: relays word refusals as they like, some quoting the
+    pubkey they refuse (`restricted: pubkey <hex> not admitted`). A key in them is written
+    as the digest relay labels use; the rest of the text stays readable."""
+    npub = encode_npub("cd" * 32)
+    hex_key = "EF" * 32
+    records = await written(
+        tmp_path,
+        lambda log: (
+            log.canary(TS, "wss://a", EVENT_ID, False, f"restricted: pubkey {hex_key} no", None),
+            log.relay_state("wss://a", "auth_required", f"blocked {npub}"),
+        ),
+    )
+    text = json.dumps(records)
+    assert npub not in text and hex_key not in text and hex_key.lower() not in text
+    assert records[0]["ok_message"].startswith("restricted: pubkey <key-")
+    assert records[0]["ok_message"].endswith("> no")
+    assert records[1]["detail"].startswith("blocked <key-")

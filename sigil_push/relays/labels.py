@@ -53,6 +53,12 @@ def _redact(match: re.Match[str]) -> str:
     return f"<key-{digest[:8]}>"
 
 
+def redact_keys(text: str) -> str:
+    """`text` with every string that could be a key replaced as in `relay_label`: for a
+    relay's free text (an OK message, a refusal) that may quote a pubkey."""
+    return _KEYISH.sub(_redact, text)
+
+
 @functools.lru_cache(maxsize=1024)
 def relay_label(url: str) -> str:
     """`url` with any key-carrying path or query text replaced (see the module docstring)."""
