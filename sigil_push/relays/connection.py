@@ -217,15 +217,23 @@ class ConnectionHandler(Protocol):
     async def drained(self, connection: RelayConnection) -> None: ...
 
 
+_MACHINE_PREFIX = re.compile(r"[a-z]+(?:-[a-z]+)*")
+"""NIP-01's machine-readable prefixes are lowercase words joined by hyphens (`auth-required`,
+`rate-limited`, `restricted`, …)."""
+
+
 def _prefix(message: Any) -> str:
     """The machine-readable prefix of a relay message (`auth-required`, `restricted`, …).
 
-    Only this goes to logs and records: the rest is free text chosen by the relay.
+    Only this goes to logs and records: the rest is free text chosen by the relay. A head that
+    is not such a prefix counts as none, so a relay cannot put other text (a subscribed
+    pubkey's hex, say) into our logs by writing it before a colon.
     """
     if not isinstance(message, str):
         return ""
     head, sep, _ = message.partition(":")
-    return head.strip()[:40] if sep else ""
+    head = head.strip()
+    return head if sep and len(head) <= 40 and _MACHINE_PREFIX.fullmatch(head) else ""
 
 
 class RelayConnection:
