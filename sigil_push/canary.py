@@ -46,6 +46,7 @@ from sigil_push.nostr.nip59 import gift_wrap
 from sigil_push.observations import ObservationLog, now_ms
 from sigil_push.relays.connection import AuthSigner, BridgeKeySigner
 from sigil_push.relays.discovery import normalize_relay_url
+from sigil_push.relays.labels import relay_label
 from sigil_push.relays.publish import publish
 from sigil_push.relays.subscriptions import DM_KINDS
 
@@ -156,11 +157,11 @@ class Canary:
         self._probes: set[asyncio.Task[None]] = set()
         self._active: Callable[[], bool] = _always
         self._probing = True
-        for relay in self.relays:
-            DELIVERY.labels(relay)
-            PROBES.labels(relay)
+        for label in map(relay_label, self.relays):
+            DELIVERY.labels(label)
+            PROBES.labels(label)
             for reason in FAILURE_REASONS:
-                FAILURES.labels(relay, reason)
+                FAILURES.labels(label, reason)
 
     def start(self, active: Callable[[], bool] | None = None) -> None:
         """Probe every interval; `active` (several workers) says whether this worker's turn
@@ -215,6 +216,7 @@ class Canary:
             log.error("canary probe failed", exc_info=task.exception())
 
     async def _probe(self, relay: str) -> None:
+        label = relay_label(relay)  # a configured URL may still carry a key: not in metrics, logs
         started_ms = now_ms()
         deadline = time.monotonic() + self._interval
         now = started_ms // 1000
@@ -229,9 +231,9 @@ class Canary:
         try:
             result = await publish(relay, event, self._signer, self._interval)
             if not result.accepted or result.sent_ms is None:
-                PROBES.labels(relay).inc()
-                FAILURES.labels(relay, result.reason).inc()
-                log.info("canary %s: not published (%s)", relay, result.reason)
+                PROBES.labels(label).inc()
+                FAILURES.labels(label, result.reason).inc()
+                log.info("canary %s: not published (%s)", label, result.reason)
                 self._observations.canary(started_ms, relay, event.id, False, result.message, None)
                 return
             # asyncio.timeout, not wait_for (3.11 swallows a cancellation that lands as the
@@ -239,14 +241,14 @@ class Canary:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
                     await probe.received.wait()
-            PROBES.labels(relay).inc()
+            PROBES.labels(label).inc()
             received_ms = None
             if probe.received_at_ms is not None:
                 received_ms = max(0, probe.received_at_ms - result.sent_ms)
-                DELIVERY.labels(relay).observe(received_ms / 1000)
+                DELIVERY.labels(label).observe(received_ms / 1000)
             else:
-                FAILURES.labels(relay, NOT_RECEIVED).inc()
-                log.info("canary %s: published but not received within %g s", relay, self._interval)
+                FAILURES.labels(label, NOT_RECEIVED).inc()
+                log.info("canary %s: published but not received within %g s", label, self._interval)
             self._observations.canary(
                 started_ms, relay, event.id, True, result.message, received_ms
             )

@@ -5,19 +5,25 @@ canary key alone (a DM to a user that also tags the canary key still reaches the
 from __future__ import annotations
 
 import json
+import logging
 import stat
 import time
 from pathlib import Path
 
 import nostr_sdk
+import pytest
+from prometheus_client import REGISTRY
 
 from sigil_push.canary import Canary, load_canary_key
 from sigil_push.config import CanaryConfig
 from sigil_push.nostr.event import sign_event
 from sigil_push.nostr.keys import SecretKey
+from sigil_push.nostr.nip19 import encode_npub
 from sigil_push.nostr.nip59 import MAX_BACKDATE_SECONDS, gift_wrap
 from sigil_push.observations import ObservationLog
 from sigil_push.relays.connection import BridgeKeySigner
+from sigil_push.relays.labels import relay_label
+from tests.support.bridge_harness import eventually
 
 
 def test_the_probe_is_a_nip59_gift_wrap_that_nostr_sdk_unwraps() -> None:
@@ -66,3 +72,37 @@ async def test_take_claims_only_what_is_addressed_to_the_canary_alone(tmp_path: 
     assert not canary.take("ws://a", to_both), "a DM to a user too must reach the user"
     assert not canary.take("ws://a", to_user)
     assert not canary.take("ws://a", note)
+
+
+async def test_a_relay_url_carrying_a_key_is_labelled_in_metrics_and_logs(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Canary relays are configured, but a configured URL may still name a user
+    (`wss://filter.nostr.wine/npub1…`): the probes' metric series and log lines carry its
+    `relay_label`, as every other relay series does, never the key."""
+    npub = encode_npub(SecretKey.generate().public_key_hex)
+    url = f"ws://127.0.0.1:1/{npub}"  # nothing listens on port 1: each probe fails at once
+    canary = Canary(
+        CanaryConfig(interval_seconds=0.05), [url], SecretKey.generate(),
+        BridgeKeySigner(SecretKey.generate()), ObservationLog(tmp_path / "obs"),
+    )
+    caplog.set_level(logging.INFO, logger="sigil_push.canary")
+
+    def canary_labels() -> set[str]:
+        return {
+            sample.labels["relay"]
+            for metric in REGISTRY.collect() if metric.name.startswith("sigil_push_canary")
+            for sample in metric.samples if "relay" in sample.labels
+        }
+
+    def failed() -> bool:
+        return "not published" in caplog.text
+
+    canary.start()
+    try:
+        await eventually(failed, "a probe failed and was logged")
+    finally:
+        await canary.stop()
+    assert relay_label(url) in canary_labels() and "<key-" in relay_label(url)
+    assert not any(npub in label for label in canary_labels())
+    assert npub not in caplog.text
