@@ -2,7 +2,7 @@
 
 Some relays serve one path per user (`wss://filter.nostr.wine/npub1…`, inbox services keyed
 by hex pubkey): such a URL names the user it serves, and a user's npub must never reach logs,
-labels or records. A path segment that could carry a key (an `npub1`/`nprofile1` bech32 string,
+labels or records. A part that could carry a key (an `npub1`/`nprofile1` bech32 string,
 or 64 hex characters) is replaced by `<key-XXXXXXXX>`, a keyed digest under a per-process secret:
 stable while the process runs (one connection, one series), linkable to nobody outside it.
 
@@ -20,7 +20,6 @@ import hmac
 import os
 import re
 from collections.abc import Iterable
-from urllib.parse import urlsplit, urlunsplit
 
 _SECRET = os.urandom(32)
 _KEYISH = re.compile(
@@ -61,13 +60,7 @@ def redact_keys(text: str) -> str:
 
 @functools.lru_cache(maxsize=1024)
 def relay_label(url: str) -> str:
-    """`url` with any key-carrying path or query text replaced (see the module docstring)."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return _KEYISH.sub(_redact, url)
-    if not _KEYISH.search(parts.path) and not _KEYISH.search(parts.query):
-        return url
-    return urlunsplit(parts._replace(
-        path=_KEYISH.sub(_redact, parts.path), query=_KEYISH.sub(_redact, parts.query)
-    ))
+    """`url` with any key-carrying text replaced (see the module docstring), wherever it is:
+    the path and query, but also the host (an npub is 63 characters, one DNS label: services
+    that serve a user at `npub1….example` exist), the user part and the fragment."""
+    return _KEYISH.sub(_redact, url)
