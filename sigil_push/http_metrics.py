@@ -1,6 +1,7 @@
 """Prometheus metrics for the REST API, recorded by a pure ASGI middleware.
 
-Routes are labelled by their template, never by raw paths, so scanners cannot blow up the
+Routes are labelled by their template, never by raw paths, and methods outside HTTP's usual
+few as `other` (a client may send any token as its method), so scanners cannot blow up the
 number of series.
 """
 
@@ -15,6 +16,7 @@ KNOWN_ROUTES = (
     "/register", "/unregister", "/registrations", "/preferences", "/presence", "/health",
     "/metrics", "/info",
 )
+KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 REQUESTS = Counter(
     "sigil_push_http_requests_total", "API requests by route, method and status",
@@ -37,6 +39,7 @@ class MetricsMiddleware:
             await self.app(scope, receive, send)
             return
         route = scope["path"] if scope["path"] in KNOWN_ROUTES else "other"
+        method = scope["method"] if scope["method"] in KNOWN_METHODS else "other"
         status = 500
         started = time.perf_counter()
 
@@ -50,4 +53,4 @@ class MetricsMiddleware:
             await self.app(scope, receive, send_with_status)
         finally:
             LATENCY.labels(route).observe(time.perf_counter() - started)
-            REQUESTS.labels(route, scope["method"], str(status)).inc()
+            REQUESTS.labels(route, method, str(status)).inc()

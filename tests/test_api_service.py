@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import httpx
@@ -42,6 +43,18 @@ def test_metrics_count_requests_by_route_and_status(api: ApiCaller, service: Ser
     wanted = ('method="POST"', 'route="/register"', 'status="400"')
     assert any(all(label in line for label in wanted) for line in counted), counted
     assert "sigil_push_http_request_duration_seconds_bucket" in text
+
+
+def test_metrics_label_unusual_methods_as_other(api: ApiCaller, service: ServiceProcess) -> None:
+    """A client may send any token as its HTTP method: each one must not become a series of
+    its own (nor carry whatever text a client chose into /metrics)."""
+    for method in ("PROPFIND", "MKCOL", "PURGE"):
+        api.http.request(method, "/register")
+    text = httpx.get(service.admin_url + "/metrics", timeout=10).text
+    counted = [line for line in text.splitlines() if line.startswith("sigil_push_http_requests_total{")]
+    methods = set(re.findall(r'method="([^"]*)"', "\n".join(counted)))
+    assert methods <= {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "other"}, methods
+    assert "other" in methods
 
 
 async def test_not_serving_answers_503(tmp_path: Path) -> None:
