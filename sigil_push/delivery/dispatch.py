@@ -23,6 +23,7 @@ from sigil_push.delivery.plan import BATCH_SIZE, Host, Push, endpoint_caps
 from sigil_push.delivery.settle import Settlement
 from sigil_push.push.base import Outcome, Sender, Status
 from sigil_push.store.interface import OutboxStore
+from sigil_push.tracebacks import withheld
 
 log = logging.getLogger(__name__)
 
@@ -114,16 +115,19 @@ class Dispatcher:
         try:
             try:
                 outcome = await sender.send(push.message, push.device)
-            except Exception:
-                log.exception("%s sender failed unexpectedly", sender.provider)
+            except Exception as exc:
+                log.error("%s sender failed unexpectedly", sender.provider, exc_info=withheld(exc))
                 outcome = Outcome(Status.RETRY, detail="sender_error")
             try:
                 if outcome.status is _ACCEPTED:  # most outcomes: no coroutine for the settling
                     self._accept(push, sender.provider)
                 else:
                     await self._settle(push, sender.provider, outcome)
-            except Exception:
-                log.exception("cannot record a %s outcome; its wakeups will be retried", sender.provider)
+            except Exception as exc:
+                log.error(
+                    "cannot record a %s outcome; its wakeups will be retried", sender.provider,
+                    exc_info=withheld(exc),
+                )
                 self._settlement.unsettled(push)
         finally:
             platform = push.device.platform
