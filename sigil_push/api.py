@@ -30,6 +30,7 @@ from sigil_push.ratelimit import RateLimiter, client_address, rate_limit_key, tr
 from sigil_push.service import Service, State
 from sigil_push.store.errors import STORE_UNAVAILABLE, TooManyAccounts, TooManyDevices
 from sigil_push.store.records import Device
+from sigil_push.tracebacks import withheld
 from sigil_push.validation import (
     parse_json_object,
     parse_npub,
@@ -352,7 +353,7 @@ def _error_response(request: Request, exc: Exception) -> Response:
         code = {404: "not_found", 405: "method_not_allowed"}.get(status, "http_error")
         message = str(exc.detail)
     else:
-        log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+        log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=withheld(exc))
         status, code, message, headers = 500, "internal", "internal error", {}
     return JSONResponse({"error": code, "message": message}, status_code=status, headers=headers)
 

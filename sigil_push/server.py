@@ -32,6 +32,7 @@ from sigil_push.config import Config
 from sigil_push.http_protocol import server_options
 from sigil_push.ratelimit import trusted_networks
 from sigil_push.service import Service
+from sigil_push.tracebacks import WithholdMessages
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,13 @@ class _Server(uvicorn.Server):
             self.admin.should_exit = True
 
 
+_UVICORN_TRACEBACKS = WithholdMessages()
+"""Starlette re-raises what the app's 500 handler answered (api.py logs it, message withheld)
+so that the server logs it too: uvicorn's `Exception in ASGI application` traceback."""
+
+
 def _uvicorn_config(app: object, listen: str, lifespan: Literal["on", "off"]) -> uvicorn.Config:
+    logging.getLogger("uvicorn.error").addFilter(_UVICORN_TRACEBACKS)
     host, _, port = listen.rpartition(":")
     return uvicorn.Config(
         app,  # type: ignore[arg-type]
