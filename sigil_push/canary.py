@@ -49,6 +49,7 @@ from sigil_push.relays.discovery import normalize_relay_url
 from sigil_push.relays.labels import relay_label
 from sigil_push.relays.publish import publish
 from sigil_push.relays.subscriptions import DM_KINDS
+from sigil_push.tracebacks import withheld
 
 log = logging.getLogger(__name__)
 
@@ -212,8 +213,9 @@ class Canary:
 
     def _settled(self, task: asyncio.Task[None]) -> None:
         self._probes.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("canary probe failed", exc_info=task.exception())
+        failure = None if task.cancelled() else task.exception()
+        if failure is not None:
+            log.error("canary probe failed", exc_info=withheld(failure))
 
     async def _probe(self, relay: str) -> None:
         label = relay_label(relay)  # a configured URL may still carry a key: not in metrics, logs

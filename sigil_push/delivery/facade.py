@@ -31,6 +31,7 @@ from sigil_push.push.base import Sender
 from sigil_push.store.interface import DeviceStore, OutboxStore
 from sigil_push.store.records import Wakeup
 from sigil_push.supervisor import Supervisor
+from sigil_push.tracebacks import withheld
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +99,10 @@ class Delivery:
         while True:
             try:
                 await self._step()
-            except Exception:
-                log.exception("delivery loop error; retrying in %.0f s", ERROR_PAUSE_SECONDS)
+            except Exception as exc:
+                log.error(
+                    "delivery loop error; retrying in %.0f s", ERROR_PAUSE_SECONDS, exc_info=withheld(exc)
+                )
                 await asyncio.sleep(ERROR_PAUSE_SECONDS)
 
     async def _step(self) -> None:

@@ -25,6 +25,7 @@ from sigil_push.observations import now_ms
 from sigil_push.push.base import Outcome, Status
 from sigil_push.store.interface import DeviceStore, OutboxStore
 from sigil_push.store.records import Wakeup
+from sigil_push.tracebacks import withheld
 
 log = logging.getLogger(__name__)
 
@@ -149,8 +150,11 @@ class Settlement:
             self._completion_due.clear()
             try:
                 await self.flush()
-            except Exception:
-                log.exception("cannot delete answered wakeups; retrying in %.0f s", ERROR_PAUSE_SECONDS)
+            except Exception as exc:
+                log.error(
+                    "cannot delete answered wakeups; retrying in %.0f s", ERROR_PAUSE_SECONDS,
+                    exc_info=withheld(exc),
+                )
                 await asyncio.sleep(ERROR_PAUSE_SECONDS)
                 self._completion_due.set()
 

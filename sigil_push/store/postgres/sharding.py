@@ -26,6 +26,7 @@ from prometheus_client import Gauge
 from sigil_push.shards import ShardSet
 from sigil_push.store.postgres.leases import ShardLeaser
 from sigil_push.supervisor import supervise
+from sigil_push.tracebacks import withheld
 
 log = logging.getLogger(__name__)
 
@@ -151,8 +152,11 @@ class ShardWatch:
             self._changed.clear()
             try:
                 await self._apply_held()
-            except Exception:
-                log.exception("applying a shard change failed; retrying at the next heartbeat")
+            except Exception as exc:
+                log.error(
+                    "applying a shard change failed; retrying at the next heartbeat",
+                    exc_info=withheld(exc),
+                )
 
     async def halt(self) -> None:
         """Stop heartbeating (the bridge stops next, so it is told nothing more)."""
