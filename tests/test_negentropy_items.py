@@ -13,17 +13,20 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import logging
 import random
 import time
 from typing import Any
 
 import nostr_sdk
 import pytest
+from aiohttp import web
 from prometheus_client import REGISTRY
 from websockets.asyncio.client import connect
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
+from sigil_push.nostr.nip19 import encode_npub
 from sigil_push.nostr.nip77 import Reconciliation, SortedItems
 from sigil_push.nostr.nip77_snapshot import SnapshotItems, encode_snapshot
 from sigil_push.relays import nip77
@@ -267,3 +270,27 @@ async def test_each_answer_is_the_one_nostr_sdk_gives_in_the_same_exchange() -> 
     else:
         assert last[0] == "NEG-CLOSE"
     assert reconciliation.missing == sdk_missing
+
+
+async def test_a_failed_exchange_logs_no_key_of_the_relay_url(caplog: pytest.LogCaptureFixture) -> None:
+    """A relay URL may carry the user's key (`…/npub1…`), and aiohttp's handshake error
+    quotes the URL: the debug line keeps the error, with the key as its digest."""
+    npub = encode_npub("cd" * 32)
+    app = web.Application()
+
+    async def refuse(request: web.Request) -> web.Response:
+        return web.Response(status=403, text="no")
+
+    app.router.add_get("/{tail:.*}", refuse)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        port = runner.addresses[0][1]
+        with caplog.at_level(logging.DEBUG, logger="sigil_push.relays.nip77"), pytest.raises(NegentropyFailed):
+            await Reconciler(f"ws://127.0.0.1:{port}/{npub}").missing({"kinds": [1059]}, {})
+    finally:
+        await runner.cleanup()
+    assert "WSServerHandshakeError: 403" in caplog.text and "<key-" in caplog.text
+    assert npub not in caplog.text

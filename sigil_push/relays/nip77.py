@@ -35,7 +35,7 @@ import aiohttp
 from sigil_push.memory_gauges import track
 from sigil_push.nostr.nip77 import Items, ProtocolError, Reconciliation, SortedItems
 from sigil_push.nostr.nip77_snapshot import LayeredItems, SnapshotItems
-from sigil_push.relays.labels import relay_label
+from sigil_push.relays.labels import redact_keys, relay_label
 from sigil_push.relays.reader_socket import ReaderSocket, open_reader
 
 log = logging.getLogger(__name__)
@@ -211,7 +211,8 @@ class Reconciler:
             # a malformed or closed exchange (ProtocolError, TooManyMissing, bad JSON or hex)
             # or no socket: `error` falls back this once, without marking the relay
             reason = "error"
-            log.debug("negentropy error: %s: %s", type(error).__name__, str(error)[:200])
+            # aiohttp's message names the URL, which may carry the user's key
+            log.debug("negentropy error: %s: %s", type(error).__name__, redact_keys(str(error))[:200])
         log.info("relay %s: negentropy failed (%s)", relay_label(self.url), reason)
         await self.close()  # a socket left mid-exchange is of no use to the next one
         raise NegentropyFailed(reason)
