@@ -207,7 +207,7 @@ class Canary:
             if not self._probing:
                 continue
             for relay in self.relays:
-                task = asyncio.create_task(self._probe(relay), name=f"canary {relay}")
+                task = asyncio.create_task(self._probe(relay), name=f"canary {relay_label(relay)}")
                 self._probes.add(task)
                 task.add_done_callback(self._settled)
 

@@ -4,6 +4,7 @@ canary key alone (a DM to a user that also tags the canary key still reaches the
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import stat
@@ -106,3 +107,38 @@ async def test_a_relay_url_carrying_a_key_is_labelled_in_metrics_and_logs(
     assert relay_label(url) in canary_labels() and "<key-" in relay_label(url)
     assert not any(npub in label for label in canary_labels())
     assert npub not in caplog.text
+
+
+async def test_a_probe_task_is_named_by_the_relay_label(tmp_path: Path) -> None:
+    """asyncio names a task in its own log lines (a task destroyed while pending, a slow
+    callback in debug mode): a probe's task carries the relay's label, never its raw URL."""
+    npub = encode_npub(SecretKey.generate().public_key_hex)
+    held: list[asyncio.StreamWriter] = []
+
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)  # accepts and never answers: the probe waits in its handshake
+
+    server = await asyncio.start_server(hold, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    url = f"ws://127.0.0.1:{port}/{npub}"
+    canary = Canary(
+        CanaryConfig(interval_seconds=0.05), [url], SecretKey.generate(),
+        BridgeKeySigner(SecretKey.generate()), ObservationLog(tmp_path / "obs"),
+    )
+    names: set[str] = set()
+
+    def probing() -> bool:
+        names.update(task.get_name() for task in asyncio.all_tasks())
+        return bool(held)
+
+    canary.start()
+    try:
+        await eventually(probing, "a probe connected")
+        names.update(task.get_name() for task in asyncio.all_tasks())
+    finally:
+        await canary.stop()
+        server.close()
+        for writer in held:
+            writer.close()
+    assert f"canary {relay_label(url)}" in names
+    assert not any(npub in name for name in names)
