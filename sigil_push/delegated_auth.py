@@ -38,6 +38,7 @@ from sigil_push.store.auth_modes import LearnedAuthModes
 from sigil_push.store.errors import SKIPPABLE_WRITE_ERRORS
 from sigil_push.store.interface import AuthModeStore, DeviceStore, SignerSessionStore
 from sigil_push.store.records import StoredSession
+from sigil_push.supervisor import BackgroundTasks
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,9 @@ class DelegatedAuth:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._throttle = RateLimiter(SIGNS_PER_MINUTE_PER_USER, "signer_rate_buckets")
         self._listeners: list[StatusListener] = []
-        self._housekeeping: set[asyncio.Task[None]] = set()
+        # a failed clean-up is logged by its type (its message may quote the pubkey), not
+        # left to asyncio's "Task exception was never retrieved" traceback
+        self._housekeeping = BackgroundTasks("signer-sessions")
         self.learned_modes = LearnedAuthModes(modes)
         """What gated relays taught about NIP-42, kept beside the sessions it serves."""
 
@@ -148,9 +151,7 @@ class DelegatedAuth:
     def registration_changed(self, pubkey: str) -> None:
         """Devices listener: the session ends with the npub's last device."""
         if pubkey in self._sessions:
-            task = asyncio.create_task(self._forget_if_unregistered(pubkey))
-            self._housekeeping.add(task)
-            task.add_done_callback(self._housekeeping.discard)
+            self._housekeeping.spawn(self._forget_if_unregistered(pubkey))
 
     async def _forget_if_unregistered(self, pubkey: str) -> None:
         if not await self._devices.of_pubkey(pubkey):

@@ -4,6 +4,8 @@ the sessions kept in a real store of each engine."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import logging
 import secrets
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
@@ -18,7 +20,7 @@ from sigil_push.relays.signer_link import SignerRelayLink
 from sigil_push.store.factory import PostgresStore, SqliteStore
 from tests.support.relay import RelayProcess, free_port
 from tests.support.remote_signer import RemoteSigner
-from tests.support.stores import Engine, fetch
+from tests.support.stores import Engine, fetch, open_test_store
 
 
 @pytest.fixture
@@ -179,3 +181,31 @@ async def test_a_request_cancelled_as_its_answer_lands_stays_cancelled(
             await task
     finally:
         await link.close()
+
+
+async def test_a_failed_session_clean_up_is_logged_by_its_type(
+    store: SqliteStore | PostgresStore, database: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The clean-up a device change starts (the session ends with the npub's last device)
+    can fail, here on a closed device store: it is logged by the exception's type, never
+    left to asyncio's "Task exception was never retrieved", whose traceback quotes the
+    exception's message (asyncpg's DETAIL names the row's values)."""
+    closed = await open_test_store(database)
+    await closed.close()
+    delegated = DelegatedAuth(store.signer_sessions, store.auth_modes, SecretKey.generate(), closed.devices)
+    await delegated.start()
+    user = SecretKey.generate().public_key_hex
+    dead = f"ws://127.0.0.1:{free_port()}"
+    try:
+        await delegated.set_signer(user, BunkerUri.parse(f"bunker://{'ab' * 32}?relay={dead}", True))
+        with caplog.at_level(logging.ERROR):
+            delegated.registration_changed(user)
+            for _ in range(300):
+                if "signer-sessions" in caplog.text:
+                    break
+                await asyncio.sleep(0.02)
+            gc.collect()  # where asyncio reports an exception nobody retrieved
+    finally:
+        await delegated.stop()
+    assert "background task signer-sessions failed" in caplog.text
+    assert "never retrieved" not in caplog.text and "Traceback" not in caplog.text
