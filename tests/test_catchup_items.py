@@ -5,14 +5,17 @@ firehose relay, bounded by the catch-up window."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import pytest
 from prometheus_client import REGISTRY
 
-from sigil_push.bridge.catchup_ledger import CatchupLedger
+from sigil_push.bridge.catchup_ledger import MAX_PENDING_ROWS, CatchupLedger
 from sigil_push.config import parse_config
 from sigil_push.store.bridge_rows import merged_catchup_rows
 from sigil_push.store.factory import PostgresStore, SqliteStore, connect_bridge
@@ -259,3 +262,29 @@ def test_merged_rows_are_one_per_recipient_and_dm_in_key_order_each_id_packed_on
     ]
     assert merged[1][1] is merged[2][1]
     assert merged_catchup_rows([], 77) == []
+
+
+async def test_a_failed_early_flush_is_logged_by_its_type(
+    store: SqliteStore | PostgresStore, database: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A ledger holding MAX_PENDING_ROWS rows writes them at once, in a task of its own; when
+    that write fails (here a time beyond 64 bits, which no engine stores) the failure is
+    logged by its type, never left to asyncio's "Task exception was never retrieved", whose
+    traceback quotes the exception's message (asyncpg quotes a refused argument, its DETAIL
+    the rows: relay URLs, keys)."""
+    ids = [_id(n) for n in range(MAX_PENDING_ROWS)]
+    async with bridge_link(database, tmp_path) as link:
+        ledger = CatchupLedger(10**30)
+        ledger.attach(link, asyncio.Lock())
+        with caplog.at_level(logging.WARNING):
+            for event_id in ids:
+                ledger.note(RELAY, event_id, 2**70, (ALICE,))
+            ledger.confirm(ids)
+            for _ in range(300):
+                if "catch-up items not saved" in caplog.text:
+                    break
+                await asyncio.sleep(0.02)
+            del ledger  # and with it the flush's task:
+            gc.collect()  # where asyncio reports an exception nobody retrieved
+    assert "catch-up items not saved" in caplog.text
+    assert "never retrieved" not in caplog.text and "Traceback" not in caplog.text

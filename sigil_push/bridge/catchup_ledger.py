@@ -164,6 +164,15 @@ class _Kept:
                 del self.by_key[recipient]
 
 
+def _flushed(task: asyncio.Task[None]) -> None:
+    """An early flush's failure, by its type: its message may name the rows' relay URLs and
+    keys (asyncpg's DETAIL), and unread it would reach asyncio's "Task exception was never
+    retrieved" traceback."""
+    error = None if task.cancelled() else task.exception()
+    if error is not None:
+        log.warning("catch-up items not saved: %s", type(error).__name__)
+
+
 class CatchupLedger:
     def __init__(self, window_seconds: int) -> None:
         self._window = window_seconds
@@ -260,6 +269,7 @@ class CatchupLedger:
     def _flush_soon(self) -> None:
         if self._flushing is None or self._flushing.done():
             self._flushing = asyncio.get_running_loop().create_task(self.flush())
+            self._flushing.add_done_callback(_flushed)
 
     async def flush(self) -> None:
         """Write the noted rows (a store outage keeps them for the next try, up to a cap).
