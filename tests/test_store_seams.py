@@ -18,7 +18,8 @@ SQL = re.compile(
     re.IGNORECASE,
 )
 BELOW_THE_STORE = ("sigil_push.store", "sigil_push.config", "sigil_push.identity",
-                   "sigil_push.nostr", "sigil_push.shards", "sigil_push.supervisor")
+                   "sigil_push.nostr", "sigil_push.shards", "sigil_push.supervisor",
+                   "sigil_push.tracebacks")
 """What the store may import: itself and the bottom layers (no delivery, bridge, relays, API)."""
 
 
