@@ -27,6 +27,7 @@ from sigil_push.nostr.nip19 import encode_npub
 from sigil_push.nostr.nip98 import AuthError, AuthExpired, AuthMissing, verify_http_auth
 from sigil_push.push import registry
 from sigil_push.ratelimit import RateLimiter, client_address, rate_limit_key, trusted_networks
+from sigil_push.relays.labels import relay_label
 from sigil_push.service import Service, State
 from sigil_push.store.errors import STORE_UNAVAILABLE, TooManyAccounts, TooManyDevices
 from sigil_push.store.records import Device
@@ -255,7 +256,8 @@ class Api:
         if detail or not self.admin_split:
             relays = self.service.relay_health() if serving else {}
             if not detail:
-                configured = {relay.url for relay in self.service.config.relays}
+                # the bridge keys its report by relay_label (a URL may carry a key)
+                configured = {relay_label(relay.url) for relay in self.service.config.relays}
                 relays = {url: state for url, state in relays.items() if url in configured}
             body["relays"] = relays
             shards = self.service.shards() if serving else None

@@ -384,14 +384,19 @@ async def test_relays_beyond_the_cap_are_skipped_and_reported(
     start_relay: Callable[..., RelayProcess], start_service: Callable[..., ServiceProcess]
 ) -> None:
     """With max_relays = 2, the configured relay and the user relay wanted by most keys are
-    watched; the other user relay is listed in /health as skipped with its number of keys."""
+    watched; the other user relays are listed in /health as skipped with their number of keys,
+    one whose URL carries a user's npub under its label, never the npub."""
     configured, popular, rare = start_relay("c"), start_relay("popular"), start_relay("rare")
     service = start_service([configured.url], FAST_RECONNECT + "max_relays = 2\n")
     alice, carol = user(), user()
-    register(service, alice, new_token(), relays=[popular.url, rare.url])
+    npub = alice.public_key().to_bech32()
+    keyed = f"{rare.url}/{npub}"  # a per-user relay path, as filter.nostr.wine serves
+    register(service, alice, new_token(), relays=[popular.url, rare.url, keyed])
     register(service, carol, new_token(), relays=[popular.url])
     await eventually(lambda: relay_live(service, popular.url, 2), "popular user relay watched")
     report = health(service)["relays"]
+    assert not any(npub in url for url in report)
+    assert [url for url in report if url.startswith(f"{rare.url}/<key-")], list(report)
     assert report[rare.url] == {
         "connected": False,
         "last_event_at": None,
@@ -406,7 +411,7 @@ async def test_relays_beyond_the_cap_are_skipped_and_reported(
         "users_authenticated": 0,
         "users_failed": 0,
     }
-    assert metric(service, "sigil_push_relay_skipped_relays") == 1
+    assert metric(service, "sigil_push_relay_skipped_relays") == 2
 
 
 async def test_an_updated_kind_10050_list_is_followed_live(

@@ -40,6 +40,7 @@ from sigil_push.nostr.keys import SecretKey
 from sigil_push.observations import ObservationLog
 from sigil_push.relays.connection import BridgeKeySigner
 from sigil_push.relays.discovery import RelayLists, normalize_relay_url
+from sigil_push.relays.labels import relay_label
 from sigil_push.relays.pool import RelayPool
 from sigil_push.relays.port import BridgePort
 from sigil_push.relays.user_inbox import UserInboxes
@@ -265,4 +266,5 @@ class Bridge:
         users = self._inboxes.health() if self._inboxes is not None else {}
         for url, entry in report.items():
             entry.update(users.get(url, {"users_authenticated": 0, "users_failed": 0}))
-        return report
+        # keyed by label, as in logs and records: a user's relay URL may carry their npub
+        return {relay_label(url): entry for url, entry in report.items()}
