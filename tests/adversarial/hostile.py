@@ -8,9 +8,15 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from websockets.asyncio.server import ServerConnection, serve
+
+from sigil_push.nostr.keys import SecretKey
+from sigil_push.observations import ObservationLog
+from sigil_push.relays.connection import BridgeKeySigner, RelayConnection
+from tests.test_relay_auth import Recorder
 
 
 @dataclass
@@ -71,3 +77,17 @@ async def eventually(check: Callable[[], bool], what: str, timeout: float = 20.0
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError(f"never happened: {what}")
         await asyncio.sleep(0.02)
+
+
+@asynccontextmanager
+async def bridge_connection(relay: HostileRelay, folder: Path) -> AsyncIterator[RelayConnection]:
+    """A real `RelayConnection` of the bridge to `relay` (its own key answering AUTH, its
+    records in `folder`), started and stopped around the block; no store."""
+    connection = RelayConnection(
+        relay.url, Recorder(), BridgeKeySigner(SecretKey.generate()), ObservationLog(folder / "obs")
+    )
+    connection.start()
+    try:
+        yield connection
+    finally:
+        await connection.stop()

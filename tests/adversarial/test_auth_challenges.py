@@ -12,12 +12,9 @@ from typing import Any
 from prometheus_client import REGISTRY
 from websockets.asyncio.server import ServerConnection
 
-from sigil_push.nostr.keys import SecretKey
-from sigil_push.observations import ObservationLog
-from sigil_push.relays.connection import MAX_CHALLENGE_BYTES, BridgeKeySigner, RelayConnection
+from sigil_push.relays.connection import MAX_CHALLENGE_BYTES
 from sigil_push.relays.labels import USER_RELAYS
-from tests.adversarial.hostile import HostileRelay, eventually, hostile_relay
-from tests.test_relay_auth import Recorder
+from tests.adversarial.hostile import HostileRelay, bridge_connection, eventually, hostile_relay
 
 HUGE = "h" * (1024 * 1024)
 
@@ -41,21 +38,13 @@ async def test_oversized_challenges_are_refused_unsigned(tmp_path: Path) -> None
         ) or 0.0
 
     refused_before = refused()
-    async with hostile_relay(storm) as relay:
-        connection = RelayConnection(
-            relay.url, Recorder(), BridgeKeySigner(SecretKey.generate()),
-            ObservationLog(tmp_path / "obs"),
-        )
-        connection.start()
-        try:
-            await eventually(lambda: bool(relay.sent("AUTH")), "the short challenge answered")
-            # answers go out in the order the challenges came: the long ones would be first
-            answers = relay.sent("AUTH")
-            assert len(answers) == 1
-            tags = answers[0][1]["tags"]
-            assert ["challenge", "fine-challenge"] in tags
-            assert refused() - refused_before == 2
-            kept = connection._challenges
-            assert len(kept) == 1 and all(isinstance(c, bytes) and len(c) == 32 for c in kept)
-        finally:
-            await connection.stop()
+    async with hostile_relay(storm) as relay, bridge_connection(relay, tmp_path) as connection:
+        await eventually(lambda: bool(relay.sent("AUTH")), "the short challenge answered")
+        # answers go out in the order the challenges came: the long ones would be first
+        answers = relay.sent("AUTH")
+        assert len(answers) == 1
+        tags = answers[0][1]["tags"]
+        assert ["challenge", "fine-challenge"] in tags
+        assert refused() - refused_before == 2
+        kept = connection._challenges
+        assert len(kept) == 1 and all(isinstance(c, bytes) and len(c) == 32 for c in kept)

@@ -15,10 +15,7 @@ import pytest
 from websockets.asyncio.server import ServerConnection
 
 from sigil_push.nostr.keys import SecretKey
-from sigil_push.observations import ObservationLog
-from sigil_push.relays.connection import BridgeKeySigner, RelayConnection
-from tests.adversarial.hostile import HostileRelay, eventually, hostile_relay
-from tests.test_relay_auth import Recorder
+from tests.adversarial.hostile import HostileRelay, bridge_connection, eventually, hostile_relay
 
 PUBKEY_HEX = SecretKey.generate().public_key_hex
 
@@ -33,16 +30,8 @@ async def test_text_before_a_colon_that_is_no_prefix_stays_out_of_the_logs(
             await ws.send(json.dumps(["NOTICE", "rate-limited: slow down"]))
 
     caplog.set_level(logging.DEBUG, logger="sigil_push.relays.connection")
-    async with hostile_relay(quoting) as relay:
-        connection = RelayConnection(
-            relay.url, Recorder(), BridgeKeySigner(SecretKey.generate()),
-            ObservationLog(tmp_path / "obs"),
-        )
-        connection.start()
-        try:
-            # the last frame's prefix is logged: every frame before it has been handled
-            await eventually(lambda: "(rate-limited)" in caplog.text, "the real prefix logged")
-        finally:
-            await connection.stop()
+    async with hostile_relay(quoting) as relay, bridge_connection(relay, tmp_path):
+        # the last frame's prefix is logged: every frame before it has been handled
+        await eventually(lambda: "(rate-limited)" in caplog.text, "the real prefix logged")
     assert "closed a subscription (no reason)" in caplog.text
     assert PUBKEY_HEX[:16] not in caplog.text
