@@ -45,14 +45,14 @@ sys.path.insert(0, str(ROOT))
 import httpx
 import nostr_sdk
 
-from tests.fakes.credentials import make_service_account
-from tests.fakes.fake_fcm import FakeFcm
-from tests.fakes.harness import fcm_token, toml_tables
-from tests.support.bridge_harness import relay_live
-from tests.support.nip98 import SdkUser
-from tests.support.nostr_client import kind4_dm, publish
-from tests.support.relay import RelayProcess
-from tests.support.service import ServiceProcess
+from testkit.fakes.credentials import make_service_account
+from testkit.fakes.fake_fcm import FakeFcm
+from testkit.fakes.harness import fcm_token, toml_tables
+from testkit.bridge_harness import relay_live
+from testkit.nip98 import SdkUser
+from testkit.nostr_client import kind4_dm, publish
+from testkit.relay import RelayProcess
+from testkit.service import ServiceProcess
 
 RESULTS = ROOT / "bench" / "results" / "accounts.json"
 BRIDGE = "[bridge]\nreconnect_min_seconds = 0.5\nreconnect_max_seconds = 5.0\n"

@@ -321,7 +321,7 @@ def bench_standalone(workdir: Path, records: int) -> dict[str, float | int | str
     cluster: a master and a worker offering both cores, started from the PySpark
     distribution. Wall time of the whole command, so it includes the driver's start (compare
     with ``session_start_seconds`` + ``seconds`` of the local run)."""
-    from tests.support.spark_cluster import StandaloneCluster
+    from testkit.spark_cluster import StandaloneCluster
 
     log_dir = workdir / f"log-{records}"
     conf = workdir / "standalone-conf"

@@ -59,9 +59,9 @@ from sigil_push import outbound
 from sigil_push.nostr.event import sign_event
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.store.factory import open_sqlite
-from tests.support.in_process import in_process_bridge
-from tests.support.relay import RelayProcess, free_port
-from tests.support.rust_relay import RustRelayProcess
+from testkit.in_process import in_process_bridge
+from testkit.relay import RelayProcess, free_port
+from testkit.rust_relay import RustRelayProcess
 
 RESULTS = Path(__file__).parent / "results" / "catchup.json"
 TWO_DAYS = 2 * 24 * 3600

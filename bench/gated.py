@@ -14,7 +14,7 @@ relay to the dry-run wakeup line in the service log, polled every 10 ms).
 Writes bench/results/gated.json.
 
 `--scenario lazy` (issue 10): the same N users on a khatru-style lazy-AUTH inbox
-(tests/support/auth_relay.py over a real nostr-relay: no challenge on connect, a DM REQ is
+(testkit/auth_relay.py over a real nostr-relay: no challenge on connect, a DM REQ is
 answered AUTH then CLOSED auth-required, one key per connection). After every user is
 registered and reading once, the service is stopped and started again: measured is the time
 from that cold start to every user reading again (a REQ sent after the user's AUTH past EOSE),
@@ -59,12 +59,12 @@ import nostr_sdk
 
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip98 import make_http_auth
-from tests.support.auth_relay import AuthRelay
-from tests.support.bridge_harness import health, metric, wakeups
-from tests.support.nostr_client import gift_wrap, npub_of, publish, user
-from tests.support.relay import RelayProcess
-from tests.support.remote_signer import listen_as_signer, send_answer, sign_template
-from tests.support.service import ServiceProcess
+from testkit.auth_relay import AuthRelay
+from testkit.bridge_harness import health, metric, wakeups
+from testkit.nostr_client import gift_wrap, npub_of, publish, user
+from testkit.relay import RelayProcess
+from testkit.remote_signer import listen_as_signer, send_answer, sign_template
+from testkit.service import ServiceProcess
 
 RESULTS = ROOT / "bench" / "results" / "gated.json"
 BRIDGE = "[bridge]\nreconnect_min_seconds = 0.5\nreconnect_max_seconds = 5.0\n"
@@ -379,7 +379,7 @@ async def run_lazy(users_count: int, dms: int) -> dict[str, Any]:
         "when": now_utc(),
         "machine": shared_machine(load_before),
         "setup": (
-            "khatru-style lazy-AUTH layer (tests/support/auth_relay.py, its own thread) over a "
+            "khatru-style lazy-AUTH layer (testkit/auth_relay.py, its own thread) over a "
             "real nostr-relay; one nostr-sdk NIP-46 responder for all users on a second "
             "nostr-relay; sigil-push serve (dry-run), reconnect 0.5-5 s"
         ),
@@ -443,7 +443,7 @@ async def run_multi(users_count: int, dms: int) -> dict[str, Any]:
         "when": now_utc(),
         "machine": shared_machine(load_before),
         "setup": (
-            "chorus-style multi-auth layer (tests/support/auth_relay.py, its own thread) over a "
+            "chorus-style multi-auth layer (testkit/auth_relay.py, its own thread) over a "
             "real nostr-relay; one nostr-sdk NIP-46 responder for all users on a second "
             "nostr-relay; sigil-push serve (dry-run), reconnect 0.5-5 s"
         ),

@@ -1,6 +1,6 @@
 """A native (C) stand-in for APNs in throughput benchmarks: nginx answering HTTP/2 over TLS.
 
-The test suite's fake APNs (tests/fakes/fake_apns.py) is `h2` in Python: it checks what Apple
+The test suite's fake APNs (testkit/fakes/fake_apns.py) is `h2` in Python: it checks what Apple
 checks, and at bench rates it costs about two thirds of what a worker spends per wakeup, on
 the same 2 cores as the workers. A scaling figure measured against it mostly measures the
 fake. nginx answers each POST /3/device/<token> with `200` and the request's `apns-id` echoed

@@ -77,7 +77,7 @@ from sigil_push.store.records import Device
 from sigil_push.store.sqlite.database import open_database
 from sigil_push.store.sqlite.devices import Devices
 from sigil_push.store.sqlite.outbox import Outbox
-from tests.fakes.credentials import (
+from testkit.fakes.credentials import (
     KEY_ID,
     TEAM_ID,
     TOPIC,
@@ -529,11 +529,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     apns_port = free_port()
     native = NativeApns(folder, tls.cert_file, tls.key_file) if args.apns == "nginx" else None
     fakes = [
-        start_fake(["tests.fakes.fake_fcm", "--port", str(fcm_port)], fcm_port, args.pin),
+        start_fake(["testkit.fakes.fake_fcm", "--port", str(fcm_port)], fcm_port, args.pin),
     ]
     if native is None:
         fakes.append(start_fake(
-            ["tests.fakes.fake_apns", "--cert", str(tls.cert_file), "--key", str(tls.key_file),
+            ["testkit.fakes.fake_apns", "--cert", str(tls.cert_file), "--key", str(tls.key_file),
              "--public-key", str(folder / "apns-public.pem"), "--port", str(apns_port)],
             None, args.pin,
         ))

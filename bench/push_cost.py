@@ -58,7 +58,7 @@ from sigil_push.server import tune_gc
 from sigil_push.store.sqlite.database import open_database
 from sigil_push.store.sqlite.devices import Devices
 from sigil_push.store.sqlite.outbox import Outbox
-from tests.fakes.credentials import KEY_ID, TEAM_ID, TOPIC, make_apns_key, make_tls
+from testkit.fakes.credentials import KEY_ID, TEAM_ID, TOPIC, make_apns_key, make_tls
 
 DEVICES = 2000
 DEPTH_POLL_SECONDS = 0.25
@@ -194,7 +194,7 @@ def main() -> None:
     _, public = make_apns_key(folder)
     (folder / "apns-public.pem").write_bytes(public)
     port = free_port()
-    fake = start_fake(["tests.fakes.fake_apns", "--cert", str(tls.cert_file), "--key",
+    fake = start_fake(["testkit.fakes.fake_apns", "--cert", str(tls.cert_file), "--key",
                        str(tls.key_file), "--public-key", str(folder / "apns-public.pem"),
                        "--port", str(port)], None, False)
     short, long = args.pushes // 4, args.pushes

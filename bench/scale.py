@@ -1,6 +1,6 @@
 """Benchmark of `sigil-push serve` scaled out on PostgreSQL: real worker processes, a real server.
 
-A PostgreSQL cluster is started from the machine's binaries (tests.support.postgres), a local
+A PostgreSQL cluster is started from the machine's binaries (testkit.postgres), a local
 APNs answers the wakeups, and a routing relay written here (a
 `websockets` server, like bench/ingest.py's tiny relay) answers every REQ with EOSE and, on a
 control message, streams pre-signed kind 4 DMs to the subscription whose `#p` filter holds the
@@ -73,10 +73,10 @@ from push import start_fake
 
 from sigil_push.shards import DEFAULT_SHARDS, fair_share, shard_of
 from sigil_push.store.postgres.migrate import migrate
-from tests.fakes.credentials import KEY_ID, TEAM_ID, TOPIC, make_apns_key, make_tls
-from tests.support.postgres import PostgresServer, find_binaries
-from tests.support.service import ServiceProcess
-from tests.support.stores import on_database
+from testkit.fakes.credentials import KEY_ID, TEAM_ID, TOPIC, make_apns_key, make_tls
+from testkit.postgres import PostgresServer, find_binaries
+from testkit.service import ServiceProcess
+from testkit.stores import on_database
 
 RESULTS = ROOT / "bench" / "results" / "scale.json"
 LEASE_SECONDS = 3.0
@@ -846,7 +846,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         apns_port, apns_pids = native.port, native.pids
     else:
         apns_port = api_bench.free_port()
-        fake = start_fake(["tests.fakes.fake_apns", "--cert", str(tls.cert_file), "--key",
+        fake = start_fake(["testkit.fakes.fake_apns", "--cert", str(tls.cert_file), "--key",
                            str(tls.key_file), "--public-key", str(folder / "apns-public.pem"),
                            "--port", str(apns_port)], None, False)
         fake_pid = fake.pid

@@ -48,9 +48,9 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from bench.hostile import Recorder, register
-from tests.support.nostr_client import kind4_dm, user
-from tests.support.relay import RelayProcess
-from tests.support.service import ServiceProcess
+from testkit.nostr_client import kind4_dm, user
+from testkit.relay import RelayProcess
+from testkit.service import ServiceProcess
 
 RESULTS = ROOT / "bench" / "results" / "soak.json"
 

@@ -22,9 +22,9 @@ from pathlib import Path
 import asyncpg
 
 from sigil_push.store.postgres.migrate import migrate
-from tests.support.postgres import PostgresServer, find_binaries
-from tests.support.relay import free_port
-from tests.support.service import ServiceProcess
+from testkit.postgres import PostgresServer, find_binaries
+from testkit.relay import free_port
+from testkit.service import ServiceProcess
 
 
 def rss_mib(service: ServiceProcess) -> float:

@@ -10,16 +10,16 @@ import httpx
 import pytest
 
 from sigil_push import outbound
-from tests.support.nip98 import SdkUser
-from tests.support.service import ServiceProcess
-from tests.support.slow_marks import slow_reason
+from testkit.nip98 import SdkUser
+from testkit.service import ServiceProcess
+from testkit.slow_marks import slow_reason
 
 # fixtures for every test module: the PostgreSQL server, the engine-parametrised stores and
 # services, relay and service processes, the provider fakes (fake APNs, FCM and UnifiedPush
 # servers). Listed before the modules that import them, so pytest rewrites their asserts.
 pytest_plugins = (
-    "tests.support.postgres", "tests.support.stores", "tests.support.processes",
-    "tests.fakes.harness", "tests.support.xdist_groups",
+    "testkit.postgres", "testkit.stores", "testkit.processes",
+    "testkit.fakes.harness", "testkit.xdist_groups",
 )
 
 
@@ -79,13 +79,13 @@ PROCESS_FIXTURES = frozenset({"workers", "spark"})
 """Fixtures that hand a test processes it starts itself without starting one in their own
 code (`workers` collects the test's services, `spark` is the Spark session): a test taking one
 is `slow` without saying so. Fixtures and tests that start processes in their code are found by
-tests.support.slow_marks (README.md, Development)."""
+testkit.slow_marks (README.md, Development)."""
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """`slow` on every test that starts processes or waits on real timers, by the fixtures above,
-    Spark (the `spark` marker) or its code (tests.support.slow_marks); the tests sharing the
+    Spark (the `spark` marker) or its code (testkit.slow_marks); the tests sharing the
     `spark` session in one xdist group, so one worker starts that JVM (about 1.5 GB, 30 s under
     load). Those running Spark in processes of their own (the CLI, the standalone cluster) go to
     either worker."""

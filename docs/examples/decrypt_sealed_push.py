@@ -1,5 +1,5 @@
 """Open a sealed sigil-push wakeup the way a phone does, with nostr-sdk only (`pip install
-nostr-sdk`): no sigil-push code. tests/test_push_sealed.py runs it on pushes captured at the
+nostr-sdk`): no sigil-push code. tests/push/test_push_sealed.py runs it on pushes captured at the
 APNs, FCM and UnifiedPush fakes, so it stays true.
 
     python decrypt_sealed_push.py PUSH.json DEVICE_SECRET_HEX [RECIPIENT_SECRET_HEX]

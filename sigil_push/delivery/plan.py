@@ -3,7 +3,7 @@
 Pure: `Planner.plan` takes a due batch, the time and the in-flight rows per endpoint host,
 and returns a `Plan` (pushes to queue, rows to hold, rows to give up), changing only its own
 limiter state (each phone's rate budget and coalescing window). No I/O and no event loop, so
-tests call it with plain records (tests/test_delivery_plan.py).
+tests call it with plain records (tests/delivery/test_delivery_plan.py).
 
 A device here is the phone, named by its (platform, token): several accounts (npubs) may be
 registered on it, each its own row. Coalescing windows and rate budgets belong to the phone,

@@ -16,7 +16,7 @@ from websockets.asyncio.server import ServerConnection, serve
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.observations import ObservationLog
 from sigil_push.relays.connection import BridgeKeySigner, RelayConnection
-from tests.test_relay_auth import Recorder
+from tests.relays.test_relay_auth import Recorder
 
 
 @dataclass

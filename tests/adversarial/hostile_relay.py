@@ -10,7 +10,7 @@ from typing import Any
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
-from tests.support.loopback_relay import LoopbackRelay
+from testkit.loopback_relay import LoopbackRelay
 
 
 class ReplayRelay(LoopbackRelay):

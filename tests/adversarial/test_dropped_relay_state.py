@@ -17,7 +17,7 @@ from websockets.asyncio.server import ServerConnection
 
 from sigil_push.nostr.keys import SecretKey
 from tests.adversarial.hostile import HostileRelay, eventually, hostile_relay
-from tests.support.in_process import InProcessBridge, in_process_bridge
+from testkit.in_process import InProcessBridge, in_process_bridge
 
 RELAYS = 5
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from sigil_push.delivery.plan import endpoint_caps, endpoint_host
 from sigil_push.hosts import registrable_domain
-from tests.fakes.fake_unifiedpush import FakeUnifiedPush
+from testkit.fakes.fake_unifiedpush import FakeUnifiedPush
 
 
 def test_registrable_domains() -> None:

@@ -15,9 +15,9 @@ from sigil_push.bridge.pending import RELAY_QUEUE_CAP
 from sigil_push.nostr.event import sign_event
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.relays.labels import series_label
-from tests.fakes.harness import eventually
-from tests.support.in_process import in_process_bridge
-from tests.support.stores import Engine
+from testkit.fakes.harness import eventually
+from testkit.in_process import in_process_bridge
+from testkit.stores import Engine
 
 FLOODER = "wss://flood.example"
 QUIET = "wss://quiet.example"

@@ -17,9 +17,9 @@ from prometheus_client import REGISTRY
 
 from sigil_push.nostr.event import sign_event
 from sigil_push.nostr.keys import SecretKey
-from tests.fakes.harness import eventually
-from tests.support.in_process import in_process_bridge
-from tests.support.stores import Engine
+from testkit.fakes.harness import eventually
+from testkit.in_process import in_process_bridge
+from testkit.stores import Engine
 
 RELAY = "wss://fuzz.example"
 RECIPIENT = SecretKey.generate()

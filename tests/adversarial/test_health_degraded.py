@@ -12,8 +12,8 @@ import httpx
 from sigil_push.api import create_admin_app, create_app
 from sigil_push.config import Config, parse_config
 from sigil_push.service import Service
-from tests.fakes.harness import eventually
-from tests.support.stores import Engine
+from testkit.fakes.harness import eventually
+from testkit.stores import Engine
 
 
 async def test_health_is_503_naming_the_task_while_a_core_loop_is_down(

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import pytest
 
 from tests.adversarial.hostile_relay import ReplayRelay
-from tests.support.bridge_harness import (
+from testkit.bridge_harness import (
     eventually,
     health,
     metric,
@@ -20,9 +20,9 @@ from tests.support.bridge_harness import (
     relay_live,
     wakeups,
 )
-from tests.support.nostr_client import kind4_dm, publish, relay_list, user
-from tests.support.relay import RelayProcess
-from tests.support.service import ServiceProcess
+from testkit.nostr_client import kind4_dm, publish, relay_list, user
+from testkit.relay import RelayProcess
+from testkit.service import ServiceProcess
 
 pytestmark = pytest.mark.slow  # every story here starts its own processes
 

@@ -18,7 +18,7 @@ from sigil_push.nostr.event import sign_event
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.relays.budget import INVALID_BURST, ConnectionBudget
 from tests.adversarial.hostile import HostileRelay, eventually, hostile_relay
-from tests.support.in_process import in_process_bridge
+from testkit.in_process import in_process_bridge
 
 VICTIM = SecretKey.generate()
 FORGER = SecretKey.generate()

@@ -15,7 +15,7 @@ from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip19 import encode_npub
 from sigil_push.relays.labels import relay_label
 from tests.adversarial.hostile import eventually
-from tests.support.in_process import in_process_bridge
+from testkit.in_process import in_process_bridge
 
 ROUNDS = 6
 PER_ROUND = 10

@@ -11,7 +11,7 @@ import asyncpg
 
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.store.factory import open_sqlite
-from tests.support.cli import run_cli
+from testkit.cli import run_cli
 
 
 async def test_the_bridge_key_is_never_copied_into_postgres(

@@ -24,11 +24,11 @@ from sigil_push.nostr.keys import SecretKey
 from sigil_push.ratelimit import client_address, trusted_networks
 from sigil_push.store.sqlite.database import open_database
 from tests.conftest import ApiCaller
-from tests.support.cli import assert_config_refused
-from tests.support.nip98 import SdkUser
-from tests.support.relay import RelayProcess, free_port
-from tests.support.service import ServiceProcess
-from tests.support.stores import Engine, fetch
+from testkit.cli import assert_config_refused
+from testkit.nip98 import SdkUser
+from testkit.relay import RelayProcess, free_port
+from testkit.service import ServiceProcess
+from testkit.stores import Engine, fetch
 
 
 def mode(path: Path) -> int:

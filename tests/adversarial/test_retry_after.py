@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from sigil_push.push.base import MAX_RETRY_AFTER_SECONDS, parse_retry_after
-from tests.fakes.fake_unifiedpush import FakeUnifiedPush
-from tests.fakes.harness import eventually
+from testkit.fakes.fake_unifiedpush import FakeUnifiedPush
+from testkit.fakes.harness import eventually
 
 
 @pytest.mark.parametrize(

@@ -18,9 +18,9 @@ from sigil_push.nostr.event import sign_event
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.store.records import Device
 from sigil_push.supervisor import BackgroundTasks, Supervisor
-from tests.fakes.harness import eventually
-from tests.support.in_process import in_process_bridge
-from tests.support.stores import Engine
+from testkit.fakes.harness import eventually
+from testkit.in_process import in_process_bridge
+from testkit.stores import Engine
 
 RELAY = "wss://relay.example"
 

@@ -16,11 +16,11 @@ import httpx
 import pytest
 
 from tests.conftest import ApiCaller
-from tests.support.bridge_harness import eventually, new_token, relay_live, wakeups
-from tests.support.nip98 import SdkUser
-from tests.support.nostr_client import kind4_dm, publish
-from tests.support.relay import RelayProcess
-from tests.support.service import ServiceProcess
+from testkit.bridge_harness import eventually, new_token, relay_live, wakeups
+from testkit.nip98 import SdkUser
+from testkit.nostr_client import kind4_dm, publish
+from testkit.relay import RelayProcess
+from testkit.service import ServiceProcess
 
 pytestmark = pytest.mark.slow  # every story here starts its own processes
 

@@ -16,7 +16,7 @@ from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip19 import encode_npub
 from sigil_push.relays.labels import USER_RELAYS
 from tests.adversarial.hostile import eventually
-from tests.support.in_process import in_process_bridge
+from testkit.in_process import in_process_bridge
 
 CONFIGURED = "ws://127.0.0.1:9/configured"
 ROUNDS = 4

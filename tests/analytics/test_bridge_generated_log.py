@@ -15,10 +15,10 @@ import pytest
 from pyspark.sql import SparkSession
 
 from analytics.run import run_all
-from tests.support.bridge_harness import eventually, new_token, register, relay_live, seen_count
-from tests.support.nostr_client import gift_wrap, kind4_dm, publish, user
-from tests.support.relay import RelayProcess
-from tests.support.service import ServiceProcess
+from testkit.bridge_harness import eventually, new_token, register, relay_live, seen_count
+from testkit.nostr_client import gift_wrap, kind4_dm, publish, user
+from testkit.relay import RelayProcess
+from testkit.service import ServiceProcess
 
 pytestmark = pytest.mark.spark
 

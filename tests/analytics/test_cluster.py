@@ -17,7 +17,7 @@ from pyspark.sql import SparkSession
 from analytics.run import run_all
 from analytics.session import analytics_session
 from tests.analytics.observation_logs import CONTRACT_COLUMNS, ObservationLog, network_log
-from tests.support.spark_cluster import StandaloneCluster
+from testkit.spark_cluster import StandaloneCluster
 
 pytestmark = pytest.mark.spark
 

@@ -4,7 +4,7 @@ handled event ids (`SeenRows`), in PostgreSQL's own SQL.
 Many-row inserts are one statement over one array per column (`unnest`, in the rows' order);
 updates, upserts and deletes run once per row in the order the caller sorted them (`many`), so
 workers overlapping on keys during a hand-over take row locks in one global order and wait for
-each other instead of deadlocking (tests/test_pg_commit_lock_order.py).
+each other instead of deadlocking (tests/store/test_pg_commit_lock_order.py).
 """
 
 from __future__ import annotations

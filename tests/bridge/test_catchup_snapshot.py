@@ -1,0 +1,222 @@
+"""A firehose relay's catch-up items as a stored NIP-77 snapshot (migration 0013,
+`catchup_snapshots` and `catchup_items.noted_at`), on both engines: the store keeps one per
+relay and scope and prunes it with the window; the ledger writes one from memory and, in the
+next process, serves the window as that snapshot plus only the rows written since its cut;
+a snapshot that is corrupt, too large or cut before the window is refused, counted, and the
+window's rows are read instead."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+from prometheus_client import REGISTRY
+
+from sigil_push.bridge import catchup_ledger
+from sigil_push.bridge.catchup_ledger import FIREHOSE_SCOPE, CatchupLedger
+from sigil_push.nostr.nip77_snapshot import SnapshotItems, encode_snapshot
+from sigil_push.store.factory import PostgresStore, SqliteStore
+from sigil_push.store.interface import UNADDRESSED, BridgeConnection
+from testkit.stores import sql_of
+from tests.store.test_catchup_items import ALICE, BOB, OTHER, RELAY, _id, bridge_link
+
+
+def _loads(outcome: str) -> float:
+    return REGISTRY.get_sample_value(
+        "sigil_push_catchup_snapshot_loads_total", {"outcome": outcome}
+    ) or 0.0
+
+
+async def _age_rows(store: SqliteStore | PostgresStore, seconds: int) -> None:
+    """Date every catch-up row's write back (so a cut now lies after all of them)."""
+    await sql_of(store).execute(
+        "UPDATE catchup_items SET noted_at = noted_at - ?", (seconds * 1000,)
+    )
+
+
+async def test_the_store_keeps_one_snapshot_per_relay_and_scope_and_prunes_it(
+    store: SqliteStore | PostgresStore, database: str, tmp_path: Path
+) -> None:
+    now = int(time.time())
+    ms = now * 1000
+    async with bridge_link(database, tmp_path) as link:
+        catchup = link.catchup
+        assert await catchup.snapshot(RELAY, FIREHOSE_SCOPE) is None
+        async with link.transaction():
+            await catchup.save_snapshot(RELAY, FIREHOSE_SCOPE, ms - 10_000, b"first")
+            await catchup.save_snapshot(RELAY, FIREHOSE_SCOPE, ms - 5_000, b"second")
+            await catchup.save_snapshot(OTHER, FIREHOSE_SCOPE, ms - 7_200_000, b"old")
+        assert await catchup.snapshot(RELAY, FIREHOSE_SCOPE) == (ms - 5_000, b"second")
+        assert await catchup.snapshot(RELAY, "shard") is None
+
+        async with link.transaction():
+            await catchup.add([(RELAY, ALICE, _id(1), now - 100), (RELAY, BOB, _id(2), now - 50)])
+        await _age_rows(store, 20)
+        async with link.transaction():
+            await catchup.add([(RELAY, ALICE, _id(3), now - 3000), (OTHER, BOB, _id(4), now)])
+        assert await catchup.noted_since(RELAY, ms - 1000, 0) == [(ALICE, _id(3), now - 3000)]
+        assert await catchup.noted_since(RELAY, ms - 1000, now - 2000) == []
+        assert len(await catchup.noted_since(RELAY, ms - 30_000, 0)) == 3
+
+        async with link.transaction():
+            await catchup.prune(now - 3600)
+        assert await catchup.snapshot(OTHER, FIREHOSE_SCOPE) is None, "cut before the window"
+        assert await catchup.snapshot(RELAY, FIREHOSE_SCOPE) == (ms - 5_000, b"second")
+
+
+async def _noted_window(link: BridgeConnection, now: int, count: int) -> dict[str, int]:
+    rows = [(RELAY, ALICE if n % 2 else UNADDRESSED, _id(n), now - 1000 + n) for n in range(count)]
+    async with link.transaction():
+        await link.catchup.add(rows)
+    return {event_id: created_at for _, _, event_id, created_at in rows}
+
+
+async def test_a_restart_reads_the_snapshot_and_only_the_rows_written_since(
+    store: SqliteStore | PostgresStore, database: str, tmp_path: Path
+) -> None:
+    """The first process reads the window's rows (no snapshot yet), notes more, and writes a
+    snapshot at its clean shutdown. The next reads that snapshot as bytes plus the rows
+    written since its cut (one, here), and the window it serves is the same; a window moved
+    past the oldest leaves them out. A keyed read then reads the rows again."""
+    now = int(time.time())
+    async with bridge_link(database, tmp_path) as link:
+        window = await _noted_window(link, now, 300)
+        await _age_rows(store, 20)
+        first = CatchupLedger(3600)
+        first.attach(link, asyncio.Lock())
+        none_before = _loads("none")
+        base, items = await first.held(RELAY, None, 0)
+        assert base is None and items == window
+        assert _loads("none") == none_before + 1
+        first.note(RELAY, _id(500), now - 1, (BOB,))
+        first.confirm([_id(500)])
+        window[_id(500)] = now - 1
+        await first.flush()
+        await first.save_snapshots(final=True)
+        stored = await link.catchup.snapshot(RELAY, FIREHOSE_SCOPE)
+        assert stored is not None and now * 1000 <= stored[0] <= time.time() * 1000
+        assert len(SnapshotItems(stored[1])) == 301
+
+        await _age_rows(store, 20)
+        async with link.transaction():
+            await link.catchup.add([(RELAY, ALICE, _id(600), now - 2000)])  # back-dated
+        window[_id(600)] = now - 2000
+
+        second = CatchupLedger(3600)
+        second.attach(link, asyncio.Lock())
+        loaded_before = _loads("loaded")
+        base, items = await second.held(RELAY, None, 0)
+        assert _loads("loaded") == loaded_before + 1
+        assert base is not None and len(base) == 301
+        assert items == {_id(600): now - 2000}, "only the row written since the cut"
+        assert second.kept_items() == 302
+        assert await second.items(RELAY, None, 0) == window
+        since = now - 1000 + 100
+        assert await second.items(RELAY, None, since) == {
+            event_id: at for event_id, at in window.items() if at >= since
+        }
+
+        keyed_before = _loads("keyed")
+        assert await second.items(RELAY, [BOB], 0) == {_id(500): now - 1}
+        assert _loads("keyed") == keyed_before + 1
+
+
+async def test_a_new_snapshot_is_cut_once_the_rows_since_the_last_are_many(
+    store: SqliteStore | PostgresStore, database: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Periodic cuts: none while the items noted since the last snapshot are few, one once
+    they pass the threshold; it holds the old snapshot's items and the new ones, and items
+    noted while it is cut are kept for the next."""
+    monkeypatch.setattr(catchup_ledger, "RECUT_MIN_ITEMS", 10)
+    now = int(time.time())
+    async with bridge_link(database, tmp_path) as link:
+        window = await _noted_window(link, now, 40)
+        ledger = CatchupLedger(3600)
+        ledger.attach(link, asyncio.Lock())
+        await ledger.held(RELAY, None, 0)
+        await ledger.save_snapshots()
+        first = await link.catchup.snapshot(RELAY, FIREHOSE_SCOPE)
+        assert first is not None and len(SnapshotItems(first[1])) == 40
+        for n in range(5):
+            ledger.note(RELAY, _id(100 + n), now - 500 - n, (ALICE,))
+        ledger.confirm(_id(100 + n) for n in range(12))
+        await ledger.save_snapshots()
+        assert await link.catchup.snapshot(RELAY, FIREHOSE_SCOPE) == first, "5 are few"
+        for n in range(5, 12):
+            ledger.note(RELAY, _id(100 + n), now - 500 - n, (ALICE,))
+        ledger.confirm(_id(100 + n) for n in range(5, 12))
+        await ledger.save_snapshots()
+        second = await link.catchup.snapshot(RELAY, FIREHOSE_SCOPE)
+        assert second is not None and len(SnapshotItems(second[1])) == 52
+        window.update({_id(100 + n): now - 500 - n for n in range(12)})
+        base, items = await ledger.held(RELAY, None, 0)
+        assert base is not None and len(base) == 52 and items == {}
+        assert await ledger.items(RELAY, None, 0) == window
+
+
+@pytest.mark.parametrize("damage", ["corrupt", "oversized", "stale"])
+async def test_a_snapshot_that_cannot_serve_falls_back_to_reading_the_window(
+    store: SqliteStore | PostgresStore, database: str, tmp_path: Path, damage: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = int(time.time())
+    async with bridge_link(database, tmp_path) as link:
+        window = await _noted_window(link, now, 50)
+        pairs = sorted((at, bytes.fromhex(event_id)) for event_id, at in window.items())
+        data = encode_snapshot(pairs)
+        cut = now * 1000
+        if damage == "corrupt":
+            data = data[:100] + bytes([data[100] ^ 1]) + data[101:]
+        elif damage == "oversized":
+            monkeypatch.setattr(catchup_ledger, "MAX_SNAPSHOT_ITEMS", 10)
+        else:
+            cut = (now - 7200) * 1000
+        async with link.transaction():
+            await link.catchup.save_snapshot(RELAY, FIREHOSE_SCOPE, cut, data)
+        ledger = CatchupLedger(3600)
+        ledger.attach(link, asyncio.Lock())
+        before = _loads(damage)
+        base, items = await ledger.held(RELAY, None, 0)
+        assert base is None and items == window, "every row read instead"
+        assert _loads(damage) == before + 1
+
+
+async def test_rows_of_a_dm_not_yet_committed_are_not_written_nor_snapshotted(
+    store: SqliteStore | PostgresStore, database: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A DM noted on delivery but not yet decided by the committer is offered as had in this
+    process, but neither its row nor a snapshot says so on disk: if the process died before
+    the commit, the next one's reconciliation must fetch it again. Confirmed, it is written;
+    never confirmed (dropped before the committer), it is let go after UNCONFIRMED_SECONDS."""
+    now = int(time.time())
+    async with bridge_link(database, tmp_path) as link:
+        window = await _noted_window(link, now, 30)
+        ledger = CatchupLedger(3600)
+        ledger.attach(link, asyncio.Lock())
+        await ledger.held(RELAY, None, 0)
+        ledger.note(RELAY, _id(900), now - 5, (ALICE,))
+        ledger.note(RELAY, _id(901), now - 6, (BOB,))
+        assert (await ledger.held(RELAY, None, 0))[1] == {
+            **window, _id(900): now - 5, _id(901): now - 6
+        }, "in memory at once"
+        await ledger.flush()
+        await ledger.save_snapshots(final=True)
+        assert _id(900) not in await link.catchup.items(RELAY, None, 0)
+        stored = await link.catchup.snapshot(RELAY, FIREHOSE_SCOPE)
+        assert stored is not None
+        assert {raw.hex() for _, raw in SnapshotItems(stored[1]).pairs(0)} == set(window)
+        base, items = await ledger.held(RELAY, None, 0)
+        assert base is not None and items == {_id(900): now - 5, _id(901): now - 6}
+
+        ledger.confirm([_id(900)])
+        monkeypatch.setattr(catchup_ledger, "UNCONFIRMED_SECONDS", 0.0)
+        await ledger.flush()
+        on_disk = await link.catchup.items(RELAY, None, 0)
+        assert on_disk[_id(900)] == now - 5 and _id(901) not in on_disk
+        ledger.confirm([_id(901)])  # too late: let go
+        await ledger.flush()
+        assert _id(901) not in await link.catchup.items(RELAY, None, 0)

@@ -1,0 +1,333 @@
+"""Users decide what wakes their phone (issue 20), end to end: a real `nostr-relay` process, a
+whole sigil-push `Service` in the test's event loop (API, bridge, delivery) sending to the fake
+APNs server through the real aioapns client, users and DMs made by nostr-sdk. Each test runs
+on SQLite and on PostgreSQL.
+
+What a phone receives is what the fake APNs received for its token; what was held back is
+seen in the observation log's `suppressed` records and in `sigil_push_suppressed_total`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import nostr_sdk
+import pytest
+from prometheus_client import REGISTRY
+
+from testkit.fakes.fake_apns import FakeApns
+from testkit.fakes.harness import apns_token, eventually
+from testkit.in_process import InProcessService, in_process_service
+from testkit.nip98 import SdkUser
+from testkit.nostr_client import gift_wrap, kind4_dm, publish
+from testkit.relay import RelayProcess
+from testkit.stores import fetch
+
+DEADLINE = 60.0
+
+
+@pytest.fixture
+async def instance(
+    tmp_path: Path, apns_relay_config: dict[str, Any]
+) -> AsyncIterator[InProcessService]:
+    apns_relay_config["server"]["observations"] = "observations"
+    async with in_process_service(tmp_path, apns_relay_config) as running:
+        yield running
+
+
+class Phone:
+    """One (npub, token) pair: a user whose app registered an APNs token."""
+
+    def __init__(self, instance: InProcessService, fake_apns: FakeApns, user: SdkUser,
+                 token: str | None = None) -> None:
+        self.instance, self.apns, self.user = instance, fake_apns, user
+        self.token = token or apns_token()
+
+    @property
+    def keys(self) -> nostr_sdk.Keys:
+        return self.user.keys
+
+    async def register(self, **fields: Any) -> None:
+        body = {"npub": self.user.npub, "platform": "ios", "device_token": self.token, **fields}
+        response = await self.instance.call(self.user, "POST", "/register", body)
+        assert response.status_code in (200, 201), response.text
+
+    async def preferences(self, **fields: Any) -> dict[str, Any]:
+        response = await self.instance.call(
+            self.user, "POST", "/preferences", {"device_token": self.token, **fields}
+        )
+        assert response.status_code == 200, response.text
+        return dict(response.json())
+
+    async def presence(self, seconds: int) -> None:
+        response = await self.instance.call(
+            self.user, "POST", "/presence", {"device_token": self.token, "seconds": seconds}
+        )
+        assert response.status_code == 200, response.text
+
+    async def device(self) -> dict[str, Any]:
+        answer = (await self.instance.call(self.user, "GET", "/registrations")).json()
+        [device] = [d for d in answer["devices"] if d["token_suffix"] == self.token[-6:]]
+        return dict(device)
+
+    def pushes(self) -> int:
+        return sum(1 for request in self.apns.requests if request.token == self.token)
+
+
+async def _watched(instance: InProcessService, url: str, keys: int) -> None:
+    def live() -> bool:
+        state = instance.service.relay_health().get(url)
+        return bool(state and state.get("live") and state.get("keys") == keys)
+
+    await eventually(live, DEADLINE, f"{keys} keys live on the relay")
+
+
+def _suppressed(instance: InProcessService, event_id: str) -> str | None:
+    for record in instance.observation_records():
+        if record["type"] == "suppressed" and record["event_id"] == event_id:
+            assert set(record) == {"type", "ts", "event_id", "reason"}, record
+            return str(record["reason"])
+    return None
+
+
+async def _held_back(instance: InProcessService, event: dict[str, Any], reason: str) -> None:
+    await eventually(lambda: _suppressed(instance, event["id"]), DEADLINE,
+                     f"a suppressed record for the DM ({reason})")
+    assert _suppressed(instance, event["id"]) == reason
+
+
+def _suppressed_total(reason: str) -> float:
+    return REGISTRY.get_sample_value("sigil_push_suppressed_total", {"reason": reason}) or 0.0
+
+
+def _list_event(owner: nostr_sdk.Keys, kind: int, keys: list[str], created_at: int) -> dict[str, Any]:
+    builder = nostr_sdk.EventBuilder(nostr_sdk.Kind(kind), "").tags(
+        [nostr_sdk.Tag.parse(["p", key]) for key in keys]
+    ).custom_created_at(nostr_sdk.Timestamp.from_secs(created_at))
+    return dict(json.loads(builder.finalize(owner).as_json()))
+
+
+def _hex(keys: nostr_sdk.Keys) -> str:
+    return str(keys.public_key().to_hex())
+
+
+async def test_a_paused_pair_is_not_woken_until_the_pause_is_cleared(
+    instance: InProcessService, module_relay: RelayProcess, fake_apns: FakeApns
+) -> None:
+    alice, bob = Phone(instance, fake_apns, SdkUser()), nostr_sdk.Keys.generate()
+    await alice.register(pause_until=int(time.time()) + 3600)
+    await _watched(instance, module_relay.url, 1)
+    paused_before = _suppressed_total("paused")
+    held = kind4_dm(bob, alice.keys, "while paused")
+    await publish(module_relay.url, held)
+    await _held_back(instance, held, "paused")
+    assert _suppressed_total("paused") == paused_before + 1
+    await alice.preferences(pause_until=None)
+    await publish(module_relay.url, gift_wrap(bob, alice.keys, "after the pause"))
+    await eventually(lambda: alice.pushes() == 1, DEADLINE, "the DM after the pause pushed")
+    assert alice.pushes() == 1, "the DM held back during the pause is never pushed later"
+
+
+async def test_presence_ended_by_the_app_sends_no_lapse_wakeup(
+    instance: InProcessService, module_relay: RelayProcess, fake_apns: FakeApns
+) -> None:
+    alice, bob = Phone(instance, fake_apns, SdkUser()), nostr_sdk.Keys.generate()
+    await alice.register()
+    await _watched(instance, module_relay.url, 1)
+    await alice.presence(300)
+    held = gift_wrap(bob, alice.keys, "read in the app")
+    await publish(module_relay.url, held)
+    await _held_back(instance, held, "present")
+    await alice.presence(0)
+    after = kind4_dm(bob, alice.keys, "app closed")
+    await publish(module_relay.url, after)
+    await eventually(lambda: alice.pushes() == 1, DEADLINE, "the DM after the presence pushed")
+    # the claim loop runs every second: give it several turns to (wrongly) send a lapse wakeup
+    await _turns_of_the_lapse_claim(instance)
+    assert alice.pushes() == 1
+
+
+async def _turns_of_the_lapse_claim(instance: InProcessService) -> None:
+    """Wait until the bridge's lapse claim has run at least three more times."""
+    committer = instance.service.components.bridge._committer
+    runs: list[int] = []
+    original = committer.claim_lapses
+
+    async def counted() -> int:
+        runs.append(1)
+        return await original()
+
+    committer.claim_lapses = counted  # type: ignore[method-assign]
+    try:
+        await eventually(lambda: len(runs) >= 3, DEADLINE, "three lapse claims")
+    finally:
+        committer.claim_lapses = original  # type: ignore[method-assign]
+
+
+async def test_a_presence_that_lapses_sends_exactly_one_wakeup(
+    instance: InProcessService, module_relay: RelayProcess, fake_apns: FakeApns
+) -> None:
+    """The app died in the foreground: the two DMs its presence held back bring one wakeup
+    when the presence lapses, and nothing more."""
+    alice, bob = Phone(instance, fake_apns, SdkUser()), nostr_sdk.Keys.generate()
+    await alice.register()
+    await _watched(instance, module_relay.url, 1)
+    await alice.presence(8)
+    first, second = kind4_dm(bob, alice.keys, "one"), kind4_dm(bob, alice.keys, "two")
+    await publish(module_relay.url, first, second)
+    await _held_back(instance, first, "present")
+    await _held_back(instance, second, "present")
+    assert alice.pushes() == 0
+    await eventually(lambda: alice.pushes() == 1, DEADLINE, "the lapse wakeup")
+    await _turns_of_the_lapse_claim(instance)
+    assert alice.pushes() == 1
+    # its record names the last DM the presence held back
+    await eventually(lambda: [r for r in instance.observation_records() if r["type"] == "push"],
+                     DEADLINE, "the lapse wakeup's push record")
+    [record] = [r for r in instance.observation_records() if r["type"] == "push"]
+    assert record["event_id"] in (first["id"], second["id"]) and record["status"] == "accepted"
+    body = next(r.body for r in fake_apns.requests if r.token == alice.token)
+    assert body == {"aps": {"alert": {"title": "Sigil", "body": "New message"},
+                            "mutable-content": 1, "sound": "default"}}, "an opaque wakeup"
+
+
+async def test_the_kind_10000_mute_list_applies_and_its_update_too(
+    instance: InProcessService, module_relay: RelayProcess, fake_apns: FakeApns
+) -> None:
+    alice = Phone(instance, fake_apns, SdkUser())
+    spammer, friend = nostr_sdk.Keys.generate(), nostr_sdk.Keys.generate()
+    await alice.register()
+    await _watched(instance, module_relay.url, 1)
+    now = int(time.time())
+    first = _list_event(alice.keys, 10000, [_hex(spammer)], now - 10)
+    await publish(module_relay.url, first)
+    await _list_stored(instance, alice, first)
+    muted = kind4_dm(spammer, alice.keys, "buy now")
+    await publish(module_relay.url, muted)
+    await _held_back(instance, muted, "muted")
+    await publish(module_relay.url, kind4_dm(friend, alice.keys, "hi"))
+    await eventually(lambda: alice.pushes() == 1, DEADLINE, "the friend's DM pushed")
+    # the spammer's gift wraps pass: their author is hidden
+    await publish(module_relay.url, gift_wrap(spammer, alice.keys, "wrapped"))
+    await eventually(lambda: alice.pushes() == 2, DEADLINE, "the gift wrap pushed")
+    # a newer list without the spammer: applied within seconds of reaching the relay
+    newer = _list_event(alice.keys, 10000, [_hex(friend)], now)
+    await publish(module_relay.url, newer)
+    await _list_stored(instance, alice, newer)
+    await publish(module_relay.url, kind4_dm(spammer, alice.keys, "again"))
+    await eventually(lambda: alice.pushes() == 3, DEADLINE, "pushed once unmuted")
+    # an older list (muting the spammer again) changes nothing
+    await publish(module_relay.url, _list_event(alice.keys, 10000, [_hex(spammer)], now - 5))
+    await publish(module_relay.url, kind4_dm(spammer, alice.keys, "still allowed"))
+    await eventually(lambda: alice.pushes() == 4, DEADLINE, "pushed despite the old list")
+    assert _stored_list_id(instance, alice, 10000) == newer["id"]
+
+
+def _stored_list_id(instance: InProcessService, phone: Phone, kind: int) -> str | None:
+    config = instance.service.config
+    database = config.server.database
+    where = database if "://" in database else str(config.resolve(database))
+    rows = fetch(where, "SELECT event_id FROM user_lists WHERE pubkey = ? AND kind = ?",
+                 (phone.user.hex, kind))
+    return str(rows[0][0]) if rows else None
+
+
+async def _list_stored(instance: InProcessService, phone: Phone, event: dict[str, Any]) -> None:
+    """A list reaching the relay is applied within seconds (DMs after it see it)."""
+    await eventually(lambda: _stored_list_id(instance, phone, event["kind"]) == event["id"],
+                     DEADLINE, f"kind {event['kind']} stored")
+
+
+async def test_the_private_mute_list_holds_back_kind_4_only(
+    instance: InProcessService, module_relay: RelayProcess, fake_apns: FakeApns
+) -> None:
+    alice, spammer = Phone(instance, fake_apns, SdkUser()), nostr_sdk.Keys.generate()
+    await alice.register(muted=[str(spammer.public_key().to_bech32())])
+    await _watched(instance, module_relay.url, 1)
+    assert (await alice.device())["muted_count"] == 1
+    muted = kind4_dm(spammer, alice.keys, "buy now")
+    await publish(module_relay.url, muted)
+    await _held_back(instance, muted, "muted")
+    await publish(module_relay.url, gift_wrap(spammer, alice.keys, "wrapped"))
+    await eventually(lambda: alice.pushes() == 1, DEADLINE, "the gift wrap pushed")
+    await alice.preferences(muted=[])
+    await publish(module_relay.url, kind4_dm(spammer, alice.keys, "unmuted"))
+    await eventually(lambda: alice.pushes() == 2, DEADLINE, "pushed once unmuted")
+
+
+async def test_follows_only_fails_open_until_a_contact_list_is_known(
+    instance: InProcessService, module_relay: RelayProcess, fake_apns: FakeApns
+) -> None:
+    alice = Phone(instance, fake_apns, SdkUser())
+    stranger, friend = nostr_sdk.Keys.generate(), nostr_sdk.Keys.generate()
+    await alice.register(senders="follows")
+    await _watched(instance, module_relay.url, 1)
+    device = await alice.device()
+    assert (device["senders"], device["follows_known"]) == ("follows", False)
+    await publish(module_relay.url, kind4_dm(stranger, alice.keys, "no kind 3 yet"))
+    await eventually(lambda: alice.pushes() == 1, DEADLINE, "pushed: nothing is filtered")
+    await publish(module_relay.url, _list_event(alice.keys, 3, [_hex(friend)], int(time.time())))
+
+    async def known() -> bool:
+        return bool((await alice.device())["follows_known"])
+
+    await eventually(known, DEADLINE, "follows_known")
+    held = kind4_dm(stranger, alice.keys, "not followed")
+    await publish(module_relay.url, held)
+    await _held_back(instance, held, "not_followed")
+    await publish(module_relay.url, kind4_dm(friend, alice.keys, "followed"))
+    await eventually(lambda: alice.pushes() == 2, DEADLINE, "the friend's DM pushed")
+    await publish(module_relay.url, gift_wrap(stranger, alice.keys, "wrapped"))
+    await eventually(lambda: alice.pushes() == 3, DEADLINE, "the stranger's gift wrap pushed")
+
+
+async def test_an_attacker_on_the_victims_token_cannot_silence_the_victim(
+    instance: InProcessService, module_relay: RelayProcess, fake_apns: FakeApns
+) -> None:
+    """The attacker learnt the victim's token, registered it for its own npub (allowed: accounts
+    on one phone), then paused, presented and muted on it: only its own pair is affected."""
+    victim = Phone(instance, fake_apns, SdkUser())
+    attacker = Phone(instance, fake_apns, SdkUser(), token=victim.token)
+    sender = nostr_sdk.Keys.generate()
+    await victim.register()
+    await attacker.register()
+    await attacker.preferences(pause_until=int(time.time()) + 3600, muted=[_hex(sender)],
+                               senders="follows")
+    await attacker.presence(300)
+    await _watched(instance, module_relay.url, 2)
+    await publish(module_relay.url, kind4_dm(sender, victim.keys, "for the victim"))
+    await eventually(lambda: victim.pushes() == 1, DEADLINE, "the victim's wakeup")
+    assert (await victim.device())["pause_until"] is None
+    text = json.dumps(instance.observation_records())
+    assert victim.token not in text and victim.user.hex not in text and _hex(sender) not in text
+
+
+async def test_preference_and_presence_calls_share_the_per_npub_rate_limit(tmp_path: Path) -> None:
+    """With 3 authenticated requests a minute per npub: register, preferences and presence
+    spend the same allowance, and the fourth call is 429 with Retry-After. The suppressed
+    counter's four series exist from the start, at zero or more. (The limiter is the API's,
+    not the store's: on SQLite only.)"""
+    config: dict[str, Any] = {
+        "server": {"database": "sigil-push.db", "public_url": "http://127.0.0.1:8080"},
+        "limits": {"requests_per_minute_per_ip": 0, "requests_per_minute_per_npub": 3},
+    }
+    async with in_process_service(tmp_path, config) as instance:
+        user, token = SdkUser(), apns_token()
+        body = {"npub": user.npub, "platform": "ios", "device_token": token}
+        assert (await instance.call(user, "POST", "/register", body)).status_code == 201
+        preferences = await instance.call(user, "POST", "/preferences",
+                                          {"device_token": token, "senders": "follows"})
+        assert preferences.status_code == 200
+        presence = await instance.call(user, "POST", "/presence",
+                                       {"device_token": token, "seconds": 60})
+        assert presence.status_code == 200
+        limited = await instance.call(user, "POST", "/presence",
+                                      {"device_token": token, "seconds": 0})
+        assert limited.status_code == 429 and limited.headers["retry-after"]
+        assert limited.json()["error"] == "rate_limited"
+    for reason in ("paused", "present", "muted", "not_followed"):
+        assert REGISTRY.get_sample_value("sigil_push_suppressed_total", {"reason": reason}) is not None
