@@ -45,10 +45,10 @@ sys.path.insert(0, str(ROOT))
 import httpx
 import nostr_sdk
 
+from testkit.bridge_harness import relay_live
 from testkit.fakes.credentials import make_service_account
 from testkit.fakes.fake_fcm import FakeFcm
 from testkit.fakes.harness import fcm_token, toml_tables
-from testkit.bridge_harness import relay_live
 from testkit.nip98 import SdkUser
 from testkit.nostr_client import kind4_dm, publish
 from testkit.relay import RelayProcess

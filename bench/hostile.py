@@ -44,11 +44,11 @@ from websockets.exceptions import ConnectionClosed
 
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip98 import make_http_auth
-from testkit.tarpit import Tarpit
 from testkit.bridge_harness import metric
 from testkit.nostr_client import kind4_dm, npub_of, secret_hex_of, user
 from testkit.relay import RelayProcess
 from testkit.service import ServiceProcess
+from testkit.tarpit import Tarpit
 
 RESULTS = ROOT / "bench" / "results" / "hostile.json"
 TARPITS = 50

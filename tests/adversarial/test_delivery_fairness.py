@@ -7,9 +7,9 @@ Here the slots are made small (2 per provider) so a few dozen rows show the same
 
 from __future__ import annotations
 
-from testkit.tarpit import Tarpit
 from testkit.fakes.fake_apns import FakeApns
 from testkit.fakes.harness import apns_token, eventually
+from testkit.tarpit import Tarpit
 
 SLOW = {"concurrency_per_provider": 2, "send_timeout_seconds": 300.0}
 

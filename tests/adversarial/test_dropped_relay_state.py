@@ -16,8 +16,8 @@ from prometheus_client import REGISTRY
 from websockets.asyncio.server import ServerConnection
 
 from sigil_push.nostr.keys import SecretKey
-from tests.adversarial.hostile import HostileRelay, eventually, hostile_relay
 from testkit.in_process import InProcessBridge, in_process_bridge
+from tests.adversarial.hostile import HostileRelay, eventually, hostile_relay
 
 RELAYS = 5
 

@@ -10,7 +10,6 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.adversarial.hostile_relay import ReplayRelay
 from testkit.bridge_harness import (
     eventually,
     health,
@@ -23,6 +22,7 @@ from testkit.bridge_harness import (
 from testkit.nostr_client import kind4_dm, publish, relay_list, user
 from testkit.relay import RelayProcess
 from testkit.service import ServiceProcess
+from tests.adversarial.hostile_relay import ReplayRelay
 
 pytestmark = pytest.mark.slow  # every story here starts its own processes
 

@@ -17,8 +17,8 @@ from websockets.exceptions import ConnectionClosed
 from sigil_push.nostr.event import sign_event
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.relays.budget import INVALID_BURST, ConnectionBudget
-from tests.adversarial.hostile import HostileRelay, eventually, hostile_relay
 from testkit.in_process import in_process_bridge
+from tests.adversarial.hostile import HostileRelay, eventually, hostile_relay
 
 VICTIM = SecretKey.generate()
 FORGER = SecretKey.generate()

@@ -12,8 +12,8 @@ from prometheus_client import REGISTRY
 
 from sigil_push.nostr.event import sign_event
 from sigil_push.nostr.keys import SecretKey
-from tests.adversarial.hostile import eventually
 from testkit.in_process import in_process_bridge
+from tests.adversarial.hostile import eventually
 
 STRUCTURES = (
     "recently_verified", "seen_cache", "seen_relay_names", "recipient_buckets",

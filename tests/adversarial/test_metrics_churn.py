@@ -14,8 +14,8 @@ from prometheus_client import REGISTRY
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip19 import encode_npub
 from sigil_push.relays.labels import relay_label
-from tests.adversarial.hostile import eventually
 from testkit.in_process import in_process_bridge
+from tests.adversarial.hostile import eventually
 
 ROUNDS = 6
 PER_ROUND = 10

@@ -23,12 +23,12 @@ import pytest
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.ratelimit import client_address, trusted_networks
 from sigil_push.store.sqlite.database import open_database
-from tests.conftest import ApiCaller
 from testkit.cli import assert_config_refused
 from testkit.nip98 import SdkUser
 from testkit.relay import RelayProcess, free_port
 from testkit.service import ServiceProcess
 from testkit.stores import Engine, fetch
+from tests.conftest import ApiCaller
 
 
 def mode(path: Path) -> int:

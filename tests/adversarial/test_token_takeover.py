@@ -15,12 +15,12 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from tests.conftest import ApiCaller
 from testkit.bridge_harness import eventually, new_token, relay_live, wakeups
 from testkit.nip98 import SdkUser
 from testkit.nostr_client import kind4_dm, publish
 from testkit.relay import RelayProcess
 from testkit.service import ServiceProcess
+from tests.conftest import ApiCaller
 
 pytestmark = pytest.mark.slow  # every story here starts its own processes
 

@@ -15,8 +15,8 @@ from prometheus_client import REGISTRY, generate_latest
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip19 import encode_npub
 from sigil_push.relays.labels import USER_RELAYS
-from tests.adversarial.hostile import eventually
 from testkit.in_process import in_process_bridge
+from tests.adversarial.hostile import eventually
 
 CONFIGURED = "ws://127.0.0.1:9/configured"
 ROUNDS = 4

@@ -16,8 +16,8 @@ from pyspark.sql import SparkSession
 
 from analytics.run import run_all
 from analytics.session import analytics_session
-from tests.analytics.observation_logs import CONTRACT_COLUMNS, ObservationLog, network_log
 from testkit.spark_cluster import StandaloneCluster
+from tests.analytics.observation_logs import CONTRACT_COLUMNS, ObservationLog, network_log
 
 pytestmark = pytest.mark.spark
 

@@ -33,7 +33,6 @@ from sigil_push.nostr.keys import SecretKey
 from sigil_push.relays.labels import series_label
 from sigil_push.store.seen import SeenEvents
 from sigil_push.verified import RecentlyVerified
-from testkit.fakes.harness import eventually as poll
 from testkit.bridge_harness import (
     assert_private,
     eventually,
@@ -44,6 +43,7 @@ from testkit.bridge_harness import (
     unregister,
     wakeups,
 )
+from testkit.fakes.harness import eventually as poll
 from testkit.in_process import InProcessBridge, in_process_bridge
 from testkit.loopback_relay import LoopbackRelay
 from testkit.nostr_client import gift_wrap, hex_of, kind4_dm, npub_of, publish, user

@@ -7,11 +7,11 @@ import time
 
 import pytest
 
-from tests.conftest import ApiCaller
 from testkit.nip98 import SdkUser
 from testkit.relay import RelayProcess
 from testkit.remote_signer import RemoteSigner
 from testkit.service import ServiceProcess
+from tests.conftest import ApiCaller
 
 
 def signer_status(api: ApiCaller, user: SdkUser, wanted: str | None) -> dict[str, object]:

@@ -12,10 +12,10 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.conftest import ApiCaller
 from testkit.nip98 import SdkUser, encode_header
 from testkit.service import ServiceProcess
 from testkit.stores import backend_service
+from tests.conftest import ApiCaller
 
 
 def assert_error(response: httpx.Response, status: int, code: str) -> None:

@@ -10,8 +10,8 @@ import httpx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import ApiCaller
 from testkit.nip98 import SdkUser
+from tests.conftest import ApiCaller
 
 USER = SdkUser()
 

@@ -9,10 +9,10 @@ import pytest
 
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip98 import make_http_auth
-from tests.conftest import ApiCaller
 from testkit.fakes.credentials import WebPushSubscriber
 from testkit.nip98 import SdkUser
 from testkit.service import ServiceProcess
+from tests.conftest import ApiCaller
 
 
 def ios_token() -> str:

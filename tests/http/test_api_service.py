@@ -11,9 +11,9 @@ from sigil_push.api import create_app
 from sigil_push.config import load_config
 from sigil_push.http_metrics import KNOWN_ROUTES
 from sigil_push.service import Service
-from tests.conftest import ApiCaller
 from testkit.nip98 import SdkUser
 from testkit.service import ServiceProcess
+from tests.conftest import ApiCaller
 
 
 def test_info_describes_the_instance(api: ApiCaller) -> None:

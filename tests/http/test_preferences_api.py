@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import nostr_sdk
 
-from tests.conftest import ApiCaller
 from testkit.nip98 import SdkUser
+from tests.conftest import ApiCaller
 
 DAY = 24 * 3600
 

@@ -44,7 +44,6 @@ from sigil_push.push.vapid import (
     public_key_b64,
 )
 from sigil_push.store.records import WebPushKeys
-from tests.adversarial.fake_dns import FakeDns
 from testkit.fakes.credentials import WebPushSubscriber
 from testkit.fakes.fake_unifiedpush import FakeUnifiedPush
 from testkit.fakes.harness import (
@@ -55,6 +54,7 @@ from testkit.fakes.harness import (
 )
 from testkit.service import ServiceProcess
 from testkit.stores import Engine, opened
+from tests.adversarial.fake_dns import FakeDns
 
 
 async def test_without_keys_the_body_is_the_plain_json_wakeup(make_harness, fake_up: FakeUnifiedPush) -> None:

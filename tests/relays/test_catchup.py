@@ -38,8 +38,8 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from sigil_push.relays import nip77
-from testkit.fakes.harness import eventually as poll
 from testkit.bridge_harness import eventually, new_token, register, relay_live, wakeups
+from testkit.fakes.harness import eventually as poll
 from testkit.in_process import InProcessBridge, in_process_bridge
 from testkit.loopback_relay import LoopbackRelay
 from testkit.nostr_client import gift_wrap, hex_of, kind4_dm, user

@@ -16,8 +16,8 @@ from websockets.asyncio.client import ClientConnection, connect
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip42 import auth_event
 from sigil_push.relays.nip11 import RelayLimits, fetch_limits
-from testkit.fakes.harness import eventually as poll
 from testkit.bridge_harness import eventually, health, new_token, register, wakeups
+from testkit.fakes.harness import eventually as poll
 from testkit.in_process import in_process_bridge
 from testkit.nostr_client import gift_wrap, hex_of, kind4_dm, secret_hex_of, user
 from testkit.processes import FAST_RECONNECT

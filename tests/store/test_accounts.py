@@ -27,7 +27,7 @@ from sigil_push.store.postgres.migrate import available, migrate_connection
 from sigil_push.store.sqlite.database import open_database
 from sigil_push.store.sqlite.devices import Devices
 from sigil_push.store.sqlite.outbox import Outbox
-from tests.conftest import ApiCaller
+from testkit.bridge_harness import assert_private, relay_live
 from testkit.fakes.fake_apns import FakeApns
 from testkit.fakes.fake_fcm import FakeFcm
 from testkit.fakes.harness import (
@@ -37,7 +37,6 @@ from testkit.fakes.harness import (
     fcm_token,
     toml_tables,
 )
-from testkit.bridge_harness import assert_private, relay_live
 from testkit.nip98 import SdkUser
 from testkit.nostr_client import kind4_dm, publish
 from testkit.old_schema import sqlite_at
@@ -45,6 +44,7 @@ from testkit.processes import FAST_RECONNECT
 from testkit.relay import RelayProcess
 from testkit.service import ServiceProcess
 from testkit.stores import BACKENDS, backend_service, fetch
+from tests.conftest import ApiCaller
 
 WINDOW_MS = 15_000
 """Long enough that two DMs published together are both on disk before the window that the

@@ -19,10 +19,10 @@ from sigil_push.store.postgres.devices import PostgresDevices
 from sigil_push.store.postgres.migrate import available, migrate_connection
 from sigil_push.store.sqlite.database import open_database
 from sigil_push.store.sqlite.devices import Devices
-from tests.conftest import ApiCaller
 from testkit.nip98 import SdkUser
 from testkit.old_schema import sqlite_at
 from testkit.service import ServiceProcess
+from tests.conftest import ApiCaller
 
 BAD_KEYS = [
     "ff" * 32,  # no point: above the field size

@@ -16,9 +16,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from testkit.bridge_harness import assert_private, eventually, eventually_async, relay_live
 from testkit.fakes.fake_apns import FakeApns
 from testkit.fakes.harness import Credentials, provider_tables, toml_tables
-from testkit.bridge_harness import assert_private, eventually, eventually_async, relay_live
 from testkit.nip98 import SdkUser
 from testkit.nostr_client import kind4_dm, publish, user
 from testkit.processes import FAST_RECONNECT

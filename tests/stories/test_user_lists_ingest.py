@@ -13,10 +13,10 @@ from typing import Any
 import nostr_sdk
 from prometheus_client import REGISTRY
 
-from tests.adversarial.hostile_relay import ReplayRelay
 from testkit.fakes.harness import eventually
 from testkit.in_process import in_process_bridge
 from testkit.stores import Engine, fetch
+from tests.adversarial.hostile_relay import ReplayRelay
 
 DEADLINE = 60.0
 
