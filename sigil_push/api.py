@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from sigil_push import __version__
+from sigil_push.cors import CorsMiddleware
 from sigil_push.errors import ApiError, BadRequest, RateLimited
 from sigil_push.http_metrics import MetricsMiddleware
 from sigil_push.nostr.nip19 import encode_npub
@@ -29,6 +30,7 @@ from sigil_push.push import registry
 from sigil_push.ratelimit import RateLimiter, client_address, rate_limit_key, trusted_networks
 from sigil_push.relays.labels import relay_label
 from sigil_push.service import Service, State
+from sigil_push.store.auth_ids import request_digest
 from sigil_push.store.errors import STORE_UNAVAILABLE, TooManyAccounts, TooManyDevices
 from sigil_push.store.records import Device
 from sigil_push.tracebacks import withheld
@@ -96,14 +98,16 @@ class Api:
             raise ApiError(415, "unsupported_media_type", "Content-Type must be application/json")
         return await self._read_body(request, most)
 
-    async def _authenticate(self, request: Request, body: bytes) -> str:
-        """Verify NIP-98 for this exact request and spend the auth event; returns its pubkey."""
+    async def _authenticate(self, request: Request, body: bytes, lenient: bool = False) -> str:
+        """Verify NIP-98 for this exact request and spend the auth event; returns its pubkey.
+        `lenient`: the Iris routes' NIP-98 (sigil_push/nostr/nip98.py)."""
         url = self.service.config.server.public_url + request.url.path
         event = verify_http_auth(
-            request.headers.get("authorization"), url, request.method, body, time.time()
+            request.headers.get("authorization"), url, request.method, body, time.time(), lenient
         )
-        if not await self.service.components.auth_ids.claim(event.id):
-            raise ApiError(401, "auth_replayed", "this auth event has already been used")
+        spent_on = request_digest(request.method, url, body)
+        if not await self.service.components.auth_ids.claim(event.id, event.sig, spent_on):
+            raise ApiError(401, "auth_replayed", "this auth event was used for another request")
         wait = self.per_npub.check(event.pubkey)
         if wait:
             raise RateLimited(wait)
@@ -398,7 +402,9 @@ def create_app(service: Service) -> Starlette:
     ]
     return Starlette(
         routes=routes,
-        middleware=[Middleware(MetricsMiddleware)],
+        # CORS outermost: a preflight is neither routed nor counted; every answer (errors too)
+        # carries the allow-origin header
+        middleware=[Middleware(CorsMiddleware), Middleware(MetricsMiddleware)],
         exception_handlers={
             ApiError: _error_response,
             AuthError: _error_response,

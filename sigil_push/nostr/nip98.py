@@ -1,7 +1,12 @@
 """NIP-98 HTTP Auth: proves a request was made by the holder of a Nostr key.
 
 This module checks everything that depends only on the request itself. Replay (single use of an
-auth event id) needs shared state and is enforced by the store.
+auth event) needs shared state and is enforced by the store (sigil_push/store/auth_ids.py).
+
+Iris, the one app that lets its user pick a notification server, signs as nostr-notification-
+server expects: no `payload` tag, and `btoa` (standard base64) or a url-safe flavour. The routes
+of its API (CONTRACT 3b) verify with `lenient=True`: a missing `payload` tag is accepted there
+(one present is checked), and so is either base64 alphabet, padded or not.
 """
 
 from __future__ import annotations
@@ -40,14 +45,24 @@ class AuthExpired(AuthError):
     pass
 
 
+def _decode_token(token: str, lenient: bool) -> bytes:
+    """The token's bytes: strict standard base64, or (lenient) either alphabet, padded or not."""
+    if not lenient:
+        return base64.b64decode(token, validate=True)
+    padded = token + "=" * (-len(token) % 4)
+    if "-" in token or "_" in token:
+        return base64.urlsafe_b64decode(padded.encode("ascii"))
+    return base64.b64decode(padded, validate=True)
+
+
 def verify_http_auth(
-    header: str | None, url: str, method: str, body: bytes, now: float
+    header: str | None, url: str, method: str, body: bytes, now: float, lenient: bool = False
 ) -> Event:
     """Return the verified auth event for this request or raise the matching AuthError.
 
     `url` is the absolute URL the client must have signed (public_url + path), compared exactly.
     A request without a body must not carry a `payload` tag bound to other content; a request
-    with a body must carry the hash of exactly that body.
+    with a body must carry the hash of exactly that body (`lenient`: or no `payload` tag).
     """
     if not header:
         raise AuthMissing("Authorization header with scheme 'Nostr' is required")
@@ -55,7 +70,7 @@ def verify_http_auth(
     if scheme.lower() != SCHEME.lower() or not token.strip():
         raise AuthMissing("Authorization header with scheme 'Nostr' is required")
     try:
-        decoded = json.loads(base64.b64decode(token.strip(), validate=True))
+        decoded = json.loads(_decode_token(token.strip(), lenient))
     except (binascii.Error, ValueError, RecursionError):  # RecursionError: deep nesting
         raise AuthInvalid("token is not base64-encoded JSON") from None
     try:
@@ -73,7 +88,7 @@ def verify_http_auth(
     if (event.first_tag("method") or "").upper() != method.upper():
         raise AuthInvalid(f"'method' tag must be {method.upper()}")
     payload_tag = event.first_tag("payload")
-    if body:
+    if body and not (lenient and payload_tag is None):
         if payload_tag != hashlib.sha256(body).hexdigest():
             raise AuthInvalid("'payload' tag must be the hex SHA-256 of the request body")
     elif payload_tag is not None and payload_tag != hashlib.sha256(b"").hexdigest():

@@ -30,7 +30,7 @@ import asyncio
 import enum
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     from sigil_push.nostr.event import Event
@@ -149,9 +149,10 @@ class UserListStore(Protocol):
 
 
 class AuthIdStore(Protocol):
-    """Single use of NIP-98 auth event ids (across every worker of an instance)."""
+    """Single use of NIP-98 auth events (across every worker of an instance): an event is
+    spent on one request (method, URL, body), and accepted again only for that request."""
 
-    async def claim(self, event_id: str) -> bool: ...
+    async def claim(self, event_id: str, sig: str, request: str) -> bool: ...
 
     async def prune(self) -> int: ...
 
@@ -264,11 +265,21 @@ class SeenRows(Protocol):
         ...
 
 
-class AuthIdRows(Protocol):
-    """The rows of used NIP-98 ids."""
+class AuthClaim(NamedTuple):
+    """One auth event (`event_id`, `sig`) to be spent on `request` (store.auth_ids)."""
 
-    async def insert_new(self, event_ids: Sequence[str], expires_at: int) -> set[str]:
-        """Insert the ids; returns those that were not there yet."""
+    event_id: str
+    sig: str
+    request: str
+
+
+class AuthIdRows(Protocol):
+    """The rows of spent NIP-98 auth events."""
+
+    async def claim(self, claims: Sequence[AuthClaim], expires_at: int) -> set[tuple[str, str]]:
+        """Record each new (event_id, sig) with its request; returns the (event_id, sig) of
+        the claims accepted: new ones, and those already spent on the same request. The
+        claims name distinct events."""
         ...
 
     async def prune(self, now: int) -> int: ...

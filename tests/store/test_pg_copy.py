@@ -44,7 +44,7 @@ async def _old_instance(path: Path) -> dict[str, object]:
             "INSERT INTO relay_baselines VALUES (?, ?, ?)", ("wss://a.example", alice, 1)
         )
         await sql_of(store).execute("INSERT INTO relay_cursors VALUES (?, ?)", ("wss://a.example", 42))
-        assert await store.auth_ids.claim("f" * 64)
+        assert await store.auth_ids.claim("f" * 64, "e" * 128, "d" * 64)
         return {"alice": alice, "bob": bob, "event": event.id, "collapse": collapse,
                 "ios": ios, "up": up, "sealed": (sealed.id, event.to_json())}
     finally:
@@ -78,7 +78,9 @@ async def test_migrate_from_copies_an_sqlite_instance_into_postgres(
         sealed_id, event_json = old["sealed"]  # type: ignore[misc]
         assert json.loads(events.pop(sealed_id)) == event_json
         assert set(events.values()) == {None}
-        assert not await store.auth_ids.claim("f" * 64), "a used NIP-98 id stays used"
+        assert not await store.auth_ids.claim("f" * 64, "e" * 128, "c" * 64), (
+            "a spent NIP-98 event stays spent"
+        )
         seen = SeenEvents(seen_rows(store), 3600, 10)
         await seen.lookup([str(old["event"])])
         assert seen.delivered_by(str(old["event"]), "wss://b.example")

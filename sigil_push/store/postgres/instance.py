@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
+from sigil_push.store.interface import AuthClaim
 from sigil_push.store.postgres.database import PostgresDatabase
 from sigil_push.store.records import StoredSession, stored_session
 
@@ -18,13 +19,18 @@ class PostgresAuthIdRows:
     def __init__(self, db: PostgresDatabase) -> None:
         self._db = db
 
-    async def insert_new(self, event_ids: Sequence[str], expires_at: int) -> set[str]:
+    async def claim(self, claims: Sequence[AuthClaim], expires_at: int) -> set[tuple[str, str]]:
+        # as SqliteAuthIdRows.claim: RETURNING names the new rows and the idempotent retries
         rows = await self._db.fetch(
-            "INSERT INTO nip98_used (event_id, expires_at) SELECT unnest($1::text[]), $2::bigint"
-            " ON CONFLICT DO NOTHING RETURNING event_id",
-            list(event_ids), expires_at,
+            "INSERT INTO nip98_used (event_id, sig, request, expires_at)"
+            " SELECT e, s, r, $4::bigint FROM unnest($1::text[], $2::text[], $3::text[])"
+            " AS c (e, s, r)"
+            " ON CONFLICT (event_id, sig) DO UPDATE SET expires_at = nip98_used.expires_at"
+            " WHERE nip98_used.request = excluded.request RETURNING event_id, sig",
+            [c.event_id for c in claims], [c.sig for c in claims], [c.request for c in claims],
+            expires_at,
         )
-        return {str(row[0]) for row in rows}
+        return {(str(row[0]), str(row[1])) for row in rows}
 
     async def prune(self, now: int) -> int:
         return await self._db.run("DELETE FROM nip98_used WHERE expires_at < $1", now)

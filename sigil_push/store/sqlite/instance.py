@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import aiosqlite
 
+from sigil_push.store.interface import AuthClaim
 from sigil_push.store.records import StoredSession, stored_session
 from sigil_push.store.sqlite.database import ORDINARY_SECURE_DELETE
 
@@ -20,14 +21,17 @@ class SqliteAuthIdRows:
     def __init__(self, db: aiosqlite.Connection) -> None:
         self._db = db
 
-    async def insert_new(self, event_ids: Sequence[str], expires_at: int) -> set[str]:
-        inserted = await self._db.execute_fetchall(
-            "INSERT INTO nip98_used (event_id, expires_at) VALUES "
-            + ",".join("(?, ?)" for _ in event_ids)
-            + " ON CONFLICT DO NOTHING RETURNING event_id",
-            [value for event_id in event_ids for value in (event_id, expires_at)],
+    async def claim(self, claims: Sequence[AuthClaim], expires_at: int) -> set[tuple[str, str]]:
+        # a spent event's row is "updated" (to itself) only when its request is the same, so
+        # RETURNING names exactly the claims accepted: new rows and idempotent retries
+        accepted = await self._db.execute_fetchall(
+            "INSERT INTO nip98_used (event_id, sig, request, expires_at) VALUES "
+            + ",".join("(?, ?, ?, ?)" for _ in claims)
+            + " ON CONFLICT (event_id, sig) DO UPDATE SET expires_at = nip98_used.expires_at"
+            " WHERE nip98_used.request = excluded.request RETURNING event_id, sig",
+            [value for claim in claims for value in (*claim, expires_at)],
         )
-        return {str(row[0]) for row in inserted}
+        return {(str(row[0]), str(row[1])) for row in accepted}
 
     async def prune(self, now: int) -> int:
         removed = await self._db.execute_fetchall(
