@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import ApiCaller
-from tests.support.nip98 import SdkUser
+from testkit.nip98 import SdkUser
 
 ROUTES = ["/register", "/unregister", "/registrations", "/preferences", "/presence", "/info",
           "/health", "/subscriptions", "/subscriptions/", "/subscriptions/some-id"]
