@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import ApiCaller
 from testkit.nip98 import SdkUser
+from tests.conftest import ApiCaller
 
 ROUTES = ["/register", "/unregister", "/registrations", "/preferences", "/presence", "/info",
           "/health", "/subscriptions", "/subscriptions/", "/subscriptions/some-id"]
