@@ -14,6 +14,10 @@
 -- 'webpush', 'webhook', 'ios' or 'android'), so the outbox, its exactly-once per (event,
 -- device) and delivery are those of every other push. One endpoint in several of a
 -- subscriber's subscriptions is one device row: an event is pushed once per endpoint.
+-- Unlinking a target (a subscription replaced or deleted, a device forgotten because its
+-- endpoint answered 404 or 410) deletes, in the same statement, a subscription left without
+-- targets and an Iris device left without subscriptions: every path that removes one keeps
+-- the other consistent, on every worker.
 -- The PostgreSQL tree does the same (migrations/postgres/0018_...).
 
 DROP TABLE nip98_used;
@@ -41,3 +45,11 @@ CREATE TABLE iris_targets (
     PRIMARY KEY (subscription_id, device_id)
 );
 CREATE INDEX iris_targets_by_device ON iris_targets (device_id);
+
+CREATE TRIGGER iris_target_unlinked AFTER DELETE ON iris_targets
+BEGIN
+    DELETE FROM iris_subscriptions WHERE id = OLD.subscription_id
+        AND NOT EXISTS (SELECT 1 FROM iris_targets WHERE subscription_id = OLD.subscription_id);
+    DELETE FROM devices WHERE id = OLD.device_id AND payload = 'iris'
+        AND NOT EXISTS (SELECT 1 FROM iris_targets WHERE device_id = OLD.device_id);
+END;

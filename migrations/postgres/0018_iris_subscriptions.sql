@@ -1,6 +1,8 @@
 -- As SQLite's migrations/0018_iris_subscriptions.sql (explained there): NIP-98 auth events
 -- single-use as whole events (id and signature) with the request they were spent on; Iris
--- subscriptions as received, linked to their push targets (rows of `devices`).
+-- subscriptions as received, linked to their push targets (rows of `devices`); unlinking a
+-- target deletes a subscription left without targets and an Iris device left without
+-- subscriptions.
 
 DROP TABLE nip98_used;
 CREATE TABLE nip98_used (
@@ -27,3 +29,15 @@ CREATE TABLE iris_targets (
     PRIMARY KEY (subscription_id, device_id)
 );
 CREATE INDEX iris_targets_by_device ON iris_targets (device_id);
+
+CREATE FUNCTION iris_target_unlinked() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM iris_subscriptions WHERE id = OLD.subscription_id
+        AND NOT EXISTS (SELECT 1 FROM iris_targets WHERE subscription_id = OLD.subscription_id);
+    DELETE FROM devices WHERE id = OLD.device_id AND payload = 'iris'
+        AND NOT EXISTS (SELECT 1 FROM iris_targets WHERE device_id = OLD.device_id);
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER iris_target_unlinked AFTER DELETE ON iris_targets
+    FOR EACH ROW EXECUTE FUNCTION iris_target_unlinked();
