@@ -206,6 +206,23 @@ class _FlushOncePerTick(APNsTLSClientProtocol):
         self.request_streams[stream_id] = request.notification_id
         return await answer
 
+    def on_stream_ended(self, stream_id: int) -> None:
+        """Forget the finished stream's request. aioapns drops a stream's apns-id only when an
+        error body names a reason, so every accepted push left its (stream id, apns-id) pair
+        in `request_streams` for the connection's whole life: about 150 bytes a push, tens of
+        megabytes a day on a busy connection that never idles out. An error answer without a
+        reason (its status kept in `request_statuses`) is settled here with that status
+        instead of waiting for the send timeout."""
+        notification_id = self.request_streams.pop(stream_id, None)
+        if notification_id is not None:
+            status = self.request_statuses.pop(notification_id, None)
+            answer = self.requests.get(notification_id)
+            if answer is not None and status is not None:
+                del self.requests[notification_id]
+                if not answer.done():
+                    answer.set_result(NotificationResult(notification_id, status))
+        super().on_stream_ended(stream_id)
+
     def flush(self) -> None:
         if not self._flush_pending:
             self._flush_pending = True

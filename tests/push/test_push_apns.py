@@ -184,6 +184,33 @@ async def test_per_push_headers_stay_out_of_the_hpack_table(make_harness, fake_a
     }
 
 
+async def test_answered_pushes_leave_no_request_state_on_the_connection(
+    make_harness, fake_apns: FakeApns
+) -> None:
+    """A long-lived connection keeps nothing per answered push: after hundreds of accepted
+    pushes and some refused ones (with and without a reason), the client's maps of requests,
+    streams and statuses are empty. aioapns kept every accepted push's stream entry, so a
+    busy connection grew by about 150 bytes a push for as long as it lived."""
+    harness = await make_harness()
+    refused = apns_token()
+    fake_apns.script.answers[refused] = (400, "BadCollapseId")
+    tokens = [apns_token() for _ in range(300)]
+    devices = [await harness.register("ios", token) for token in [*tokens, refused]]
+    for start in range(0, len(devices), 50):
+        await harness.enqueue(devices[start:start + 50])
+    await eventually(
+        lambda: {r.token for r in fake_apns.requests} >= {*tokens, refused}, what="all sent")
+    await eventually(lambda: len(harness.push_records()) >= len(devices), what="all answered")
+
+    assert harness.delivery is not None
+    sender = harness.delivery._senders["ios"].inner  # type: ignore[attr-defined]
+    connections = sender._client.pool.connections
+    assert connections
+    held = [(len(c.requests), len(c.request_streams), len(c.request_statuses))
+            for c in connections]
+    assert held == [(0, 0, 0)] * len(connections)
+
+
 def _connected_pair(max_streams: int) -> tuple[Any, H2Connection]:
     """The sender's HTTP/2 client state and a real h2 server state that allows `max_streams`
     streams at once, with their SETTINGS exchanged in memory."""
