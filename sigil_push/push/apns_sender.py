@@ -144,6 +144,12 @@ class _Http2Connection(H2Connection):
     in batches, and a push pays for about two streams of walking instead of all of them.
     """
 
+    MAX_CLOSED_STREAMS = 1024
+    """How many closed streams h2 remembers (to tell a late frame on a reset stream from one
+    on a stream that ended cleanly). h2 keeps 65,536 per connection, about 6 MB once a busy
+    APNs connection has made that many pushes, and each pooled connection fills its own; an
+    APNs answer arrives within its stream's life, so the last thousand are plenty."""
+
     def __init__(self) -> None:
         super().__init__()
         self.encoder = _HeaderEncoder()

@@ -211,6 +211,17 @@ async def test_answered_pushes_leave_no_request_state_on_the_connection(
     assert held == [(0, 0, 0)] * len(connections)
 
 
+def test_closed_streams_remembered_are_bounded() -> None:
+    """h2 remembers how each closed stream ended, up to a bound: the sender's connection keeps
+    about a thousand, not h2's 65,536 (some 6 MB per busy connection)."""
+    client, server = _connected_pair(1000)
+    for _ in range(3000):
+        stream_id = client.get_next_available_stream_id()
+        client.send_headers(stream_id, _REQUEST, end_stream=True)
+        _answer(client, server, stream_id)
+    assert 0 < len(client._closed_streams) <= 1024
+
+
 def _connected_pair(max_streams: int) -> tuple[Any, H2Connection]:
     """The sender's HTTP/2 client state and a real h2 server state that allows `max_streams`
     streams at once, with their SETTINGS exchanged in memory."""
