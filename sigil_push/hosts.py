@@ -15,14 +15,27 @@ from __future__ import annotations
 
 import functools
 
+from prometheus_client import Counter
 from publicsuffixlist import PublicSuffixList
 
-from sigil_push.outbound import is_local_name, is_public_address, parse_address
+from sigil_push.outbound import canonical_host, is_local_name, is_public_address, parse_address
 
 _PUBLIC_SUFFIXES = PublicSuffixList()
 """The Public Suffix List as the pinned package ships it (never fetched at run time)."""
 MAX_LABEL_BYTES = 63
 MAX_NAME_BYTES = 253
+REFUSAL_REASONS = ("not_a_name", "private_address", "local_name")
+
+REFUSED = Counter(
+    "sigil_push_hosts_refused_total",
+    "Hosts refused before anything was stored (registration, relay lists), by reason",
+    ["reason"],
+)
+for _reason in REFUSAL_REASONS:
+    REFUSED.labels(_reason)
+
+
+__all__ = ["InvalidHost", "ascii_name", "canonical_host", "check_host", "registrable_domain"]
 
 
 class InvalidHost(ValueError):
@@ -47,14 +60,22 @@ def ascii_name(host: str) -> str:
 
 def check_host(host: str, allow_private: bool) -> None:
     """Raise InvalidHost unless `host` (a URL's hostname, IPv6 without brackets) may be named.
-    `allow_private`: the test switch (loopback relays and endpoints)."""
+    `allow_private`: the test switch (loopback relays and endpoints). The host is read as the
+    connect-time guard reads it (`canonical_host`: `127。0。0。1` is 127.0.0.1)."""
+    host = canonical_host(host)
     literal = parse_address(host)
     if literal is not None:
         if not allow_private and not is_public_address(literal):
+            REFUSED.labels("private_address").inc()
             raise InvalidHost("host is not a public address")
         return
-    name = ascii_name(host)
+    try:
+        name = ascii_name(host)
+    except InvalidHost:
+        REFUSED.labels("not_a_name").inc()
+        raise
     if not allow_private and is_local_name(name):
+        REFUSED.labels("local_name").inc()
         raise InvalidHost("host is not a public name")
 
 
@@ -65,7 +86,7 @@ def registrable_domain(host: str) -> str:
     (wildcard subdomains of one domain are one destination). A literal address, or a name
     with no registrable part, is its own domain. Unicode names count as their A-label, so the
     two spellings of one name are one domain too."""
-    name = host.rstrip(".").lower()
+    name = canonical_host(host).rstrip(".")
     if not name or parse_address(name) is not None:
         return name
     try:

@@ -119,6 +119,28 @@ def parse_address(text: str) -> IpAddress | None:
         return None
 
 
+_IDNA_DOTS = str.maketrans({"\u3002": ".", "\uff0e": ".", "\uff61": "."})
+"""The full stops IDNA reads as label separators besides the ASCII dot (UTS #46, and Python's
+`idna` codec): ideographic U+3002, fullwidth U+FF0E, halfwidth ideographic U+FF61."""
+
+
+def canonical_host(host: str) -> str:
+    """The host as the resolver looks it up: lowercase, and a name with non-ASCII characters
+    as its IDNA A-label, which reads the ideographic and fullwidth full stops as dots and
+    fullwidth letters and digits as ASCII ones. So `127。0。0。1` and `１２７.０.０.１` are the
+    literal address 127.0.0.1 and `ｌｏｃａｌｈｏｓｔ` is localhost, for registration's checks
+    (sigil_push/hosts.py) and this guard's alike: what one refuses, the other refuses. A name
+    IDNA cannot encode comes back with only its dots mapped (it resolves to nothing)."""
+    name = host.lower()
+    if name.isascii():
+        return name
+    name = name.translate(_IDNA_DOTS)
+    try:
+        return name.encode("idna").decode("ascii").lower()
+    except UnicodeError:
+        return name
+
+
 def is_local_name(host: str) -> bool:
     """Names that only mean something inside the server's own network."""
     name = host.rstrip(".").lower()
@@ -216,7 +238,7 @@ async def resolve_public(host: str, port: int, requester: str = "any") -> list[s
 
 @dataclass(frozen=True, slots=True)
 class Destination:
-    """Where a URL points: host name (lowercase), port, and whether it is TLS."""
+    """Where a URL points: host name (`canonical_host`), port, and whether it is TLS."""
 
     host: str
     port: int
@@ -232,7 +254,7 @@ def destination(url: str) -> Destination:
     if parts.scheme not in ("ws", "wss", "http", "https") or not parts.hostname:
         raise BlockedDestination("malformed URL")
     secure = parts.scheme in ("wss", "https")
-    return Destination(parts.hostname.lower(), port or (443 if secure else 80), secure)
+    return Destination(canonical_host(parts.hostname), port or (443 if secure else 80), secure)
 
 
 @dataclass

@@ -22,7 +22,7 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 
 from sigil_push.hosts import InvalidHost, check_host
 from sigil_push.outbound import LOCAL_SUFFIXES as _LOCAL_SUFFIXES
-from sigil_push.outbound import getaddrinfo, is_public_address, parse_address
+from sigil_push.outbound import canonical_host, getaddrinfo, is_public_address, parse_address
 
 MAX_ENDPOINT_LENGTH = 2048
 
@@ -51,7 +51,7 @@ def parse_endpoint(url: str, allow_private: bool) -> tuple[str, int]:
         raise UnsafeEndpoint("endpoint must be an https:// URL")
     if not parts.hostname or parts.username or parts.password:
         raise UnsafeEndpoint("endpoint must name a host and carry no credentials")
-    host = parts.hostname
+    host = canonical_host(parts.hostname)
     try:
         check_host(host, allow_private)
     except InvalidHost as exc:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
-from sigil_push.hosts import InvalidHost, check_host
+from sigil_push.hosts import InvalidHost, canonical_host, check_host
 from sigil_push.memory_gauges import track
 from sigil_push.nostr.event import Event
 from sigil_push.store.interface import RelayStateStore
@@ -50,7 +50,7 @@ def normalize_relay_url(url: str, allow_insecure: bool) -> str | None:
         return None
     if not parts.hostname or parts.username or parts.password or parts.fragment:
         return None
-    host = parts.hostname.lower()
+    host = canonical_host(parts.hostname)
     try:
         check_host(host, allow_private=allow_insecure)
     except InvalidHost:

@@ -165,7 +165,8 @@ def test_user_relays_pointing_inside_are_never_contacted(
     """A user registers wss:// URLs for loopback (the service runs without the test switch):
     each is refused at registration with 400 invalid_relays (once accepted with 201 and then
     silently never connected); neither the relay nor its NIP-11 document is fetched, and
-    /health reveals nothing. Names that resolve inside are the connect-time guard's
+    /health reveals nothing. `127。0。0。1` (ideographic, fullwidth and halfwidth full stops)
+    is the same address: it was accepted with 201 and refused only at connect time. Names that resolve inside are the connect-time guard's
     (test_outbound_guard.py)."""
     port, accepted = internal_listener
     with ServiceProcess(tmp_path / "svc", insecure_relays=False) as service, httpx.Client(
@@ -173,10 +174,17 @@ def test_user_relays_pointing_inside_are_never_contacted(
     ) as http:
         caller = ApiCaller(http, service.url)
         for relay in (f"wss://127.0.0.1:{port}", f"wss://localhost:{port}",
-                      f"wss://127.1:{port}/?x=1"):
+                      f"wss://127.1:{port}/?x=1", f"wss://127\u30020\u30020\u30021:{port}",
+                      f"wss://127\uff0e0\uff0e0\uff0e1:{port}", f"wss://127\uff610\uff610\uff611:{port}"):
             answer = caller.register(SdkUser(), relays=[relay])
             assert answer.status_code == 400, answer.text
             assert answer.json()["error"] == "invalid_relays"
+        # the same spellings as a bunker relay: refused too, and no session is left pending
+        user = SdkUser()
+        signer = SecretKey.generate().public_key_hex
+        answer = caller.register(user, auth_signer=f"bunker://{signer}?relay=wss://127\u30020\u30020\u30021:{port}")
+        assert answer.status_code == 400 and answer.json()["error"] == "invalid_auth_signer", answer.text
+        assert caller.call("GET", "/registrations", user).json()["devices"] == []
         assert accepted == []
         assert str(port) not in http.get("/health").text
 
