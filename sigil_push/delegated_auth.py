@@ -5,7 +5,9 @@ kind 22242 AUTH events. This module keeps those sessions (sealed at rest), estab
 (`connect`, then `get_public_key`, which must be the user's key), and signs AUTH answers on
 the user's behalf, rate-limited per user so a reconnect storm never floods a signer app.
 Statuses: pending, active, refused (the signer said no, or holds another key: not retried
-until the user registers again), unreachable (retried with growing pauses).
+until the user registers again), unreachable (retried with growing pauses), failed (the
+session's own code raised something unexpected: logged by its type, counted, and retried with
+the same pauses, so no session stays `pending` with its task silently gone).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 from prometheus_client import Counter, Gauge
 
 from sigil_push.nostr.event import Event
-from sigil_push.nostr.keys import SecretKey
+from sigil_push.nostr.keys import SecretKey, is_public_key
 from sigil_push.nostr.nip46 import (
     BunkerUri,
     Response,
@@ -39,10 +41,12 @@ from sigil_push.store.errors import SKIPPABLE_WRITE_ERRORS
 from sigil_push.store.interface import AuthModeStore, DeviceStore, SignerSessionStore
 from sigil_push.store.records import StoredSession
 from sigil_push.supervisor import BackgroundTasks
+from sigil_push.tracebacks import withheld
 
 log = logging.getLogger(__name__)
 
-STATUSES = ("pending", "active", "refused", "unreachable")
+STATUSES = ("pending", "active", "refused", "unreachable", "failed")
+RETRIED = frozenset({"unreachable", "failed"})
 REQUEST_TIMEOUT_SECONDS = 15.0
 SIGNS_PER_MINUTE_PER_USER = 6
 RETRY_FIRST_SECONDS = 60.0
@@ -55,6 +59,10 @@ SIGNER_REQUESTS = Counter(
 SIGNATURES = Counter(
     "sigil_push_delegated_auth_signatures_total", "AUTH signatures asked of signers, by outcome",
     ["outcome"],
+)
+SESSION_FAILURES = Counter(
+    "sigil_push_delegated_auth_session_failures_total",
+    "Signer session attempts that ended in an unexpected exception (status `failed`)",
 )
 for _status in STATUSES:
     SESSIONS.labels(_status)
@@ -233,17 +241,29 @@ class DelegatedAuth:
         pause = RETRY_FIRST_SECONDS
         while True:
             await asyncio.sleep(max(0.0, session.retry_after - time.monotonic()))
-            try:
-                status, detail = await self._handshake(session)
-            except SignerUnreachable as exc:
-                status, detail = "unreachable", str(exc)
+            status, detail = await self._attempt(session)
             await self._set_status(session, status, detail)
-            if status != "unreachable":
+            if status not in RETRIED:
                 return
             session.retry_after = time.monotonic() + pause
             pause = min(RETRY_MAX_SECONDS, pause * 2)
 
+    async def _attempt(self, session: Session) -> tuple[str, str]:
+        """One handshake's outcome as (status, detail), whatever it raised: a task that died
+        here left the session `pending` for good, with nothing logged."""
+        try:
+            return await self._handshake(session)
+        except SignerUnreachable as exc:
+            return "unreachable", str(exc)
+        except Exception as exc:  # the point: every failure becomes a status
+            SESSION_FAILURES.inc()
+            log.error("signer session failed (%s); retried with pauses", type(exc).__name__,
+                      exc_info=withheld(exc))
+            return "failed", f"the session failed on the server ({type(exc).__name__}); retried with pauses"
+
     async def _handshake(self, session: Session) -> tuple[str, str]:
+        if not is_public_key(session.signer_pubkey):  # stored before registration checked it
+            return "refused", "the signer's key is not a public key; register the signer again"
         bunker = BunkerUri(session.signer_pubkey, session.relays, session.secret)
         request_id, message = connect_request(session.client, bunker)
         answer = await self._ask(session, request_id, message, "connect")
@@ -277,6 +297,10 @@ class DelegatedAuth:
             await self._stored.set_status(session.pubkey, status, detail, int(time.time()))
         except SKIPPABLE_WRITE_ERRORS as exc:
             log.warning("could not store a signer session's status (%s)", exc)
+        except Exception as exc:  # the status in memory stands; say why it is not stored
+            SESSION_FAILURES.inc()
+            log.error("could not store a signer session's status (%s)", type(exc).__name__,
+                      exc_info=withheld(exc))
         log.info("signer session %s%s", status, f": {detail}" if detail else "")
         self._count()
         self._notify(session.pubkey, status)

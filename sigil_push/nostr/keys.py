@@ -36,6 +36,12 @@ def _parsed_public_key(xonly_hex: str) -> Any:
         return None
 
 
+def is_public_key(value: str) -> bool:
+    """True for a BIP-340 public key: 64 lowercase hex digits that are the x coordinate of a
+    point on the curve (about half of all 64-digit hex strings are not)."""
+    return is_hex(value, 64) and _parsed_public_key(value) is not None
+
+
 def schnorr_verify(xonly_hex: str, message32: bytes, signature_hex: str) -> bool:
     """Check a BIP-340 signature; any malformed key or signature is simply invalid.
 

@@ -17,7 +17,7 @@ from urllib.parse import parse_qs, urlsplit
 import nostr_sdk
 
 from sigil_push.nostr.event import Event, InvalidEvent, sign_event
-from sigil_push.nostr.keys import SecretKey, is_hex
+from sigil_push.nostr.keys import SecretKey, is_public_key
 from sigil_push.nostr.nip42 import AUTH_KIND
 
 REQUEST_KIND = 24133
@@ -51,8 +51,10 @@ class BunkerUri:
         if parts.scheme != "bunker":
             raise InvalidBunkerUri("must be a bunker:// URI")
         signer = parts.netloc.lower()
-        if not is_hex(signer, 64):
-            raise InvalidBunkerUri("the remote signer's key must be 64 hex characters")
+        if not is_public_key(signer):
+            # hex that is no point on the curve cannot be encrypted to: refused here, not
+            # left to fail inside the session's task
+            raise InvalidBunkerUri("the remote signer's key must be a public key (64 hex characters)")
         query = parse_qs(parts.query)
         schemes = ("wss://", "ws://") if allow_insecure_relays else ("wss://",)
         relays = tuple(dict.fromkeys(query.get("relay", [])))

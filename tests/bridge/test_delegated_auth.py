@@ -12,10 +12,18 @@ from typing import Any
 
 import nostr_sdk
 import pytest
+from prometheus_client import REGISTRY
 
 from sigil_push.delegated_auth import DelegatedAuth, DelegatedAuthUnavailable
 from sigil_push.nostr.keys import SecretKey
-from sigil_push.nostr.nip46 import BunkerUri, ForbiddenRequest, Response, _request, connect_request
+from sigil_push.nostr.nip46 import (
+    BunkerUri,
+    ForbiddenRequest,
+    InvalidBunkerUri,
+    Response,
+    _request,
+    connect_request,
+)
 from sigil_push.relays.signer_link import SignerRelayLink
 from sigil_push.store.factory import PostgresStore, SqliteStore
 from testkit.relay import RelayProcess, free_port
@@ -105,6 +113,43 @@ async def test_unreachable_signer_is_reported(auth: DelegatedAuth) -> None:
     user = SecretKey.generate().public_key_hex
     await auth.set_signer(user, BunkerUri.parse(f"bunker://{'ab' * 32}?relay={dead}", True))
     await wait_for_status(auth, user, "unreachable")
+
+
+async def test_a_signer_key_off_the_curve_is_refused_not_left_pending(auth: DelegatedAuth) -> None:
+    """Hex that is no curve point (as registration accepted before it checked, so rows of it
+    may be stored): the session's task died in the NIP-44 encryption with the status stuck at
+    `pending` and nothing logged. Registration now refuses it (BunkerUri.parse, and
+    test_api_errors.py against the service); a stored one is `refused` with a reason."""
+    off_curve = "0" * 64
+    with pytest.raises(InvalidBunkerUri):
+        BunkerUri.parse(f"bunker://{off_curve}?relay=ws://127.0.0.1:1", True)
+    user = SecretKey.generate().public_key_hex
+    await auth.set_signer(user, BunkerUri(off_curve, (f"ws://127.0.0.1:{free_port()}",), None))
+    await wait_for_status(auth, user, "refused")
+    assert "not a public key" in auth.detail(user)
+
+
+async def test_an_unexpected_exception_in_a_session_is_a_visible_status(
+    auth: DelegatedAuth, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever a handshake raises, the session is not left `pending` with its task gone: it
+    is `failed` with the exception's type in its detail, logged by type (the message, which
+    may quote keys, withheld), counted, and retried with the unreachable pauses."""
+    marker = secrets.token_hex(8)
+
+    def broken(*args: Any) -> Any:
+        raise KeyError(marker)
+
+    monkeypatch.setattr("sigil_push.delegated_auth.connect_request", broken)
+    failures = REGISTRY.get_sample_value("sigil_push_delegated_auth_session_failures_total") or 0.0
+    user = SecretKey.generate().public_key_hex
+    with caplog.at_level(logging.ERROR, logger="sigil_push.delegated_auth"):
+        await auth.set_signer(user, BunkerUri.parse(f"bunker://{'ab' * 32}?relay=ws://127.0.0.1:1", True))
+        await wait_for_status(auth, user, "failed")
+    assert "KeyError" in auth.detail(user)
+    assert REGISTRY.get_sample_value("sigil_push_delegated_auth_session_failures_total") == failures + 1
+    assert "signer session failed (KeyError)" in caplog.text and marker not in caplog.text
+    assert REGISTRY.get_sample_value("sigil_push_delegated_auth_sessions", {"status": "failed"}) == 1
 
 
 async def test_signer_requests_are_rate_limited_per_user(

@@ -232,6 +232,8 @@ def test_invalid_relays(api: ApiCaller, relays: object) -> None:
         "bunker://" + "ab" * 32 + "?relay=https://r.example",
         "bunker://" + "ab" * 32 + "".join(f"&relay=wss://r{i}.example" for i in range(6)),
         "bunker://" + "ab" * 32 + "?relay=wss://r.example&secret=a&secret=b",
+        "bunker://" + "0" * 64 + "?relay=wss://r.example",  # hex, but no point on the curve
+        "bunker://" + "5" * 64 + "?relay=wss://r.example",
     ],
 )
 def test_invalid_auth_signer(api: ApiCaller, signer: object) -> None:
