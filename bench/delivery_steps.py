@@ -30,9 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.push_cost import fill
 from sigil_push.config import LimitsConfig, PushConfig
 from sigil_push.delivery import Delivery
+from sigil_push.http.server import tune_gc
 from sigil_push.observations import ObservationLog, now_ms
 from sigil_push.push.base import Outcome, Status, WakeupMessage
-from sigil_push.server import tune_gc
 from sigil_push.store.records import Device
 from sigil_push.store.sqlite.database import open_database
 from sigil_push.store.sqlite.devices import Devices

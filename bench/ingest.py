@@ -67,9 +67,9 @@ sys.path.insert(0, str(ROOT))
 
 import uvloop
 
+from sigil_push.http.server import tune_gc
 from sigil_push.nostr.event import Event, sign_event
 from sigil_push.nostr.keys import SecretKey
-from sigil_push.server import tune_gc
 
 RESULTS = ROOT / "bench" / "results" / "ingest.json"
 BRIDGE_CORE, RELAY_CORE = 0, 1

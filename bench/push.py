@@ -67,12 +67,12 @@ from native_apns import NativeApns
 
 from sigil_push.config import Config, parse_config
 from sigil_push.delivery import Delivery
+from sigil_push.http.server import tune_gc
 from sigil_push.nostr.event import Event, sign_event
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.observations import ObservationLog, now_ms
 from sigil_push.push.base import Outcome, Sender, Status, WakeupMessage
 from sigil_push.push.factory import build_senders
-from sigil_push.server import tune_gc
 from sigil_push.store.records import Device
 from sigil_push.store.sqlite.database import open_database
 from sigil_push.store.sqlite.devices import Devices

@@ -50,11 +50,11 @@ from sigil_push.config import parse_config
 from sigil_push.delivery import Delivery
 from sigil_push.delivery import facade as delivery_facade
 from sigil_push.delivery import settle as delivery_settle
+from sigil_push.http.server import tune_gc
 from sigil_push.nostr.event import sign_event
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.observations import ObservationLog, now_ms
 from sigil_push.push.factory import build_senders
-from sigil_push.server import tune_gc
 from sigil_push.store.sqlite.database import open_database
 from sigil_push.store.sqlite.devices import Devices
 from sigil_push.store.sqlite.outbox import Outbox

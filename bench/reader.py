@@ -240,7 +240,7 @@ def main() -> None:
     if args.client:
         import uvloop
 
-        from sigil_push.server import tune_gc
+        from sigil_push.http.server import tune_gc
 
         pin(CLIENT_CORE)
         tune_gc()

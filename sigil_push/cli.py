@@ -73,7 +73,7 @@ def _serve(config: Config) -> int:
     from sigil_push.store.factory import preflight
 
     asyncio.run(preflight(config))
-    from sigil_push.server import run_server
+    from sigil_push.http.server import run_server
 
     return run_server(config)
 

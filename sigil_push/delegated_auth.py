@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from prometheus_client import Counter, Gauge
 
+from sigil_push.http.ratelimit import RateLimiter
 from sigil_push.nostr.event import Event
 from sigil_push.nostr.keys import SecretKey, is_public_key
 from sigil_push.nostr.nip46 import (
@@ -32,7 +33,6 @@ from sigil_push.nostr.nip46 import (
     sign_auth_request,
     signed_auth_event,
 )
-from sigil_push.ratelimit import RateLimiter
 from sigil_push.relays.connection import AuthUnavailable
 from sigil_push.relays.signer_link import SignerLinks, SignerUnreachable
 from sigil_push.sealed import Sealer, UnreadableSecret

@@ -79,7 +79,7 @@ def _parse_key_file(path: Path, text: str) -> SecretKey:
 
 def make_private(database: Path) -> None:
     """Tighten an existing database (and its WAL/SHM) to 0600: files created before the
-    process umask was 077 (sigil_push/server.py) kept whatever umask made them."""
+    process umask was 077 (sigil_push/http/server.py) kept whatever umask made them."""
     for path in (database, database.with_name(database.name + "-wal"),
                  database.with_name(database.name + "-shm")):
         try:

@@ -23,9 +23,9 @@ from typing import Any
 
 import httpx
 
-from sigil_push.api import create_app
 from sigil_push.bridge import Bridge
 from sigil_push.config import parse_config
+from sigil_push.http.api import create_app
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.observations import ObservationLog
 from sigil_push.service import Service

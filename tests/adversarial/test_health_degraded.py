@@ -9,8 +9,8 @@ from pathlib import Path
 
 import httpx
 
-from sigil_push.api import create_admin_app, create_app
 from sigil_push.config import Config, parse_config
+from sigil_push.http.api import create_admin_app, create_app
 from sigil_push.service import Service
 from testkit.fakes.harness import eventually
 from testkit.stores import Engine

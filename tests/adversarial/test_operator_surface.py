@@ -20,8 +20,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from sigil_push.http.ratelimit import client_address, trusted_networks
 from sigil_push.nostr.keys import SecretKey
-from sigil_push.ratelimit import client_address, trusted_networks
 from sigil_push.store.sqlite.database import open_database
 from testkit.cli import assert_config_refused
 from testkit.nip98 import SdkUser

@@ -13,10 +13,10 @@ import pytest
 
 from sigil_push.errors import BadRequest
 from sigil_push.hosts import registrable_domain
+from sigil_push.http.validation import parse_register
 from sigil_push.outbound import BlockedDestination, OutboundGuard, destination, resolve_public
 from sigil_push.push.endpoint_guard import PublicResolver, UnsafeEndpoint, check_endpoint
 from sigil_push.relays.discovery import normalize_relay_url
-from sigil_push.validation import parse_register
 
 SIGNER = "a" * 64
 UNENCODABLE = "a" + "ä" * 70 + ".com"

@@ -18,8 +18,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from sigil_push.http_protocol import MAX_HEADERS, REQUEST_DEADLINE_SECONDS
-from sigil_push.server import _AdminServer, _uvicorn_config, warn_if_trusting_everyone
+from sigil_push.http.protocol import MAX_HEADERS, REQUEST_DEADLINE_SECONDS
+from sigil_push.http.server import _AdminServer, _uvicorn_config, warn_if_trusting_everyone
 
 SLOW_CLIENTS = 200
 
@@ -96,7 +96,7 @@ async def test_header_count_and_size_are_bounded(api_port: int) -> None:
 def test_trusting_every_address_as_a_proxy_is_warned_about(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="sigil_push.server"):
+    with caplog.at_level(logging.WARNING, logger="sigil_push.http.server"):
         assert not warn_if_trusting_everyone(("127.0.0.1", "10.0.0.0/8"))
         assert not caplog.records
         assert warn_if_trusting_everyone(("10.0.0.0/8", "::/0"))

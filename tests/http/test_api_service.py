@@ -7,9 +7,9 @@ from pathlib import Path
 
 import httpx
 
-from sigil_push.api import create_app
 from sigil_push.config import load_config
-from sigil_push.http_metrics import KNOWN_ROUTES
+from sigil_push.http.api import create_app
+from sigil_push.http.metrics import KNOWN_ROUTES
 from sigil_push.service import Service
 from testkit.nip98 import SdkUser
 from testkit.service import ServiceProcess

@@ -15,7 +15,7 @@ import subprocess
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sigil_push.worker_metrics import WorkerLabelled
+from sigil_push.http.worker_metrics import WorkerLabelled
 
 
 def registry() -> CollectorRegistry:

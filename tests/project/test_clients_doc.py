@@ -15,9 +15,9 @@ from pathlib import Path
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 
-from sigil_push import api, validation
 from sigil_push.bridge.user_lists import MAX_LIST_ENTRIES
 from sigil_push.config import LimitsConfig, PushConfig
+from sigil_push.http import api, validation
 from sigil_push.nostr import nip98
 from sigil_push.push import apns, fcm, registry
 from sigil_push.push.endpoint_guard import MAX_ENDPOINT_LENGTH

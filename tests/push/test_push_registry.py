@@ -18,14 +18,14 @@ import httpx
 import pytest
 
 from sigil_push import config as config_module
-from sigil_push.api import create_app
 from sigil_push.config import Config, ConfigError, parse_config
 from sigil_push.errors import BadRequest
+from sigil_push.http.api import create_app
+from sigil_push.http.validation import parse_device_token, parse_platform, parse_webpush_keys
 from sigil_push.push import metrics, registry
 from sigil_push.push.factory import build_senders
 from sigil_push.push.provider import Provider
 from sigil_push.service import Service
-from sigil_push.validation import parse_device_token, parse_platform, parse_webpush_keys
 from testkit.fakes.credentials import WebPushSubscriber
 from testkit.fakes.fake_apns import FakeApns
 from testkit.fakes.fake_fcm import FakeFcm
@@ -200,7 +200,7 @@ def test_a_providers_client_library_loads_only_when_its_table_is_configured(tmp_
     script = (
         "import asyncio, sys\n"
         "from pathlib import Path\n"
-        "import sigil_push.api, sigil_push.cli, sigil_push.service\n"
+        "import sigil_push.http.api, sigil_push.cli, sigil_push.service\n"
         "from sigil_push.config import parse_config\n"
         "from sigil_push.push.factory import build_senders\n"
         f"config = parse_config({{}}, Path({str(tmp_path / 'relays.toml')!r}))\n"

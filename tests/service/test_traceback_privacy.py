@@ -10,11 +10,11 @@ import asyncpg
 import pytest
 from starlette.requests import Request
 
-from sigil_push.api import _error_response
 from sigil_push.delivery import Delivery
+from sigil_push.http.api import _error_response
+from sigil_push.http.server import _uvicorn_config
 from sigil_push.nostr.nip19 import encode_npub
 from sigil_push.push.base import Outcome, WakeupMessage
-from sigil_push.server import _uvicorn_config
 from sigil_push.store.records import Device
 from sigil_push.tracebacks import withheld
 from testkit.fakes.harness import Harness, apns_token, eventually

@@ -27,10 +27,10 @@ from typing import Literal
 import uvicorn
 from uvicorn._compat import asyncio_run
 
-from sigil_push.api import create_admin_app, create_app
 from sigil_push.config import Config
-from sigil_push.http_protocol import server_options
-from sigil_push.ratelimit import trusted_networks
+from sigil_push.http.api import create_admin_app, create_app
+from sigil_push.http.protocol import server_options
+from sigil_push.http.ratelimit import trusted_networks
 from sigil_push.service import Service
 from sigil_push.tracebacks import WithholdMessages
 

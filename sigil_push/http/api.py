@@ -21,20 +21,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from sigil_push import __version__
-from sigil_push.cors import CorsMiddleware
 from sigil_push.errors import ApiError, BadRequest, RateLimited
-from sigil_push.http_metrics import MetricsMiddleware
-from sigil_push.nostr.nip19 import encode_npub
-from sigil_push.nostr.nip98 import AuthError, AuthExpired, AuthMissing, verify_http_auth
-from sigil_push.push import registry
-from sigil_push.ratelimit import RateLimiter, client_address, rate_limit_key, trusted_networks
-from sigil_push.relays.labels import relay_label
-from sigil_push.service import Service, State
-from sigil_push.store.auth_ids import request_digest
-from sigil_push.store.errors import STORE_UNAVAILABLE, TooManyAccounts, TooManyDevices
-from sigil_push.store.records import Device
-from sigil_push.tracebacks import withheld
-from sigil_push.validation import (
+from sigil_push.http.cors import CorsMiddleware
+from sigil_push.http.metrics import MetricsMiddleware
+from sigil_push.http.ratelimit import RateLimiter, client_address, rate_limit_key, trusted_networks
+from sigil_push.http.validation import (
     parse_json_object,
     parse_npub,
     parse_pair_token,
@@ -42,7 +33,16 @@ from sigil_push.validation import (
     parse_presence_seconds,
     parse_register,
 )
-from sigil_push.worker_metrics import WorkerLabelled
+from sigil_push.http.worker_metrics import WorkerLabelled
+from sigil_push.nostr.nip19 import encode_npub
+from sigil_push.nostr.nip98 import AuthError, AuthExpired, AuthMissing, verify_http_auth
+from sigil_push.push import registry
+from sigil_push.relays.labels import relay_label
+from sigil_push.service import Service, State
+from sigil_push.store.auth_ids import request_digest
+from sigil_push.store.errors import STORE_UNAVAILABLE, TooManyAccounts, TooManyDevices
+from sigil_push.store.records import Device
+from sigil_push.tracebacks import withheld
 
 log = logging.getLogger(__name__)
 
