@@ -46,10 +46,10 @@ from sigil_push.nostr.nip59 import gift_wrap
 from sigil_push.observations import ObservationLog, now_ms
 from sigil_push.relays.connection import AuthSigner, BridgeKeySigner
 from sigil_push.relays.discovery import normalize_relay_url
-from sigil_push.relays.labels import relay_label
 from sigil_push.relays.publish import publish
 from sigil_push.relays.subscriptions import DM_KINDS
-from sigil_push.tracebacks import withheld
+from sigil_push.telemetry.redaction import relay_label
+from sigil_push.telemetry.tracebacks import withheld
 
 log = logging.getLogger(__name__)
 

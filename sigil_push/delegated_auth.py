@@ -41,7 +41,7 @@ from sigil_push.store.errors import SKIPPABLE_WRITE_ERRORS
 from sigil_push.store.interface import AuthModeStore, DeviceStore, SignerSessionStore
 from sigil_push.store.records import StoredSession
 from sigil_push.supervisor import BackgroundTasks
-from sigil_push.tracebacks import withheld
+from sigil_push.telemetry.tracebacks import withheld
 
 log = logging.getLogger(__name__)
 

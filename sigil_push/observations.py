@@ -55,8 +55,8 @@ from prometheus_client import Counter, Gauge
 
 from sigil_push.push.base import Status
 from sigil_push.push.registry import PLATFORMS
-from sigil_push.relays.labels import redact_keys, relay_label
 from sigil_push.supervisor import supervise
+from sigil_push.telemetry.redaction import redact_keys, relay_label
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")

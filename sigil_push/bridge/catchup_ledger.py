@@ -39,7 +39,6 @@ from typing import Any
 
 from prometheus_client import Counter
 
-from sigil_push.memory_gauges import track
 from sigil_push.nostr.nip77_snapshot import (
     DIGEST_SIZE,
     RECORD_SIZE,
@@ -49,6 +48,7 @@ from sigil_push.nostr.nip77_snapshot import (
 )
 from sigil_push.store.errors import STORE_UNAVAILABLE
 from sigil_push.store.interface import UNADDRESSED, BridgeConnection
+from sigil_push.telemetry.memory_gauges import track
 
 log = logging.getLogger(__name__)
 

@@ -35,12 +35,10 @@ from sigil_push.bridge.keys import KeyRegistry
 from sigil_push.bridge.pending import Pending
 from sigil_push.bridge.relay_state import RelayState
 from sigil_push.config import Config
-from sigil_push.memory_gauges import track
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.observations import ObservationLog
 from sigil_push.relays.connection import BridgeKeySigner
 from sigil_push.relays.discovery import RelayLists, normalize_relay_url
-from sigil_push.relays.labels import relay_label
 from sigil_push.relays.pool import RelayPool
 from sigil_push.relays.port import BridgePort
 from sigil_push.relays.user_inbox import UserInboxes
@@ -50,6 +48,8 @@ from sigil_push.store.factory import connect_bridge
 from sigil_push.store.interface import BridgeConnection, DeviceStore, OutboxStore, SeenStore
 from sigil_push.store.seen import SeenEvents
 from sigil_push.supervisor import Supervisor
+from sigil_push.telemetry.memory_gauges import track
+from sigil_push.telemetry.redaction import relay_label
 
 if TYPE_CHECKING:
     from sigil_push.canary import Canary

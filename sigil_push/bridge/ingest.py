@@ -24,8 +24,8 @@ from sigil_push.bridge.catchup_ledger import CatchupLedger
 from sigil_push.bridge.metrics import RelayCounters, remove_relay_series
 from sigil_push.bridge.pending import Arrival, Pending
 from sigil_push.bridge.user_lists import USER_LIST_KINDS_SET, user_list_of
+from sigil_push.bridge.verified import RecentlyVerified, Verified
 from sigil_push.config import BridgeConfig
-from sigil_push.memory_gauges import track
 from sigil_push.nostr.event import Event, InvalidEvent, compute_id
 from sigil_push.relays.budget import ConnectionBudget
 from sigil_push.relays.discovery import LIST_KINDS_SET, SUBSCRIBED_LIST_KINDS_SET, RelayLists
@@ -33,7 +33,7 @@ from sigil_push.relays.port import Frame, Outcome, RelayFeed, Stored, Verdict
 from sigil_push.relays.subscriptions import DM_KINDS
 from sigil_push.store.interface import SeenStore
 from sigil_push.store.preferences import UserList
-from sigil_push.verified import RecentlyVerified, Verified
+from sigil_push.telemetry.memory_gauges import track
 
 if TYPE_CHECKING:
     from sigil_push.canary import Canary

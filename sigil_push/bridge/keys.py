@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING
 
 from sigil_push.bridge.metrics import KEYS
 from sigil_push.bridge.relay_state import RelayState
-from sigil_push.memory_gauges import track
 from sigil_push.relays.discovery import RelayLists, normalize_relay_url
 from sigil_push.relays.pool import NO_RELAYS, RelayPool
 from sigil_push.relays.user_inbox import UserInboxes
 from sigil_push.shards import ShardSet
 from sigil_push.store.interface import DeviceStore, RelayStateStore
+from sigil_push.telemetry.memory_gauges import track
 
 if TYPE_CHECKING:
     from sigil_push.canary import Canary

@@ -7,9 +7,9 @@ import contextlib
 
 from prometheus_client import Counter, Gauge
 
-from sigil_push.batch_histogram import BatchHistogram
 from sigil_push.relays.budget import ConnectionBudget
 from sigil_push.relays.labels import USER_RELAYS, series_label
+from sigil_push.telemetry.batch_histogram import BatchHistogram
 
 DROP_REASONS = (
     "malformed", "wrong_kind", "unknown_recipient", "wrong_id", "forged", "no_device",

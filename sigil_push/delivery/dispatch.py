@@ -23,7 +23,7 @@ from sigil_push.delivery.plan import BATCH_SIZE, Host, Push, endpoint_caps
 from sigil_push.delivery.settle import Settlement
 from sigil_push.push.base import Outcome, Sender, Status
 from sigil_push.store.interface import OutboxStore
-from sigil_push.tracebacks import withheld
+from sigil_push.telemetry.tracebacks import withheld
 
 log = logging.getLogger(__name__)
 

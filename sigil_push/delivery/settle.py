@@ -25,7 +25,7 @@ from sigil_push.observations import now_ms
 from sigil_push.push.base import Outcome, Status
 from sigil_push.store.interface import DeviceStore, OutboxStore
 from sigil_push.store.records import Wakeup
-from sigil_push.tracebacks import withheld
+from sigil_push.telemetry.tracebacks import withheld
 
 log = logging.getLogger(__name__)
 

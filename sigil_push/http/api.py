@@ -37,12 +37,12 @@ from sigil_push.http.worker_metrics import WorkerLabelled
 from sigil_push.nostr.nip19 import encode_npub
 from sigil_push.nostr.nip98 import AuthError, AuthExpired, AuthMissing, verify_http_auth
 from sigil_push.push import registry
-from sigil_push.relays.labels import relay_label
 from sigil_push.service import Service, State
 from sigil_push.store.auth_ids import request_digest
 from sigil_push.store.errors import STORE_UNAVAILABLE, TooManyAccounts, TooManyDevices
 from sigil_push.store.records import Device
-from sigil_push.tracebacks import withheld
+from sigil_push.telemetry.redaction import relay_label
+from sigil_push.telemetry.tracebacks import withheld
 
 log = logging.getLogger(__name__)
 

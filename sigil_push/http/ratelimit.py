@@ -12,7 +12,7 @@ import math
 import time
 from collections.abc import Sequence
 
-from sigil_push.memory_gauges import track
+from sigil_push.telemetry.memory_gauges import track
 
 PRUNE_EVERY = 10_000
 

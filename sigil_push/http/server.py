@@ -32,7 +32,7 @@ from sigil_push.http.api import create_admin_app, create_app
 from sigil_push.http.protocol import server_options
 from sigil_push.http.ratelimit import trusted_networks
 from sigil_push.service import Service
-from sigil_push.tracebacks import WithholdMessages
+from sigil_push.telemetry.tracebacks import WithholdMessages
 
 log = logging.getLogger(__name__)
 

@@ -11,10 +11,10 @@ import asyncio
 from collections import deque
 from collections.abc import Hashable
 
-from sigil_push.memory_gauges import track
 from sigil_push.push.base import Outcome, Sender, WakeupMessage
 from sigil_push.push.metrics import IN_FLIGHT
 from sigil_push.store.records import Device
+from sigil_push.telemetry.memory_gauges import track
 
 
 class ConcurrencyLimited:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge
 
-from sigil_push.batch_histogram import BatchHistogram
 from sigil_push.push.base import Status
 from sigil_push.push.registry import PROVIDER_NAMES as PROVIDERS
+from sigil_push.telemetry.batch_histogram import BatchHistogram
 
 PUSHES = Counter(
     "sigil_push_pushes_total", "Pushes answered, by provider and outcome", ["provider", "outcome"]

@@ -43,10 +43,11 @@ from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip42 import auth_event
 from sigil_push.observations import ObservationLog
 from sigil_push.relays.budget import ConnectionBudget
-from sigil_push.relays.labels import USER_RELAYS, relay_label, series_label
+from sigil_push.relays.labels import USER_RELAYS, series_label
 from sigil_push.relays.nip11 import RelayLimits, fetch_limits
 from sigil_push.relays.reader_socket import ReaderSocket, open_reader
 from sigil_push.supervisor import BackgroundTasks, supervise
+from sigil_push.telemetry.redaction import relay_label
 
 log = logging.getLogger(__name__)
 # websockets logs every frame, truncated, at DEBUG: REQ filters would put pieces of users'

@@ -12,9 +12,9 @@ from collections.abc import Iterable
 from urllib.parse import urlsplit
 
 from sigil_push.hosts import InvalidHost, canonical_host, check_host
-from sigil_push.memory_gauges import track
 from sigil_push.nostr.event import Event
 from sigil_push.store.interface import RelayStateStore
+from sigil_push.telemetry.memory_gauges import track
 
 DM_RELAYS_KIND = 10050
 RELAY_LIST_KIND = 10002

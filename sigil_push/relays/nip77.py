@@ -32,11 +32,11 @@ from typing import Any
 
 import aiohttp
 
-from sigil_push.memory_gauges import track
 from sigil_push.nostr.nip77 import Items, ProtocolError, Reconciliation, SortedItems
 from sigil_push.nostr.nip77_snapshot import LayeredItems, SnapshotItems
-from sigil_push.relays.labels import redact_keys, relay_label
 from sigil_push.relays.reader_socket import ReaderSocket, open_reader
+from sigil_push.telemetry.memory_gauges import track
+from sigil_push.telemetry.redaction import redact_keys, relay_label
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,6 @@ from typing import Any
 from prometheus_client import Gauge
 
 from sigil_push.config import BridgeConfig
-from sigil_push.memory_gauges import track
 from sigil_push.observations import ObservationLog
 from sigil_push.relays import catchup_metrics
 from sigil_push.relays.connection import BACKOFF, CONNECTED, GATED, AuthSigner, RelayConnection
@@ -39,6 +38,7 @@ from sigil_push.relays.nip77 import NegentropyFailed, Reconciler
 from sigil_push.relays.port import BridgePort, Frame, RelayFeed, Stored, Verdict
 from sigil_push.relays.subscriptions import RelaySubscriptions, Request
 from sigil_push.supervisor import BackgroundTasks
+from sigil_push.telemetry.memory_gauges import track
 
 _SUB_ID = re.compile(r'\["EVENT"\s*,\s*"([^"\\]{1,64})"')
 GIFT_WRAP_SKEW_SECONDS = 2 * 24 * 3600

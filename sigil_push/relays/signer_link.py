@@ -29,13 +29,13 @@ from prometheus_client import Counter
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
-from sigil_push.memory_gauges import track
 from sigil_push.nostr.event import Event, InvalidEvent
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip46 import REQUEST_KIND, Response, SignerError, read_response
 from sigil_push.outbound import GuardedSocket, open_relay_socket
 from sigil_push.relays.connection import wire_log
 from sigil_push.supervisor import supervise
+from sigil_push.telemetry.memory_gauges import track
 
 log = logging.getLogger(__name__)
 

@@ -60,11 +60,11 @@ from sigil_push.config import BridgeConfig
 from sigil_push.observations import ObservationLog
 from sigil_push.relays.connection import AuthSigner
 from sigil_push.relays.inbox_connection import USER_AUTHS, AuthMode, InboxConnection
-from sigil_push.relays.labels import relay_label
 from sigil_push.relays.port import BridgePort
 from sigil_push.store.auth_modes import LearnedAuthModes
 from sigil_push.store.errors import STORE_UNAVAILABLE
 from sigil_push.supervisor import BackgroundTasks
+from sigil_push.telemetry.redaction import relay_label
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from prometheus_client import REGISTRY
 
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip19 import encode_npub
-from sigil_push.relays.labels import relay_label
+from sigil_push.telemetry.redaction import relay_label
 from testkit.in_process import in_process_bridge
 from tests.adversarial.hostile import eventually
 

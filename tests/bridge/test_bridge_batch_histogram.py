@@ -8,8 +8,8 @@ import random
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from sigil_push.batch_histogram import BatchHistogram
 from sigil_push.bridge.metrics import LATENCY
+from sigil_push.telemetry.batch_histogram import BatchHistogram
 
 BOUNDS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
 

@@ -28,11 +28,11 @@ from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
 from sigil_push.bridge import committer
+from sigil_push.bridge.verified import RecentlyVerified
 from sigil_push.nostr.event import sign_event
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.relays.labels import series_label
 from sigil_push.store.seen import SeenEvents
-from sigil_push.verified import RecentlyVerified
 from testkit.bridge_harness import (
     assert_private,
     eventually,

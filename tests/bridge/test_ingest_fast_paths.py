@@ -13,9 +13,9 @@ from typing import Any
 from prometheus_client import REGISTRY
 
 from sigil_push.bridge.pending import Pending
+from sigil_push.bridge.verified import RecentlyVerified
 from sigil_push.nostr.event import compute_id, sign_event
 from sigil_push.nostr.keys import SecretKey
-from sigil_push.verified import RecentlyVerified
 from testkit.fakes.harness import eventually as poll
 from testkit.in_process import InProcessBridge, in_process_bridge
 from testkit.stores import Engine

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sigil_push.nostr.nip19 import encode_npub
-from sigil_push.relays.labels import redact_keys, relay_label
+from sigil_push.telemetry.redaction import redact_keys, relay_label
 
 NPUB = encode_npub("cd" * 32)
 HEX_KEY = "ef" * 32

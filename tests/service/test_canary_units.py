@@ -23,7 +23,7 @@ from sigil_push.nostr.nip19 import encode_npub
 from sigil_push.nostr.nip59 import MAX_BACKDATE_SECONDS, gift_wrap
 from sigil_push.observations import ObservationLog
 from sigil_push.relays.connection import BridgeKeySigner
-from sigil_push.relays.labels import relay_label
+from sigil_push.telemetry.redaction import relay_label
 from testkit.bridge_harness import eventually
 
 

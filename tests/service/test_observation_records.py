@@ -12,7 +12,7 @@ import pytest
 
 from sigil_push.nostr.nip19 import encode_npub
 from sigil_push.observations import _KNOWN_PLATFORMS, _KNOWN_STATUSES, _PLAIN_WORD, ObservationLog
-from sigil_push.relays.labels import relay_label
+from sigil_push.telemetry.redaction import relay_label
 
 EVENT_ID = "ab" * 32
 TS = 1_790_000_000_123

@@ -16,7 +16,7 @@ from sigil_push.http.server import _uvicorn_config
 from sigil_push.nostr.nip19 import encode_npub
 from sigil_push.push.base import Outcome, WakeupMessage
 from sigil_push.store.records import Device
-from sigil_push.tracebacks import withheld
+from sigil_push.telemetry.tracebacks import withheld
 from testkit.fakes.harness import Harness, apns_token, eventually
 
 NPUB = encode_npub("cd" * 32)

@@ -26,7 +26,7 @@ from prometheus_client import Gauge
 from sigil_push.shards import ShardSet
 from sigil_push.store.postgres.leases import ShardLeaser
 from sigil_push.supervisor import supervise
-from sigil_push.tracebacks import withheld
+from sigil_push.telemetry.tracebacks import withheld
 
 log = logging.getLogger(__name__)
 

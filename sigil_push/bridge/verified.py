@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sigil_push.memory_gauges import track
+from sigil_push.telemetry.memory_gauges import track
 
 if TYPE_CHECKING:
     from sigil_push.bridge.pending import Arrival
