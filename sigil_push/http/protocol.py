@@ -7,23 +7,31 @@ arrive whole, headers and body, within REQUEST_DEADLINE_SECONDS of the connectio
 of the previous response; a connection that misses it is closed and counted. Header count and
 size are bounded as they are parsed (past either: 400 and the connection closed), so no client
 makes the server buffer more than a request's worth before the app is even called.
+
+What this layer answers by itself is JSON like every other refusal (`{"error", "message"}`,
+with the CORS allow-origin header): uvicorn's own answers are plain text, so a request HTTP
+refuses (a `Content-Length` that is not a number, a malformed request line, the header bounds)
+got `400 Invalid HTTP request received.`, and one past the concurrency limit
+`503 Service Unavailable`, which a client parsing every error as JSON cannot read.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 from prometheus_client import Counter
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn._types import ASGIReceiveCallable, ASGISendCallable, Scope
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 REQUEST_DEADLINE_SECONDS = 10.0
 MAX_HEADERS = 100
 MAX_HEADER_BYTES = 16 * 1024
 """Request line plus header names and values."""
 LIMIT_CONCURRENCY = 1024
-"""uvicorn's `limit_concurrency`: past this many connections (or requests in flight) new
-requests are answered 503 at once instead of queueing without bound."""
+"""Past this many connections (or requests in flight) new requests are answered 503 at once
+instead of queueing without bound (uvicorn's `limit_concurrency` rule, answered in JSON)."""
 
 SLOW_CLOSED = Counter(
     "sigil_push_http_slow_requests_closed_total",
@@ -33,6 +41,34 @@ OVERSIZED = Counter(
     "sigil_push_http_oversized_headers_total",
     "Requests refused for too many header lines or too many header bytes",
 )
+
+
+_NOT_HTTP = (
+    "not a valid HTTP/1.1 request: a malformed request line or header, a Content-Length that"
+    f" is not a number, or more than {MAX_HEADERS} header lines or {MAX_HEADER_BYTES} bytes of"
+    " headers; the connection is closed"
+)
+
+
+def _error_body(code: str, message: str) -> bytes:
+    return json.dumps({"error": code, "message": message}).encode()
+
+
+async def _unavailable(scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+    """The app for a request past LIMIT_CONCURRENCY: `503 unavailable`, closing."""
+    body = _error_body("unavailable", "too many requests in flight; retry shortly")
+    await send({
+        "type": "http.response.start",
+        "status": 503,
+        "headers": [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"access-control-allow-origin", b"*"),
+            (b"retry-after", b"1"),
+            (b"connection", b"close"),
+        ],
+    })
+    await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
 class HeaderLimitExceeded(Exception):
@@ -71,6 +107,36 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             raise HeaderLimitExceeded("too many header lines")
         super().on_header(name, value)
 
+    def on_headers_complete(self) -> None:
+        # uvicorn's own check (with limit_concurrency set) would answer in plain text: the
+        # same rule, with the JSON answer as the app for this one request
+        busy = (len(self.connections) >= LIMIT_CONCURRENCY
+                or len(self.tasks) >= LIMIT_CONCURRENCY)
+        app = self.app
+        if busy:
+            self.app = _unavailable
+        try:
+            super().on_headers_complete()
+        finally:
+            self.app = app
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a request its parser refused (and to the header bounds), in
+        JSON; the connection is closed, as uvicorn does (the stream cannot be trusted)."""
+        body = _error_body("http_error", _NOT_HTTP)
+        head = [STATUS_LINE[400]]
+        for name, value in self.server_state.default_headers:
+            head.extend([name, b": ", value, b"\r\n"])
+        head.extend([
+            b"content-type: application/json\r\n",
+            b"content-length: " + str(len(body)).encode() + b"\r\n",
+            b"access-control-allow-origin: *\r\n",
+            b"connection: close\r\n\r\n",
+            body,
+        ])
+        self.transport.write(b"".join(head))
+        self.transport.close()
+
     def on_message_complete(self) -> None:
         # the whole request is in: what follows is the app's time, not the client's
         self._cancel_deadline()
@@ -105,4 +171,4 @@ class BoundedHttpProtocol(HttpToolsProtocol):
 
 def server_options() -> dict[str, Any]:
     """The uvicorn.Config options that install these bounds."""
-    return {"http": BoundedHttpProtocol, "limit_concurrency": LIMIT_CONCURRENCY}
+    return {"http": BoundedHttpProtocol}

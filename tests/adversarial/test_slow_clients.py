@@ -18,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from sigil_push.http import protocol as http_protocol
 from sigil_push.http.protocol import MAX_HEADERS, REQUEST_DEADLINE_SECONDS
 from sigil_push.http.server import _AdminServer, _uvicorn_config, warn_if_trusting_everyone
 
@@ -87,10 +88,32 @@ async def test_slow_clients_are_closed_and_health_still_answers(api_port: int) -
 async def test_header_count_and_size_are_bounded(api_port: int) -> None:
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{api_port}", timeout=30) as http:
         many = {f"x-h{i}": "1" for i in range(MAX_HEADERS + 1)}
-        assert (await http.get("/health", headers=many)).status_code == 400
+        refused = await http.get("/health", headers=many)
+        assert refused.status_code == 400 and refused.json()["error"] == "http_error"
         huge = {"x-big": "a" * 20_000}
-        assert (await http.get("/health", headers=huge)).status_code == 400
+        refused = await http.get("/health", headers=huge)
+        assert refused.status_code == 400 and refused.json()["error"] == "http_error"
         assert (await http.get("/health", headers={"x-h": "1"})).status_code == 200
+
+
+async def test_past_the_concurrency_limit_the_answer_is_a_json_503(
+    api_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Connections past the limit get uvicorn's 503 at once, but as JSON with Retry-After (it
+    was `text/plain` "Service Unavailable"); below it again, requests are served."""
+    monkeypatch.setattr(http_protocol, "LIMIT_CONCURRENCY", 3)
+    idle = [await asyncio.open_connection("127.0.0.1", api_port) for _ in range(3)]
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{api_port}", timeout=30) as http:
+            busy = await http.get("/health")
+            assert busy.status_code == 503 and busy.headers["retry-after"] == "1"
+            assert busy.json()["error"] == "unavailable"
+    finally:
+        for _, writer in idle:
+            writer.close()
+    monkeypatch.setattr(http_protocol, "LIMIT_CONCURRENCY", 1024)
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{api_port}", timeout=30) as http:
+        assert (await http.get("/health")).status_code == 200
 
 
 def test_trusting_every_address_as_a_proxy_is_warned_about(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import secrets
+import socket
 import time
 from collections.abc import Iterator
 
@@ -66,6 +67,48 @@ def test_body_too_large_when_streamed_without_length(api: ApiCaller) -> None:
         "/register", content=chunks(), headers={"content-type": "application/json"}
     )
     assert_error(response, 413, "body_too_large")
+
+
+def _raw_answer(service: ServiceProcess, request: bytes) -> tuple[int, dict[str, str], bytes]:
+    """Send `request` as bytes on a socket of its own; the status, headers and body answered
+    (read until the server closes)."""
+    with socket.create_connection(("127.0.0.1", service.port), timeout=10) as sock:
+        sock.sendall(request)
+        raw = b""
+        while chunk := sock.recv(65536):
+            raw += chunk
+    head, _, body = raw.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines)}
+    return int(status_line.split()[1]), headers, body
+
+
+@pytest.mark.parametrize("length", [b"abc", b"12x", b"-5"])
+def test_a_content_length_that_is_not_a_number_gets_a_json_error(
+    api: ApiCaller, service: ServiceProcess, length: bytes
+) -> None:
+    """HTTP's own parser refuses the request before the app sees it: the answer is still the
+    JSON every client parses (uvicorn's was `text/plain` "Invalid HTTP request received."),
+    the connection is closed, and the instance answers the next request as usual."""
+    status, headers, body = _raw_answer(service, (
+        b"POST /register HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: " + length + b"\r\n\r\n{}"
+    ))
+    assert status == 400
+    assert headers["content-type"] == "application/json"
+    assert headers["access-control-allow-origin"] == "*"
+    answer = json.loads(body)
+    assert answer["error"] == "http_error" and "Content-Length" in answer["message"]
+    assert api.http.get("/health").status_code == 200
+
+
+def test_headers_past_the_bounds_get_a_json_error(service: ServiceProcess) -> None:
+    status, headers, body = _raw_answer(service, (
+        b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        + b"".join(b"X-Pad-%d: 1\r\n" % i for i in range(200)) + b"\r\n"
+    ))
+    assert status == 400 and headers["content-type"] == "application/json"
+    assert json.loads(body)["error"] == "http_error"
 
 
 # -- NIP-98 ----------------------------------------------------------------------------------
