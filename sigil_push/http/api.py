@@ -162,24 +162,34 @@ class Api:
         )
 
     async def preferences(self, request: Request) -> Response:
-        """POST /preferences: pause, follows-only and the private mute list of one pair."""
+        """POST /preferences: pause, follows-only and the private mute list of one pair.
+
+        The pair is found before the preferences are parsed: a mute list of 1,000 npubs is
+        the costliest body the API reads, and a key with no pair (free to make) must get its
+        404 without making the instance decode it."""
         self._require_serving()
         self._limit_ip(request)
         raw = await self._json_body(request, MAX_MUTE_BODY_BYTES)
         pubkey = await self._authenticate(request, raw)
         body = parse_json_object(raw)
         token = parse_pair_token(body.get("device_token"))
+        devices = self.service.components.devices
+        stored = await self._own_pair(pubkey, token)
         now = int(time.time())
         change = parse_preferences(body, now)
-        devices = self.service.components.devices
-        device = None
-        for stored in _stored_forms(token):
-            device = await devices.set_preferences(pubkey, stored, change)
-            if device is not None:
-                break
-        if device is None:
+        device = await devices.set_preferences(pubkey, stored, change)
+        if device is None:  # unregistered meanwhile
             raise ApiError(404, "not_registered", "you have no registration with this device token")
         return JSONResponse(_preferences(device, now))
+
+    async def _own_pair(self, pubkey: str, token: str) -> str:
+        """The stored form of `token` among the caller's own pairs (as `_stored_forms` looks
+        it up), or `404 not_registered`."""
+        held = {device.token for device in await self.service.components.devices.of_pubkey(pubkey)}
+        for stored in _stored_forms(token):
+            if stored in held:
+                return stored
+        raise ApiError(404, "not_registered", "you have no registration with this device token")
 
     async def presence(self, request: Request) -> Response:
         """POST /presence: the app is in the foreground (no wakeups) for `seconds`; 0 ends it."""
