@@ -3,7 +3,7 @@
 What an app does, with the library an app would use (rust-nostr's nostr-sdk; its Swift and
 Kotlin bindings are generated from the same Rust API and keep these names, in their casing).
 Nothing here comes from sigil-push's own package. The test suite runs this file against a
-running instance (tests/test_clients_doc.py), so it keeps working.
+running instance (tests/http/test_client_examples.py), so it keeps working.
 
     pip install nostr-sdk
     python docs/examples/nip98_register.py https://push.example.org <secret key: nsec or hex> \\

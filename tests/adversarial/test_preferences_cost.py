@@ -15,9 +15,9 @@ from pathlib import Path
 
 import nostr_sdk
 
+from testkit.nip98 import SdkUser
+from testkit.service import ServiceProcess
 from tests.conftest import ApiCaller
-from tests.support.nip98 import SdkUser
-from tests.support.service import ServiceProcess
 
 FLOOD = 100
 NPUBS = [str(nostr_sdk.Keys.generate().public_key().to_bech32()) for _ in range(1_000)]

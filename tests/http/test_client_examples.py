@@ -15,11 +15,11 @@ from typing import Any
 
 import nostr_sdk
 
+from testkit.nip98 import SdkUser
+from testkit.service import ServiceProcess
 from tests.conftest import ApiCaller
-from tests.support.nip98 import SdkUser
-from tests.support.service import ServiceProcess
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GUIDE = (ROOT / "docs" / "clients.md").read_text(encoding="utf-8")
 EXAMPLE = ROOT / "docs" / "examples" / "nip98_register.py"
 
