@@ -12,6 +12,15 @@ Bunker relays are user-chosen addresses: every link is opened through the outbou
 link whose last client key leaves is closed, so user churn never accumulates sockets. When a key
 leaves, its chunk's subscription is replaced by the smaller filter, or CLOSEd once empty, so a
 shared bunker relay never accumulates our subscriptions.
+
+What a bunker relay sends is bounded like a relay reader's (relays/budget.py), cheap refusals
+first: an EVENT must arrive on one of our subscriptions, name one of that chunk's keys in `p`,
+come from a signer we are waiting on, and not repeat an event already checked, before its
+signature is verified; failed checks spend the same invalid-event budget as a relay reader's.
+And a link has a frame budget (`FrameBudget`) that grows with what we asked for: requests
+published and keys subscribed. A link that exhausts either is closed, what it had pending
+fails (`SignerUnreachable`: the sessions retry with their pauses), and it is not reopened
+before a backoff that doubles with each drop.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ from sigil_push.nostr.event import Event, InvalidEvent
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip46 import REQUEST_KIND, Response, SignerError, read_response
 from sigil_push.outbound import GuardedSocket, open_relay_socket
+from sigil_push.relays.budget import ConnectionBudget
 from sigil_push.relays.connection import wire_log
 from sigil_push.supervisor import supervise
 from sigil_push.telemetry.memory_gauges import track
@@ -56,16 +66,64 @@ MAX_LINKS_PER_NPUB = 5
 """Links one npub's session may have opened (a bunker names at most MAX_SIGNER_RELAYS relays):
 however many sessions come and go, one npub never holds more of the total."""
 
+BASE_FRAMES = 100.0
+"""Frames a link may receive beyond what its requests explain (NOTICEs, AUTH, an odd extra)."""
+FRAMES_PER_REQUEST = 4.0
+"""An answer and the relay's OK, twice over (a signer may answer on each of its relays)."""
+FRAMES_PER_KEY = 12.0
+"""A subscription replays the last LOOKBACK_SECONDS of answers to its keys: at most a connect,
+a get_public_key and SIGNS_PER_MINUTE_PER_USER signatures each, plus its EOSE."""
+FRAMES_PER_SECOND = 2.0
+"""The budget's slow refill, for a link that keeps its sockets open for days."""
+SEEN_IDS = 4096
+"""Event ids already checked on a link: a replayed answer is dropped without verifying again."""
+BACKOFF_FIRST_SECONDS = 30.0
+BACKOFF_MAX_SECONDS = 1800.0
+
 FRAMES = Counter(
     "sigil_push_signer_link_frames_total",
-    "Frames from signer relays by outcome (answer, ignored, garbage, foreign, unmatched)",
+    "Frames from signer relays by outcome (answer, ignored, garbage, foreign, unmatched,"
+    " replayed, forged, over_budget)",
     ["outcome"],
 )
+FRAME_OUTCOMES = ("answer", "ignored", "garbage", "foreign", "unmatched", "replayed", "forged",
+                  "over_budget")
 LINKS = Counter(
     "sigil_push_signer_links_total",
-    "Signer relay links opened, closed idle, dropped after a failed connect, or refused at a cap",
+    "Signer relay links opened, closed idle, dropped after a failed connect, refused at a cap,"
+    " dropped for flooding or for invalid events, or refused while backing off",
     ["outcome"],
 )
+LINK_OUTCOMES = ("opened", "closed_idle", "failed", "refused", "dropped_flood", "dropped_invalid",
+                 "backing_off")
+for _outcome in FRAME_OUTCOMES:
+    FRAMES.labels(_outcome)
+for _outcome in LINK_OUTCOMES:
+    LINKS.labels(_outcome)
+
+
+class FrameBudget:
+    """Frames one link's socket may still receive: BASE_FRAMES to start, more for each request
+    published and each key subscribed, a slow refill, and never more than what the link's
+    current load explains (so credit does not pile up over a long life). A relay that streams
+    far more frames than we have asked for runs it dry within a bounded number of frames."""
+
+    __slots__ = ("_stamp", "_tokens")
+
+    def __init__(self) -> None:
+        self._tokens = BASE_FRAMES
+        self._stamp = time.monotonic()
+
+    def grant(self, frames: float, ceiling: float) -> None:
+        self._tokens = min(self._tokens + frames, max(ceiling, BASE_FRAMES))
+
+    def spend(self, ceiling: float) -> bool:
+        """One frame received; False once the budget is exhausted."""
+        now = time.monotonic()
+        refill = (now - self._stamp) * FRAMES_PER_SECOND
+        self._stamp = now
+        self._tokens = min(self._tokens + refill, max(ceiling, self._tokens)) - 1.0
+        return self._tokens >= 0.0
 
 
 class SignerUnreachable(Exception):
@@ -86,6 +144,14 @@ class SignerRelayLink:
         self._reader: asyncio.Task[None] | None = None
         self._connecting = asyncio.Lock()
         self._in_flight = asyncio.Semaphore(MAX_IN_FLIGHT)
+        self._frames = FrameBudget()
+        self._invalid = ConnectionBudget()
+        self._seen: dict[str, None] = {}
+        """Ids of events verified on this link, oldest first (at most SEEN_IDS)."""
+        self._closed_for: str | None = None
+        """Why the reader closed the socket (a budget ran dry), for the pending requests."""
+        self._backoff = 0.0
+        self._reopen_at = 0.0
 
     async def request(self, client: SecretKey, request_id: str, message: Event, timeout: float) -> Response:
         """Publish `message` and wait for the answer to `request_id`."""
@@ -108,6 +174,7 @@ class SignerRelayLink:
             future: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
             signer = next(iter(message.tag_values("p")), "")
             self._pending[request_id] = (signer, future)
+            self._frames.grant(FRAMES_PER_REQUEST, self._frame_ceiling())
             try:
                 await socket.send(json.dumps(["EVENT", message.to_json()]))
                 # asyncio.timeout, not wait_for: on Python 3.11 wait_for returns the answer
@@ -163,14 +230,25 @@ class SignerRelayLink:
         self._opener = None
         self._socket = None
 
+    def _frame_ceiling(self) -> float:
+        """The most frame credit the link's current load explains."""
+        return (BASE_FRAMES + FRAMES_PER_REQUEST * len(self._pending)
+                + FRAMES_PER_KEY * len(self._clients))
+
     async def _ensure_open(self) -> tuple[ClientConnection, bool]:
         """The open socket, and whether it was opened by this call (then every chunk has just
-        been subscribed)."""
+        been subscribed). SignerUnreachable while the link backs off after a drop."""
         async with self._connecting:
             if self._socket is not None and self._reader is not None and not self._reader.done():
                 return self._socket, False
             if self._opener is not None:
                 await self.close()
+            if time.monotonic() < self._reopen_at:
+                LINKS.labels("backing_off").inc()
+                raise SignerUnreachable("the signer relay flooded the link; backing off")
+            self._frames = FrameBudget()
+            self._invalid.reset()
+            self._closed_for = None
             opener = open_relay_socket(
                 self.url, purpose="signer", max_size=MAX_FRAME_BYTES,
                 open_timeout=OPEN_TIMEOUT_SECONDS, logger=wire_log,
@@ -193,43 +271,97 @@ class SignerRelayLink:
 
         The look-back tolerates a signer whose clock runs behind ours.
         """
+        chunk = self._chunks[index]
         subscription = {
             "kinds": [REQUEST_KIND],
-            "#p": self._chunks[index],
+            "#p": chunk,
             "since": int(time.time()) - LOOKBACK_SECONDS,
         }
+        self._frames.grant(FRAMES_PER_KEY * len(chunk), self._frame_ceiling())
         await socket.send(json.dumps(["REQ", f"{SUBSCRIPTION_PREFIX}{index}", subscription]))
 
     async def _read(self, socket: ClientConnection) -> None:
         try:
             async for frame in socket:
+                if not self._frames.spend(self._frame_ceiling()):
+                    FRAMES.labels("over_budget").inc()
+                    self._drop("dropped_flood", "the signer relay sent far more than was asked")
+                    break
                 self._handle(frame)
+                if self._invalid.exceeded:
+                    self._drop("dropped_invalid", "the signer relay sent too many invalid events")
+                    break
         except ConnectionClosed:
             pass
         finally:
+            why = self._closed_for or "the signer relay closed the connection"
             for _, future in self._pending.values():
                 if not future.done():
-                    future.set_exception(SignerUnreachable("the signer relay closed the connection"))
+                    future.set_exception(SignerUnreachable(why))
+        if self._closed_for is not None:
+            # no closing handshake: that would read (and discard) whatever the relay still
+            # streams until its own close frame came through, up to the close timeout
+            socket.transport.abort()
+
+    def _drop(self, outcome: str, why: str) -> None:
+        """Close the socket for `why` and keep the link from reopening before its backoff."""
+        LINKS.labels(outcome).inc()
+        log.warning("signer link dropped: %s", why)
+        self._closed_for = why
+        self._backoff = min(BACKOFF_MAX_SECONDS, self._backoff * 2 or BACKOFF_FIRST_SECONDS)
+        self._reopen_at = time.monotonic() + self._backoff
+
+    def _subscribed_keys(self, subscription: Any) -> list[str] | None:
+        """The keys of the chunk a subscription id names, if it is one of ours."""
+        if not isinstance(subscription, str) or not subscription.startswith(SUBSCRIPTION_PREFIX):
+            return None
+        index = subscription[len(SUBSCRIPTION_PREFIX):]
+        if not index.isdecimal() or int(index) >= len(self._chunks):
+            return None
+        return self._chunks[int(index)]
 
     def _handle(self, frame: str | bytes) -> None:
+        """One frame: the cheap refusals (our subscription, its key in `p`, a signer we wait
+        on, an id not checked before) come before the signature check and the decryption."""
         try:
             message: Any = json.loads(frame)
             if not (isinstance(message, list) and message[:1] == ["EVENT"] and len(message) == 3):
                 FRAMES.labels("ignored").inc()
                 return
             event = Event.from_json(message[2])
-            event.verify()
         except (ValueError, InvalidEvent, RecursionError):
             FRAMES.labels("garbage").inc()
+            self._invalid.invalid()
             return
-        client = next((self._clients[p] for p in event.tag_values("p") if p in self._clients), None)
+        keys = self._subscribed_keys(message[1])
+        client = None if keys is None or event.kind != REQUEST_KIND else next(
+            (self._clients[p] for p in event.tag_values("p") if p in keys and p in self._clients),
+            None,
+        )
         if client is None:
             FRAMES.labels("unmatched").inc()
+            self._invalid.invalid()
             return
+        if all(signer != event.pubkey for signer, _ in self._pending.values()):
+            FRAMES.labels("foreign").inc()
+            return
+        if event.id in self._seen:
+            FRAMES.labels("replayed").inc()
+            return
+        try:
+            event.verify()
+        except InvalidEvent:
+            FRAMES.labels("forged").inc()
+            self._invalid.invalid()
+            return
+        self._seen[event.id] = None
+        if len(self._seen) > SEEN_IDS:
+            del self._seen[next(iter(self._seen))]
         try:
             response = read_response(client, event)
         except SignerError:
             FRAMES.labels("garbage").inc()
+            self._invalid.invalid()
             return
         pending = self._pending.get(response.request_id)
         if pending is None or pending[1].done():

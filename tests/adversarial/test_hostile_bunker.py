@@ -4,11 +4,16 @@ websocket server on 127.0.0.1 that records every frame the bridge sends it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from collections.abc import Callable
 from contextlib import AsyncExitStack
+from functools import partial
+from pathlib import Path
 from typing import Any
 
+import httpx
 import nostr_sdk
 import pytest
 from prometheus_client import REGISTRY
@@ -18,13 +23,30 @@ from sigil_push.delegated_auth import DelegatedAuth
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip46 import (
     BunkerUri,
+    Response,
     SignerError,
     get_public_key_request,
     signed_auth_event,
 )
-from sigil_push.relays.signer_link import SignerLinks, SignerRelayLink, SignerUnreachable
+from sigil_push.relays.budget import INVALID_BURST
+from sigil_push.relays.signer_link import (
+    BASE_FRAMES,
+    FRAME_OUTCOMES,
+    FRAMES_PER_KEY,
+    FRAMES_PER_REQUEST,
+    SignerLinks,
+    SignerRelayLink,
+    SignerUnreachable,
+)
 from sigil_push.store.factory import PostgresStore, SqliteStore
+from testkit.bridge_harness import metric
+from testkit.nip98 import SdkUser
+from testkit.relay import RelayProcess
+from testkit.remote_signer import RemoteSigner
+from testkit.service import ServiceProcess
+from tests.adversarial.flooding_bunker import FloodingBunker
 from tests.adversarial.hostile import HostileRelay, eventually, hostile_relay
+from tests.conftest import ApiCaller
 
 
 def frames_counted(outcome: str) -> float:
@@ -198,3 +220,146 @@ async def test_links_that_never_connect_are_dropped_and_one_npub_is_capped() -> 
         with pytest.raises(SignerUnreachable):
             await links.get("ws://127.0.0.1:3", "real")
         await links.close()
+
+
+def _outcomes() -> dict[str, float]:
+    return {outcome: frames_counted(outcome) for outcome in FRAME_OUTCOMES}
+
+
+def _links(outcome: str) -> float:
+    return REGISTRY.get_sample_value("sigil_push_signer_links_total", {"outcome": outcome}) or 0.0
+
+
+async def _honest_answer(relay: HostileRelay, ws: ServerConnection, frame: Any, signer: nostr_sdk.Keys) -> None:
+    """A bunker relay with its signer behind it: answers each request on the subscription."""
+    if frame[0] != "EVENT":
+        return
+    requester = nostr_sdk.PublicKey.parse(frame[1]["pubkey"])
+    request = json.loads(nostr_sdk.nip44_decrypt(signer.secret_key(), requester, frame[1]["content"]))
+    content = nostr_sdk.nip44_encrypt(
+        signer.secret_key(), requester, json.dumps({"id": request["id"], "result": "ack"}),
+        nostr_sdk.Nip44Version.V2,
+    )
+    answer = (nostr_sdk.EventBuilder(nostr_sdk.Kind(24133), content)
+              .tags([nostr_sdk.Tag.public_key(requester)]).finalize(signer))
+    await ws.send(json.dumps(["EVENT", "nip46-0", json.loads(answer.as_json())]))
+
+
+async def test_a_bunker_relay_streaming_unasked_answers_is_dropped_after_bounded_work() -> None:
+    """Issue 34, item 4: a bunker relay answered one request with a stream of replayed valid
+    frames and forgeries; every one was verified (95% of a core) and the link stayed. Now a
+    frame is matched (subscription, `p`, a signer we wait on, an id not seen) before its
+    signature is checked, and the link is closed once it has sent far more than was asked:
+    the work done is bounded by the frame budget whatever the relay sends, the request fails
+    at once (not at its timeout), the link is not reopened during its backoff, and another
+    user's signer on another relay is answered meanwhile."""
+    flooding = FloodingBunker(nostr_sdk.Keys.generate()).start()
+    honest_signer = nostr_sdk.Keys.generate()
+    try:
+        async with hostile_relay(partial(_honest_answer, signer=honest_signer)) as honest:
+            flooded, other = SignerRelayLink(flooding.url), SignerRelayLink(honest.url)
+            before, dropped = _outcomes(), _links("dropped_flood")
+            victim, bystander = SecretKey.generate(), SecretKey.generate()
+            flood_request = get_public_key_request(victim, flooding.signer_hex)
+            honest_request = get_public_key_request(bystander, honest_signer.public_key().to_hex())
+            flood_result, honest_result = await asyncio.gather(
+                flooded.request(victim, *flood_request, timeout=30),
+                other.request(bystander, *honest_request, timeout=30),
+                return_exceptions=True,
+            )
+            assert isinstance(flood_result, SignerUnreachable), flood_result
+            assert "far more" in str(flood_result)
+            assert isinstance(honest_result, Response) and honest_result.result == "ack"
+            processed = {k: v - before[k] for k, v in _outcomes().items()}
+            # one request and one key's worth of frames, a refill's few more: the bunker had
+            # tens of thousands queued behind them
+            budget = BASE_FRAMES + FRAMES_PER_REQUEST + FRAMES_PER_KEY
+            assert sum(processed.values()) <= budget + 20, processed
+            assert processed["replayed"] > 0 and processed["forged"] > 0, processed
+            assert processed["answer"] == 1  # the bystander's
+            assert _links("dropped_flood") == dropped + 1
+            await eventually(lambda: flooding.open_now == 0, "the flooding socket closed")
+            assert flooding.closed_by_peer == 1
+            with pytest.raises(SignerUnreachable, match="backing off"):
+                await flooded.request(victim, *get_public_key_request(victim, flooding.signer_hex), timeout=5)
+            assert flooding.connections == 1
+            await flooded.close()
+            await other.close()
+    finally:
+        flooding.stop()
+
+
+async def test_forgeries_on_a_busy_link_spend_the_invalid_event_budget() -> None:
+    """A link carrying many keys has frame credit to match; forgeries that pass the cheap
+    checks are verified, and each failed one spends the relay readers' invalid-event budget:
+    the link is dropped after INVALID_BURST of them, not after the relay's last."""
+    keys = 30
+    flooding = FloodingBunker(nostr_sdk.Keys.generate(), replays=0, quiet_requests=keys - 1).start()
+    try:
+        link = SignerRelayLink(flooding.url)
+        clients = [SecretKey.generate() for _ in range(keys)]
+        for client in clients[:-1]:
+            with pytest.raises(SignerUnreachable):
+                await link.request(client, *get_public_key_request(client, flooding.signer_hex), timeout=0.05)
+        before, dropped = _outcomes(), _links("dropped_invalid")
+        with pytest.raises(SignerUnreachable, match="invalid events"):
+            await link.request(clients[-1], *get_public_key_request(clients[-1], flooding.signer_hex), timeout=30)
+        forged = frames_counted("forged") - before["forged"]
+        assert INVALID_BURST <= forged <= INVALID_BURST + 20
+        assert _links("dropped_invalid") == dropped + 1
+        await link.close()
+    finally:
+        flooding.stop()
+
+
+def _registration(api: ApiCaller, user: SdkUser, wanted: str) -> dict[str, Any]:
+    """The owner's view once its signer status is `wanted` (one request a second: the same
+    NIP-98 event within a second is a replay)."""
+    deadline = time.monotonic() + 60
+    devices: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        time.sleep(1.05)
+        devices = api.call("GET", "/registrations", user).json()["devices"]
+        if devices and devices[0]["auth_signer_status"] == wanted:
+            return devices[0]
+    raise AssertionError(f"signer status never became {wanted}: {devices}")
+
+
+@pytest.mark.slow
+def test_a_flooding_bunker_relay_costs_the_service_bounded_work(
+    tmp_path: Path, module_relay: RelayProcess
+) -> None:
+    """Against `sigil-push serve`: one npub names a bunker relay that floods (replays and
+    forgeries, 60,000 frames queued), another a well-behaved signer. The service drops the
+    flooding link after its frame budget, its owner sees the session `unreachable` with the
+    reason, and the other user's session becomes active; the frames the service handled
+    stay within one request's and one key's budget."""
+    flooding = FloodingBunker(nostr_sdk.Keys.generate()).start()
+    honest = RemoteSigner(module_relay.url).start()
+    try:
+        with ServiceProcess(tmp_path / "svc") as service, httpx.Client(
+            base_url=service.url, timeout=10
+        ) as http:
+            api = ApiCaller(http, service.url)
+            mallory, bystander = SdkUser(), SdkUser(keys=honest.user)
+            flooding_uri = f"bunker://{flooding.signer_hex}?relay={flooding.url}"
+            assert api.register(mallory, auth_signer=flooding_uri).status_code == 201
+            assert api.register(bystander, auth_signer=honest.bunker_uri).status_code == 201
+            deadline = time.monotonic() + 60
+            while metric(service, "sigil_push_signer_links_total", outcome="dropped_flood") < 1:
+                assert time.monotonic() < deadline, "the flooding link was never dropped"
+                time.sleep(0.2)
+            while flooding.open_now:
+                assert time.monotonic() < deadline, "the flooding socket stayed open"
+                time.sleep(0.05)
+            assert flooding.closed_by_peer == 1  # cut off mid-flood, not at its end
+            detail = _registration(api, mallory, "unreachable")["auth_signer_detail"]
+            assert "far more" in detail
+            assert _registration(api, bystander, "active")["delegated_auth"] is True
+            handled = metric(service, "sigil_push_signer_link_frames_total")
+            # the flood's share, plus the honest signer's answers and the relays' OKs and EOSEs
+            assert handled <= BASE_FRAMES + FRAMES_PER_REQUEST + FRAMES_PER_KEY + 40, handled
+            assert http.get("/health").status_code == 200
+    finally:
+        honest.stop()
+        flooding.stop()
