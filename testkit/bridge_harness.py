@@ -7,11 +7,9 @@ is what a device would receive; relay state comes from `GET /health`, counters f
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import secrets
-import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -21,6 +19,8 @@ import nostr_sdk
 
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip98 import make_http_auth
+from testkit import deadlines
+from testkit.deadlines import REQUEST_SECONDS, scaled
 from testkit.nostr_client import npub_of, secret_hex_of
 from testkit.service import ServiceProcess
 
@@ -43,7 +43,7 @@ def _call(
         method,
         service.url + path,
         content=raw,
-        timeout=10,
+        timeout=scaled(REQUEST_SECONDS),
         headers={"content-type": "application/json", "authorization": header},
     )
 
@@ -78,13 +78,13 @@ def wakeups(service: ServiceProcess) -> Counter[str]:
 
 
 def health(service: ServiceProcess) -> dict[str, Any]:
-    return dict(httpx.get(service.admin_url + "/health", timeout=5).json())
+    return dict(httpx.get(service.admin_url + "/health", timeout=scaled(REQUEST_SECONDS)).json())
 
 
 def metric(service: ServiceProcess, name: str, **labels: str) -> float:
     """Sum of the samples of `name` whose labels include `labels`."""
     total = 0.0
-    for line in httpx.get(service.admin_url + "/metrics", timeout=5).text.splitlines():
+    for line in httpx.get(service.admin_url + "/metrics", timeout=scaled(REQUEST_SECONDS)).text.splitlines():
         if not line.startswith(name + "{") and not line.startswith(name + " "):
             continue
         if all(f'{key}="{value}"' in line for key, value in labels.items()):
@@ -95,23 +95,15 @@ def metric(service: ServiceProcess, name: str, **labels: str) -> float:
 async def eventually(
     condition: Callable[[], bool], what: str, timeout: float = DEADLINE_SECONDS
 ) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out waiting for: {what}")
+    """Polls `condition` until it holds; `timeout` is scaled (testkit.deadlines)."""
+    await deadlines.eventually(condition, what, timeout, every=0.1)
 
 
 async def eventually_async(
     condition: Callable[[], Awaitable[bool]], what: str, timeout: float = DEADLINE_SECONDS
 ) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if await condition():
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out waiting for: {what}")
+    """Awaits `condition` until it holds; `timeout` is scaled (testkit.deadlines)."""
+    await deadlines.eventually(condition, what, timeout, every=0.1)
 
 
 def relay_live(service: ServiceProcess, url: str, keys: int | None = None) -> bool:

@@ -7,13 +7,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+from testkit.deadlines import COMMAND_SECONDS, scaled
+
 
 def run_cli(
     *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "sigil_push", *args], capture_output=True, text=True, cwd=cwd,
-        env=env, timeout=60, check=False,
+        env=env, timeout=scaled(COMMAND_SECONDS), check=False,
     )
 
 

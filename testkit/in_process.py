@@ -31,6 +31,7 @@ from sigil_push.observations import ObservationLog
 from sigil_push.service import Service
 from sigil_push.store.factory import open_store
 from sigil_push.store.interface import DeviceStore, OutboxStore, Store
+from testkit.deadlines import REQUEST_SECONDS, scaled
 from testkit.nip98 import SdkUser
 from testkit.observations import observation_records
 from testkit.stores import PortableSql, sql_of
@@ -128,7 +129,7 @@ async def in_process_service(folder: Path, document: dict[str, Any]) -> AsyncIte
     try:
         transport = httpx.ASGITransport(app=create_app(service))
         public_url = config.server.public_url
-        async with httpx.AsyncClient(transport=transport, base_url=public_url, timeout=30) as http:
+        async with httpx.AsyncClient(transport=transport, base_url=public_url, timeout=scaled(REQUEST_SECONDS)) as http:
             yield InProcessService(service, http, public_url, folder)
     finally:
         await service.stop()

@@ -22,6 +22,7 @@ from typing import Self
 
 import pytest
 
+from testkit.deadlines import COMMAND_SECONDS, STARTUP_SECONDS, STOP_SECONDS, scaled
 from testkit.relay import free_port, wait_for_port
 
 SERVICE_USER = "postgres"
@@ -50,17 +51,22 @@ class PostgresServer:
 
     def __init__(self, binaries: Path) -> None:
         self.binaries = binaries
-        self.port = free_port()
+        self.port = 0
+        """Chosen when the server starts (after initdb, tens of seconds on a loaded machine,
+        during which a port chosen earlier sat unclaimed)."""
         self.root = Path(tempfile.mkdtemp(prefix="sigil-pg-"))
         self.data = self.root / "data"
         self.log = self.root / "server.log"
         self._as_root = os.geteuid() == 0
 
-    def _run(self, *args: str) -> None:
+    def _run(self, *args: str, seconds: float = COMMAND_SECONDS) -> None:
+        """One server command to completion; `seconds` is its deadline (scaled)."""
         command = [str(self.binaries / args[0]), *args[1:]]
         if self._as_root:
             command = ["runuser", "-u", SERVICE_USER, "--", *command]
-        done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            command, check=False, capture_output=True, text=True, timeout=scaled(seconds)
+        )
         if done.returncode != 0:
             log = self.log.read_text() if self.log.exists() else ""
             raise RuntimeError(f"{args[0]} failed: {done.stderr.strip()}\n{log[-2000:]}")
@@ -71,12 +77,18 @@ class PostgresServer:
             user = pwd.getpwnam(SERVICE_USER)
             os.chown(self.root, user.pw_uid, user.pw_gid)
         self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres", "--no-sync")
+        self.port = free_port()
         options = (
             f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1"
             " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
             " -c max_connections=200"
         )
-        self._run("pg_ctl", "-D", str(self.data), "-o", options, "-l", str(self.log), "-w", "start")
+        # pg_ctl's own wait (-w) gives up after 60 s unless told otherwise (-t)
+        wait = str(int(scaled(STARTUP_SECONDS)))
+        self._run(
+            "pg_ctl", "-D", str(self.data), "-o", options, "-l", str(self.log), "-w", "-t", wait,
+            "start", seconds=2 * STARTUP_SECONDS,
+        )
         wait_for_port(self.port)
         return self
 
@@ -85,7 +97,8 @@ class PostgresServer:
         holds hundreds of databases (gigabytes, about 100k files), which took 20-100 s to
         delete at the end of the session; nothing reads the folder once the server is down."""
         if (self.data / "postmaster.pid").exists():
-            self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
+            wait = str(int(scaled(STOP_SECONDS)))
+            self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "-t", wait, "stop")
         subprocess.Popen(
             ["rm", "-rf", str(self.root)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True,

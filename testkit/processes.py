@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
+from testkit.deadlines import REQUEST_SECONDS, scaled
 from testkit.relay import RelayProcess
 from testkit.service import ServiceProcess
 from testkit.stores import Engine
@@ -87,6 +88,6 @@ def workers() -> Iterator[list[ServiceProcess]]:
 def worker_health(service: ServiceProcess) -> dict[str, Any]:
     """A worker's operator /health, or {} while it is down or restarting (tests poll it)."""
     try:
-        return dict(httpx.get(service.admin_url + "/health", timeout=5).json())
+        return dict(httpx.get(service.admin_url + "/health", timeout=scaled(REQUEST_SECONDS)).json())
     except (httpx.HTTPError, ValueError):
         return {}

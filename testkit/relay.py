@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import os
 import random
@@ -11,55 +12,81 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import closing
 from pathlib import Path
-from typing import Self
+from typing import BinaryIO, Self
 
-PORTS_PER_WORKER = 1500
-FIRST_PORT = 20000
-"""Ports handed out to xdist workers lie below Linux's ephemeral range (32768-60999 by
-default), so no outgoing connection is ever given one, and each worker has a block of its own."""
+from testkit.deadlines import STARTUP_SECONDS, STOP_SECONDS, scaled
 
-_next_port = itertools.count(random.randrange(PORTS_PER_WORKER))
-"""Where this process starts in its block: at random, so that two test sessions run side by
-side (each with a worker gw0) do not walk the same ports in the same order."""
+PORTS = range(10000, 32000)
+"""Ports handed to test servers lie below Linux's ephemeral range (32768-60999 by default), so
+no outgoing connection is ever given one."""
+PORTS_PER_BLOCK = 400
+"""A block per process: far more ports than one xdist worker's session asks for at a time."""
+BLOCK_LOCKS = Path(tempfile.gettempdir()) / "sigil-push-test-ports"
+"""One lock file per block, shared by every test session on the machine."""
+
+_claimed: tuple[int, BinaryIO] | None = None
+_next_port = itertools.count()
+
+
+def _block() -> int:
+    """The first port of this process's block, claimed on first use with an exclusive `flock`
+    on the block's lock file, held until the process exits (the kernel releases it then, even
+    on SIGKILL). Every process of every test session on the machine (two suites side by side,
+    other checkouts' runs, their xdist workers) thus owns ports no other one hands out; a fixed
+    block per xdist worker number collided across sessions, each with its gw0. Blocks are tried
+    from a random one, so sessions rarely contend for the same lock."""
+    global _claimed
+    if _claimed is None:
+        BLOCK_LOCKS.mkdir(exist_ok=True)
+        blocks = list(range(PORTS.start, PORTS.stop - PORTS_PER_BLOCK + 1, PORTS_PER_BLOCK))
+        first = random.randrange(len(blocks))
+        for block in blocks[first:] + blocks[:first]:
+            handle = open(BLOCK_LOCKS / f"{block}.lock", "ab")  # noqa: SIM115 - held to exit
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.close()
+                continue
+            _claimed = (block, handle)
+            break
+        else:
+            raise RuntimeError(f"every block of {PORTS_PER_BLOCK} ports in {PORTS} is claimed")
+    return _claimed[0]
 
 
 def free_port() -> int:
     """A port for a server whose URL must be known before it starts, or kept across its
     restarts (a relay named in its own NIP-42 `relay` tag, a service's public URL): servers of
     our own bind port 0 and report theirs instead. Asking the OS for a port and releasing it
-    races with the other xdist workers asking at the same time; so each worker takes ports from
-    its own block in turn (skipping any in use), and two workers never get the same one nor a
-    worker one back while a server it stopped may still hold it. Outside xdist (a bench, one
-    test run alone) the OS picks."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "").removeprefix("gw")
-    if not worker.isdigit():
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            return int(sock.getsockname()[1])
-    first = FIRST_PORT + PORTS_PER_WORKER * int(worker)
-    for _ in range(PORTS_PER_WORKER):
-        port = first + next(_next_port) % PORTS_PER_WORKER
+    races with every other process asking at the same time, so each process takes ports from a
+    block of its own (`_block`) in turn, skipping any in use: no two processes get the same
+    port, nor one a port back while a server it stopped may still hold it."""
+    first = _block()
+    for _ in range(PORTS_PER_BLOCK):
+        port = first + next(_next_port) % PORTS_PER_BLOCK
         with socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", port))
             except OSError:
                 continue
             return port
-    raise RuntimeError(f"no free port in {first}-{first + PORTS_PER_WORKER - 1}")
+    raise RuntimeError(f"no free port in {first}-{first + PORTS_PER_BLOCK - 1}")
 
 
-def wait_for_port(port: int, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
+def wait_for_port(port: int, timeout: float = STARTUP_SECONDS) -> None:
+    """Until something listens on `port`; `timeout` is scaled (testkit.deadlines)."""
+    deadline = time.monotonic() + scaled(timeout)
     while time.monotonic() < deadline:
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.5):
                 return
         except OSError:
             time.sleep(0.05)
-    raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout} s")
+    raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {scaled(timeout):.0f} s")
 
 
 def start_listening(
@@ -80,10 +107,11 @@ def start_listening(
 
 
 def stop_group(process: subprocess.Popen[bytes]) -> None:
-    """SIGTERM to the process group of `process` (SIGKILL after 10 s); gone already is fine."""
+    """SIGTERM to the process group of `process` (SIGKILL after the stop deadline); gone
+    already is fine."""
     try:
         os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=10)
+        process.wait(timeout=scaled(STOP_SECONDS))
     except ProcessLookupError:
         pass
     except subprocess.TimeoutExpired:

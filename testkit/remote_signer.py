@@ -19,6 +19,8 @@ from typing import Any
 
 import nostr_sdk
 
+from testkit.deadlines import REQUEST_SECONDS, STOP_SECONDS, scaled
+
 
 async def listen_as_signer(
     relay_url: str, signer_keys: list[nostr_sdk.PublicKey]
@@ -123,7 +125,7 @@ class RemoteSigner:
         async def run() -> None:
             action()
 
-        asyncio.run_coroutine_threadsafe(run(), self._loop).result(5)
+        asyncio.run_coroutine_threadsafe(run(), self._loop).result(scaled(REQUEST_SECONDS))
 
     def stop(self) -> None:
         """Ends the serving loop as soon as it sees the stop (not after a fixed pause: a story
@@ -132,9 +134,9 @@ class RemoteSigner:
         if self._stop is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
         if self._serving is not None:
-            concurrent.futures.wait([self._serving], timeout=5)
+            concurrent.futures.wait([self._serving], timeout=scaled(STOP_SECONDS))
         self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=5)
+        self._thread.join(timeout=scaled(STOP_SECONDS))
 
     def methods(self) -> list[str]:
         return [request.method for request in list(self.requests)]

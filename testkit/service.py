@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Self
 
+from testkit.deadlines import STARTUP_SECONDS, STOP_SECONDS, scaled
 from testkit.observations import observation_records
 from testkit.relay import free_port
 
@@ -82,25 +83,28 @@ class ServiceProcess:
             self.wait_healthy()
         return self
 
-    def wait_healthy(self, timeout: float = 30.0) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
+    def wait_healthy(self, timeout: float = STARTUP_SECONDS) -> dict[str, Any]:
+        """Polls /health until it answers (`timeout` scaled, testkit.deadlines); a service
+        that exits meanwhile fails at once with its log."""
+        deadline = time.monotonic() + scaled(timeout)
         while time.monotonic() < deadline:
             if self._process is not None and self._process.poll() is not None:
                 raise RuntimeError(f"service exited with {self._process.returncode}:\n{self.log()}")
             try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=1) as response:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=5) as response:
                     return dict(json.load(response))
             except (OSError, urllib.error.URLError):
                 time.sleep(0.05)
-        raise TimeoutError(f"service not healthy after {timeout} s:\n{self.log()}")
+        raise TimeoutError(f"service not healthy after {scaled(timeout):.0f} s:\n{self.log()}")
 
-    def wait_exit(self, timeout: float = 30.0) -> int:
-        """The exit code of a service expected to stop by itself (e.g. failing at start)."""
+    def wait_exit(self, timeout: float = STARTUP_SECONDS) -> int:
+        """The exit code of a service expected to stop by itself (e.g. failing at start);
+        `timeout` is scaled (testkit.deadlines)."""
         if self._process is None:
             raise RuntimeError("service not started")
-        return self._process.wait(timeout=timeout)
+        return self._process.wait(timeout=scaled(timeout))
 
-    def refuses_to_start(self, timeout: float = 30.0) -> str:
+    def refuses_to_start(self, timeout: float = STARTUP_SECONDS) -> str:
         """Starts a service whose set-up must make it refuse to run: asserts that it exits by
         itself with a failure (stopped either way), and returns its log for the reason."""
         self.start(wait=False)
@@ -114,8 +118,9 @@ class ServiceProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:
-        """Signal the service and return its exit code (SIGKILL gives -9)."""
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = STOP_SECONDS) -> int:
+        """Signal the service and return its exit code (SIGKILL gives -9); killed if it is
+        still running after `timeout` (scaled, testkit.deadlines)."""
         if self._process is None:
             return 0
         try:
@@ -123,7 +128,7 @@ class ServiceProcess:
         except ProcessLookupError:
             pass
         try:
-            code = self._process.wait(timeout=timeout)
+            code = self._process.wait(timeout=scaled(timeout))
         except subprocess.TimeoutExpired:
             os.killpg(self._process.pid, signal.SIGKILL)
             code = self._process.wait()

@@ -19,10 +19,11 @@ from types import TracebackType
 
 import pyspark
 
+from testkit.deadlines import JVM_SECONDS, STOP_SECONDS, scaled
+
 SPARK_HOME = Path(pyspark.__file__).resolve().parent
 _MASTER_URL = re.compile(r"Starting Spark master at (spark://127\.0\.0\.1:\d+)")
 _REGISTERED = "Successfully registered with master"
-START_DEADLINE_SECONDS = 120.0
 
 
 class StandaloneCluster:
@@ -66,7 +67,7 @@ class StandaloneCluster:
         return log
 
     def _wait_for(self, log: Path, pattern: re.Pattern[str] | str) -> str:
-        deadline = time.monotonic() + START_DEADLINE_SECONDS
+        deadline = time.monotonic() + scaled(JVM_SECONDS)
         while time.monotonic() < deadline:
             text = log.read_text(errors="replace")
             found = pattern.search(text) if isinstance(pattern, re.Pattern) else None
@@ -114,7 +115,7 @@ class StandaloneCluster:
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGTERM)
             try:
-                process.wait(timeout=30)
+                process.wait(timeout=scaled(STOP_SECONDS))
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()

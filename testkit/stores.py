@@ -36,6 +36,7 @@ from sigil_push.store.postgres.bridge_state import PostgresRelayState, PostgresS
 from sigil_push.store.postgres.database import PostgresDatabase
 from sigil_push.store.postgres.migrate import migrate
 from sigil_push.store.sqlite.bridge_state import SqliteRelayState, SqliteSeenRows
+from testkit.deadlines import COMMAND_SECONDS, REQUEST_SECONDS, STARTUP_SECONDS, scaled
 from testkit.postgres import PostgresServer
 from testkit.service import ServiceProcess
 
@@ -89,7 +90,7 @@ class _DatabaseStock:
             self.ready.put("")
 
     def take(self) -> str:
-        url = self.ready.get(timeout=300)
+        url = self.ready.get(timeout=scaled(STARTUP_SECONDS))
         if not url:
             self.ready.put("")
             raise RuntimeError("no fresh PostgreSQL database") from self.failure
@@ -168,7 +169,7 @@ class Engine:
                 return "\n".join(connection.iterdump())
         done = subprocess.run(
             [str(self.server.binaries / "pg_dump"), database], check=True, capture_output=True,
-            text=True, timeout=60,
+            text=True, timeout=scaled(COMMAND_SECONDS),
         )
         return done.stdout
 
@@ -309,7 +310,7 @@ def fetch(database: str, sql: str, parameters: Sequence[Any] = ()) -> list[tuple
     its own to the PostgreSQL database. Callable from sync and async tests alike."""
     if database.startswith("postgresql://"):
         return list(_outside_the_loop(_fetch_postgres(database, sql, parameters)))
-    with sqlite3.connect(database, timeout=10) as connection:
+    with sqlite3.connect(database, timeout=scaled(REQUEST_SECONDS)) as connection:
         return [tuple(row) for row in connection.execute(sql, tuple(parameters))]
 
 

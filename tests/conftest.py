@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from sigil_push import outbound
+from testkit.deadlines import REQUEST_SECONDS, scaled
 from testkit.nip98 import SdkUser
 from testkit.service import ServiceProcess
 from testkit.slow_marks import slow_reason
@@ -38,7 +39,7 @@ def client(service: ServiceProcess) -> Iterator[httpx.Client]:
     """One client per shared service: building one costs a TLS context (the CA bundle read,
     tenths of a second under load), and the API sets no cookies, so tests cannot leak state
     through it."""
-    with httpx.Client(base_url=service.url, timeout=10) as http:
+    with httpx.Client(base_url=service.url, timeout=scaled(REQUEST_SECONDS)) as http:
         yield http
 
 

@@ -8,10 +8,8 @@ The fixtures are registered for the whole suite by tests/conftest.py.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +26,8 @@ from sigil_push.push.factory import build_senders
 from sigil_push.store.factory import PostgresStore, SqliteStore
 from sigil_push.store.interface import DeviceStore, OutboxStore
 from sigil_push.store.records import Device, WebPushKeys
+from testkit import deadlines
+from testkit.deadlines import CONDITION_SECONDS
 from testkit.fakes.credentials import (
     KEY_ID,
     TEAM_ID,
@@ -213,18 +213,12 @@ class Harness:
         return [record for record in records if record["type"] == "push"]
 
 
-async def eventually(check: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
-    """Poll `check` (sync or async) until it returns something truthy; generous by design."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
+async def eventually(
+    check: Callable[[], Any], timeout: float = CONDITION_SECONDS, what: str = "condition"
+) -> Any:
+    """Poll `check` (sync or async) until it returns something truthy; `timeout` is scaled by
+    the suite's deadline policy (testkit.deadlines)."""
+    return await deadlines.eventually(check, what, timeout)
 
 
 def document(

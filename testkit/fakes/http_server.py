@@ -10,6 +10,8 @@ from typing import Any
 
 import uvicorn
 
+from testkit.deadlines import STARTUP_SECONDS, STOP_SECONDS, scaled
+
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
@@ -47,7 +49,7 @@ class ServerThread:
             target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
         )
         self._thread.start()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + scaled(STARTUP_SECONDS)
         while not self._server.started:
             if time.monotonic() > deadline:
                 raise TimeoutError("fake server did not start")
@@ -57,5 +59,5 @@ class ServerThread:
     def stop(self) -> None:
         self._server.should_exit = True
         if self._thread is not None:
-            self._thread.join(10)
+            self._thread.join(scaled(STOP_SECONDS))
         self._sock.close()

@@ -3,7 +3,6 @@ it receives and answers as a test tells it to, and an HTTP server for NIP-11 tri
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -16,6 +15,7 @@ from websockets.asyncio.server import ServerConnection, serve
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.observations import ObservationLog
 from sigil_push.relays.connection import BridgeKeySigner, RelayConnection
+from testkit import deadlines
 from tests.relays.test_relay_auth import Recorder
 
 
@@ -71,12 +71,11 @@ async def hostile_relay(on_frame: OnFrame = _ignore, on_open: Callable[[ServerCo
         yield relay
 
 
-async def eventually(check: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not check():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"never happened: {what}")
-        await asyncio.sleep(0.02)
+async def eventually(
+    check: Callable[[], bool], what: str, timeout: float = deadlines.CONDITION_SECONDS
+) -> None:
+    """Polls `check` until it holds; `timeout` is scaled (testkit.deadlines)."""
+    await deadlines.eventually(check, what, timeout)
 
 
 @asynccontextmanager

@@ -16,6 +16,7 @@ from prometheus_client import REGISTRY
 from websockets.asyncio.server import ServerConnection
 
 from sigil_push.nostr.keys import SecretKey
+from testkit.deadlines import scaled
 from testkit.in_process import InProcessBridge, in_process_bridge
 from tests.adversarial.hostile import HostileRelay, eventually, hostile_relay
 
@@ -58,7 +59,7 @@ async def test_dropped_relays_free_their_state_and_catch_up_when_they_return(
             )
             await parts.bridge._relays.save_cursors()
             for url in urls:  # the committer has stored the baselines
-                deadline = asyncio.get_running_loop().time() + 60.0
+                deadline = asyncio.get_running_loop().time() + scaled(60.0)
                 while not await _stored(parts, url, key):
                     assert asyncio.get_running_loop().time() < deadline, "never stored"
                     await asyncio.sleep(0.05)

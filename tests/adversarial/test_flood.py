@@ -15,6 +15,7 @@ from sigil_push.bridge.pending import RELAY_QUEUE_CAP
 from sigil_push.nostr.event import sign_event
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.relays.labels import series_label
+from testkit.deadlines import scaled
 from testkit.fakes.harness import eventually
 from testkit.in_process import in_process_bridge
 from testkit.stores import Engine
@@ -60,7 +61,7 @@ async def test_one_relays_flood_pauses_only_that_relay_and_one_keys_flood_is_cap
 
         wanted = sign_event(SecretKey.generate(), 4, "hi", [["p", victim.public_key_hex]])
         bridge.port.ingest.user_event(QUIET, victim.public_key_hex, wanted.to_json(), now_ms, False)
-        await asyncio.wait_for(bridge.port.flow.drained(FLOODER), timeout=60)
+        await asyncio.wait_for(bridge.port.flow.drained(FLOODER), timeout=scaled(60))
 
         async def victim_queued() -> bool:
             rows = await db.execute_fetchall(

@@ -24,6 +24,7 @@ from sigil_push.http.ratelimit import client_address, trusted_networks
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.store.sqlite.database import open_database
 from testkit.cli import assert_config_refused
+from testkit.deadlines import REQUEST_SECONDS, scaled
 from testkit.nip98 import SdkUser
 from testkit.relay import RelayProcess, free_port
 from testkit.service import ServiceProcess
@@ -38,14 +39,14 @@ def mode(path: Path) -> int:
 @pytest.mark.slow
 def test_public_listener_hides_metrics_and_relay_detail(tmp_path: Path) -> None:
     with ServiceProcess(tmp_path / "svc", relays=["ws://127.0.0.1:1"]) as service:
-        public = httpx.get(service.url + "/health", timeout=10)
+        public = httpx.get(service.url + "/health", timeout=scaled(REQUEST_SECONDS))
         assert public.status_code == 200 and public.json() == {"status": "ok"}
-        assert httpx.get(service.url + "/metrics", timeout=10).status_code == 404
-        admin = httpx.get(service.admin_url + "/health", timeout=10).json()
+        assert httpx.get(service.url + "/metrics", timeout=scaled(REQUEST_SECONDS)).status_code == 404
+        admin = httpx.get(service.admin_url + "/health", timeout=scaled(REQUEST_SECONDS)).json()
         assert "ws://127.0.0.1:1" in admin["relays"]
-        assert "sigil_push_" in httpx.get(service.admin_url + "/metrics", timeout=10).text
+        assert "sigil_push_" in httpx.get(service.admin_url + "/metrics", timeout=scaled(REQUEST_SECONDS)).text
         # the admin listener is only the operator surface
-        assert httpx.get(service.admin_url + "/info", timeout=10).status_code == 404
+        assert httpx.get(service.admin_url + "/info", timeout=scaled(REQUEST_SECONDS)).status_code == 404
 
 
 def test_forwarded_for_is_believed_only_from_trusted_proxies() -> None:
@@ -66,7 +67,7 @@ def test_per_ip_limit_uses_the_forwarded_address_behind_a_trusted_proxy(tmp_path
     service.config_path.write_text(text)
     with service:
         def info(forwarded: str) -> int:
-            return httpx.get(service.url + "/info", headers={"X-Forwarded-For": forwarded}, timeout=10).status_code
+            return httpx.get(service.url + "/info", headers={"X-Forwarded-For": forwarded}, timeout=scaled(REQUEST_SECONDS)).status_code
 
         assert [info("203.0.113.7") for _ in range(3)] == [200, 200, 200]
         assert info("203.0.113.7") == 429
@@ -88,11 +89,11 @@ def test_key_file_and_database_files_are_private(tmp_path: Path, engine: Engine)
     with RelayProcess(tmp_path / "relay") as relay, ServiceProcess(
         folder, relays=[relay.url], database=engine.database()
     ) as service:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + scaled(30)
         while not list((folder / "observations").glob("*.jsonl")):
             assert time.monotonic() < deadline, "no observation record written"
             time.sleep(0.1)
-        pubkey = httpx.get(service.url + "/info", timeout=10).json()["pubkey"]
+        pubkey = httpx.get(service.url + "/info", timeout=scaled(REQUEST_SECONDS)).json()["pubkey"]
         key_file = folder / "bridge.key"
         assert mode(key_file) == 0o600
         assert SecretKey(key_file.read_text().strip()).public_key_hex == pubkey
@@ -107,7 +108,7 @@ def test_key_file_and_database_files_are_private(tmp_path: Path, engine: Engine)
         assert records and all(mode(path) == 0o600 for path in records)
         # the same identity after a restart
         service.start()
-        assert httpx.get(service.url + "/info", timeout=10).json()["pubkey"] == pubkey
+        assert httpx.get(service.url + "/info", timeout=scaled(REQUEST_SECONDS)).json()["pubkey"] == pubkey
 
 
 @pytest.mark.slow
@@ -124,7 +125,7 @@ def test_key_in_an_old_database_moves_to_the_key_file(tmp_path: Path) -> None:
     asyncio.run(old_instance())
     (folder / "sigil-push.db").chmod(0o644)
     with ServiceProcess(folder) as service:
-        assert httpx.get(service.url + "/info", timeout=10).json()["pubkey"] == old.public_key_hex
+        assert httpx.get(service.url + "/info", timeout=scaled(REQUEST_SECONDS)).json()["pubkey"] == old.public_key_hex
         assert SecretKey((folder / "bridge.key").read_text().strip()).secret_hex == old.secret_hex
         assert mode(folder / "sigil-push.db") == 0o600
         with sqlite3.connect(folder / "sigil-push.db") as db:
@@ -170,7 +171,7 @@ def test_user_relays_pointing_inside_are_never_contacted(
     (test_outbound_guard.py)."""
     port, accepted = internal_listener
     with ServiceProcess(tmp_path / "svc", insecure_relays=False) as service, httpx.Client(
-        base_url=service.url, timeout=10
+        base_url=service.url, timeout=scaled(REQUEST_SECONDS)
     ) as http:
         caller = ApiCaller(http, service.url)
         for relay in (f"wss://127.0.0.1:{port}", f"wss://localhost:{port}",
@@ -207,7 +208,7 @@ def test_admin_port_taken_fails_the_start_cleanly(tmp_path: Path) -> None:
         squatter.listen(1)
         service.start(wait=False)
         try:
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + scaled(30)
             while service._process is not None and service._process.poll() is None:
                 assert time.monotonic() < deadline, "the service kept running without its admin listener"
                 time.sleep(0.1)

@@ -21,6 +21,7 @@ from starlette.routing import Route
 from sigil_push.http import protocol as http_protocol
 from sigil_push.http.protocol import MAX_HEADERS, REQUEST_DEADLINE_SECONDS
 from sigil_push.http.server import _AdminServer, _uvicorn_config, warn_if_trusting_everyone
+from testkit.deadlines import REQUEST_SECONDS, scaled
 
 SLOW_CLIENTS = 200
 
@@ -34,7 +35,7 @@ async def api_port() -> AsyncIterator[int]:
     app = Starlette(routes=[Route("/health", _health)])
     server = _AdminServer(_uvicorn_config(app, "127.0.0.1:0", "off"))
     task = asyncio.create_task(server.serve())
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + scaled(30)
     while not server.started:
         assert time.monotonic() < deadline and not task.done(), "the server did not start"
         await asyncio.sleep(0.02)
@@ -70,7 +71,7 @@ async def test_slow_clients_are_closed_and_health_still_answers(api_port: int) -
                for _ in range(SLOW_CLIENTS)]
     try:
         health_seconds = []
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{api_port}", timeout=30) as http:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{api_port}", timeout=scaled(REQUEST_SECONDS)) as http:
             while len(closed) < SLOW_CLIENTS * 0.9 and time.monotonic() - started < 60:
                 asked = time.monotonic()
                 assert (await http.get("/health")).status_code == 200
@@ -86,7 +87,7 @@ async def test_slow_clients_are_closed_and_health_still_answers(api_port: int) -
 
 
 async def test_header_count_and_size_are_bounded(api_port: int) -> None:
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{api_port}", timeout=30) as http:
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{api_port}", timeout=scaled(REQUEST_SECONDS)) as http:
         many = {f"x-h{i}": "1" for i in range(MAX_HEADERS + 1)}
         refused = await http.get("/health", headers=many)
         assert refused.status_code == 400 and refused.json()["error"] == "http_error"

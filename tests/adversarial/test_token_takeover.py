@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from testkit.bridge_harness import eventually, new_token, relay_live, wakeups
+from testkit.deadlines import REQUEST_SECONDS, scaled
 from testkit.nip98 import SdkUser
 from testkit.nostr_client import kind4_dm, publish
 from testkit.relay import RelayProcess
@@ -31,7 +32,7 @@ async def test_an_attacker_cannot_take_over_or_remove_a_victims_token(
     relay = start_relay("r")
     service = start_service([relay.url])
     victim, attacker, friend, token = SdkUser(), SdkUser(), SdkUser(), new_token()
-    with httpx.Client(base_url=service.url, timeout=10) as http:
+    with httpx.Client(base_url=service.url, timeout=scaled(REQUEST_SECONDS)) as http:
         api = ApiCaller(http, service.url)
         assert api.register(victim, platform="android", device_token=token).status_code == 201
         await eventually(lambda: relay_live(service, relay.url, 1), "victim subscribed")

@@ -13,6 +13,7 @@ import pytest
 
 from analytics.duration import parse_duration_ms
 from analytics.preflight import local_path
+from testkit.deadlines import COMMAND_SECONDS, JVM_SECONDS, scaled
 from tests.analytics.observation_logs import SECOND, T0_MS, ObservationLog, relay, seen
 
 pytestmark = pytest.mark.spark
@@ -35,7 +36,7 @@ def test_cli_writes_the_contract_reports(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "sigil_push", "analytics", "--master", "local[1]",
          "--input", log.path, "--output", str(out)],
-        check=False, capture_output=True, text=True, timeout=300,
+        check=False, capture_output=True, text=True, timeout=scaled(JVM_SECONDS),
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "1 corrupt lines" in result.stdout
@@ -55,7 +56,7 @@ def test_cli_missing_input_exits_2_before_starting_spark(tmp_path: Path) -> None
     result = subprocess.run(
         [sys.executable, "-m", "sigil_push", "analytics", "--master", "local[1]",
          "--input", str(tmp_path / "absent"), "--output", str(tmp_path / "out")],
-        check=False, capture_output=True, text=True, timeout=120, env=_without_java(tmp_path),
+        check=False, capture_output=True, text=True, timeout=scaled(COMMAND_SECONDS), env=_without_java(tmp_path),
     )
     assert result.returncode == 2, result.stderr[-2000:]
     assert result.stderr.strip() == f"sigil-push: --input: {tmp_path / 'absent'} does not exist"
@@ -67,7 +68,7 @@ def test_cli_inverted_window_exits_2_before_starting_spark(tmp_path: Path) -> No
         [sys.executable, "-m", "sigil_push", "analytics", "--input", str(tmp_path),
          "--output", str(tmp_path / "out"),
          "--since", "2026-11-21T11:00:00Z", "--until", "2026-11-21T10:00:00Z"],
-        check=False, capture_output=True, text=True, timeout=120, env=_without_java(tmp_path),
+        check=False, capture_output=True, text=True, timeout=scaled(COMMAND_SECONDS), env=_without_java(tmp_path),
     )
     assert result.returncode == 2, result.stderr[-2000:]
     assert result.stderr.strip() == "sigil-push: --since must be before --until"
@@ -109,7 +110,7 @@ def test_cli_without_the_analytics_extra_exits_2_naming_the_install(tmp_path: Pa
     result = subprocess.run(
         [sys.executable, "-m", "sigil_push", "analytics",
          "--input", str(tmp_path), "--output", str(tmp_path / "out")],
-        check=False, capture_output=True, text=True, timeout=120, env=env,
+        check=False, capture_output=True, text=True, timeout=scaled(COMMAND_SECONDS), env=env,
     )
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
@@ -125,7 +126,7 @@ def test_cli_without_the_analytics_extra_exits_2_naming_the_install(tmp_path: Pa
     )
     imported = subprocess.run(
         [sys.executable, "-c", every_module],
-        check=False, capture_output=True, text=True, timeout=120, env=env,
+        check=False, capture_output=True, text=True, timeout=scaled(COMMAND_SECONDS), env=env,
     )
     assert imported.returncode == 1
     assert imported.stderr.strip().splitlines()[-1] == "ModuleNotFoundError: No module named 'pyspark'"
@@ -135,7 +136,7 @@ def test_cli_rejects_a_bad_grace_with_exit_2(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "sigil_push", "analytics", "--grace", "soon",
          "--input", str(tmp_path), "--output", str(tmp_path / "out")],
-        check=False, capture_output=True, text=True, timeout=120,
+        check=False, capture_output=True, text=True, timeout=scaled(COMMAND_SECONDS),
     )
     assert result.returncode == 2
     assert "--grace" in result.stderr and "soon" in result.stderr

@@ -16,6 +16,7 @@ from pyspark.sql import SparkSession
 
 from analytics.run import run_all
 from analytics.session import analytics_session
+from testkit.deadlines import JVM_SECONDS, scaled
 from testkit.spark_cluster import StandaloneCluster
 from tests.analytics.observation_logs import CONTRACT_COLUMNS, ObservationLog, network_log
 
@@ -58,7 +59,7 @@ def _cluster_matches_local(spark: SparkSession, tmp_path: Path) -> None:
             cluster.wait_for_worker()
             # Meanwhile, the reference run in this process's local[2] session.
             run_all(log.path, str(local_out))
-            _, stderr = driver.communicate(timeout=600)
+            _, stderr = driver.communicate(timeout=scaled(2 * JVM_SECONDS))
         finally:
             if driver.poll() is None:
                 driver.kill()

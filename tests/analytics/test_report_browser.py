@@ -23,6 +23,7 @@ from pyspark.sql import SparkSession
 from websockets.sync.client import ClientConnection, connect
 
 from analytics.run import run_all
+from testkit.deadlines import STOP_SECONDS, scaled
 from tests.analytics.observation_logs import ObservationLog, network_log
 
 pytestmark = pytest.mark.spark
@@ -47,7 +48,7 @@ class DevTools:
         if self.session is not None:
             message["sessionId"] = self.session
         self.socket.send(json.dumps(message))
-        deadline = time.monotonic() + DEADLINE_SECONDS
+        deadline = time.monotonic() + scaled(DEADLINE_SECONDS)
         while True:
             reply = json.loads(self.socket.recv(timeout=max(0.1, deadline - time.monotonic())))
             if reply.get("id") == message_id:
@@ -57,7 +58,7 @@ class DevTools:
             self.events.append(reply)
 
     def wait_for(self, method: str) -> dict[str, Any]:
-        deadline = time.monotonic() + DEADLINE_SECONDS
+        deadline = time.monotonic() + scaled(DEADLINE_SECONDS)
         for seen in self.events:
             if seen.get("method") == method:
                 return seen
@@ -89,7 +90,7 @@ def browser(tmp_path: Path) -> Iterator[DevTools]:
     )
     try:
         port_file = profile / "DevToolsActivePort"
-        deadline = time.monotonic() + DEADLINE_SECONDS
+        deadline = time.monotonic() + scaled(DEADLINE_SECONDS)
         while not (port_file.is_file() and len(port_file.read_text().split()) == 2):
             assert process.poll() is None, (tmp_path / "chromium.log").read_text()[-2000:]
             assert time.monotonic() < deadline, "chromium did not open its DevTools port"
@@ -105,7 +106,7 @@ def browser(tmp_path: Path) -> Iterator[DevTools]:
     finally:
         process.terminate()
         try:
-            process.wait(timeout=30)
+            process.wait(timeout=scaled(STOP_SECONDS))
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()

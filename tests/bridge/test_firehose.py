@@ -43,6 +43,7 @@ from testkit.bridge_harness import (
     unregister,
     wakeups,
 )
+from testkit.deadlines import COMMAND_SECONDS, scaled
 from testkit.fakes.harness import eventually as poll
 from testkit.in_process import InProcessBridge, in_process_bridge
 from testkit.loopback_relay import LoopbackRelay
@@ -494,7 +495,7 @@ def test_a_bad_relay_mode_or_threshold_stops_the_service_with_exit_2(tmp_path: P
         config.write_text(table)
         done = subprocess.run(
             [sys.executable, "-m", "sigil_push", "serve", "--config", str(config)],
-            check=False, capture_output=True, text=True, timeout=60,
+            check=False, capture_output=True, text=True, timeout=scaled(COMMAND_SECONDS),
         )
         assert done.returncode == 2, done.stderr
         assert key in done.stderr

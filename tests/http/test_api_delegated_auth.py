@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from testkit.deadlines import scaled
 from testkit.nip98 import SdkUser
 from testkit.relay import RelayProcess
 from testkit.remote_signer import RemoteSigner
@@ -17,7 +18,7 @@ from tests.conftest import ApiCaller
 def signer_status(api: ApiCaller, user: SdkUser, wanted: str | None) -> dict[str, object]:
     """Poll the owner's view; one request per second, since an identical NIP-98 event made in
     the same second has the same id and would be refused as a replay."""
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + scaled(30)
     while time.monotonic() < deadline:
         time.sleep(1.05)
         devices = api.call("GET", "/registrations", user).json()["devices"]

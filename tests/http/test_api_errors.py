@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from testkit.deadlines import REQUEST_SECONDS, scaled
 from testkit.nip98 import SdkUser, encode_header
 from testkit.service import ServiceProcess
 from testkit.stores import backend_service
@@ -317,7 +318,7 @@ def strict_service(
 
 @pytest.fixture
 def strict_api(strict_service: ServiceProcess) -> Iterator[ApiCaller]:
-    with httpx.Client(base_url=strict_service.url, timeout=10) as http:
+    with httpx.Client(base_url=strict_service.url, timeout=scaled(REQUEST_SECONDS)) as http:
         yield ApiCaller(http, strict_service.url)
 
 
@@ -350,7 +351,7 @@ def test_per_ip_limit_spares_health_and_metrics(strict_api: ApiCaller, strict_se
     assert_error(limited, 429, "rate_limited")
     assert int(limited.headers["retry-after"]) >= 1
     assert strict_api.http.get("/health").status_code == 200
-    assert httpx.get(strict_service.admin_url + "/metrics", timeout=10).status_code == 200
+    assert httpx.get(strict_service.admin_url + "/metrics", timeout=scaled(REQUEST_SECONDS)).status_code == 200
 
 
 @pytest.mark.slow  # waits out the real busy and lock timeouts (5 s)
@@ -364,7 +365,7 @@ def test_busy_storage_answers_503_with_retry_after(api: ApiCaller, service: Serv
     if service.database.startswith("postgresql://"):
         _busy_postgres_answers_503(api, service, user)
     else:
-        locker = sqlite3.connect(service.database, timeout=10, isolation_level=None)
+        locker = sqlite3.connect(service.database, timeout=scaled(REQUEST_SECONDS), isolation_level=None)
         try:
             locker.execute("BEGIN EXCLUSIVE")
             response = api.register(user)
@@ -386,7 +387,7 @@ def _busy_postgres_answers_503(api: ApiCaller, service: ServiceProcess, user: Sd
     import asyncpg
 
     def register_on_new_connection() -> httpx.Response:
-        with httpx.Client(base_url=service.url, timeout=30) as http:
+        with httpx.Client(base_url=service.url, timeout=scaled(REQUEST_SECONDS)) as http:
             return ApiCaller(http, api.public_url).register(user)
 
     async def story() -> None:

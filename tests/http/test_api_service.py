@@ -11,6 +11,7 @@ from sigil_push.config import load_config
 from sigil_push.http.api import create_app
 from sigil_push.http.metrics import KNOWN_ROUTES
 from sigil_push.service import Service
+from testkit.deadlines import REQUEST_SECONDS, scaled
 from testkit.nip98 import SdkUser
 from testkit.service import ServiceProcess
 from tests.conftest import ApiCaller
@@ -30,14 +31,14 @@ def test_health_reports_serving(api: ApiCaller, service: ServiceProcess) -> None
     health = api.http.get("/health")
     assert health.status_code == 200
     assert health.json() == {"status": "ok"}
-    detail = httpx.get(service.admin_url + "/health", timeout=10)
+    detail = httpx.get(service.admin_url + "/health", timeout=scaled(REQUEST_SECONDS))
     assert detail.status_code == 200 and isinstance(detail.json()["relays"], dict)
 
 
 def test_metrics_count_requests_by_route_and_status(api: ApiCaller, service: ServiceProcess) -> None:
     api.register(SdkUser(), platform="nope")
     assert api.http.get("/metrics").status_code == 404
-    text = httpx.get(service.admin_url + "/metrics", timeout=10).text
+    text = httpx.get(service.admin_url + "/metrics", timeout=scaled(REQUEST_SECONDS)).text
     # on PostgreSQL every series also names its worker (`worker="..."`)
     counted = [line for line in text.splitlines() if line.startswith("sigil_push_http_requests_total{")]
     wanted = ('method="POST"', 'route="/register"', 'status="400"')
@@ -50,7 +51,7 @@ def test_metrics_label_unusual_methods_as_other(api: ApiCaller, service: Service
     its own (nor carry whatever text a client chose into /metrics)."""
     for method in ("PROPFIND", "MKCOL", "PURGE"):
         api.http.request(method, "/register")
-    text = httpx.get(service.admin_url + "/metrics", timeout=10).text
+    text = httpx.get(service.admin_url + "/metrics", timeout=scaled(REQUEST_SECONDS)).text
     counted = [line for line in text.splitlines() if line.startswith("sigil_push_http_requests_total{")]
     methods = set(re.findall(r'method="([^"]*)"', "\n".join(counted)))
     assert methods <= {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "other"}, methods

@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.parser import text_string_to_metric_families
 
 from sigil_push.http.worker_metrics import WorkerLabelled
+from testkit.deadlines import COMMAND_SECONDS, scaled
 
 
 def registry() -> CollectorRegistry:
@@ -49,7 +50,7 @@ def test_every_sample_is_labelled_with_the_worker() -> None:
     if shutil.which("promtool"):
         checked = subprocess.run(
             ["promtool", "check", "metrics"], input=text.encode(), capture_output=True,
-            timeout=30, check=False,
+            timeout=scaled(COMMAND_SECONDS), check=False,
         )
         assert checked.returncode == 0, checked.stdout + checked.stderr
 

@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sigil_push.config import parse_config
 from testkit.bridge_harness import new_token, register, relay_live
+from testkit.deadlines import COMMAND_SECONDS, REQUEST_SECONDS, scaled
 from testkit.nostr_client import user
 from testkit.relay import RelayProcess
 from testkit.service import ServiceProcess
@@ -81,7 +82,7 @@ def exposed(
         ))
         with service:
             register(service, user(), new_token())
-            deadline = time.monotonic() + DEADLINE_SECONDS
+            deadline = time.monotonic() + scaled(DEADLINE_SECONDS)
             while not (
                 relay_live(service, relay.url, 2)
                 and any(
@@ -91,7 +92,7 @@ def exposed(
             ):
                 assert time.monotonic() < deadline, "no canary probe came back"
                 time.sleep(0.1)
-            text = httpx.get(service.admin_url + "/metrics", timeout=5).text
+            text = httpx.get(service.admin_url + "/metrics", timeout=scaled(REQUEST_SECONDS)).text
     yield {
         sample.name for family in text_string_to_metric_families(text) for sample in family.samples
     }
@@ -140,7 +141,7 @@ def test_alert_rules_are_valid_and_name_exposed_metrics(exposed: set[str]) -> No
         return
     for command in (["check", "rules", RULES.name], ["test", "rules", RULE_TESTS.name]):
         done = subprocess.run(
-            [promtool, *command], cwd=RULES.parent, capture_output=True, text=True, timeout=60,
+            [promtool, *command], cwd=RULES.parent, capture_output=True, text=True, timeout=scaled(COMMAND_SECONDS),
             check=False,
         )
         assert done.returncode == 0, done.stdout + done.stderr
@@ -158,7 +159,7 @@ def test_the_systemd_unit_verifies(tmp_path: Path) -> None:
     copy = tmp_path / "sigil-push.service"
     copy.write_text(unit.replace("/opt/sigil-push/bin/sigil-push", command))
     done = subprocess.run(
-        [analyze, "verify", str(copy)], capture_output=True, text=True, timeout=60, check=False
+        [analyze, "verify", str(copy)], capture_output=True, text=True, timeout=scaled(COMMAND_SECONDS), check=False
     )
     assert done.returncode == 0 and not done.stderr.strip(), done.stdout + done.stderr
 

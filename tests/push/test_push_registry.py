@@ -26,6 +26,7 @@ from sigil_push.push import metrics, registry
 from sigil_push.push.factory import build_senders
 from sigil_push.push.provider import Provider
 from sigil_push.service import Service
+from testkit.deadlines import COMMAND_SECONDS, scaled
 from testkit.fakes.credentials import WebPushSubscriber
 from testkit.fakes.fake_apns import FakeApns
 from testkit.fakes.fake_fcm import FakeFcm
@@ -209,7 +210,7 @@ def test_a_providers_client_library_loads_only_when_its_table_is_configured(tmp_
     )
     result = subprocess.run(
         [sys.executable, "-c", script, *CLIENT_LIBRARIES.values()],
-        capture_output=True, text=True, timeout=120, check=False,
+        capture_output=True, text=True, timeout=scaled(COMMAND_SECONDS), check=False,
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == [str(len(registry.PLATFORMS))]

@@ -38,6 +38,7 @@ from sigil_push.push.payload import (
     unifiedpush_size,
 )
 from sigil_push.store.records import Device, Wakeup, WebPushKeys
+from testkit.deadlines import COMMAND_SECONDS, scaled
 from testkit.fakes.credentials import WebPushSubscriber
 from testkit.fakes.fake_apns import ApnsRequest, FakeApns
 from testkit.fakes.fake_fcm import FakeFcm
@@ -282,7 +283,7 @@ async def test_the_example_script_opens_a_captured_push(
         subprocess.run,
         [sys.executable, str(EXAMPLE_PATH), str(captured), phone.device_key.secret_hex,
          phone.account.secret_key().to_hex()],
-        capture_output=True, text=True, timeout=120, check=False,
+        capture_output=True, text=True, timeout=scaled(COMMAND_SECONDS), check=False,
     )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == {

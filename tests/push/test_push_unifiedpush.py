@@ -44,6 +44,7 @@ from sigil_push.push.vapid import (
     public_key_b64,
 )
 from sigil_push.store.records import WebPushKeys
+from testkit.deadlines import REQUEST_SECONDS, scaled
 from testkit.fakes.credentials import WebPushSubscriber
 from testkit.fakes.fake_unifiedpush import FakeUnifiedPush
 from testkit.fakes.harness import (
@@ -392,11 +393,11 @@ def test_the_fake_distributor_enforces_autopush_rules(autopush: FakeUnifiedPush,
         ("good", {**ttl, "Authorization": header(good)}, b"x" * 4096, 201),
     ]
     for name, headers, body, status in cases:
-        answer = httpx.post(autopush.endpoint(name), content=body, headers=headers, timeout=10)
+        answer = httpx.post(autopush.endpoint(name), content=body, headers=headers, timeout=scaled(REQUEST_SECONDS))
         assert answer.status_code == status, name
     # py-vapid will not sign without `sub`, so that token is made with PyJWT
     no_sub = jwt.encode({"aud": good["aud"], "exp": good["exp"]}, vapid.private_key, algorithm="ES256")
-    answer = httpx.post(autopush.endpoint("no-sub"), content=b"x", timeout=10,
+    answer = httpx.post(autopush.endpoint("no-sub"), content=b"x", timeout=scaled(REQUEST_SECONDS),
                         headers={**ttl, "Authorization": f"vapid t={no_sub}, k={key}"})
     assert answer.status_code == 401
 
@@ -558,7 +559,7 @@ async def _queue_for(database: str, endpoint: str, subscriber: WebPushSubscriber
 
 
 def _wait_for(check: Any, what: str, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while not (result := check()):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
@@ -581,7 +582,7 @@ def test_the_service_publishes_its_vapid_key_and_signs_with_it_across_restarts(
         asyncio.run(_queue_for(service.database, autopush.endpoint(name), subscriber))
         service.start()
         try:
-            info = httpx.get(f"{service.url}/info", timeout=10).json()
+            info = httpx.get(f"{service.url}/info", timeout=scaled(REQUEST_SECONDS)).json()
             request = _wait_for(lambda name=name: autopush.received(name), "the push")[0]
         finally:
             service.stop()

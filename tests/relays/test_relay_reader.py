@@ -24,6 +24,7 @@ from websockets.http11 import Request, Response
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.observations import ObservationLog
 from sigil_push.relays.connection import BridgeKeySigner, RelayConnection
+from testkit.deadlines import scaled
 from testkit.fakes.credentials import make_tls
 from testkit.loopback_relay import LoopbackRelay
 
@@ -95,7 +96,7 @@ def event_frame(number: int, padding: int = 0) -> str:
 
 
 async def until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while not condition():
         assert time.monotonic() < deadline, "condition not reached"
         await asyncio.sleep(0.01)

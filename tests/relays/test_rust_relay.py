@@ -17,6 +17,7 @@ from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip42 import auth_event
 from sigil_push.relays.nip11 import RelayLimits, fetch_limits
 from testkit.bridge_harness import eventually, health, new_token, register, wakeups
+from testkit.deadlines import scaled
 from testkit.fakes.harness import eventually as poll
 from testkit.in_process import in_process_bridge
 from testkit.nostr_client import gift_wrap, hex_of, kind4_dm, secret_hex_of, user
@@ -135,7 +136,7 @@ async def test_the_bridge_reads_a_relay_that_wants_auth_for_every_read(
 
 async def poll_async(count: Any, wanted: int, timeout: float = 30.0) -> None:
     """Waits until the coroutine function `count` returns `wanted`, then checks it stays."""
-    deadline = asyncio.get_running_loop().time() + timeout
+    deadline = asyncio.get_running_loop().time() + scaled(timeout)
     while asyncio.get_running_loop().time() < deadline:
         if await count() == wanted:
             await asyncio.sleep(0.5)

@@ -24,6 +24,7 @@ from prometheus_client import REGISTRY
 
 from sigil_push.observations import LOCK_NAME, ObservationLog, file_name_for
 from testkit.bridge_harness import eventually, metric
+from testkit.deadlines import COMMAND_SECONDS, scaled
 from testkit.service import ServiceProcess
 
 HOUR_MS = 3_600_000
@@ -218,7 +219,7 @@ async def test_a_staged_hour_is_finished_by_one_worker_only(tmp_path: Path) -> N
         await eventually(lambda: partial.exists(), "worker wa finishing the staged hour", 60)
         second = tidy_in_process(tmp_path, "wb", now)
         try:
-            out, _ = second.communicate(timeout=60)
+            out, _ = second.communicate(timeout=scaled(COMMAND_SECONDS))
         except subprocess.TimeoutExpired:
             second.kill()
             second.communicate()
@@ -228,7 +229,7 @@ async def test_a_staged_hour_is_finished_by_one_worker_only(tmp_path: Path) -> N
     finally:
         # let wa read the staged hour (opening the pipe for writing waits for its reader)
         await asyncio.to_thread(staged.write_bytes, lines(3, "staged by w0"))
-        out, _ = first.communicate(timeout=60)
+        out, _ = first.communicate(timeout=scaled(COMMAND_SECONDS))
     assert first.returncode == 0
 
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([orphan + ".gz", LOCK_NAME])

@@ -28,6 +28,7 @@ from sigil_push.store.sqlite.database import open_database
 from sigil_push.store.sqlite.devices import Devices
 from sigil_push.store.sqlite.outbox import Outbox
 from testkit.bridge_harness import assert_private, relay_live
+from testkit.deadlines import REQUEST_SECONDS, scaled
 from testkit.fakes.fake_apns import FakeApns
 from testkit.fakes.fake_fcm import FakeFcm
 from testkit.fakes.harness import (
@@ -58,7 +59,7 @@ class Instance:
 
     def __init__(self, relay: RelayProcess, service: ServiceProcess, fcm: FakeFcm) -> None:
         self.relay, self.service, self.fcm = relay, service, fcm
-        self.http = httpx.Client(base_url=service.url, timeout=10)
+        self.http = httpx.Client(base_url=service.url, timeout=scaled(REQUEST_SECONDS))
         self.api = ApiCaller(self.http, service.url)
 
     def register(self, user: SdkUser, token: str, **fields: Any) -> httpx.Response:

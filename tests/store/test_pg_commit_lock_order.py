@@ -32,6 +32,7 @@ from sigil_push.store.postgres.migrate import migrate
 from sigil_push.store.postgres.outbox import PostgresOutbox
 from sigil_push.store.records import Device
 from sigil_push.store.seen import SeenEvents
+from testkit.deadlines import scaled
 from testkit.in_process import in_process_bridge
 
 RELAY = "ws://127.0.0.1:9"
@@ -95,7 +96,7 @@ async def _race(
             await holder.execute("BEGIN")
             await holder.execute(sql, *args)
         tasks = [asyncio.create_task(write()) for write in writers]
-        deadline = asyncio.get_running_loop().time() + 60
+        deadline = asyncio.get_running_loop().time() + scaled(60)
         while await _waiting_on_locks(watcher) < 2:
             assert not any(t.done() for t in tasks), [t.exception() for t in tasks]
             assert asyncio.get_running_loop().time() < deadline, "the writers never waited"

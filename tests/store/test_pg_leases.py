@@ -30,6 +30,7 @@ from sigil_push.store.postgres.devices import PostgresDevices
 from sigil_push.store.postgres.leases import SHARDS_CHANNEL, ShardLeaser, check_lease, rebalance
 from sigil_push.store.postgres.migrate import migrate
 from sigil_push.store.postgres.sharding import ShardWatch
+from testkit.deadlines import scaled
 from testkit.postgres import PostgresServer
 
 LEASE_SECONDS = 2.0
@@ -76,7 +77,7 @@ async def until(condition: Callable[[], bool], timeout: float = 60.0) -> float:
     """Poll until `condition` holds; returns how long it took."""
     started = time.monotonic()
     while not condition():
-        if time.monotonic() - started > timeout:
+        if time.monotonic() - started > scaled(timeout):
             raise AssertionError("condition not reached in time")
         await asyncio.sleep(0.02)
     return time.monotonic() - started
@@ -446,7 +447,7 @@ async def test_a_heartbeat_that_returns_late_does_not_make_the_bridge_reload(
                         " AND query LIKE '%INSERT INTO workers (worker_id)%'"
                     ))
 
-                deadline = time.monotonic() + 60
+                deadline = time.monotonic() + scaled(60)
                 while not await heartbeat_waits():
                     assert time.monotonic() < deadline, "the heartbeat never reached the lock"
                     await asyncio.sleep(0.02)
@@ -465,7 +466,7 @@ async def test_a_heartbeat_that_returns_late_does_not_make_the_bridge_reload(
                     "SELECT heartbeat_at > $1 FROM workers WHERE worker_id = 'busy'", renewed
                 ))
 
-            deadline = time.monotonic() + 60
+            deadline = time.monotonic() + scaled(60)
             while not await beat_again():
                 assert time.monotonic() < deadline, "no heartbeat after the late one"
                 await asyncio.sleep(0.02)

@@ -16,6 +16,7 @@ from sigil_push.relays.discovery import DM_RELAYS_KIND, RelayLists
 from sigil_push.store.postgres.bridge_state import PostgresRelayState
 from sigil_push.store.postgres.database import PostgresDatabase
 from sigil_push.store.postgres.migrate import migrate
+from testkit.deadlines import scaled
 
 
 def _list_of(key: SecretKey, relay: str) -> Event:
@@ -42,7 +43,7 @@ async def test_lists_a_failed_save_did_not_store_are_saved_next_time(postgres_ur
             "INSERT INTO relay_lists (pubkey, kind, created_at, relays) VALUES ($1, $2, 1, '[]')",
             x.public_key_hex, DM_RELAYS_KIND)
         saving = asyncio.create_task(lists.save())
-        deadline = asyncio.get_running_loop().time() + 60
+        deadline = asyncio.get_running_loop().time() + scaled(60)
         while not await watcher.fetchval(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
             " AND wait_event_type = 'Lock'"

@@ -42,6 +42,7 @@ from sigil_push.store.factory import open_store
 from sigil_push.store.interface import Store
 from sigil_push.store.postgres.migrate import migrate
 from sigil_push.store.sqlite.bridge_state import BOOKKEEPING_SQL
+from testkit.deadlines import scaled
 from testkit.in_process import in_process_bridge
 from testkit.stores import numbered
 
@@ -51,7 +52,7 @@ CHUNK = 2_000
 
 
 async def until(condition: Callable[[], bool], timeout: float = 60.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
+    deadline = asyncio.get_running_loop().time() + scaled(timeout)
     while not condition():
         assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
         await asyncio.sleep(0.01)
@@ -303,7 +304,7 @@ async def _race(url: str, first: list[DbOp], second: list[DbOp]) -> list[BaseExc
                     continue
                 sql, row = w["todo"].pop(0)
                 w["task"] = asyncio.create_task(w["c"].execute(sql, *row))
-                deadline = asyncio.get_running_loop().time() + 60
+                deadline = asyncio.get_running_loop().time() + scaled(60)
                 while not w["task"].done() and not await _lock_waiting(watcher, w["pid"]):
                     assert asyncio.get_running_loop().time() < deadline
                     await asyncio.sleep(0.01)

@@ -16,6 +16,7 @@ from sigil_push.store.errors import TooManyDevices
 from sigil_push.store.factory import PostgresStore, SqliteStore
 from sigil_push.store.records import Device
 from sigil_push.store.seen import SeenEvents
+from testkit.deadlines import scaled
 from testkit.stores import open_test_store, seen_rows
 
 Store = SqliteStore | PostgresStore
@@ -336,7 +337,7 @@ async def test_registrations_reach_other_workers_also_after_their_connection_bro
         await eventually(lambda: first in heard, "the other worker heard the registration")
         assert await _terminate(_url(store), "query LIKE 'LISTEN%'") >= 1
         second = secrets.token_hex(32)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + scaled(30)
         while second not in heard and time.monotonic() < deadline:
             # a change announced before the listener is back is not heard: announce again
             await store.devices.register(second, "ios", "ab" * 32, "opaque", (), None, 0)

@@ -43,6 +43,7 @@ from testkit.bridge_harness import (
     unregister,
     wakeups,
 )
+from testkit.deadlines import REQUEST_SECONDS, scaled
 from testkit.nostr_client import gift_wrap, hex_of, npub_of, publish, secret_hex_of, user
 from testkit.processes import FAST_RECONNECT
 from testkit.relay import RelayProcess, free_port
@@ -122,7 +123,7 @@ def registrations(service: ServiceProcess, keys: nostr_sdk.Keys) -> list[dict[st
     twice in one second has the same id and is refused as a replay."""
     path = "/registrations"
     header = make_http_auth(SecretKey(secret_hex_of(keys)), service.url + path, "GET", b"")
-    response = httpx.get(service.url + path, headers={"authorization": header}, timeout=5)
+    response = httpx.get(service.url + path, headers={"authorization": header}, timeout=scaled(REQUEST_SECONDS))
     assert response.status_code == 200, response.text
     return list(response.json()["devices"])
 
@@ -130,7 +131,7 @@ def registrations(service: ServiceProcess, keys: nostr_sdk.Keys) -> list[dict[st
 async def signer_status_becomes(
     service: ServiceProcess, keys: nostr_sdk.Keys, wanted: str, timeout: float = 30.0
 ) -> None:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while time.monotonic() < deadline:
         await asyncio.sleep(1.05)
         if registrations(service, keys)[0]["auth_signer_status"] == wanted:

@@ -27,6 +27,7 @@ from testkit.bridge_harness import (
     relay_live,
     wakeups,
 )
+from testkit.deadlines import REQUEST_SECONDS, scaled
 from testkit.dropping_relay import GiftWrapDroppingRelay
 from testkit.nostr_client import gift_wrap, hex_of, npub_of, publish, user
 from testkit.relay import RelayProcess, free_port
@@ -46,7 +47,7 @@ CANARY_FIELDS = {"type", "ts", "relay", "event_id", "published", "ok_message", "
 
 
 def metrics_text(service: ServiceProcess) -> str:
-    return httpx.get(service.admin_url + "/metrics", timeout=5).text
+    return httpx.get(service.admin_url + "/metrics", timeout=scaled(REQUEST_SECONDS)).text
 
 
 def sample(scrape: str, name: str, relay: str) -> float:

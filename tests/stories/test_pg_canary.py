@@ -20,6 +20,7 @@ import pytest
 from sigil_push.observations import safe_worker
 from sigil_push.store.postgres.sharding import CANARY_SHARD
 from testkit.bridge_harness import eventually
+from testkit.deadlines import REQUEST_SECONDS, scaled
 from testkit.processes import FAST_RECONNECT
 from testkit.relay import RelayProcess
 from testkit.service import ServiceProcess
@@ -37,13 +38,13 @@ WORKER_TOML = (
 
 def _shards(service: ServiceProcess) -> list[int]:
     try:
-        return list(httpx.get(service.admin_url + "/health", timeout=5).json().get("shards", []))
+        return list(httpx.get(service.admin_url + "/health", timeout=scaled(REQUEST_SECONDS)).json().get("shards", []))
     except (httpx.HTTPError, ValueError):
         return []
 
 
 def _worker(service: ServiceProcess) -> str:
-    return str(httpx.get(service.admin_url + "/health", timeout=5).json()["worker"])
+    return str(httpx.get(service.admin_url + "/health", timeout=scaled(REQUEST_SECONDS)).json()["worker"])
 
 
 def _probes(service: ServiceProcess) -> list[dict[str, Any]]:

@@ -25,6 +25,7 @@ from testkit.bridge_harness import (
     unregister,
     wakeups,
 )
+from testkit.deadlines import REQUEST_SECONDS, scaled
 from testkit.nostr_client import gift_wrap, npub_of, publish, user
 from testkit.processes import FAST_RECONNECT
 from testkit.relay import RelayProcess
@@ -46,7 +47,7 @@ def started() -> Iterator[list[Any]]:
 
 def _shards(service: ServiceProcess) -> set[int]:
     try:
-        return set(httpx.get(service.admin_url + "/health", timeout=5).json().get("shards", []))
+        return set(httpx.get(service.admin_url + "/health", timeout=scaled(REQUEST_SECONDS)).json().get("shards", []))
     except (httpx.HTTPError, ValueError):
         return set()
 

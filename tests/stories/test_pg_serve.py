@@ -17,6 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from testkit.bridge_harness import assert_private, eventually, eventually_async, relay_live
+from testkit.deadlines import REQUEST_SECONDS, scaled
 from testkit.fakes.fake_apns import FakeApns
 from testkit.fakes.harness import Credentials, provider_tables, toml_tables
 from testkit.nip98 import SdkUser
@@ -41,7 +42,7 @@ def _register(service: ServiceProcess, person: SdkUser, token: str, url: str | N
     body = json.dumps({"npub": person.npub, "platform": "ios", "device_token": token}).encode()
     header = person.header((url or service.url) + "/register", "POST", body)
     response = httpx.post(
-        service.url + "/register", content=body, timeout=10,
+        service.url + "/register", content=body, timeout=scaled(REQUEST_SECONDS),
         headers={"content-type": "application/json", "authorization": header},
     )
     return response, header, body
@@ -94,7 +95,7 @@ async def test_serve_on_postgres_pushes_a_relayed_dm_once(
     assert "launch code" not in json.dumps(request.body)  # type: ignore[attr-defined]
     assert recipient.hex not in json.dumps(request.body)  # type: ignore[attr-defined]
     assert not list(service.folder.glob("*.db*")), "no SQLite file next to the config"
-    async with httpx.AsyncClient(base_url=service.admin_url, timeout=5) as admin:
+    async with httpx.AsyncClient(base_url=service.admin_url, timeout=scaled(REQUEST_SECONDS)) as admin:
         worker = (await admin.get("/health")).json()["worker"]
         text = (await admin.get("/metrics")).text
     unlabelled = {
@@ -127,7 +128,7 @@ def test_a_nip98_auth_event_is_spent_across_workers(
     assert response.status_code == 201, response.text
 
     retried = httpx.post(
-        second.url + "/register", content=body, timeout=10,
+        second.url + "/register", content=body, timeout=scaled(REQUEST_SECONDS),
         headers={"content-type": "application/json", "authorization": header},
     )
     assert retried.status_code == 200, retried.text
@@ -150,4 +151,4 @@ def test_a_worker_with_another_bridge_key_is_refused_with_exit_2(
     assert stranger.wait_exit() == 2
     lines = [line for line in stranger.log().splitlines() if line.startswith("sigil-push:")]
     assert len(lines) == 1 and "server.secret_key_file" in lines[0]
-    assert httpx.get(first.url + "/health", timeout=5).status_code == 200
+    assert httpx.get(first.url + "/health", timeout=scaled(REQUEST_SECONDS)).status_code == 200

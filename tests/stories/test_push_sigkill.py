@@ -28,6 +28,7 @@ import pytest
 from sigil_push.nostr.event import sign_event
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.observations import now_ms
+from testkit.deadlines import REQUEST_SECONDS, scaled
 from testkit.fakes.fake_apns import FakeApns
 from testkit.fakes.harness import (
     Credentials,
@@ -66,9 +67,9 @@ def _outbox_depth(database: str) -> int:
 
 def _wait_for_metric(url: str, series: str) -> str:
     """The /metrics text once `series` has counted something (the pushes after the restart)."""
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + scaled(30)
     while True:
-        with urllib.request.urlopen(f"{url}/metrics", timeout=5) as response:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=scaled(REQUEST_SECONDS)) as response:
             text = response.read().decode()
         # on PostgreSQL the series carries one more label, `worker`, after these
         line = next((line for line in text.splitlines()
@@ -81,7 +82,7 @@ def _wait_for_metric(url: str, series: str) -> str:
 
 
 def _wait(check, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while not check():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
