@@ -32,29 +32,33 @@ _claimed: tuple[int, BinaryIO] | None = None
 _next_port = itertools.count()
 
 
+def claim_block(folder: Path = BLOCK_LOCKS) -> tuple[int, BinaryIO]:
+    """The first port of a block no other live process holds, and the open lock file that
+    holds it: an exclusive `flock` on the block's file in `folder`, which the kernel releases
+    when the file is closed or the process exits (even on SIGKILL). Blocks are tried from a
+    random one, so sessions rarely contend for the same lock."""
+    folder.mkdir(exist_ok=True)
+    blocks = list(range(PORTS.start, PORTS.stop - PORTS_PER_BLOCK + 1, PORTS_PER_BLOCK))
+    first = random.randrange(len(blocks))
+    for block in blocks[first:] + blocks[:first]:
+        handle = open(folder / f"{block}.lock", "ab")  # noqa: SIM115 - held while claimed
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            continue
+        return block, handle
+    raise RuntimeError(f"every block of {PORTS_PER_BLOCK} ports in {PORTS} is claimed")
+
+
 def _block() -> int:
-    """The first port of this process's block, claimed on first use with an exclusive `flock`
-    on the block's lock file, held until the process exits (the kernel releases it then, even
-    on SIGKILL). Every process of every test session on the machine (two suites side by side,
-    other checkouts' runs, their xdist workers) thus owns ports no other one hands out; a fixed
-    block per xdist worker number collided across sessions, each with its gw0. Blocks are tried
-    from a random one, so sessions rarely contend for the same lock."""
+    """This process's block, claimed on first use and held until it exits. Every process of
+    every test session on the machine (two suites side by side, other checkouts' runs, their
+    xdist workers) thus owns ports no other one hands out; a fixed block per xdist worker
+    number collided across sessions, each with its own gw0."""
     global _claimed
     if _claimed is None:
-        BLOCK_LOCKS.mkdir(exist_ok=True)
-        blocks = list(range(PORTS.start, PORTS.stop - PORTS_PER_BLOCK + 1, PORTS_PER_BLOCK))
-        first = random.randrange(len(blocks))
-        for block in blocks[first:] + blocks[:first]:
-            handle = open(BLOCK_LOCKS / f"{block}.lock", "ab")  # noqa: SIM115 - held to exit
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                handle.close()
-                continue
-            _claimed = (block, handle)
-            break
-        else:
-            raise RuntimeError(f"every block of {PORTS_PER_BLOCK} ports in {PORTS} is claimed")
+        _claimed = claim_block()
     return _claimed[0]
 
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Self
 
-from testkit.deadlines import STARTUP_SECONDS, STOP_SECONDS, scaled
+from testkit.deadlines import REQUEST_SECONDS, STARTUP_SECONDS, STOP_SECONDS, scaled
 from testkit.observations import observation_records
 from testkit.relay import free_port
 
@@ -91,7 +91,7 @@ class ServiceProcess:
             if self._process is not None and self._process.poll() is not None:
                 raise RuntimeError(f"service exited with {self._process.returncode}:\n{self.log()}")
             try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=5) as response:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=scaled(REQUEST_SECONDS)) as response:
                     return dict(json.load(response))
             except (OSError, urllib.error.URLError):
                 time.sleep(0.05)

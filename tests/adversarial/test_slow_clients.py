@@ -51,7 +51,7 @@ async def _slow_client(port: int, closed: list[float], started: float) -> None:
         for _ in range(120):  # a byte a second, for up to two minutes
             await writer.drain()
             try:
-                if await asyncio.wait_for(reader.read(1), timeout=1.0) == b"":
+                if await asyncio.wait_for(reader.read(1), timeout=1.0) == b"":  # a pace, not a deadline
                     break
             except TimeoutError:
                 writer.write(b"l")
