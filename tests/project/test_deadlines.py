@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from testkit import deadlines
-from testkit.relay import PORTS_PER_BLOCK, claim_block
+from testkit.relay import PORTS, PORTS_PER_BLOCK, claim_block
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -59,23 +59,25 @@ async def test_eventually_names_what_it_waited_for() -> None:
 
 
 def test_two_processes_never_claim_the_same_port_block(tmp_path: Path) -> None:
-    """A claim holds its block until its lock file is closed (or its process exits): another
-    claim meanwhile (flock locks belong to the open file, so a second open in this process
-    stands for another process) gets another block, and the block is free again after."""
-    first, held = claim_block(tmp_path)
-    claims = [claim_block(tmp_path) for _ in range(5)]
+    """A claim holds its block until its lock file is closed (or its process exits): flock
+    locks belong to the open file, so each claim here stands for another process. Every block
+    goes to one claim only; with all of them held a claim fails, and a released block is
+    claimed again."""
+    claims = [claim_block(tmp_path) for _ in range(len(PORTS) // PORTS_PER_BLOCK)]
     try:
-        blocks = [first, *(block for block, _ in claims)]
+        blocks = [block for block, _ in claims]
         assert len(set(blocks)) == len(blocks)
-        assert all(block % PORTS_PER_BLOCK == 0 for block in blocks)
+        assert all((block - PORTS.start) % PORTS_PER_BLOCK == 0 for block in blocks)
+        with pytest.raises(RuntimeError, match="claimed"):
+            claim_block(tmp_path)
+        freed, handle = claims.pop()
+        handle.close()
+        again = claim_block(tmp_path)
+        claims.append(again)
+        assert again[0] == freed
     finally:
         for _, handle in claims:
             handle.close()
-    held.close()
-    again = [claim_block(tmp_path) for _ in range(6)]
-    assert first in {block for block, _ in again}
-    for _, handle in again:
-        handle.close()
 
 
 def _called_name(call: ast.Call) -> str:
