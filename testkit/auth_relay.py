@@ -49,6 +49,7 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
+from testkit.deadlines import STARTUP_SECONDS, STOP_SECONDS, scaled
 from testkit.relay import RelayProcess
 
 DM_KINDS = {4, 1059}
@@ -97,15 +98,15 @@ class AuthRelay:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
-        asyncio.run_coroutine_threadsafe(self._serve(), self._loop).result(10)
+        asyncio.run_coroutine_threadsafe(self._serve(), self._loop).result(scaled(STARTUP_SECONDS))
         return self
 
     def stop(self) -> None:
         loop, thread = self._loop, self._thread
         if loop is not None and thread is not None:
-            asyncio.run_coroutine_threadsafe(self._close(), loop).result(10)
+            asyncio.run_coroutine_threadsafe(self._close(), loop).result(scaled(STARTUP_SECONDS))
             loop.call_soon_threadsafe(loop.stop)
-            thread.join(10)
+            thread.join(scaled(STOP_SECONDS))
             loop.close()
         self._loop = self._thread = None
         self.upstream.stop()
@@ -172,7 +173,7 @@ class AuthRelay:
 
     def release_reads(self) -> None:
         assert self._loop is not None
-        asyncio.run_coroutine_threadsafe(self._release_reads(), self._loop).result(10)
+        asyncio.run_coroutine_threadsafe(self._release_reads(), self._loop).result(scaled(STARTUP_SECONDS))
 
     async def _release_reads(self) -> None:
         self.held_reads = set()

@@ -28,6 +28,7 @@ from h2.events import ConnectionTerminated, DataReceived, RequestReceived, Strea
 from h2.exceptions import ProtocolError
 from h2.settings import SettingCodes
 
+from testkit.deadlines import STOP_SECONDS, scaled
 from testkit.fakes.credentials import KEY_ID, TEAM_ID, TOPIC
 
 
@@ -241,7 +242,7 @@ class FakeApns:
 
         asyncio.run_coroutine_threadsafe(shutdown(), loop)
         if self._thread is not None:
-            self._thread.join(10)
+            self._thread.join(scaled(STOP_SECONDS))
         self._loop = self._server = None
 
     def tokens(self) -> list[str]:

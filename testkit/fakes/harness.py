@@ -27,7 +27,7 @@ from sigil_push.store.factory import PostgresStore, SqliteStore
 from sigil_push.store.interface import DeviceStore, OutboxStore
 from sigil_push.store.records import Device, WebPushKeys
 from testkit import deadlines
-from testkit.deadlines import CONDITION_SECONDS
+from testkit.deadlines import CONDITION_SECONDS, scaled
 from testkit.fakes.credentials import (
     KEY_ID,
     TEAM_ID,
@@ -224,10 +224,14 @@ async def eventually(
 def document(
     providers: dict[str, Any], push: dict[str, Any] | None = None, limits: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """A config document with test-friendly delivery tuning (fast retries, small windows)."""
+    """A config document with test-friendly delivery tuning (fast retries, small windows). The
+    send timeout is how long a sender waits for a fake provider's answer: a deadline, so it
+    scales (testkit.deadlines); a fixed 3 s timed sends out on a loaded machine and their
+    retries reached the fake twice."""
     return {
         **providers,
-        "push": {"retry_base_seconds": 0.05, "retry_max_seconds": 0.2, "send_timeout_seconds": 3.0,
+        "push": {"retry_base_seconds": 0.05, "retry_max_seconds": 0.2,
+                 "send_timeout_seconds": scaled(3.0),
                  **(push or {})},
         "limits": {"coalesce_window_ms": 0, "wakeups_per_minute_per_device": 0, **(limits or {})},
     }

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from sigil_push.bridge.catchup_ledger import FIREHOSE_SCOPE
+from testkit.deadlines import scaled
 from testkit.fakes.harness import eventually as poll
 from testkit.in_process import InProcessBridge, in_process_bridge
 from testkit.nostr_client import hex_of, kind4_dm, user
@@ -97,7 +98,7 @@ async def test_restarts_from_a_snapshot_push_each_new_dm_once(
         proxy.neg_opens, proxy.release = 0, asyncio.Event()
         proxy.reconciling.clear()
         async with in_process_bridge(tmp_path, database, relays, BRIDGE):
-            await asyncio.wait_for(proxy.reconciling.wait(), 30)
+            await asyncio.wait_for(proxy.reconciling.wait(), scaled(30))
         proxy.release.set()
         loaded_before = _loads("loaded")
         async with in_process_bridge(tmp_path, database, relays, BRIDGE) as parts:

@@ -27,6 +27,7 @@ from prometheus_client import REGISTRY
 from sigil_push.bridge.pending import Arrival
 from sigil_push.nostr.event import Event
 from sigil_push.relays.labels import series_label
+from testkit.deadlines import scaled
 from testkit.fakes.fake_apns import FakeApns
 from testkit.fakes.harness import apns_token, eventually
 from testkit.in_process import InProcessService, in_process_service
@@ -198,7 +199,7 @@ async def test_a_stop_during_an_outage_ends_and_the_next_start_catches_the_dm_up
     database = config["server"]["database"]
     lock = WriteLock(engine, database)
     try:
-        async with asyncio.timeout(3 * DEADLINE), in_process_service(tmp_path, config) as instance:
+        async with asyncio.timeout(scaled(3 * DEADLINE)), in_process_service(tmp_path, config) as instance:
             user, token = await _register(instance, module_relay)
             await _impatient(instance, engine)
             instance.service.components.bridge._committer.stop_grace_seconds = 0.5
@@ -210,7 +211,7 @@ async def test_a_stop_during_an_outage_ends_and_the_next_start_catches_the_dm_up
                              "the batch being retried")
             stopping = time.monotonic()
         # the service's whole stop (relays, delivery, the store), not only the committer's
-        assert time.monotonic() - stopping < DEADLINE
+        assert time.monotonic() - stopping < scaled(DEADLINE)
         assert not _stored(database, dm["id"])
     finally:
         await lock.release()

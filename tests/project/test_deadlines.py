@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 WAITING_CALLS = frozenset({
     "httpx.get", "httpx.post", "httpx.put", "httpx.delete", "httpx.request", "httpx.Client",
     "httpx.AsyncClient", "urlopen", "urllib.request.urlopen", "subprocess.run", "communicate",
-    "wait", "join", "asyncio.wait_for", "wait_for", "get", "sqlite3.connect",
+    "wait", "join", "asyncio.wait_for", "wait_for", "get", "sqlite3.connect", "result",
+    "concurrent.futures.wait",
 })
 """Calls whose `timeout=` is how long the test waits for another party (a server, a process, a
 thread): a deadline, so it must come from the policy."""
@@ -116,10 +117,21 @@ def _raw_deadlines(path: Path) -> list[str]:
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add) and _clock(node.left):
             if isinstance(node.right, ast.Constant):
                 found.append(f"{path.relative_to(ROOT)}:{line}: clock + a number")
+        elif isinstance(node, ast.Compare) and isinstance(node.left, ast.BinOp) and isinstance(
+            node.left.op, ast.Sub
+        ) and _clock(node.left.left):
+            if any(isinstance(right, ast.Constant) for right in node.comparators):
+                found.append(f"{path.relative_to(ROOT)}:{line}: clock - start against a number")
         elif isinstance(node, ast.Call) and _called_name(node) in WAITING_CALLS:
             for keyword in node.keywords:
                 if keyword.arg == "timeout" and isinstance(keyword.value, ast.Constant):
                     found.append(f"{path.relative_to(ROOT)}:{line}: timeout={keyword.value.value}")
+            name = _called_name(node).rsplit(".", 1)[-1]
+            position = {"result": 0, "join": 0, "wait": 0, "wait_for": 1}.get(name)
+            if position is not None and len(node.args) > position and isinstance(
+                node.args[position], ast.Constant
+            ):
+                found.append(f"{path.relative_to(ROOT)}:{line}: {name} with a bare number")
     return found
 
 

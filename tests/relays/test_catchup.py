@@ -39,6 +39,7 @@ from websockets.http11 import Request, Response
 
 from sigil_push.relays import nip77
 from testkit.bridge_harness import eventually, new_token, register, relay_live, wakeups
+from testkit.deadlines import scaled
 from testkit.fakes.harness import eventually as poll
 from testkit.in_process import InProcessBridge, in_process_bridge
 from testkit.loopback_relay import LoopbackRelay
@@ -259,7 +260,7 @@ async def _story(
         await rust.publish(*fresh)
         fresh_ids = {event["id"] for event in fresh}
         async with in_process_bridge(tmp_path, database, [{"url": url}], BRIDGE) as parts:
-            await asyncio.wait_for(proxy.reconciling.wait(), 30)
+            await asyncio.wait_for(proxy.reconciling.wait(), scaled(30))
             await interrupt(proxy, parts)
             proxy.release.set()
         async with in_process_bridge(tmp_path, database, [{"url": url}], BRIDGE) as parts:
@@ -328,7 +329,7 @@ async def test_a_sigkilled_worker_while_reconciling_loses_nothing_on_postgres(
             await asyncio.to_thread(service.stop)
             await rust.publish(*fresh)
             await asyncio.to_thread(service.start)
-            await asyncio.wait_for(proxy.reconciling.wait(), 60)
+            await asyncio.wait_for(proxy.reconciling.wait(), scaled(60))
             assert await asyncio.to_thread(service.stop, signal.SIGKILL) == -9
             proxy.release.set()
             await asyncio.to_thread(service.start)

@@ -264,7 +264,7 @@ async def test_a_congested_handler_stops_the_reading(observations: RelayStates) 
             await until(lambda: bool(writers))
             backlog = writers[0].transport.get_write_buffer_size
             stable_since, last = time.monotonic(), backlog()
-            while time.monotonic() - stable_since < 1.0:
+            while time.monotonic() - stable_since < 1.0:  # a pace, not a deadline
                 await asyncio.sleep(0.05)
                 if backlog() != last:
                     stable_since, last = time.monotonic(), backlog()

@@ -35,7 +35,7 @@ async def _answer(ws: ClientConnection, sub_id: str) -> tuple[list[dict[str, Any
     events: list[dict[str, Any]] = []
     others: list[Any] = []
     while True:
-        frame = json.loads(await asyncio.wait_for(ws.recv(), 20))
+        frame = json.loads(await asyncio.wait_for(ws.recv(), scaled(20)))
         if frame[0] == "EVENT" and frame[1] == sub_id:
             events.append(frame[2])
         elif frame[0] in ("EOSE", "CLOSED") and frame[1] == sub_id:

@@ -295,7 +295,7 @@ async def test_a_dead_token_is_forgotten_even_if_the_push_named_a_signed_out_acc
         event = sign_event(harness.sender_key, 4, "hello", [["p", pubkey]])
         await harness.enqueue([device], event)
     fake_apns.script.answers[token] = (410, "Unregistered")
-    fake_apns.script.delay_seconds = 1.0  # under the harness send timeout (3 s)
+    fake_apns.script.delay_seconds = 1.0  # under the harness send timeout (3 s, scaled)
     await harness.start()
 
     await eventually(lambda: _apns_to(fake_apns, token), what="the push in flight")

@@ -339,7 +339,7 @@ async def test_a_slow_reshard_does_not_let_the_leases_lapse(pool: asyncpg.Pool) 
         await watch.start()
         await until(lambda: covered([first], DEFAULT_SHARDS))
         await other_watch.start()  # `slow` gives half back, and its first reshard then hangs
-        await asyncio.wait_for(applying.wait(), 60)
+        await asyncio.wait_for(applying.wait(), scaled(60))
         await until(lambda: covered([first, other], fair_share(DEFAULT_SHARDS, 2)))
         hung = time.monotonic()
         while time.monotonic() - hung < 3 * LEASE_SECONDS:
@@ -490,7 +490,7 @@ async def test_renewal_does_not_wait_for_the_takeover_of_an_expired_lease(
         )
         async with taker.transaction():
             await taker.execute("SELECT 1 FROM shard_leases WHERE shard = 3 FOR UPDATE")
-            held = await asyncio.wait_for(worker.tick(), 30)
+            held = await asyncio.wait_for(worker.tick(), scaled(30))
     assert sorted(held) == [0, 1, 2]
     assert sorted(await worker.tick()) == [0, 1, 2, 3]  # free again: taken back
 

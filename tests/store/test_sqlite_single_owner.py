@@ -14,6 +14,7 @@ import pytest
 
 from sigil_push.store.factory import open_sqlite
 from sigil_push.store.sqlite.coordination import StoreInUse
+from testkit.deadlines import scaled
 
 
 async def test_a_second_claim_on_one_file_is_refused_until_the_first_is_given_back(
@@ -70,14 +71,14 @@ async def test_a_killed_owner_leaves_the_file_to_the_next_process(tmp_path: Path
     )
     try:
         assert owner.stdout is not None
-        line = await asyncio.wait_for(owner.stdout.readline(), 60)
+        line = await asyncio.wait_for(owner.stdout.readline(), scaled(60))
         assert line.strip() == b"claimed"
         store = await open_sqlite(path)
         try:
             with pytest.raises(StoreInUse):
                 await store.coordination.claim(AsyncExitStack())
             owner.send_signal(signal.SIGKILL)
-            await asyncio.wait_for(owner.wait(), 60)
+            await asyncio.wait_for(owner.wait(), scaled(60))
             async with AsyncExitStack() as serving:
                 await store.coordination.claim(serving)
         finally:
