@@ -66,9 +66,18 @@ class WriteLock:
         else:
             # the service may be writing (its registration, a batch): wait as long as the
             # stories' deadline for its write to end, not sqlite3's default 5 s (loaded runs
-            # saw "database is locked" here)
-            self._sqlite = sqlite3.connect(self._database, isolation_level=None, timeout=DEADLINE)
-            self._sqlite.execute("BEGIN IMMEDIATE")
+            # saw "database is locked" here), and wait in a thread: sqlite3's busy wait
+            # blocks, and on the event loop it kept the in-process service from finishing
+            # the very write it waited for
+            self._sqlite = await asyncio.to_thread(self._begin_immediate)
+
+    def _begin_immediate(self) -> sqlite3.Connection:
+        connection = sqlite3.connect(
+            self._database, isolation_level=None, timeout=scaled(DEADLINE),
+            check_same_thread=False,
+        )
+        connection.execute("BEGIN IMMEDIATE")
+        return connection
 
     async def release(self) -> None:
         if self._postgres is not None:
