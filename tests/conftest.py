@@ -8,6 +8,7 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, settings
 
 from sigil_push import outbound
 from testkit.deadlines import REQUEST_SECONDS, scaled
@@ -22,6 +23,13 @@ pytest_plugins = (
     "testkit.postgres", "testkit.stores", "testkit.processes",
     "testkit.fakes.harness", "testkit.xdist_groups",
 )
+
+settings.register_profile(
+    "suite", deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile("suite")
+"""Hypothesis's own clocks (200 ms an example, a slow-generation check) are deadlines tuned to
+an idle machine; the properties do not depend on time (testkit/deadlines.py)."""
 
 
 @pytest.fixture(autouse=True)

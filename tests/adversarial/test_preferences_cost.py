@@ -78,14 +78,17 @@ def test_a_flood_of_lists_without_a_pair_costs_what_empty_ones_cost(
     victim, token = SdkUser(), secrets.token_hex(32)
     assert api.call("POST", "/register", victim,
                     {"npub": victim.npub, "platform": "ios", "device_token": token}).status_code == 201
-    empty = min(_flood(api, service, []) for _ in range(2))
+    empty = min(_flood(api, service, []) for _ in range(3))
     with ThreadPoolExecutor(1) as side:
         victims_list = side.submit(
             api.call, "POST", "/preferences", victim, {"device_token": token, "muted": NPUBS}
         )
-        full = min(_flood(api, service, NPUBS) for _ in range(2))
+        floods = [_flood(api, service, NPUBS)]
         assert victims_list.result().json()["muted_count"] == len(NPUBS)
     assert api.http.get("/health").status_code == 200
+    # measured again once the victim's list is stored: its decoding is the instance's CPU
+    # too, and on a loaded machine it lasted into the next flood
+    full = min(floods + [_flood(api, service, NPUBS) for _ in range(2)])
     # a CPU-clock tick of slack on each side, and twice the empty flood's cost: the list is
     # still received and JSON-parsed (67 KB a request), never decoded
     tick = 1 / os.sysconf("SC_CLK_TCK")

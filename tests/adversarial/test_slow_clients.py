@@ -105,7 +105,7 @@ async def test_past_the_concurrency_limit_the_answer_is_a_json_503(
     monkeypatch.setattr(http_protocol, "LIMIT_CONCURRENCY", 3)
     idle = [await asyncio.open_connection("127.0.0.1", api_port) for _ in range(3)]
     try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{api_port}", timeout=30) as http:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{api_port}", timeout=scaled(REQUEST_SECONDS)) as http:
             busy = await http.get("/health")
             assert busy.status_code == 503 and busy.headers["retry-after"] == "1"
             assert busy.json()["error"] == "unavailable"
@@ -113,7 +113,7 @@ async def test_past_the_concurrency_limit_the_answer_is_a_json_503(
         for _, writer in idle:
             writer.close()
     monkeypatch.setattr(http_protocol, "LIMIT_CONCURRENCY", 1024)
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{api_port}", timeout=30) as http:
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{api_port}", timeout=scaled(REQUEST_SECONDS)) as http:
         assert (await http.get("/health")).status_code == 200
 
 

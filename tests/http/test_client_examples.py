@@ -15,6 +15,7 @@ from typing import Any
 
 import nostr_sdk
 
+from testkit.deadlines import COMMAND_SECONDS, scaled
 from testkit.nip98 import SdkUser
 from testkit.service import ServiceProcess
 from tests.conftest import ApiCaller
@@ -27,7 +28,7 @@ EXAMPLE = ROOT / "docs" / "examples" / "nip98_register.py"
 def _run_example(service: ServiceProcess, secret: str, token: str) -> tuple[int, dict[str, Any]]:
     done = subprocess.run(
         [sys.executable, str(EXAMPLE), service.url, secret, token], capture_output=True,
-        text=True, timeout=60, check=False,
+        text=True, timeout=scaled(COMMAND_SECONDS), check=False,
     )
     status, _, answer = done.stdout.strip().partition(" ")
     assert status.isdigit(), (done.stdout, done.stderr)
