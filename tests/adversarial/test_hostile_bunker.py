@@ -40,6 +40,7 @@ from sigil_push.relays.signer_link import (
 )
 from sigil_push.store.factory import PostgresStore, SqliteStore
 from testkit.bridge_harness import metric
+from testkit.deadlines import REQUEST_SECONDS, scaled
 from testkit.nip98 import SdkUser
 from testkit.relay import RelayProcess
 from testkit.remote_signer import RemoteSigner
@@ -315,7 +316,7 @@ async def test_forgeries_on_a_busy_link_spend_the_invalid_event_budget() -> None
 def _registration(api: ApiCaller, user: SdkUser, wanted: str) -> dict[str, Any]:
     """The owner's view once its signer status is `wanted` (one request a second: the same
     NIP-98 event within a second is a replay)."""
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + scaled(60)
     devices: list[dict[str, Any]] = []
     while time.monotonic() < deadline:
         time.sleep(1.05)
@@ -338,14 +339,14 @@ def test_a_flooding_bunker_relay_costs_the_service_bounded_work(
     honest = RemoteSigner(module_relay.url).start()
     try:
         with ServiceProcess(tmp_path / "svc") as service, httpx.Client(
-            base_url=service.url, timeout=10
+            base_url=service.url, timeout=scaled(REQUEST_SECONDS)
         ) as http:
             api = ApiCaller(http, service.url)
             mallory, bystander = SdkUser(), SdkUser(keys=honest.user)
             flooding_uri = f"bunker://{flooding.signer_hex}?relay={flooding.url}"
             assert api.register(mallory, auth_signer=flooding_uri).status_code == 201
             assert api.register(bystander, auth_signer=honest.bunker_uri).status_code == 201
-            deadline = time.monotonic() + 60
+            deadline = time.monotonic() + scaled(60)
             while metric(service, "sigil_push_signer_links_total", outcome="dropped_flood") < 1:
                 assert time.monotonic() < deadline, "the flooding link was never dropped"
                 time.sleep(0.2)
