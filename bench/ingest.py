@@ -31,6 +31,12 @@ Phases, each in a fresh process so memory figures are not mixed:
              cpu_ratios without the bare figure's noise (target: within 3%). Asked for
              together, the two run in turns (`run_interleaved`), and the median of the
              ratios of neighbouring runs is kept beside the best-of-runs ratio;
+  public   — issue 32's firehose of public kinds (1, 6, 7, 9735; `phase_public`): one relay read
+             as a firehose, 1% of the events naming one of the registered keys; events that
+             name nobody must cost at most a third of bare id+signature verification (CPU per
+             event, same run), and 1,000 against 100,000 keys within 15% in CPU per event
+             (`--only public --public-keys 1000,100000`: the two in turns, `--repeat` each;
+             written to bench/results/ingest_public-<date>-<commit>.json);
   sdk      — for the websockets-vs-nostr-sdk decision: nostr-sdk's own pool receiving the same
              burst (it verifies in Rust), events/s.
 Loopback only. Prints the figures and writes bench/results/ingest.json (the plain100k and
@@ -43,6 +49,7 @@ load average around each run.
 
 Usage: python bench/ingest.py [--events 30000] [--rate 1000] [--seconds 5] [--keys 100000]
                               [--repeat 3] [--only ingest,copies,...]
+       python bench/ingest.py --only public [--events 30000] [--public-keys 1000,100000]
 """
 
 from __future__ import annotations
@@ -470,6 +477,125 @@ async def phase_firehose(folder: Path, count: int, mode: str) -> dict[str, Any]:
     }
 
 
+PUBLIC_KINDS_MIX = ((7, 50), (1, 30), (6, 15), (9735, 5))
+"""Kind and share (%) of the public firehose: reactions most, then notes, reposts, zaps."""
+
+
+def public_event(
+    author: SecretKey, kind: int, to: list[str], now: int, zapper: SecretKey | None = None
+) -> Event:
+    """A kind 1, 6, 7 or 9735 shaped like the real ones, `p`-tagging the keys in `to` (a zap
+    receipt names one). A zap receipt carries its zap request (kind 9734, signed by `zapper`)
+    in its `description` tag, whose own `p` tag is escaped JSON text inside that string."""
+    target = os.urandom(32).hex()
+    tags: list[list[str]] = [["e", target, "", "root"]] + [["p", key] for key in to]
+    if kind == 1:
+        content = " ".join(os.urandom(4).hex() for _ in range(random.randint(4, 40)))
+        if not to:
+            tags = [["t", "nostr"]] if random.random() < 0.3 else []
+    elif kind == 6:
+        reposted = {"id": target, "pubkey": os.urandom(32).hex(), "created_at": now - 600,
+                    "kind": 1, "tags": [], "content": os.urandom(100).hex(),
+                    "sig": os.urandom(64).hex()}
+        content = json.dumps(reposted, separators=(",", ":"))
+    elif kind == 7:
+        content = random.choice(["+", "🤙", "❤️", "🔥"])
+    else:
+        assert zapper is not None and len(to) == 1
+        request = sign_event(zapper, 9734, "", [
+            ["relays", "wss://relay.example.org", "wss://nos.example.com"],
+            ["amount", "21000"], ["p", to[0]], ["e", target]], now - 2)
+        tags = [["p", to[0]], ["e", target], ["P", zapper.public_key_hex],
+                ["bolt11", "lnbc210n1p" + os.urandom(150).hex()],
+                ["description", json.dumps(request.to_json(), separators=(",", ":"))],
+                ["preimage", os.urandom(32).hex()]]
+        content = ""
+    return sign_event(author, kind, content, tags, now)
+
+
+def make_public_events(
+    registered: list[str], count: int, addressed_every: int, seed: int = 7
+) -> tuple[list[Event], int]:
+    """`count` public events (PUBLIC_KINDS_MIX); every `addressed_every`-th names one of
+    `registered` (the last event is one), the others only strangers, or nobody (a kind 1 note
+    without `p` tags, a third of the notes). Returns the events and how many are addressed."""
+    rng = random.Random(seed)
+    authors = [SecretKey.generate() for _ in range(200)]
+    zappers = [SecretKey.generate() for _ in range(50)]
+    kinds = [kind for kind, share in PUBLIC_KINDS_MIX for _ in range(share)]
+    now = int(time.time())
+    events, addressed = [], 0
+    for i in range(count):
+        kind = kinds[rng.randrange(len(kinds))]
+        hit = (count - 1 - i) % addressed_every == 0
+        addressed += hit
+        if kind == 9735:
+            to = [rng.choice(registered) if hit else os.urandom(32).hex()]
+        elif kind == 1 and not hit and rng.random() < 1 / 3:
+            to = []
+        else:
+            to = [os.urandom(32).hex() for _ in range(rng.randint(1, 3))]
+            if hit:
+                to[rng.randrange(len(to))] = rng.choice(registered)
+        events.append(public_event(authors[i % len(authors)], kind, to, now - i % 600,
+                                   zappers[i % len(zappers)]))
+    return events, addressed
+
+
+async def phase_public(folder: Path, count: int, keys: int) -> dict[str, Any]:
+    """Issue 32's firehose: one relay read as a firehose sends `count` events of kinds 1, 6, 7
+    and 9735, 1% of them naming one of `keys` registered keys. Two streams through the same
+    bridge: first only events that name nobody registered (`unmatched_*`: the cost of handling
+    an event that wakes no one), then the mixed stream (`mixed_*`: what the 1,000 against
+    100,000 keys comparison uses). Each from the first frame sent until every frame is counted
+    received and the bridge has committed what it took (the mixed stream's end also stops the
+    bridge, which commits the rest). Against bare id and signature verification of the same
+    events, in this process, just before and after (`Event.verify`, CPU per event): the
+    `*_cpu_ratio` figures are bare verification's CPU per event over the bridge's."""
+    pin(BRIDGE_CORE)
+    recipients = make_keys(keys)
+    mixed, addressed = make_public_events(recipients, count, 100)
+    unmatched, _ = make_public_events(recipients, count, count + 1, seed=8)
+    registered = set(recipients)
+    unmatched = [e for e in unmatched if registered.isdisjoint(e.tag_values("p"))]
+    write_events(mixed, folder / "mixed.jsonl")
+    write_events(unmatched, folder / "unmatched.jsonl")
+    _, bare_before = bare_verification(mixed)
+    relay = TinyRelay(folder)
+    try:
+        harness = Harness(folder, relay.url, 1, "firehose")
+        await harness.start(recipients)
+        assert harness.bridge.health()[relay.url]["mode"] == "firehose"
+        figures: dict[str, Any] = {}
+        received = harness.received()
+        for name, events in (("unmatched", unmatched), ("mixed", mixed)):
+            load = os.getloadavg()[0]
+            cpu_before = time.process_time()
+            await relay.stream(folder / f"{name}.jsonl", 0)
+            target = received + len(events)
+            await harness.until(lambda target=target: harness.received() >= target)
+            received = target
+            if name == "mixed":
+                await harness.stop()
+            cpu = time.process_time() - cpu_before
+            figures[name] = (cpu, len(events), load)
+    finally:
+        relay.stop()
+    _, bare_after = bare_verification(mixed)
+    bare = (bare_before + bare_after) / 2
+    result: dict[str, Any] = {
+        "events": count, "registered_keys": keys, "addressed": addressed,
+        "kinds_mix_percent": dict(PUBLIC_KINDS_MIX), "wakeups_enqueued": harness.enqueued,
+        "bare_verify_cpu_us_per_event": [round(bare_before * 1e6, 1), round(bare_after * 1e6, 1)],
+    }
+    for name, (cpu, events, load) in figures.items():
+        result[f"{name}_events"] = events
+        result[f"{name}_cpu_us_per_event"] = round(cpu / events * 1e6, 2)
+        result[f"{name}_cpu_ratio"] = round(bare / (cpu / events), 2)
+        result[f"{name}_load_1min"] = round(load, 2)
+    return result
+
+
 async def phase_latency(folder: Path, rate: float, seconds: float) -> dict[str, Any]:
     pin(BRIDGE_CORE)
     recipients = make_keys(1000)
@@ -558,7 +684,7 @@ async def phase_sdk(folder: Path, count: int) -> dict[str, Any]:
 
 
 PHASES = ("ingest", "copies", "filtered", "firehose", "latency", "keys", "sdk", "plain100k",
-          "preferences")
+          "preferences", "public")
 MAIN_FIGURE = {
     "ingest": ("cpu_ratio", max),
     # the two are compared with each other: the bridge's own CPU per event, without the bare
@@ -628,6 +754,56 @@ def run_interleaved(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
+def run_public(args: argparse.Namespace) -> None:
+    """The public-kinds firehose (`phase_public`) with each of `--public-keys` registered keys
+    in turns (ABBA), `--repeat` runs each, each in a fresh process; the figures of every run,
+    the median per key count, and the ratio of the key counts' CPU per event (mixed stream) in
+    each pair of neighbouring runs. Written to bench/results/ingest_public-<date>-<commit>.json
+    (issue 32: unmatched events at least 3x bare verification per CPU second; 1,000 against
+    100,000 keys within 15% in CPU per event)."""
+    counts = [int(n) for n in args.public_keys.split(",")]
+    runs: dict[int, list[dict[str, Any]]] = {n: [] for n in counts}
+    for turn in range(args.repeat):
+        for keys in counts if turn % 2 == 0 else list(reversed(counts)):
+            run = run_phase("public", argparse.Namespace(**{**vars(args), "keys": keys}))
+            runs[keys].append(run)
+            print(keys, json.dumps(run), flush=True)
+    summary: dict[str, Any] = {}
+    for keys, made in runs.items():
+        summary[str(keys)] = {
+            figure: {"median": statistics.median(r[figure] for r in made),
+                     "runs": [r[figure] for r in made]}
+            for figure in ("unmatched_cpu_ratio", "unmatched_cpu_us_per_event",
+                           "mixed_cpu_ratio", "mixed_cpu_us_per_event")
+        }
+    targets: dict[str, Any] = {
+        f"unmatched_at_least_3x_bare_verify_{keys}_keys":
+            summary[str(keys)]["unmatched_cpu_ratio"]["median"] >= 3 for keys in counts
+    }
+    if len(counts) == 2:
+        pairs = [big["mixed_cpu_us_per_event"] / small["mixed_cpu_us_per_event"]
+                 for small, big in zip(runs[counts[0]], runs[counts[1]], strict=True)]
+        summary[f"mixed_cpu_per_event_{counts[1]}_over_{counts[0]}"] = {
+            "pairs": [round(p, 3) for p in pairs], "median": round(statistics.median(pairs), 3)}
+        targets[f"{counts[0]}_and_{counts[1]}_keys_within_15_percent"] = (
+            abs(statistics.median(pairs) - 1) < 0.15)
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=10", "HEAD"],
+                            check=False, capture_output=True, text=True).stdout.strip()
+    results = {
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "commit": commit,
+        "command": " ".join(["python", "bench/ingest.py", *sys.argv[1:]]),
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
+                    "bridge_cores": 1, "note": "shared 2-core machine: medians of the runs"},
+        "summary": summary, "targets_met": targets,
+        "runs": {str(keys): made for keys, made in runs.items()},
+    }
+    out = RESULTS.parent / f"ingest_public-{time.strftime('%Y-%m-%d', time.gmtime())}-{commit}.json"
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps({"summary": summary, "targets_met": targets}, indent=2))
+    print(f"written to {out}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=30000)
@@ -635,6 +811,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--keys", type=int, default=100_000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--public-keys", default="1000,100000",
+                        help="registered key counts compared by --only public")
     parser.add_argument("--only", default=",".join(PHASES), help="comma-separated phases")
     parser.add_argument("--phase", choices=["relay", *PHASES])
     parser.add_argument("--port-file", type=Path)
@@ -654,6 +832,7 @@ def main() -> None:
                 "keys": lambda: phase_keys(Path(folder), args.keys),
                 "sdk": lambda: phase_sdk(Path(folder), args.events),
                 "plain100k": lambda: phase_ingest(Path(folder), args.events, keys=args.keys),
+                "public": lambda: phase_public(Path(folder), args.events, args.keys),
                 "preferences": lambda: phase_ingest(
                     Path(folder), args.events, keys=args.keys, preferences=True
                 ),
@@ -661,6 +840,9 @@ def main() -> None:
             # the bridge runs here as under `sigil-push serve`: same GC tuning, same event loop
             tune_gc()
             print(json.dumps(uvloop.run(phase())))
+        return
+    if args.only == "public":
+        run_public(args)
         return
     load_before = os.getloadavg()[0]
     results: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}

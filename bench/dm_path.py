@@ -1,0 +1,545 @@
+"""Whole-service CPU per DM, one tree of the code against another (issue 32's "Cost").
+
+Each tree is a git revision (`43e4a27`, `main`, ...) checked out with `git worktree add
+--detach` into a temporary folder, or `.` for this working tree as it is (uncommitted edits
+included). Its `sigil-push serve` runs from there (PYTHONPATH = the tree; the check that the
+process imports that tree's package is made once per tree), on its own fresh SQLite database,
+with:
+- one relay: a routing relay written here (a `websockets` server in its own process, like
+  bench/scale.py's) that answers each REQ with EOSE and streams pre-signed kind 4 DMs to the
+  subscriptions whose `#p` names the recipient, as a real relay does;
+- `--users` users (500) registered through the API (NIP-98, iOS tokens, the configured relay);
+- APNs on: nginx answering HTTP/2 (bench/native_apns.py; `--apns python` for the tests' fake),
+  no coalescing and no per-device limit, so every DM is a wakeup sent at once (the wakeups of
+  one device due together ride in one push).
+Once the relay holds a route for every user, `--dms` DMs (20,000, to the users in turn, from 200
+senders) are streamed as fast as the relay sends. Measured: the service process's CPU (every
+thread, /proc/<pid>/stat) from just before the burst until every DM is seen (its `seen`
+observation record written: the bench reads the log files as they grow, every 0.25 s, which
+costs the service nothing, where scraping /metrics cost it 14%), per DM; the same until APNs has
+answered every wakeup (its `push` record); wall-clock events/s to the last `seen`; the process's peak RSS.
+
+The machine is shared with other work: the trees run in turns, round by round (the order flips
+each round, ABBA...), and the comparison is made within the run: per tree the median and the
+spread of its rounds, and the median of the ratios of each round's pair. Process CPU is the
+measure, not wall time.
+
+`--spy TREE` records the serve process of that tree with py-spy (if installed; `pip install
+py-spy`) from just before the burst until every wakeup is answered, in every round: the heaviest functions by own time and by
+total time (sigil_push's frames) are printed and kept in the results.
+
+Usage: python bench/dm_path.py [--trees 43e4a27,main] [--rounds 3] [--users 500]
+                               [--dms 20000] [--apns nginx|python] [--spy main]
+Writes bench/results/dm_path-<date>-<commit of this tree>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gzip
+import json
+import os
+import platform
+import re
+import secrets
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import api as api_bench
+from ingest import make_events, write_events
+from native_apns import NativeApns
+from push import start_fake
+
+from sigil_push.nostr.keys import SecretKey
+from sigil_push.nostr.nip98 import make_http_auth
+from tests.fakes.credentials import KEY_ID, TEAM_ID, TOPIC, make_apns_key, make_tls
+from tests.support.service import ServiceProcess
+
+RESULTS = ROOT / "bench" / "results"
+POLL_SECONDS = 0.25
+
+
+# the routing relay ------------------------------------------------------------------------
+
+
+async def run_relay(port_file: Path) -> None:
+    """EOSE to every REQ; ["ROUTES"] answers how many keys some subscription names; ["LOAD",
+    path] parses a file of events ahead of the measurement; ["BENCH", path] streams them, each
+    to every subscription whose `#p` names its recipient."""
+    from websockets.asyncio.server import ServerConnection, serve
+    from websockets.exceptions import ConnectionClosed
+
+    routes: dict[str, dict[tuple[ServerConnection, str], None]] = {}
+    subs: dict[tuple[ServerConnection, str], list[str]] = {}
+    loaded: dict[str, list[tuple[str, str]]] = {}
+
+    def forget(key: tuple[ServerConnection, str]) -> None:
+        for pubkey in subs.pop(key, []):
+            holders = routes.get(pubkey)
+            if holders is not None:
+                holders.pop(key, None)
+                if not holders:
+                    del routes[pubkey]
+
+    async def stream(path: str) -> int:
+        sent = 0
+        for recipient, line in loaded.get(path, []):
+            for connection, sub_id in list(routes.get(recipient, ())):
+                await connection.send(f'["EVENT","{sub_id}",{line}]')
+                sent += 1
+        return sent
+
+    async def handler(ws: ServerConnection) -> None:
+        try:
+            async for text in ws:
+                message = json.loads(text)
+                if message[0] == "REQ":
+                    key = (ws, message[1])
+                    forget(key)
+                    subs[key] = [p for f in message[2:] for p in f.get("#p", [])]
+                    for pubkey in subs[key]:
+                        routes.setdefault(pubkey, {})[key] = None
+                    await ws.send(json.dumps(["EOSE", message[1]]))
+                elif message[0] == "CLOSE":
+                    forget((ws, message[1]))
+                elif message[0] == "ROUTES":
+                    await ws.send(json.dumps(["ROUTES", len(routes)]))
+                elif message[0] == "LOAD":
+                    if message[1] not in loaded:
+                        lines = Path(message[1]).read_text().splitlines()
+                        loaded[message[1]] = [(json.loads(line)["tags"][0][1], line)
+                                              for line in lines]
+                    await ws.send(json.dumps(["LOADED", len(loaded[message[1]])]))
+                elif message[0] == "BENCH":
+                    await ws.send(json.dumps(["DONE", await stream(message[1])]))
+        except ConnectionClosed:
+            pass
+        finally:
+            for key in [k for k in subs if k[0] is ws]:
+                forget(key)
+
+    async with serve(handler, "127.0.0.1", 0, max_size=None, compression=None) as server:
+        port_file.write_text(str(next(iter(server.sockets)).getsockname()[1]))
+        await asyncio.Future()
+
+
+class RoutingRelay:
+    def __init__(self, folder: Path) -> None:
+        port_file = folder / "relay.port"
+        self._process = subprocess.Popen(
+            [sys.executable, __file__, "--relay", str(port_file)], start_new_session=True)
+        deadline = time.monotonic() + 30
+        while not port_file.exists() or not port_file.read_text():
+            if time.monotonic() > deadline:
+                raise TimeoutError("routing relay did not start")
+            time.sleep(0.05)
+        self.url = f"ws://127.0.0.1:{port_file.read_text()}"
+
+    async def ask(self, *message: Any) -> Any:
+        from websockets.asyncio.client import connect
+
+        async with connect(self.url, proxy=None, max_size=None, ping_interval=None) as ws:
+            await ws.send(json.dumps(list(message)))
+            return json.loads(await ws.recv())[1]
+
+    def stop(self) -> None:
+        os.killpg(self._process.pid, signal.SIGTERM)
+        self._process.wait(10)
+
+
+# trees ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Tree:
+    name: str
+    """As asked: a revision, or `.` for this working tree."""
+    path: Path
+    commit: str
+    worktree: bool
+    """True: a `git worktree` of ours, removed at the end."""
+
+
+def check_out(name: str, folder: Path) -> Tree:
+    """The tree of revision `name` in a worktree under `folder` (`.`: this working tree)."""
+    if name == ".":
+        commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], check=True,
+                                capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--",
+                                "sigil_push"], check=True, capture_output=True,
+                               text=True).stdout.strip()
+        return Tree(name, ROOT, commit + ("+edits" if dirty else ""), False)
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", name + "^{commit}"],
+                            check=True, capture_output=True, text=True).stdout.strip()
+    path = folder / f"tree-{commit[:10]}"
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), commit],
+                   check=True, capture_output=True)
+    return Tree(name, path, commit, True)
+
+
+def remove(tree: Tree) -> None:
+    if tree.worktree:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree.path)],
+                       check=False, capture_output=True)
+
+
+def tree_env(tree: Tree) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(tree.path), "PYTHONUNBUFFERED": "1"}
+
+
+def check_imports(tree: Tree) -> None:
+    """The serve process must run the tree's code, not the editable install's."""
+    found = subprocess.run([sys.executable, "-c", "import sigil_push; print(sigil_push.__file__)"],
+                           env=tree_env(tree), capture_output=True, text=True, check=True,
+                           cwd=tempfile.gettempdir()).stdout.strip()
+    if not Path(found).resolve().is_relative_to(tree.path.resolve()):
+        raise SystemExit(f"{tree.name}: serve would import {found}, not the tree at {tree.path}")
+
+
+# the service ------------------------------------------------------------------------------
+
+
+class Service(ServiceProcess):
+    """A `serve` of one tree, logging at WARNING (DEBUG lines per event would be most of the
+    work at these rates)."""
+
+    tree: Tree
+
+    def start(self, wait: bool = True) -> Service:
+        log = open(self.log_path, "ab")  # noqa: SIM115 (the child process keeps it open)
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "sigil_push", "--log-level", "WARNING", "serve", "--config",
+             str(self.config_path)],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env=tree_env(self.tree), cwd=self.folder,
+        )
+        if wait:
+            self.wait_healthy(120)
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self._process is not None
+        return self._process.pid
+
+    def cpu_seconds(self) -> float:
+        return api_bench.cpu_seconds(self.pid)
+
+    def peak_rss_mb(self) -> float:
+        status = Path(f"/proc/{self.pid}/status").read_text()
+        found = re.search(r"^VmHWM:\s+(\d+) kB", status, re.MULTILINE)
+        return round(int(found.group(1)) / 1024, 1) if found else 0.0
+
+    def metric(self, name: str) -> float:
+        """Sum of every sample of `name` (all label sets) at the admin listener."""
+        with urllib.request.urlopen(self.admin_url + "/metrics", timeout=60) as response:
+            text = response.read().decode()
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith((name + "{", name + " ")))
+
+
+class Records:
+    """Counts of the service's `seen` and `push` observation records, read from its log files
+    as they grow (the bench's own CPU: scraping /metrics during the burst cost the service
+    14% of its CPU in a trial, and more on the tree with more series)."""
+
+    PATTERN = re.compile(rb'"type": ?"(seen|push)"')
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.counts: Counter[str] = Counter()
+        self._offsets: dict[str, int] = {}
+
+    def poll(self) -> Counter[str]:
+        for path in sorted(self.folder.glob("observations-*.jsonl*")):
+            if path.name in self._offsets and path.name.endswith(".gz"):
+                continue
+            if path.name.endswith(".gz"):
+                # an hour's file compressed as the hour ended: its records were counted from
+                # the plain file up to the offset reached there; count the rest
+                plain = path.name[: -len(".gz")]
+                text = gzip.decompress(path.read_bytes())[self._offsets.get(plain, 0):]
+                self._offsets[path.name] = 0
+            else:
+                with path.open("rb") as file:
+                    file.seek(self._offsets.get(path.name, 0))
+                    text = file.read()
+                text = text[: text.rfind(b"\n") + 1]  # a record still being written waits
+                self._offsets[path.name] = self._offsets.get(path.name, 0) + len(text)
+            self.counts.update(match.decode() for match in self.PATTERN.findall(text))
+        return self.counts
+
+
+async def register_all(service: Service, users: list[SecretKey]) -> None:
+    """Each user's iPhone, through the API with its own NIP-98 token, one keep-alive
+    connection."""
+    connection = await api_bench.Connection.open(service.port)
+    url = f"{service.url}/register"
+    try:
+        for key in users:
+            body = json.dumps({"npub": key.public_key_hex, "platform": "ios",
+                               "device_token": secrets.token_hex(32)}).encode()
+            head = (f"POST /register HTTP/1.1\r\nHost: 127.0.0.1:{service.port}\r\n"
+                    f"Content-Type: application/json\r\n"
+                    f"Authorization: {make_http_auth(key, url, 'POST', body)}\r\n"
+                    f"Content-Length: {len(body)}\r\n\r\n")
+            status = await connection.request(head.encode() + body)
+            if status not in (200, 201):
+                raise RuntimeError(f"registration answered {status}")
+    finally:
+        connection.close()
+
+
+async def wait_for(check: Any, what: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not await asyncio.to_thread(check):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not reached within {timeout} s: {what}")
+        await asyncio.sleep(POLL_SECONDS)
+
+
+# profiles ---------------------------------------------------------------------------------
+
+
+def spy(pid: int, out: Path) -> subprocess.Popen[bytes] | None:
+    """py-spy sampling the process's CPU (no idle frames) until stopped with SIGINT."""
+    binary = shutil.which("py-spy")
+    if binary is None:
+        print("py-spy not installed: no profile", flush=True)
+        return None
+    return subprocess.Popen(
+        [binary, "record", "--pid", str(pid), "--format", "raw", "--rate", "250", "--output",
+         str(out), "--nonblocking"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def spy_summary(paths: list[Path], lines: int = 30) -> dict[str, list[str]]:
+    """Own and total shares of samples per function over py-spy's collapsed stacks."""
+    own: Counter[str] = Counter()
+    total: Counter[str] = Counter()
+    samples = 0
+    for path in paths:
+        if not path.exists():
+            continue
+        for line in path.read_text().splitlines():
+            stack, _, count = line.rpartition(" ")
+            frames = [re.sub(r" \((.*/)?([^/]+?)(:\d+)?\)$", r" (\2)", f)
+                      for f in stack.split(";")]
+            n = int(count)
+            samples += n
+            own[frames[-1]] += n
+            for frame in set(frames):
+                total[frame] += n
+    if not samples:
+        return {}
+    return {
+        "samples": [str(samples)],
+        "own": [f"{100 * n / samples:5.1f}% {f}" for f, n in own.most_common(lines)],
+        "total": [f"{100 * n / samples:5.1f}% {f}" for f, n in total.most_common(lines * 3)
+                  if "sigil_push" in f or ".py" in f][:lines],
+    }
+
+
+# one run ----------------------------------------------------------------------------------
+
+
+async def run_once(tree: Tree, folder: Path, relay: RoutingRelay, events_file: Path, dms: int,
+                   users: list[SecretKey], config: str, limits: str,
+                   spy_out: Path | None, timeout: float) -> dict[str, Any]:
+    service = Service(folder, [relay.url], config, limits)
+    service.tree = tree
+    service.start()
+    records = Records(service.observations)
+    try:
+        await register_all(service, users)
+        await wait_for(lambda: service.metric("sigil_push_bridge_watched_keys") >= len(users),
+                       "every user watched", 120)
+        await wait_for(lambda: asyncio.run(relay.ask("ROUTES")) >= len(users),
+                       "every user's REQ at the relay", 120)
+        await relay.ask("LOAD", str(events_file))
+        await asyncio.sleep(1.0)  # registrations' follow-up work (list fetches) settles
+        seen0, answered0 = records.poll()["seen"], records.counts["push"]
+        spying = spy(service.pid, spy_out) if spy_out else None
+        load0 = os.getloadavg()[0]
+        cpu0 = service.cpu_seconds()
+        started = time.monotonic()
+        routed = await relay.ask("BENCH", str(events_file))
+        await wait_for(lambda: records.poll()["seen"] - seen0 >= dms, "every DM seen", timeout)
+        seen_cpu, seen_seconds = service.cpu_seconds() - cpu0, time.monotonic() - started
+        await wait_for(lambda: records.poll()["push"] - answered0 >= dms,
+                       "every wakeup answered by APNs", timeout)
+        if spying is not None:
+            spying.send_signal(signal.SIGINT)
+            spying.wait(60)
+        answered_cpu = service.cpu_seconds() - cpu0
+        answered_seconds = time.monotonic() - started
+        return {
+            "tree": tree.name, "commit": tree.commit, "routed_by_relay": routed,
+            "cpu_us_per_dm": round(1e6 * seen_cpu / dms, 1),
+            "cpu_us_per_dm_to_all_answered": round(1e6 * answered_cpu / dms, 1),
+            "events_per_second": round(dms / seen_seconds, 1),
+            "seconds_to_all_answered": round(answered_seconds, 2),
+            "peak_rss_mb": service.peak_rss_mb(),
+            "load_average_before_after": [round(load0, 2), round(os.getloadavg()[0], 2)],
+        }
+    except TimeoutError:
+        print(f"seen, push records: {records.counts}; the service's log ends:\n"
+              f"{service.log()[-4000:]}", flush=True)
+        raise
+    finally:
+        service.stop(timeout=60)
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    return {"median": round(statistics.median(values), 1), "min": min(values),
+            "max": max(values)}
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    folder = Path(tempfile.mkdtemp(prefix="sigil-push-dm-path-"))
+    trees = [check_out(name, folder) for name in args.trees.split(",")]
+    native: NativeApns | None = None
+    fake: subprocess.Popen[str] | None = None
+    relay: RoutingRelay | None = None
+    try:
+        for tree in trees:
+            check_imports(tree)
+        tls = make_tls(folder)
+        apns_key, apns_public = make_apns_key(folder)
+        (folder / "apns-public.pem").write_bytes(apns_public)
+        if args.apns == "nginx":
+            native = NativeApns(folder, tls.cert_file, tls.key_file)
+            apns_port = native.port
+        else:
+            apns_port = api_bench.free_port()
+            fake = start_fake(["tests.fakes.fake_apns", "--cert", str(tls.cert_file), "--key",
+                               str(tls.key_file), "--public-key", str(folder / "apns-public.pem"),
+                               "--port", str(apns_port)], None, False)
+        config = (
+            "[bridge]\nreconnect_min_seconds = 0.2\nreconnect_max_seconds = 1.0\n"
+            f'[apns]\nteam_id = "{TEAM_ID}"\nkey_id = "{KEY_ID}"\nkey_file = "{apns_key}"\n'
+            f'topic = "{TOPIC}"\nenvironment = "sandbox"\n'
+            f'endpoint = "https://127.0.0.1:{apns_port}"\nca_file = "{tls.ca_file}"\n'
+        )
+        # every DM one push: no per-device limit, no coalescing
+        limits = ("requests_per_minute_per_ip = 0\nrequests_per_minute_per_npub = 0\n"
+                  "wakeups_per_minute_per_device = 0\ncoalesce_window_ms = 0\n")
+        users = [SecretKey.generate() for _ in range(args.users)]
+        events_file = folder / "dms.jsonl"
+        write_events(make_events([u.public_key_hex for u in users], args.dms), events_file)
+        relay = RoutingRelay(folder)
+        runs: list[dict[str, Any]] = []
+        spies: list[Path] = []
+        for round_ in range(args.rounds):
+            order = trees if round_ % 2 == 0 else list(reversed(trees))
+            for tree in order:
+                spy_out = None
+                if args.spy and tree.name == args.spy:
+                    spy_out = (args.spy_dir or folder) / f"spy-{round_}.txt"
+                    spies.append(spy_out)
+                run = await run_once(tree, folder / f"run-{round_}-{tree.commit[:10]}", relay,
+                                     events_file, args.dms, users, config, limits, spy_out,
+                                     args.timeout)
+                run["round"] = round_
+                runs.append(run)
+                print(json.dumps(run), flush=True)
+        per_tree = {}
+        for tree in trees:
+            mine = [r for r in runs if r["tree"] == tree.name]
+            per_tree[tree.name] = {
+                "commit": tree.commit,
+                "cpu_us_per_dm": spread([r["cpu_us_per_dm"] for r in mine]),
+                "cpu_us_per_dm_to_all_answered": spread(
+                    [r["cpu_us_per_dm_to_all_answered"] for r in mine]),
+                "events_per_second": spread([r["events_per_second"] for r in mine]),
+                "peak_rss_mb": spread([r["peak_rss_mb"] for r in mine]),
+            }
+        base = trees[0].name
+        ratios = {}
+        for tree in trees[1:]:
+            pairs = [
+                next(r for r in runs if r["round"] == n and r["tree"] == tree.name)["cpu_us_per_dm"]
+                / next(r for r in runs if r["round"] == n and r["tree"] == base)["cpu_us_per_dm"]
+                for n in range(args.rounds)
+            ]
+            ratios[f"{tree.name}/{base}"] = {"per_round": [round(p, 3) for p in pairs],
+                                             "median": round(statistics.median(pairs), 3)}
+        results: dict[str, Any] = {
+            "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
+                        "note": "2 cores shared with other engineers' work"},
+            "command": " ".join(["python", "bench/dm_path.py", *sys.argv[1:]]),
+            "users": args.users, "dms": args.dms, "apns_endpoint": args.apns,
+            "per_tree": per_tree, "cpu_ratio_to_first_tree": ratios, "runs": runs,
+        }
+        if spies:
+            results["py_spy"] = {"tree": args.spy, **spy_summary(spies)}
+        return results
+    finally:
+        if relay is not None:
+            relay.stop()
+        if native is not None:
+            native.stop()
+        if fake is not None:
+            fake.terminate()
+            fake.wait(10)
+        for tree in trees:
+            remove(tree)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--relay", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--trees", default="43e4a27,main",
+                        help="revisions, comma-separated; `.` is this working tree")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--users", type=int, default=500)
+    parser.add_argument("--dms", type=int, default=20_000)
+    parser.add_argument("--apns", choices=["nginx", "python"], default="nginx")
+    parser.add_argument("--timeout", type=float, default=600,
+                        help="seconds allowed for every DM to be seen, then answered")
+    parser.add_argument("--spy", default="", help="the tree to record with py-spy")
+    parser.add_argument("--spy-dir", type=Path, help="keep py-spy's raw stacks there")
+    parser.add_argument("--output", type=Path, help="the results file (default: by date and "
+                        "this tree's commit in bench/results/)")
+    args = parser.parse_args()
+    if args.relay:
+        import uvloop
+
+        uvloop.run(run_relay(args.relay))
+        return
+    results = asyncio.run(main_async(args))
+    for name, figures in results["per_tree"].items():
+        print(f"{name} ({figures['commit'][:10]}): {figures['cpu_us_per_dm']} us CPU per DM, "
+              f"{figures['cpu_us_per_dm_to_all_answered']} to every push answered, "
+              f"{figures['events_per_second']} events/s, peak RSS {figures['peak_rss_mb']} MB")
+    for name, ratio in results["cpu_ratio_to_first_tree"].items():
+        print(f"{name}: {ratio}")
+    for line in results.get("py_spy", {}).get("total", []):
+        print(line)
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=10", "HEAD"],
+                          check=False, capture_output=True, text=True).stdout.strip()
+    out = args.output or RESULTS / f"dm_path-{datetime.now(UTC):%Y-%m-%d}-{head}.json"
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"written to {out}")
+
+
+if __name__ == "__main__":
+    main()
