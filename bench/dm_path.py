@@ -220,11 +220,14 @@ class Service(ServiceProcess):
     work at these rates)."""
 
     tree: Tree
+    profile: Path | None = None
+    """Run under cProfile, its stats written there at the stop."""
 
     def start(self, wait: bool = True) -> Service:
         log = open(self.log_path, "ab")  # noqa: SIM115 (the child process keeps it open)
+        profiler = ["-m", "cProfile", "-o", str(self.profile)] if self.profile else []
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "sigil_push", "--log-level", "WARNING", "serve", "--config",
+            [sys.executable, *profiler, "-m", "sigil_push", "--log-level", "WARNING", "serve", "--config",
              str(self.config_path)],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             env=tree_env(self.tree), cwd=self.folder,
@@ -240,6 +243,34 @@ class Service(ServiceProcess):
 
     def cpu_seconds(self) -> float:
         return api_bench.cpu_seconds(self.pid)
+
+    def thread_cpu(self) -> dict[str, float]:
+        """CPU seconds of each live thread, by `name/tid`: `event loop` for the main thread,
+        else the kernel's thread name (`python` for every thread Python starts)."""
+        found = {}
+        for task in Path(f"/proc/{self.pid}/task").iterdir():
+            try:
+                name = (task / "comm").read_text().strip()
+                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # the thread ended
+            name = "event loop" if task.name == str(self.pid) else name
+            found[f"{name}/{task.name}"] = (int(fields[11]) + int(fields[12])) / os.sysconf(
+                "SC_CLK_TCK")
+        return found
+
+    def switches(self) -> Counter[str]:
+        """Context switches of every live thread: voluntary (it waited: one per wake-up of an
+        event loop with nothing to do) and not (the kernel took the core away)."""
+        found: Counter[str] = Counter()
+        for task in Path(f"/proc/{self.pid}/task").iterdir():
+            try:
+                text = (task / "status").read_text()
+            except OSError:
+                continue
+            for kind, count in re.findall(r"^(\w+)_ctxt_switches:\s+(\d+)", text, re.MULTILINE):
+                found[kind] += int(count)
+        return found
 
     def peak_rss_mb(self) -> float:
         status = Path(f"/proc/{self.pid}/status").read_text()
@@ -329,6 +360,18 @@ def spy(pid: int, out: Path) -> subprocess.Popen[bytes] | None:
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
 
+def perf_record(pid: int, out: Path) -> subprocess.Popen[bytes] | None:
+    """Linux perf sampling the process's CPU (native frames: the event loop's C code, TLS,
+    SQLite) until stopped with SIGINT."""
+    binary = shutil.which("perf")
+    if binary is None:
+        print("perf not installed: no native profile", flush=True)
+        return None
+    return subprocess.Popen(
+        [binary, "record", "-F", "499", "-p", str(pid), "-o", str(out)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
 def spy_summary(paths: list[Path], lines: int = 30) -> dict[str, list[str]]:
     """Own and total shares of samples per function over py-spy's collapsed stacks."""
     own: Counter[str] = Counter()
@@ -361,9 +404,12 @@ def spy_summary(paths: list[Path], lines: int = 30) -> dict[str, list[str]]:
 
 async def run_once(tree: Tree, folder: Path, relay: RoutingRelay, events_file: Path, dms: int,
                    users: list[SecretKey], config: str, limits: str,
-                   spy_out: Path | None, timeout: float) -> dict[str, Any]:
+                   spy_out: Path | None, timeout: float, native: bool,
+                   profile: bool) -> dict[str, Any]:
     service = Service(folder, [relay.url], config, limits)
     service.tree = tree
+    if spy_out is not None and profile:
+        service.profile = spy_out.with_suffix(".pstats")
     service.start()
     records = Records(service.observations)
     try:
@@ -375,9 +421,12 @@ async def run_once(tree: Tree, folder: Path, relay: RoutingRelay, events_file: P
         await relay.ask("LOAD", str(events_file))
         await asyncio.sleep(1.0)  # registrations' follow-up work (list fetches) settles
         seen0, answered0 = records.poll()["seen"], records.counts["push"]
-        spying = spy(service.pid, spy_out) if spy_out else None
+        spying = None
+        if spy_out is not None and not profile:
+            spying = (perf_record(service.pid, spy_out.with_suffix(".perf")) if native
+                      else spy(service.pid, spy_out))
         load0 = os.getloadavg()[0]
-        cpu0 = service.cpu_seconds()
+        cpu0, threads0, switches0 = service.cpu_seconds(), service.thread_cpu(), service.switches()
         started = time.monotonic()
         routed = await relay.ask("BENCH", str(events_file))
         await wait_for(lambda: records.poll()["seen"] - seen0 >= dms, "every DM seen", timeout)
@@ -388,6 +437,12 @@ async def run_once(tree: Tree, folder: Path, relay: RoutingRelay, events_file: P
             spying.send_signal(signal.SIGINT)
             spying.wait(60)
         answered_cpu = service.cpu_seconds() - cpu0
+        switches = service.switches()
+        switches.subtract(switches0)
+        threads: Counter[str] = Counter()
+        for thread, seconds in service.thread_cpu().items():
+            # by name: the thread's share of the run, all threads of one name together
+            threads[thread.split("/")[0]] += seconds - threads0.get(thread, 0.0)
         answered_seconds = time.monotonic() - started
         return {
             "tree": tree.name, "commit": tree.commit, "routed_by_relay": routed,
@@ -395,6 +450,10 @@ async def run_once(tree: Tree, folder: Path, relay: RoutingRelay, events_file: P
             "cpu_us_per_dm_to_all_answered": round(1e6 * answered_cpu / dms, 1),
             "events_per_second": round(dms / seen_seconds, 1),
             "seconds_to_all_answered": round(answered_seconds, 2),
+            "cpu_us_per_dm_to_all_answered_by_thread": {
+                name: round(1e6 * seconds / dms, 1) for name, seconds in threads.most_common()},
+            "context_switches_per_dm": {kind: round(count / dms, 2)
+                                        for kind, count in switches.items()},
             "peak_rss_mb": service.peak_rss_mb(),
             "load_average_before_after": [round(load0, 2), round(os.getloadavg()[0], 2)],
         }
@@ -455,7 +514,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                     spies.append(spy_out)
                 run = await run_once(tree, folder / f"run-{round_}-{tree.commit[:10]}", relay,
                                      events_file, args.dms, users, config, limits, spy_out,
-                                     args.timeout)
+                                     args.timeout, args.perf, args.cprofile)
                 run["round"] = round_
                 runs.append(run)
                 print(json.dumps(run), flush=True)
@@ -517,6 +576,12 @@ def main() -> None:
                         help="seconds allowed for every DM to be seen, then answered")
     parser.add_argument("--spy", default="", help="the tree to record with py-spy")
     parser.add_argument("--spy-dir", type=Path, help="keep py-spy's raw stacks there")
+    parser.add_argument("--cprofile", action="store_true",
+                        help="run --spy's tree under cProfile instead (the whole run: calls per "
+                        "function are exact), its stats kept in --spy-dir")
+    parser.add_argument("--perf", action="store_true",
+                        help="record --spy's tree with Linux perf instead (native frames), kept "
+                        "in --spy-dir")
     parser.add_argument("--output", type=Path, help="the results file (default: by date and "
                         "this tree's commit in bench/results/)")
     args = parser.parse_args()
