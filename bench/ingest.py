@@ -294,6 +294,19 @@ class Harness:
         return records
 
 
+async def settled(idle_share: float = 0.05, timeout: float = 120.0) -> None:
+    """Wait until this process has been nearly idle for a second: what the bridge does after
+    it starts (with 100,000 keys: relay-list REQs, the seen cache, the ledger's first flush)
+    landed in the first stream's window and doubled its CPU per event."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        before = time.process_time()
+        await asyncio.sleep(1.0)
+        if time.process_time() - before < idle_share:
+            return
+    raise TimeoutError("the bridge did not settle")
+
+
 def main_thread_cpu() -> float:
     """CPU seconds of this process's main thread (the event loop) alone: the rest of
     `time.process_time` is SQLite's and the observation log's threads."""
@@ -576,6 +589,7 @@ async def phase_public(folder: Path, count: int, keys: int) -> dict[str, Any]:
         figures: dict[str, Any] = {}
         received = harness.received()
         for name, events in (("unmatched", unmatched), ("mixed", mixed)):
+            await settled()
             load = os.getloadavg()[0]
             cpu_before, main_before = time.process_time(), main_thread_cpu()
             await relay.stream(folder / f"{name}.jsonl", 0)
