@@ -216,8 +216,10 @@ class Harness:
         self.enqueued = 0
 
     async def start(
-        self, pubkeys: list[str], senders: list[str] | None = None
+        self, pubkeys: list[str], senders: list[str] | None = None, notify_all: bool = False
     ) -> float:
+        """`notify_all`: every registration asks for every notification class (issue 32's
+        `notify`), where the schema has them (`devices.notify`, migration 0017)."""
         from sigil_push import outbound
         from sigil_push.bridge import Bridge
         from sigil_push.config import parse_config
@@ -234,6 +236,12 @@ class Harness:
         outbound.configure(outbound.OutboundGuard.for_urls(True, self.relay_urls))
         self.db = await open_database(config.resolve(config.server.database))
         await register_directly(self.db, pubkeys)
+        self.notify_all = False
+        if notify_all:
+            columns = await self.db.execute_fetchall("PRAGMA table_info(devices)")
+            if any(column[1] == "notify" for column in columns):
+                await self.db.execute("UPDATE devices SET notify = 31")  # the five classes
+                self.notify_all = True
         self.preferences: dict[str, int] = {}
         if senders is not None:
             # spread over the recipients in their (random) order
@@ -565,7 +573,8 @@ def make_public_events(
 async def phase_public(folder: Path, count: int, keys: int) -> dict[str, Any]:
     """Issue 32's firehose: one relay read as a firehose sends `count` events of kinds 1, 6, 7
     and 9735, 1% of them naming one of `keys` registered keys. Two streams through the same
-    bridge: first only events that name nobody registered (`unmatched_*`: the cost of handling
+    bridge (every registration asking for every class, where the schema has `notify`): first
+    only events that name nobody registered (`unmatched_*`: the cost of handling
     an event that wakes no one), then the mixed stream (`mixed_*`: what the 1,000 against
     100,000 keys comparison uses). Each from the first frame sent until every frame is counted
     received and the bridge has written what it took (the catch-up ledger flushed; the mixed
@@ -584,7 +593,7 @@ async def phase_public(folder: Path, count: int, keys: int) -> dict[str, Any]:
     relay = TinyRelay(folder)
     try:
         harness = Harness(folder, relay.url, 1, "firehose")
-        await harness.start(recipients)
+        await harness.start(recipients, notify_all=True)
         assert harness.bridge.health()[relay.url]["mode"] == "firehose"
         figures: dict[str, Any] = {}
         received = harness.received()
@@ -613,6 +622,7 @@ async def phase_public(folder: Path, count: int, keys: int) -> dict[str, Any]:
     result: dict[str, Any] = {
         "events": count, "registered_keys": keys, "addressed": addressed,
         "kinds_mix_percent": dict(PUBLIC_KINDS_MIX), "wakeups_enqueued": harness.enqueued,
+        "registrations_notify": "every class" if harness.notify_all else "dm only (no notify)",
         "bare_verify_cpu_us_per_event": [round(bare_before * 1e6, 1), round(bare_after * 1e6, 1)],
     }
     for name, (cpu, loop_cpu, events, load) in figures.items():
