@@ -423,13 +423,10 @@ def sealed_sizes(samples: int) -> dict[str, Any]:
     the share that fell back to the pointer (read by decrypting with nostr-sdk)."""
     import nostr_sdk
 
-    from sigil_push.push.payload import (
-        MAX_PAYLOAD_BYTES,
-        apns_size,
-        fcm_size,
-        sealed_data,
-        unifiedpush_size,
-    )
+    from sigil_push.push.apns_sender import apns_size
+    from sigil_push.push.fcm_sender import fcm_size
+    from sigil_push.push.payload import MAX_PAYLOAD_BYTES, sealed_data
+    from sigil_push.push.unifiedpush_sender import unifiedpush_size
 
     measure = {"apns": apns_size, "fcm": fcm_size, "unifiedpush": unifiedpush_size}
     device = SecretKey.generate()

@@ -33,8 +33,13 @@ from firebase_admin._retry import HttpxRetry
 from sigil_push.config_tables import ConfigError
 from sigil_push.push.base import Outcome, Status, WakeupMessage, parse_retry_after
 from sigil_push.push.fcm import PROVIDER, FcmConfig
-from sigil_push.push.payload import fcm_size
 from sigil_push.store.records import Device
+
+
+def fcm_size(data: dict[str, str]) -> int:
+    """FCM counts the keys and values of a data message against its 4 KiB."""
+    return sum(len(key.encode()) + len(value.encode()) for key, value in data.items())
+
 
 MAX_PAYLOAD_BYTES = PROVIDER.policy.max_payload_bytes
 OPAQUE_COLLAPSE_KEY = "wakeup"

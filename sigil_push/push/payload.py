@@ -2,9 +2,9 @@
 
 The provider-neutral form is FCM's data object: `{"type": "wakeup"}` plus, by payload mode,
 `event_id` and `relay`, or `event` (the event JSON as a string), or `sealed` and `epk` (the
-event and its relay NIP-44-encrypted to the device key). APNs wraps the same extras around a
-fixed, contentless alert. Nothing here ever sees the decrypted message, and nothing but these
-keys is ever added.
+event and its relay NIP-44-encrypted to the device key). Each provider's sender wraps and
+sizes it in its own module (APNs around a fixed, contentless alert). Nothing here ever sees
+the decrypted message, and nothing but these keys is ever added.
 """
 
 from __future__ import annotations
@@ -12,20 +12,11 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from functools import lru_cache
-from typing import Any
-
-import orjson
 
 from sigil_push.nostr import nip44
 
 MAX_PAYLOAD_BYTES = 4096
 """APNs, FCM (data messages) and UnifiedPush (RFC 8030 distributors) all stop at 4 KiB."""
-
-APS: dict[str, Any] = {
-    "alert": {"title": "Sigil", "body": "New message"},
-    "mutable-content": 1,
-    "sound": "default",
-}
 
 
 def wakeup_data(mode: str, event_id: str, relay: str, event_json: str | None) -> dict[str, str]:
@@ -94,38 +85,3 @@ def fallback(data: dict[str, str], event_id: str, relay: str) -> dict[str, str]:
     if "event" not in data:
         return data
     return {"type": "wakeup", "event_id": event_id, "relay": relay}
-
-
-def apns_body(data: dict[str, str]) -> dict[str, Any]:
-    """The APNs JSON body: the fixed alert plus the mode's extras (never `type`)."""
-    body: dict[str, Any] = {"aps": APS, **data}
-    body.pop("type", None)
-    return body
-
-
-def compact_json(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-def apns_json(body: dict[str, Any]) -> bytes:
-    """An APNs body as it goes on the wire: compact JSON by orjson (apns_sender's connection
-    encodes with this instead of aioapns' `json.dumps`, whose escaping scan of a sealed
-    payload's 3 KB cost about as much as the NIP-44 encryption itself)."""
-    return orjson.dumps(body)
-
-
-def apns_size(data: dict[str, str]) -> int:
-    return len(apns_json(apns_body(data)))
-
-
-def fcm_size(data: dict[str, str]) -> int:
-    """FCM counts the keys and values of a data message against its 4 KiB."""
-    return sum(len(key.encode()) + len(value.encode()) for key, value in data.items())
-
-
-AES128GCM_OVERHEAD = 86 + 16 + 1
-"""RFC 8188 header (salt, record size, 65-byte key id), GCM tag and padding delimiter."""
-
-
-def unifiedpush_size(data: dict[str, str]) -> int:
-    return len(compact_json(data)) + AES128GCM_OVERHEAD

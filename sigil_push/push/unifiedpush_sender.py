@@ -15,6 +15,9 @@ and event_id modes.
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import aiohttp
 from pywebpush import WebPusher, WebPushException
 
@@ -25,10 +28,22 @@ from sigil_push.push.endpoint_guard import (
     UnsafeResolution,
     parse_endpoint,
 )
-from sigil_push.push.payload import compact_json, unifiedpush_size
 from sigil_push.push.unifiedpush import PROVIDER
 from sigil_push.push.vapid import VapidSigner
 from sigil_push.store.records import Device
+
+
+def compact_json(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+AES128GCM_OVERHEAD = 86 + 16 + 1
+"""RFC 8188 header (salt, record size, 65-byte key id), GCM tag and padding delimiter."""
+
+
+def unifiedpush_size(data: dict[str, str]) -> int:
+    return len(compact_json(data)) + AES128GCM_OVERHEAD
+
 
 MAX_PAYLOAD_BYTES = PROVIDER.policy.max_payload_bytes
 OPAQUE_TOPIC = "wakeup"

@@ -19,8 +19,10 @@ from sigil_push.delivery.plan import (
     endpoint_host,
     platform_policies,
 )
+from sigil_push.push.apns_sender import apns_size
 from sigil_push.push.base import Outcome, Status, WakeupMessage
-from sigil_push.push.payload import MAX_PAYLOAD_BYTES, apns_size, unifiedpush_size
+from sigil_push.push.payload import MAX_PAYLOAD_BYTES
+from sigil_push.push.unifiedpush_sender import unifiedpush_size
 from sigil_push.store.records import Device, Wakeup, WebPushKeys
 
 NOW = 1_800_000_000_000

@@ -21,7 +21,8 @@ from sigil_push.http import api, validation
 from sigil_push.nostr import nip98
 from sigil_push.push import apns, fcm, registry
 from sigil_push.push.endpoint_guard import MAX_ENDPOINT_LENGTH
-from sigil_push.push.payload import AES128GCM_OVERHEAD, MAX_PAYLOAD_BYTES
+from sigil_push.push.payload import MAX_PAYLOAD_BYTES
+from sigil_push.push.unifiedpush_sender import AES128GCM_OVERHEAD
 from sigil_push.push.vapid import TOKEN_LIFETIME_SECONDS
 from sigil_push.store.errors import TooManyAccounts, TooManyDevices
 from sigil_push.store.records import PAYLOAD_MODES

@@ -12,7 +12,7 @@ from h2.exceptions import TooManyStreamsError
 from h2.settings import SettingCodes
 from prometheus_client import REGISTRY
 
-from sigil_push.push.payload import APS
+from sigil_push.push.apns_sender import APS
 from testkit.fakes.fake_apns import FakeApns
 from testkit.fakes.harness import (
     apns_token,

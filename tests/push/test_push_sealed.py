@@ -28,15 +28,11 @@ from sigil_push.nostr import nip44
 from sigil_push.nostr.event import Event, sign_event
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip19 import encode_npub
+from sigil_push.push.apns_sender import APS, apns_size
 from sigil_push.push.factory import build_senders
-from sigil_push.push.payload import (
-    APS,
-    MAX_PAYLOAD_BYTES,
-    apns_size,
-    fcm_size,
-    sealed_data,
-    unifiedpush_size,
-)
+from sigil_push.push.fcm_sender import fcm_size
+from sigil_push.push.payload import MAX_PAYLOAD_BYTES, sealed_data
+from sigil_push.push.unifiedpush_sender import unifiedpush_size
 from sigil_push.store.records import Device, Wakeup, WebPushKeys
 from testkit.deadlines import COMMAND_SECONDS, scaled
 from testkit.fakes.credentials import WebPushSubscriber
