@@ -34,6 +34,7 @@ from sigil_push.relays.subscriptions import DM_KINDS
 from sigil_push.store.interface import SeenStore
 from sigil_push.store.preferences import UserList
 from sigil_push.telemetry.memory_gauges import track
+from sigil_push.token_bucket import refill
 
 if TYPE_CHECKING:
     from sigil_push.canary import Canary
@@ -66,7 +67,7 @@ class TokenBucket:
 
     def take(self) -> bool:
         now = time.monotonic()
-        self._tokens = min(self._burst, self._tokens + (now - self._stamp) * self._rate)
+        self._tokens = refill(self._tokens, self._stamp, now, self._rate, self._burst)
         self._stamp = now
         if self._tokens < 1.0:
             return False
@@ -75,8 +76,8 @@ class TokenBucket:
 
     def full(self) -> bool:
         """Refilled completely (so forgetting the bucket changes nothing)."""
-        elapsed = time.monotonic() - self._stamp
-        return self._tokens + elapsed * self._rate >= self._burst
+        now = time.monotonic()
+        return refill(self._tokens, self._stamp, now, self._rate, self._burst) >= self._burst
 
 
 class Ingest:

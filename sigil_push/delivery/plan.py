@@ -24,10 +24,10 @@ from typing import NamedTuple
 from urllib.parse import urlsplit
 
 from sigil_push.config import LimitsConfig, PushConfig
+from sigil_push.delivery.device_rate import DeviceRateLimiter
 from sigil_push.hosts import registrable_domain
 from sigil_push.push import registry
 from sigil_push.push.base import Sender, WakeupMessage
-from sigil_push.push.limits import DeviceRateLimiter
 from sigil_push.push.payload import fallback, opaque_data, sealed_data, wakeup_data
 from sigil_push.store.records import Device, Wakeup, WebPushKeys
 

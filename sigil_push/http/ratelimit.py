@@ -13,6 +13,7 @@ import time
 from collections.abc import Sequence
 
 from sigil_push.telemetry.memory_gauges import track
+from sigil_push.token_bucket import refill
 
 PRUNE_EVERY = 10_000
 
@@ -39,7 +40,7 @@ class RateLimiter:
             return 0
         now = time.monotonic() if now is None else now
         tokens, last = self._buckets.get(key, (self._capacity, now))
-        tokens = min(self._capacity, tokens + (now - last) * self._rate)
+        tokens = refill(tokens, last, now, self._rate, self._capacity)
         self._checks += 1
         if self._checks % PRUNE_EVERY == 0:
             self._prune(now)

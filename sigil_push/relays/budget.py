@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import time
 
+from sigil_push.token_bucket import refill
+
 INVALID_BURST = 200.0
 INVALID_PER_SECOND = 5.0
 """A good relay stays far below 5 invalid events a second; 200 at once drop the socket."""
@@ -51,8 +53,8 @@ class ConnectionBudget:
     def invalid(self) -> None:
         """One invalid event from this socket."""
         now = time.monotonic()
-        self._invalid = min(
-            INVALID_BURST, self._invalid + (now - self._invalid_stamp) * INVALID_PER_SECOND
+        self._invalid = refill(
+            self._invalid, self._invalid_stamp, now, INVALID_PER_SECOND, INVALID_BURST
         )
         self._invalid_stamp = now
         self._invalid -= 1.0
@@ -68,8 +70,8 @@ class ConnectionBudget:
         if self._verify >= 0.0:
             return 0.0
         now = time.monotonic()
-        self._verify = min(
-            VERIFY_BURST, self._verify + (now - self._verify_stamp) * VERIFY_PER_SECOND
+        self._verify = refill(
+            self._verify, self._verify_stamp, now, VERIFY_PER_SECOND, VERIFY_BURST
         )
         self._verify_stamp = now
         return 0.0 if self._verify >= 0.0 else -self._verify / VERIFY_PER_SECOND

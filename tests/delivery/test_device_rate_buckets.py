@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import tracemalloc
 
-from sigil_push.push.limits import DeviceRateLimiter
+from sigil_push.delivery.device_rate import DeviceRateLimiter
 
 DEVICES = 5_000
 CYCLE_MS = 120_000  # longer than a bucket takes to refill (per_minute=1: one minute)
