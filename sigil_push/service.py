@@ -18,7 +18,6 @@ from sigil_push import outbound
 from sigil_push.bridge import Bridge
 from sigil_push.canary import canary_from_config
 from sigil_push.config import Config
-from sigil_push.delegated_auth import DelegatedAuth
 from sigil_push.delivery import Delivery
 from sigil_push.identity import bridge_key
 from sigil_push.nostr.keys import SecretKey
@@ -26,6 +25,7 @@ from sigil_push.observations import ObservationLog
 from sigil_push.outbound import OutboundGuard
 from sigil_push.push import registry
 from sigil_push.push.factory import build_senders
+from sigil_push.relays.delegated_auth import DelegatedAuth
 from sigil_push.store.factory import open_store
 from sigil_push.store.interface import AuthIdStore, DeviceStore, OutboxStore, Shards
 from sigil_push.supervisor import Supervisor

@@ -53,7 +53,7 @@ from sigil_push.telemetry.redaction import relay_label
 
 if TYPE_CHECKING:
     from sigil_push.canary import Canary
-    from sigil_push.delegated_auth import DelegatedAuth
+    from sigil_push.relays.delegated_auth import DelegatedAuth
 
 log = logging.getLogger(__name__)
 

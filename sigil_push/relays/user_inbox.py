@@ -102,7 +102,7 @@ MODES_LEARNED = Counter(
 
 
 class SessionSource(Protocol):
-    """The delegated AUTH sessions (sigil_push.delegated_auth.DelegatedAuth)."""
+    """The delegated AUTH sessions (sigil_push.relays.delegated_auth.DelegatedAuth)."""
 
     def active_pubkeys(self) -> set[str]: ...
 

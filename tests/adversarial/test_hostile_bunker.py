@@ -19,7 +19,6 @@ import pytest
 from prometheus_client import REGISTRY
 from websockets.asyncio.server import ServerConnection
 
-from sigil_push.delegated_auth import DelegatedAuth
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip46 import (
     BunkerUri,
@@ -29,6 +28,7 @@ from sigil_push.nostr.nip46 import (
     signed_auth_event,
 )
 from sigil_push.relays.budget import INVALID_BURST
+from sigil_push.relays.delegated_auth import DelegatedAuth
 from sigil_push.relays.signer_link import (
     BASE_FRAMES,
     FRAME_OUTCOMES,

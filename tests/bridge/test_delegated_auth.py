@@ -14,7 +14,6 @@ import nostr_sdk
 import pytest
 from prometheus_client import REGISTRY
 
-from sigil_push.delegated_auth import DelegatedAuth, DelegatedAuthUnavailable
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip46 import (
     BunkerUri,
@@ -24,6 +23,7 @@ from sigil_push.nostr.nip46 import (
     _request,
     connect_request,
 )
+from sigil_push.relays.delegated_auth import DelegatedAuth, DelegatedAuthUnavailable
 from sigil_push.relays.signer_link import SignerRelayLink
 from sigil_push.store.factory import PostgresStore, SqliteStore
 from testkit.relay import RelayProcess, free_port
@@ -140,10 +140,10 @@ async def test_an_unexpected_exception_in_a_session_is_a_visible_status(
     def broken(*args: Any) -> Any:
         raise KeyError(marker)
 
-    monkeypatch.setattr("sigil_push.delegated_auth.connect_request", broken)
+    monkeypatch.setattr("sigil_push.relays.delegated_auth.connect_request", broken)
     failures = REGISTRY.get_sample_value("sigil_push_delegated_auth_session_failures_total") or 0.0
     user = SecretKey.generate().public_key_hex
-    with caplog.at_level(logging.ERROR, logger="sigil_push.delegated_auth"):
+    with caplog.at_level(logging.ERROR, logger="sigil_push.relays.delegated_auth"):
         await auth.set_signer(user, BunkerUri.parse(f"bunker://{'ab' * 32}?relay=ws://127.0.0.1:1", True))
         await wait_for_status(auth, user, "failed")
     assert "KeyError" in auth.detail(user)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sigil_push.delegated_auth import DelegatedAuth
 from sigil_push.identity import META_KEY, bridge_key
 from sigil_push.nostr.keys import SecretKey
+from sigil_push.relays.delegated_auth import DelegatedAuth
 from sigil_push.sealed import Sealer
 from sigil_push.store.factory import PostgresStore, SqliteStore
 from sigil_push.store.records import StoredSession
