@@ -24,7 +24,7 @@ from sigil_push import __version__
 from sigil_push.errors import ApiError, BadRequest, RateLimited
 from sigil_push.http.cors import CorsMiddleware
 from sigil_push.http.metrics import MetricsMiddleware
-from sigil_push.http.ratelimit import RateLimiter, client_address, rate_limit_key, trusted_networks
+from sigil_push.http.ratelimit import client_address, rate_limit_key, trusted_networks
 from sigil_push.http.validation import (
     parse_json_object,
     parse_npub,
@@ -43,6 +43,7 @@ from sigil_push.store.errors import STORE_UNAVAILABLE, TooManyAccounts, TooManyD
 from sigil_push.store.records import Device
 from sigil_push.telemetry.redaction import relay_label
 from sigil_push.telemetry.tracebacks import withheld
+from sigil_push.token_bucket import RateLimiter
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 
 from prometheus_client import Counter, Gauge
 
-from sigil_push.http.ratelimit import RateLimiter
 from sigil_push.nostr.event import Event
 from sigil_push.nostr.keys import SecretKey, is_public_key
 from sigil_push.nostr.nip46 import (
@@ -42,6 +41,7 @@ from sigil_push.store.interface import AuthModeStore, DeviceStore, SignerSession
 from sigil_push.store.records import StoredSession
 from sigil_push.supervisor import BackgroundTasks
 from sigil_push.telemetry.tracebacks import withheld
+from sigil_push.token_bucket import RateLimiter
 
 log = logging.getLogger(__name__)
 
