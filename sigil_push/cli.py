@@ -67,12 +67,26 @@ def _load(path_arg: str | None) -> Config:
     return load_config(config_path(path_arg))
 
 
+async def _preflight(config: Config) -> None:
+    """Before a PostgreSQL worker starts listening: the database is reachable and migrated,
+    and this worker's bridge key is the instance's (one line, not a traceback, when either
+    fails). The CLI composes the two, so the store never imports the identity that uses it."""
+    from sigil_push.identity import bridge_key
+    from sigil_push.store.factory import migrated_instance
+
+    async with migrated_instance(config) as instance:
+        if instance is None:
+            return
+        key = await bridge_key(
+            instance.meta, config.server.secret_key, config.resolve(config.server.secret_key_file)
+        )
+        await instance.check_key(key.public_key_hex)
+
+
 def _serve(config: Config) -> int:
     # PostgreSQL: an unreachable or too new database (exit 1) or a bridge key other than the
     # instance's (exit 2) is one line here, before the listener starts
-    from sigil_push.store.factory import preflight
-
-    asyncio.run(preflight(config))
+    asyncio.run(_preflight(config))
     from sigil_push.http.server import run_server
 
     return run_server(config)

@@ -14,12 +14,25 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Protocol
 
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip19 import InvalidKey, parse_secret_key
-from sigil_push.store.interface import MetaStore
 
 META_KEY = "bridge_secret_key"
+
+
+class MetaStore(Protocol):
+    """The instance's key/value facts (`meta`): declared here, by the module that needs it, and
+    implemented by each store engine, so the identity never imports the store."""
+
+    async def get(self, key: str) -> str | None: ...
+
+    async def put_if_absent(self, key: str, value: str) -> None: ...
+
+    async def delete_securely(self, key: str) -> None:
+        """Delete, overwriting the freed storage where the engine can (a secret's row)."""
+        ...
 
 
 class KeyFileError(Exception):
@@ -75,17 +88,6 @@ def _parse_key_file(path: Path, text: str) -> SecretKey:
         return SecretKey(parse_secret_key(text))
     except InvalidKey as exc:
         raise KeyFileError(f"{path} does not hold a key: {exc}") from None
-
-
-def make_private(database: Path) -> None:
-    """Tighten an existing database (and its WAL/SHM) to 0600: files created before the
-    process umask was 077 (sigil_push/http/server.py) kept whatever umask made them."""
-    for path in (database, database.with_name(database.name + "-wal"),
-                 database.with_name(database.name + "-shm")):
-        try:
-            os.chmod(path, 0o600)
-        except FileNotFoundError:
-            continue
 
 
 async def bridge_key(meta: MetaStore, configured: str, key_file: Path) -> SecretKey:

@@ -4,8 +4,8 @@ A path opens the SQLite file (created and migrated); a `postgresql://` URL opens
 pool after applying `migrations/postgres/` under the advisory lock, so workers starting
 together migrate once. The rest of the service receives a `Store` (and the bridge a
 `BridgeConnection`) and never asks which: what differs between one process and several
-workers is the store's `coordination`. `preflight`, `migrate` and `copy_from_sqlite` are the
-CLI's engine-specific steps, chosen here too.
+workers is the store's `coordination`. `migrated_instance` (the CLI's start-up preflight),
+`migrate` and `copy_from_sqlite` are the CLI's engine-specific steps, chosen here too.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from __future__ import annotations
 import os
 import secrets
 import socket
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,7 +22,7 @@ import aiosqlite
 import asyncpg
 
 from sigil_push.config import STOP_GRACE_SECONDS, Config, ConfigError, is_postgres_url
-from sigil_push.identity import bridge_key, make_private
+from sigil_push.identity import MetaStore
 from sigil_push.store.auth_ids import UsedAuthIds
 from sigil_push.store.interface import (
     AuthIdStore,
@@ -29,7 +30,6 @@ from sigil_push.store.interface import (
     CatchupItemsStore,
     Coordination,
     DeviceStore,
-    MetaStore,
     OutboxStore,
     RelayStateStore,
     SeenRows,
@@ -62,8 +62,8 @@ from sigil_push.store.sqlite.bridge_state import (
     transaction,
 )
 from sigil_push.store.sqlite.coordination import SingleProcess
+from sigil_push.store.sqlite.database import make_private, open_database
 from sigil_push.store.sqlite.database import migrate as migrate_sqlite
-from sigil_push.store.sqlite.database import open_database
 from sigil_push.store.sqlite.devices import Devices
 from sigil_push.store.sqlite.instance import (
     SqliteAuthIdRows,
@@ -91,20 +91,28 @@ def claim_ms_for(config: Config) -> int:
     return int((2 * config.push.send_timeout_seconds + STOP_GRACE_SECONDS) * 1000)
 
 
-async def preflight(config: Config) -> None:
-    """Before a PostgreSQL worker starts listening: the database is reachable and migrated
-    (under the lock), and this worker's bridge key is the instance's (one line, not a
-    traceback, when either fails). Nothing to check for SQLite: `serve` opens the file."""
+@dataclass
+class PostgresInstance:
+    """A migrated PostgreSQL database as `serve`'s preflight sees it: the instance's facts, and
+    the check that a worker's bridge key is the instance's."""
+
+    meta: MetaStore
+
+    async def check_key(self, public_key_hex: str) -> None:
+        await check_instance_key(self.meta, public_key_hex)
+
+
+@asynccontextmanager
+async def migrated_instance(config: Config) -> AsyncIterator[PostgresInstance | None]:
+    """For the CLI's start-up preflight: a PostgreSQL database reachable and migrated (under
+    the lock), on one connection closed afterwards. None for SQLite, which `serve` opens itself."""
     if not is_postgres_url(config.server.database):
+        yield None
         return
     connection = await asyncpg.connect(config.server.database)
     try:
         await migrate_connection(connection)
-        meta = PostgresMeta(PostgresDatabase(connection))
-        key = await bridge_key(
-            meta, config.server.secret_key, config.resolve(config.server.secret_key_file)
-        )
-        await check_instance_key(meta, key.public_key_hex)
+        yield PostgresInstance(PostgresMeta(PostgresDatabase(connection)))
     finally:
         await connection.close()
 

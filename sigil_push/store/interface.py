@@ -16,8 +16,9 @@ engine written in that engine's own SQL (`store/sqlite/...`, `store/postgres/...
   bookkeeping writes (`BookkeepingOp`) the bridge queues behind its events;
 - `SeenRows`, `AuthIdRows`: the rows under `store.seen.SeenEvents` and
   `store.auth_ids.UsedAuthIds` (which keep the engine-free logic: caches, batching);
-- `SignerSessionStore`, `AuthModeStore`, `MetaStore`: delegated-auth sessions, learned NIP-42
-  modes, and the instance's key/value facts (an old bridge key, the instance key);
+- `SignerSessionStore`, `AuthModeStore` and `MetaStore` (declared by `identity`, its user):
+  delegated-auth sessions, learned NIP-42 modes, and the instance's key/value facts (an old
+  bridge key, the instance key);
 - `BridgeConnection.transaction()`: the unit of work of the bridge's committer, instead of
   raw BEGIN/COMMIT;
 - `Coordination`: how workers of one instance coordinate (one process on SQLite; leases,
@@ -33,6 +34,7 @@ from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 if TYPE_CHECKING:
+    from sigil_push.identity import MetaStore
     from sigil_push.nostr.event import Event
     from sigil_push.shards import ShardSet
     from sigil_push.store.preferences import AuthorCheck, UserList
@@ -309,18 +311,6 @@ class AuthModeStore(Protocol):
     async def modes_since(self, since: int) -> dict[str, str]: ...
 
     async def save_mode(self, relay: str, mode: str, learned_at: int) -> None: ...
-
-
-class MetaStore(Protocol):
-    """The instance's key/value facts (`meta`)."""
-
-    async def get(self, key: str) -> str | None: ...
-
-    async def put_if_absent(self, key: str, value: str) -> None: ...
-
-    async def delete_securely(self, key: str) -> None:
-        """Delete, overwriting the freed storage where the engine can (a secret's row)."""
-        ...
 
 
 Reshard = Callable[["ShardSet"], Awaitable[None]]

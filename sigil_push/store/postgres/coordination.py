@@ -16,7 +16,8 @@ from contextlib import AsyncExitStack
 import asyncpg
 
 from sigil_push.config import ConfigError
-from sigil_push.store.interface import Adopt, MetaStore, Reshard, SessionListener
+from sigil_push.identity import MetaStore
+from sigil_push.store.interface import Adopt, Reshard, SessionListener
 from sigil_push.store.postgres.devices import PostgresDevices
 from sigil_push.store.postgres.leases import SHARDS_CHANNEL, ShardLeaser
 from sigil_push.store.postgres.sharding import ShardWatch

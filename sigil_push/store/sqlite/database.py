@@ -8,6 +8,7 @@ migration must never be edited once released (add a new one instead).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from importlib import resources
 from importlib.resources.abc import Traversable
@@ -114,3 +115,14 @@ async def migrate(path: Path) -> list[str]:
     async with aiosqlite.connect(path, isolation_level=None) as connection:
         await connection.execute("PRAGMA journal_mode=WAL")
         return await _apply_migrations(connection)
+
+
+def make_private(database: Path) -> None:
+    """Tighten an existing database (and its WAL/SHM) to 0600: files created before the
+    process umask was 077 (`http/server.py`) kept whatever umask made them."""
+    for path in (database, database.with_name(database.name + "-wal"),
+                 database.with_name(database.name + "-shm")):
+        try:
+            os.chmod(path, 0o600)
+        except FileNotFoundError:
+            continue
