@@ -71,8 +71,10 @@ from sigil_push.http.server import tune_gc
 from sigil_push.nostr.event import Event, sign_event
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.observations import ObservationLog, now_ms
+from sigil_push.push import registry
 from sigil_push.push.base import Outcome, Sender, Status, WakeupMessage
 from sigil_push.push.factory import build_senders
+from sigil_push.push.registry import TABLES
 from sigil_push.store.records import Device
 from sigil_push.store.sqlite.database import open_database
 from sigil_push.store.sqlite.devices import Devices
@@ -158,7 +160,7 @@ def bare_apns(config: Config) -> Callable[[Device], Awaitable[bool]]:
     from sigil_push.push.apns import PROVIDER
     from sigil_push.push.apns_sender import NotificationIds, apns_client
 
-    apns = config.provider_table(PROVIDER)
+    apns = registry.table(config, PROVIDER)
     assert apns is not None
     key = config.resolve(apns.key_file).read_text()
     client = apns_client(apns, key, config.resolve(apns.ca_file) if apns.ca_file else None)
@@ -317,7 +319,7 @@ async def run_provider(
     fake_pids: list[int],
 ) -> dict[str, Any]:
     platform_name = PLATFORM_OF[provider]
-    config = parse_config(document, folder / "relays.toml")
+    config = parse_config(document, folder / "relays.toml", TABLES)
     work = folder / provider
     work.mkdir()
     db = await open_database(work / "bench.db")
@@ -469,7 +471,7 @@ async def run_sealed(document: dict[str, Any], folder: Path, args: argparse.Name
     """
     import nostr_sdk
 
-    config = parse_config(document, folder / "relays.toml")
+    config = parse_config(document, folder / "relays.toml", TABLES)
     work = folder / "sealed"
     work.mkdir()
     db = await open_database(work / "bench.db")

@@ -55,6 +55,7 @@ from sigil_push.nostr.event import sign_event
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.observations import ObservationLog, now_ms
 from sigil_push.push.factory import build_senders
+from sigil_push.push.registry import TABLES
 from sigil_push.store.sqlite.database import open_database
 from sigil_push.store.sqlite.devices import Devices
 from sigil_push.store.sqlite.outbox import Outbox
@@ -109,7 +110,7 @@ def stretch_timers(factor: float) -> None:
 
 async def child(side: str, folder: Path, port: int, database: Path, pushes: int) -> float:
     """One side's run in this (fresh) process; returns its CPU seconds, start-up included."""
-    config = parse_config(document(folder, port), folder / "relays.toml")
+    config = parse_config(document(folder, port), folder / "relays.toml", TABLES)
     db = await open_database(database)
     store, outbox = Devices(db), Outbox(db)
     if side == "bare":

@@ -18,6 +18,7 @@ from analytics.duration import DEFAULT_GRACE_MS, parse_duration_ms
 from analytics.preflight import InputError, check_arguments
 from sigil_push import __version__
 from sigil_push.config import Config, ConfigError, config_path, load_config
+from sigil_push.push.registry import TABLES
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 # The `analytics` extra: what `pip install .` leaves out because the bridge never needs it.
@@ -64,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _load(path_arg: str | None) -> Config:
-    return load_config(config_path(path_arg))
+    return load_config(config_path(path_arg), TABLES)
 
 
 async def _preflight(config: Config) -> None:

@@ -1,7 +1,10 @@
 """Typed configuration from `relays.toml`, validated once at start-up.
 
 Every problem is reported as a ConfigError naming the offending key, so the CLI can print one
-clear line and exit 2 instead of failing later in some background task.
+clear line and exit 2 instead of failing later in some background task. The push providers'
+tables are parsed by `push/` (`push.registry.TABLES`), which the CLI hands to `load_config`:
+the core config sits below the providers and never imports one, and a provider module
+validates its own table with `parse_table` from here.
 """
 
 from __future__ import annotations
@@ -10,20 +13,76 @@ import dataclasses
 import ipaddress
 import os
 import tomllib
+import types
+import typing
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit
 
-# re-exported (the explicit form mypy --strict wants): callers catch ConfigError from here
-from sigil_push.config_tables import ConfigError as ConfigError  # noqa: PLC0414
-from sigil_push.config_tables import check_http_url, parse_table
 from sigil_push.nostr.nip19 import InvalidKey, parse_secret_key
-from sigil_push.push import registry
-from sigil_push.push.provider import Provider
 
 DEFAULT_CONFIG = "relays.toml"
 CONFIG_ENV = "SIGIL_PUSH_CONFIG"
+
+
+class ConfigError(Exception):
+    """An invalid or unreadable configuration; `key` is the dotted name of the culprit."""
+
+    def __init__(self, key: str, problem: str) -> None:
+        super().__init__(f"{key}: {problem}" if key else problem)
+        self.key = key
+        self.problem = problem
+
+
+T = TypeVar("T")
+
+
+def _expected_type(annotation: Any) -> type:
+    if isinstance(annotation, str):
+        annotation = {
+            "str": str, "int": int, "bool": bool, "float": float, "tuple[str, ...]": list,
+        }[annotation]
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        annotation = next(arg for arg in typing.get_args(annotation) if arg is not type(None))
+    return typing.cast(type, annotation)
+
+
+def parse_table(raw: Any, name: str, cls: type[T]) -> T:
+    """Build dataclass `cls` from TOML table `raw`, rejecting unknown keys and wrong types."""
+    if not isinstance(raw, dict):
+        raise ConfigError(name, "must be a table")
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    for key in raw:
+        if key not in fields:
+            raise ConfigError(f"{name}.{key}", f"unknown key (known: {', '.join(sorted(fields))})")
+    values: dict[str, Any] = {}
+    for key, spec in fields.items():
+        if key not in raw:
+            if spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING:
+                raise ConfigError(f"{name}.{key}", "is required")
+            continue
+        value, expected = raw[key], _expected_type(spec.type)
+        valid = isinstance(value, (int, float)) and not isinstance(value, bool) if expected is float else (
+            type(value) is expected
+        )
+        if not valid:
+            raise ConfigError(f"{name}.{key}", f"must be a {expected.__name__}")
+        if expected in (int, float) and value < 0:
+            raise ConfigError(f"{name}.{key}", "must not be negative")
+        if expected is list:
+            if not all(isinstance(item, str) for item in value):
+                raise ConfigError(f"{name}.{key}", "must be a list of strings")
+            value = tuple(value)
+        values[key] = float(value) if expected is float else value
+    return cls(**values)
+
+
+def check_http_url(key: str, url: str) -> None:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(key, "must be an http:// or https:// URL")
 
 
 @dataclass(frozen=True)
@@ -131,15 +190,14 @@ class CanaryConfig:
     key_file: str = "canary.key"
 
 
-T = TypeVar("T")
-
 
 @dataclass(frozen=True)
 class Config:
     path: Path
     server: ServerConfig
     relays: tuple[RelayConfig, ...]
-    # the configured providers' tables by provider name (push/registry.py); none: dry-run
+    # the configured providers' tables by provider name (parsed by push/registry.py's TABLES);
+    # none: dry-run
     providers: dict[str, Any] = field(default_factory=dict)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     bridge: BridgeConfig = field(default_factory=BridgeConfig)
@@ -150,18 +208,6 @@ class Config:
     def dry_run(self) -> bool:
         """No provider configured: wakeups are logged instead of sent."""
         return not self.providers
-
-    @property
-    def platforms(self) -> list[str]:
-        """Platforms this instance accepts registrations for."""
-        if self.dry_run:
-            return list(registry.PLATFORMS)
-        return [p.platform for p in registry.PROVIDERS if p.name in self.providers]
-
-    def provider_table(self, provider: Provider[T]) -> T | None:
-        """`provider`'s table, or None when it is not configured."""
-        table: T | None = self.providers.get(provider.name)
-        return table
 
     def resolve(self, relative: str) -> Path:
         """Paths in the config are relative to the config file's folder."""
@@ -221,10 +267,41 @@ def _canary(raw: Any) -> CanaryConfig:
     return dataclasses.replace(canary, relays=tuple(dict.fromkeys(relays)))
 
 
-def parse_config(document: dict[str, Any], path: Path) -> Config:
-    """Validate a parsed TOML document into a Config."""
+class ProviderTables(Protocol):
+    """What the core config needs of the push providers' tables (implemented by
+    `push.registry.TABLES`): their names, so an unknown table is still reported, and their
+    parsing, into the `Config.providers` dict."""
+
+    @property
+    def names(self) -> Collection[str]: ...
+
+    def parse(
+        self, document: dict[str, Any], public_url: str, resolve: Callable[[str], Path]
+    ) -> dict[str, Any]:
+        """The configured providers' tables by name, validated (ConfigError naming the key)."""
+        ...
+
+
+class _NoProviders:
+    names: tuple[str, ...] = ()
+
+    def parse(
+        self, document: dict[str, Any], public_url: str, resolve: Callable[[str], Path]
+    ) -> dict[str, Any]:
+        return {}
+
+
+NO_PROVIDERS: ProviderTables = _NoProviders()
+"""A config without provider tables (dry-run): what the store and bridge tools parse."""
+
+
+def parse_config(
+    document: dict[str, Any], path: Path, providers: ProviderTables = NO_PROVIDERS
+) -> Config:
+    """Validate a parsed TOML document into a Config; `providers` parses the push providers'
+    tables (`push.registry.TABLES`; without it a provider table is an unknown table)."""
     known = {"server", "relay", "limits", "bridge", "push", "canary"}
-    known.update(provider.name for provider in registry.PROVIDERS)
+    known.update(providers.names)
     for key in document:
         if key not in known:
             raise ConfigError(key, f"unknown table (known: {', '.join(sorted(known))})")
@@ -257,13 +334,6 @@ def parse_config(document: dict[str, Any], path: Path) -> Config:
         _check_relay_url(f"relay[{i}].url", relay.url)
         if relay.mode not in RELAY_MODES:
             raise ConfigError(f"relay[{i}].mode", "must be 'filtered', 'firehose' or 'auto'")
-    providers = {
-        provider.name: provider.validate(
-            parse_table(document[provider.name], provider.name, provider.table), server.public_url
-        )
-        for provider in registry.PROVIDERS
-        if provider.name in document
-    }
     limits = parse_table(document.get("limits", {}), "limits", LimitsConfig)
     bridge = parse_table(document.get("bridge", {}), "bridge", BridgeConfig)
     for key in ("relay_heartbeat_seconds", "relay_open_timeout_seconds"):
@@ -273,20 +343,14 @@ def parse_config(document: dict[str, Any], path: Path) -> Config:
         path=path,
         server=server,
         relays=relays,
-        providers=providers,
         limits=limits,
         bridge=bridge,
         push=parse_table(document.get("push", {}), "push", PushConfig),
         canary=_canary(document["canary"]) if "canary" in document else None,
     )
-    for provider in registry.PROVIDERS:
-        table = providers.get(provider.name)
-        for key in provider.file_keys if table is not None else ():
-            relative = getattr(table, key)
-            path = config.resolve(relative)
-            if relative and not path.is_file():
-                raise ConfigError(f"{provider.name}.{key}", f"file not found: {path}")
-    return config
+    return dataclasses.replace(
+        config, providers=providers.parse(document, server.public_url, config.resolve)
+    )
 
 
 def config_path(cli_value: str | None) -> Path:
@@ -294,7 +358,7 @@ def config_path(cli_value: str | None) -> Path:
     return Path(cli_value or os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG).resolve()
 
 
-def load_config(path: Path) -> Config:
+def load_config(path: Path, providers: ProviderTables = NO_PROVIDERS) -> Config:
     try:
         document = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -303,4 +367,4 @@ def load_config(path: Path) -> Config:
         raise ConfigError("", f"cannot read config file {path}: {exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError("", f"{path} is not valid TOML: {exc}") from None
-    return parse_config(document, path)
+    return parse_config(document, path, providers)

@@ -28,6 +28,7 @@ from sigil_push.config import parse_config
 from sigil_push.http.api import create_app
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.observations import ObservationLog
+from sigil_push.push.registry import TABLES
 from sigil_push.service import Service
 from sigil_push.store.factory import open_store
 from sigil_push.store.interface import DeviceStore, OutboxStore, Store
@@ -77,7 +78,7 @@ async def in_process_bridge(
         document["relay"] = relays
     if bridge:
         document["bridge"] = bridge
-    config = parse_config(document, folder / "relays.toml")
+    config = parse_config(document, folder / "relays.toml", TABLES)
     store = await open_store(config)
     observations = ObservationLog(folder / "observations")
     await observations.start()
@@ -123,7 +124,7 @@ class InProcessService:
 async def in_process_service(folder: Path, document: dict[str, Any]) -> AsyncIterator[InProcessService]:
     """`Service` started on the config `document` (its `server.public_url` is the base URL the
     NIP-98 `u` tags name); stopped on exit."""
-    config = parse_config(document, folder / "relays.toml")
+    config = parse_config(document, folder / "relays.toml", TABLES)
     service = Service(config)
     await service.start()
     try:

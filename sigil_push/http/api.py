@@ -127,11 +127,11 @@ class Api:
             raise ApiError(403, "npub_mismatch", "the auth event must be signed by the npub's key")
         config = self.service.config
         wanted = parse_register(body, pubkey, config.server.allow_insecure_relays)
-        if wanted.platform not in config.platforms:
+        if wanted.platform not in registry.platforms(config):
             raise BadRequest("platform_disabled", f"this instance does not send to {wanted.platform}")
         provider = registry.by_platform(wanted.platform)
         if provider.admit is not None:
-            await provider.admit(config.provider_table(provider), wanted.device_token)
+            await provider.admit(registry.table(config, provider), wanted.device_token)
         registration = await self.service.components.devices.register(
             pubkey, wanted.platform, wanted.device_token, wanted.payload, wanted.relays,
             wanted.webpush_keys, config.limits.devices_per_npub, config.limits.accounts_per_device,
@@ -302,7 +302,7 @@ class Api:
             {
                 "name": "sigil-push",
                 "version": __version__,
-                "platforms": config.platforms,
+                "platforms": registry.platforms(config),
                 "relays": [relay.url for relay in config.relays if relay.read],
                 "pubkey": self.service.components.key.public_key_hex
                 if self.service.state is State.SERVING
@@ -319,7 +319,7 @@ class Api:
         serving = self.service.state is State.SERVING
         extras: dict[str, Any] = {}
         for provider in registry.PROVIDERS:
-            table = config.provider_table(provider)
+            table = registry.table(config, provider)
             if provider.info is not None and table is not None:
                 extras.update(provider.info(table, config.resolve))
         return extras if serving else dict.fromkeys(extras)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from sigil_push.config_tables import ConfigError, check_http_url
+from sigil_push.config import ConfigError, check_http_url
 from sigil_push.errors import BadRequest
 from sigil_push.push.base import Sender
 from sigil_push.push.provider import DeliveryPolicy, Provider, Resolve
@@ -50,7 +50,9 @@ async def _create(table: ApnsConfig, resolve: Resolve, timeout_seconds: float) -
     from sigil_push.push.apns_sender import ApnsSender
 
     ca_file = resolve(table.ca_file) if table.ca_file else None
-    return await ApnsSender.create(table, resolve(table.key_file), ca_file, timeout_seconds)
+    return await ApnsSender.create(
+        table, resolve(table.key_file), ca_file, timeout_seconds, PROVIDER
+    )
 
 
 PROVIDER = Provider(

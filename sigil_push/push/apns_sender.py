@@ -16,7 +16,7 @@ import secrets
 import ssl
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 from uuid import uuid4
 
@@ -34,9 +34,9 @@ from h2.connection import H2Connection
 from hpack import Encoder, HeaderTuple
 from hpack.hpack import encode_integer
 
-from sigil_push.config_tables import ConfigError
-from sigil_push.push.apns import PROVIDER, ApnsConfig
+from sigil_push.config import ConfigError
 from sigil_push.push.base import Outcome, Status, WakeupMessage
+from sigil_push.push.provider import Provider
 from sigil_push.store.records import Device
 
 APS: dict[str, Any] = {
@@ -64,7 +64,6 @@ def apns_size(data: dict[str, str]) -> int:
     return len(apns_json(apns_body(data)))
 
 
-MAX_PAYLOAD_BYTES = PROVIDER.policy.max_payload_bytes
 PRIORITY_IMMEDIATE = 10
 _COUNTER_MASK = (1 << 48) - 1
 _APS_BYTES = apns_size({})
@@ -280,7 +279,23 @@ class NotificationIds:
         return f"{self._prefix}{next(self._counter) & _COUNTER_MASK:012x}"
 
 
-def apns_client(config: ApnsConfig, key: str, ca_file: Path | None) -> APNs:
+class ApnsTable(Protocol):
+    """What the sender reads of the `[apns]` table (`apns.ApnsConfig`), declared here so the
+    sender imports nothing of its declaration."""
+
+    @property
+    def team_id(self) -> str: ...
+    @property
+    def key_id(self) -> str: ...
+    @property
+    def topic(self) -> str: ...
+    @property
+    def environment(self) -> str: ...
+    @property
+    def endpoint(self) -> str: ...
+
+
+def apns_client(config: ApnsTable, key: str, ca_file: Path | None) -> APNs:
     """The aioapns client the sender sends with: `key` is the .p8 PEM text (already checked)."""
     sandbox = config.environment == "sandbox"
     client = APNs(
@@ -305,11 +320,12 @@ def apns_client(config: ApnsConfig, key: str, ca_file: Path | None) -> APNs:
 
 
 class ApnsSender:
-    platform = PROVIDER.platform
-    provider = PROVIDER.name
-    max_concurrency = PROVIDER.policy.max_concurrency
 
-    def __init__(self, client: APNs, timeout_seconds: float) -> None:
+    def __init__(self, client: APNs, timeout_seconds: float, declared: Provider[Any]) -> None:
+        self.platform = declared.platform
+        self.provider = declared.name
+        self.max_concurrency = declared.policy.max_concurrency
+        self._max_payload = declared.policy.max_payload_bytes
         self._client = client
         self._timeout = timeout_seconds
         self._ids = NotificationIds()
@@ -322,14 +338,21 @@ class ApnsSender:
 
     @classmethod
     async def create(
-        cls, config: ApnsConfig, key_file: Path, ca_file: Path | None, timeout_seconds: float
+        cls,
+        config: ApnsTable,
+        key_file: Path,
+        ca_file: Path | None,
+        timeout_seconds: float,
+        declared: Provider[Any],
     ) -> ApnsSender:
+        """`declared`: the provider's declaration, whose name, platform and limits the sender
+        takes (handed over, so the sender imports nothing back)."""
         key = await asyncio.to_thread(key_file.read_text, encoding="utf-8")
         try:
             load_pem_private_key(key.encode(), password=None)
         except (ValueError, TypeError):
             raise ConfigError("apns.key_file", "is not a PEM private key (.p8)") from None
-        return cls(apns_client(config, key, ca_file), timeout_seconds)
+        return cls(apns_client(config, key, ca_file), timeout_seconds, declared)
 
     def fits(self, data: dict[str, str]) -> bool:
         """Within APNs' limit. An upper bound on the size decides most bodies (an id and a
@@ -338,7 +361,7 @@ class ApnsSender:
         for key, value in data.items():
             if key != "type":
                 bound += _ENTRY_OVERHEAD + _JSON_BYTES_PER_CHAR * (len(key) + len(value))
-        return bound <= MAX_PAYLOAD_BYTES or apns_size(data) <= MAX_PAYLOAD_BYTES
+        return bound <= self._max_payload or apns_size(data) <= self._max_payload
 
     async def send(self, message: WakeupMessage, device: Device) -> Outcome:
         request = NotificationRequest(

@@ -16,7 +16,7 @@ async def build_senders(config: Config) -> dict[str, Sender]:
     loads firebase-admin.
     """
     if config.dry_run:
-        plain: dict[str, Sender] = {platform: DryRunSender(platform) for platform in config.platforms}
+        plain: dict[str, Sender] = {platform: DryRunSender(platform) for platform in registry.platforms(config)}
     else:
         plain = {}
         try:

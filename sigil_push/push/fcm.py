@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from sigil_push.config_tables import check_http_url
+from sigil_push.config import check_http_url
 from sigil_push.errors import BadRequest
 from sigil_push.push.base import Sender
 from sigil_push.push.provider import DeliveryPolicy, Provider, Resolve
@@ -42,7 +42,9 @@ def _parse_token(token: str) -> str:
 async def _create(table: FcmConfig, resolve: Resolve, timeout_seconds: float) -> Sender:
     from sigil_push.push.fcm_sender import FcmSender
 
-    return await FcmSender.create(table, resolve(table.credentials_file), timeout_seconds)
+    return await FcmSender.create(
+        table.endpoint, resolve(table.credentials_file), timeout_seconds, PROVIDER
+    )
 
 
 PROVIDER = Provider(

@@ -17,6 +17,7 @@ import json
 import warnings
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 from uuid import uuid4
 
 import firebase_admin
@@ -30,9 +31,9 @@ from firebase_admin import (
 )
 from firebase_admin._retry import HttpxRetry
 
-from sigil_push.config_tables import ConfigError
+from sigil_push.config import ConfigError
 from sigil_push.push.base import Outcome, Status, WakeupMessage, parse_retry_after
-from sigil_push.push.fcm import PROVIDER, FcmConfig
+from sigil_push.push.provider import Provider
 from sigil_push.store.records import Device
 
 
@@ -41,7 +42,6 @@ def fcm_size(data: dict[str, str]) -> int:
     return sum(len(key.encode()) + len(value.encode()) for key, value in data.items())
 
 
-MAX_PAYLOAD_BYTES = PROVIDER.policy.max_payload_bytes
 OPAQUE_COLLAPSE_KEY = "wakeup"
 """One key for every opaque wakeup: an offline phone gets one of them, which is all it needs.
 Other modes send none, since FCM keeps at most four collapse keys per device."""
@@ -68,18 +68,26 @@ def _outcome(error: exceptions.FirebaseError) -> Outcome:
 
 
 class FcmSender:
-    platform = PROVIDER.platform
-    provider = PROVIDER.name
-    max_concurrency = PROVIDER.policy.max_concurrency
 
-    def __init__(self, app: firebase_admin.App, timeout_seconds: float) -> None:
+    def __init__(
+        self, app: firebase_admin.App, timeout_seconds: float, declared: Provider[Any]
+    ) -> None:
+        self.platform = declared.platform
+        self.provider = declared.name
+        self.max_concurrency = declared.policy.max_concurrency
+        self._max_payload = declared.policy.max_payload_bytes
         self._app = app
         self._timeout = timeout_seconds
         self._credential = app.credential.get_credential()
         self._refresh_lock = asyncio.Lock()
 
     @classmethod
-    async def create(cls, config: FcmConfig, credentials_file: Path, timeout_seconds: float) -> FcmSender:
+    async def create(
+        cls, endpoint: str, credentials_file: Path, timeout_seconds: float, declared: Provider[Any]
+    ) -> FcmSender:
+        """`endpoint`: the `[fcm]` table's override of Google's URL (empty: Google's);
+        `declared`: the provider's declaration, whose name, platform and limits the sender takes
+        (handed over, so the sender imports nothing back)."""
         try:
             info = json.loads(await asyncio.to_thread(credentials_file.read_text, encoding="utf-8"))
             credential = credentials.Certificate(info)
@@ -90,8 +98,8 @@ class FcmSender:
         )
         service_class = messaging._MessagingService
         default_url = service_class.FCM_URL
-        if config.endpoint:
-            service_class.FCM_URL = config.endpoint.rstrip("/") + "/v1/projects/{0}/messages:send"
+        if endpoint:
+            service_class.FCM_URL = endpoint.rstrip("/") + "/v1/projects/{0}/messages:send"
         try:
             service = messaging._get_messaging_service(app)
         finally:
@@ -101,10 +109,10 @@ class FcmSender:
             timeout=timeout_seconds,
             retry_config=HttpxRetry(max_retries=0),
         )
-        return cls(app, timeout_seconds)
+        return cls(app, timeout_seconds, declared)
 
     def fits(self, data: dict[str, str]) -> bool:
-        return fcm_size(data) <= MAX_PAYLOAD_BYTES
+        return fcm_size(data) <= self._max_payload
 
     async def _fresh_token(self) -> None:
         """Refresh the OAuth token off the event loop when it is missing or about to expire."""

@@ -1,5 +1,6 @@
-"""The push providers this service knows, and the lookups config, validation, the API and
-delivery make instead of naming a provider.
+"""The push providers this service knows, their `relays.toml` tables (`TABLES`, which the CLI
+hands to the core config), and the lookups validation, the API and delivery make instead of
+naming a provider.
 
 Adding a provider: write its module (see `provider.Provider`) and list its PROVIDER here.
 Every module listed is a cheap declaration; a provider's client library is imported by its
@@ -8,8 +9,11 @@ Every module listed is a cheap declaration; a provider's client library is impor
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
 
+from sigil_push.config import Config, ConfigError, parse_table
 from sigil_push.errors import BadRequest
 from sigil_push.push import apns, dryrun, fcm, unifiedpush
 from sigil_push.push.provider import DeliveryPolicy, Provider
@@ -51,3 +55,48 @@ def stored_forms(token: str) -> list[str]:
         if stored != token and stored not in forms:
             forms.append(stored)
     return forms
+
+
+class _Tables:
+    """The providers' tables for the core config (its `ProviderTables` port): each configured
+    table parsed and validated by its provider, and the files it names checked to exist."""
+
+    names = tuple(provider.name for provider in PROVIDERS)
+
+    def parse(
+        self, document: dict[str, Any], public_url: str, resolve: Callable[[str], Path]
+    ) -> dict[str, Any]:
+        tables = {
+            provider.name: provider.validate(
+                parse_table(document[provider.name], provider.name, provider.table), public_url
+            )
+            for provider in PROVIDERS
+            if provider.name in document
+        }
+        for provider in PROVIDERS:
+            table = tables.get(provider.name)
+            for key in provider.file_keys if table is not None else ():
+                relative = getattr(table, key)
+                path = resolve(relative)
+                if relative and not path.is_file():
+                    raise ConfigError(f"{provider.name}.{key}", f"file not found: {path}")
+        return tables
+
+
+TABLES = _Tables()
+"""What `load_config` / `parse_config` take to read the providers' tables."""
+
+T = TypeVar("T")
+
+
+def platforms(config: Config) -> list[str]:
+    """Platforms this instance accepts registrations for (every one in dry-run)."""
+    if config.dry_run:
+        return list(PLATFORMS)
+    return [p.platform for p in PROVIDERS if p.name in config.providers]
+
+
+def table(config: Config, provider: Provider[T]) -> T | None:
+    """`provider`'s table, or None when it is not configured."""
+    found: T | None = config.providers.get(provider.name)
+    return found

@@ -15,7 +15,7 @@ import logging
 import re
 from dataclasses import dataclass
 
-from sigil_push.config_tables import ConfigError
+from sigil_push.config import ConfigError
 from sigil_push.errors import BadRequest
 from sigil_push.identity import KeyFileError
 from sigil_push.push.base import Sender
@@ -122,7 +122,7 @@ async def _create(table: UnifiedPushConfig, resolve: Resolve, timeout_seconds: f
         raise ConfigError("unifiedpush.vapid_private_key_file", str(exc)) from None
     vapid = VapidSigner(key, table.vapid_subject)
     log.info("UnifiedPush VAPID public key %s (sub %s)", vapid.public_key, table.vapid_subject)
-    return UnifiedPushSender(table.allow_private_endpoints, timeout_seconds, vapid)
+    return UnifiedPushSender(table.allow_private_endpoints, timeout_seconds, vapid, PROVIDER)
 
 
 PROVIDER = Provider(

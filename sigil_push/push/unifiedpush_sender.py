@@ -28,7 +28,7 @@ from sigil_push.push.endpoint_guard import (
     UnsafeResolution,
     parse_endpoint,
 )
-from sigil_push.push.unifiedpush import PROVIDER
+from sigil_push.push.provider import Provider
 from sigil_push.push.vapid import VapidSigner
 from sigil_push.store.records import Device
 
@@ -45,7 +45,6 @@ def unifiedpush_size(data: dict[str, str]) -> int:
     return len(compact_json(data)) + AES128GCM_OVERHEAD
 
 
-MAX_PAYLOAD_BYTES = PROVIDER.policy.max_payload_bytes
 OPAQUE_TOPIC = "wakeup"
 """RFC 8030 Topic: a distributor keeps only the latest opaque wakeup for an offline device."""
 
@@ -65,11 +64,20 @@ def _outcome(status: int, retry_after: str | None) -> Outcome:
 
 
 class UnifiedPushSender:
-    platform = PROVIDER.platform
-    provider = PROVIDER.name
-    max_concurrency = PROVIDER.policy.max_concurrency
 
-    def __init__(self, allow_private: bool, timeout_seconds: float, vapid: VapidSigner) -> None:
+    def __init__(
+        self,
+        allow_private: bool,
+        timeout_seconds: float,
+        vapid: VapidSigner,
+        declared: Provider[Any],
+    ) -> None:
+        """`declared`: the provider's declaration, whose name, platform and limits the sender
+        takes (handed over, so the sender imports nothing back)."""
+        self.platform = declared.platform
+        self.provider = declared.name
+        self.max_concurrency = declared.policy.max_concurrency
+        self._max_payload = declared.policy.max_payload_bytes
         self._allow_private = allow_private
         self._vapid = vapid
         connector = aiohttp.TCPConnector(resolver=None if allow_private else PublicResolver())
@@ -80,7 +88,7 @@ class UnifiedPushSender:
         )
 
     def fits(self, data: dict[str, str]) -> bool:
-        return unifiedpush_size(data) <= MAX_PAYLOAD_BYTES
+        return unifiedpush_size(data) <= self._max_payload
 
     def _request(self, message: WakeupMessage, device: Device) -> tuple[bytes, dict[str, str]]:
         body = compact_json(message.data)

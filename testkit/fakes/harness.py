@@ -23,6 +23,7 @@ from sigil_push.nostr.event import Event, sign_event
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.observations import ObservationLog, now_ms
 from sigil_push.push.factory import build_senders
+from sigil_push.push.registry import TABLES
 from sigil_push.store.factory import PostgresStore, SqliteStore
 from sigil_push.store.interface import DeviceStore, OutboxStore
 from sigil_push.store.records import Device, WebPushKeys
@@ -144,7 +145,7 @@ class Harness:
         self.database = database
         self.sender_key = SecretKey.generate()
         self.recipient_key = SecretKey.generate()
-        self.config: Config = parse_config(document, folder / "relays.toml")
+        self.config: Config = parse_config(document, folder / "relays.toml", TABLES)
         self.delivery: Delivery | None = None
 
     async def open(self) -> None:

@@ -10,6 +10,7 @@ import httpx
 from sigil_push.config import load_config
 from sigil_push.http.api import create_app
 from sigil_push.http.metrics import KNOWN_ROUTES
+from sigil_push.push.registry import TABLES
 from sigil_push.service import Service
 from testkit.deadlines import REQUEST_SECONDS, scaled
 from testkit.nip98 import SdkUser
@@ -62,7 +63,7 @@ async def test_not_serving_answers_503(tmp_path: Path) -> None:
     """Before start-up completes (and while stopping) health and the API say 503 unavailable."""
     config_file = tmp_path / "relays.toml"
     config_file.write_text("")
-    service = Service(load_config(config_file))
+    service = Service(load_config(config_file, TABLES))
     transport = httpx.ASGITransport(app=create_app(service))
     async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8080") as http:
         health = await http.get("/health")
@@ -80,7 +81,7 @@ def test_every_api_route_has_its_own_metrics_label(tmp_path: Path) -> None:
     into `other` with scanners' paths (/preferences and /presence once were)."""
     config_file = tmp_path / "relays.toml"
     config_file.write_text("")
-    app = create_app(Service(load_config(config_file)))
+    app = create_app(Service(load_config(config_file, TABLES)))
     paths = {getattr(route, "path", "") for route in app.routes}
     assert {"/preferences", "/presence", "/register"} <= paths
     assert sorted(paths - set(KNOWN_ROUTES)) == []

@@ -24,6 +24,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from sigil_push.config import parse_config
+from sigil_push.push.registry import TABLES
 from testkit.bridge_harness import new_token, register, relay_live
 from testkit.deadlines import COMMAND_SECONDS, REQUEST_SECONDS, scaled
 from testkit.nostr_client import user
@@ -167,6 +168,6 @@ def test_the_systemd_unit_verifies(tmp_path: Path) -> None:
 def test_the_sample_config_is_valid(tmp_path: Path) -> None:
     """The unit's sample relays.toml passes the service's own config validation."""
     document = tomllib.loads(SAMPLE_CONFIG.read_text())
-    config = parse_config(document, tmp_path / "relays.toml")
+    config = parse_config(document, tmp_path / "relays.toml", TABLES)
     assert config.canary is not None and config.canary.interval_seconds == 300
     assert config.server.observations_retention_days == 30

@@ -23,6 +23,7 @@ import sigil_push
 from sigil_push import cli
 from sigil_push import config as config_module
 from sigil_push.push import registry
+from sigil_push.push.registry import TABLES
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -215,5 +216,5 @@ def test_readme_cli_flags_are_the_parsers(command: str) -> None:
 def test_the_shipped_configs_load(shipped: str) -> None:
     """The configs the README and the systemd kit tell operators to copy are valid as shipped,
     and the default one keeps /metrics off the public listener, as README says."""
-    config = config_module.load_config(ROOT / shipped)
+    config = config_module.load_config(ROOT / shipped, TABLES)
     assert config.server.admin_listen == "127.0.0.1:9464"

@@ -13,6 +13,7 @@ from h2.settings import SettingCodes
 from prometheus_client import REGISTRY
 
 from sigil_push.push.apns_sender import APS
+from sigil_push.push.registry import TABLES
 from testkit.fakes.fake_apns import FakeApns
 from testkit.fakes.harness import (
     apns_token,
@@ -133,7 +134,7 @@ async def test_a_wrong_signing_key_is_refused_by_apns_and_retried(make_harness, 
     harness.document["apns"]["key_file"] = str(wrong_key)
     from sigil_push.config import parse_config
 
-    harness.config = parse_config(harness.document, harness.folder / "relays.toml")
+    harness.config = parse_config(harness.document, harness.folder / "relays.toml", TABLES)
     await harness.start()
     token = apns_token()
     await harness.enqueue([await harness.register("ios", token)])
@@ -145,14 +146,14 @@ async def test_a_wrong_signing_key_is_refused_by_apns_and_retried(make_harness, 
 
 async def test_environment_picks_apples_production_or_sandbox_host(credentials) -> None:
     """Without an endpoint override the sender talks to Apple's host for the environment."""
-    from sigil_push.push.apns import ApnsConfig
+    from sigil_push.push.apns import PROVIDER, ApnsConfig
     from sigil_push.push.apns_sender import ApnsSender
 
     hosts = {}
     for environment in ("production", "sandbox"):
         config = ApnsConfig("TEAMID1234", "KEYID12345", str(credentials.apns_key), "chat.sigil.test",
                             environment)
-        sender = await ApnsSender.create(config, credentials.apns_key, None, 5.0)
+        sender = await ApnsSender.create(config, credentials.apns_key, None, 5.0, PROVIDER)
         hosts[environment] = sender._client.pool.protocol_class.APNS_SERVER
         await sender.close()
     assert hosts == {"production": "api.push.apple.com", "sandbox": "api.development.push.apple.com"}

@@ -25,6 +25,7 @@ from sigil_push.http.validation import parse_device_token, parse_platform, parse
 from sigil_push.push import metrics, registry
 from sigil_push.push.factory import build_senders
 from sigil_push.push.provider import Provider
+from sigil_push.push.registry import TABLES
 from sigil_push.service import Service
 from testkit.deadlines import COMMAND_SECONDS, scaled
 from testkit.fakes.credentials import WebPushSubscriber
@@ -55,7 +56,7 @@ def minimal_table(provider: Provider[Any], folder: Path) -> dict[str, Any]:
 def config_with(providers: tuple[Provider[Any], ...], folder: Path) -> Config:
     document: dict[str, Any] = {"server": {"public_url": PUBLIC_URL}}
     document.update({p.name: minimal_table(p, folder) for p in providers})
-    return parse_config(document, folder / "relays.toml")
+    return parse_config(document, folder / "relays.toml", TABLES)
 
 
 def test_every_config_key_has_its_readme_entry() -> None:
@@ -98,20 +99,20 @@ def test_a_table_is_parsed_and_checked_by_its_provider(tmp_path: Path, provider:
     """`[name]` becomes the provider's typed table and enables exactly its platform; an
     unknown key or a missing file is one ConfigError naming `name.key`."""
     config = config_with((provider,), tmp_path)
-    assert isinstance(config.provider_table(provider), provider.table)
-    assert config.platforms == [provider.platform] and not config.dry_run
+    assert isinstance(registry.table(config, provider), provider.table)
+    assert registry.platforms(config) == [provider.platform] and not config.dry_run
 
     document = {"server": {"public_url": PUBLIC_URL},
                 provider.name: {**minimal_table(provider, tmp_path), "no_such_key": 1}}
     with pytest.raises(ConfigError) as unknown:
-        parse_config(document, tmp_path / "relays.toml")
+        parse_config(document, tmp_path / "relays.toml", TABLES)
     assert unknown.value.key == f"{provider.name}.no_such_key"
 
     for key in provider.file_keys:
         missing = {"server": {"public_url": PUBLIC_URL},
                    provider.name: {**minimal_table(provider, tmp_path), key: "absent.file"}}
         with pytest.raises(ConfigError) as absent:
-            parse_config(missing, tmp_path / "relays.toml")
+            parse_config(missing, tmp_path / "relays.toml", TABLES)
         assert absent.value.key == f"{provider.name}.{key}"
 
 
@@ -157,7 +158,7 @@ async def test_info_lists_exactly_the_configured_platforms(
     assert info["platforms"] == expected
     assert info["dry_run"] is (not providers)
     extras = {key for p in providers if p.info is not None
-              for key in p.info(config.provider_table(p), config.resolve)}
+              for key in p.info(registry.table(config, p), config.resolve)}
     standard = {"name", "version", "platforms", "relays", "pubkey", "dry_run"}
     assert set(info) - standard == extras
     assert all(info[key] is None for key in extras), "extras are published once serving"
@@ -170,7 +171,7 @@ async def test_the_factory_builds_each_configured_provider_from_its_entry(
     and policy; dry-run builds a logging sender for every platform."""
     tables = provider_tables(credentials, fake_apns, fake_fcm_server)
     assert set(tables) == {p.name for p in registry.PROVIDERS}, "the fakes cover every provider"
-    config = parse_config({"server": {"public_url": PUBLIC_URL}, **tables}, tmp_path / "relays.toml")
+    config = parse_config({"server": {"public_url": PUBLIC_URL}, **tables}, tmp_path / "relays.toml", TABLES)
     senders = await build_senders(config)
     try:
         assert list(senders) == list(registry.PLATFORMS)

@@ -32,6 +32,7 @@ from sigil_push.push.apns_sender import APS, apns_size
 from sigil_push.push.factory import build_senders
 from sigil_push.push.fcm_sender import fcm_size
 from sigil_push.push.payload import MAX_PAYLOAD_BYTES, sealed_data
+from sigil_push.push.registry import TABLES
 from sigil_push.push.unifiedpush_sender import unifiedpush_size
 from sigil_push.store.records import Device, Wakeup, WebPushKeys
 from testkit.deadlines import COMMAND_SECONDS, scaled
@@ -344,6 +345,7 @@ async def test_from_relay_frame_to_sealed_push_in_process(
         config = parse_config(
             document(provider_tables(credentials, fake_apns, fake_fcm_server)),
             tmp_path / "relays.toml",
+            TABLES,
         )
         delivery = Delivery(parts.outbox, parts.devices, await build_senders(config),
                             parts.observations, True, config.push, config.limits)

@@ -29,13 +29,14 @@ from sigil_push.nostr.event import sign_event
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip19 import encode_npub
 from sigil_push.observations import now_ms
-from sigil_push.push import unifiedpush
+from sigil_push.push import registry, unifiedpush
 from sigil_push.push.endpoint_guard import (
     UnsafeEndpoint,
     check_endpoint,
     is_public_address,
     parse_endpoint,
 )
+from sigil_push.push.registry import TABLES
 from sigil_push.push.vapid import (
     VapidSigner,
     load_or_create_key,
@@ -499,12 +500,12 @@ def test_a_bad_key_file_stops_the_service_naming_the_key(tmp_path: Path) -> None
 
 
 def _unifiedpush_config(tmp_path: Path, table: dict[str, Any], public_url: str) -> Config:
-    return parse_config({"server": {"public_url": public_url}, "unifiedpush": table}, tmp_path / "relays.toml")
+    return parse_config({"server": {"public_url": public_url}, "unifiedpush": table}, tmp_path / "relays.toml", TABLES)
 
 
 def test_the_subject_defaults_to_an_https_public_url(tmp_path: Path) -> None:
     config = _unifiedpush_config(tmp_path, {}, "https://push.example.org")
-    table = config.provider_table(unifiedpush.PROVIDER)
+    table = registry.table(config, unifiedpush.PROVIDER)
     assert table is not None
     assert table.vapid_subject == "https://push.example.org"
     assert config.resolve(table.vapid_private_key_file) == tmp_path / "vapid.pem"
@@ -535,7 +536,7 @@ def test_a_missing_or_invalid_subject_exits_2_naming_the_key(
 @pytest.mark.parametrize("subject", ["mailto:ops@example.org", "https://push.example.org"])
 def test_valid_subjects_are_ones_py_vapid_signs(tmp_path: Path, subject: str) -> None:
     config = _unifiedpush_config(tmp_path, {"vapid_subject": subject}, "http://127.0.0.1:8080")
-    table = config.provider_table(unifiedpush.PROVIDER)
+    table = registry.table(config, unifiedpush.PROVIDER)
     assert table is not None and table.vapid_subject == subject
     signer = VapidSigner(load_or_create_key(tmp_path / "vapid.pem"), subject)
     assert vapid_claims(signer.authorization("https://push.example.org/x"), signer.public_key,
@@ -607,7 +608,7 @@ async def test_registration_waits_for_the_endpoint_host_as_long_as_configured(
     stops start-up naming the key. (The guard's resolver asks a name server on 127.0.0.1 that
     never answers for the slow name.)"""
     config = _unifiedpush_config(tmp_path, {"endpoint_check_timeout_seconds": 0.5}, "https://push.example.org")
-    table = config.provider_table(unifiedpush.PROVIDER)
+    table = registry.table(config, unifiedpush.PROVIDER)
     assert table is not None and unifiedpush.PROVIDER.admit is not None
     async with FakeDns({"fast.example.org": ["93.184.216.34"]}, silent={"slow.example.org"}) as dns:
         outbound.use_nameservers([dns.server])
@@ -621,7 +622,7 @@ async def test_registration_waits_for_the_endpoint_host_as_long_as_configured(
             outbound.use_nameservers(None)
 
     default = _unifiedpush_config(tmp_path, {}, "https://push.example.org")
-    assert default.provider_table(unifiedpush.PROVIDER).endpoint_check_timeout_seconds == 3.0
+    assert registry.table(default, unifiedpush.PROVIDER).endpoint_check_timeout_seconds == 3.0
     with pytest.raises(ConfigError) as zero:
         _unifiedpush_config(tmp_path, {"endpoint_check_timeout_seconds": 0}, "https://push.example.org")
     assert zero.value.key == "unifiedpush.endpoint_check_timeout_seconds"

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
 
-from sigil_push.config_tables import ConfigError
+from sigil_push.config import ConfigError
 from sigil_push.store.interface import Adopt, Reshard, SessionListener
 
 
