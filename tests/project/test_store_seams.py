@@ -19,7 +19,7 @@ SQL = re.compile(
 )
 BELOW_THE_STORE = ("sigil_push.store", "sigil_push.config", "sigil_push.identity",
                    "sigil_push.nostr", "sigil_push.shards", "sigil_push.supervisor",
-                   "sigil_push.telemetry.tracebacks")
+                   "sigil_push.telemetry")
 """What the store may import: itself and the bottom layers (no delivery, bridge, relays, API)."""
 
 
