@@ -42,12 +42,12 @@ from prometheus_client import Counter, Histogram
 from sigil_push.config import CanaryConfig, Config, ConfigError
 from sigil_push.nostr.event import Event
 from sigil_push.nostr.keys import SecretKey, is_hex
+from sigil_push.nostr.kinds import DM_KINDS
 from sigil_push.nostr.nip59 import gift_wrap
 from sigil_push.observations import ObservationLog, now_ms
 from sigil_push.relays.connection import AuthSigner, BridgeKeySigner
 from sigil_push.relays.discovery import normalize_relay_url
 from sigil_push.relays.publish import publish
-from sigil_push.relays.subscriptions import DM_KINDS
 from sigil_push.telemetry.redaction import relay_label
 from sigil_push.telemetry.tracebacks import withheld
 

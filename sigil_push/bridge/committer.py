@@ -31,6 +31,7 @@ from sigil_push.bridge.metrics import (
 )
 from sigil_push.bridge.pending import Arrival, DbOp, Pending
 from sigil_push.config import STOP_GRACE_SECONDS
+from sigil_push.nostr.kinds import DIRECT_MESSAGE
 from sigil_push.observations import ObservationLog, SeenRecord
 from sigil_push.relays.discovery import RelayLists
 from sigil_push.relays.inbox import connected_inboxes
@@ -55,8 +56,6 @@ one event that land in several batches are appended to its `seen_events` row in 
 FURTHER_HOLD_EVENTS = 10_000
 
 CommitListener = Callable[[Sequence[tuple[str, int]]], None]
-DIRECT_MESSAGE = 4
-"""The one kind whose author is visible: mute lists and follows-only apply to it alone."""
 PAUSED, PRESENT = "paused", "present"
 _STRENGTH = {reason: rank for rank, reason in enumerate(SUPPRESS_REASONS)}
 LapseMark = tuple[str, str, int]

@@ -27,10 +27,15 @@ from sigil_push.bridge.user_lists import USER_LIST_KINDS_SET, user_list_of
 from sigil_push.bridge.verified import RecentlyVerified, Verified
 from sigil_push.config import BridgeConfig
 from sigil_push.nostr.event import Event, InvalidEvent, compute_id
+from sigil_push.nostr.kinds import DM_KINDS
 from sigil_push.relays.budget import ConnectionBudget
-from sigil_push.relays.discovery import LIST_KINDS_SET, SUBSCRIBED_LIST_KINDS_SET, RelayLists
+from sigil_push.relays.discovery import (
+    LIST_KINDS_SET,
+    SUBSCRIBED_LIST_KINDS,
+    SUBSCRIBED_LIST_KINDS_SET,
+    RelayLists,
+)
 from sigil_push.relays.port import Frame, Outcome, RelayFeed, Stored, Verdict
-from sigil_push.relays.subscriptions import DM_KINDS
 from sigil_push.store.interface import SeenStore
 from sigil_push.store.preferences import UserList
 from sigil_push.telemetry.memory_gauges import track
@@ -547,7 +552,9 @@ class Ingest:
 
 
 _ADDRESSING = re.compile(
-    r'"p"\s*,\s*"([0-9a-f]{64})"|"kind"\s*:\s*(10050|10002|10000|3)\b'
+    r'"p"\s*,\s*"([0-9a-f]{64})"|"kind"\s*:\s*('
+    + "|".join(str(kind) for kind in SUBSCRIBED_LIST_KINDS)
+    + r')\b'
 )
 """A `p` tag's key, or a list kind (relays, mutes, contacts), in a raw EVENT frame (one pass
 over the text)."""

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from sigil_push.bridge.metrics import USER_LISTS_BY
 from sigil_push.nostr.event import Event
+from sigil_push.nostr.kinds import USER_LISTS
 from sigil_push.store.preferences import UserList
-from sigil_push.store.records import KEY_BYTES, USER_LIST_KINDS, pack_keys
+from sigil_push.store.records import KEY_BYTES, pack_keys
 
-USER_LIST_KINDS_SET = frozenset(USER_LIST_KINDS)
+USER_LIST_KINDS_SET = frozenset(USER_LISTS)
 MAX_LIST_ENTRIES = 10_000
 _HEX = frozenset("0123456789abcdef")
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from sigil_push.nostr.event import Event, sign_event
 from sigil_push.nostr.keys import SecretKey
-
-AUTH_KIND = 22242
+from sigil_push.nostr.kinds import CLIENT_AUTH
 
 
 def auth_event(key: SecretKey, relay_url: str, challenge: str) -> Event:
     """Sign the AUTH answer for `challenge` from the relay at `relay_url`."""
-    return sign_event(key, AUTH_KIND, "", [["relay", relay_url], ["challenge", challenge]])
+    return sign_event(key, CLIENT_AUTH, "", [["relay", relay_url], ["challenge", challenge]])

@@ -18,10 +18,9 @@ import nostr_sdk
 
 from sigil_push.nostr.event import Event, InvalidEvent, sign_event
 from sigil_push.nostr.keys import SecretKey, is_public_key
-from sigil_push.nostr.nip42 import AUTH_KIND
+from sigil_push.nostr.kinds import CLIENT_AUTH, NOSTR_CONNECT
 
-REQUEST_KIND = 24133
-PERMISSIONS = f"sign_event:{AUTH_KIND}"
+PERMISSIONS = f"sign_event:{CLIENT_AUTH}"
 ALLOWED_METHODS = frozenset({"connect", "get_public_key", "sign_event"})
 MAX_SIGNER_RELAYS = 5
 MAX_SECRET_LENGTH = 256
@@ -81,7 +80,7 @@ def _request(client: SecretKey, signer_pubkey: str, method: str, params: list[st
     plaintext = json.dumps({"id": request_id, "method": method, "params": params})
     secret, public = _sdk_keys(client, signer_pubkey)
     content = nostr_sdk.nip44_encrypt(secret, public, plaintext, nostr_sdk.Nip44Version.V2)
-    return request_id, sign_event(client, REQUEST_KIND, content, [["p", signer_pubkey]])
+    return request_id, sign_event(client, NOSTR_CONNECT, content, [["p", signer_pubkey]])
 
 
 def connect_request(client: SecretKey, bunker: BunkerUri) -> tuple[str, Event]:
@@ -101,7 +100,7 @@ def sign_auth_request(
 ) -> tuple[str, Event]:
     """The only signing request that exists: a NIP-42 AUTH event for `relay_url`."""
     template = {
-        "kind": AUTH_KIND,
+        "kind": CLIENT_AUTH,
         "content": "",
         "tags": [["relay", relay_url], ["challenge", challenge]],
         "created_at": created_at,
@@ -118,7 +117,7 @@ class Response:
 
 def read_response(client: SecretKey, event: Event) -> Response:
     """Decrypt a kind 24133 answer addressed to `client`; raises SignerError if unreadable."""
-    if event.kind != REQUEST_KIND:
+    if event.kind != NOSTR_CONNECT:
         raise SignerError("not a NIP-46 message")
     secret, public = _sdk_keys(client, event.pubkey)
     try:
@@ -143,7 +142,7 @@ def signed_auth_event(result: str, user_pubkey: str, relay_url: str, challenge: 
     except (ValueError, RecursionError, InvalidEvent) as exc:  # RecursionError: deep nesting
         raise SignerError("signer returned an invalid event") from exc
     if (
-        event.kind != AUTH_KIND
+        event.kind != CLIENT_AUTH
         or event.pubkey != user_pubkey
         or event.first_tag("relay") != relay_url
         or event.first_tag("challenge") != challenge

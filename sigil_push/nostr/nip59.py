@@ -17,10 +17,8 @@ import nostr_sdk
 
 from sigil_push.nostr.event import Event, compute_id, sign_event
 from sigil_push.nostr.keys import SecretKey
+from sigil_push.nostr.kinds import CHAT_MESSAGE, GIFT_WRAP, SEAL
 
-RUMOR_KIND = 14
-SEAL_KIND = 13
-GIFT_WRAP_KIND = 1059
 MAX_BACKDATE_SECONDS = 2 * 24 * 3600
 
 
@@ -52,16 +50,16 @@ def gift_wrap(
     moment = int(time.time()) if now is None else now
     rumor_tags = [["p", recipient_hex]]
     rumor = {
-        "id": compute_id(author.public_key_hex, moment, RUMOR_KIND, (("p", recipient_hex),), text),
+        "id": compute_id(author.public_key_hex, moment, CHAT_MESSAGE, (("p", recipient_hex),), text),
         "pubkey": author.public_key_hex,
         "created_at": moment,
-        "kind": RUMOR_KIND,
+        "kind": CHAT_MESSAGE,
         "tags": rumor_tags,
         "content": text,
     }
     seal = sign_event(
         author,
-        SEAL_KIND,
+        SEAL,
         _nip44(author, recipient_hex, json.dumps(rumor, separators=(",", ":"))),
         created_at=_backdated(moment),
     )
@@ -71,7 +69,7 @@ def gift_wrap(
         wrap_tags.append(["expiration", str(expiration)])
     wrap = sign_event(
         one_time,
-        GIFT_WRAP_KIND,
+        GIFT_WRAP,
         _nip44(one_time, recipient_hex, json.dumps(seal.to_json(), separators=(",", ":"))),
         wrap_tags,
         created_at=_backdated(moment),

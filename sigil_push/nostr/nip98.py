@@ -19,8 +19,8 @@ from collections.abc import Sequence
 
 from sigil_push.nostr.event import Event, InvalidEvent, sign_event
 from sigil_push.nostr.keys import SecretKey
+from sigil_push.nostr.kinds import HTTP_AUTH
 
-HTTP_AUTH_KIND = 27235
 MAX_CLOCK_SKEW_SECONDS = 60
 SCHEME = "Nostr"
 
@@ -77,8 +77,8 @@ def verify_http_auth(
         event = Event.from_json(decoded)
     except InvalidEvent as exc:
         raise AuthInvalid(f"token is not a Nostr event ({exc.reason})") from None
-    if event.kind != HTTP_AUTH_KIND:
-        raise AuthInvalid(f"auth event must be kind {HTTP_AUTH_KIND}")
+    if event.kind != HTTP_AUTH:
+        raise AuthInvalid(f"auth event must be kind {HTTP_AUTH}")
     try:
         event.verify()
     except InvalidEvent as exc:
@@ -105,6 +105,6 @@ def make_http_auth(
     tags: list[Sequence[str]] = [["u", url], ["method", method.upper()]]
     if body:
         tags.append(["payload", hashlib.sha256(body).hexdigest()])
-    event = sign_event(key, HTTP_AUTH_KIND, "", tags, created_at)
+    event = sign_event(key, HTTP_AUTH, "", tags, created_at)
     encoded = base64.b64encode(json.dumps(event.to_json(), separators=(",", ":")).encode())
     return f"{SCHEME} {encoded.decode()}"

@@ -13,14 +13,12 @@ from urllib.parse import urlsplit
 
 from sigil_push.hosts import InvalidHost, canonical_host, check_host
 from sigil_push.nostr.event import Event
+from sigil_push.nostr.kinds import DM_RELAY_LISTS, DM_RELAYS, RELAY_LIST, USER_LISTS
 from sigil_push.store.interface import RelayStateStore
 from sigil_push.telemetry.memory_gauges import track
 
-DM_RELAYS_KIND = 10050
-RELAY_LIST_KIND = 10002
-LIST_KINDS = (DM_RELAYS_KIND, RELAY_LIST_KIND)
-LIST_KINDS_SET = frozenset(LIST_KINDS)
-SUBSCRIBED_LIST_KINDS = (*LIST_KINDS, 10000, 3)
+LIST_KINDS_SET = frozenset(DM_RELAY_LISTS)
+SUBSCRIBED_LIST_KINDS = (*DM_RELAY_LISTS, *USER_LISTS)
 """What the bridge asks for by author: the relay lists, and the users' mute (NIP-51 kind 10000)
 and contact (kind 3) lists that decide what wakes them (issue 20)."""
 SUBSCRIBED_LIST_KINDS_SET = frozenset(SUBSCRIBED_LIST_KINDS)
@@ -69,9 +67,9 @@ def relays_in_list(event: Event, allow_insecure: bool) -> tuple[str, ...]:
     for tag in event.tags:
         if len(tag) < 2:
             continue
-        if event.kind == DM_RELAYS_KIND and tag[0] == "relay":
+        if event.kind == DM_RELAYS and tag[0] == "relay":
             wanted = True
-        elif event.kind == RELAY_LIST_KIND and tag[0] == "r":
+        elif event.kind == RELAY_LIST and tag[0] == "r":
             wanted = len(tag) < 3 or tag[2] in ("", "read")
         else:
             wanted = False
@@ -99,10 +97,10 @@ class RelayLists:
 
     def relays_of(self, pubkey: str) -> tuple[str, ...]:
         """NIP-17 says DMs go to the 10050 relays; NIP-65 read relays are the fallback."""
-        dm = self._lists.get((pubkey, DM_RELAYS_KIND))
+        dm = self._lists.get((pubkey, DM_RELAYS))
         if dm is not None:
             return dm[1]
-        general = self._lists.get((pubkey, RELAY_LIST_KIND))
+        general = self._lists.get((pubkey, RELAY_LIST))
         return general[1] if general is not None else ()
 
     def offer(self, event: Event) -> bool:
@@ -121,10 +119,10 @@ class RelayLists:
         gone = [
             p
             for p in pubkeys
-            if (p, DM_RELAYS_KIND) in self._lists or (p, RELAY_LIST_KIND) in self._lists
+            if (p, DM_RELAYS) in self._lists or (p, RELAY_LIST) in self._lists
         ]
         for pubkey in gone:
-            for kind in (DM_RELAYS_KIND, RELAY_LIST_KIND):
+            for kind in (DM_RELAYS, RELAY_LIST):
                 self._lists.pop((pubkey, kind), None)
                 self._unsaved.pop((pubkey, kind), None)
         return gone

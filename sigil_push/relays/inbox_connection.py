@@ -23,11 +23,11 @@ from typing import Any, Literal, Protocol
 from prometheus_client import Counter
 
 from sigil_push.config import BridgeConfig
+from sigil_push.nostr.kinds import DM_KINDS
 from sigil_push.observations import ObservationLog
 from sigil_push.relays.connection import AuthSigner, AuthUnavailable, RelayConnection
 from sigil_push.relays.labels import series_label
 from sigil_push.relays.port import BridgePort
-from sigil_push.relays.subscriptions import DM_KINDS
 from sigil_push.supervisor import BackgroundTasks
 from sigil_push.telemetry.redaction import relay_label
 

@@ -30,6 +30,7 @@ from typing import Any
 from prometheus_client import Gauge
 
 from sigil_push.config import BridgeConfig
+from sigil_push.nostr.kinds import DM_KINDS
 from sigil_push.observations import ObservationLog
 from sigil_push.relays import catchup_metrics
 from sigil_push.relays.connection import BACKOFF, CONNECTED, GATED, AuthSigner, RelayConnection
@@ -523,7 +524,7 @@ class RelayPool:
         if target is None:
             return
         keys, since = target
-        query: dict[str, Any] = {"kinds": [4, 1059], "since": since}
+        query: dict[str, Any] = {"kinds": list(DM_KINDS), "since": since}
         if keys is not None:
             query["#p"] = keys
         before = reconciler.count.bytes

@@ -40,7 +40,8 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
 from sigil_push.nostr.event import Event, InvalidEvent
 from sigil_push.nostr.keys import SecretKey
-from sigil_push.nostr.nip46 import REQUEST_KIND, Response, SignerError, read_response
+from sigil_push.nostr.kinds import NOSTR_CONNECT
+from sigil_push.nostr.nip46 import Response, SignerError, read_response
 from sigil_push.outbound import GuardedSocket, open_relay_socket
 from sigil_push.relays.budget import ConnectionBudget
 from sigil_push.relays.connection import wire_log
@@ -273,7 +274,7 @@ class SignerRelayLink:
         """
         chunk = self._chunks[index]
         subscription = {
-            "kinds": [REQUEST_KIND],
+            "kinds": [NOSTR_CONNECT],
             "#p": chunk,
             "since": int(time.time()) - LOOKBACK_SECONDS,
         }
@@ -334,7 +335,7 @@ class SignerRelayLink:
             self._invalid.invalid()
             return
         keys = self._subscribed_keys(message[1])
-        client = None if keys is None or event.kind != REQUEST_KIND else next(
+        client = None if keys is None or event.kind != NOSTR_CONNECT else next(
             (self._clients[p] for p in event.tag_values("p") if p in keys and p in self._clients),
             None,
         )

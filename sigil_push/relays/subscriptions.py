@@ -22,10 +22,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from sigil_push.nostr.kinds import DM_KINDS
 from sigil_push.relays.discovery import SUBSCRIBED_LIST_KINDS
 from sigil_push.relays.nip11 import RelayLimits
 
-DM_KINDS = (4, 1059)
 KEY_BYTES_IN_FILTER = 67  # 64 hex digits, two quotes, one comma
 REQ_OVERHEAD_BYTES = 512
 MAX_PAGES_PER_CATCHUP = 1_000

@@ -24,7 +24,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from sigil_push.store.records import CONTACTS_KIND, MUTE_LIST_KIND, Device, has_key
+from sigil_push.nostr.kinds import CONTACTS, MUTE_LIST
+from sigil_push.store.records import Device, has_key
 
 MUTED = "muted"
 NOT_FOLLOWED = "not_followed"
@@ -46,14 +47,14 @@ def _reasons(
         if rules is None:
             continue
         muted = private.get(device.id)
-        mute_list = lists.get((device.pubkey, MUTE_LIST_KIND)) if rules.mute_list else None
+        mute_list = lists.get((device.pubkey, MUTE_LIST)) if rules.mute_list else None
         if (muted is not None and has_key(muted, author)) or (
             mute_list is not None and has_key(mute_list, author)
         ):
             reasons[device.id] = MUTED
             continue
         if rules.senders == "follows" and rules.follows_known:
-            follows = lists.get((device.pubkey, CONTACTS_KIND))
+            follows = lists.get((device.pubkey, CONTACTS))
             if follows is not None and not has_key(follows, author):
                 reasons[device.id] = NOT_FOLLOWED
     return reasons

@@ -10,6 +10,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
+from sigil_push.nostr.kinds import CONTACTS, MUTE_LIST
+
 if TYPE_CHECKING:
     from hashlib import _Hash as Hash
 
@@ -57,9 +59,6 @@ class WebPushKeys:
 
 
 SENDERS = ("anyone", "follows")
-MUTE_LIST_KIND = 10000
-CONTACTS_KIND = 3
-USER_LIST_KINDS = (MUTE_LIST_KIND, CONTACTS_KIND)
 KEY_BYTES = 32
 
 RULE_COLUMNS = "pause_until, senders, present_until, muted_count, list_flags"
@@ -67,8 +66,9 @@ RULE_COLUMNS = "pause_until, senders, present_until, muted_count, list_flags"
 npub's stored lists (1: a kind 10000 with entries, 2: a kind 3), kept on the pair's row by
 whoever writes a list or a pair (`LIST_FLAGS`), so that reading a device asks nothing more."""
 LIST_FLAGS = (
-    "(SELECT COALESCE(SUM(CASE WHEN l.kind = 10000 AND l.entry_count > 0 THEN 1"
-    " WHEN l.kind = 3 THEN 2 ELSE 0 END), 0) FROM user_lists l WHERE l.pubkey = {pubkey})"
+    f"(SELECT COALESCE(SUM(CASE WHEN l.kind = {MUTE_LIST} AND l.entry_count > 0 THEN 1"
+    f" WHEN l.kind = {CONTACTS} THEN 2 ELSE 0 END), 0) FROM user_lists l"
+    " WHERE l.pubkey = {pubkey})"
 )
 """`list_flags` as the stored lists of the npub `{pubkey}` (a column or a placeholder) say:
 computed when a pair is written and, for every pair of the npub, when one of its lists is."""

@@ -25,7 +25,8 @@ from sigil_push.bridge.committer import Committer
 from sigil_push.bridge.pending import Arrival
 from sigil_push.nostr.event import Event, sign_event
 from sigil_push.nostr.keys import SecretKey
-from sigil_push.relays.discovery import DM_RELAYS_KIND, RelayLists
+from sigil_push.nostr.kinds import DM_RELAYS
+from sigil_push.relays.discovery import RelayLists
 from sigil_push.store.postgres.bridge_state import PostgresRelayState, PostgresSeenRows
 from sigil_push.store.postgres.database import PostgresDatabase
 from sigil_push.store.postgres.migrate import migrate
@@ -191,7 +192,7 @@ async def test_overlapping_committers_wait_instead_of_deadlocking(
 
 
 def _list_of(key: SecretKey, relay: str) -> Event:
-    return sign_event(key, DM_RELAYS_KIND, "", [("relay", relay)], 1_700_000_000)
+    return sign_event(key, DM_RELAYS, "", [("relay", relay)], 1_700_000_000)
 
 
 async def test_overlapping_workers_save_relay_lists_without_deadlock(postgres_url: str) -> None:
@@ -216,7 +217,7 @@ async def test_overlapping_workers_save_relay_lists_without_deadlock(postgres_ur
             await db.close()
 
     sql = "INSERT INTO relay_lists (pubkey, kind, created_at, relays) VALUES ($1, $2, 1, '[]')"
-    held: list[Hold] = [(sql, (k.public_key_hex, DM_RELAYS_KIND)) for k in (p, q)]
+    held: list[Hold] = [(sql, (k.public_key_hex, DM_RELAYS)) for k in (p, q)]
     assert await _race(postgres_url, held, (lambda: save(0), lambda: save(1))) == [None, None]
     connection = await asyncpg.connect(postgres_url)
     try:

@@ -12,7 +12,8 @@ import pytest
 
 from sigil_push.nostr.event import Event, sign_event
 from sigil_push.nostr.keys import SecretKey
-from sigil_push.relays.discovery import DM_RELAYS_KIND, RelayLists
+from sigil_push.nostr.kinds import DM_RELAYS
+from sigil_push.relays.discovery import RelayLists
 from sigil_push.store.postgres.bridge_state import PostgresRelayState
 from sigil_push.store.postgres.database import PostgresDatabase
 from sigil_push.store.postgres.migrate import migrate
@@ -20,7 +21,7 @@ from testkit.deadlines import scaled
 
 
 def _list_of(key: SecretKey, relay: str) -> Event:
-    return sign_event(key, DM_RELAYS_KIND, "", [("relay", relay)], 1_700_000_000)
+    return sign_event(key, DM_RELAYS, "", [("relay", relay)], 1_700_000_000)
 
 
 async def test_lists_a_failed_save_did_not_store_are_saved_next_time(postgres_url: str) -> None:
@@ -41,7 +42,7 @@ async def test_lists_a_failed_save_did_not_store_are_saved_next_time(postgres_ur
         await holder.execute("BEGIN")
         await holder.execute(
             "INSERT INTO relay_lists (pubkey, kind, created_at, relays) VALUES ($1, $2, 1, '[]')",
-            x.public_key_hex, DM_RELAYS_KIND)
+            x.public_key_hex, DM_RELAYS)
         saving = asyncio.create_task(lists.save())
         deadline = asyncio.get_running_loop().time() + scaled(60)
         while not await watcher.fetchval(

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from sigil_push.nostr.kinds import CONTACTS, MUTE_LIST
 from sigil_push.store.postgres.database import PostgresDatabase
 from sigil_push.store.preferences import ListChecks, UserList
-from sigil_push.store.records import CONTACTS_KIND, LIST_FLAGS, MUTE_LIST_KIND
+from sigil_push.store.records import LIST_FLAGS
 
 
 class PostgresUserLists(ListChecks):
@@ -63,8 +64,8 @@ class PostgresUserLists(ListChecks):
     ) -> dict[tuple[str, int], bytes]:
         rows = await self._db.fetch(
             "SELECT pubkey, kind, entries FROM user_lists"
-            f" WHERE (kind = {MUTE_LIST_KIND} AND pubkey = ANY($1::text[]))"
-            f" OR (kind = {CONTACTS_KIND} AND pubkey = ANY($2::text[]))",
+            f" WHERE (kind = {MUTE_LIST} AND pubkey = ANY($1::text[]))"
+            f" OR (kind = {CONTACTS} AND pubkey = ANY($2::text[]))",
             muting, following,
         )
         return {(str(row[0]), int(row[1])): bytes(row[2]) for row in rows}

@@ -9,8 +9,9 @@ from collections.abc import Sequence
 
 import aiosqlite
 
+from sigil_push.nostr.kinds import CONTACTS, MUTE_LIST
 from sigil_push.store.preferences import ListChecks, UserList
-from sigil_push.store.records import CONTACTS_KIND, LIST_FLAGS, MUTE_LIST_KIND
+from sigil_push.store.records import LIST_FLAGS
 
 
 class SqliteUserLists(ListChecks):
@@ -55,7 +56,7 @@ class SqliteUserLists(ListChecks):
         # `IN ()` would make SQLite scan the table instead)
         wanted = [
             f"(kind = {kind} AND pubkey IN ({','.join('?' * len(owners))}))"
-            for kind, owners in ((MUTE_LIST_KIND, muting), (CONTACTS_KIND, following))
+            for kind, owners in ((MUTE_LIST, muting), (CONTACTS, following))
             if owners
         ]
         rows = await self._db.execute_fetchall(
