@@ -41,6 +41,16 @@ from prometheus_client import Counter, Gauge
 from sigil_push.nostr.event import Event
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip42 import auth_event
+from sigil_push.nostr.relay_message import (
+    AuthChallenge,
+    Closed,
+    Eose,
+    EventMessage,
+    InvalidRelayMessage,
+    Notice,
+    Ok,
+    parse_relay_message,
+)
 from sigil_push.observations import ObservationLog
 from sigil_push.relays.budget import ConnectionBudget
 from sigil_push.relays.labels import USER_RELAYS, series_label
@@ -537,41 +547,39 @@ class RelayConnection:
         ):
             self.last_event_at = received_ms // 1000
             return
-        try:
-            message = json.loads(frame) if isinstance(frame, str) else None
-        except (ValueError, RecursionError):
-            # deeply nested JSON raises RecursionError: junk like any other, never fatal
-            message = None
-        if not isinstance(message, list) or len(message) < 2 or not isinstance(message[0], str):
+        if not isinstance(frame, str):
             self._malformed_frame()
             return
-        verb = message[0]
-        if verb == "EVENT" and len(message) >= 3 and isinstance(message[1], str):
+        try:
+            message = parse_relay_message(frame)
+        except InvalidRelayMessage:
+            self._malformed_frame()
+            return
+        if isinstance(message, EventMessage):
             self.last_event_at = received_ms // 1000
-            self._handler.on_event(self, message[1], message[2], received_ms)
-        elif verb == "EOSE" and isinstance(message[1], str):
-            self._eose(message[1])
-        elif verb == "CLOSED" and isinstance(message[1], str):
-            self._closed(message[1], message[2] if len(message) > 2 else "")
-        elif verb == "NOTICE":
-            self._notice(message[1])
-        elif verb == "AUTH" and isinstance(message[1], str):
-            self._challenge(message[1])
-        elif verb == "OK":
+            self._handler.on_event(self, message.sub_id, message.event, received_ms)
+        elif isinstance(message, Eose):
+            self._eose(message.sub_id)
+        elif isinstance(message, Closed):
+            self._closed(message.sub_id, message.message)
+        elif isinstance(message, Notice):
+            self._notice(message.message)
+        elif isinstance(message, AuthChallenge):
+            self._challenge(message.challenge)
+        elif isinstance(message, Ok):
             self._ok(message)
-        else:
+        else:  # NEG-MSG, NEG-ERR: the reader opens no negentropy exchange
             self._malformed_frame()
 
-    def _ok(self, message: list[Any]) -> None:
+    def _ok(self, message: Ok) -> None:
         """An OK for one of our AUTH events goes to the responder; other OKs mean nothing here."""
-        event_id = message[1]
-        if not isinstance(event_id, str) or event_id not in self._auths_sent:
+        if message.event_id not in self._auths_sent:
             return
-        del self._auths_sent[event_id]
+        del self._auths_sent[message.event_id]
         if isinstance(self._signer, AuthResponder):
-            accepted = len(message) > 2 and message[2] is True
-            reason = _prefix(message[3]) if len(message) > 3 else ""
-            self._signer.on_auth_result(self, event_id, accepted, reason)
+            self._signer.on_auth_result(
+                self, message.event_id, message.accepted, _prefix(message.message)
+            )
 
     def _invalid_budget_spent(self) -> None:
         """Too many invalid events on this socket: drop it (the reader backs off)."""

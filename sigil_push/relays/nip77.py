@@ -34,6 +34,7 @@ import aiohttp
 
 from sigil_push.nostr.nip77 import Items, ProtocolError, Reconciliation, SortedItems
 from sigil_push.nostr.nip77_snapshot import LayeredItems, SnapshotItems
+from sigil_push.nostr.relay_message import Closed, NegErr, NegMsg, Notice, parse_relay_message
 from sigil_push.relays.reader_socket import ReaderSocket, open_reader
 from sigil_push.telemetry.memory_gauges import track
 from sigil_push.telemetry.redaction import redact_keys, relay_label
@@ -246,18 +247,16 @@ class Reconciler:
                 text: str = frame.data
                 self.count.frames += 1
                 self.count.bytes += len(text)
-                message = json.loads(text)
-                if not isinstance(message, list) or not message:
-                    raise ProtocolError("not a relay message")
-                verb = message[0]
-                if verb in ("CLOSED", "NOTICE"):
+                # a frame that is no relay message ends the exchange (InvalidRelayMessage
+                # is a ValueError, as bad JSON was)
+                message = parse_relay_message(text)
+                if isinstance(message, Closed | Notice):
                     raise NegentropyFailed("refused")
-                if len(message) < 3 or message[1] != sub_id:
-                    continue  # AUTH, or an answer to an exchange closed before
-                if verb == "NEG-ERR":
+                if isinstance(message, NegErr) and message.sub_id == sub_id:
                     raise NegentropyFailed("neg_err")
-                if verb == "NEG-MSG" and isinstance(message[2], str):
-                    return bytes.fromhex(message[2])
+                if isinstance(message, NegMsg) and message.sub_id == sub_id:
+                    return bytes.fromhex(message.payload)
+                # AUTH, an event, or an answer to an exchange closed before: passed over
 
     async def _open(self) -> ReaderSocket:
         if self._socket is not None:

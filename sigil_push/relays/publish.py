@@ -22,6 +22,12 @@ from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
 from sigil_push.nostr.event import Event
+from sigil_push.nostr.relay_message import (
+    AuthChallenge,
+    InvalidRelayMessage,
+    Ok,
+    parse_relay_message,
+)
 from sigil_push.outbound import open_relay_socket
 from sigil_push.relays.connection import AuthSigner, AuthUnavailable
 
@@ -129,27 +135,24 @@ class _Publication:
 
     async def _on_frame(self, ws: ClientConnection, raw: str | bytes) -> PublishResult | None:
         try:
-            message = json.loads(raw)
-        except (ValueError, RecursionError):  # RecursionError: deep nesting
+            message = parse_relay_message(raw)
+        except InvalidRelayMessage:
             return None
-        if not isinstance(message, list) or len(message) < 2:
+        if isinstance(message, AuthChallenge):
+            self._challenge = message.challenge
+        elif not isinstance(message, Ok):
             return None
-        verb = message[0]
-        if verb == "AUTH" and isinstance(message[1], str):
-            self._challenge = message[1]
-        elif verb != "OK" or len(message) < 3:
-            return None
-        elif self._auth_id is not None and message[1] == self._auth_id:
+        elif self._auth_id is not None and message.event_id == self._auth_id:
             if self._authenticated:
                 return None
-            if message[2] is not True:
-                return PublishResult(False, "auth_refused", _clean(_text(message)))
+            if not message.accepted:
+                return PublishResult(False, "auth_refused", _clean(message.message))
             await self._authenticated_again(ws)
             return None
-        elif message[1] in (self._event.id, ""):
+        elif message.event_id in (self._event.id, ""):
             # nostr-relay answers a refusal with an empty id
-            text = _clean(_text(message))
-            if message[2] is True:
+            text = _clean(message.message)
+            if message.accepted:
                 return PublishResult(True, "accepted", text, self._sent_ms)
             if self._auth_id is not None or _prefix(text) not in AUTH_PREFIXES:
                 return PublishResult(False, "rejected", text)
@@ -167,7 +170,3 @@ class _Publication:
             return
         self._auth_id = auth.id
         await ws.send(json.dumps(["AUTH", auth.to_json()], separators=(",", ":")))
-
-
-def _text(message: list[Any]) -> Any:
-    return message[3] if len(message) > 3 else ""

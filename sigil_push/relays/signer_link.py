@@ -42,6 +42,7 @@ from sigil_push.nostr.event import Event, InvalidEvent
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.kinds import NOSTR_CONNECT
 from sigil_push.nostr.nip46 import Response, SignerError, read_response
+from sigil_push.nostr.relay_message import EventMessage, InvalidRelayMessage, relay_message
 from sigil_push.outbound import GuardedSocket, open_relay_socket
 from sigil_push.relays.budget import ConnectionBudget
 from sigil_push.relays.connection import wire_log
@@ -325,16 +326,23 @@ class SignerRelayLink:
         """One frame: the cheap refusals (our subscription, its key in `p`, a signer we wait
         on, an id not checked before) come before the signature check and the decryption."""
         try:
-            message: Any = json.loads(frame)
-            if not (isinstance(message, list) and message[:1] == ["EVENT"] and len(message) == 3):
-                FRAMES.labels("ignored").inc()
-                return
-            event = Event.from_json(message[2])
-        except (ValueError, InvalidEvent, RecursionError):
+            message = relay_message(json.loads(frame))
+        except InvalidRelayMessage:
+            message = None
+        except (ValueError, RecursionError):
             FRAMES.labels("garbage").inc()
             self._invalid.invalid()
             return
-        keys = self._subscribed_keys(message[1])
+        if not isinstance(message, EventMessage):
+            FRAMES.labels("ignored").inc()
+            return
+        try:
+            event = Event.from_json(message.event)
+        except (ValueError, InvalidEvent):
+            FRAMES.labels("garbage").inc()
+            self._invalid.invalid()
+            return
+        keys = self._subscribed_keys(message.sub_id)
         client = None if keys is None or event.kind != NOSTR_CONNECT else next(
             (self._clients[p] for p in event.tag_values("p") if p in keys and p in self._clients),
             None,
