@@ -27,7 +27,7 @@ request, checks nothing) or `python` (the test suite's fake, h2 in Python, which
 provider token and topic as Apple does and takes most of a core at these rates). The test suite's
 fake stays the correctness check; for a speed ratio it competed with the measured process for
 the same 2 cores, so the bare client waited on it (this process 0.41-0.64 busy) and its CPU per
-push swung by a third between trials (113-177 µs in session 7).
+push swung by a third between trials (113-177 µs in the runs of 2026-11-23 at 73acf75).
 
 Running a subset of `--providers` keeps the other providers' last results in the file, marked
 `kept_from_earlier_run` (a fresh entry carries `measured_at`).

@@ -14,7 +14,7 @@ against the bare client run for run:
   every 0.25 s, this harness's depth poll) would run 56x as often per push as natively, and
   the smaller bursts would cost more per push. The pipeline child stretches those intervals
   by `--timer-scale` (default 56, measured) so each keeps its native share per push;
-  `--timer-scale 1` counts them at valgrind's pace (session 7: 0.835 that way).
+  `--timer-scale 1` counts them at valgrind's pace (2026-11-23 at 73acf75: 0.835 that way).
 
 Both sides do what bench/push.py's do: the bare side is `bench.push.bare_apns` (the service's
 own aioapns client, same body, headers and apns-ids, `concurrency` loops, no outbox); the

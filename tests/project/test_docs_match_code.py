@@ -168,7 +168,9 @@ def test_the_metrics_reference_lists_every_metric_with_its_labels() -> None:
     assert metrics_reference() == exported
 
 
-@pytest.mark.parametrize("document", ["README.md", "docs/operations.md", "docs/bridge.md"])
+@pytest.mark.parametrize(
+    "document", ["README.md", "docs/operations.md", "docs/bridge.md", "docs/performance.md"]
+)
 def test_every_metric_the_docs_name_exists(document: str) -> None:
     """A renamed or removed metric leaves no name behind in the docs (alerts and dashboards
     built from them would show nothing)."""
