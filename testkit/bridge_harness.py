@@ -24,7 +24,9 @@ from testkit.deadlines import REQUEST_SECONDS, scaled
 from testkit.nostr_client import npub_of, secret_hex_of
 from testkit.service import ServiceProcess
 
-WAKEUP = re.compile(r"dry-run wakeup platform=\S+ token=\S+ events=([0-9a-f,]+)")
+WAKEUP = re.compile(r"dry-run wakeup token=\S+ event_ids=([0-9a-f,]+)")
+"""The dry-run sender's DEBUG line (service processes run at DEBUG); its INFO line names no
+event id."""
 DEADLINE_SECONDS = 60.0
 """Generous: xdist workers on a machine shared by others can stretch a live relay-list
 follow past 30 s (seen at load 12); a passing wait returns as soon as its condition holds."""

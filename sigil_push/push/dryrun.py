@@ -1,9 +1,12 @@
 """The dry-run provider: with no provider table configured, every platform is accepted and
 each wakeup is logged (without tokens or keys) instead of sent.
 
-The line names the platform, the token's last six characters and how many events the wakeup
-stands for: never an event id, which anyone can look up on the relay to learn the recipient
-(and for a kind 4 the sender), as the README promises."""
+The INFO line names the platform, the token's last six characters and how many events the
+wakeup stands for: never an event id, which anyone can look up on the relay to learn the
+recipient (and for a kind 4 the sender), as the README promises. Only at DEBUG, which no
+production instance runs at, a second line names the event ids: what a newcomer trying the
+service (and the test suite's service processes) needs to see which event woke which trial
+device."""
 
 from __future__ import annotations
 
@@ -35,6 +38,9 @@ class DryRunSender:
             "dry-run wakeup platform=%s token=…%s events=%d",
             self.platform, device.token_suffix, len(message.event_ids),
         )
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("dry-run wakeup token=…%s event_ids=%s",
+                      device.token_suffix, ",".join(message.event_ids))
         return Outcome(Status.ACCEPTED, detail="dry-run")
 
     async def close(self) -> None:
