@@ -160,6 +160,28 @@ class BridgeConfig:
     lease_seconds: float = 15.0
     # catch up with NIP-77 (negentropy) on relays that answer it; false: paged REQ only
     negentropy: bool = True
+    # a public event (kinds 1, 6, 7, 16) naming more keys than this wakes no one ("crowded");
+    # 0: no limit
+    max_p_tags: int = 10
+    # mentions, reposts, reactions and zaps older than this are not pushed ("stale"), nor
+    # caught up further back: a number and a unit, s, m, h or d
+    stale_after: str = "1h"
+
+    @property
+    def stale_after_seconds(self) -> int:
+        return duration_seconds(self.stale_after)
+
+
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
+MAX_STALE_AFTER_SECONDS = 2 * 24 * 3600
+
+
+def duration_seconds(text: str) -> int:
+    """"90m", "1h", "3600s", "2d" (or bare seconds) as seconds; ValueError when malformed."""
+    number, unit = (text[:-1], text[-1]) if text[-1:] in _DURATION_UNITS else (text, "s")
+    if not number.isdigit() or len(number) > 9:
+        raise ValueError(text)
+    return int(number) * _DURATION_UNITS[unit]
 
 
 STOP_GRACE_SECONDS = 5.0
@@ -339,6 +361,16 @@ def parse_config(
     for key in ("relay_heartbeat_seconds", "relay_open_timeout_seconds"):
         if getattr(bridge, key) <= 0:
             raise ConfigError(f"bridge.{key}", "must be positive")
+    if bridge.max_p_tags < 0:
+        raise ConfigError("bridge.max_p_tags", "must be 0 (no limit) or more")
+    try:
+        stale = bridge.stale_after_seconds
+    except ValueError:
+        raise ConfigError(
+            "bridge.stale_after", 'must be a number and a unit (s, m, h, d), like "1h"'
+        ) from None
+    if not 0 < stale <= MAX_STALE_AFTER_SECONDS:
+        raise ConfigError("bridge.stale_after", "must be more than 0 and at most 2 days")
     config = Config(
         path=path,
         server=server,

@@ -283,10 +283,13 @@ class ObservationLog:
             f'{{"type":"expect","ts":{ts_ms},"event_id":"{event_id}","relays":{encoded}}}'
         )))
 
-    def suppressed(self, ts_ms: int, event_id: str, reason: str) -> None:
-        """A verified DM that woke no device because of its recipient's own choices (pause,
-        presence, mute lists, follows-only): the id and the reason only, never who."""
-        self._append({"type": "suppressed", "ts": ts_ms, "event_id": event_id, "reason": reason})
+    def suppressed(self, ts_ms: int, event_id: str, reason: str, cls: str = "dm") -> None:
+        """A verified event that woke no device because of its recipients' own choices or
+        limits (pause, presence, mute lists, follows-only, quiet hours, crowded, stale, rate
+        limits): the id, the reason and the notification class (`dm`, `mention`, ...) only,
+        never who."""
+        self._append({"type": "suppressed", "ts": ts_ms, "event_id": event_id, "reason": reason,
+                      "class": cls})
 
     def canary(
         self,

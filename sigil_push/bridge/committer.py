@@ -14,31 +14,40 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from operator import attrgetter, itemgetter
 from typing import NamedTuple
 
+from sigil_push.bridge.choices import (
+    ASK,
+    QUIET,
+    Effect,
+    Facts,
+    Rule,
+    facts_of,
+    judge,
+    strongest,
+)
 from sigil_push.bridge.metrics import (
     BASELINED,
     COMMIT_RETRIES,
-    LAPSE_WAKEUPS,
+    DEFERRED_WAKEUPS,
     LATENCY,
     POISON,
     PUSHED,
-    SUPPRESS_REASONS,
     SUPPRESSED_BY,
     USER_LISTS_BY,
     RelayCounters,
 )
 from sigil_push.bridge.pending import Arrival, DbOp, Pending
-from sigil_push.config import STOP_GRACE_SECONDS
-from sigil_push.nostr.kinds import DIRECT_MESSAGE
+from sigil_push.bridge.watches import DEFAULT_MASK, DM_KINDS, wants_kind
+from sigil_push.config import STOP_GRACE_SECONDS, BridgeConfig
 from sigil_push.observations import ObservationLog, SeenRecord
 from sigil_push.relays.discovery import RelayLists
 from sigil_push.relays.inbox import connected_inboxes
 from sigil_push.relays.pool import RelayPool
 from sigil_push.store.errors import TRANSIENT_ERRORS
 from sigil_push.store.interface import BridgeConnection, DeviceStore, OutboxStore, SeenStore
-from sigil_push.store.preferences import AuthorCheck, UserList
+from sigil_push.store.lock_order import NewEvent, in_lock_order
+from sigil_push.store.preferences import AuthorCheck, Deferred, Listed, UserList
 from sigil_push.store.records import Device
 
 log = logging.getLogger(__name__)
@@ -56,36 +65,8 @@ one event that land in several batches are appended to its `seen_events` row in 
 FURTHER_HOLD_EVENTS = 10_000
 
 CommitListener = Callable[[Sequence[tuple[str, int]]], None]
-PAUSED, PRESENT = "paused", "present"
-_STRENGTH = {reason: rank for rank, reason in enumerate(SUPPRESS_REASONS)}
-LapseMark = tuple[str, str, int]
-"""(event id, relay, device id): a DM the device's presence held back."""
-
-
-def in_lock_order(
-    writes: list[tuple[Arrival, list[Device]]],
-    new_events: list[tuple[str, tuple[str, ...], int, int]],
-    further: list[tuple[str, str]],
-) -> tuple[
-    list[tuple[Arrival, list[Device]]],
-    list[tuple[str, tuple[str, ...], int, int]],
-    list[tuple[str, str]],
-]:
-    """A batch's rows in the order every worker writes them: by event id (an event's devices
-    by id). Two workers that overlap on a shard during a hand-over may handle the same events
-    in different arrival orders; each row a transaction inserts holds its unique key until
-    commit, so in arrival order each could hold a row the other waits for, and PostgreSQL
-    aborts one as a deadlock. In one order the later one waits, then skips the rows the first
-    wrote. (The tables are written in one order too: outbox, `seen_events` (its new rows, then
-    the further relays appended to rows already there), then the queued bookkeeping, already
-    in its own lock order.) The rest of the commit keeps
-    arrival order; only the outbox ids of one batch follow this order."""
-    return (
-        sorted(((a, sorted(ds, key=attrgetter("id"))) for a, ds in writes),
-               key=lambda write: write[0].event.id),
-        sorted(new_events, key=itemgetter(0)),
-        sorted(further, key=itemgetter(0)),
-    )
+Suppressed = tuple[str, str, str]
+"""(event id, reason, class) of an event that woke none of its targets by their choice."""
 
 
 def _any_rules(devices: list[Device]) -> bool:
@@ -97,64 +78,101 @@ def _any_rules(devices: list[Device]) -> bool:
 
 
 class Choice:
-    """What one DM's recipients chose, for the devices that carry rules: `kept` are the
-    devices it wakes, first without the kind 4 author checks (queued in `checks`, answered
-    for the whole batch at once), then, by `settle`, with them.
+    """What one event's targets chose (`bridge.choices.judge`): `kept` are the devices it
+    wakes, first without the stored lists (the targets whose lists could decide are queued
+    in `checks`, answered for the whole batch at once), then, by `settle`, with them.
 
-    Pause and presence apply to every DM; mute lists and follows-only to kind 4 alone (a gift
-    wrap hides its author). A presence that holds a DM back is marked for its lapse wakeup.
+    A rule that defers (`present`, `quiet`) stores the event for the device's deferred wakeup
+    (`deferred_row`).
     """
 
-    __slots__ = ("_asking", "_first", "_reasons", "kept")
+    __slots__ = ("_asking", "_event", "_facts", "_first", "_marks", "_now", "_reasons", "kept")
 
     def __init__(
         self,
         arrival: Arrival,
+        facts: Facts,
         targets: list[Device],
         now: int,
-        marks: list[LapseMark],
-        checks: list[AuthorCheck],
+        marks: list[Deferred],
+        checks: list[AuthorCheck[Facts]],
     ) -> None:
-        event = arrival.event
+        self._event = arrival
+        self._facts = facts
+        self._now = now
+        self._marks = marks
         self.kept: list[Device] = []
-        self._reasons: list[str] = []
+        self._reasons: list[Rule] = []
         asking: dict[str, list[Device]] = {}
         for device in targets:
-            rules = device.rules
-            if rules is None:
+            verdict = judge(facts, device, now, None)
+            if verdict is None:
                 self.kept.append(device)
-            elif rules.pause_until is not None and rules.pause_until > now:
-                self._reasons.append(PAUSED)
-            elif rules.present_until is not None and rules.present_until > now:
-                self._reasons.append(PRESENT)
-                marks.append((event.id, arrival.relay, device.id))
-            elif event.kind == DIRECT_MESSAGE and rules.checks_author:
+            elif verdict is ASK:
                 asking.setdefault(device.pubkey, []).append(device)
             else:
-                self.kept.append(device)
+                self._note(device, verdict)
         self._first = len(checks)
         self._asking = list(asking.values())
-        checks.extend((event.pubkey, devices) for devices in self._asking)
+        checks.extend(AuthorCheck(facts, devices) for devices in self._asking)
 
-    def settle(self, answers: list[dict[int, str]]) -> str | None:
-        """Add the devices the author checks let through to `kept`; returns the strongest
-        reason (SUPPRESS_REASONS order) that kept any device asleep."""
+    def _note(self, device: Device, rule: Rule) -> None:
+        if rule.effect is Effect.IGNORE:
+            return
+        self._reasons.append(rule)
+        if rule.effect is Effect.DEFER:
+            event = self._event.event
+            self._marks.append(deferred_row(
+                device, rule, event.id, self._event.relay, self._facts.author_hex,
+                event.created_at, self._now,
+            ))
+
+    def settle(self, answers: list[dict[int, Rule]]) -> Rule | None:
+        """Add the devices the list checks let through to `kept` (judged again with their
+        lists, so presence and quiet hours still apply); returns the rule that names the
+        event's suppression (`choices.strongest`), None if nothing suppressed it."""
         for offset, devices in enumerate(self._asking):
             blocked = answers[self._first + offset]
             for device in devices:
-                reason = blocked.get(device.id)
-                if reason is None:
+                rule = blocked.get(device.id)
+                if rule is None:
                     self.kept.append(device)
                 else:
-                    self._reasons.append(reason)
+                    self._note(device, rule)
         reasons = self._reasons
-        return min(reasons, key=_STRENGTH.__getitem__) if reasons else None
+        return strongest(reasons) if reasons else None
+
+
+def _event_id_of(arrival: Arrival) -> str:
+    return arrival.event.id
+
+
+def _deferred_facts(row: Deferred) -> Facts:
+    """What the rules can still read of a held event: its visible author only (thread and
+    word mutes were judged when it arrived)."""
+    author = row[4]
+    return Facts("", None if author is None else bytes.fromhex(author), author, (), None,
+                 False, False, "dm")
+
+
+def deferred_row(
+    device: Device, rule: Rule, event_id: str, relay: str, author: str | None,
+    created_at: int, now: int,
+) -> Deferred:
+    """The `deferred_wakeups` row of an event `rule` (`present`, `quiet`) held back from
+    `device`: a quiet window's row is due at the window's end, a presence's when it lapses."""
+    rules = device.rules
+    due = (
+        rules.quiet.end_after(now) if rule is QUIET and rules is not None and rules.quiet
+        else None
+    )
+    return (device.id, rule.reason, event_id, relay, author, due, created_at)
 
 
 class _Decision(NamedTuple):
     """One pass over a batch (`Committer._decide`)."""
 
-    new_events: list[tuple[str, tuple[str, ...], int, int]]
+    new_events: list[NewEvent]
     further: list[tuple[str, str]]
     further_seen: list[SeenRecord]
     to_push: list[Arrival]
@@ -198,12 +216,17 @@ class Committer:
         insecure: bool,
         turn: asyncio.Lock | None = None,
         report: ReportImpaired | None = None,
+        settings: BridgeConfig | None = None,
     ) -> None:
         """`turn` is held for each transaction: the bridge's other readers of the connection
         (`RelayState`) take it too, so their statements never run inside one. `report` is
         told when the database refuses the committer's writes and when it takes them again
-        (the supervisor's `impaired`, for `/health`)."""
+        (the supervisor's `impaired`, for `/health`). `settings` gives `max_p_tags` and
+        `stale_after`, which the wake rules read."""
         self._pending = pending
+        settings = settings if settings is not None else BridgeConfig()
+        self._max_p_tags = settings.max_p_tags
+        self._stale_after = settings.stale_after_seconds
         self._report = report
         self.retry_first_seconds = RETRY_FIRST_SECONDS
         self.retry_max_seconds = RETRY_MAX_SECONDS
@@ -327,18 +350,66 @@ class Committer:
         for item in taken:
             self.devices_changed(item.pubkey)
 
-    async def claim_lapses(self) -> int:
-        """Presences that lapsed by time after holding a DM back: one wakeup each, claimed and
-        written in one transaction (see `UserLists.claim_lapses`)."""
+    async def claim_deferred(self) -> int:
+        """Deferred wakeups now due (a quiet window ended, a presence lapsed by time): claimed,
+        judged again and written in one transaction (see `UserListStore.claim_deferred`). A
+        pair gets one wakeup, for the newest of its held events that would wake it now (not
+        paused since, author not muted since); events another deferring rule now holds are
+        deferred again under it; the rest are dropped. Returns the wakeups written."""
         link = self._link
         assert link is not None
         now_ms = int(time.time() * 1000)
+        now = now_ms // 1000
         async with self._turn, link.transaction():
-            claimed = await link.lists.claim_lapses(now_ms // 1000, now_ms)
-        if claimed:
-            LAPSE_WAKEUPS.inc(claimed)
+            rows = await link.lists.claim_deferred(now)
+            if not rows:
+                return 0
+            by_device: dict[int, list[Deferred]] = {}
+            for row in rows:
+                by_device.setdefault(row[0], []).append(row)
+            devices = [d for d in [await self._devices.by_id(i) for i in by_device] if d]
+            facts = {row: _deferred_facts(row) for row in rows}
+            verdicts: dict[tuple[int, str], Rule | None] = {}
+            checks: list[AuthorCheck[Facts]] = []
+            asked: list[tuple[Device, Deferred]] = []
+            for device in devices:
+                for row in by_device[device.id]:
+                    verdict = judge(facts[row], device, now, None)
+                    if verdict is ASK:
+                        checks.append(AuthorCheck(facts[row], [device]))
+                        asked.append((device, row))
+                    else:
+                        verdicts[(device.id, row[2])] = verdict
+            if checks:
+                def with_lists(f: Facts, device: Device, listed: Listed) -> Rule | None:
+                    verdict = judge(f, device, now, listed)
+                    return verdict if isinstance(verdict, Rule) else None
+
+                answers = await link.lists.blocked(checks, with_lists)
+                for (device, row), answer in zip(asked, answers, strict=True):
+                    verdicts[(device.id, row[2])] = answer.get(device.id)
+            wakeups: list[tuple[int, str, str]] = []
+            again: list[Deferred] = []
+            for device in devices:
+                waking = [row for row in by_device[device.id]
+                          if verdicts.get((device.id, row[2])) is None]
+                if waking:
+                    newest = max(waking, key=lambda row: (row[6], row[2]))
+                    wakeups.append((device.id, newest[2], newest[3]))
+                    continue
+                for row in by_device[device.id]:
+                    rule = verdicts.get((device.id, row[2]))
+                    if rule is not None and rule.effect is Effect.DEFER:
+                        again.append(deferred_row(device, rule, row[2], row[3], row[4], row[6],
+                                                  now))
+            if again:
+                await link.lists.defer(again, now)
+            if wakeups:
+                await link.lists.enqueue_deferred(wakeups, now_ms)
+        if wakeups:
+            DEFERRED_WAKEUPS.inc(len(wakeups))
             self._outbox.ready.set()
-        return claimed
+        return len(wakeups)
 
     def _hold_expired(self) -> bool:
         return (
@@ -577,51 +648,77 @@ class Committer:
         )
         self._observations.expect(arrival.received_ms, arrival.event.id, relays)
 
-    def _suppressed(self, suppressed: list[tuple[str, str]]) -> None:
-        """Count and log the DMs that woke nobody by their recipients' choice (once written)."""
+    def _suppressed(self, suppressed: list[Suppressed]) -> None:
+        """Count and log the events that woke nobody by their recipients' choice (once
+        written)."""
         ts_ms = int(time.time() * 1000)
-        for event_id, reason in suppressed:
+        for event_id, reason, cls in suppressed:
             SUPPRESSED_BY[reason].inc()
-            self._observations.suppressed(ts_ms, event_id, reason)
+            self._observations.suppressed(ts_ms, event_id, reason, cls)
+
+    def _facts(self, arrival: Arrival, now: int) -> Facts:
+        event = arrival.event
+        p_count = 0
+        for tag in event.tags:
+            if len(tag) >= 2 and tag[0] == "p":
+                p_count += 1
+        return facts_of(
+            event.kind, event.pubkey, event.created_at, event.tags, event.content, p_count,
+            arrival.zap_author, now, self._max_p_tags, self._stale_after,
+        )
 
     async def _targets(self, arrivals: list[Arrival]) -> tuple[
-        list[tuple[Arrival, list[Device]]], list[tuple[str, str]], list[LapseMark]
+        list[tuple[Arrival, list[Device]]], list[Suppressed], list[Deferred]
     ]:
-        """The devices each event wakes: its recipients' devices registered before it arrived,
-        less those their owners' choices keep asleep (`Choice`); with the events that woke
-        nobody for that reason, and the presences that held one back. The kind 4 author
-        checks of the whole batch are one call to the store, after the first pass."""
+        """The devices each event wakes: its recipients' devices registered before it arrived
+        that asked for its kind (`notify`), less those the wake rules keep asleep (`Choice`);
+        with the events that woke nobody for that reason, and the presences that held one
+        back. The list checks of the whole batch are one call to the store, after the first
+        pass."""
         if not arrivals:
             return [], [], []
         by_key = await self._devices_of(dict.fromkeys(r for a in arrivals for r in a.push_to))
-        decided: list[tuple[Arrival, list[Device], Choice | None]] = []
-        marks: list[LapseMark] = []
-        checks: list[AuthorCheck] = []
+        decided: list[tuple[Arrival, list[Device], Choice | None, Facts | None]] = []
+        marks: list[Deferred] = []
+        checks: list[AuthorCheck[Facts]] = []
         now = int(time.time())
         for arrival in arrivals:
             late = arrival.since_registration
+            event = arrival.event
+            kind = event.kind
             targets = [
                 device
                 for recipient in arrival.push_to
                 for device in by_key.get(recipient, ())
                 if device.registered_at * 1000 <= arrival.received_ms
-                and (recipient not in late or device.registered_at <= arrival.event.created_at)
+                and (recipient not in late or device.registered_at <= event.created_at)
+                and wants_kind(
+                    DEFAULT_MASK if device.rules is None else device.rules.notify, kind
+                )
             ]
-            choice = None
-            if _any_rules(targets):  # someone chose something: the rare path
-                choice = Choice(arrival, targets, now, marks, checks)
-            decided.append((arrival, targets, choice))
+            choice = facts = None
+            # someone chose something, or the event is not a plain DM to others: the rare path
+            if (kind not in DM_KINDS or _any_rules(targets)
+                    or event.pubkey in arrival.push_to):
+                facts = self._facts(arrival, now)
+                choice = Choice(arrival, facts, targets, now, marks, checks)
+            decided.append((arrival, targets, choice, facts))
         link = self._link
         assert link is not None
-        answers = await link.lists.blocked(checks) if checks else []
+
+        def with_lists(facts: Facts, device: Device, listed: Listed) -> Rule | None:
+            verdict = judge(facts, device, now, listed)
+            return verdict if isinstance(verdict, Rule) else None
+
+        answers = await link.lists.blocked(checks, with_lists) if checks else []
         writes = []
-        suppressed: list[tuple[str, str]] = []
-        for arrival, targets, choice in decided:
-            if choice is not None:
-                reason = choice.settle(answers)
+        suppressed: list[Suppressed] = []
+        for arrival, targets, choice, facts in decided:
+            if choice is not None and facts is not None:
+                rule = choice.settle(answers)
                 targets = choice.kept
-                if not targets and reason is not None:
-                    suppressed.append((arrival.event.id, reason))
+                if not targets and rule is not None:
+                    suppressed.append((arrival.event.id, rule.reason, facts.cls))
                     continue
             if targets:
                 writes.append((arrival, targets))
@@ -653,15 +750,17 @@ class Committer:
     async def _write(
         self,
         writes: list[tuple[Arrival, list[Device]]],
-        new_events: list[tuple[str, tuple[str, ...], int, int]],
+        new_events: list[NewEvent],
         further: list[tuple[str, str]],
         ops: list[DbOp],
-        marks: list[LapseMark],
+        marks: list[Deferred],
     ) -> None:
         """One transaction: the batch's wakeups, its seen ids, the queued bookkeeping and the
-        presences that held a DM back, each in lock order (`in_lock_order`)."""
+        events deferring rules held back, each in lock order (`in_lock_order`)."""
         link = self._link
-        writes, new_events, further = in_lock_order(writes, new_events, further)
+        writes, new_events, further = in_lock_order(
+            writes, new_events, further, _event_id_of
+        )
         assert link is not None
         async with self._turn, link.transaction():
             await link.outbox.enqueue_many(
@@ -671,4 +770,4 @@ class Committer:
             for op, rows in ops:
                 await link.state.apply(op, rows)
             if marks:
-                await link.lists.mark_lapses(marks, int(time.time()))
+                await link.lists.defer(marks, int(time.time()))

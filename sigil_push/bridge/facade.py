@@ -117,7 +117,7 @@ class Bridge:
         self._committer = Committer(
             pending, devices, outbox, observations, self._pool, {},
             self._registry.registration_relays, self._insecure, turn,
-            lambda reason: self.supervisor.impaired("bridge-commit", reason),
+            lambda reason: self.supervisor.impaired("bridge-commit", reason), self._bridge,
         )
         self._ingest = Ingest(
             self._bridge, pending, self._registry.keys, self._registry.lists_changed,
@@ -250,14 +250,15 @@ class Bridge:
                 await self._ledger.prune(CATCHUP_ITEMS_SLACK_SECONDS)
 
     async def _lapse_loop(self) -> None:
-        """Presences that lapsed after holding a DM back get their one wakeup within about
-        LAPSE_POLL_SECONDS (an indexed read of the lapsed marks; usually none)."""
+        """Presences that lapsed and quiet windows that ended after holding an event back get
+        their one wakeup within about LAPSE_POLL_SECONDS (a read of the deferred wakeups, a
+        small table; usually none due)."""
         while True:
             await asyncio.sleep(LAPSE_POLL_SECONDS)
             try:
-                await self._committer.claim_lapses()
+                await self._committer.claim_deferred()
             except TRANSIENT_ERRORS as exc:
-                log.warning("presence lapse claim failed (%s); retried", type(exc).__name__)
+                log.warning("deferred wakeup claim failed (%s); retried", type(exc).__name__)
 
     def health(self) -> dict[str, dict[str, Any]]:
         """Per relay: the contract's `connected`/`last_event_at` plus the bridge's own detail,

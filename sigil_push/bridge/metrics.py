@@ -7,6 +7,7 @@ import contextlib
 
 from prometheus_client import Counter, Gauge
 
+from sigil_push.bridge.choices import SUPPRESS_REASONS
 from sigil_push.relays.budget import ConnectionBudget
 from sigil_push.relays.labels import USER_RELAYS, series_label
 from sigil_push.telemetry.batch_histogram import BatchHistogram
@@ -88,11 +89,10 @@ def remove_relay_series(url: str) -> None:
             DROPPED.remove(label, reason)
 
 
-SUPPRESS_REASONS = ("paused", "present", "muted", "not_followed")
-"""Why a verified DM woke none of its recipient's devices (issue 20), strongest first."""
 SUPPRESSED = Counter(
     "sigil_push_suppressed_total",
-    "Verified DMs that woke no device because of the recipients' own choices, by reason",
+    "Verified events that woke no device because of the recipients' own choices or limits,"
+    " by reason",
     ["reason"],
 )
 SUPPRESSED_BY = {reason: SUPPRESSED.labels(reason) for reason in SUPPRESS_REASONS}
@@ -104,7 +104,8 @@ USER_LISTS = Counter(
     ["outcome"],
 )
 USER_LISTS_BY = {outcome: USER_LISTS.labels(outcome) for outcome in USER_LIST_OUTCOMES}
-LAPSE_WAKEUPS = Counter(
+DEFERRED_WAKEUPS = Counter(
     "sigil_push_presence_lapse_wakeups_total",
-    "Wakeups sent because a presence lapsed by time after holding back a DM",
+    "Deferred wakeups sent: a presence lapsed by time, or a quiet window ended, after holding"
+    " back an event that would still wake the pair",
 )

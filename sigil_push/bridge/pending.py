@@ -124,6 +124,9 @@ class Arrival:
     the queue (`Pending.fold`): each is only that relay's record, the push is this arrival's."""
     generation: int = 0
     """The queue's `taken` count when it was queued: still queued while they are equal."""
+    zap_author: str | None = None
+    """A zap receipt's visible author: the pubkey of the verified kind 9734 in its
+    `description` (None: anonymous, or not a zap)."""
 
     def deliveries(self) -> list[tuple[str, int]]:
         """(relay, received ms) of every relay's delivery carried here, this one first."""

@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from sigil_push import __version__
+from sigil_push.bridge.watches import mask_classes
 from sigil_push.errors import ApiError, BadRequest, RateLimited
 from sigil_push.http.cors import CorsMiddleware
 from sigil_push.http.metrics import MetricsMiddleware
@@ -40,7 +41,7 @@ from sigil_push.push import registry
 from sigil_push.service import Service, State
 from sigil_push.store.auth_ids import request_digest
 from sigil_push.store.errors import STORE_UNAVAILABLE, TooManyAccounts, TooManyDevices
-from sigil_push.store.records import Device
+from sigil_push.store.records import Device, QuietHours
 from sigil_push.telemetry.redaction import relay_label
 from sigil_push.telemetry.tracebacks import withheld
 from sigil_push.token_bucket import RateLimiter
@@ -163,7 +164,8 @@ class Api:
         )
 
     async def preferences(self, request: Request) -> Response:
-        """POST /preferences: pause, follows-only and the private mute list of one pair.
+        """POST /preferences: pause, follows-only, the private mute list, notification kinds
+        and quiet hours of one pair.
 
         The pair is found before the preferences are parsed: a mute list of 1,000 npubs is
         the costliest body the API reads, and a key with no pair (free to make) must get its
@@ -337,9 +339,18 @@ def _preferences(device: Device, now: int) -> dict[str, Any]:
     """A pair's preferences as the API shows them (a pause already over shows as null)."""
     rules = device.rules
     if rules is None:
-        return {"pause_until": None, "senders": "anyone", "muted_count": 0}
+        return {"pause_until": None, "senders": "anyone", "muted_count": 0, "notify": ["dm"],
+                "quiet": None}
     pause = rules.pause_until if rules.pause_until is not None and rules.pause_until > now else None
-    return {"pause_until": pause, "senders": rules.senders, "muted_count": rules.muted_count}
+    quiet = rules.quiet
+    return {
+        "pause_until": pause, "senders": rules.senders, "muted_count": rules.muted_count,
+        "notify": mask_classes(rules.notify),
+        "quiet": None if quiet is None else {
+            "from": QuietHours.clock(quiet.start), "to": QuietHours.clock(quiet.end),
+            "tz": quiet.tz,
+        },
+    }
 
 
 def _device_fields(device: Device) -> dict[str, Any]:

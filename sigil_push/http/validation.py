@@ -10,9 +10,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from sigil_push.bridge.watches import NOTIFY_CLASSES, notify_mask
 from sigil_push.errors import BadRequest
 from sigil_push.hosts import InvalidHost, check_host
 from sigil_push.nostr.nip19 import InvalidKey, parse_public_key
@@ -24,6 +26,7 @@ from sigil_push.store.records import (
     PAYLOAD_MODES,
     SENDERS,
     PreferenceChange,
+    QuietHours,
     WebPushKeys,
     pack_keys,
 )
@@ -38,7 +41,10 @@ _UNCOMPRESSED_P256_POINT_BYTES = 65
 MAX_PAUSE_SECONDS = 366 * 24 * 3600
 MAX_MUTED = 1000
 MAX_PRESENCE_SECONDS = 300
-PREFERENCE_KEYS = ("pause_until", "senders", "muted")
+PREFERENCE_KEYS = ("pause_until", "senders", "muted", "notify", "quiet")
+MAX_ZONE_CHARS = 64
+"""IANA zone names are at most about 30 characters: a longer one is refused unread."""
+_CLOCK = re.compile(r"([01][0-9]|2[0-3]):([0-5][0-9])(?::([0-5][0-9]))?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,7 +253,46 @@ def parse_preferences(body: dict[str, Any], now: int) -> PreferenceChange:
     return PreferenceChange(
         change.sets_pause, change.pause_until, senders if "senders" in body else None,
         muted, muted_count,
+        _parse_notify(body["notify"]) if "notify" in body else None,
+        "quiet" in body, _parse_quiet(body["quiet"]) if "quiet" in body else None,
     )
+
+
+def _parse_notify(value: Any) -> int:
+    """`notify`: a non-empty list of notification classes, as their bit mask."""
+    if (not isinstance(value, list) or not value or len(value) > len(NOTIFY_CLASSES)
+            or not all(isinstance(item, str) and item in NOTIFY_CLASSES for item in value)):
+        raise _invalid_preferences(
+            "notify", f"must be a non-empty list of {', '.join(NOTIFY_CLASSES)}"
+        )
+    return notify_mask(value)
+
+
+def _clock(field: str, value: Any) -> int:
+    if not isinstance(value, str) or len(value) > 8 or (found := _CLOCK.fullmatch(value)) is None:
+        raise _invalid_preferences(field, 'must be a time of day, "HH:MM"')
+    hour, minute, second = found.groups()
+    return int(hour) * 3600 + int(minute) * 60 + int(second or 0)
+
+
+def _parse_quiet(value: Any) -> QuietHours | None:
+    """`quiet`: null, or {"from": "HH:MM", "to": "HH:MM", "tz": IANA zone} (seconds may be
+    given too, "HH:MM:SS"); the window may cross midnight, `from` == `to` is refused."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) != {"from", "to", "tz"}:
+        raise _invalid_preferences("quiet", 'must be null or {"from", "to", "tz"}')
+    start, end = _clock("quiet.from", value["from"]), _clock("quiet.to", value["to"])
+    if start == end:
+        raise _invalid_preferences("quiet", "'from' and 'to' must differ")
+    zone = value["tz"]
+    if not isinstance(zone, str) or not zone or len(zone) > MAX_ZONE_CHARS:
+        raise _invalid_preferences("quiet.tz", "must be an IANA time zone name")
+    try:
+        ZoneInfo(zone)
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        raise _invalid_preferences("quiet.tz", "is not a known IANA time zone") from None
+    return QuietHours(start, end, zone)
 
 
 def parse_presence_seconds(value: Any) -> int:

@@ -31,13 +31,13 @@ import asyncio
 import enum
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from sigil_push.identity import MetaStore
     from sigil_push.nostr.event import Event
     from sigil_push.shards import ShardSet
-    from sigil_push.store.preferences import AuthorCheck, UserList
+    from sigil_push.store.preferences import AuthorCheck, Deferred, Judge, UserList
     from sigil_push.store.records import (
         Device,
         PreferenceChange,
@@ -90,6 +90,10 @@ class DeviceStore(Protocol):
         self, shards: Collection[int] | None = None, count: int = ...
     ) -> AsyncIterator[dict[str, tuple[str, ...]]]: ...
 
+    async def notify_masks(
+        self, shards: Collection[int] | None = None, count: int = ...
+    ) -> dict[str, int]: ...
+
     async def count(self) -> int: ...
 
 
@@ -137,17 +141,27 @@ class OutboxStore(Protocol):
     async def depth(self) -> int: ...
 
 
+F = TypeVar("F")
+R = TypeVar("R")
+
+
 class UserListStore(Protocol):
-    """The users' own kind 10000/3 lists, the kind 4 author checks and presence lapses
-    (issue 20), on the bridge committer's connection."""
+    """The users' own kind 10000/3 lists, the list checks and deferred wakeups (issues 20
+    and 32), on the bridge committer's connection."""
 
     async def save(self, lists: Sequence[UserList]) -> list[UserList]: ...
 
-    async def blocked(self, checks: Sequence[AuthorCheck]) -> list[dict[int, str]]: ...
+    async def blocked(
+        self, checks: Sequence[AuthorCheck[F]], judge: Judge[F, R]
+    ) -> list[dict[int, R]]: ...
 
-    async def mark_lapses(self, marks: Sequence[tuple[str, str, int]], now: int) -> None: ...
+    async def defer(self, rows: Sequence[Deferred], now: int) -> None: ...
 
-    async def claim_lapses(self, now: int, now_ms: int) -> int: ...
+    async def claim_deferred(self, now: int) -> list[Deferred]: ...
+
+    async def enqueue_deferred(
+        self, wakeups: Sequence[tuple[int, str, str]], now_ms: int
+    ) -> None: ...
 
 
 class AuthIdStore(Protocol):

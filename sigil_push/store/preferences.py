@@ -11,53 +11,92 @@ rules need it (`Rules.checks_author`). Which lists an npub has is copied onto it
 (`devices.list_flags`, migration 0011) when a list or a pair is written: the device read of
 every DM, the ingest's hot path, then reads one row and no other table.
 
-Exactly one lapse wakeup: the committer marks a pair whose presence held a DM back inside the
-transaction that decided so (`mark_lapses`), and `claim_lapses` clears the marks of lapsed
-presences and writes their outbox rows in one transaction. A mark is cleared only by that
-claim (or by the app ending its presence), and on PostgreSQL the UPDATE's row locks let only
-one worker's claim see a mark, so each lapse is enqueued once, whatever crashes or workers.
+Exactly one deferred wakeup (issue 32): the committer stores the events a deferring rule
+(`present`, `quiet`) held back from a pair inside the transaction that decided so (`defer`,
+table `deferred_wakeups`, at most MAX_DEFERRED_PER_PAIR per pair and reason), and
+`claim_deferred` deletes those now due (a quiet window's end passed; a presence lapsed by
+time) and returns them, in a transaction that writes their outbox row (`enqueue_deferred`):
+the committer judges them again (paused since, author muted since) and writes at most one row
+per pair. A row is deleted only by that claim (or by the app ending its presence), and on
+PostgreSQL the DELETE's row locks let only one worker's claim see a row, so each deferred
+wakeup is enqueued once, whatever crashes or workers.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from typing import NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Generic, NamedTuple, TypeVar
 
 from sigil_push.nostr.kinds import CONTACTS, MUTE_LIST
-from sigil_push.store.records import Device, has_key
+from sigil_push.store.records import Device
 
-MUTED = "muted"
-NOT_FOLLOWED = "not_followed"
 OWNERS_PER_READ = 32
 """Recipients whose lists one read fetches: at most 32 x 2 x 320 KB alive at once."""
-AuthorCheck = tuple[str, Sequence[Device]]
-"""A kind 4's author and the devices of one recipient whose rules look at authors."""
+F = TypeVar("F")
+R = TypeVar("R")
 
 
-def _reasons(
-    author: bytes,
-    devices: Sequence[Device],
-    private: dict[int, bytes],
-    lists: dict[tuple[str, int], bytes],
-) -> dict[int, str]:
-    reasons: dict[int, str] = {}
-    for device in devices:
-        rules = device.rules
-        if rules is None:
-            continue
-        muted = private.get(device.id)
-        mute_list = lists.get((device.pubkey, MUTE_LIST)) if rules.mute_list else None
-        if (muted is not None and has_key(muted, author)) or (
-            mute_list is not None and has_key(mute_list, author)
-        ):
-            reasons[device.id] = MUTED
-            continue
-        if rules.senders == "follows" and rules.follows_known:
-            follows = lists.get((device.pubkey, CONTACTS))
-            if follows is not None and not has_key(follows, author):
-                reasons[device.id] = NOT_FOLLOWED
-    return reasons
+class Listed(NamedTuple):
+    """One pair's stored lists, as far as its owner has them (packed 32-byte keys,
+    `pack_keys`): what the wake rules (`bridge.choices`) read to decide `muted` and
+    `not_followed`."""
+
+    private: bytes | None = None
+    mute_keys: bytes | None = None
+    mute_threads: bytes | None = None
+    mute_words: tuple[str, ...] = ()
+    follows: bytes | None = None
+
+
+class AuthorCheck(NamedTuple, Generic[F]):
+    """An event's facts (whatever the caller's rules read) and the devices of one recipient
+    whose rules look at the stored lists."""
+
+    facts: F
+    devices: Sequence[Device]
+
+
+Judge = Callable[[F, Device, Listed], R | None]
+"""The caller's rules: what keeps `device` asleep for an event with these facts, given its
+owner's lists (None: nothing)."""
+
+
+class StoredList(NamedTuple):
+    """A stored kind 10000 or 3 as the checks read it: its packed `p` keys and (kind 10000)
+    its packed `e` ids (muted threads) and words."""
+
+    keys: bytes
+    threads: bytes = b""
+    words: tuple[str, ...] = ()
+
+
+Deferred = tuple[int, str, str, str, str | None, int | None, int]
+"""A deferred wakeup row: (device id, reason, event id, relay, visible author or None,
+due_at or None, created_at of the event)."""
+MAX_DEFERRED_PER_PAIR = 32
+"""Events kept per (pair, reason) for a deferred wakeup, newest first: one is pushed, the
+others only stand in for it when its author was muted meanwhile."""
+
+
+def _listed(
+    device: Device, private: dict[int, bytes], lists: dict[tuple[str, int], StoredList]
+) -> Listed:
+    rules = device.rules
+    if rules is None:
+        return Listed()
+    mute = lists.get((device.pubkey, MUTE_LIST)) if rules.mute_list else None
+    follows = (
+        lists.get((device.pubkey, CONTACTS))
+        if rules.senders == "follows" and rules.follows_known else None
+    )
+    return Listed(
+        private.get(device.id),
+        None if mute is None else mute.keys,
+        None if mute is None else mute.threads,
+        () if mute is None else mute.words,
+        None if follows is None else follows.keys,
+    )
 
 
 class UserList(NamedTuple):
@@ -70,8 +109,13 @@ class UserList(NamedTuple):
     entries: bytes
     """`pack_keys` of its `p` tags (at most MAX_LIST_ENTRIES of them)."""
     entry_count: int
+    """Its entries of every sort (`p`, `e`, `word`): a list with any is a mute list."""
     truncated: int
-    """How many further `p` tags were dropped past the cap."""
+    """How many further tags were dropped past the caps."""
+    threads: bytes = b""
+    """A kind 10000's `e` tags (muted threads), packed like `entries`."""
+    words: str = ""
+    """A kind 10000's `word` tags, case-folded, newline-separated."""
 
 
 class ListChecks(ABC):
@@ -89,17 +133,19 @@ class ListChecks(ABC):
         await self._flag_pairs(sorted({item.pubkey for item in lists}))
         return taken
 
-    async def blocked(self, checks: Sequence[AuthorCheck]) -> list[dict[int, str]]:
-        """For each (author, devices of one recipient): which of those devices a kind 4 by
-        that author must not wake, and why (`muted` before `not_followed`). The devices are
-        those whose rules check authors (`Rules.checks_author`).
+    async def blocked(
+        self, checks: Sequence[AuthorCheck[F]], judge: Judge[F, R]
+    ) -> list[dict[int, R]]:
+        """For each (event facts, devices of one recipient): which of those devices `judge`
+        keeps asleep given their owners' lists, and why. The devices are those whose rules
+        read lists (`bridge.choices`).
 
         A whole commit batch is answered together, OWNERS_PER_READ recipients at a time: per
         group, one read of the private mute lists of its devices that have one and one of the
         stored lists its npubs' rules use (`list_owners`), checked and dropped before the next group is read, so a batch of
         users with 10,000-key lists holds a few megabytes at most, however large the batch.
         """
-        answers: list[dict[int, str]] = [{} for _ in checks]
+        answers: list[dict[int, R]] = [{} for _ in checks]
         by_owner: dict[str, list[int]] = {}
         for index, (_, devices) in enumerate(checks):
             if devices:
@@ -114,8 +160,13 @@ class ListChecks(ABC):
             muting, following = list_owners(devices)
             lists = await self._lists_of(muting, following) if muting or following else {}
             for index in indexes:
-                author, asked = checks[index]
-                answers[index] = _reasons(bytes.fromhex(author), asked, private, lists)
+                facts, asked = checks[index]
+                found: dict[int, R] = {}
+                for device in asked:
+                    reason = judge(facts, device, _listed(device, private, lists))
+                    if reason is not None:
+                        found[device.id] = reason
+                answers[index] = found
         return answers
 
     @abstractmethod
@@ -136,7 +187,7 @@ class ListChecks(ABC):
     @abstractmethod
     async def _lists_of(
         self, muting: Sequence[str], following: Sequence[str]
-    ) -> dict[tuple[str, int], bytes]:
+    ) -> dict[tuple[str, int], StoredList]:
         """(npub, kind) -> packed keys of the stored kind 10000 of the `muting` npubs and
         kind 3 of the `following` ones (`list_owners`; not both empty)."""
 

@@ -8,7 +8,9 @@ import hashlib
 import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, NamedTuple
+from zoneinfo import ZoneInfo
 
 from sigil_push.nostr.kinds import CONTACTS, MUTE_LIST
 
@@ -61,10 +63,60 @@ class WebPushKeys:
 SENDERS = ("anyone", "follows")
 KEY_BYTES = 32
 
-RULE_COLUMNS = "pause_until, senders, present_until, muted_count, list_flags"
-"""What a pair's owner chose (issue 20), read after the device columns. `list_flags` packs its
-npub's stored lists (1: a kind 10000 with entries, 2: a kind 3), kept on the pair's row by
-whoever writes a list or a pair (`LIST_FLAGS`), so that reading a device asks nothing more."""
+RULE_COLUMNS = (
+    "pause_until, senders, present_until, muted_count, list_flags, notify, quiet_from, quiet_to,"
+    " quiet_tz"
+)
+"""What a pair's owner chose (issues 20 and 32), read after the device columns. `list_flags`
+packs its npub's stored lists (1: a kind 10000 with entries, 2: a kind 3), kept on the pair's
+row by whoever writes a list or a pair (`LIST_FLAGS`), so that reading a device asks nothing
+more; `notify` is the bit mask of its notification classes (`bridge.watches.notify_mask`, 1:
+`["dm"]`); `quiet_*` its quiet hours (seconds of the local day, IANA zone) or NULL."""
+DEFAULT_NOTIFY = 1
+"""`notify` = `["dm"]` (the mask `bridge.watches.notify_mask` gives it)."""
+DAY_SECONDS = 86_400
+
+
+class QuietHours(NamedTuple):
+    """A pair's quiet window: from `start` to `end` (seconds of the local day; the window
+    crosses midnight when `end` < `start`; never equal) in the IANA zone `tz`. Daylight-saving
+    changes follow the zone: the window is wall-clock time."""
+
+    start: int
+    end: int
+    tz: str
+
+    def _local(self, now: float) -> datetime:
+        return datetime.fromtimestamp(now, ZoneInfo(self.tz))
+
+    def inside(self, now: float) -> bool:
+        local = self._local(now)
+        second = local.hour * 3600 + local.minute * 60 + local.second
+        if self.start < self.end:
+            return self.start <= second < self.end
+        return second >= self.start or second < self.end
+
+    def end_after(self, now: float) -> int:
+        """Unix seconds of the first end of the window after `now` (when a window that is on
+        at `now` ends)."""
+        local = self._local(now)
+        hour, rest = divmod(self.end, 3600)
+        minute, second = divmod(rest, 60)
+        for days in range(3):
+            day = (local + timedelta(days=days)).date()
+            candidate = datetime(day.year, day.month, day.day, hour, minute, second,
+                                 tzinfo=local.tzinfo)
+            stamp = int(candidate.timestamp())
+            if stamp > now:
+                return stamp
+        return int(now) + DAY_SECONDS
+
+    @staticmethod
+    def clock(seconds: int) -> str:
+        """"HH:MM" (or "HH:MM:SS" when the seconds are not zero), as the API shows it."""
+        hour, rest = divmod(seconds, 3600)
+        minute, second = divmod(rest, 60)
+        return f"{hour:02d}:{minute:02d}" + (f":{second:02d}" if second else "")
 LIST_FLAGS = (
     f"(SELECT COALESCE(SUM(CASE WHEN l.kind = {MUTE_LIST} AND l.entry_count > 0 THEN 1"
     f" WHEN l.kind = {CONTACTS} THEN 2 ELSE 0 END), 0) FROM user_lists l"
@@ -86,20 +138,28 @@ class Rules(NamedTuple):
     """The npub has a kind 10000 with at least one key stored."""
     follows_known: bool
     """The npub has a kind 3 stored (`senders = "follows"` filters only then)."""
+    notify: int = DEFAULT_NOTIFY
+    """The bit mask of the pair's notification classes (`bridge.watches`)."""
+    quiet: QuietHours | None = None
 
     @classmethod
     def from_columns(cls, row: Sequence[object]) -> Rules | None:
-        """The five RULE_COLUMNS as read, or None when none of them can suppress a wakeup or
+        """The nine RULE_COLUMNS as read, or None when none of them can suppress a wakeup or
         says anything `GET /registrations` shows."""
-        pause_until, senders, present_until, muted_count, lists = row
+        pause_until, senders, present_until, muted_count, lists, notify, start, end, tz = row
         flags = int(str(lists))
+        mask = int(str(notify))
         if (pause_until is None and senders == "anyone" and present_until is None
-                and not muted_count and not flags):
+                and not muted_count and not flags and mask == DEFAULT_NOTIFY and tz is None):
             return None
+        quiet = (
+            None if tz is None or start is None or end is None
+            else QuietHours(int(str(start)), int(str(end)), str(tz))
+        )
         return cls(
             None if pause_until is None else int(str(pause_until)), str(senders),
             None if present_until is None else int(str(present_until)), int(str(muted_count)),
-            bool(flags & 1), bool(flags & 2),
+            bool(flags & 1), bool(flags & 2), mask, quiet,
         )
 
     @property
@@ -158,7 +218,7 @@ class Device:
         return cls(
             int(str(row[0])), str(row[1]), str(row[2]), str(row[3]), str(row[4]), relays, keys,
             int(str(row[8])), str(row[9]) if row[9] else None,
-            Rules.from_columns(row[10:15]) if len(row) > 10 else None,
+            Rules.from_columns(row[10:19]) if len(row) > 10 else None,
         )
 
 
@@ -173,10 +233,16 @@ class PreferenceChange:
     muted: bytes | None = None
     """The new private mute list, packed (`pack_keys`; b"" clears it); None: unchanged."""
     muted_count: int = 0
+    notify: int | None = None
+    """The new `notify` mask; None: unchanged."""
+    sets_quiet: bool = False
+    quiet: QuietHours | None = None
+    """With `sets_quiet`: the new quiet hours (None clears them)."""
 
     @property
     def empty(self) -> bool:
-        return not self.sets_pause and self.senders is None and self.muted is None
+        return (not self.sets_pause and self.senders is None and self.muted is None
+                and self.notify is None and not self.sets_quiet)
 
 
 @dataclass(frozen=True, slots=True)

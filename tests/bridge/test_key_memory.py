@@ -17,6 +17,7 @@ import pytest
 
 from sigil_push.store.sqlite.database import open_database
 from testkit.in_process import in_process_bridge
+from testkit.rules import dm_checks, reason_of
 
 RELAYS = ["ws://127.0.0.1:9", "ws://127.0.0.1:11"]  # nothing listens on either
 
@@ -119,8 +120,10 @@ async def test_a_follows_only_user_with_2000_follows_costs_the_bridge_little_mem
         try:
             before = tracemalloc.get_traced_memory()[0]
             cached = await committer._devices_of(users)
-            checks = [(secrets.token_hex(32), cached[user]) for user in users]
-            answers = await committer._link.lists.blocked(checks)  # type: ignore[union-attr]
+            checks = dm_checks([(secrets.token_hex(32), cached[user]) for user in users])
+            answers = await committer._link.lists.blocked(  # type: ignore[union-attr]
+                checks, reason_of
+            )
             assert all(answer for answer in answers), "strangers are not followed"
             del checks, answers
             # aiosqlite's thread keeps its last result until its next statement: one read's

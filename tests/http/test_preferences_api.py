@@ -83,14 +83,17 @@ def test_preferences_are_set_shown_and_replaced(api: ApiCaller) -> None:
     answer = _preferences(api, user, token, pause_until=until, senders="follows",
                           muted=[*muted, muted[0].upper()])
     assert answer.status_code == 200, answer.text
-    assert answer.json() == {"pause_until": until, "senders": "follows", "muted_count": 2}
+    assert answer.json() == {"pause_until": until, "senders": "follows", "muted_count": 2,
+                             "notify": ["dm"], "quiet": None}
     device = _device(api, user, token)
     assert (device["pause_until"], device["senders"], device["muted_count"]) == (until, "follows", 2)
     # only the keys given change; a new list replaces the old one whole
     answer = _preferences(api, user, token, muted=[SdkUser().hex])
-    assert answer.json() == {"pause_until": until, "senders": "follows", "muted_count": 1}
+    assert answer.json() == {"pause_until": until, "senders": "follows", "muted_count": 1,
+                             "notify": ["dm"], "quiet": None}
     answer = _preferences(api, user, token, pause_until=int(time.time()) - 10, senders="anyone")
-    assert answer.json() == {"pause_until": None, "senders": "anyone", "muted_count": 1}
+    assert answer.json() == {"pause_until": None, "senders": "anyone", "muted_count": 1,
+                             "notify": ["dm"], "quiet": None}
     assert _preferences(api, user, token, pause_until=None, muted=[]).json()["muted_count"] == 0
 
 
@@ -139,6 +142,19 @@ def test_bad_preferences_are_refused_naming_the_field_and_change_nothing(api: Ap
         ({"muted": [7]}, "muted"),
         # a valid key beside a bad one: the good one is not applied either
         ({"senders": "anyone", "muted": ["zz" * 32]}, "muted"),
+        ({"notify": []}, "notify"),
+        ({"notify": ["dm", "likes"]}, "notify"),
+        ({"notify": "dm"}, "notify"),
+        ({"notify": ["dm"] * 6}, "notify"),
+        ({"quiet": {"from": "22:00", "to": "22:00", "tz": "Europe/Berlin"}}, "quiet"),
+        ({"quiet": {"from": "22:00", "to": "07:00"}}, "quiet"),
+        ({"quiet": {"from": "25:00", "to": "07:00", "tz": "UTC"}}, "quiet.from"),
+        ({"quiet": {"from": "22:00", "to": "7:00", "tz": "UTC"}}, "quiet.to"),
+        ({"quiet": {"from": "22:00", "to": "07:00", "tz": "Mars/Olympus_Mons"}}, "quiet.tz"),
+        ({"quiet": {"from": "22:00", "to": "07:00", "tz": "../../etc/passwd"}}, "quiet.tz"),
+        ({"quiet": {"from": "22:00", "to": "07:00", "tz": "Europe"}}, "quiet.tz"),
+        ({"quiet": {"from": "22:00", "to": "07:00", "tz": "E" * 5_000}}, "quiet.tz"),
+        ({"quiet": "22:00-07:00"}, "quiet"),
     ]
     for fields, field in bad:
         response = _preferences(api, user, token, **fields)
@@ -148,6 +164,31 @@ def test_bad_preferences_are_refused_naming_the_field_and_change_nothing(api: Ap
         refused = api.register(user, device_token=token, **fields)
         assert refused.json()["error"] == "invalid_preferences", fields
     assert _device(api, user, token) == before
+
+
+def test_notify_and_quiet_hours_are_set_shown_and_cleared(api: ApiCaller) -> None:
+    """`notify` (any order, shown in the contract's order) and `quiet` on /register and
+    /preferences, shown by GET /registrations; `quiet: null` clears; a window may cross
+    midnight and carry seconds."""
+    user, token = SdkUser(), _token()
+    registered = api.register(user, device_token=token, notify=["zap", "dm"],
+                              quiet={"from": "22:00", "to": "07:00", "tz": "Europe/Berlin"})
+    assert registered.status_code == 201, registered.text
+    assert registered.json()["notify"] == ["dm", "zap"]
+    device = _device(api, user, token)
+    assert device["notify"] == ["dm", "zap"]
+    assert device["quiet"] == {"from": "22:00", "to": "07:00", "tz": "Europe/Berlin"}
+    answer = _preferences(api, user, token, notify=["mention", "repost", "reaction"],
+                          quiet={"from": "09:30:15", "to": "09:30", "tz": "America/New_York"})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["notify"] == ["mention", "repost", "reaction"]
+    assert answer.json()["quiet"] == {"from": "09:30:15", "to": "09:30", "tz": "America/New_York"}
+    cleared = _preferences(api, user, token, quiet=None).json()
+    assert (cleared["quiet"], cleared["notify"]) == (None, ["mention", "repost", "reaction"])
+    assert _device(api, user, token)["quiet"] is None
+    # a 10 KB zone name (within /preferences' body limit) is refused unread
+    huge = _preferences(api, user, token, quiet={"from": "22:00", "to": "07:00", "tz": "Z" * 10_240})
+    assert (huge.status_code, huge.json()["error"]) == (400, "invalid_preferences")
 
 
 def test_presence_starts_ends_and_is_bounded(api: ApiCaller) -> None:

@@ -29,6 +29,7 @@ from sigil_push.store.records import Device, PreferenceChange, Rules, pack_keys
 from sigil_push.store.sqlite.database import open_database
 from sigil_push.store.sqlite.devices import Devices
 from testkit.old_schema import sqlite_at
+from testkit.rules import dm_checks, reason_of
 from testkit.stores import sql_of
 
 
@@ -84,8 +85,9 @@ async def test_the_author_checks_read_the_kinds_asked_for(
                                             PreferenceChange(senders="follows"))
         [quiet] = await store.devices.of_pubkey(mutes.public_key_hex)
         [picky] = await store.devices.of_pubkey(follows.public_key_hex)
-        assert await link.lists.blocked([(muted, [quiet]), (friend, [quiet]),
-                                         (muted, [picky]), (_key(), [picky])]) == [
+        assert await link.lists.blocked(dm_checks([(muted, [quiet]), (friend, [quiet]),
+                                                   (muted, [picky]), (_key(), [picky])]),
+                                        reason_of) == [
             {quiet.id: "muted"}, {}, {picky.id: "muted"}, {picky.id: "not_followed"},
         ]
     finally:

@@ -13,14 +13,15 @@ from pathlib import Path
 import pytest
 from prometheus_client import REGISTRY
 
-from sigil_push.bridge.user_lists import MAX_LIST_ENTRIES, user_list_of
+from sigil_push.bridge.user_lists import MAX_LIST_ENTRIES, MAX_WORD_CHARS, MAX_WORDS, user_list_of
 from sigil_push.config import parse_config
 from sigil_push.nostr.event import Event, sign_event
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.store.factory import PostgresStore, SqliteStore, connect_bridge
 from sigil_push.store.interface import BridgeConnection
-from sigil_push.store.preferences import UserList
+from sigil_push.store.preferences import MAX_DEFERRED_PER_PAIR, UserList
 from sigil_push.store.records import Device, PreferenceChange, pack_keys
+from testkit.rules import dm_checks, reason_of
 from testkit.stores import fetch
 
 
@@ -38,16 +39,23 @@ async def _link(tmp_path: Path, database: str) -> BridgeConnection:
 
 
 def test_a_list_of_100000_tags_keeps_10000_keys_and_counts_the_rest() -> None:
+    """100,000 `p`, 100,000 `e` and 100,000 `word` tags: each kept to its cap, the rest
+    counted as truncated; malformed tags are skipped."""
     owner = SecretKey.generate()
     keys = [f"{n:064x}" for n in range(100_000)]
-    tags = [["p", key] for key in keys] + [["p", "not hex"], ["e", keys[0]], ["p"]]
+    tags = [["p", key] for key in keys] + [["p", "not hex"], ["e", "not hex"], ["p"]]
+    tags += [["e", key] for key in keys] + [["word", f"Word{n}"] for n in range(100_000)]
+    tags += [["word", "x" * (MAX_WORD_CHARS + 1)]]
     event = sign_event(owner, 10000, "", tags, int(time.time()))
     truncated = REGISTRY.get_sample_value("sigil_push_bridge_user_lists_total",
                                           {"outcome": "truncated"}) or 0.0
     reduced = user_list_of(event)
-    assert reduced.entry_count == MAX_LIST_ENTRIES
+    assert reduced.entry_count == 2 * MAX_LIST_ENTRIES + MAX_WORDS
     assert len(reduced.entries) == 32 * MAX_LIST_ENTRIES
-    assert reduced.truncated == 100_000 - MAX_LIST_ENTRIES + 1  # the "not hex" one too
+    assert len(reduced.threads) == 32 * MAX_LIST_ENTRIES
+    assert reduced.words.split("\n")[:2] == ["word0", "word1"]
+    assert len(reduced.words.split("\n")) == MAX_WORDS
+    assert reduced.truncated == 2 * (100_000 - MAX_LIST_ENTRIES) + 100_000 - MAX_WORDS + 1
     assert REGISTRY.get_sample_value("sigil_push_bridge_user_lists_total",
                                      {"outcome": "truncated"}) == truncated + 1
 
@@ -98,8 +106,9 @@ async def test_kind_4_authors_are_checked_against_the_lists_and_the_private_mute
         assert rules is not None and rules.follows_known and rules.mute_list
         every: list[Device] = list(devices.values())
         # one call answers a whole batch's checks
-        assert await lists.blocked([(muted, every), (listed, every), (friend, every),
-                                    (stranger, every), (stranger, [devices[quiet.id]])]) == [
+        assert await lists.blocked(dm_checks([(muted, every), (listed, every), (friend, every),
+                                              (stranger, every), (stranger, [devices[quiet.id]])]),
+                                   reason_of) == [
             {quiet.id: "muted", follows.id: "not_followed"},
             {quiet.id: "muted", follows.id: "muted", plain.id: "muted"},
             {},
@@ -140,11 +149,12 @@ async def test_the_list_flags_follow_the_lists_on_pairs_written_before_and_after
 
 
 @pytest.mark.parametrize("workers", [4])
-async def test_a_lapse_is_claimed_once_by_racing_workers(
+async def test_a_deferred_wakeup_is_claimed_once_by_racing_workers(
     store: SqliteStore | PostgresStore, database: str, tmp_path: Path, workers: int
 ) -> None:
-    """Several connections (workers) claim the same lapsed presence at once, each in its own
-    transaction, and again afterwards: one outbox row, one claim in all."""
+    """Several connections (workers) claim the same lapsed presence's held events at once,
+    each in its own transaction, and again afterwards: one claim in all, and the presence is
+    cleared."""
     owner = SecretKey.generate()
     device = (await store.devices.register(owner.public_key_hex, "ios", _key(), "opaque", (),
                                            None, 0)).device
@@ -154,22 +164,23 @@ async def test_a_lapse_is_claimed_once_by_racing_workers(
     try:
         event_id = _key()
         async with links[0].transaction():
-            await links[0].lists.mark_lapses([(event_id, "wss://r.example", device.id)], now)
+            await links[0].lists.defer(
+                [(device.id, "present", event_id, "wss://r.example", None, None, now)], now
+            )
 
         async def claim(link: BridgeConnection) -> int:
             async with link.transaction():
-                claimed = await link.lists.claim_lapses(now + 61, (now + 61) * 1000)
+                claimed = await link.lists.claim_deferred(now + 61)
                 await asyncio.sleep(0.05)  # hold the transaction open while the others try
-            return claimed
+            return len(claimed)
 
         first = await asyncio.gather(*(claim(link) for link in links))
         again = await asyncio.gather(*(claim(link) for link in links))
         assert sorted(first) == [0] * (workers - 1) + [1]
         assert again == [0] * workers
-        rows = fetch(database, "SELECT device_id, event_id FROM outbox")
-        assert rows == [(device.id, event_id)]
-        assert fetch(database, "SELECT present_until, lapse_event_id FROM devices WHERE id = ?",
-                     (device.id,)) == [(None, None)]
+        assert fetch(database, "SELECT present_until FROM devices WHERE id = ?",
+                     (device.id,)) == [(None,)]
+        assert fetch(database, "SELECT COUNT(*) FROM deferred_wakeups") == [(0,)]
     finally:
         for link in links:
             await link.close()
@@ -178,6 +189,8 @@ async def test_a_lapse_is_claimed_once_by_racing_workers(
 async def test_a_presence_ended_or_not_yet_lapsed_is_not_claimed(
     store: SqliteStore | PostgresStore, database: str, tmp_path: Path
 ) -> None:
+    """A presence the app ended drops its held events; one still running keeps them; a quiet
+    window's events are due at its end; a pair keeps only its newest held events."""
     owner = SecretKey.generate()
     pubkey = owner.public_key_hex
     ended = (await store.devices.register(pubkey, "ios", _key(), "opaque", (), None, 0)).device
@@ -188,11 +201,18 @@ async def test_a_presence_ended_or_not_yet_lapsed_is_not_claimed(
     link = await _link(tmp_path, database)
     try:
         lists = link.lists
-        await lists.mark_lapses([(_key(), "wss://r", ended.id), (_key(), "wss://r", running.id)],
-                                now)
+        quiet = [(running.id, "quiet", _key(), "wss://r", None, now + 40, now - i)
+                 for i in range(MAX_DEFERRED_PER_PAIR + 5)]
+        await lists.defer([(ended.id, "present", _key(), "wss://r", None, None, now),
+                           (running.id, "present", _key(), "wss://r", _key(), None, now),
+                           *quiet], now)
         await store.devices.set_presence(pubkey, ended.token, None)
-        assert await lists.claim_lapses(now + 30, (now + 30) * 1000) == 0
-        assert await lists.claim_lapses(now + 61, (now + 61) * 1000) == 1
+        assert await lists.claim_deferred(now + 30) == []
+        due = await lists.claim_deferred(now + 45)
+        assert [row[2] for row in due] == sorted(row[2] for row in quiet[:MAX_DEFERRED_PER_PAIR])
+        [lapsed] = await lists.claim_deferred(now + 61)
+        assert lapsed[:2] == (running.id, "present")
+        await lists.enqueue_deferred([(running.id, lapsed[2], lapsed[3])], now * 1000)
         assert [row[0] for row in fetch(database, "SELECT device_id FROM outbox")] == [running.id]
     finally:
         await link.close()
@@ -204,4 +224,4 @@ def test_user_list_rows_are_what_ingest_reduced() -> None:
     keys = [_key(), _key(), _key()]
     event = _list(owner, 3, [*keys, keys[0]], 1_700_000_000)
     assert user_list_of(event) == UserList(owner.public_key_hex, 3, 1_700_000_000, event.id,
-                                           pack_keys(keys), 3, 0)
+                                           pack_keys(keys), 3, 0, b"", "")

@@ -89,7 +89,7 @@ async def _watched(instance: InProcessService, url: str, keys: int) -> None:
 def _suppressed(instance: InProcessService, event_id: str) -> str | None:
     for record in instance.observation_records():
         if record["type"] == "suppressed" and record["event_id"] == event_id:
-            assert set(record) == {"type", "ts", "event_id", "reason"}, record
+            assert set(record) == {"type", "ts", "event_id", "reason", "class"}, record
             return str(record["reason"])
     return None
 
@@ -155,17 +155,17 @@ async def _turns_of_the_lapse_claim(instance: InProcessService) -> None:
     """Wait until the bridge's lapse claim has run at least three more times."""
     committer = instance.service.components.bridge._committer
     runs: list[int] = []
-    original = committer.claim_lapses
+    original = committer.claim_deferred
 
     async def counted() -> int:
         runs.append(1)
         return await original()
 
-    committer.claim_lapses = counted  # type: ignore[method-assign]
+    committer.claim_deferred = counted  # type: ignore[method-assign]
     try:
         await eventually(lambda: len(runs) >= 3, DEADLINE, "three lapse claims")
     finally:
-        committer.claim_lapses = original  # type: ignore[method-assign]
+        committer.claim_deferred = original  # type: ignore[method-assign]
 
 
 async def test_a_presence_that_lapses_sends_exactly_one_wakeup(

@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Callable, Collection, Iterable, Seque
 
 import asyncpg
 
-from sigil_push.shards import DEFAULT_SHARDS
+from sigil_push.shards import DEFAULT_SHARDS, shard_of
 from sigil_push.store.limits import Occupancy, refusal
 from sigil_push.store.postgres.database import PostgresDatabase
 from sigil_push.store.records import (
@@ -239,15 +239,22 @@ class PostgresDevices:
     ) -> Device | None:
         """Apply `change` to `pubkey`'s own pair with `token` in one UPDATE (as on SQLite);
         None when the caller has no such pair. Every worker hears of it (NOTIFY)."""
+        quiet = change.quiet
         rows = await self._db.fetch(
             "UPDATE devices SET pause_until = CASE WHEN $1 THEN $2::bigint ELSE pause_until END,"
             " senders = COALESCE($3, senders),"
             " muted = CASE WHEN $4 THEN $5::bytea ELSE muted END,"
-            " muted_count = CASE WHEN $4 THEN $6 ELSE muted_count END"
+            " muted_count = CASE WHEN $4 THEN $6 ELSE muted_count END,"
+            " notify = COALESCE($9::integer, notify),"
+            " quiet_from = CASE WHEN $10 THEN $11::integer ELSE quiet_from END,"
+            " quiet_to = CASE WHEN $10 THEN $12::integer ELSE quiet_to END,"
+            " quiet_tz = CASE WHEN $10 THEN $13::text ELSE quiet_tz END"
             f" WHERE pubkey = $7 AND token = $8 RETURNING {_WITH_RULES}",
             change.sets_pause, change.pause_until, change.senders,
             change.muted is not None, change.muted or None, change.muted_count,
-            pubkey, token,
+            pubkey, token, change.notify, change.sets_quiet,
+            None if quiet is None else quiet.start, None if quiet is None else quiet.end,
+            None if quiet is None else quiet.tz,
         )
         if not rows:
             return None
@@ -258,14 +265,17 @@ class PostgresDevices:
         """The app is in the foreground until `until` (None: it left; no lapse wakeup then).
         False when the caller has no pair with `token`."""
         rows = await self._db.fetch(
-            "UPDATE devices SET present_until = $1::bigint,"
-            " lapse_event_id = CASE WHEN $1::bigint IS NULL THEN NULL ELSE lapse_event_id END,"
-            " lapse_relay = CASE WHEN $1::bigint IS NULL THEN NULL ELSE lapse_relay END"
-            " WHERE pubkey = $2 AND token = $3 RETURNING id",
+            "UPDATE devices SET present_until = $1::bigint WHERE pubkey = $2 AND token = $3"
+            " RETURNING id",
             until, pubkey, token,
         )
         if not rows:
             return False
+        if until is None:
+            await self._db.run(
+                "DELETE FROM deferred_wakeups WHERE device_id = $1 AND reason = 'present'",
+                int(rows[0][0]),
+            )
         await self._changed([pubkey])
         return True
 
@@ -347,6 +357,18 @@ class PostgresDevices:
                     chunk = {}
             if chunk:
                 yield chunk
+
+    async def notify_masks(
+        self, shards: Collection[int] | None = None, count: int = DEFAULT_SHARDS
+    ) -> dict[str, int]:
+        """As on SQLite: the keys whose pairs asked for more than DMs, with the union of
+        their masks (of `shards` out of `count`, when given)."""
+        masks: dict[str, int] = {}
+        for row in await self._db.fetch("SELECT pubkey, notify FROM devices WHERE notify <> 1"):
+            key = str(row[0])
+            if shards is None or shard_of(key, count) in shards:
+                masks[key] = masks.get(key, 0) | int(row[1])
+        return masks
 
     async def count(self) -> int:
         return int(await self._db.fetchval("SELECT count(*) FROM devices"))

@@ -172,15 +172,23 @@ class Devices:
         """Apply `change` to `pubkey`'s own pair with `token`, all of it in one UPDATE (a new
         private mute list replaces the old one whole); None when the caller has no such pair.
         Other npubs' pairs with the same token are never touched."""
+        quiet = change.quiet
         rows = await self._db.execute_fetchall(
             "UPDATE devices SET pause_until = CASE WHEN ? THEN ? ELSE pause_until END,"
             " senders = COALESCE(?, senders), muted = CASE WHEN ? THEN ? ELSE muted END,"
-            " muted_count = CASE WHEN ? THEN ? ELSE muted_count END"
+            " muted_count = CASE WHEN ? THEN ? ELSE muted_count END,"
+            " notify = COALESCE(?, notify),"
+            " quiet_from = CASE WHEN ? THEN ? ELSE quiet_from END,"
+            " quiet_to = CASE WHEN ? THEN ? ELSE quiet_to END,"
+            " quiet_tz = CASE WHEN ? THEN ? ELSE quiet_tz END"
             f" WHERE pubkey = ? AND token = ? RETURNING {_WITH_RULES}",
             (
                 change.sets_pause, change.pause_until, change.senders,
                 change.muted is not None, change.muted or None,
-                change.muted is not None, change.muted_count,
+                change.muted is not None, change.muted_count, change.notify,
+                change.sets_quiet, None if quiet is None else quiet.start,
+                change.sets_quiet, None if quiet is None else quiet.end,
+                change.sets_quiet, None if quiet is None else quiet.tz,
                 pubkey, token,
             ),
         )
@@ -193,14 +201,16 @@ class Devices:
         """The app is in the foreground until `until` (None: it left, ending the presence
         without a lapse wakeup). False when the caller has no pair with `token`."""
         rows = await self._db.execute_fetchall(
-            "UPDATE devices SET present_until = ?,"
-            " lapse_event_id = CASE WHEN ? IS NULL THEN NULL ELSE lapse_event_id END,"
-            " lapse_relay = CASE WHEN ? IS NULL THEN NULL ELSE lapse_relay END"
-            " WHERE pubkey = ? AND token = ? RETURNING id",
-            (until, until, until, pubkey, token),
+            "UPDATE devices SET present_until = ? WHERE pubkey = ? AND token = ? RETURNING id",
+            (until, pubkey, token),
         )
         if not rows:
             return False
+        if until is None:
+            await self._db.execute(
+                "DELETE FROM deferred_wakeups WHERE device_id = ? AND reason = 'present'",
+                (int(next(iter(rows))[0]),),
+            )
         self._changed([pubkey])
         return True
 
@@ -248,6 +258,21 @@ class Devices:
         keys = list(watched)
         for start in range(0, len(keys), KEY_CHUNK):
             yield {k: watched[k] for k in keys[start : start + KEY_CHUNK]}
+
+    async def notify_masks(
+        self, shards: Collection[int] | None = None, count: int = DEFAULT_SHARDS
+    ) -> dict[str, int]:
+        """The keys (of `shards` out of `count`, when given) whose pairs asked for more than
+        DMs, each with the union of its pairs' `notify` masks (`devices_notify` index: the
+        rare rows only)."""
+        masks: dict[str, int] = {}
+        for pubkey, mask in await self._db.execute_fetchall(
+            "SELECT pubkey, notify FROM devices WHERE notify != 1"
+        ):
+            key = str(pubkey)
+            if shards is None or shard_of(key, count) in shards:
+                masks[key] = masks.get(key, 0) | int(mask)
+        return masks
 
     async def count(self) -> int:
         [(count,)] = await self._db.execute_fetchall("SELECT COUNT(*) FROM devices")
