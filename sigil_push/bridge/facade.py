@@ -121,7 +121,7 @@ class Bridge:
         )
         self._ingest = Ingest(
             self._bridge, pending, self._registry.keys, self._registry.lists_changed,
-            self._ledger, self._committer.offer_list,
+            self._ledger, self._committer.offer_list, self._pool.plan.kinds,
         )
         self._committer.counters = self._ingest.counters
         self._committer.add_decided_listener(self._ledger.confirm)

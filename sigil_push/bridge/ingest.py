@@ -15,19 +15,20 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Callable, Container, Mapping
+from collections.abc import Callable, Container, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from sigil_push.bridge.catchup_ledger import CatchupLedger
-from sigil_push.bridge.metrics import RelayCounters, remove_relay_series
+from sigil_push.bridge.metrics import ZAP_REQUESTS_BY, RelayCounters, remove_relay_series
 from sigil_push.bridge.pending import Arrival, Pending
 from sigil_push.bridge.user_lists import USER_LIST_KINDS_SET, user_list_of
 from sigil_push.bridge.verified import RecentlyVerified, Verified
+from sigil_push.bridge.watches import DM_KINDS, WATCHABLE_KINDS, ZAP_RECEIPT
 from sigil_push.config import BridgeConfig
 from sigil_push.nostr.event import Event, InvalidEvent, compute_id
-from sigil_push.nostr.kinds import DM_KINDS
+from sigil_push.nostr.nip57 import zap_request_author
 from sigil_push.relays.budget import ConnectionBudget
 from sigil_push.relays.discovery import (
     LIST_KINDS_SET,
@@ -103,7 +104,11 @@ class Ingest:
         lists_changed: Callable[[str], None],
         ledger: CatchupLedger,
         user_list: Callable[[UserList], None],
+        wants: Mapping[str, frozenset[int]] | None = None,
     ) -> None:
+        """`wants`: each watched key's public kinds (the key registry's, kept current there;
+        keys that want DMs only are absent)."""
+        self._wants: Mapping[str, frozenset[int]] = wants if wants is not None else {}
         self._bridge = settings
         self._ledger = ledger
         self._enqueue = pending.enqueue
@@ -232,6 +237,7 @@ class Ingest:
         url, subs = feed.url, feed.subs
         subscribed = subs.keys
         event = entry.event
+        zap_author: str | None = None
         if event.kind in DM_KINDS:
             tagged = entry.tagged
             recipients: tuple[str, ...]
@@ -242,6 +248,16 @@ class Ingest:
             if not recipients:
                 counters.invalid("unknown_recipient")
                 return Verdict.TAKEN
+        elif event.kind in WATCHABLE_KINDS:
+            recipients = self._wanting(event.kind, entry.tagged, subscribed)
+            if not recipients:
+                counters.dropped["unaddressed"].inc()
+                if subs.answering(sub_id):
+                    return Stored(sub_id, event.id, event.kind, event.created_at)
+                return Verdict.TAKEN
+            if event.kind == ZAP_RECEIPT:
+                zap_author, outcome = zap_request_author(event)
+                ZAP_REQUESTS_BY[outcome].inc()
         elif event.kind in LIST_KINDS_SET and feed.configured:
             if event.pubkey not in subscribed:
                 counters.invalid("unknown_recipient")
@@ -279,7 +295,8 @@ class Ingest:
         if subs.firehose:
             since_registration = tuple(r for r in recipients if subs.catching_up(sub_id, r))
             self._hand_over(
-                counters, entry, url, received_ms, recipients, since_registration, charge
+                counters, entry, url, received_ms, recipients, since_registration, charge,
+                zap_author,
             )
             return stored
         # a key still fresh here is woken only for what was made after its registration (the
@@ -291,8 +308,20 @@ class Ingest:
             fresh = recipients if subs.is_baseline(sub_id, recipients[0]) else ()
         else:
             fresh = tuple(r for r in recipients if subs.is_baseline(sub_id, r))
-        self._hand_over(counters, entry, url, received_ms, recipients, fresh, charge)
+        self._hand_over(counters, entry, url, received_ms, recipients, fresh, charge, zap_author)
         return stored
+
+    def _wanting(
+        self, kind: int, tagged: Sequence[str], subscribed: Container[str]
+    ) -> tuple[str, ...]:
+        """The keys among `tagged` subscribed here whose pairs want `kind` (a public kind)."""
+        wants = self._wants
+        found: list[str] = []
+        for key in tagged:
+            kinds = wants.get(key)
+            if kinds is not None and kind in kinds and key in subscribed:
+                found.append(key)
+        return tuple(found)
 
     def text(self, feed: RelayFeed, frame: str, received_ms: int) -> Outcome:
         """A frame from the shared connection to `feed.url`, before it is parsed; anything but
@@ -345,7 +374,7 @@ class Ingest:
         event = entry.event
         if self._seen.delivered_by(event.id, url):
             counters.duplicates.inc()
-            if event.kind in DM_KINDS and subs.answering(sub_id):
+            if event.kind in WATCHABLE_KINDS and subs.answering(sub_id):
                 return Stored(sub_id, event.id, event.kind, event.created_at)
             return Verdict.TAKEN
         return self._route(counters, feed, sub_id, entry, received_ms)
@@ -361,7 +390,7 @@ class Ingest:
         self._count_received(url)
         self.counters[url].duplicates.inc()
         number = int(kind.group(1))
-        if number not in DM_KINDS:
+        if number not in WATCHABLE_KINDS:
             return Verdict.TAKEN
         return Stored(sub_id, event_id, number, int(created_at.group(1)))
 
@@ -448,13 +477,34 @@ class Ingest:
         except InvalidEvent:
             counters.invalid("malformed")
             return Verdict.TAKEN
-        is_list = event.kind in SUBSCRIBED_LIST_KINDS_SET
-        if event.kind not in DM_KINDS and not (is_list and lists):
-            counters.dropped["wrong_kind"].inc()
-            return Verdict.TAKEN
+        kind = event.kind
+        is_list = kind in SUBSCRIBED_LIST_KINDS_SET
+        if kind not in DM_KINDS and not (is_list and lists):
+            if kind not in WATCHABLE_KINDS:
+                counters.dropped["wrong_kind"].inc()
+                return Verdict.TAKEN
+            # a public kind: its recipients before its signature (most of a firehose's notes,
+            # reactions and zaps name nobody here who wants them)
+            if not self._addressed_public(event, keys):
+                counters.dropped["unaddressed"].inc()
+                return _stored_anyway(sub_id, raw)
         if not (self._in_window(counters, event, is_list) and self._verified(counters, event)):
             return Verdict.TAKEN
         return self._recent.add(event)
+
+    def _addressed_public(self, event: Event, keys: Container[str]) -> bool:
+        """Whether a `p` tag of a public-kind event names a key subscribed here that wants its
+        kind (a hash lookup per tag; no signature checked yet)."""
+        wants = self._wants
+        if not wants:
+            return False
+        kind = event.kind
+        for tag in event.tags:
+            if len(tag) >= 2 and tag[0] == "p":
+                kinds = wants.get(tag[1])
+                if kinds is not None and kind in kinds and tag[1] in keys:
+                    return True
+        return False
 
     def _handled_copy(
         self, counters: RelayCounters, url: str, sub_id: str, raw: Any, received_ms: int,
@@ -489,6 +539,7 @@ class Ingest:
         push_to: tuple[str, ...],
         since_registration: tuple[str, ...] = (),
         charge: bool = True,
+        zap_author: str | None = None,
     ) -> None:
         """Queue for the committer. Recipients' quotas are spent once per event, not once per
         relay that delivers a copy (the committer pushes an event at most once anyway), and
@@ -505,7 +556,7 @@ class Ingest:
             return
         entry.enqueued = True
         arrival = entry.arrival = Arrival(
-            entry.event, url, received_ms, push_to, since_registration
+            entry.event, url, received_ms, push_to, since_registration, zap_author=zap_author
         )
         self._enqueue(arrival)
 
@@ -573,7 +624,7 @@ def _stored_anyway(sub_id: str, raw: Any) -> Outcome:
     if not isinstance(raw, dict):
         return Verdict.TAKEN
     created_at, kind, event_id = raw.get("created_at"), raw.get("kind"), raw.get("id")
-    if type(created_at) is int and kind in DM_KINDS and type(event_id) is str:
+    if type(created_at) is int and kind in WATCHABLE_KINDS and type(event_id) is str:
         return Stored(sub_id, event_id, kind, created_at)
     return Verdict.TAKEN
 

@@ -1,6 +1,8 @@
 """The key registry: which recipient keys this worker watches (its shards' registered keys and
-the canary's), each key's DM relays (registration relays plus its kind 10050/10002 list), and
-keeping the pool's subscriptions in line as registrations, relay lists and shards change."""
+the canary's), each key's DM relays (registration relays plus its kind 10050/10002 list), the
+public kinds its pairs want (`notify`, issue 32: `RelayPlan.kinds`, which the REQs ask for and
+ingest matches against before any signature check), and keeping the pool's subscriptions in
+line as registrations, relay lists and shards change."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from sigil_push.bridge.metrics import KEYS
 from sigil_push.bridge.relay_state import RelayState
+from sigil_push.bridge.watches import DEFAULT_MASK, DM_KINDS, mask_kinds
 from sigil_push.relays.discovery import RelayLists, normalize_relay_url
 from sigil_push.relays.pool import NO_RELAYS, RelayPool
 from sigil_push.relays.user_inbox import UserInboxes
@@ -80,6 +83,13 @@ class KeyRegistry:
                 if self._owns(pubkey):
                     self._add_relays(known.get(pubkey, pubkey), relays)
             await asyncio.sleep(0)
+        for pubkey, mask in (await self._devices.notify_masks()).items():
+            if pubkey in self.keys:
+                self._set_kinds(pubkey, mask)
+
+    def _set_kinds(self, pubkey: str, mask: int) -> None:
+        """The public kinds of the union of the key's pairs' `notify` masks."""
+        self._pool.plan.set_kinds(pubkey, mask_kinds(mask).difference(DM_KINDS))
 
     def held_pairs(self) -> list[str] | None:
         """`pubkey[6:8]` of every key `holds` may accept (the canary's included), for reading
@@ -149,6 +159,10 @@ class KeyRegistry:
                 devices = await self._devices.of_pubkey(pubkey) if owned else []
                 if devices:
                     self._set_key(pubkey, tuple(r for d in devices for r in d.relays))
+                    mask = 0
+                    for device in devices:
+                        mask |= DEFAULT_MASK if device.rules is None else device.rules.notify
+                    self._set_kinds(pubkey, mask)
                 else:
                     self._unwatch(pubkey)
                     if owned:
@@ -165,6 +179,7 @@ class KeyRegistry:
 
     def _unwatch(self, pubkey: str) -> None:
         self.keys.discard(pubkey)
+        self._pool.plan.set_kinds(pubkey, frozenset())
         self.registration_relays.pop(pubkey, None)
         self._user_relays.pop(pubkey, None)
         self._pool.plan.remove_key(pubkey)
@@ -199,9 +214,14 @@ class KeyRegistry:
             return
         async with self.changing:
             await self._release(owns)
+            masks = await self._devices.notify_masks(owns.gained, owns.count)
             async for chunk in self._devices.key_chunks(owns.gained, owns.count):
                 items = list(chunk.items())
                 del chunk
+                for pubkey, _ in items:
+                    mask = masks.get(pubkey)
+                    if mask is not None and owns(pubkey):
+                        self._set_kinds(pubkey, mask)
                 for start in range(0, len(items), RESHARD_CHUNK):
                     await self._take(state, owns, items[start : start + RESHARD_CHUNK])
                     await asyncio.sleep(0)

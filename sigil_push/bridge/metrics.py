@@ -8,6 +8,7 @@ import contextlib
 from prometheus_client import Counter, Gauge
 
 from sigil_push.bridge.choices import SUPPRESS_REASONS
+from sigil_push.nostr.nip57 import OUTCOMES as ZAP_OUTCOMES
 from sigil_push.relays.budget import ConnectionBudget
 from sigil_push.relays.labels import USER_RELAYS, series_label
 from sigil_push.telemetry.batch_histogram import BatchHistogram
@@ -109,3 +110,10 @@ DEFERRED_WAKEUPS = Counter(
     "Deferred wakeups sent: a presence lapsed by time, or a quiet window ended, after holding"
     " back an event that would still wake the pair",
 )
+ZAP_REQUESTS = Counter(
+    "sigil_push_bridge_zap_requests_total",
+    "Zap receipts to a watched key, by what their description's zap request (kind 9734) was:"
+    " valid (its author is the zapper), or missing, not_json, invalid, forged (anonymous)",
+    ["outcome"],
+)
+ZAP_REQUESTS_BY = {outcome: ZAP_REQUESTS.labels(outcome) for outcome in ZAP_OUTCOMES}

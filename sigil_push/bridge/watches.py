@@ -26,17 +26,19 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sigil_push.nostr import kinds
+
 DM, MENTION, REPOST, REACTION, ZAP, IRIS = "dm", "mention", "repost", "reaction", "zap", "iris"
 NOTIFY_CLASSES = (DM, MENTION, REPOST, REACTION, ZAP)
 """The values of a pair's `notify` (CONTRACT 3), in the order the API shows them."""
 CLASSES = (*NOTIFY_CLASSES, IRIS)
 """Every class a record or metric may name (`suppressed` records' `class`)."""
 KINDS_OF: Mapping[str, tuple[int, ...]] = {
-    DM: (4, 1059),
+    DM: kinds.DM_KINDS,
     MENTION: (1,),
     REPOST: (6, 16),
     REACTION: (7,),
-    ZAP: (9735,),
+    ZAP: (kinds.ZAP_RECEIPT,),
 }
 CLASS_OF_KIND: Mapping[int, str] = {kind: name for name, kinds in KINDS_OF.items() for kind in kinds}
 """The notification class of each kind a registration can watch."""
@@ -47,8 +49,7 @@ FRESHNESS_KINDS = frozenset({1, 6, 7, 16, 9735})
 """Kinds caught up only `bridge.stale_after` back (DMs: two days) and suppressed `stale`
 when older."""
 WATCHABLE_KINDS = frozenset(CLASS_OF_KIND)
-ZAP_RECEIPT = 9735
-ZAP_REQUEST = 9734
+ZAP_RECEIPT = kinds.ZAP_RECEIPT
 
 _BIT = {name: 1 << index for index, name in enumerate(NOTIFY_CLASSES)}
 DEFAULT_MASK = _BIT[DM]

@@ -30,7 +30,6 @@ from typing import Any
 from prometheus_client import Gauge
 
 from sigil_push.config import BridgeConfig
-from sigil_push.nostr.kinds import DM_KINDS
 from sigil_push.observations import ObservationLog
 from sigil_push.relays import catchup_metrics
 from sigil_push.relays.connection import BACKOFF, CONNECTED, GATED, AuthSigner, RelayConnection
@@ -77,11 +76,22 @@ class RelayPlan:
         by shard on PostgreSQL), so across restarts this is approximate seniority."""
         self._next_seniority = 0
         self.skipped: dict[str, int] = {}
+        self.kinds: dict[str, frozenset[int]] = {}
+        """Each key's public kinds (issue 32: mentions, reposts, reactions, zaps), for the keys
+        that want any; every relay's REQs ask for those of their keys (`RelaySubscriptions`)."""
         SKIPPED.set(0)
         WATCHED.set(0)
 
     def is_configured(self, url: str) -> bool:
         return url in self._configured_set
+
+    def set_kinds(self, pubkey: str, kinds: frozenset[int]) -> None:
+        """The public kinds `pubkey`'s pairs want (empty: DMs only); the relays take them up
+        as the key is applied (`RelayPool.apply`)."""
+        if kinds:
+            self.kinds[pubkey] = kinds
+        else:
+            self.kinds.pop(pubkey, None)
 
     def set_key(self, pubkey: str, relays: Iterable[str], inbox: Iterable[str] = ()) -> None:
         """`relays`: every relay the key wants watched; `inbox`: those of them where its DMs
@@ -332,6 +342,8 @@ class RelayPool:
                     if pubkey not in subs.keys and pubkey not in subs.overflow:
                         subs.add(pubkey)
                         touched = True
+                    elif subs.touch(pubkey):
+                        touched = True
                 elif pubkey in subs.keys or pubkey in subs.overflow:
                     subs.remove(pubkey)
                     left.append((url, pubkey))
@@ -376,6 +388,8 @@ class RelayPool:
             self._settings.keys_per_filter,
             with_lists=self.plan.is_configured(url),
             baselined=self._baselines.setdefault(url, set()),
+            wants=self.plan.kinds,
+            stale_after=self._settings.stale_after_seconds,
         )
         self.subs[url] = subs
         feed = self._feeds[url] = RelayFeed(url, self.plan.is_configured(url), subs)
@@ -523,14 +537,17 @@ class RelayPool:
         target = subs.reconcile_target(shard, sub_id)
         if target is None:
             return
-        keys, since = target
-        query: dict[str, Any] = {"kinds": list(DM_KINDS), "since": since}
-        if keys is not None:
-            query["#p"] = keys
+        keys, parts = target
         before = reconciler.count.bytes
         try:
-            base, items = await self._port.catchup.held(url, keys, since)
-            missing = await reconciler.missing(query, items, base)
+            missing: list[str] = []
+            for kinds, since in parts:
+                # one reconciliation per part: the DMs' window and the public kinds' (shorter)
+                query: dict[str, Any] = {"kinds": list(kinds), "since": since}
+                if keys is not None:
+                    query["#p"] = keys
+                base, items = await self._port.catchup.held(url, keys, since)
+                missing.extend(await reconciler.missing(query, items, base))
         except NegentropyFailed as failure:
             if failure.reason != "error":
                 self.negentropy_support[url] = False

@@ -8,6 +8,13 @@ can be told apart from frames of its successor. A key is "fresh" on a relay unti
 has sent EOSE for a REQ that included it: what the relay returns before that EOSE predates the
 registration and is remembered as seen, not pushed (CONTRACT section 5).
 
+Beyond DMs (issue 32), each REQ also asks for the public kinds its keys' pairs want (`wants`,
+the key registry's map of each key's extra kinds: mentions, reposts, reactions, zaps): one more
+filter, `{"kinds": K, "#p": keys}` with K the union of the shard's keys' kinds (on a firehose,
+of every key's on the relay), reaching back only `stale_after` (a public event older than that
+is not pushed anyway). Catch-up pages that filter like the DM ones (its own cursor, its own
+`since`), and NIP-77 reconciles it as a part of its own (`reconcile_target`).
+
 A relay in firehose mode has one REQ for every DM (`{"kinds": [4, 1059]}`, no `#p`) whatever
 the number of keys: adding or removing a key sends nothing, and the relay learns nothing about
 who is registered. Keys join the baseline as soon as that REQ is past EOSE (events stored
@@ -19,6 +26,8 @@ switch loses nothing and de-duplication absorbs the overlap.
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +71,8 @@ class PageCursor:
     oldest: int | None = None
     at_oldest: set[str] = field(default_factory=set)
     boundary: frozenset[str] = frozenset()
+    since: int | None = None
+    """The filter's own `since`, later than its REQ's (public kinds: `stale_after` back)."""
 
     def count(self, event_id: str, created_at: int) -> None:
         if self.until is not None and (
@@ -76,6 +87,7 @@ class PageCursor:
             self.at_oldest.add(event_id)
 
     def wants_more(self, since: int) -> bool:
+        since = since if self.since is None else max(since, self.since)
         return self.added > 0 and self.oldest is not None and self.oldest > since
 
     def next_page(self) -> None:
@@ -122,10 +134,24 @@ class Request:
     """The REQ asks for live events only (`limit` 0): the window is caught up by negentropy."""
 
 
+NO_KINDS: frozenset[int] = frozenset()
+
+
 class RelaySubscriptions:
     def __init__(
-        self, keys_per_filter: int, with_lists: bool, baselined: set[str] | None = None
+        self, keys_per_filter: int, with_lists: bool, baselined: set[str] | None = None,
+        wants: Mapping[str, frozenset[int]] | None = None, stale_after: int = 3600,
     ) -> None:
+        """`wants`: each key's public kinds (keys that want DMs only are absent), kept by the
+        key registry; `stale_after`: how far back the public kinds' filter reaches."""
+        self._wants: Mapping[str, frozenset[int]] = wants if wants is not None else {}
+        self._stale_after = stale_after
+        self._key_kinds: dict[str, frozenset[int]] = {}
+        """The public kinds of each key here that has some, as last taken from `wants`."""
+        self._kind_keys: dict[int, int] = {}
+        """How many keys here want each public kind (the firehose's filter)."""
+        self._asked: dict[int, frozenset[int]] = {}
+        """Per shard, the public kinds its last REQ asked for."""
         self._keys_per_filter = max(1, keys_per_filter)
         self._capacity = self._keys_per_filter
         self.with_lists = with_lists
@@ -166,6 +192,7 @@ class RelaySubscriptions:
         shard grows up to the message size limit, and beyond that the key waits unsubscribed."""
         if key in self.shard_of or key in self.overflow:
             return
+        self._take_kinds(key)
         if self.firehose:
             self.shard_of[key] = 0
             if self._firehose_live() and key not in self.baselined:
@@ -199,8 +226,65 @@ class RelaySubscriptions:
             return self._shard_with_room()
         return None
 
+    def _take_kinds(self, key: str) -> bool:
+        """Take `key`'s public kinds from `wants`; whether they changed."""
+        kinds = self._wants.get(key, NO_KINDS)
+        before = self._key_kinds.get(key, NO_KINDS)
+        if kinds == before:
+            return False
+        counts = self._kind_keys
+        for kind in before:
+            counts[kind] -= 1
+            if not counts[kind]:
+                del counts[kind]
+        for kind in kinds:
+            counts[kind] = counts.get(kind, 0) + 1
+        if kinds:
+            self._key_kinds[key] = kinds
+        else:
+            del self._key_kinds[key]
+        return True
+
+    def touch(self, key: str) -> bool:
+        """The key's wanted kinds may have changed: re-request its shard (True) when it now
+        wants a kind its shard's REQ does not ask for. A kind no longer wanted is left asked
+        (ingest drops what nobody wants before any signature check)."""
+        if not self._take_kinds(key):
+            return False
+        index = self.shard_of.get(key)
+        if index is None or index >= len(self.shards):
+            return False
+        wanted = self._kind_keys.keys() if self.firehose else self._key_kinds.get(key, NO_KINDS)
+        if not set(wanted) <= self._asked.get(index, NO_KINDS):
+            self.shards[index].dirty = True
+            return True
+        return False
+
+    def _wants_gone(self, key: str) -> None:
+        counts = self._kind_keys
+        for kind in self._key_kinds.pop(key):
+            counts[kind] -= 1
+            if not counts[kind]:
+                del counts[kind]
+
+    def _public_kinds(self, shard: Shard) -> tuple[int, ...]:
+        """The public kinds a shard's REQ asks for: those of its keys (a firehose: every
+        key's on the relay)."""
+        if self.firehose:
+            return tuple(sorted(self._kind_keys))
+        kinds: set[int] = set()
+        wanting = self._key_kinds
+        if wanting:
+            for key in shard.keys:
+                found = wanting.get(key)
+                if found is not None:
+                    kinds |= found
+        return tuple(sorted(kinds))
+
     def remove(self, key: str) -> None:
         self.overflow.discard(key)
+        if key in self._key_kinds:
+            self._wants_gone(key)
         index = self.shard_of.pop(key, None)
         self.baselined.discard(key)
         self._newly_baselined.discard(key)
@@ -329,10 +413,10 @@ class RelaySubscriptions:
             shard.sub_id = sub_id
             since = since_full if fresh else since_caught_up
             keys = sorted(shard.keys)
-            self._pending[sub_id] = SentReq(sub_id, shard.index, fresh, keys, since,
-                                            self._cursors())
+            cursors = self._cursors(shard, since)
+            self._pending[sub_id] = SentReq(sub_id, shard.index, fresh, keys, since, cursors)
             reconcile = self._reconcile(shard.index, sub_id, since, fresh)
-            requests.append(Request(old, sub_id, self._filters(keys, since, reconcile),
+            requests.append(Request(old, sub_id, self._filters(keys, since, cursors, reconcile),
                                     bool(fresh), reconcile=reconcile))
         # retired REQs of the previous mode close only after their successors are sent
         requests.extend(Request(sub_id, None, [], False) for sub_id in self._retired)
@@ -349,9 +433,10 @@ class RelaySubscriptions:
         fresh = frozenset(key for key in self.shard_of if key not in self.baselined)
         since = since_full if fresh else since_caught_up
         shard.sub_id = sub_id
-        self._pending[sub_id] = SentReq(sub_id, shard.index, fresh, [], since, self._cursors())
+        cursors = self._cursors(shard, since)
+        self._pending[sub_id] = SentReq(sub_id, shard.index, fresh, [], since, cursors)
         reconcile = self._reconcile(shard.index, sub_id, since, fresh)
-        return Request(old, sub_id, self._filters([], since, reconcile), bool(fresh),
+        return Request(old, sub_id, self._filters([], since, cursors, reconcile), bool(fresh),
                        reconcile=reconcile)
 
     def _reconcile(self, shard: int, sub_id: str, since: int, fresh: frozenset[str]) -> bool:
@@ -366,14 +451,22 @@ class RelaySubscriptions:
         """(shard, live sub id) of every shard waiting for its negentropy catch-up."""
         return [(shard, sub_id) for shard, (sub_id, _) in self._reconciling.items()]
 
-    def reconcile_target(self, shard: int, sub_id: str) -> tuple[list[str] | None, int] | None:
-        """The keys (None: a firehose, every DM) and `since` of a shard's reconciliation, or
-        None when it is moot (the shard was re-requested or the connection lost meanwhile)."""
+    def reconcile_target(
+        self, shard: int, sub_id: str
+    ) -> tuple[list[str] | None, list[tuple[tuple[int, ...], int]]] | None:
+        """The keys (None: a firehose, every key) of a shard's reconciliation and its parts,
+        (kinds, since) each: the DMs from the REQ's `since`, the public kinds the shard asks
+        for from `stale_after` back; None when it is moot (the shard was re-requested or the
+        connection lost meanwhile)."""
         wanted = self._reconciling.get(shard)
         if wanted is None or wanted[0] != sub_id:
             return None
         keys = None if self.firehose else sorted(self.shards[shard].keys)
-        return keys, wanted[1]
+        parts: list[tuple[tuple[int, ...], int]] = [(DM_KINDS, wanted[1])]
+        public = self._asked.get(shard)
+        if public:
+            parts.append((tuple(sorted(public)), self._public_since(wanted[1])))
+        return keys, parts
 
     def reconciled(self, shard: int, sub_id: str, missing: list[str]) -> list[Request]:
         """Negentropy found `missing`: fetch them by id, FETCH_BATCH per REQ, as pages (bounded
@@ -404,41 +497,59 @@ class RelaySubscriptions:
         self._generation += 1
         page_id = f"sp{shard}.{self._generation}p"
         self._pages_waiting.append(
-            SentReq(page_id, shard, frozenset(), keys, since, self._cursors(), 1)
+            SentReq(page_id, shard, frozenset(), keys, since,
+                    self._cursors(self.shards[shard], since), 1)
         )
         return self._pages_ready()
 
-    def _dm_kinds(self) -> list[tuple[int, ...]]:
+    def _dm_kinds(self, extra: int) -> list[tuple[int, ...]]:
         """The kinds of each DM filter a REQ carries: one per kind, or both in one filter on a
         firehose or where the relay's `max_filters` has no room for two (with the list filter
-        of a configured relay counted)."""
+        of a configured relay and `extra` filters counted)."""
         if self.firehose:
             return [DM_KINDS]
         lists = 1 if self.with_lists else 0
-        if self._max_filters is not None and len(DM_KINDS) + lists > self._max_filters:
+        if self._max_filters is not None and len(DM_KINDS) + lists + extra > self._max_filters:
             return [DM_KINDS]
         return [(kind,) for kind in DM_KINDS]
 
-    def _cursors(self) -> list[PageCursor]:
-        return [PageCursor(kinds) for kinds in self._dm_kinds()]
+    def _public_since(self, since: int) -> int:
+        return max(since, int(time.time()) - self._stale_after)
+
+    def _cursors(self, shard: Shard, since: int) -> list[PageCursor]:
+        """One cursor per filter of the shard's REQ: the DM ones, then its public kinds' (when
+        any key wants some and the relay's `max_filters` has room), from `stale_after` back.
+        The public kinds asked are remembered (`touch`)."""
+        public = self._public_kinds(shard)
+        groups = self._dm_kinds(1 if public else 0)
+        if public and self._max_filters is not None and len(groups) + 1 > self._max_filters:
+            public = ()
+        self._asked[shard.index] = frozenset(public)
+        cursors = [PageCursor(kinds) for kinds in groups]
+        if public:
+            cursors.append(PageCursor(public, since=self._public_since(since)))
+        return cursors
 
     def _filters(
-        self, keys: list[str], since: int, live_only: bool = False
+        self, keys: list[str], since: int, cursors: list[PageCursor], live_only: bool = False
     ) -> list[dict[str, Any]]:
-        window: dict[str, int] = {"since": since, "limit": 0} if live_only else {"since": since}
-        dm: list[dict[str, Any]] = [
-            {"kinds": list(kinds), **window} if self.firehose
-            else {"kinds": list(kinds), "#p": keys, **window}
-            for kinds in self._dm_kinds()
-        ]
-        room = None if self._max_filters is None else self._max_filters - len(dm)
+        wanted: list[dict[str, Any]] = []
+        for cursor in cursors:
+            query: dict[str, Any] = {"kinds": list(cursor.kinds)}
+            if not self.firehose:
+                query["#p"] = keys
+            query["since"] = since if cursor.since is None else cursor.since
+            if live_only:
+                query["limit"] = 0
+            wanted.append(query)
+        room = None if self._max_filters is None else self._max_filters - len(wanted)
         if not self.with_lists or (room is not None and room < 1):
-            return dm
+            return wanted
         if self.firehose:
             # no key in any filter; relay lists only from the window (they are matched by
             # author locally, like the DMs by recipient)
-            return [*dm, {"kinds": list(SUBSCRIBED_LIST_KINDS), "since": since}]
-        return [*dm, {"kinds": list(SUBSCRIBED_LIST_KINDS), "authors": keys}]
+            return [*wanted, {"kinds": list(SUBSCRIBED_LIST_KINDS), "since": since}]
+        return [*wanted, {"kinds": list(SUBSCRIBED_LIST_KINDS), "authors": keys}]
 
     def _page_filters(self, sent: SentReq) -> list[dict[str, Any]]:
         """One filter per DM filter still paging, each from its own `until`: a relay caps
@@ -451,7 +562,7 @@ class RelaySubscriptions:
             query: dict[str, Any] = {"kinds": list(cursor.kinds)}
             if not self.firehose:
                 query["#p"] = sent.keys
-            query["since"] = sent.since
+            query["since"] = sent.since if cursor.since is None else max(sent.since, cursor.since)
             if cursor.until is not None:
                 query["until"] = cursor.until
             if self._max_limit:
