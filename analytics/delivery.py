@@ -15,6 +15,14 @@ column of a row of their own, platform ``none`` (absent when there were none). A
 by a presence that then lapsed is also pushed once at the lapse, and counts in its platform
 row as well.
 
+The same funnel split by notification class (``delivery_by_class``: an addition to the
+contract's ``delivery.csv``): each event's class is its kind's (``seen`` records carry the
+kind: 4 and 1059 ``dm``, 1 ``mention``, 6 and 16 ``repost``, 7 ``reaction``, 9735 ``zap``,
+anything else ``other``; an event with no ``seen`` record ``unknown``), a suppressed event's
+the class its record names. An event's outcome there is its best final outcome over the
+platforms; ``events`` counts the events pushed or suppressed, and an event held back and
+later pushed by a deferred wakeup counts in both ``suppressed`` and its outcome.
+
 Runs on its own with ``spark-submit analytics/delivery.py --input LOG --output DIR``.
 """
 
@@ -36,6 +44,11 @@ from analytics.jobs import Job, job_main
 from analytics.observations import Observations
 
 OUTPUT = "delivery"
+BY_CLASS = "delivery_by_class"
+CLASS_OF_KIND = {4: "dm", 1059: "dm", 1: "mention", 6: "repost", 16: "repost", 7: "reaction",
+                 9735: "zap"}
+"""The bridge's notification classes by kind (sigil_push.bridge.watches; a test holds the two
+equal: the jobs run under spark-submit without the service's package)."""
 # Final statuses, best first; their position is the precedence rank.
 FINAL_STATUSES = ("accepted", "unregistered", "rejected", "failed")
 ACCURACY = 10_000
@@ -93,6 +106,42 @@ def _suppressed_row(obs: Observations) -> DataFrame:
     )
 
 
+def _class_of(kind: Column) -> Column:
+    by_kind = F.when(kind.isNull(), F.lit("unknown"))
+    for number, name in CLASS_OF_KIND.items():
+        by_kind = by_kind.when(kind == number, F.lit(name))
+    return by_kind.otherwise(F.lit("other"))
+
+
+def by_class(obs: Observations, outcomes: DataFrame) -> DataFrame:
+    """``class, events, accepted, unregistered, rejected, failed, suppressed``."""
+    kinds = obs.seen.groupBy("event_id").agg(F.min("kind").alias("kind"))
+    best = outcomes.groupBy("event_id").agg(F.min("rank").alias("rank"))
+    pushed = best.join(kinds, "event_id", "left").select(
+        "event_id", _class_of(F.col("kind")).alias("class"), "rank"
+    )
+    suppressed = obs.suppressions.select("event_id", "class").distinct()
+    events = pushed.select("event_id", "class").unionByName(suppressed).distinct()
+    totals = events.groupBy("class").agg(F.count(F.lit(1)).alias("events"))
+    outcome_counts = pushed.groupBy("class").agg(
+        *(F.count(F.when(F.col("rank") == position, 1)).alias(status)
+          for position, status in enumerate(FINAL_STATUSES))
+    )
+    held = suppressed.groupBy("class").agg(F.count(F.lit(1)).alias("suppressed"))
+    zero = F.lit(0).cast(LongType())
+    return (
+        totals.join(outcome_counts, "class", "left")
+        .join(held, "class", "left")
+        .select(
+            "class",
+            "events",
+            *(F.coalesce(F.col(status), zero).alias(status) for status in FINAL_STATUSES),
+            F.coalesce(F.col("suppressed"), zero).alias("suppressed"),
+        )
+        .orderBy("class")
+    )
+
+
 def compute(obs: Observations) -> dict[str, DataFrame]:
     """Per platform: events, accepted, unregistered, rejected, failed, p50_ms, p99_ms, and
     suppressed (always 0 there; the `none` row counts suppressed DMs)."""
@@ -118,7 +167,10 @@ def compute(obs: Observations) -> dict[str, DataFrame]:
         *as_ms,
         F.lit(0).cast(LongType()).alias("suppressed"),
     )
-    return {OUTPUT: by_platform.unionByName(_suppressed_row(obs)).orderBy("platform")}
+    return {
+        OUTPUT: by_platform.unionByName(_suppressed_row(obs)).orderBy("platform"),
+        BY_CLASS: by_class(obs, outcomes),
+    }
 
 
 JOB = Job(name="delivery", description=__doc__ or "", compute=compute)

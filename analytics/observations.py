@@ -58,8 +58,10 @@ SCHEMA = StructType(
         StructField("published", BooleanType()),
         StructField("ok_message", StringType()),
         StructField("received_ms", DoubleType()),
-        # suppressed: why a verified DM woke no device (the recipient's own choices)
+        # suppressed: why a verified event woke no device (the recipient's own choices or
+        # limits), and its notification class (absent before issue 32: a DM)
         StructField("reason", StringType()),
+        StructField("class", StringType()),
         StructField(CORRUPT_COLUMN, StringType()),
     ]
 )
@@ -173,8 +175,12 @@ class Observations:
 
     @property
     def suppressions(self) -> DataFrame:
-        """``event_id, reason``: DMs that woke no device by their recipients' choice."""
-        return self.of_type("suppressed", "event_id", "reason")
+        """``event_id, reason, class``: events that woke no device by their recipients'
+        choice or limits; a record without a class (written before issue 32) is a DM's."""
+        return self.of_type(
+            "suppressed", "event_id", "reason",
+            F.coalesce(F.col("class"), F.lit("dm")).alias("class"),
+        )
 
     @property
     def expects(self) -> DataFrame:

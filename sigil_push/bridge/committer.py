@@ -33,12 +33,14 @@ from sigil_push.bridge.metrics import (
     LATENCY,
     POISON,
     PUSHED,
+    PUSHED_BY_CLASS,
     SUPPRESSED_BY,
+    SUPPRESSED_BY_CLASS,
     USER_LISTS_BY,
     RelayCounters,
 )
 from sigil_push.bridge.pending import Arrival, DbOp, Pending
-from sigil_push.bridge.watches import DEFAULT_MASK, DM_KINDS, wants_kind
+from sigil_push.bridge.watches import CLASS_OF_KIND, DEFAULT_MASK, DM_KINDS, wants_kind
 from sigil_push.config import STOP_GRACE_SECONDS, BridgeConfig
 from sigil_push.observations import ObservationLog, SeenRecord
 from sigil_push.relays.discovery import RelayLists
@@ -552,8 +554,20 @@ class Committer:
                 [max(0.0, now_ms - received_ms) / 1000 for _, received_ms in committed]
             )
             PUSHED.inc(len(writes))
+            self._count_classes(writes)
             for listener in self._listeners:
                 listener(committed)
+
+    @staticmethod
+    def _count_classes(writes: list[tuple[Arrival, list[Device]]]) -> None:
+        """Pushed events by class, counted once per batch and class (a plain loop)."""
+        counts: dict[str, int] = {}
+        for arrival, _ in writes:
+            cls = CLASS_OF_KIND.get(arrival.event.kind)
+            if cls is not None:
+                counts[cls] = counts.get(cls, 0) + 1
+        for cls, count in counts.items():
+            PUSHED_BY_CLASS[cls].inc(count)
 
     def _hold(self, further: list[tuple[str, str]], records: list[SeenRecord]) -> None:
         """Add this batch's further deliveries, and their `seen` records, to the held ones."""
@@ -654,6 +668,7 @@ class Committer:
         ts_ms = int(time.time() * 1000)
         for event_id, reason, cls in suppressed:
             SUPPRESSED_BY[reason].inc()
+            SUPPRESSED_BY_CLASS[(cls, reason)].inc()
             self._observations.suppressed(ts_ms, event_id, reason, cls)
 
     def _facts(self, arrival: Arrival, now: int) -> Facts:

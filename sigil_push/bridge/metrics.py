@@ -8,6 +8,7 @@ import contextlib
 from prometheus_client import Counter, Gauge
 
 from sigil_push.bridge.choices import SUPPRESS_REASONS
+from sigil_push.bridge.watches import CLASSES
 from sigil_push.nostr.nip57 import OUTCOMES as ZAP_OUTCOMES
 from sigil_push.relays.budget import ConnectionBudget
 from sigil_push.relays.labels import USER_RELAYS, series_label
@@ -97,6 +98,21 @@ SUPPRESSED = Counter(
     ["reason"],
 )
 SUPPRESSED_BY = {reason: SUPPRESSED.labels(reason) for reason in SUPPRESS_REASONS}
+SUPPRESSED_CLASS = Counter(
+    "sigil_push_suppressed_by_class_total",
+    "Verified events that woke no device, by notification class and reason",
+    ["class", "reason"],
+)
+SUPPRESSED_BY_CLASS = {
+    (cls, reason): SUPPRESSED_CLASS.labels(cls, reason)
+    for cls in CLASSES for reason in SUPPRESS_REASONS
+}
+PUSHED_CLASS = Counter(
+    "sigil_push_bridge_events_pushed_by_class_total",
+    "Events handed to the outbox, by notification class",
+    ["class"],
+)
+PUSHED_BY_CLASS = {cls: PUSHED_CLASS.labels(cls) for cls in CLASSES}
 USER_LIST_OUTCOMES = ("stored", "stale", "truncated")
 USER_LISTS = Counter(
     "sigil_push_bridge_user_lists_total",

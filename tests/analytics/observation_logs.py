@@ -114,8 +114,12 @@ def push(
     return record
 
 
-def suppressed(ts: int, event_id: str, reason: str) -> dict[str, Any]:
-    return {"type": "suppressed", "ts": ts, "event_id": event_id, "reason": reason}
+def suppressed(ts: int, event_id: str, reason: str, cls: str | None = None) -> dict[str, Any]:
+    """A `suppressed` record; without `cls`, as written before issue 32 (no class)."""
+    record = {"type": "suppressed", "ts": ts, "event_id": event_id, "reason": reason}
+    if cls is not None:
+        record["class"] = cls
+    return record
 
 
 def expect(ts: int, event_id: str, relays: list[str]) -> dict[str, Any]:

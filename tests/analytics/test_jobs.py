@@ -10,6 +10,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from analytics import delivery, dropped_events, relay_latency
 from analytics.observations import load_observations
+from sigil_push.bridge.watches import CLASS_OF_KIND
 from tests.analytics.observation_logs import (
     CONTRACT_COLUMNS,
     HOUR,
@@ -217,6 +218,52 @@ def test_delivery_funnel_counts_one_final_outcome_per_event(
         ("android", 3, 1, 1, 1, 0, 40, 80, 0), ("ios", 4, 2, 0, 0, 1, 300, 5000, 0)
     ]
     obs.release()
+
+
+def test_the_funnel_splits_by_notification_class(
+    spark: SparkSession, log: ObservationLog
+) -> None:
+    """A DM and a mention accepted, a reaction rejected, a zap muted (class from its record),
+    a repost quiet then pushed at the window's end (in both columns), an old record without
+    a class (a DM's), a push of an event never seen (unknown) and one of another kind."""
+    t = T0_MS
+    log.write(
+        "20261121T10",
+        [
+            seen(t, "wss://a", "dm", 4), seen(t, "wss://a", "note", 1),
+            seen(t, "wss://a", "like", 7), seen(t, "wss://a", "boost", 16),
+            seen(t, "wss://a", "article", 30023),
+            push(t + 1, "dm", "ios", "accepted", 10),
+            push(t + 2, "note", "android", "accepted", 20),
+            push(t + 3, "like", "ios", "rejected", 30),
+            suppressed(t + 4, "zap", "muted", "zap"),
+            suppressed(t + 5, "boost", "quiet", "repost"),
+            push(t + 6, "boost", "ios", "accepted", 60_000),
+            suppressed(t + 7, "old", "paused"),
+            push(t + 8, "ghost", "ios", "failed", 5),
+            push(t + 9, "article", "ios", "accepted", 5),
+        ],
+    )
+    obs = load_observations(spark, log.path)
+
+    split = delivery.compute(obs)[delivery.BY_CLASS]
+
+    assert split.columns == ["class", "events", "accepted", "unregistered", "rejected",
+                             "failed", "suppressed"]
+    assert rows(split) == [
+        ("dm", 2, 1, 0, 0, 0, 1),
+        ("mention", 1, 1, 0, 0, 0, 0),
+        ("other", 1, 1, 0, 0, 0, 0),
+        ("reaction", 1, 0, 0, 1, 0, 0),
+        ("repost", 1, 1, 0, 0, 0, 1),
+        ("unknown", 1, 0, 0, 0, 1, 0),
+        ("zap", 1, 0, 0, 0, 0, 1),
+    ]
+    obs.release()
+
+
+def test_the_class_of_each_kind_is_the_bridges() -> None:
+    assert delivery.CLASS_OF_KIND == dict(CLASS_OF_KIND)
 
 
 def test_suppressed_dms_have_their_own_column_not_failures(

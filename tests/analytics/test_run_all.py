@@ -77,6 +77,7 @@ def test_run_all_writes_every_report(
         "dropped_events": 2,
         "dropped_events_hourly": 2,
         "delivery": 2,
+        "delivery_by_class": 1,
     }
     assert read_csv(out / "relay_latency.csv")[1:] == [
         ["wss://a", "2", "0", "0", "0"],
