@@ -356,6 +356,14 @@ def _delivery_section(tables: dict[str, Any]) -> str:
             _image(charts.funnel_chart([r[0] for r in rows], stages, counts), "delivery funnel")
         )
     parts.append(_table(columns, rows))
+    columns, rows = tables["delivery_by_class"]
+    parts.append('<h3 id="delivery-by-class">By notification class</h3>')
+    if rows:
+        stages = ["events", *delivery.FINAL_STATUSES, "suppressed"]
+        counts = [[row[columns.index(stage)] for stage in stages] for row in rows]
+        parts.append(_image(charts.funnel_chart([r[0] for r in rows], stages, counts),
+                            "delivery funnel by notification class"))
+    parts.append(_table(columns, rows))
     return "\n".join(parts)
 
 
@@ -365,6 +373,7 @@ def render(facts: Sequence[tuple[str, str]], results: Mapping[str, DataFrame]) -
         "dropped": _collect(results[dropped_events.OUTPUT]),
         "canary": _collect(results[canary.OUTPUT]),
         "delivery": _collect(results[delivery.OUTPUT]),
+        "delivery_by_class": _collect(results[delivery.BY_CLASS]),
     }
     sections = [
         _summary(facts, tables),

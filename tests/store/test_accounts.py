@@ -361,11 +361,12 @@ async def test_migrating_a_0004_database_keeps_every_row_and_id(tmp_path: Path) 
     finally:
         await db.close()
     # later migrations add columns (0008: device_key, NULL for every existing row; 0009: the
-    # preferences, at their defaults: NULL, senders 'anyone', muted_count 0)
+    # preferences, at their defaults: NULL, senders 'anyone', muted_count 0; 0017: notify 1,
+    # `["dm"]`, and no quiet hours)
     width = len(devices_before[0])
     after = _rows(path, "devices")[:2]
     assert [row[:width] for row in after] == devices_before
-    assert all(value in (None, 0, "anyone") for row in after for value in row[width:])
+    assert all(value in (None, 0, 1, "anyone") for row in after for value in row[width:])
     # 0015 moved the event JSON (column 4) into outbox_events, flagged by has_event (last)
     assert _rows(path, "outbox") == [
         (*row[:4], *row[5:], int(row[4] is not None)) for row in outbox_before
