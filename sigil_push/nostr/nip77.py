@@ -23,13 +23,20 @@ Everything a relay sends is untrusted: varints are bounded, lengths are checked 
 is left of the message before anything is allocated, the ids a relay can make us want are
 capped (`TooManyMissing`), and one message costs at most its own length plus one frame of
 our answer (`frame_limit`), after which the rest of the range is deferred to the next round.
+A message may hold no more ranges than our previous one could have produced (an honest peer
+answers each of our ranges with at most BUCKETS sub-ranges and a skip), and its bounds must
+rise strictly (`RangesRefused`): a relay once sent 630,000 skip ranges per message, each one
+a binary search and a range of our answer, seconds of CPU a round. And the work is done in
+steps (`steps`): a generator that yields after every STEP_UNITS units of work (a range read
+or written, or a batch of listed ids), so the caller can yield to its event loop and charge
+the relay for what it caused.
 """
 
 from __future__ import annotations
 
 import hashlib
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from itertools import accumulate
 from operator import itemgetter
 from typing import Protocol
@@ -44,6 +51,10 @@ INFINITY = 1 << 64
 MAX_VARINT_BYTES = 10
 """Enough for any 64-bit value; a longer varint is an attack, not a number."""
 MIN_FRAME_LIMIT = 4096
+STEP_UNITS = 32
+"""Units of work (see `Reconciliation.steps`) between two yields of a step."""
+IDS_PER_UNIT = 16
+"""Listed ids (theirs looked up, or ours in the range they cover) that count as one unit."""
 _FRAME_MARGIN = 200
 """Room kept under `frame_limit` for the range that defers the rest to the next round."""
 _MODE_SKIP, _MODE_FINGERPRINT, _MODE_ID_LIST = 0, 1, 2
@@ -62,6 +73,11 @@ class ProtocolError(ValueError):
 
 class TooManyMissing(ProtocolError):
     """The relay claims more missing ids than the caller allows."""
+
+
+class RangesRefused(ProtocolError):
+    """The relay's message holds more ranges than our previous one could have produced, or
+    bounds that do not rise strictly: not an honest peer's answer."""
 
 
 def encode_varint(value: int) -> bytes:
@@ -239,10 +255,11 @@ class Items(Protocol):
 class Reconciliation:
     """Our side of one reconciliation over `items.keys[lower:upper]` (the items of one filter).
 
-    `initiate` gives the NEG-OPEN message; each relay message goes to `reconcile`, whose
-    answer is the next NEG-MSG, or None once every range agrees or was listed: then `missing`
-    holds the ids the relay has beyond ours (we never send the relay ids it lacks: catch-up
-    only fetches). The items must not change while it runs.
+    `initiate` gives the NEG-OPEN message; each relay message goes to `reconcile` (or
+    `steps`, the same work in steps), whose answer is the next NEG-MSG, or None once every
+    range agrees or was listed: then `missing` holds the ids the relay has beyond ours (we
+    never send the relay ids it lacks: catch-up only fetches). The items must not change
+    while it runs.
     """
 
     def __init__(
@@ -256,42 +273,76 @@ class Reconciliation:
         self._max_missing = max_missing
         self.missing: set[str] = set()
         self._last_out = 0
+        self._ranges_out = 1
+        """Ranges of our last message (before the first: our whole range, as one)."""
+        self._emitting = 0
 
     def initiate(self) -> bytes:
         self._last_out = 0
+        self._emitting = 0
         out = bytearray([PROTOCOL_VERSION])
         self._split(self._lower, self._upper, (INFINITY, b""), out)
+        self._ranges_out = self._emitting
         return bytes(out)
 
+    def max_ranges(self) -> int:
+        """The most ranges an honest answer to our last message holds: each of our ranges
+        answered by at most BUCKETS sub-ranges (or an id list and the fingerprint of what a
+        frame left out) after a skip, and one range deferring the rest to the next round."""
+        return (BUCKETS + 1) * self._ranges_out + 2
+
     def reconcile(self, message: bytes) -> bytes | None:
-        """Our answer to one relay message (None: reconciled)."""
+        """Our answer to one relay message (None: reconciled), all at once."""
+        steps = self.steps(message)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                answer: bytes | None = done.value
+                return answer
+
+    def steps(self, message: bytes) -> Generator[int, None, bytes | None]:
+        """`reconcile`'s work in steps: yields the units of work done since the last yield
+        (about STEP_UNITS each: a range read, a range of our answer written, IDS_PER_UNIT ids
+        listed), and returns the answer. A message an honest peer would not send raises
+        (`RangesRefused`) as soon as its range count passes `max_ranges` or a bound fails to
+        rise, so a hostile one costs at most what an honest one could."""
         if not message:
             raise ProtocolError("empty message")
         if message[0] != PROTOCOL_VERSION:
             raise ProtocolError(f"protocol version {message[0]:#x}")
         items = self._items
+        allowed = self.max_ranges()
         self._last_out = 0
+        self._emitting = 0
         last_in = 0
         position = 1
         out = bytearray([PROTOCOL_VERSION])
         lower = emitted = self._lower
         previous_bound: Bound = (0, b"")
+        ranges = units = 0
         skipping = False
         while position < len(message):
+            ranges += 1
+            emitted_before = self._emitting
+            if ranges > allowed:
+                raise RangesRefused(f"more than {allowed} ranges in answer to our {self._ranges_out}")
+            if last_in == INFINITY:
+                raise RangesRefused("a range after the infinite bound")
             encoded, position = read_varint(message, position)
-            if encoded == 0 or last_in == INFINITY:
-                last_in = INFINITY
-            else:
-                last_in = min(last_in + encoded - 1, INFINITY)
+            last_in = INFINITY if encoded == 0 else min(last_in + encoded - 1, INFINITY)
             length, position = read_varint(message, position)
             if length > ID_SIZE or position + length > len(message):
                 raise ProtocolError("bad bound")
             bound: Bound = (last_in, message[position : position + length])
+            if ranges > 1 and bound <= previous_bound:
+                raise RangesRefused("bounds do not rise")
             position += length
             mode, position = read_varint(message, position)
             upper = (self._upper if last_in == INFINITY
                      else items.bisect(bound, lower, self._upper))
             answer = bytearray()
+            units += 1
             if mode == _MODE_SKIP:
                 skipping = True
             elif mode == _MODE_FINGERPRINT:
@@ -302,10 +353,13 @@ class Reconciliation:
                 if theirs == items.fingerprint(lower, upper):
                     skipping = True
                 else:
+                    before = self._emitting
                     if skipping:
                         skipping = False
                         answer += self._bound(previous_bound) + encode_varint(_MODE_SKIP)
+                        self._emitting += 1
                     self._split(lower, upper, bound, answer)
+                    units += self._emitting - before
             elif mode == _MODE_ID_LIST:
                 count, position = read_varint(message, position)
                 if count * ID_SIZE > len(message) - position:
@@ -313,6 +367,7 @@ class Reconciliation:
                 self._note_theirs(message, position, count, lower, upper)
                 position += count * ID_SIZE
                 skipping = True
+                units += (count + upper - lower) // IDS_PER_UNIT
             else:
                 raise ProtocolError(f"unknown mode {mode}")
             if len(out) + len(answer) > self._frame_limit - _FRAME_MARGIN:
@@ -320,11 +375,18 @@ class Reconciliation:
                 # fingerprint from there to the end
                 out += self._bound((INFINITY, b"")) + encode_varint(_MODE_FINGERPRINT)
                 out += items.fingerprint(emitted, self._upper)
+                self._emitting = emitted_before + 1
                 break
             if answer:
                 out += answer
                 emitted = upper
             lower, previous_bound = upper, bound
+            if units >= STEP_UNITS:
+                yield units
+                units = 0
+        if units:
+            yield units
+        self._ranges_out = max(self._emitting, 1)
         return None if len(out) == 1 else bytes(out)
 
     def _note_theirs(
@@ -347,7 +409,9 @@ class Reconciliation:
         if count < 2 * BUCKETS:
             out += self._bound(upper_bound) + encode_varint(_MODE_ID_LIST) + encode_varint(count)
             out += b"".join(key[1] for key in keys[lower:upper])
+            self._emitting += 1
             return
+        self._emitting += BUCKETS
         per_bucket, with_extra = divmod(count, BUCKETS)
         start = lower
         for bucket in range(BUCKETS):

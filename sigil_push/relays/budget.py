@@ -1,4 +1,5 @@
-"""What one relay connection may cost the bridge: invalid events, and signature checks.
+"""What one relay connection may cost the bridge: invalid events, signature checks, and NIP-77
+work (`RangeBudget`, per relay rather than per socket).
 
 Any stranger can name a relay at registration, so a relay is untrusted input. Two bounds apply
 per connection (per socket: a reconnect starts fresh, the backoff remembers):
@@ -29,6 +30,34 @@ VERIFY_PER_SECOND = 20_000.0
 ceiling above what the ingest benchmark's single relay reaches (10.8k events/s), so a good
 relay at full speed is never paused. How the loop is *shared* between relays is the reader's
 turn-taking (relays/connection.py, FRAMES_PER_TURN); forgeries end at the invalid budget."""
+
+
+RANGE_BURST = 200_000.0
+RANGES_PER_SECOND = 100.0
+"""NIP-77 work one relay may cause (`Reconciliation.steps` units: a range read or written, 16
+ids listed), about 5-50 us each here: an honest catch-up of a 20,000-item slice with a
+thousand differences takes some tens of thousands; a relay past the burst falls back to paged
+REQ. The refill gives back a burst in about half an hour."""
+
+
+class RangeBudget:
+    """One relay's NIP-77 work budget, kept across reconciliations and reconnects (it lives
+    with the relay's Reconciler), so a relay cannot buy a fresh one by ending each exchange."""
+
+    __slots__ = ("_burst", "_per_second", "_stamp", "_tokens")
+
+    def __init__(self, burst: float = RANGE_BURST, per_second: float = RANGES_PER_SECOND) -> None:
+        self._burst, self._per_second = burst, per_second
+        self._tokens = burst
+        self._stamp = time.monotonic()
+
+    def charge(self, units: int) -> bool:
+        """Spend `units`; False once the budget is exhausted."""
+        now = time.monotonic()
+        self._tokens = min(self._burst, self._tokens + (now - self._stamp) * self._per_second)
+        self._stamp = now
+        self._tokens -= units
+        return self._tokens >= 0.0
 
 
 class ConnectionBudget:

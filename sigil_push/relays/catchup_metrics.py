@@ -12,7 +12,7 @@ import contextlib
 from prometheus_client import Counter, Gauge
 
 METHODS = ("negentropy", "req")
-FALLBACK_REASONS = ("neg_err", "refused", "timeout", "error")
+FALLBACK_REASONS = ("neg_err", "refused", "timeout", "error", "violation", "budget")
 
 RUNS = Counter(
     "sigil_push_catchup_runs_total",
@@ -44,6 +44,12 @@ PAGE_CAP = Counter(
     "Catch-ups that stopped paging at the per-shard page cap",
     ["relay"],
 )
+NEGENTROPY_WORK = Counter(
+    "sigil_push_catchup_negentropy_work_total",
+    "NIP-77 work a relay's messages caused (ranges read and written, ids listed by 16s),"
+    " charged to its budget",
+    ["relay"],
+)
 FALLBACKS = Counter(
     "sigil_push_catchup_fallbacks_total",
     "Negentropy attempts that fell back to paged REQ, by reason",
@@ -58,6 +64,7 @@ def bind(url: str) -> None:
         EVENTS.labels(url, method)
         BYTES.labels(url, method)
     PAGES.labels(url)
+    NEGENTROPY_WORK.labels(url)
     PAGES_WAITING.labels(url).set(0)
     PAGE_CAP.labels(url)
     for reason in FALLBACK_REASONS:
@@ -70,7 +77,7 @@ def unbind(url: str) -> None:
         for metric in (RUNS, EVENTS, BYTES):
             with contextlib.suppress(KeyError):
                 metric.remove(url, method)
-    for gauge_or_counter in (PAGES, PAGES_WAITING, PAGE_CAP):
+    for gauge_or_counter in (PAGES, PAGES_WAITING, PAGE_CAP, NEGENTROPY_WORK):
         with contextlib.suppress(KeyError):
             gauge_or_counter.remove(url)
     for reason in FALLBACK_REASONS:

@@ -17,7 +17,14 @@ and its CPU follows the differences, not the window. The kept items are bounded
 
 Support is found by trying (never from NIP-11): a NEG-ERR, a CLOSED/NOTICE refusal, an error
 or no answer within INITIAL_TIMEOUT_SECONDS raises `NegentropyFailed` with a bounded reason.
-What the relay says is bounded: frame size, rounds, time, and the ids it can make us fetch.
+What the relay says is bounded: frame size (MAX_FRAME_BYTES, well under the guard's 4 MiB),
+rounds, time, the ids it can make us fetch, the ranges one message may hold (no more than our
+previous message could produce, bounds rising: nostr/nip77.py), and the work all of its
+messages cause, charged to the relay's `RangeBudget` (relays/budget.py) across exchanges and
+reconnects. A message is worked through in steps, yielding to the event loop every
+YIELD_AFTER_SECONDS, so no relay holds the loop for long. A relay that breaks those bounds
+(`violation`) or spends its budget (`budget`) falls back to paged REQ and is not asked for
+NIP-77 again for a while (relays/pool.py).
 """
 
 from __future__ import annotations
@@ -26,15 +33,19 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 import weakref
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
-from sigil_push.nostr.nip77 import Items, ProtocolError, Reconciliation, SortedItems
+from sigil_push.nostr.nip77 import Items, ProtocolError, Reconciliation, SortedItems, TooManyMissing
 from sigil_push.nostr.nip77_snapshot import LayeredItems, SnapshotItems
 from sigil_push.nostr.relay_message import Closed, NegErr, NegMsg, Notice, parse_relay_message
+from sigil_push.relays import catchup_metrics
+from sigil_push.relays.budget import RangeBudget
+from sigil_push.relays.labels import series_label
 from sigil_push.relays.reader_socket import ReaderSocket, open_reader
 from sigil_push.telemetry.memory_gauges import track
 from sigil_push.telemetry.redaction import redact_keys, relay_label
@@ -46,7 +57,14 @@ INITIAL_TIMEOUT_SECONDS = 4.0
 SYNC_TIMEOUT_SECONDS = 120.0
 """The whole reconciliation of one filter, however many rounds it takes."""
 OPEN_TIMEOUT_SECONDS = 10.0
-MAX_FRAME_BYTES = 4 * 1024 * 1024
+MAX_MESSAGE_BYTES = 540_000
+"""A relay's NEG-MSG before hex: strfry answers in frames of up to 500,000 bytes; a longer one
+is not an honest answer to ours, and it would cost milliseconds just to decode."""
+MAX_FRAME_BYTES = 2 * MAX_MESSAGE_BYTES + 1024
+"""The reconciliation socket's largest frame (the message as hex, in its JSON array): a
+bigger one closes the socket (1009) and counts as a `violation`."""
+YIELD_AFTER_SECONDS = 0.002
+"""Loop time one relay message may take before its work yields to the event loop."""
 FRAME_LIMIT_BYTES = 60_000
 """Our messages' size before hex (120 kB on the wire, under strfry's default 128 KiB frame;
 nostr-sdk's choice too); a longer answer leaves the rest of the range for the next round."""
@@ -145,6 +163,10 @@ class Reconciler:
         self._next_sub = 0
         self.added_now = 0
         """Items the last `missing` call added to a kept set (the rest were kept from before)."""
+        self.budget = RangeBudget()
+        """The work this relay's messages may cause, kept across exchanges and reconnects."""
+        self.work = 0
+        """Units of work (`Reconciliation.steps`) its messages have caused, in all."""
         _ALL.add(self)
 
     def kept_items(self) -> int:
@@ -208,9 +230,15 @@ class Reconciler:
             reason = failure.reason
         except TimeoutError:
             reason = "timeout"
+        except TooManyMissing:
+            reason = "error"  # honest when far behind: paged REQ this once
+        except ProtocolError as error:
+            # a message no honest peer sends (too many ranges, bounds not rising, malformed)
+            reason = "violation"
+            log.debug("negentropy violation: %s", error)
         except (ValueError, OSError, aiohttp.ClientError) as error:
-            # a malformed or closed exchange (ProtocolError, TooManyMissing, bad JSON or hex)
-            # or no socket: `error` falls back this once, without marking the relay
+            # a closed exchange, bad JSON or hex, or no socket: `error` falls back this once,
+            # without marking the relay
             reason = "error"
             # aiohttp's message names the URL, which may carry the user's key
             log.debug("negentropy error: %s: %s", type(error).__name__, redact_keys(str(error))[:200])
@@ -230,20 +258,46 @@ class Reconciler:
         for round_number in range(MAX_ROUNDS):
             wait = INITIAL_TIMEOUT_SECONDS if round_number == 0 else None
             message = await self._next_message(ws, sub_id, wait)
-            answer = reconciliation.reconcile(message)
+            answer = await self._answer(reconciliation, message)
             if answer is None:
                 await ws.send_str(json.dumps(["NEG-CLOSE", sub_id]))
                 return sorted(reconciliation.missing)
             await ws.send_str(json.dumps(["NEG-MSG", sub_id, answer.hex()]))
-        raise ProtocolError(f"no agreement within {MAX_ROUNDS} rounds")
+        # an honest relay with a set we cannot cover in time: this once, without marking it
+        # (a dishonest one that keeps rounds going pays for them from its budget)
+        raise NegentropyFailed("error")
+
+    async def _answer(self, reconciliation: Reconciliation, message: bytes) -> bytes | None:
+        """Our answer to `message`, worked out in steps: each step's work is charged to the
+        relay's budget (spent: `budget`), and the loop gets a turn every YIELD_AFTER_SECONDS."""
+        steps = reconciliation.steps(message)
+        label = series_label(self.url)
+        turn = time.perf_counter()
+        while True:
+            try:
+                units = next(steps)
+            except StopIteration as done:
+                answer: bytes | None = done.value
+                return answer
+            self.work += units
+            catchup_metrics.NEGENTROPY_WORK.labels(label).inc(units)
+            if not self.budget.charge(units):
+                raise NegentropyFailed("budget")
+            if time.perf_counter() - turn >= YIELD_AFTER_SECONDS:
+                await asyncio.sleep(0)
+                turn = time.perf_counter()
 
     async def _next_message(self, ws: ReaderSocket, sub_id: str, wait: float | None) -> bytes:
         """The next NEG-MSG payload for `sub_id`; a refusal raises, other frames are passed."""
         async with asyncio.timeout(wait):
             while True:
                 frame = await ws.receive()
+                if (frame.type is aiohttp.WSMsgType.ERROR
+                        and isinstance(frame.data, aiohttp.WebSocketError)
+                        and frame.data.code == aiohttp.WSCloseCode.MESSAGE_TOO_BIG):
+                    raise NegentropyFailed("violation")
                 if frame.type is not aiohttp.WSMsgType.TEXT:
-                    raise ProtocolError("socket closed")
+                    raise ConnectionError("socket closed")
                 text: str = frame.data
                 self.count.frames += 1
                 self.count.bytes += len(text)

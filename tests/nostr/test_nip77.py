@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+from collections.abc import Sequence
 from datetime import timedelta
 
 import nostr_sdk
@@ -15,9 +16,14 @@ import pytest
 from websockets.asyncio.server import ServerConnection
 
 from sigil_push.nostr.nip77 import (
+    BUCKETS,
     INFINITY,
     PROTOCOL_VERSION,
+    STEP_UNITS,
+    Bound,
+    Key,
     ProtocolError,
+    RangesRefused,
     Reconciliation,
     SortedItems,
     TooManyMissing,
@@ -28,6 +34,7 @@ from sigil_push.nostr.nip77 import (
 )
 from testkit.loopback_relay import LoopbackRelay
 from testkit.nostr_client import sdk_dry_run_sync
+from tests.adversarial.negentropy_flooder import mismatches, skips_then_a_mismatch
 
 VARINTS = [(0, "00"), (1, "01"), (127, "7f"), (128, "8100"), (255, "817f"),
            (16_383, "ff7f"), (16_384, "818000"), (2**64 - 1, "81ffffffffffffffff7f")]
@@ -195,3 +202,92 @@ async def test_our_opening_message_is_nostr_sdks_byte_for_byte(count: int) -> No
     kept.add(dict(items))
     ours = Reconciliation(kept, 0, len(kept), 50_000, 10).initiate().hex()
     assert await _nostr_sdk_opening(items) == ours
+
+
+class _Counting:
+    """SortedItems behind the `Items` protocol, counting the binary searches and fingerprints
+    a reconciliation asks of it: the work a relay's message causes."""
+
+    def __init__(self, kept: SortedItems) -> None:
+        self.kept = kept
+        self.calls = 0
+
+    @property
+    def keys(self) -> Sequence[Key]:
+        return self.kept.keys
+
+    def __len__(self) -> int:
+        return len(self.kept)
+
+    def position(self, created_at: int) -> int:
+        return self.kept.position(created_at)
+
+    def bisect(self, bound: Bound, lower: int, upper: int) -> int:
+        self.calls += 1
+        return self.kept.bisect(bound, lower, upper)
+
+    def fingerprint(self, lower: int, upper: int) -> bytes:
+        self.calls += 1
+        return self.kept.fingerprint(lower, upper)
+
+    def lacking(self, ids: list[bytes], lower: int, upper: int) -> list[bytes]:
+        return self.kept.lacking(ids, lower, upper)
+
+
+def _many(count: int = 20_000) -> SortedItems:
+    kept = SortedItems()
+    kept.add({event_id: 1_700_000_000 + n // 3 for n, event_id in enumerate(_ids(count))})
+    return kept
+
+
+def test_a_message_with_more_ranges_than_ours_could_produce_is_refused_after_bounded_work() -> None:
+    """Issue 34, item 1: a relay answered our sixteen fingerprints with 630,000 Skip ranges
+    and one mismatch, seconds of CPU in one pass, every round. An honest answer holds at most
+    BUCKETS ranges and a skip per range of ours: the message is refused at the first range
+    past that, having cost no more than those."""
+    counting = _Counting(_many())
+    reconciliation = Reconciliation(counting, 0, len(counting), 60_000, 200_000)
+    reconciliation.initiate()
+    assert reconciliation.max_ranges() == (BUCKETS + 1) * 16 + 2
+    counting.calls = 0
+    with pytest.raises(RangesRefused):
+        reconciliation.reconcile(skips_then_a_mismatch(630_000))
+    assert counting.calls <= reconciliation.max_ranges()
+
+
+def test_bounds_must_rise_and_nothing_follows_the_infinite_one() -> None:
+    kept = _many(100)
+    one = encode_varint(0) + encode_varint(0)  # a Skip range: empty prefix, mode 0
+    for bad in (
+        b"\x61" + encode_varint(5) + one + encode_varint(1) + one,  # the same bound twice
+        b"\x61" + encode_varint(0) + one + encode_varint(0) + one,  # a range after infinity
+        b"\x61" + encode_varint(9) + b"\x01\x07\x00" + encode_varint(1) + b"\x01\x03\x00",  # lower prefix
+    ):
+        reconciliation = Reconciliation(kept, 0, len(kept), 4096, 10)
+        reconciliation.initiate()
+        with pytest.raises(RangesRefused):
+            reconciliation.reconcile(bad)
+
+
+def test_the_work_of_a_message_comes_in_steps_of_bounded_size() -> None:
+    """The most an honest relay may send to our opening, every range differing: each step
+    of the work is at most STEP_UNITS units and one range's split, and the steps add up to
+    the same answer as doing it at once."""
+    kept = _many()
+    bounds = [kept.keys[n * len(kept) // 17][0] for n in range(1, 17)]
+    message = mismatches(bounds)
+    stepped = Reconciliation(kept, 0, len(kept), 60_000, 10)
+    stepped.initiate()
+    steps = stepped.steps(message)
+    sizes: list[int] = []
+    while True:
+        try:
+            sizes.append(next(steps))
+        except StopIteration as done:
+            answer = done.value
+            break
+    assert max(sizes) <= STEP_UNITS + BUCKETS + 1
+    assert sum(sizes) >= 17 * BUCKETS
+    at_once = Reconciliation(kept, 0, len(kept), 60_000, 10)
+    at_once.initiate()
+    assert answer == at_once.reconcile(message) is not None
