@@ -162,8 +162,13 @@ class Service:
 
     def tasks_down(self) -> dict[str, str]:
         """Core tasks (e.g. `bridge-commit`) waiting to be restarted after an exception, or
-        impaired (the committer while the database refuses writes), each with its reason."""
-        return self.supervisor.reasons()
+        impaired (the committer while the database refuses writes), each with its reason; and
+        on several workers, why keys may be unwatched (`Shards.problems`: the store
+        unreachable, key shards held by no worker)."""
+        down = self.supervisor.reasons()
+        if self._shards is not None:
+            down.update(self._shards.problems())
+        return dict(sorted(down.items()))
 
     def relay_health(self) -> dict[str, dict[str, Any]]:
         """Per relay: whether it is connected and when it last delivered an event.

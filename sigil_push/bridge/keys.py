@@ -214,17 +214,20 @@ class KeyRegistry:
             return
         async with self.changing:
             await self._release(owns)
-            masks = await self._devices.notify_masks(owns.gained, owns.count)
-            async for chunk in self._devices.key_chunks(owns.gained, owns.count):
-                items = list(chunk.items())
-                del chunk
-                for pubkey, _ in items:
-                    mask = masks.get(pubkey)
-                    if mask is not None and owns(pubkey):
-                        self._set_kinds(pubkey, mask)
-                for start in range(0, len(items), RESHARD_CHUNK):
-                    await self._take(state, owns, items[start : start + RESHARD_CHUNK])
-                    await asyncio.sleep(0)
+            # nothing gained, nothing to read: letting go of every shard (a worker cut off
+            # from its database) must not need the database
+            if owns.gained:
+                masks = await self._devices.notify_masks(owns.gained, owns.count)
+                async for chunk in self._devices.key_chunks(owns.gained, owns.count):
+                    items = list(chunk.items())
+                    del chunk
+                    for pubkey, _ in items:
+                        mask = masks.get(pubkey)
+                        if mask is not None and owns(pubkey):
+                            self._set_kinds(pubkey, mask)
+                    for start in range(0, len(items), RESHARD_CHUNK):
+                        await self._take(state, owns, items[start : start + RESHARD_CHUNK])
+                        await asyncio.sleep(0)
             # once: relays wanted only by keys that left close, those of arriving keys open
             self.apply(set())
 

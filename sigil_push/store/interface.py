@@ -347,6 +347,11 @@ class Shards(Protocol):
         """Asked before each canary probe, so N workers send one (None: always probe)."""
         ...
 
+    def problems(self) -> dict[str, str]:
+        """Why keys this worker should watch may be unwatched (the store unreachable, shards
+        held by nobody), by name, for `/health`; empty when none."""
+        ...
+
     async def start(self, stack: AsyncExitStack) -> None:
         """Before the bridge starts: take a first share (given back when `stack` closes)."""
         ...

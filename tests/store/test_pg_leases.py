@@ -420,6 +420,52 @@ async def test_a_failed_reshard_is_applied_again_at_the_next_heartbeat(pool: asy
         await first.release()
 
 
+class _CutOff(ShardLeaser):
+    """A leaser whose heartbeats fail as with the database stopped, while `cut_off`."""
+
+    cut_off = False
+
+    async def tick(self) -> dict[int, int]:
+        if self.cut_off:
+            raise ConnectionRefusedError("the database is down")
+        return await super().tick()
+
+
+async def test_a_change_that_failed_half_way_is_applied_again_whole(pool: asyncpg.Pool) -> None:
+    """A worker cut off from its database lets go of its shards a lease after its last
+    renewal, and the bridge's change fails half way (the keys released, the database needed
+    for the rest). When the heartbeats come back with the very same shards, the bridge is told
+    them again, every one as gained. It used to be put back to believing it watched them:
+    the same shards came back, no change was seen, and their keys stayed unwatched for good.
+    Meanwhile the watch names the unreachable store for /health; afterwards, nothing."""
+    shards = 8
+    applied: list[ShardSet] = []
+
+    async def reshard(owns: ShardSet) -> None:
+        applied.append(owns)
+        if not owns.held:
+            raise ConnectionRefusedError("the bridge could not read its keys")
+
+    leaser = _CutOff(pool, "cut", LEASE_SECONDS, shards=shards)
+    watch = ShardWatch(leaser, reshard)
+    every = frozenset(range(shards))
+    try:
+        await watch.start()
+        assert [owns.held for owns in applied] == [every]
+        leaser.cut_off = True
+        await until(lambda: any(not owns.held for owns in applied))
+        assert "the store (PostgreSQL) is unreachable" in watch.problems()["shard-leases"]
+        failed = len(applied)
+        leaser.cut_off = False
+        await until(lambda: len(applied) > failed and applied[-1].held == every)
+        assert applied[-1].gained == every, "the bridge must load every shard's keys again"
+        await until(lambda: not watch.problems())
+        assert watch.held() == list(range(shards))
+    finally:
+        await watch.halt()
+        await leaser.release()
+
+
 async def test_a_heartbeat_that_returns_late_does_not_make_the_bridge_reload(
     pool: asyncpg.Pool,
 ) -> None:

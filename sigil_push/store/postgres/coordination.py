@@ -59,6 +59,9 @@ class LeasedShards:
     def canary_gate(self) -> Callable[[], bool] | None:
         return self._watch.runs_canary
 
+    def problems(self) -> dict[str, str]:
+        return self._watch.problems()
+
     async def start(self, stack: AsyncExitStack) -> None:
         watch = self._watch
         await self._devices.also_listen(SHARDS_CHANNEL, lambda _moved: watch.nudge())

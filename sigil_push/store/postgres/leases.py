@@ -158,6 +158,13 @@ class ShardLeaser:
         self.confirming = False
         """Whether the last heartbeat found this worker over its share for the first time: the
         next one, which gives back, is due early."""
+        self.unheld = 0
+        """Shards held by no live worker after the last heartbeat (unowned or expired): their
+        keys are watched by nobody until some worker takes them."""
+        self.live_workers = 1
+        """Live workers (this one included) at the last heartbeat."""
+        self._cut_off = False  # the last heartbeat failed
+        self._patient_until = 0.0  # take nothing before this (see `tick`)
 
     def limit_steps(self) -> None:
         """This worker now watches its keys: give back at most shards / 8 per heartbeat."""
@@ -180,7 +187,23 @@ class ShardLeaser:
         read can only be conservative (a take gets free or expired shards only, SKIP LOCKED).
         """
         started = time.monotonic()
+        try:
+            return await self._tick(started)
+        except BaseException:
+            # This worker was cut off: maybe alone, maybe with every worker (the database
+            # itself went away). In the second case the others' heartbeats are as old as ours
+            # when it comes back, so they look dead and their expired shards free: taking them
+            # at our first beat would move half the keys for nothing, and back again in steps.
+            # So for one heartbeat interval after we are back, renew our own leases only; the
+            # others renew theirs meanwhile, and a worker that really died is taken over then.
+            self._cut_off = True
+            raise
+
+    async def _tick(self, started: float) -> dict[int, int]:
         lease = self.lease_seconds
+        if self._cut_off:
+            self._cut_off = False
+            self._patient_until = started + lease / 2
         async with self.pool.acquire() as connection:
             if not self._seeded:  # every shard needs its row before anyone can take it
                 await connection.execute(
@@ -196,7 +219,10 @@ class ShardLeaser:
             row = await connection.fetchrow(HEARTBEAT_SQL, self.worker_id, lease, lease * 10)
             assert row is not None
             held = dict(zip(row["shards"] or [], row["epochs"] or [], strict=True))
-            give, take = rebalance(len(held), list(row["others"] or []), self.shards)
+            others = list(row["others"] or [])
+            give, take = rebalance(len(held), others, self.shards)
+            if started < self._patient_until:
+                take = 0
             over_share = give > 0
             gave = over_share and self._over_share
             if gave:
@@ -232,6 +258,8 @@ class ShardLeaser:
         self._over_share = over_share
         self._held = held
         self._valid_until = started + lease
+        self.unheld = max(0, self.shards - len(held) - sum(others))
+        self.live_workers = len(others) + 1
         return dict(held)
 
     async def release(self) -> None:

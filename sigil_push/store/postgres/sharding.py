@@ -18,10 +18,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Collection
 
 import asyncpg
-from prometheus_client import Gauge
+from prometheus_client import Counter, Gauge
 
 from sigil_push.shards import ShardSet
 from sigil_push.store.postgres.leases import ShardLeaser
@@ -33,6 +34,17 @@ log = logging.getLogger(__name__)
 CANARY_SHARD = 0  # its lease holder is the one worker that runs the canary probes
 
 SHARDS_HELD = Gauge("sigil_push_worker_shards", "Key shards this worker holds", ["worker"])
+UNHELD = Gauge(
+    "sigil_push_worker_unheld_shards",
+    "Key shards held by no live worker (their keys watched by nobody), as this worker's last"
+    " successful lease heartbeat saw them",
+    ["worker"],
+)
+HEARTBEAT_FAILURES = Counter(
+    "sigil_push_worker_lease_heartbeat_failures_total",
+    "Shard lease heartbeats that could not reach the database",
+    ["worker"],
+)
 
 Reshard = Callable[[ShardSet], Awaitable[None]]
 Narrow = Callable[[Collection[int], int], None]
@@ -62,9 +74,46 @@ class ShardWatch:
         self._tasks: list[asyncio.Task[None]] = []
         self._changed = asyncio.Event()
         self._gauge = SHARDS_HELD.labels(leaser.worker_id)
+        self._unheld_gauge = UNHELD.labels(leaser.worker_id)
+        self._failures = HEARTBEAT_FAILURES.labels(leaser.worker_id)
+        self._failing: tuple[float, str] | None = None  # since when, and the last error's type
+        self._unheld_since: float | None = None  # some shards held by no live worker
+        self._empty_since: float | None = time.monotonic()  # the bridge told of no shards
+        self._apply_error: str | None = None  # the bridge's keys lag the leases
 
     def held(self) -> list[int]:
         return sorted(self._held or ())
+
+    def problems(self) -> dict[str, str]:
+        """Why this worker's part of the instance is not watching what it should, by task, for
+        `/health` (empty: nothing wrong). Keys go unwatched when the database can't be reached
+        (this worker lets go of its shards a lease after its last renewal), when shards are
+        held by no live worker for longer than a lease (a hand-over takes less), when this
+        worker has held no shard for longer than a lease although there are shards for it, or
+        when the bridge could not be brought in line with the leases."""
+        now = time.monotonic()
+        lease = self._leaser.lease_seconds
+        found: dict[str, str] = {}
+        if self._failing is not None:
+            since, error = self._failing
+            found["shard-leases"] = (
+                f"the store (PostgreSQL) is unreachable: lease heartbeats failing for"
+                f" {now - since:.0f} s ({error})"
+            )
+        if self._apply_error is not None:
+            found["shard-apply"] = (
+                f"the bridge's keys lag its leases: applying a shard change failed"
+                f" ({self._apply_error}); retried at every heartbeat"
+            )
+        lonely = self._leaser.live_workers <= self._leaser.shards
+        if self._empty_since is not None and now - self._empty_since > lease and lonely:
+            found["key-shards"] = f"holding no key shards for {now - self._empty_since:.0f} s"
+        elif self._unheld_since is not None and now - self._unheld_since > lease:
+            found["key-shards"] = (
+                f"{self._leaser.unheld} of {self._leaser.shards} key shards held by no live"
+                f" worker for {now - self._unheld_since:.0f} s"
+            )
+        return found
 
     def runs_canary(self) -> bool:
         """Whether this worker probes: it holds shard 0's lease right now (the leaser's own
@@ -107,14 +156,30 @@ class ShardWatch:
         After a failed one, the local view, which lapses: a worker cut off from the database
         lets go of its keys.
         """
+        leaser = self._leaser
         try:
-            held = frozenset(await self._leaser.tick())
-            if self._leaser.moved and self._announce is not None:
-                await self._announce()
-            return held
+            held = frozenset(await leaser.tick())
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
             log.warning("shard lease heartbeat failed: %s", type(exc).__name__)
-            return frozenset(self._leaser.held())
+            self._failures.inc()
+            since = self._failing[0] if self._failing is not None else time.monotonic()
+            self._failing = (since, type(exc).__name__)
+            return frozenset(leaser.held())
+        if self._failing is not None:
+            log.warning(
+                "shard lease heartbeats resumed after %.1f s; holding %d of %d key shards",
+                time.monotonic() - self._failing[0], len(held), leaser.shards,
+            )
+            self._failing = None
+        self._unheld_gauge.set(leaser.unheld)
+        if not leaser.unheld:
+            self._unheld_since = None
+        elif self._unheld_since is None:
+            self._unheld_since = time.monotonic()
+        if leaser.moved and self._announce is not None:
+            with contextlib.suppress(asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
+                await self._announce()  # a lost nudge costs the others a heartbeat, no more
+        return held
 
     async def _apply_held(self) -> None:
         held = self._target
@@ -129,10 +194,23 @@ class ShardWatch:
                 if self._narrow is not None:
                     self._narrow(held, shards)
                 await self._reshard(ShardSet(held, shards, held - (told or frozenset())))
-            except BaseException:
-                # not applied: the next heartbeat must see a change and apply it again
-                self._held = told
+            except BaseException as exc:
+                # Not applied, and maybe half applied: the keys of shards that left may be
+                # unwatched already while those arriving are not loaded. What the bridge
+                # watches is unknown now, so the next heartbeat applies again from nothing:
+                # every shard held counts as gained (a key already watched is kept). Putting
+                # back `told` instead made a worker whose reshard failed during a database
+                # outage (all keys released, the arriving ones unreadable) believe it watched
+                # its shards once the database was back: the same shards came back from the
+                # next heartbeat, no change was seen, and their keys stayed unwatched for good.
+                self._held = None
+                self._apply_error = type(exc).__name__
                 raise
+            self._apply_error = None
+            if held:
+                self._empty_since = None
+            elif self._empty_since is None:
+                self._empty_since = time.monotonic()
 
     async def _renew(self) -> None:
         while True:

@@ -38,6 +38,9 @@ class EveryKey:
     def canary_gate(self) -> Callable[[], bool] | None:
         return None
 
+    def problems(self) -> dict[str, str]:
+        return {}
+
     async def start(self, stack: AsyncExitStack) -> None:
         return None
 
