@@ -6,9 +6,11 @@ failure is a typed exception mapped to the contract's JSON error in one place, `
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -40,7 +42,12 @@ from sigil_push.nostr.nip98 import AuthError, AuthExpired, AuthMissing, verify_h
 from sigil_push.push import registry
 from sigil_push.service import Service, State
 from sigil_push.store.auth_ids import request_digest
-from sigil_push.store.errors import STORE_UNAVAILABLE, TooManyAccounts, TooManyDevices
+from sigil_push.store.errors import (
+    STORE_UNAVAILABLE,
+    StoreUnavailable,
+    TooManyAccounts,
+    TooManyDevices,
+)
 from sigil_push.store.records import Device, QuietHours
 from sigil_push.telemetry.redaction import relay_label
 from sigil_push.telemetry.tracebacks import withheld
@@ -53,6 +60,35 @@ MAX_MUTE_BODY_BYTES = 80 * 1024
 """/preferences only: a private mute list of 1,000 npubs is about 66 KiB, past the 8 KiB of
 every other route (/register keeps 8 KiB: a longer list is sent with /preferences)."""
 UNLIMITED_ROUTES = ("/health", "/metrics")
+STORE_DEADLINE_SECONDS = 8.0
+"""The most a route that reads or writes the store may take before it answers `503
+unavailable`: within 10 s whatever the database does. A statement waits at most 5 s for a lock
+(SQLite's busy timeout, PostgreSQL's lock_timeout), but a request runs several, and on SQLite
+each queues on the shared connection behind the background loops' statements, each waiting
+out its own busy timeout while another connection holds the file's lock (9-14 s, and more)."""
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def store_deadline(handler: Handler) -> Handler:
+    """`handler` answering `503 unavailable` once it has run STORE_DEADLINE_SECONDS. What it
+    had sent the store may still be applied (as after a client's own timeout): every route it
+    wraps is safe to retry with the same auth event (CONTRACT 3, idempotent retries)."""
+
+    @functools.wraps(handler)
+    async def bounded(request: Request) -> Response:
+        try:
+            async with asyncio.timeout(STORE_DEADLINE_SECONDS) as deadline:
+                return await handler(request)
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+            raise ApiError(
+                503, "unavailable", "storage did not answer in time; retry shortly",
+                {"Retry-After": "1"},
+            ) from None
+
+    return bounded
 
 
 class Api:
@@ -375,7 +411,10 @@ def _error_response(request: Request, exc: Exception) -> Response:
     elif isinstance(exc, STORE_UNAVAILABLE):
         log.warning("storage busy on %s %s: %s", request.method, request.url.path, exc)
         status, code, headers = 503, "unavailable", {"Retry-After": "1"}
-        message = "storage is busy; retry shortly"
+        message = (
+            "storage is unreachable; retry shortly" if isinstance(exc, StoreUnavailable)
+            else "storage is busy; retry shortly"
+        )
     elif isinstance(exc, HTTPException):
         status, headers = exc.status_code, dict(exc.headers or {})
         code = {404: "not_found", 405: "method_not_allowed"}.get(status, "http_error")
@@ -413,11 +452,11 @@ def create_app(service: Service) -> Starlette:
             await service.stop()
 
     routes = [
-        Route("/register", api.register, methods=["POST"]),
-        Route("/unregister", api.unregister, methods=["DELETE"]),
-        Route("/registrations", api.registrations, methods=["GET"]),
-        Route("/preferences", api.preferences, methods=["POST"]),
-        Route("/presence", api.presence, methods=["POST"]),
+        Route("/register", store_deadline(api.register), methods=["POST"]),
+        Route("/unregister", store_deadline(api.unregister), methods=["DELETE"]),
+        Route("/registrations", store_deadline(api.registrations), methods=["GET"]),
+        Route("/preferences", store_deadline(api.preferences), methods=["POST"]),
+        Route("/presence", store_deadline(api.presence), methods=["POST"]),
         Route("/health", api.health, methods=["GET"]),
         Route("/metrics", api.metrics, methods=["GET"]),
         Route("/info", api.info, methods=["GET"]),

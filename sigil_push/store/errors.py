@@ -11,7 +11,20 @@ import sqlite3
 
 import asyncpg
 
+
+class StoreUnavailable(Exception):
+    """The database could not be reached: the connection was refused, lost or timed out, or
+    the server is shutting down. Raised by the store in place of the driver's many forms of
+    it (an OSError, asyncpg's connection and shutdown errors), so that every caller sees one
+    type: the API answers `503 unavailable`, the bridge retries."""
+
+    def __init__(self, engine: str, cause: BaseException) -> None:
+        super().__init__(f"{engine} unreachable ({type(cause).__name__})")
+        self.engine = engine
+
+
 STORE_UNAVAILABLE: tuple[type[Exception], ...] = (
+    StoreUnavailable,
     sqlite3.OperationalError,
     asyncpg.PostgresConnectionError,
     asyncpg.InterfaceError,

@@ -75,6 +75,9 @@ from sigil_push.store.sqlite.outbox import Outbox
 from sigil_push.store.sqlite.preferences import SqliteUserLists
 
 POOL_MAX = 10
+CONNECT_SECONDS = 5.0
+"""How long a new connection may take (asyncpg's default is 60 s): a database that went away
+is reported unavailable within seconds, not after a minute (`database.ACQUIRE_SECONDS`)."""
 SESSION_SETTINGS = {"lock_timeout": "5000"}
 """A statement waits at most 5 s for a lock, as SQLite's busy timeout: then the API answers 503
 and the bridge retries, instead of hanging behind a stuck transaction."""
@@ -223,7 +226,8 @@ async def open_postgres(url: str, worker_id: str, claim_ms: int) -> PostgresStor
     finally:
         await connection.close()
     pool = await asyncpg.create_pool(
-        url, min_size=1, max_size=POOL_MAX, server_settings=SESSION_SETTINGS
+        url, min_size=1, max_size=POOL_MAX, server_settings=SESSION_SETTINGS,
+        timeout=CONNECT_SECONDS,
     )
     db = PostgresDatabase(pool)
     devices = PostgresDevices(db, worker_id)
@@ -263,7 +267,9 @@ async def connect_bridge(config: Config) -> SqliteBridgeLink | PostgresBridgeLin
     database = config.server.database
     if is_postgres_url(database):
         async def connect() -> asyncpg.Connection:
-            return await asyncpg.connect(database, server_settings=SESSION_SETTINGS)
+            return await asyncpg.connect(
+                database, server_settings=SESSION_SETTINGS, timeout=CONNECT_SECONDS
+            )
 
         db = PostgresDatabase(await connect(), reconnect=connect)
         # the committer only enqueues; claims are taken by the delivery side's outbox

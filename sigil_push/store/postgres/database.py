@@ -19,9 +19,22 @@ from typing import Any
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
-from sigil_push.store.errors import TRANSIENT_ERRORS
+from sigil_push.store.errors import TRANSIENT_ERRORS, StoreUnavailable
 
 Connection = asyncpg.Connection | PoolConnectionProxy
+
+ACQUIRE_SECONDS = 5.0
+"""At most this long to get a pool connection (connecting included, see the pool's connect
+timeout): a request the database can't serve gets its 503 well within 10 s, not a hang."""
+
+UNREACHABLE = (
+    OSError,  # refused, reset, timed out
+    asyncpg.PostgresConnectionError,
+    asyncpg.AdminShutdownError,
+    asyncpg.CrashShutdownError,
+    asyncpg.CannotConnectNowError,
+)
+"""The server can't be reached or is going away: `StoreUnavailable`, whatever the form."""
 
 BROKEN = (
     asyncpg.PostgresConnectionError,
@@ -63,17 +76,23 @@ class PostgresDatabase:
         """The owned connection, or one borrowed from the pool for the block."""
         if self._owned is not None:
             async with self._turn:
-                if self._owned.is_closed() and self._reconnect is not None:
-                    self._owned = await self._reconnect()
                 try:
-                    yield self._owned
-                except BROKEN:
-                    self._owned.terminate()  # whatever state it is in, the next use starts afresh
-                    raise
+                    if self._owned.is_closed() and self._reconnect is not None:
+                        self._owned = await self._reconnect()
+                    try:
+                        yield self._owned
+                    except BROKEN:
+                        self._owned.terminate()  # whatever state it is in, the next use starts afresh
+                        raise
+                except UNREACHABLE as exc:
+                    raise StoreUnavailable("PostgreSQL", exc) from exc
         else:
             assert self._pool is not None
-            async with self._pool.acquire() as borrowed:
-                yield borrowed
+            try:
+                async with self._pool.acquire(timeout=ACQUIRE_SECONDS) as borrowed:
+                    yield borrowed
+            except UNREACHABLE as exc:
+                raise StoreUnavailable("PostgreSQL", exc) from exc
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[None]:
