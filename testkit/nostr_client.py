@@ -5,6 +5,7 @@ plain websocket publisher that waits for the relay's OK (so a test knows the eve
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from typing import Any
 
@@ -122,3 +123,42 @@ async def sdk_dry_run_sync(
     finally:
         await client.disconnect()
         nostr_sdk.uniffi_set_event_loop(None)
+
+
+async def publish_steadily(
+    relay_url: str, recipients: list[nostr_sdk.Keys], rate: float, stop: asyncio.Event,
+    sent: list[str],
+) -> None:
+    """Publish kind 4 DMs to `recipients` in turn, `rate` a second, until `stop` is set; each
+    id joins `sent` as it goes out. Returns once the relay has accepted every one (a steady
+    stream of messages for stories about what happens meanwhile, such as a database outage)."""
+    sender = user()
+    accepted: set[str] = set()
+    async with connect(relay_url, proxy=None) as ws:
+
+        async def read_answers() -> None:
+            async for frame in ws:
+                answer = json.loads(frame)
+                if answer[0] == "OK":
+                    if not answer[2] and not str(answer[3]).startswith("duplicate"):
+                        raise PublishRefused(str(answer[3]))
+                    accepted.add(answer[1])
+
+        reader = asyncio.create_task(read_answers())
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            while not stop.is_set():
+                dm = kind4_dm(sender, recipients[len(sent) % len(recipients)], f"dm {len(sent)}")
+                await ws.send(json.dumps(["EVENT", dm]))
+                sent.append(dm["id"])
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), started + len(sent) / rate - loop.time())
+            async with asyncio.timeout(OK_WAIT_SECONDS):
+                while not accepted.issuperset(sent):
+                    if reader.done():
+                        reader.result()  # a refusal, or the relay closed the connection
+                        raise PublishRefused("the relay closed the connection")
+                    await asyncio.sleep(0.05)
+        finally:
+            reader.cancel()

@@ -58,6 +58,7 @@ class PostgresServer:
         self.data = self.root / "data"
         self.log = self.root / "server.log"
         self._as_root = os.geteuid() == 0
+        self._options = ""
 
     def _run(self, *args: str, seconds: float = COMMAND_SECONDS) -> None:
         """One server command to completion; `seconds` is its deadline (scaled)."""
@@ -83,14 +84,25 @@ class PostgresServer:
             " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
             " -c max_connections=200"
         )
+        self._options = options
+        self.resume()
+        return self
+
+    def halt(self, mode: str = "fast") -> None:
+        """Stop the server (`pg_ctl stop -m fast`: every connection is closed at once) and
+        keep its data, for a database outage that `resume` ends on the same port."""
+        wait = str(int(scaled(STOP_SECONDS)))
+        self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "-t", wait, "stop")
+
+    def resume(self) -> None:
+        """Start the (initialised) server on its port; after `halt`, the same cluster again."""
         # pg_ctl's own wait (-w) gives up after 60 s unless told otherwise (-t)
         wait = str(int(scaled(STARTUP_SECONDS)))
         self._run(
-            "pg_ctl", "-D", str(self.data), "-o", options, "-l", str(self.log), "-w", "-t", wait,
-            "start", seconds=2 * STARTUP_SECONDS,
+            "pg_ctl", "-D", str(self.data), "-o", self._options, "-l", str(self.log), "-w",
+            "-t", wait, "start", seconds=2 * STARTUP_SECONDS,
         )
         wait_for_port(self.port)
-        return self
 
     def stop(self) -> None:
         """Stops the server and removes its folder in the background: after a whole suite it
@@ -159,3 +171,17 @@ def postgres_server() -> Iterator[PostgresServer]:
 def postgres_url(postgres_server: PostgresServer) -> str:
     """The URL of a fresh database on the session's server."""
     return postgres_server.create_database()
+
+
+@pytest.fixture
+def own_postgres_server() -> Iterator[PostgresServer]:
+    """A PostgreSQL cluster of the test's own, which it may stop and start again (`halt`,
+    `resume`) without taking the session's server from other tests."""
+    binaries = find_binaries()
+    if binaries is None:
+        missing = "PostgreSQL binaries (initdb, pg_ctl) not found on PATH or /usr/lib/postgresql"
+        if postgres_required():
+            pytest.fail(f"{missing}, and {REQUIRE_VARIABLE} is set", pytrace=False)
+        pytest.skip(missing)
+    with PostgresServer(binaries) as server:
+        yield server
