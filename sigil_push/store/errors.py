@@ -35,6 +35,15 @@ STORE_UNAVAILABLE: tuple[type[Exception], ...] = (
     asyncpg.DeadlockDetectedError,
     asyncpg.CannotConnectNowError,
 )
+POSTGRES_FAILURES: tuple[type[Exception], ...] = (
+    StoreUnavailable,
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    OSError,
+)
+"""What a PostgreSQL call may end with that is the database's or the network's doing, for work
+that is simply tried again later (a lease heartbeat, a NOTIFY): `StoreUnavailable` from the
+repositories' handle, the driver's own errors from a pool or connection used directly."""
 SKIPPABLE_WRITE_ERRORS: tuple[type[Exception], ...] = (sqlite3.Error, *STORE_UNAVAILABLE)
 """What a write whose state also lives in memory (a signer session's status, kept for the next
 start) survives with a log line: any SQLite error, or the store being unavailable."""

@@ -321,7 +321,9 @@ async def test_registrations_reach_other_workers_also_after_their_connection_bro
     store: Store, store_backend: str
 ) -> None:
     """A registration through one worker is told to another worker's listeners (the bridge
-    there re-plans the key); when the listening connection is cut, it is opened again."""
+    there re-plans the key); when the listening connection is cut, it is opened again, and
+    the worker is told it may have missed announcements meanwhile (`on_missed`: its shards'
+    keys are read again), once per break."""
     if store_backend != "postgres":
         pytest.skip("one SQLite process hears its own registrations")
     import time
@@ -331,7 +333,9 @@ async def test_registrations_reach_other_workers_also_after_their_connection_bro
     other = await open_test_store(_url(store), "w2")
     try:
         heard: list[str] = []
+        missed: list[str] = []
         other.devices.add_listener(heard.append)
+        other.devices.on_missed(lambda: missed.append("reload"))  # type: ignore[attr-defined]
         first = secrets.token_hex(32)
         await store.devices.register(first, "ios", secrets.token_hex(32), "opaque", (), None, 0)
         await eventually(lambda: first in heard, "the other worker heard the registration")
@@ -343,6 +347,7 @@ async def test_registrations_reach_other_workers_also_after_their_connection_bro
             await store.devices.register(second, "ios", "ab" * 32, "opaque", (), None, 0)
             await asyncio.sleep(0.2)
         assert second in heard
+        assert missed == ["reload"]
     finally:
         await other.close()
 

@@ -65,6 +65,7 @@ class LeasedShards:
     async def start(self, stack: AsyncExitStack) -> None:
         watch = self._watch
         await self._devices.also_listen(SHARDS_CHANNEL, lambda _moved: watch.nudge())
+        self._devices.on_missed(watch.reload)
         await watch.start()
         stack.push_async_callback(watch.release)
 

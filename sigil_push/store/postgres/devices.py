@@ -87,6 +87,7 @@ class PostgresDevices:
         self._url = ""
         self._relisten: asyncio.Task[None] | None = None
         self._channels: dict[str, Heard] = {CHANNEL: self._tell_one}
+        self._missed: list[Callable[[], None]] = []
         self._shards: tuple[list[int], int] | None = None
 
     def add_listener(self, listener: RegistrationListener) -> None:
@@ -114,6 +115,16 @@ class PostgresDevices:
             except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
                 await asyncio.sleep(RELISTEN_SECONDS)
         self._relisten = None
+        if self._listening is not None:
+            log.warning("registration notifications heard again; reloading this worker's keys")
+            for missed in self._missed:
+                missed()
+
+    def on_missed(self, reload: Callable[[], None]) -> None:
+        """Call `reload()` once the listening connection is back after it broke: whatever
+        other workers announced meanwhile (a registration just after a database restart, say)
+        was not heard, so what they changed must be read again."""
+        self._missed.append(reload)
 
     async def also_listen(self, channel: str, heard: Heard) -> None:
         """Call `heard(pubkey)` for the other workers' `announce(channel, …)`, on the same

@@ -21,10 +21,10 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Collection
 
-import asyncpg
 from prometheus_client import Counter, Gauge
 
 from sigil_push.shards import ShardSet
+from sigil_push.store.errors import POSTGRES_FAILURES
 from sigil_push.store.postgres.leases import ShardLeaser
 from sigil_push.supervisor import supervise
 from sigil_push.telemetry.tracebacks import withheld
@@ -141,6 +141,13 @@ class ShardWatch:
         now on (see `ShardLeaser.limit_steps`)."""
         self._leaser.limit_steps()
 
+    def reload(self) -> None:
+        """Registration changes announced by other workers may have gone unheard (the
+        listening connection broke): tell the bridge every held shard again, as gained, so it
+        reads their keys afresh (a key already watched is kept)."""
+        self._held = None
+        self._changed.set()
+
     def nudge(self) -> None:
         """Another worker moved shards (joined, gave some back, stopped): beat now."""
         self._nudged.set()
@@ -159,7 +166,7 @@ class ShardWatch:
         leaser = self._leaser
         try:
             held = frozenset(await leaser.tick())
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+        except POSTGRES_FAILURES as exc:
             log.warning("shard lease heartbeat failed: %s", type(exc).__name__)
             self._failures.inc()
             since = self._failing[0] if self._failing is not None else time.monotonic()
@@ -177,7 +184,7 @@ class ShardWatch:
         elif self._unheld_since is None:
             self._unheld_since = time.monotonic()
         if leaser.moved and self._announce is not None:
-            with contextlib.suppress(asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
+            with contextlib.suppress(*POSTGRES_FAILURES):
                 await self._announce()  # a lost nudge costs the others a heartbeat, no more
         return held
 

@@ -16,8 +16,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-import asyncpg
-
+from sigil_push.store.errors import POSTGRES_FAILURES
 from sigil_push.store.postgres.devices import PostgresDevices
 
 CHANNEL = "sigil_push_auth_signers"
@@ -50,7 +49,7 @@ class SignerSessionSync:
     async def _announce(self, pubkey: str) -> None:
         try:
             await self._devices.announce(CHANNEL, pubkey)
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+        except POSTGRES_FAILURES as exc:
             # the other workers then see this session only at their next start
             log.warning("could not announce a signer session change: %s", type(exc).__name__)
 
@@ -58,7 +57,7 @@ class SignerSessionSync:
         self._adopting.add(pubkey)
         try:
             await self._adopt(pubkey)
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+        except POSTGRES_FAILURES as exc:
             log.warning("could not read a signer session another worker changed: %s",
                         type(exc).__name__)
         finally:
