@@ -29,6 +29,10 @@ the caller announces it (`ShardWatch`, over NOTIFY): the other workers then beat
 instead of up to lease_seconds / 3 later, so a join or a give-back is acted on in round
 trips, not heartbeats.
 
+After a failed heartbeat (the database gone, for everyone or for this worker alone) a worker
+renews its own leases, expired or not, but takes nobody else's for one heartbeat interval: when
+the whole database was away, every worker's heartbeat is as old as a dead one's at that moment.
+
 Times come from the database's clock (`now()`), so workers' clocks need not agree. The local
 view of what is held lapses a full lease period after the renewal began, never later than the
 database's expiry, so two workers never both believe they hold one shard.

@@ -5,7 +5,11 @@ when the set held changed, a second task hands the bridge the new ownership test
 reshard never delays a renewal. The bridge follows what the last successful heartbeat
 confirmed, even when it came back late. When heartbeats fail, what is held lapses by itself a
 lease period after the last renewal, and the bridge then lets go of those keys too: a worker
-cut off from the database stops watching keys that another worker is about to take over.
+cut off from the database stops watching keys that another worker is about to take over. When
+the database is back, the next heartbeat hands the bridge its shards again (a change that
+failed half way leaves the bridge's state unknown, so the next one applies every held shard).
+Meanwhile `problems()` tells `/health` why keys may be unwatched: the store unreachable, no
+shard held for longer than a lease, shards nobody holds, a change not applied.
 
 A heartbeat that moved shards for the others (a join, a give-back, a clean stop) is announced,
 and hearing another worker's announcement (`nudge`) brings this worker's next heartbeat
