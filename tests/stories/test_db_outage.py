@@ -34,6 +34,7 @@ import pytest
 from sigil_push.shards import DEFAULT_SHARDS
 from sigil_push.store.postgres.migrate import migrate
 from testkit.bridge_harness import _call, eventually, new_token, register, wakeups
+from testkit.deadlines import CONDITION_SECONDS, REQUEST_SECONDS, scaled
 from testkit.nostr_client import npub_of, publish_steadily, user
 from testkit.postgres import PostgresServer
 from testkit.processes import FAST_RECONNECT, worker_health
@@ -48,12 +49,13 @@ WORKER_TOML = FAST_RECONNECT + f"lease_seconds = {LEASE_SECONDS}\n"
 RATE = 5.0
 """DMs a second: a steady stream, so some are published in each phase of the outage."""
 API_ANSWER_SECONDS = 10.0
+"""What the API must answer within (the requirement under test: not scaled)."""
 
 
 def _status(service: ServiceProcess) -> int:
     """The public /health status (0 while it does not answer)."""
     try:
-        return httpx.get(service.url + "/health", timeout=5).status_code
+        return httpx.get(service.url + "/health", timeout=scaled(REQUEST_SECONDS)).status_code
     except httpx.HTTPError:
         return 0
 
@@ -209,7 +211,9 @@ async def test_sqlite_locked_by_another_connection_answers_503_in_time_and_loses
         stop = asyncio.Event()
         stream = asyncio.create_task(publish_steadily(relay.url, recipients, RATE, stop, sent))
         await _while(lambda: True, sent, 10)
-        lock = sqlite3.connect(service.database, isolation_level=None, timeout=60)
+        lock = sqlite3.connect(
+            service.database, isolation_level=None, timeout=scaled(CONDITION_SECONDS)
+        )
         try:
             lock.execute("BEGIN EXCLUSIVE")
             for _ in range(2):
