@@ -10,7 +10,8 @@ DM must be pushed exactly once (dry-run log lines of every worker).
     python bench/db_outage.py [--engine postgres|sqlite] [--runs N] [--outage S] [--rate R]
         [--lease S]
 
-Prints one line per run and adds the runs to bench/results/db_outage.json, under the date,
+Lost and doubled are counted per recipient (one device each; the dry-run line names no
+event ids). Prints one line per run and adds the runs to bench/results/db_outage.json, under the date,
 the measured commit (`+`: with changes to sigil_push/) and the engine.
 """
 
@@ -20,6 +21,7 @@ import argparse
 import asyncio
 import json
 import platform
+import re
 import sqlite3
 import subprocess
 import tempfile
@@ -31,7 +33,7 @@ from typing import Any
 
 import httpx
 
-from testkit.bridge_harness import _call, new_token, register, wakeups
+from testkit.bridge_harness import _call, new_token, register
 from testkit.nostr_client import npub_of, publish_steadily, user
 from testkit.postgres import PostgresServer, find_binaries
 from testkit.processes import worker_health
@@ -40,6 +42,7 @@ from testkit.service import ServiceProcess
 from testkit.stores import on_database
 
 RECIPIENTS = 40
+PUSHED = re.compile(r"dry-run wakeup platform=\S+ token=…(\S+) events=(\d+)")
 DRAIN_SECONDS = 120.0
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "db_outage.json"
@@ -127,8 +130,9 @@ async def one_run(engine: str, folder: Path, args: argparse.Namespace) -> dict[s
         else:
             workers.append(ServiceProcess(folder / "worker0", [relay.url], toml).start())
         recipients = [user() for _ in range(RECIPIENTS)]
-        for recipient in recipients:
-            await asyncio.to_thread(register, workers[0], recipient, new_token())
+        tokens = [new_token() for _ in recipients]
+        for recipient, token in zip(recipients, tokens, strict=True):
+            await asyncio.to_thread(register, workers[0], recipient, token)
         await wait_for(lambda: watched(workers, relay.url) == RECIPIENTS, "every key watched")
 
         sent: list[str] = []
@@ -163,16 +167,19 @@ async def one_run(engine: str, folder: Path, args: argparse.Namespace) -> dict[s
         await asyncio.sleep(max(0.0, back_at + args.after - time.monotonic()))
         stop.set()
         await publishing
+        # the dry-run line names no event ids: DMs are counted per recipient's one device
+        expected = Counter(tokens[i % len(tokens)][-6:] for i in range(len(sent)))
         deadline = time.monotonic() + DRAIN_SECONDS
         while time.monotonic() < deadline:
             pushes: Counter[str] = Counter()
             for worker in workers:
-                pushes.update(wakeups(worker))
-            if all(pushes[i] >= 1 for i in sent):
+                for suffix, events in PUSHED.findall(worker.log()):
+                    pushes[suffix] += int(events)
+            if all(pushes[t] >= n for t, n in expected.items()):
                 break
             await asyncio.sleep(2.0)
-        lost = sum(1 for i in sent if pushes[i] == 0)
-        doubled = sum(1 for i in sent if pushes[i] > 1)
+        lost = sum(max(0, n - pushes[t]) for t, n in expected.items())
+        doubled = sum(max(0, pushes[t] - n) for t, n in expected.items())
         registers = seen["register"]
         return {
             "engine": engine,

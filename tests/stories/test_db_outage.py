@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sqlite3
 import time
 from collections import Counter
@@ -33,7 +34,7 @@ import pytest
 
 from sigil_push.shards import DEFAULT_SHARDS
 from sigil_push.store.postgres.migrate import migrate
-from testkit.bridge_harness import _call, eventually, new_token, register, wakeups
+from testkit.bridge_harness import _call, eventually, new_token, register
 from testkit.deadlines import CONDITION_SECONDS, REQUEST_SECONDS, scaled
 from testkit.nostr_client import npub_of, publish_steadily, user
 from testkit.postgres import PostgresServer
@@ -71,11 +72,23 @@ def _partitioned(services: list[ServiceProcess]) -> bool:
     return all(held) and every == list(range(DEFAULT_SHARDS))
 
 
+PUSHED = re.compile(r"dry-run wakeup platform=\S+ token=…(\S+) events=(\d+)")
+"""The dry-run sender's line: the token's suffix and how many events the wakeup carried (it
+names no event ids, so DMs are counted per recipient: each has one device of its own)."""
+
+
 def _pushes(services: list[ServiceProcess]) -> Counter[str]:
+    """Events pushed so far per device token suffix, over every worker."""
     total: Counter[str] = Counter()
     for service in services:
-        total.update(wakeups(service))
+        for suffix, events in PUSHED.findall(service.log()):
+            total[suffix] += int(events)
     return total
+
+
+def _expected(tokens: list[str], sent: list[str]) -> Counter[str]:
+    """What each device must have been pushed: `publish_steadily` sends to recipients in turn."""
+    return Counter(tokens[index % len(tokens)][-6:] for index in range(len(sent)))
 
 
 def _register_fresh(service: ServiceProcess) -> tuple[httpx.Response, float]:
@@ -100,13 +113,18 @@ async def _while(condition: Callable[[], bool], sent: list[str], more: int) -> N
     await eventually(lambda: len(sent) >= target and condition(), f"{more} more DMs sent", 60)
 
 
-async def _every_dm_pushed_once(services: list[ServiceProcess], sent: list[str]) -> None:
+async def _every_dm_pushed_once(
+    services: list[ServiceProcess], tokens: list[str], sent: list[str]
+) -> None:
+    """Each recipient's device was pushed each DM sent to it: as many events as DMs, no fewer
+    (lost) and, once they are all there, no more (doubled)."""
+    expected = _expected(tokens, sent)
     await eventually(
-        lambda: all(_pushes(services)[i] >= 1 for i in sent), "every DM pushed", timeout=120
+        lambda: all(_pushes(services)[t] >= n for t, n in expected.items()), "every DM pushed",
+        timeout=120,
     )
     pushes = _pushes(services)
-    repeated = {i: pushes[i] for i in sent if pushes[i] != 1}
-    assert not repeated, f"{len(repeated)} of {len(sent)} DMs pushed more than once"
+    assert {t: pushes[t] for t in expected} == dict(expected), "DMs pushed more than once"
 
 
 class HealthWatch:
@@ -145,8 +163,9 @@ async def test_postgres_stopped_for_longer_than_a_lease_loses_no_dm_and_shards_c
         workers.append(on_database(service, url, key_file=tmp_path / "bridge.key").start())
     await eventually(lambda: _partitioned(workers), "the workers split the shards", 60)
     recipients: list[nostr_sdk.Keys] = [user() for _ in range(8)]
-    for recipient in recipients:
-        register(workers[0], recipient, new_token())
+    tokens = [new_token() for _ in recipients]
+    for recipient, token in zip(recipients, tokens, strict=True):
+        register(workers[0], recipient, token)
     await eventually(
         lambda: sum(int((worker_health(w).get("relays", {}).get(relay.url) or {}).get("keys")
                         or 0) for w in workers) == len(recipients),
@@ -192,7 +211,7 @@ async def test_postgres_stopped_for_longer_than_a_lease_loses_no_dm_and_shards_c
     await _while(lambda: True, sent, 10)
     stop.set()
     await stream
-    await _every_dm_pushed_once(workers, sent)
+    await _every_dm_pushed_once(workers, tokens, sent)
 
 
 async def test_sqlite_locked_by_another_connection_answers_503_in_time_and_loses_no_dm(
@@ -201,8 +220,9 @@ async def test_sqlite_locked_by_another_connection_answers_503_in_time_and_loses
     relay = start_relay("relay")
     with ServiceProcess(tmp_path / "service", [relay.url], FAST_RECONNECT) as service:
         recipients = [user() for _ in range(4)]
-        for recipient in recipients:
-            register(service, recipient, new_token())
+        tokens = [new_token() for _ in recipients]
+        for recipient, token in zip(recipients, tokens, strict=True):
+            register(service, recipient, token)
         await eventually(
             lambda: (worker_health(service).get("relays", {}).get(relay.url) or {}).get("keys")
             == len(recipients), "every key watched", 60,
@@ -230,7 +250,7 @@ async def test_sqlite_locked_by_another_connection_answers_503_in_time_and_loses
         await _while(lambda: True, sent, 10)
         stop.set()
         await stream
-        await _every_dm_pushed_once([service], sent)
+        await _every_dm_pushed_once([service], tokens, sent)
 
 
 async def test_a_worker_holding_no_shard_for_longer_than_a_lease_says_so(
