@@ -212,6 +212,24 @@ class CanaryConfig:
     key_file: str = "canary.key"
 
 
+@dataclass(frozen=True)
+class IrisConfig:
+    """The Iris-compatible API (CONTRACT 3b, sigil_push/iris/). On unless `enabled = false`."""
+
+    enabled: bool = True
+    # a push's "url": this, then the event's note1 id (the page Iris opens on a click)
+    notification_url: str = "https://iris.to/"
+
+
+@dataclass(frozen=True)
+class WebhooksConfig:
+    """`webhooks` in Iris subscriptions: refused unless the table is there and enabled."""
+
+    enabled: bool = True
+    # true only for tests: permits loopback/private hosts and plain http:// webhook URLs
+    allow_private_endpoints: bool = False
+
+
 
 @dataclass(frozen=True)
 class Config:
@@ -225,6 +243,12 @@ class Config:
     bridge: BridgeConfig = field(default_factory=BridgeConfig)
     push: PushConfig = field(default_factory=PushConfig)
     canary: CanaryConfig | None = None
+    iris: IrisConfig = field(default_factory=IrisConfig)
+    webhooks: WebhooksConfig | None = None
+
+    @property
+    def webhooks_enabled(self) -> bool:
+        return self.webhooks is not None and self.webhooks.enabled
 
     @property
     def dry_run(self) -> bool:
@@ -317,12 +341,18 @@ NO_PROVIDERS: ProviderTables = _NoProviders()
 """A config without provider tables (dry-run): what the store and bridge tools parse."""
 
 
+def _iris(raw: Any) -> IrisConfig:
+    iris = parse_table(raw, "iris", IrisConfig)
+    check_http_url("iris.notification_url", iris.notification_url)
+    return iris
+
+
 def parse_config(
     document: dict[str, Any], path: Path, providers: ProviderTables = NO_PROVIDERS
 ) -> Config:
     """Validate a parsed TOML document into a Config; `providers` parses the push providers'
     tables (`push.registry.TABLES`; without it a provider table is an unknown table)."""
-    known = {"server", "relay", "limits", "bridge", "push", "canary"}
+    known = {"server", "relay", "limits", "bridge", "push", "canary", "iris", "webhooks"}
     known.update(providers.names)
     for key in document:
         if key not in known:
@@ -379,6 +409,11 @@ def parse_config(
         bridge=bridge,
         push=parse_table(document.get("push", {}), "push", PushConfig),
         canary=_canary(document["canary"]) if "canary" in document else None,
+        iris=_iris(document.get("iris", {})),
+        webhooks=(
+            parse_table(document["webhooks"], "webhooks", WebhooksConfig)
+            if "webhooks" in document else None
+        ),
     )
     return dataclasses.replace(
         config, providers=providers.parse(document, server.public_url, config.resolve)

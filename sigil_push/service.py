@@ -27,7 +27,13 @@ from sigil_push.push import registry
 from sigil_push.push.factory import build_senders
 from sigil_push.relays.delegated_auth import DelegatedAuth
 from sigil_push.store.factory import open_store
-from sigil_push.store.interface import AuthIdStore, DeviceStore, OutboxStore, Shards
+from sigil_push.store.interface import (
+    AuthIdStore,
+    DeviceStore,
+    IrisSubscriptionStore,
+    OutboxStore,
+    Shards,
+)
 from sigil_push.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
@@ -54,6 +60,7 @@ class Components:
     key: SecretKey
     bridge: Bridge
     delegated_auth: DelegatedAuth
+    iris: IrisSubscriptionStore
 
 
 class Service:
@@ -141,6 +148,7 @@ class Service:
             stack.push_async_callback(canary.stop)
         self._components = Components(
             devices, store.auth_ids, outbox, observations, delivery, key, bridge, delegated_auth,
+            store.iris,
         )
         if config.dry_run:
             tables = [f"[{provider.name}]" for provider in registry.PROVIDERS]

@@ -37,6 +37,7 @@ from sigil_push.http.validation import (
     parse_register,
 )
 from sigil_push.http.worker_metrics import WorkerLabelled
+from sigil_push.iris.routes import IrisRoutes
 from sigil_push.nostr.nip19 import encode_npub
 from sigil_push.nostr.nip98 import AuthError, AuthExpired, AuthMissing, verify_http_auth
 from sigil_push.push import registry
@@ -45,6 +46,7 @@ from sigil_push.store.auth_ids import request_digest
 from sigil_push.store.errors import (
     STORE_UNAVAILABLE,
     StoreUnavailable,
+    TargetTaken,
     TooManyAccounts,
     TooManyDevices,
 )
@@ -408,6 +410,9 @@ def _error_response(request: Request, exc: Exception) -> Response:
         status, code, message, headers = 409, "too_many_accounts", str(exc), {}
     elif isinstance(exc, TooManyDevices):
         status, code, message, headers = 409, "too_many_devices", str(exc), {}
+    elif isinstance(exc, TargetTaken):
+        status, code, headers = 400, "invalid_device_token", {}
+        message = "a token cannot be both a registration's and an Iris subscription's target"
     elif isinstance(exc, STORE_UNAVAILABLE):
         log.warning("storage busy on %s %s: %s", request.method, request.url.path, exc)
         status, code, headers = 503, "unavailable", {"Retry-After": "1"}
@@ -461,6 +466,8 @@ def create_app(service: Service) -> Starlette:
         Route("/metrics", api.metrics, methods=["GET"]),
         Route("/info", api.info, methods=["GET"]),
     ]
+    if service.config.iris.enabled:
+        routes.extend(IrisRoutes(api).routes())
     return Starlette(
         routes=routes,
         # CORS outermost: a preflight is neither routed nor counted; every answer (errors too)
@@ -471,6 +478,7 @@ def create_app(service: Service) -> Starlette:
             AuthError: _error_response,
             TooManyDevices: _error_response,
             TooManyAccounts: _error_response,
+            TargetTaken: _error_response,
             # each engine's "busy" error by name: a handler only for `Exception` answers
             # too, but then the server logs it as unhandled, with a traceback
             **dict.fromkeys(STORE_UNAVAILABLE, _error_response),

@@ -14,8 +14,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 KNOWN_ROUTES = (
     "/register", "/unregister", "/registrations", "/preferences", "/presence", "/health",
-    "/metrics", "/info",
+    "/metrics", "/info", "/subscriptions", "/subscriptions/",
 )
+SUBSCRIPTION_ROUTE = "/subscriptions/{id}"
+"""The label of every `/subscriptions/<id>` path (ids are the callers')."""
 KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 REQUESTS = Counter(
@@ -26,8 +28,14 @@ LATENCY = Histogram(
     "sigil_push_http_request_duration_seconds", "API request latency by route", ["route"],
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
 )
-for _route in KNOWN_ROUTES:
+for _route in (*KNOWN_ROUTES, SUBSCRIPTION_ROUTE):
     LATENCY.labels(_route)
+
+
+def route_label(path: str) -> str:
+    if path in KNOWN_ROUTES:
+        return path
+    return SUBSCRIPTION_ROUTE if path.startswith("/subscriptions/") else "other"
 
 
 class MetricsMiddleware:
@@ -38,7 +46,7 @@ class MetricsMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        route = scope["path"] if scope["path"] in KNOWN_ROUTES else "other"
+        route = route_label(scope["path"])
         method = scope["method"] if scope["method"] in KNOWN_METHODS else "other"
         status = 500
         started = time.perf_counter()

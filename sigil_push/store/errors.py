@@ -65,3 +65,20 @@ class TooManyAccounts(Exception):
     def __init__(self, limit: int) -> None:
         super().__init__(f"at most {limit} accounts per device token")
         self.limit = limit
+
+
+class TooManySubscriptions(Exception):
+    """The npub already has the maximum number of Iris subscriptions."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"at most {limit} subscriptions per pubkey")
+        self.limit = limit
+
+
+class NotYours(Exception):
+    """The Iris subscription id belongs to another pubkey (answered as not found)."""
+
+
+class TargetTaken(Exception):
+    """A push target of an Iris subscription is the token of one of the npub's registrations
+    (POST /register): one row cannot be both."""

@@ -30,6 +30,7 @@ from sigil_push.store.interface import (
     CatchupItemsStore,
     Coordination,
     DeviceStore,
+    IrisSubscriptionStore,
     OutboxStore,
     RelayStateStore,
     SeenRows,
@@ -51,6 +52,7 @@ from sigil_push.store.postgres.instance import (
     PostgresMeta,
     PostgresSignerSessions,
 )
+from sigil_push.store.postgres.iris import PostgresIrisSubscriptions
 from sigil_push.store.postgres.migrate import migrate as migrate_postgres
 from sigil_push.store.postgres.migrate import migrate_connection
 from sigil_push.store.postgres.outbox import PostgresOutbox
@@ -71,6 +73,7 @@ from sigil_push.store.sqlite.instance import (
     SqliteMeta,
     SqliteSignerSessions,
 )
+from sigil_push.store.sqlite.iris import SqliteIrisSubscriptions
 from sigil_push.store.sqlite.outbox import Outbox
 from sigil_push.store.sqlite.preferences import SqliteUserLists
 
@@ -187,6 +190,7 @@ class SqliteStore:
     signer_sessions: SignerSessionStore
     auth_modes: AuthModeStore
     coordination: Coordination
+    iris: IrisSubscriptionStore
     engine: str = "sqlite"
     worker_id: str = field(default_factory=new_worker_id)
 
@@ -211,6 +215,7 @@ class PostgresStore:
     coordination: Coordination
     worker_id: str
     claim_ms: int
+    iris: IrisSubscriptionStore
     engine: str = "postgres"
 
     async def close(self) -> None:
@@ -241,7 +246,7 @@ async def open_postgres(url: str, worker_id: str, claim_ms: int) -> PostgresStor
         url, db, pool, devices, PostgresOutbox(db, worker_id, claim_ms),
         UsedAuthIds(PostgresAuthIdRows(db)), meta, PostgresSignerSessions(db),
         PostgresAuthModes(db), WorkerCoordination(pool, devices, meta, worker_id),
-        worker_id, claim_ms,
+        worker_id, claim_ms, PostgresIrisSubscriptions(db),
     )
 
 
@@ -251,6 +256,7 @@ async def open_sqlite(path: Path) -> SqliteStore:
     return SqliteStore(
         path, db, Devices(db), Outbox(db), UsedAuthIds(SqliteAuthIdRows(db)), SqliteMeta(db),
         SqliteSignerSessions(db), SqliteAuthModes(db), SingleProcess(path),
+        SqliteIrisSubscriptions(db),
     )
 
 

@@ -281,6 +281,53 @@ class SeenRows(Protocol):
         ...
 
 
+class IrisTarget(NamedTuple):
+    """A push target of an Iris subscription: a `devices` row with payload 'iris'."""
+
+    platform: str
+    token: str
+    p256dh: str | None
+    auth: str | None
+
+
+class StoredSubscription(NamedTuple):
+    """An Iris subscription as stored: its owner, the document as received (JSON text) and
+    the device ids of its targets."""
+
+    id: str
+    pubkey: str
+    document: str
+    device_ids: tuple[int, ...]
+
+
+class IrisSubscriptionStore(Protocol):
+    """Iris subscriptions (CONTRACT 3b) and the device rows of their targets.
+
+    Writing a subscription writes its targets as devices (payload 'iris') of the subscriber,
+    one per (subscriber, token) whatever the number of subscriptions naming it; the schema's
+    trigger removes a device no subscription names any more and a subscription left with no
+    target (migration 0018).
+    """
+
+    async def of_pubkey(self, pubkey: str) -> list[StoredSubscription]: ...
+
+    async def get(self, subscription_id: str) -> StoredSubscription | None: ...
+
+    async def put(
+        self, subscription_id: str, pubkey: str, document: str, targets: Sequence[IrisTarget],
+        max_per_pubkey: int,
+    ) -> bool:
+        """Create or fully replace; True when created. Raises NotYours (the id is another
+        pubkey's), TooManySubscriptions, TargetTaken (a target is a registration's token)."""
+        ...
+
+    async def delete(self, subscription_id: str, pubkey: str) -> bool: ...
+
+    async def all(self) -> list[StoredSubscription]:
+        """Every subscription (the bridge's watches are compiled from them)."""
+        ...
+
+
 class AuthClaim(NamedTuple):
     """One auth event (`event_id`, `sig`) to be spent on `request` (store.auth_ids)."""
 
@@ -416,6 +463,9 @@ class Store(Protocol):
 
     @property
     def auth_modes(self) -> AuthModeStore: ...
+
+    @property
+    def iris(self) -> IrisSubscriptionStore: ...
 
     @property
     def coordination(self) -> Coordination: ...

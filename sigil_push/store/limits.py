@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sigil_push.store.errors import TooManyAccounts, TooManyDevices
+from sigil_push.store.errors import TargetTaken, TooManyAccounts, TooManyDevices
 
 
 @dataclass(frozen=True)
@@ -27,12 +27,17 @@ class Occupancy:
     """Pairs of the npub (any token)."""
     of_token: int
     """Pairs of the token (any npub)."""
+    iris_target: bool = False
+    """The npub's Iris subscriptions push to this token (not counted above)."""
 
 
 def refusal(
     found: Occupancy, max_devices: int, max_accounts: int
-) -> TooManyDevices | TooManyAccounts | None:
-    """Why this registration may not be written, or None when it may."""
+) -> TooManyDevices | TooManyAccounts | TargetTaken | None:
+    """Why this registration may not be written, or None when it may. One row cannot be both
+    a registration and an Iris target (CONTRACT 3b)."""
+    if found.iris_target:
+        return TargetTaken()
     if found.pair_exists:
         return None
     if max_devices and found.of_npub >= max_devices:

@@ -24,7 +24,7 @@ from sigil_push.push.endpoint_guard import MAX_ENDPOINT_LENGTH
 from sigil_push.push.payload import MAX_PAYLOAD_BYTES
 from sigil_push.push.unifiedpush_sender import AES128GCM_OVERHEAD
 from sigil_push.push.vapid import TOKEN_LIFETIME_SECONDS
-from sigil_push.store.errors import TooManyAccounts, TooManyDevices
+from sigil_push.store.errors import TargetTaken, TooManyAccounts, TooManyDevices
 from sigil_push.store.records import PAYLOAD_MODES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,7 +76,7 @@ def _mapped_codes() -> dict[str, int]:
                        "query_string": b""})
     failures: list[Exception] = [
         *(kind("detail") for kind in nip98.AuthError.__subclasses__()),
-        TooManyAccounts(1), TooManyDevices(1), sqlite3.OperationalError("database is locked"),
+        TooManyAccounts(1), TooManyDevices(1), TargetTaken(), sqlite3.OperationalError("database is locked"),
         HTTPException(404), HTTPException(405), HTTPException(400), RuntimeError("a bug"),
     ]
     answered: dict[str, int] = {}

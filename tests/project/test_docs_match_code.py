@@ -40,6 +40,7 @@ def config_tables() -> dict[str, Any]:
         "server": config_module.ServerConfig, "relay": config_module.RelayConfig,
         "limits": config_module.LimitsConfig, "bridge": config_module.BridgeConfig,
         "push": config_module.PushConfig, "canary": config_module.CanaryConfig,
+        "iris": config_module.IrisConfig, "webhooks": config_module.WebhooksConfig,
     }
     tables.update({provider.name: provider.table for provider in registry.PROVIDERS})
     return tables

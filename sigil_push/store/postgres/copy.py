@@ -5,8 +5,8 @@ refers to), the outbox (claims dropped, so wakeups in flight when the old instan
 out again, under the same collapse ids since the collapse secret in `meta` comes along) with
 the events its `event` and `sealed` wakeups carry (`outbox_events`, migration 0015), the
 handled event ids, per-relay baselines and cursors, relay lists, delegated-auth sessions, learned
-AUTH modes and NIP-98 ids. The SQLite file is first brought to this build's schema. Columns are matched by
-name, so a column only one side has is left to its default.
+AUTH modes, NIP-98 ids and Iris subscriptions. The SQLite file is first brought to this build's
+schema. Columns are matched by name, so a column only one side has is left to its default.
 
 The bridge's own key is never copied: an old SQLite instance may still hold it in `meta`
 (`bridge_secret_key`, from before keys moved to `server.secret_key_file`), and a database must
@@ -31,6 +31,7 @@ from sigil_push.store.sqlite.database import open_database
 TABLES = (
     "meta", "devices", "outbox", "outbox_events", "nip98_used", "seen_events", "seen_on_relay",
     "relay_baselines", "relay_cursors", "relay_lists", "auth_signers", "relay_auth_modes",
+    "iris_subscriptions", "iris_targets",
 )
 _SERIAL = ("devices", "outbox")
 BRIDGE_KEY_META = "bridge_secret_key"

@@ -72,7 +72,7 @@ def shard_keys_sql(count: int) -> str:
     return (
         "SELECT pubkey, relays FROM devices WHERE"
         f" (('x' || substr(pubkey, 1, 8))::bit(32)::bigint % {int(count)})::integer"
-        " = ANY($1::int[])"
+        " = ANY($1::int[]) AND payload <> 'iris'"
     )
 
 
@@ -193,14 +193,17 @@ class PostgresDevices:
                 pubkey, token,
             )
             counts = await connection.fetchrow(
-                "SELECT count(*) FILTER (WHERE pubkey = $1 AND token = $2) AS pair,"
-                " count(*) FILTER (WHERE pubkey = $1) AS of_npub,"
-                " count(*) FILTER (WHERE token = $2) AS of_token"
+                "SELECT count(*) FILTER (WHERE pubkey = $1 AND token = $2 AND payload <> 'iris')"
+                " AS pair, count(*) FILTER (WHERE pubkey = $1 AND payload <> 'iris') AS of_npub,"
+                " count(*) FILTER (WHERE token = $2 AND payload <> 'iris') AS of_token,"
+                " count(*) FILTER (WHERE pubkey = $1 AND token = $2 AND payload = 'iris') AS iris"
                 " FROM devices WHERE pubkey = $1 OR token = $2",
                 pubkey, token,
             )
             assert counts is not None
-            found = Occupancy(counts["pair"] > 0, counts["of_npub"], counts["of_token"])
+            found = Occupancy(
+                counts["pair"] > 0, counts["of_npub"], counts["of_token"], counts["iris"] > 0
+            )
             refused = refusal(found, max_devices, max_accounts)
             if refused is not None:
                 raise refused
@@ -226,7 +229,8 @@ class PostgresDevices:
     async def unregister(self, pubkey: str, token: str) -> int:
         """Remove the caller's own pair with `token`; other npubs' pairs stay."""
         removed = await self._db.run(
-            "DELETE FROM devices WHERE pubkey = $1 AND token = $2", pubkey, token
+            "DELETE FROM devices WHERE pubkey = $1 AND token = $2 AND payload <> 'iris'",
+            pubkey, token,
         )
         if removed:
             await self._changed([pubkey])
@@ -260,7 +264,7 @@ class PostgresDevices:
             " quiet_from = CASE WHEN $10 THEN $11::integer ELSE quiet_from END,"
             " quiet_to = CASE WHEN $10 THEN $12::integer ELSE quiet_to END,"
             " quiet_tz = CASE WHEN $10 THEN $13::text ELSE quiet_tz END"
-            f" WHERE pubkey = $7 AND token = $8 RETURNING {_WITH_RULES}",
+            f" WHERE pubkey = $7 AND token = $8 AND payload <> 'iris' RETURNING {_WITH_RULES}",
             change.sets_pause, change.pause_until, change.senders,
             change.muted is not None, change.muted or None, change.muted_count,
             pubkey, token, change.notify, change.sets_quiet,
@@ -277,7 +281,7 @@ class PostgresDevices:
         False when the caller has no pair with `token`."""
         rows = await self._db.fetch(
             "UPDATE devices SET present_until = $1::bigint WHERE pubkey = $2 AND token = $3"
-            " RETURNING id",
+            " AND payload <> 'iris' RETURNING id",
             until, pubkey, token,
         )
         if not rows:
@@ -292,7 +296,8 @@ class PostgresDevices:
 
     async def of_pubkey(self, pubkey: str) -> list[Device]:
         rows = await self._db.fetch(
-            f"SELECT {_WITH_RULES} FROM devices WHERE pubkey = $1 ORDER BY id", pubkey
+            f"SELECT {_WITH_RULES} FROM devices WHERE pubkey = $1 AND payload <> 'iris'"
+            " ORDER BY id", pubkey,
         )
         return [_device(row) for row in rows]
 
@@ -300,7 +305,8 @@ class PostgresDevices:
         if not pubkeys:
             return []
         rows = await self._db.fetch(
-            f"SELECT {_WITH_RULES} FROM devices WHERE pubkey = ANY($1::text[]) ORDER BY id",
+            f"SELECT {_WITH_RULES} FROM devices WHERE pubkey = ANY($1::text[])"
+            " AND payload <> 'iris' ORDER BY id",
             list(pubkeys),
         )
         return [_device(row) for row in rows]
@@ -352,7 +358,7 @@ class PostgresDevices:
                         yield chunk
             return
         else:
-            sql = "SELECT pubkey, relays FROM devices"
+            sql = "SELECT pubkey, relays FROM devices WHERE payload <> 'iris'"
         async for chunk in self._chunks(sql, args):
             yield chunk
 

@@ -6,6 +6,10 @@ token away from another npub (anyone who learns a token could otherwise take it 
 each npub removes only its own pair. Only a provider saying the token is dead removes every
 pair with it.
 
+The targets of Iris subscriptions are rows here too (payload 'iris', written by the Iris store,
+sigil_push/store/sqlite/iris.py) so that delivery treats them as any device; the registration
+paths (limits, lookups by pubkey, the watched keys, preferences) leave them out.
+
 Only what delivery needs is stored (the recipient's pubkey, the device token, the payload mode,
 the user's DM relays). Whoever must react to a change of registrations (the bridge's
 subscriptions) registers a listener instead of being called by the API directly.
@@ -43,10 +47,13 @@ _WITH_RULES = f"{_COLUMNS}, {RULE_COLUMNS}"
 
 
 _OCCUPANCY = (
-    "SELECT COALESCE(SUM(pubkey = ? AND token = ?), 0), COALESCE(SUM(pubkey = ?), 0),"
-    " COALESCE(SUM(token = ?), 0) FROM devices WHERE pubkey = ? OR token = ?"
+    "SELECT COALESCE(SUM(pubkey = ?1 AND token = ?2 AND payload <> 'iris'), 0),"
+    " COALESCE(SUM(pubkey = ?1 AND payload <> 'iris'), 0),"
+    " COALESCE(SUM(token = ?2 AND payload <> 'iris'), 0),"
+    " COALESCE(SUM(pubkey = ?1 AND token = ?2 AND payload = 'iris'), 0)"
+    " FROM devices WHERE pubkey = ?1 OR token = ?2"
 )
-"""The `Occupancy` a registration of (pubkey, token) finds."""
+"""The `Occupancy` a registration of (pubkey, token) finds (Iris targets apart)."""
 _WRITE_PAIR = (
     "INSERT INTO devices (pubkey, platform, token, payload, relays, webpush_p256dh,"
     " webpush_auth, registered_at, updated_at, device_key, list_flags)"
@@ -66,8 +73,8 @@ _UPSERT_IF_PAIR = _WRITE_PAIR.format(
 """Update the pair read as existing, if it still does."""
 _INSERT_IF_UNCHANGED = _WRITE_PAIR.format(
     guard="NOT EXISTS (SELECT 1 FROM devices WHERE token = ?11 AND pubkey = ?12)"
-    " AND (SELECT COUNT(*) FROM devices WHERE pubkey = ?13) = ?14"
-    " AND (SELECT COUNT(*) FROM devices WHERE token = ?15) = ?16"
+    " AND (SELECT COUNT(*) FROM devices WHERE pubkey = ?13 AND payload <> 'iris') = ?14"
+    " AND (SELECT COUNT(*) FROM devices WHERE token = ?15 AND payload <> 'iris') = ?16"
 )
 """Insert the new pair if the counts its limits were decided on still hold."""
 
@@ -118,10 +125,10 @@ class Devices:
             now, now, device_key,
         )
         while True:
-            [(pair, of_npub, of_token)] = await self._db.execute_fetchall(_OCCUPANCY, (
-                pubkey, token, pubkey, token, pubkey, token,
-            ))
-            found = Occupancy(bool(pair), int(of_npub or 0), int(of_token or 0))
+            [(pair, of_npub, of_token, iris)] = await self._db.execute_fetchall(
+                _OCCUPANCY, (pubkey, token)
+            )
+            found = Occupancy(bool(pair), int(of_npub or 0), int(of_token or 0), bool(iris))
             refused = refusal(found, max_devices, max_accounts)
             if refused is not None:
                 raise refused
@@ -143,7 +150,8 @@ class Devices:
         Other npubs' registrations of the same token stay."""
         removed = len(list(
             await self._db.execute_fetchall(
-                "DELETE FROM devices WHERE pubkey = ? AND token = ? RETURNING id", (pubkey, token)
+                "DELETE FROM devices WHERE pubkey = ? AND token = ? AND payload <> 'iris'"
+                " RETURNING id", (pubkey, token)
             )
         ))
         if removed:
@@ -181,7 +189,7 @@ class Devices:
             " quiet_from = CASE WHEN ? THEN ? ELSE quiet_from END,"
             " quiet_to = CASE WHEN ? THEN ? ELSE quiet_to END,"
             " quiet_tz = CASE WHEN ? THEN ? ELSE quiet_tz END"
-            f" WHERE pubkey = ? AND token = ? RETURNING {_WITH_RULES}",
+            f" WHERE pubkey = ? AND token = ? AND payload <> 'iris' RETURNING {_WITH_RULES}",
             (
                 change.sets_pause, change.pause_until, change.senders,
                 change.muted is not None, change.muted or None,
@@ -201,7 +209,8 @@ class Devices:
         """The app is in the foreground until `until` (None: it left, ending the presence
         without a lapse wakeup). False when the caller has no pair with `token`."""
         rows = await self._db.execute_fetchall(
-            "UPDATE devices SET present_until = ? WHERE pubkey = ? AND token = ? RETURNING id",
+            "UPDATE devices SET present_until = ? WHERE pubkey = ? AND token = ?"
+            " AND payload <> 'iris' RETURNING id",
             (until, pubkey, token),
         )
         if not rows:
@@ -216,7 +225,8 @@ class Devices:
 
     async def of_pubkey(self, pubkey: str) -> list[Device]:
         rows = await self._db.execute_fetchall(
-            f"SELECT {_WITH_RULES} FROM devices WHERE pubkey = ? ORDER BY id", (pubkey,)
+            f"SELECT {_WITH_RULES} FROM devices WHERE pubkey = ? AND payload <> 'iris' ORDER BY id",
+            (pubkey,),
         )
         return [Device.from_row(row) for row in rows]
 
@@ -226,7 +236,8 @@ class Devices:
             return []
         marks = ",".join("?" * len(pubkeys))
         rows = await self._db.execute_fetchall(
-            f"SELECT {_WITH_RULES} FROM devices WHERE pubkey IN ({marks}) ORDER BY id", tuple(pubkeys)
+            f"SELECT {_WITH_RULES} FROM devices WHERE pubkey IN ({marks}) AND payload <> 'iris'"
+            " ORDER BY id", tuple(pubkeys)
         )
         return [Device.from_row(row) for row in rows]
 
@@ -241,7 +252,9 @@ class Devices:
         watched: dict[str, tuple[str, ...]] = {}
         # one call, not a cursor iterated across awaits: an open SELECT on the shared connection
         # makes writes queued meanwhile fail with SQLITE_BUSY without waiting (see Outbox.due)
-        for pubkey, relays in await self._db.execute_fetchall("SELECT pubkey, relays FROM devices"):
+        for pubkey, relays in await self._db.execute_fetchall(
+            "SELECT pubkey, relays FROM devices WHERE payload <> 'iris'"
+        ):
             add_device_relays(watched, str(pubkey), str(relays))
         return watched
 

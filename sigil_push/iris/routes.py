@@ -1,0 +1,194 @@
+"""The Iris-compatible routes (CONTRACT 3b): nostr-notification-server's API on our listener.
+
+Iris joins its configured server URL and `subscriptions/` by plain concatenation, so both
+`/subscriptions` and `/subscriptions/` are routes (a redirect would cost a preflight and break
+the NIP-98 `u` tag). Its NIP-98 has no `payload` tag, so these routes verify leniently
+(sigil_push/nostr/nip98.py), and its auth events are spent per request like every other
+(sigil_push/store/auth_ids.py). Handlers check shape and size first (iris/subscription.py),
+then where the targets lead (DNS, as UnifiedPush registrations), then write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from sigil_push.errors import ApiError, BadRequest
+from sigil_push.iris.subscription import (
+    APNS,
+    FCM,
+    MAX_BODY_BYTES,
+    MAX_SUBSCRIPTIONS_PER_PUBKEY,
+    WEBHOOK,
+    WEBPUSH,
+    Accepted,
+    Subscription,
+    check_subscription_id,
+    parse_subscription,
+)
+from sigil_push.push.endpoint_guard import UnsafeEndpoint, check_endpoint
+from sigil_push.service import Service
+from sigil_push.store.errors import NotYours, TooManySubscriptions
+from sigil_push.store.interface import IrisSubscriptionStore, IrisTarget, StoredSubscription
+from sigil_push.http.validation import parse_json_object
+
+log = logging.getLogger(__name__)
+
+ENDPOINT_CHECK_SECONDS = 3.0
+"""How long a target's host may take to resolve before the subscription is refused."""
+_PLATFORM_OF_PROVIDER = {"unifiedpush": WEBPUSH, "ios": APNS, "android": FCM}
+
+
+class ApiEdge(Protocol):
+    """What these routes use of the API's plumbing (sigil_push/api.py's `Api`)."""
+
+    service: Service
+
+    def _require_serving(self) -> None: ...
+
+    def _limit_ip(self, request: Request) -> None: ...
+
+    async def _read_body(self, request: Request, most: int = ...) -> bytes: ...
+
+    async def _authenticate(self, request: Request, body: bytes, lenient: bool = ...) -> str: ...
+
+
+def _not_found() -> ApiError:
+    return ApiError(404, "not_found", "no subscription with this id is yours")
+
+
+def _shown(stored: StoredSubscription) -> dict[str, Any]:
+    """The document as stored, plus its `subscriber` (Iris copies it into its updates)."""
+    document: dict[str, Any] = json.loads(stored.document)
+    return {**document, "subscriber": stored.pubkey}
+
+
+class IrisRoutes:
+    """The handlers, bound to the API's plumbing (auth, limits, bodies) and its store.
+    `changed(pubkey)` is called after every write (the bridge's watches follow)."""
+
+    def __init__(self, api: ApiEdge, changed: Callable[[str], None] | None = None) -> None:
+        self._api = api
+        self._changed = changed or (lambda pubkey: None)
+
+    @property
+    def _store(self) -> IrisSubscriptionStore:
+        return self._api.service.components.iris
+
+    def _accepted(self) -> Accepted:
+        config = self._api.service.config
+        unifiedpush = config.providers.get("unifiedpush")
+        webhooks = config.webhooks
+        return Accepted(
+            platforms=frozenset(_PLATFORM_OF_PROVIDER[p] for p in config.platforms),
+            webhooks=config.webhooks_enabled,
+            private_push=bool(unifiedpush and unifiedpush.allow_private_endpoints),
+            private_webhooks=bool(webhooks and webhooks.allow_private_endpoints),
+        )
+
+    async def _caller(self, request: Request, body: bytes = b"") -> str:
+        self._api._require_serving()
+        self._api._limit_ip(request)
+        return await self._api._authenticate(request, body, lenient=True)
+
+    async def _subscription(self, request: Request) -> tuple[str, Subscription]:
+        """The caller and the subscription in the body, its targets' hosts checked."""
+        self._api._require_serving()
+        self._api._limit_ip(request)
+        raw = await self._api._read_body(request, MAX_BODY_BYTES)
+        pubkey = await self._api._authenticate(request, raw, lenient=True)
+        accepted = self._accepted()
+        subscription = parse_subscription(parse_json_object(raw), accepted)
+        await self._check_hosts(subscription, accepted)
+        return pubkey, subscription
+
+    async def _check_hosts(self, subscription: Subscription, accepted: Accepted) -> None:
+        """Every endpoint and webhook resolves to public addresses only (SSRF), in parallel."""
+        checks = [
+            check_endpoint(
+                target.token,
+                accepted.private_webhooks if target.platform == WEBHOOK else accepted.private_push,
+            )
+            for target in subscription.targets if target.platform in (WEBPUSH, WEBHOOK)
+        ]
+        try:
+            await asyncio.wait_for(asyncio.gather(*checks), ENDPOINT_CHECK_SECONDS)
+        except TimeoutError:
+            raise BadRequest("invalid_device_token", "a target's host did not resolve in time") from None
+        except UnsafeEndpoint as exc:
+            raise BadRequest("invalid_device_token", str(exc)) from None
+
+    async def _put(self, subscription_id: str, pubkey: str, subscription: Subscription) -> bool:
+        targets = [
+            IrisTarget(
+                t.platform, t.token, t.keys.p256dh if t.keys else None,
+                t.keys.auth if t.keys else None,
+            )
+            for t in subscription.targets
+        ]
+        document = json.dumps(subscription.document, separators=(",", ":"), ensure_ascii=False)
+        try:
+            created = await self._store.put(
+                subscription_id, pubkey, document, targets, MAX_SUBSCRIPTIONS_PER_PUBKEY
+            )
+        except NotYours:
+            raise _not_found() from None
+        except TooManySubscriptions as exc:
+            raise BadRequest("invalid_filter", str(exc)) from None
+        self._changed(pubkey)
+        return created
+
+    # -- routes ----------------------------------------------------------------------------
+
+    async def list_all(self, request: Request) -> Response:
+        pubkey = await self._caller(request, await self._api._read_body(request))
+        stored = await self._store.of_pubkey(pubkey)
+        return JSONResponse({s.id: _shown(s) for s in stored})
+
+    async def create(self, request: Request) -> Response:
+        pubkey, subscription = await self._subscription(request)
+        subscription_id = str(uuid.uuid4())
+        await self._put(subscription_id, pubkey, subscription)
+        log.info("Iris subscription created (%d targets)", len(subscription.targets))
+        return JSONResponse({"id": subscription_id, "status": "Created"}, status_code=201)
+
+    async def get(self, request: Request) -> Response:
+        subscription_id = check_subscription_id(request.path_params["id"])
+        pubkey = await self._caller(request, await self._api._read_body(request))
+        stored = await self._store.get(subscription_id)
+        if stored is None or stored.pubkey != pubkey:
+            raise _not_found()
+        return JSONResponse(_shown(stored))
+
+    async def update(self, request: Request) -> Response:
+        subscription_id = check_subscription_id(request.path_params["id"])
+        pubkey, subscription = await self._subscription(request)
+        await self._put(subscription_id, pubkey, subscription)
+        return JSONResponse({"status": "Updated"})
+
+    async def delete(self, request: Request) -> Response:
+        subscription_id = check_subscription_id(request.path_params["id"])
+        pubkey = await self._caller(request, await self._api._read_body(request))
+        if not await self._store.delete(subscription_id, pubkey):
+            raise _not_found()
+        self._changed(pubkey)
+        return Response(status_code=204)
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/subscriptions", self.list_all, methods=["GET"]),
+            Route("/subscriptions/", self.list_all, methods=["GET"]),
+            Route("/subscriptions", self.create, methods=["POST"]),
+            Route("/subscriptions/", self.create, methods=["POST"]),
+            Route("/subscriptions/{id}", self.get, methods=["GET"]),
+            Route("/subscriptions/{id}", self.update, methods=["POST"]),
+            Route("/subscriptions/{id}", self.delete, methods=["DELETE"]),
+        ]
