@@ -22,6 +22,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from sigil_push.errors import ApiError, BadRequest
+from sigil_push.http.validation import parse_json_object
 from sigil_push.iris.subscription import (
     APNS,
     FCM,
@@ -38,7 +39,6 @@ from sigil_push.push.endpoint_guard import UnsafeEndpoint, check_endpoint
 from sigil_push.service import Service
 from sigil_push.store.errors import NotYours, TooManySubscriptions
 from sigil_push.store.interface import IrisSubscriptionStore, IrisTarget, StoredSubscription
-from sigil_push.http.validation import parse_json_object
 
 log = logging.getLogger(__name__)
 

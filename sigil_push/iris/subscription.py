@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from sigil_push.errors import BadRequest
+from sigil_push.http.validation import parse_webpush_keys
 from sigil_push.push import registry
 from sigil_push.push.endpoint_guard import UnsafeEndpoint, parse_endpoint
 from sigil_push.store.records import WebPushKeys
-from sigil_push.http.validation import parse_webpush_keys
 
 MAX_SUBSCRIPTIONS_PER_PUBKEY = 20
 MAX_FILTERS = 10
