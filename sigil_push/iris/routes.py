@@ -35,6 +35,7 @@ from sigil_push.iris.subscription import (
     check_subscription_id,
     parse_subscription,
 )
+from sigil_push.push import registry
 from sigil_push.push.endpoint_guard import UnsafeEndpoint, check_endpoint
 from sigil_push.service import Service
 from sigil_push.store.errors import NotYours, TooManySubscriptions
@@ -88,7 +89,7 @@ class IrisRoutes:
         unifiedpush = config.providers.get("unifiedpush")
         webhooks = config.webhooks
         return Accepted(
-            platforms=frozenset(_PLATFORM_OF_PROVIDER[p] for p in config.platforms),
+            platforms=frozenset(_PLATFORM_OF_PROVIDER[p] for p in registry.platforms(config)),
             webhooks=config.webhooks_enabled,
             private_push=bool(unifiedpush and unifiedpush.allow_private_endpoints),
             private_webhooks=bool(webhooks and webhooks.allow_private_endpoints),
