@@ -214,7 +214,7 @@ class CanaryConfig:
 
 @dataclass(frozen=True)
 class IrisConfig:
-    """The Iris-compatible API (CONTRACT 3b, sigil_push/iris/). On unless `enabled = false`."""
+    """The Iris-compatible API (CONTRACT 3b, sigil_push/http/iris.py). On unless `enabled = false`."""
 
     enabled: bool = True
     # a push's "url": this, then the event's note1 id (the page Iris opens on a click)

@@ -26,6 +26,7 @@ from sigil_push import __version__
 from sigil_push.bridge.watches import mask_classes
 from sigil_push.errors import ApiError, BadRequest, RateLimited
 from sigil_push.http.cors import CorsMiddleware
+from sigil_push.http.iris import IrisRoutes
 from sigil_push.http.metrics import MetricsMiddleware
 from sigil_push.http.ratelimit import client_address, rate_limit_key, trusted_networks
 from sigil_push.http.validation import (
@@ -37,7 +38,6 @@ from sigil_push.http.validation import (
     parse_register,
 )
 from sigil_push.http.worker_metrics import WorkerLabelled
-from sigil_push.iris.routes import IrisRoutes
 from sigil_push.nostr.nip19 import encode_npub
 from sigil_push.nostr.nip98 import AuthError, AuthExpired, AuthMissing, verify_http_auth
 from sigil_push.push import registry

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from testkit.deadlines import REQUEST_SECONDS, scaled
 from testkit.iris_client import BrowserKeys, IrisClient, btoa_header, iris_auth_event
 from testkit.nip98 import SdkUser
 from testkit.service import ServiceProcess
@@ -40,7 +41,7 @@ def iris_service(
 
 @pytest.fixture(scope="module")
 def http(iris_service: ServiceProcess) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=iris_service.url, timeout=10) as client:
+    with httpx.Client(base_url=iris_service.url, timeout=scaled(REQUEST_SECONDS)) as client:
         yield client
 
 

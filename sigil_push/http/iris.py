@@ -4,7 +4,7 @@ Iris joins its configured server URL and `subscriptions/` by plain concatenation
 `/subscriptions` and `/subscriptions/` are routes (a redirect would cost a preflight and break
 the NIP-98 `u` tag). Its NIP-98 has no `payload` tag, so these routes verify leniently
 (sigil_push/nostr/nip98.py), and its auth events are spent per request like every other
-(sigil_push/store/auth_ids.py). Handlers check shape and size first (iris/subscription.py),
+(sigil_push/store/auth_ids.py). Handlers check shape and size first (http/iris_subscription.py),
 then where the targets lead (DNS, as UnifiedPush registrations), then write.
 """
 
@@ -22,8 +22,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from sigil_push.errors import ApiError, BadRequest
-from sigil_push.http.validation import parse_json_object
-from sigil_push.iris.subscription import (
+from sigil_push.http.iris_subscription import (
     APNS,
     FCM,
     MAX_BODY_BYTES,
@@ -35,6 +34,7 @@ from sigil_push.iris.subscription import (
     check_subscription_id,
     parse_subscription,
 )
+from sigil_push.http.validation import parse_json_object
 from sigil_push.push import registry
 from sigil_push.push.endpoint_guard import UnsafeEndpoint, check_endpoint
 from sigil_push.service import Service
