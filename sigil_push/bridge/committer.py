@@ -46,7 +46,7 @@ from sigil_push.observations import ObservationLog, SeenRecord
 from sigil_push.relays.discovery import RelayLists
 from sigil_push.relays.inbox import connected_inboxes
 from sigil_push.relays.pool import RelayPool
-from sigil_push.store.errors import TRANSIENT_ERRORS
+from sigil_push.store.errors import TRANSIENT_ERRORS, transient
 from sigil_push.store.interface import BridgeConnection, DeviceStore, OutboxStore, SeenStore
 from sigil_push.store.lock_order import NewEvent, in_lock_order
 from sigil_push.store.preferences import AuthorCheck, Deferred, Listed, UserList
@@ -343,9 +343,14 @@ class Committer:
             async with self._turn, link.transaction():
                 taken = await link.lists.save(list(waiting.values()))
         except TRANSIENT_ERRORS as exc:
-            log.warning("storing %d user lists failed (%s); kept for the next turn",
-                        len(waiting), type(exc).__name__)
-            self._lists_waiting = waiting | self._lists_waiting
+            if transient(exc):
+                log.warning("storing %d user lists failed (%s); kept for the next turn",
+                            len(waiting), type(exc).__name__)
+                self._lists_waiting = waiting | self._lists_waiting
+            else:  # the lists' own fault: kept, they would fail every turn
+                POISON.inc()
+                log.error("storing %d user lists failed (%s); dropped", len(waiting),
+                          type(exc).__name__)
             return
         USER_LISTS_BY["stored"].inc(len(taken))
         USER_LISTS_BY["stale"].inc(len(waiting) - len(taken))
@@ -467,6 +472,8 @@ class Committer:
             try:
                 await self._commit(batch, ops)
             except TRANSIENT_ERRORS as exc:
+                if not transient(exc):
+                    raise  # the batch's own fault ("too many SQL variables"): the poison path
                 self._refused(exc, len(batch))
                 if self._stopping:
                     remaining = self._stop_deadline - time.monotonic()

@@ -48,7 +48,27 @@ SKIPPABLE_WRITE_ERRORS: tuple[type[Exception], ...] = (sqlite3.Error, *STORE_UNA
 """What a write whose state also lives in memory (a signer session's status, kept for the next
 start) survives with a log line: any SQLite error, or the store being unavailable."""
 TRANSIENT_ERRORS: tuple[type[Exception], ...] = (*STORE_UNAVAILABLE, OSError)
-"""What the bridge's committer retries: the above, and a connection that broke mid-batch."""
+"""What the bridge's committer may retry: the above, and a connection that broke mid-batch;
+`transient` then tells the retriable ones apart."""
+SQLITE_TRANSIENT_CODES = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
+"""SQLite's primary result codes for "another connection holds the file": worth a retry."""
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether `exc` is the database's passing state (busy, locked, a lost connection), worth
+    retrying for as long as it lasts, rather than what this statement will always get.
+
+    sqlite3 raises `OperationalError` for a busy file but also for "too many SQL variables",
+    "no such table" and other faults of the statement itself: retried forever, one of those
+    would stop the committer for good. Only SQLITE_BUSY and SQLITE_LOCKED (with any extended
+    code) are transient; the PostgreSQL classes in STORE_UNAVAILABLE and an OSError (a broken
+    socket) are by their type."""
+    if isinstance(exc, sqlite3.OperationalError):
+        code = getattr(exc, "sqlite_errorcode", None)
+        if code is None:  # raised by hand, not by SQLite: judge by the message
+            return "locked" in str(exc) or "busy" in str(exc)
+        return code & 0xFF in SQLITE_TRANSIENT_CODES
+    return isinstance(exc, TRANSIENT_ERRORS)
 
 
 class TooManyDevices(Exception):

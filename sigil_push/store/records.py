@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
 from zoneinfo import ZoneInfo
 
 from sigil_push.nostr.kinds import CONTACTS, MUTE_LIST
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 PAYLOAD_MODES = ("opaque", "sealed", "event_id", "event")
 FULL_EVENT_MODES = frozenset({"event", "sealed"})
 """Payload modes whose wakeups need the event itself in the outbox."""
+T = TypeVar("T")
 NO_RELAYS: tuple[str, ...] = ()
 """The relays of a key whose devices name none (most keys): one shared tuple for all of them."""
 
@@ -50,6 +51,18 @@ def add_device_relays_tuple(
         watched[pubkey] = relays
     elif relays:
         watched[pubkey] = tuple(sorted(set(before).union(relays)))
+
+
+IN_LIST_CHUNK = 500
+"""Values per `IN (...)` list: SQLite refuses a statement with more than its variable limit
+(999 before 3.32) and asyncpg more than 32,767 arguments, and a committer batch or a REQ's keys
+can name more; a statement that always fails would be retried as if the database were busy."""
+
+
+def in_chunks(values: Sequence[T], size: int = IN_LIST_CHUNK) -> Iterator[Sequence[T]]:
+    """`values` IN_LIST_CHUNK at a time, for statements that take them as `IN` lists."""
+    for start in range(0, len(values), size):
+        yield values[start : start + size]
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,7 @@ from sigil_push.store.bridge_rows import (
 )
 from sigil_push.store.interface import BookkeepingOp, SeenRow
 from sigil_push.store.postgres.database import PostgresDatabase
-from sigil_push.store.records import StoredRelayList
+from sigil_push.store.records import StoredRelayList, in_chunks
 
 INSERT_BASELINES = (
     "INSERT INTO relay_baselines (relay, pubkey, baselined_at)"
@@ -69,11 +69,15 @@ class PostgresRelayState:
         return relay_pubkeys(rows)
 
     async def baselines_of_keys(self, pubkeys: Sequence[str]) -> list[tuple[str, str]]:
-        rows = await self._db.fetch(
-            f"SELECT relay, pubkey FROM relay_baselines WHERE pubkey IN ({_marks(1, len(pubkeys))})",
-            *pubkeys,
-        )
-        return relay_pubkeys(rows)
+        found: list[tuple[str, str]] = []
+        for chunk in in_chunks(pubkeys):
+            rows = await self._db.fetch(
+                "SELECT relay, pubkey FROM relay_baselines WHERE pubkey IN"
+                f" ({_marks(1, len(chunk))})",
+                *chunk,
+            )
+            found.extend(relay_pubkeys(rows))
+        return found
 
     async def cursors(self) -> dict[str, int]:
         rows = await self._db.fetch("SELECT relay, live_until FROM relay_cursors")
@@ -143,12 +147,15 @@ class PostgresSeenRows:
 
     async def lookup(self, event_ids: Sequence[bytes]) -> list[SeenRow]:
         columns, join = await self._legacy_join()
-        rows = await self._db.fetch(
-            f"SELECT {columns} FROM seen_events e{join}"
-            f" WHERE e.event_id IN ({_marks(1, len(event_ids))})",
-            *event_ids,
-        )
-        return [seen_row(row) for row in rows]
+        found: list[SeenRow] = []
+        for chunk in in_chunks(event_ids):
+            rows = await self._db.fetch(
+                f"SELECT {columns} FROM seen_events e{join}"
+                f" WHERE e.event_id IN ({_marks(1, len(chunk))})",
+                *chunk,
+            )
+            found.extend(seen_row(row) for row in rows)
+        return found
 
     async def insert(self, rows: Sequence[tuple[bytes, str, int]]) -> None:
         if rows:

@@ -27,7 +27,7 @@ from sigil_push.store.bridge_rows import (
 )
 from sigil_push.store.errors import TRANSIENT_ERRORS
 from sigil_push.store.interface import BookkeepingOp, SeenRow
-from sigil_push.store.records import StoredRelayList
+from sigil_push.store.records import StoredRelayList, in_chunks
 
 BOOKKEEPING_SQL = {
     BookkeepingOp.INSERT_BASELINES: (
@@ -74,12 +74,15 @@ class SqliteRelayState:
         return relay_pubkeys(rows)
 
     async def baselines_of_keys(self, pubkeys: Sequence[str]) -> list[tuple[str, str]]:
-        rows = await self._db.execute_fetchall(
-            f"SELECT relay, pubkey FROM relay_baselines WHERE pubkey IN"
-            f" ({', '.join('?' * len(pubkeys))})",
-            pubkeys,
-        )
-        return relay_pubkeys(rows)
+        found: list[tuple[str, str]] = []
+        for chunk in in_chunks(pubkeys):
+            rows = await self._db.execute_fetchall(
+                f"SELECT relay, pubkey FROM relay_baselines WHERE pubkey IN"
+                f" ({', '.join('?' * len(chunk))})",
+                chunk,
+            )
+            found.extend(relay_pubkeys(rows))
+        return found
 
     async def cursors(self) -> dict[str, int]:
         rows = await self._db.execute_fetchall("SELECT relay, live_until FROM relay_cursors")
@@ -149,12 +152,15 @@ class SqliteSeenRows:
 
     async def lookup(self, event_ids: Sequence[bytes]) -> list[SeenRow]:
         columns, join = await self._legacy_join()
-        rows = await self._db.execute_fetchall(
-            f"SELECT {columns} FROM seen_events e{join}"
-            f" WHERE e.event_id IN ({','.join('?' * len(event_ids))})",
-            event_ids,
-        )
-        return [seen_row(row) for row in rows]
+        found: list[SeenRow] = []
+        for chunk in in_chunks(event_ids):
+            rows = await self._db.execute_fetchall(
+                f"SELECT {columns} FROM seen_events e{join}"
+                f" WHERE e.event_id IN ({','.join('?' * len(chunk))})",
+                chunk,
+            )
+            found.extend(seen_row(row) for row in rows)
+        return found
 
     async def insert(self, rows: Sequence[tuple[bytes, str, int]]) -> None:
         await self._db.executemany(
