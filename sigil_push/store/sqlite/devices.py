@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator, Collection, Iterable, Sequence
+from operator import attrgetter
 
 import aiosqlite
 
@@ -34,6 +35,7 @@ from sigil_push.store.records import (
     RegistrationListener,
     WebPushKeys,
     add_device_relays,
+    in_chunks,
 )
 
 KEY_CHUNK = 10_000
@@ -232,14 +234,14 @@ class Devices:
 
     async def of_pubkeys(self, pubkeys: Sequence[str]) -> list[Device]:
         """Devices of any of `pubkeys` (the recipients named by one event's `p` tags)."""
-        if not pubkeys:
-            return []
-        marks = ",".join("?" * len(pubkeys))
-        rows = await self._db.execute_fetchall(
-            f"SELECT {_WITH_RULES} FROM devices WHERE pubkey IN ({marks}) AND payload <> 'iris'"
-            " ORDER BY id", tuple(pubkeys)
-        )
-        return [Device.from_row(row) for row in rows]
+        found: list[Device] = []
+        for chunk in in_chunks(pubkeys):
+            rows = await self._db.execute_fetchall(
+                f"SELECT {_WITH_RULES} FROM devices WHERE pubkey IN"
+                f" ({','.join('?' * len(chunk))}) AND payload <> 'iris'", tuple(chunk),
+            )
+            found.extend(Device.from_row(row) for row in rows)
+        return sorted(found, key=attrgetter("id"))
 
     async def by_id(self, device_id: int) -> Device | None:
         rows = await self._db.execute_fetchall(
