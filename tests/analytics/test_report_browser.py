@@ -164,7 +164,8 @@ def test_report_of_200_relays_renders_cleanly_in_chromium(
     )
     assert _problems(browser.events) == []
     assert layout["headings"] == ["Canary probes", "Missed DMs", "Relay latency", "Delivery funnel"]
-    assert layout["images"] == 4 and layout["broken"] == 0
+    # The four sections' charts and the delivery funnel by notification class.
+    assert layout["images"] == 5 and layout["broken"] == 0
     # Charts come before the long tables, which start collapsed: one row per relay each.
     assert layout["firstImageTop"] < layout["firstLongTableTop"] < 2 * HEIGHT
     assert layout["collapsed"][:2] == [200, 200]

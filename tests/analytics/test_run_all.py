@@ -106,7 +106,8 @@ def test_run_all_writes_every_report(
     page = (out / "report.html").read_text()
     assert not re.search(r"https?://", page)
     assert "2026-11-21T10:00:00Z to 2026-11-21T10:00:04.001Z" in page
-    assert re.findall(r'src="([a-z]+):', page) == ["data"] * 4
+    # Five charts (the funnel twice: per platform and per notification class), all inline.
+    assert re.findall(r'src="([a-z]+):', page) == ["data"] * 5
     for text in ("wss://a", "wss://b", "lag_p99_ms", "inbox_miss_rate", "delivery_rate", "android"):
         assert text in page
     headings = [
