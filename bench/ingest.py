@@ -253,7 +253,7 @@ class Harness:
         devices = Devices(self.db)
         self.observations = ObservationLog(self.folder / "observations")
         await self.observations.start()
-        self.bridge = Bridge(
+        self.bridge = await Bridge.create(
             config, devices, Outbox(self.db), self.observations, SecretKey.generate()
         )
         devices.add_listener(self.bridge.registration_changed)
@@ -290,6 +290,7 @@ class Harness:
 
     async def stop(self) -> None:
         await self.bridge.stop()
+        await self.bridge.close()
         await self.observations.stop()
         await self.db.close()
 

@@ -128,9 +128,10 @@ class Service:
         announce = await coordination.share_sessions(delegated_auth.adopt, stack)
         if announce is not None:
             delegated_auth.add_listener(announce)
-        bridge = Bridge(
+        bridge = await Bridge.create(
             config, devices, outbox, observations, key, delegated_auth, self.supervisor
         )
+        stack.push_async_callback(bridge.close)
         devices.add_listener(bridge.registration_changed)
         canary = canary_from_config(config, key, observations)
         if canary is not None:

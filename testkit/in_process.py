@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,20 +79,20 @@ async def in_process_bridge(
     if bridge:
         document["bridge"] = bridge
     config = parse_config(document, folder / "relays.toml", TABLES)
-    store = await open_store(config)
-    observations = ObservationLog(folder / "observations")
-    await observations.start()
-    running = Bridge(config, store.devices, store.outbox, observations, SecretKey.generate())
-    store.devices.add_listener(running.registration_changed)
-    try:
+    async with AsyncExitStack() as stack:
+        store = await open_store(config)
+        stack.push_async_callback(store.close)
+        observations = ObservationLog(folder / "observations")
+        await observations.start()
+        stack.push_async_callback(observations.stop)
+        running = await Bridge.create(
+            config, store.devices, store.outbox, observations, SecretKey.generate()
+        )
+        stack.push_async_callback(running.close)
+        store.devices.add_listener(running.registration_changed)
         await running.start()
-        try:
-            yield InProcessBridge(store, observations, running)
-        finally:
-            await running.stop()
-    finally:
-        await observations.stop()
-        await store.close()
+        stack.push_async_callback(running.stop)
+        yield InProcessBridge(store, observations, running)
 
 
 @dataclass

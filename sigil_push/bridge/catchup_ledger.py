@@ -174,13 +174,15 @@ def _flushed(task: asyncio.Task[None]) -> None:
 
 
 class CatchupLedger:
-    def __init__(self, window_seconds: int) -> None:
+    def __init__(self, window_seconds: int, link: BridgeConnection, turn: asyncio.Lock) -> None:
+        """`link` is the bridge's connection, `turn` the lock the committer holds for each of
+        its transactions on it (the ledger's reads and writes take it too)."""
         self._window = window_seconds
         self._rows: list[tuple[str, str, str, int]] = []
         self._unconfirmed: dict[str, tuple[float, list[tuple[str, str, str, int]]]] = {}
         """Event id → (noted at, rows) of DMs the committer has not decided yet, oldest first."""
-        self._link: BridgeConnection | None = None
-        self._turn: asyncio.Lock | None = None
+        self._link = link
+        self._turn = turn
         self._flushing: asyncio.Task[None] | None = None
         self._kept: dict[str, _Kept] = {}
         """Relays held in memory (absent: not reconciled yet in this process)."""
@@ -201,9 +203,6 @@ class CatchupLedger:
             if kept.size > MAX_KEPT_ITEMS:
                 del self._kept[url]
                 self._too_large.add(url)
-
-    def attach(self, link: BridgeConnection, turn: asyncio.Lock) -> None:
-        self._link, self._turn = link, turn
 
     def note(self, url: str, event_id: str, created_at: int, recipients: tuple[str, ...]) -> None:
         """`url` delivered a verified DM for `recipients` (keys subscribed there). Kept in
@@ -280,7 +279,7 @@ class CatchupLedger:
             await asyncio.wait({running})
         self._expire_unconfirmed()
         link = self._link
-        if link is None or self._turn is None or not self._rows:
+        if not self._rows:
             return
         # the store merges each DM's copies into one row and writes in key order
         # (`bridge_rows.merged_catchup_rows`)
@@ -316,8 +315,6 @@ class CatchupLedger:
         if kept is not None and unloaded == []:
             return kept.base, kept.items(keys, since)
         await self.flush()
-        if self._link is None or self._turn is None:
-            return None, {}
         self.store_reads += 1
         if url in self._too_large:
             async with self._turn:
@@ -351,7 +348,6 @@ class CatchupLedger:
     async def _load_whole(self, url: str, kept: _Kept) -> list[tuple[str, str, int]]:
         """A relay's rows for the whole window: those written since its snapshot, when the
         snapshot serves (`kept.base`), else all of them."""
-        assert self._link is not None and self._turn is not None
         cutoff = self._cutoff(0)
         async with self._turn:
             stored = await self._link.catchup.snapshot(url, FIREHOSE_SCOPE)
@@ -387,8 +383,6 @@ class CatchupLedger:
 
     async def _save_snapshot(self, url: str, kept: _Kept) -> None:
         link, turn = self._link, self._turn
-        if link is None or turn is None:
-            return
         await self.flush()
         # every row written before `cut` is in memory now and goes into this snapshot; a
         # row not in it is noted after, so written after (the store's add takes the time)
@@ -426,7 +420,5 @@ class CatchupLedger:
         cutoff = self._cutoff(slack_seconds)
         for kept in self._kept.values():
             kept.prune(cutoff)
-        if self._link is None or self._turn is None:
-            return 0
         async with self._turn, self._link.transaction():
             return await self._link.catchup.prune(cutoff)

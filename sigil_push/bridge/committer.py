@@ -208,6 +208,9 @@ class Committer:
 
     def __init__(
         self,
+        link: BridgeConnection,
+        seen: SeenStore,
+        lists: RelayLists,
         pending: Pending,
         devices: DeviceStore,
         outbox: OutboxStore,
@@ -220,7 +223,9 @@ class Committer:
         report: ReportImpaired | None = None,
         settings: BridgeConfig | None = None,
     ) -> None:
-        """`turn` is held for each transaction: the bridge's other readers of the connection
+        """`link` is the committer's own connection (with its outbox writer, bookkeeping and
+        the users' own lists and presence lapses); `seen` the dedupe, `lists` the relay lists.
+        `turn` is held for each transaction: the bridge's other readers of the connection
         (`RelayState`) take it too, so their statements never run inside one. `report` is
         told when the database refuses the committer's writes and when it takes them again
         (the supervisor's `impaired`, for `/health`). `settings` gives `max_p_tags` and
@@ -246,9 +251,9 @@ class Committer:
         self.counters = counters
         self._registration_relays = registration_relays
         self._insecure = insecure
-        self._link: BridgeConnection | None = None
-        self._seen: SeenStore
-        self._lists: RelayLists
+        self._link = link
+        self._seen = seen
+        self._lists = lists
         self._lists_waiting: dict[tuple[str, int], UserList] = {}
         self._listeners: list[CommitListener] = []
         self._decided_listeners: list[Callable[[Iterable[str]], None]] = []
@@ -258,11 +263,6 @@ class Committer:
         self._held: dict[str, list[str]] = {}
         self._held_records: list[SeenRecord] = []
         self._held_since = 0.0
-
-    def attach(self, link: BridgeConnection, seen: SeenStore, lists: RelayLists) -> None:
-        """The committer's own connection (with its outbox writer, bookkeeping and the users'
-        own lists and presence lapses), the dedupe and the relay lists."""
-        self._link, self._seen, self._lists = link, seen, lists
 
     def offer_list(self, item: UserList) -> None:
         """Ingest verified a kind 10000 or 3 of a watched key: store it soon (the newest of
@@ -338,7 +338,6 @@ class Committer:
         stored one have their devices (and the flags read with them) read again."""
         waiting, self._lists_waiting = self._lists_waiting, {}
         link = self._link
-        assert link is not None
         try:
             async with self._turn, link.transaction():
                 taken = await link.lists.save(list(waiting.values()))
@@ -364,7 +363,6 @@ class Committer:
         paused since, author not muted since); events another deferring rule now holds are
         deferred again under it; the rest are dropped. Returns the wakeups written."""
         link = self._link
-        assert link is not None
         now_ms = int(time.time() * 1000)
         now = now_ms // 1000
         async with self._turn, link.transaction():
@@ -726,7 +724,6 @@ class Committer:
                 choice = Choice(arrival, facts, targets, now, marks, checks)
             decided.append((arrival, targets, choice, facts))
         link = self._link
-        assert link is not None
 
         def with_lists(facts: Facts, device: Device, listed: Listed) -> Rule | None:
             verdict = judge(facts, device, now, listed)
@@ -783,7 +780,6 @@ class Committer:
         writes, new_events, further = in_lock_order(
             writes, new_events, further, _event_id_of
         )
-        assert link is not None
         async with self._turn, link.transaction():
             await link.outbox.enqueue_many(
                 [(a.event, a.relay, a.received_ms, targets) for a, targets in writes]

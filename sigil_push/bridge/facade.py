@@ -32,6 +32,7 @@ from sigil_push.bridge.catchup_ledger import CatchupLedger
 from sigil_push.bridge.committer import CommitListener, Committer
 from sigil_push.bridge.ingest import Ingest
 from sigil_push.bridge.keys import KeyRegistry
+from sigil_push.bridge.metrics import RelayCounters
 from sigil_push.bridge.pending import Pending
 from sigil_push.bridge.relay_state import RelayState
 from sigil_push.config import Config
@@ -45,7 +46,7 @@ from sigil_push.relays.user_inbox import UserInboxes
 from sigil_push.shards import ShardSet
 from sigil_push.store.errors import TRANSIENT_ERRORS
 from sigil_push.store.factory import connect_bridge
-from sigil_push.store.interface import BridgeConnection, DeviceStore, OutboxStore, SeenStore
+from sigil_push.store.interface import BridgeConnection, DeviceStore, OutboxStore
 from sigil_push.store.seen import SeenEvents
 from sigil_push.supervisor import Supervisor
 from sigil_push.telemetry.memory_gauges import track
@@ -70,11 +71,34 @@ class Bridge:
     A Devices listener (`registration_changed`) and the owner of the relay pool, which it
     hands its `port`; `health()` is what the API shows per relay. With `delegated_auth`, it
     also reads gated inboxes through per-user connections (`UserInboxes`, same port).
+
+    Made by `create`, which opens the bridge's own connection first, so that every part is
+    built once with everything it needs, in dependency order; `close` closes it again.
     """
+
+    @classmethod
+    async def create(
+        cls,
+        config: Config,
+        devices: DeviceStore,
+        outbox: OutboxStore,
+        observations: ObservationLog,
+        key: SecretKey,
+        delegated_auth: DelegatedAuth | None = None,
+        supervisor: Supervisor | None = None,
+    ) -> Bridge:
+        """The bridge on a connection of its own (`store.factory.connect_bridge`), not started."""
+        link = await connect_bridge(config)
+        try:
+            return cls(config, link, devices, outbox, observations, key, delegated_auth, supervisor)
+        except BaseException:
+            await link.close()
+            raise
 
     def __init__(
         self,
         config: Config,
+        link: BridgeConnection,
         devices: DeviceStore,
         outbox: OutboxStore,
         observations: ObservationLog,
@@ -84,10 +108,14 @@ class Bridge:
     ) -> None:
         self._bridge = config.bridge
         self.supervisor = supervisor if supervisor is not None else Supervisor()
-        self._config = config
-        self._link: BridgeConnection | None = None
-        self._seen: SeenStore
+        self._link = link
         self._insecure = config.server.allow_insecure_relays
+        self._lists = RelayLists(link.state, self._insecure)
+        # dedupe must remember every id a catch-up can return again
+        retention = max(self._bridge.seen_retention_seconds, self._bridge.catchup_seconds)
+        self._seen = SeenEvents(link.seen, retention, self._bridge.seen_cache_size)
+        track("seen_cache", self._seen, len)
+        track("seen_relay_names", self._seen, SeenEvents.relay_names)
         configured = [
             url
             for url in (normalize_relay_url(r.url, True) for r in config.relays if r.read)
@@ -110,20 +138,22 @@ class Bridge:
         turn = asyncio.Lock()
         self._relays = RelayState(self._pool, pending, self._inboxes, turn)
         self._registry = KeyRegistry(
-            self._insecure, self._pool, devices, self._relays, self._inboxes
+            self._insecure, self._pool, devices, self._relays, self._inboxes, link.state,
+            self._lists,
         )
-        self._turn = turn
-        self._ledger = CatchupLedger(self._bridge.catchup_seconds)
+        self._ledger = CatchupLedger(self._bridge.catchup_seconds, link, turn)
+        # ingest's per-relay counters; the committer counts its own drops in them too
+        counters: dict[str, RelayCounters] = {}
         self._committer = Committer(
-            pending, devices, outbox, observations, self._pool, {},
-            self._registry.registration_relays, self._insecure, turn,
+            link, self._seen, self._lists, pending, devices, outbox, observations, self._pool,
+            counters, self._registry.registration_relays, self._insecure, turn,
             lambda reason: self.supervisor.impaired("bridge-commit", reason), self._bridge,
         )
         self._ingest = Ingest(
-            self._bridge, pending, self._registry.keys, self._registry.lists_changed,
-            self._ledger, self._committer.offer_list, self._pool.plan.kinds,
+            self._bridge, pending, self._seen, self._lists, counters, self._registry.keys,
+            self._registry.lists_changed, self._ledger, self._committer.offer_list,
+            self._pool.plan.kinds,
         )
-        self._committer.counters = self._ingest.counters
         self._committer.add_decided_listener(self._ledger.confirm)
         self._tasks: list[asyncio.Task[None]] = []
         self.port = BridgePort(
@@ -151,12 +181,7 @@ class Bridge:
     # life cycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._link = await connect_bridge(self._config)
-        try:
-            await self._load(self._link)
-        except BaseException:
-            await self._link.close()
-            raise
+        await self._load()
         for name, loop in (
             ("bridge-commit", self._committer.run),
             ("bridge-registrations", self._registry.run),
@@ -171,24 +196,14 @@ class Bridge:
             "bridge watching %d keys on %d relays", len(self._registry.keys), len(self._pool.subs)
         )
 
-    async def _load(self, link: BridgeConnection) -> None:
+    async def _load(self) -> None:
         """Everything the bridge remembers, and the keys to watch, before any relay is opened."""
-        lists = RelayLists(link.state, self._insecure)
-        # dedupe must remember every id a catch-up can return again
-        retention = max(self._bridge.seen_retention_seconds, self._bridge.catchup_seconds)
-        self._seen = SeenEvents(link.seen, retention, self._bridge.seen_cache_size)
-        track("seen_cache", self._seen, len)
-        track("seen_relay_names", self._seen, SeenEvents.relay_names)
-        self._registry.attach(link.state, lists)
-        self._ingest.attach(self._seen, lists)
-        self._committer.attach(link, self._seen, lists)
-        self._ledger.attach(link, self._turn)
         await self._seen.load()
-        await lists.load()
+        await self._lists.load()
         async with self._registry.changing:  # a reshard meanwhile waits for the whole load
             registry = self._registry
             baselined = await self._relays.load(
-                link.state, lists, registry.holds, registry.held_pairs
+                self._link.state, self._lists, registry.holds, registry.held_pairs
             )
             await self._registry.load(baselined)
 
@@ -216,9 +231,10 @@ class Bridge:
             # reads the cursors saved before, so its catch-up reaches further back, not less
             log.error("stopping with the database unavailable (%s): relay cursors not saved",
                       type(exc).__name__)
-        finally:
-            if self._link is not None:
-                await self._link.close()
+
+    async def close(self) -> None:
+        """Close the bridge's connection (after `stop`, or instead of `start`)."""
+        await self._link.close()
 
     def add_probe(self, probe: Canary) -> None:
         """Watch the canary key on its relays (before `start`). Events addressed to it alone are

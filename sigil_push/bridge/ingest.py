@@ -100,14 +100,19 @@ class Ingest:
         self,
         settings: BridgeConfig,
         pending: Pending,
+        seen: SeenStore,
+        lists: RelayLists,
+        counters: dict[str, RelayCounters],
         keys: set[str],
         lists_changed: Callable[[str], None],
         ledger: CatchupLedger,
         user_list: Callable[[UserList], None],
         wants: Mapping[str, frozenset[int]] | None = None,
     ) -> None:
-        """`wants`: each watched key's public kinds (the key registry's, kept current there;
-        keys that want DMs only are absent)."""
+        """`seen` and `lists` are the dedupe and the relay lists on the bridge's connection;
+        `counters` the per-relay counters, by relay URL (the committer counts its own drops,
+        duplicates and no device, in the same dict). `wants`: each watched key's public kinds
+        (the key registry's, kept current there; keys that want DMs only are absent)."""
         self._wants: Mapping[str, frozenset[int]] = wants if wants is not None else {}
         self._bridge = settings
         self._ledger = ledger
@@ -123,16 +128,11 @@ class Ingest:
         self._recipient_buckets: dict[str, TokenBucket] = {}
         track("recipient_buckets", self, lambda i: len(i._recipient_buckets))
         track("relay_counters", self, lambda i: len(i.counters) + len(i._user_counters))
-        self.counters: dict[str, RelayCounters] = {}
+        self.counters = counters
         self._user_counters: dict[str, RelayCounters] = {}
-        """By relay URL; the committer counts its own drops (duplicates, no device) here too."""
-        self._lists: RelayLists
-        self._seen: SeenStore
+        self._lists = lists
+        self._seen = seen
         self._probe: Canary | None = None
-
-    def attach(self, seen: SeenStore, lists: RelayLists) -> None:
-        """The dedupe and the relay lists, once the bridge has loaded them (before any frame)."""
-        self._seen, self._lists = seen, lists
 
     def add_probe(self, probe: Canary) -> None:
         self._probe = probe

@@ -49,7 +49,11 @@ class KeyRegistry:
         devices: DeviceStore,
         relays: RelayState,
         inboxes: UserInboxes | None,
+        state: RelayStateStore,
+        lists: RelayLists,
     ) -> None:
+        """`state` is the stored relay state (read when shards arrive), `lists` the users'
+        relay lists (a key's DM relays)."""
         self._insecure = insecure
         self._pool = pool
         self._devices = devices
@@ -64,15 +68,13 @@ class KeyRegistry:
         self._dirty_event = asyncio.Event()
         self._owns: Callable[[str], bool] = _every_key
         self._probe: Canary | None = None
-        self._state: RelayStateStore | None = None
-        self._lists: RelayLists
+        self._state = state
+        self._lists = lists
+        self._loaded = False
+        """Set by `load`: from then on `reshard` acts (before, `load` reads only what the
+        shards then held accept)."""
         self.changing = asyncio.Lock()
         """Held while the keys are loaded or resharded: one change at a time."""
-
-    def attach(self, state: RelayStateStore, lists: RelayLists) -> None:
-        """The stored relay state and relay lists, as the bridge starts (from then on `reshard`
-        acts)."""
-        self._state, self._lists = state, lists
 
     async def load(self, known: Mapping[str, str]) -> None:
         """Watch the registered keys of our shards (before any relay is opened); a key already
@@ -86,6 +88,7 @@ class KeyRegistry:
         for pubkey, mask in (await self._devices.notify_masks()).items():
             if pubkey in self.keys:
                 self._set_kinds(pubkey, mask)
+        self._loaded = True
 
     def _set_kinds(self, pubkey: str, mask: int) -> None:
         """The public kinds of the union of the key's pairs' `notify` masks."""
@@ -210,9 +213,9 @@ class KeyRegistry:
         """
         self._owns = owns
         state = self._state
-        if state is None:  # not started yet: `load` watches only what `owns` accepts
-            return
         async with self.changing:
+            if not self._loaded:  # not started yet: `load` watches only what `owns` accepts
+                return
             await self._release(owns)
             # nothing gained, nothing to read: letting go of every shard (a worker cut off
             # from its database) must not need the database

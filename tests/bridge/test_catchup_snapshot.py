@@ -84,8 +84,7 @@ async def test_a_restart_reads_the_snapshot_and_only_the_rows_written_since(
     async with bridge_link(database, tmp_path) as link:
         window = await _noted_window(link, now, 300)
         await _age_rows(store, 20)
-        first = CatchupLedger(3600)
-        first.attach(link, asyncio.Lock())
+        first = CatchupLedger(3600, link, asyncio.Lock())
         none_before = _loads("none")
         base, items = await first.held(RELAY, None, 0)
         assert base is None and items == window
@@ -104,8 +103,7 @@ async def test_a_restart_reads_the_snapshot_and_only_the_rows_written_since(
             await link.catchup.add([(RELAY, ALICE, _id(600), now - 2000)])  # back-dated
         window[_id(600)] = now - 2000
 
-        second = CatchupLedger(3600)
-        second.attach(link, asyncio.Lock())
+        second = CatchupLedger(3600, link, asyncio.Lock())
         loaded_before = _loads("loaded")
         base, items = await second.held(RELAY, None, 0)
         assert _loads("loaded") == loaded_before + 1
@@ -134,8 +132,7 @@ async def test_a_new_snapshot_is_cut_once_the_rows_since_the_last_are_many(
     now = int(time.time())
     async with bridge_link(database, tmp_path) as link:
         window = await _noted_window(link, now, 40)
-        ledger = CatchupLedger(3600)
-        ledger.attach(link, asyncio.Lock())
+        ledger = CatchupLedger(3600, link, asyncio.Lock())
         await ledger.held(RELAY, None, 0)
         await ledger.save_snapshots()
         first = await link.catchup.snapshot(RELAY, FIREHOSE_SCOPE)
@@ -176,8 +173,7 @@ async def test_a_snapshot_that_cannot_serve_falls_back_to_reading_the_window(
             cut = (now - 7200) * 1000
         async with link.transaction():
             await link.catchup.save_snapshot(RELAY, FIREHOSE_SCOPE, cut, data)
-        ledger = CatchupLedger(3600)
-        ledger.attach(link, asyncio.Lock())
+        ledger = CatchupLedger(3600, link, asyncio.Lock())
         before = _loads(damage)
         base, items = await ledger.held(RELAY, None, 0)
         assert base is None and items == window, "every row read instead"
@@ -195,8 +191,7 @@ async def test_rows_of_a_dm_not_yet_committed_are_not_written_nor_snapshotted(
     now = int(time.time())
     async with bridge_link(database, tmp_path) as link:
         window = await _noted_window(link, now, 30)
-        ledger = CatchupLedger(3600)
-        ledger.attach(link, asyncio.Lock())
+        ledger = CatchupLedger(3600, link, asyncio.Lock())
         await ledger.held(RELAY, None, 0)
         ledger.note(RELAY, _id(900), now - 5, (ALICE,))
         ledger.note(RELAY, _id(901), now - 6, (BOB,))

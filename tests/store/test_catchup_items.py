@@ -121,8 +121,7 @@ async def test_the_ledger_reads_each_relay_once_then_answers_from_memory(
                 (RELAY, ALICE, _id(1), now - 100), (RELAY, UNADDRESSED, _id(2), now - 90),
                 (RELAY, CAROL, _id(3), now - 80),
             ])
-        ledger = CatchupLedger(3600)
-        ledger.attach(link, asyncio.Lock())
+        ledger = CatchupLedger(3600, link, asyncio.Lock())
 
         assert await ledger.items(RELAY, None, 0) == {
             _id(1): now - 100, _id(2): now - 90, _id(3): now - 80
@@ -168,8 +167,7 @@ async def test_the_copies_of_one_dm_are_one_row_listing_their_relays(
     recipient and DM, whatever its relays."""
     now = int(time.time())
     async with bridge_link(database, tmp_path) as link:
-        ledger = CatchupLedger(3600)
-        ledger.attach(link, asyncio.Lock())
+        ledger = CatchupLedger(3600, link, asyncio.Lock())
         recipients = (CAROL, ALICE, BOB)
         for n in range(12):
             for relay in (RELAY, OTHER):
@@ -274,8 +272,7 @@ async def test_a_failed_early_flush_is_logged_by_its_type(
     the rows: relay URLs, keys)."""
     ids = [_id(n) for n in range(MAX_PENDING_ROWS)]
     async with bridge_link(database, tmp_path) as link:
-        ledger = CatchupLedger(10**30)
-        ledger.attach(link, asyncio.Lock())
+        ledger = CatchupLedger(10**30, link, asyncio.Lock())
         with caplog.at_level(logging.WARNING):
             for event_id in ids:
                 ledger.note(RELAY, event_id, 2**70, (ALICE,))

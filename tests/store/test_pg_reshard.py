@@ -164,7 +164,9 @@ async def test_start_up_subscribes_the_loaded_keys_in_chunks(
     monkeypatch.setattr("sigil_push.bridge.keys.RESHARD_CHUNK", CHUNK)
     keys = [secrets.token_hex(32) for _ in range(KEYS)]
     async with _firehose_instance(postgres_url, tmp_path, keys) as (config, store, observations):
-        bridge = Bridge(config, store.devices, store.outbox, observations, SecretKey.generate())
+        bridge = await Bridge.create(
+            config, store.devices, store.outbox, observations, SecretKey.generate()
+        )
         seen: list[int] = []
         done = asyncio.Event()
 
@@ -184,6 +186,7 @@ async def test_start_up_subscribes_the_loaded_keys_in_chunks(
         assert max(steps) <= CHUNK, f"{max(steps)} keys subscribed in one loop turn"
         assert any(0 < count < KEYS for count in seen), "the loop never turned mid-way"
         await bridge.stop()
+        await bridge.close()
 
 
 async def test_a_restart_reads_only_its_shards_baselines(
@@ -195,7 +198,9 @@ async def test_a_restart_reads_only_its_shards_baselines(
     keys = [secrets.token_hex(32) for _ in range(4_000)]
     async with _firehose_instance(postgres_url, tmp_path, keys) as (config, store, observations):
         for held in (frozenset(range(0, DEFAULT_SHARDS, 2)), frozenset()):
-            bridge = Bridge(config, store.devices, store.outbox, observations, SecretKey.generate())
+            bridge = await Bridge.create(
+                config, store.devices, store.outbox, observations, SecretKey.generate()
+            )
             ours = {key for key in keys if shard_of(key) in held}
             store.devices.narrow_to(held, DEFAULT_SHARDS)
             await bridge.reshard(ShardSet(held, DEFAULT_SHARDS, held))
@@ -205,6 +210,7 @@ async def test_a_restart_reads_only_its_shards_baselines(
             subs = bridge._pool.subs.get(RELAY)
             assert set(subs.keys if subs is not None else ()) == ours
             await bridge.stop()
+            await bridge.close()
 
 
 def test_a_million_baselines_are_written_in_slices() -> None:
