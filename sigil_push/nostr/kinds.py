@@ -6,16 +6,28 @@ find every place a kind matters by its name.
 
 from __future__ import annotations
 
+METADATA = 0
+"""NIP-01 profile metadata (an Iris push's title names its author from it)."""
+TEXT_NOTE = 1
+"""NIP-01 short text note (mentions and replies)."""
 CONTACTS = 3
 """NIP-02 contact list (follows-only wakeups read it)."""
 DIRECT_MESSAGE = 4
 """NIP-04 encrypted direct message."""
+REPOST = 6
+"""NIP-18 repost of a kind 1."""
+REACTION = 7
+"""NIP-25 reaction."""
 SEAL = 13
 """NIP-59 seal, inside a gift wrap."""
 CHAT_MESSAGE = 14
 """NIP-17 chat message (the rumor a seal carries)."""
+GENERIC_REPOST = 16
+"""NIP-18 generic repost."""
 GIFT_WRAP = 1059
 """NIP-59 gift wrap: how NIP-17 DMs travel."""
+DOUBLE_RATCHET = 1060
+"""Iris's double-ratchet messages (encrypted content, decrypted by the app)."""
 ZAP_REQUEST = 9734
 """NIP-57 zap request."""
 ZAP_RECEIPT = 9735

@@ -96,3 +96,8 @@ def parse_secret_key(value: str) -> str:
 
 def encode_npub(public_key_hex: str) -> str:
     return _encode("npub", public_key_hex)
+
+
+def encode_note(event_id_hex: str) -> str:
+    """NIP-19 `note1…` of an event id (what a notification's link names)."""
+    return _encode("note", event_id_hex)

@@ -143,6 +143,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("config",),
     ("identity",),
     ("store",),
+    ("iris",),
     ("push",),
     ("observations",),
     ("relays",),
