@@ -116,7 +116,7 @@ class Service:
         senders = await build_senders(config)
         delivery = Delivery(
             outbox, devices, senders, observations, not config.dry_run, config.push, config.limits,
-            self.supervisor,
+            self.supervisor, config.iris,
         )
         await delivery.start()
         stack.push_async_callback(delivery.stop)

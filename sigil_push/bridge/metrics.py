@@ -13,6 +13,7 @@ from sigil_push.nostr.nip57 import OUTCOMES as ZAP_OUTCOMES
 from sigil_push.relays.budget import ConnectionBudget
 from sigil_push.relays.labels import USER_RELAYS, series_label
 from sigil_push.telemetry.batch_histogram import BatchHistogram
+from sigil_push.telemetry.suppressed import SUPPRESSED, SUPPRESSED_CLASS
 
 DROP_REASONS = (
     "malformed", "wrong_kind", "unknown_recipient", "wrong_id", "forged", "no_device",
@@ -91,18 +92,7 @@ def remove_relay_series(url: str) -> None:
             DROPPED.remove(label, reason)
 
 
-SUPPRESSED = Counter(
-    "sigil_push_suppressed_total",
-    "Verified events that woke no device because of the recipients' own choices or limits,"
-    " by reason",
-    ["reason"],
-)
 SUPPRESSED_BY = {reason: SUPPRESSED.labels(reason) for reason in SUPPRESS_REASONS}
-SUPPRESSED_CLASS = Counter(
-    "sigil_push_suppressed_by_class_total",
-    "Verified events that woke no device, by notification class and reason",
-    ["class", "reason"],
-)
 SUPPRESSED_BY_CLASS = {
     (cls, reason): SUPPRESSED_CLASS.labels(cls, reason)
     for cls in CLASSES for reason in SUPPRESS_REASONS

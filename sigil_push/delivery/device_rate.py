@@ -11,7 +11,8 @@ from sigil_push.token_bucket import refill
 
 
 class DeviceRateLimiter:
-    """A token bucket per device: `per_minute` pushes a minute, bursting up to the same number.
+    """A token bucket per device: `per_minute` pushes a minute, bursting up to the same number
+    (or to `burst`).
 
     Keyed by whatever identifies the physical device to its caller (delivery uses the
     (platform, token) pair, shared by all accounts registered on one phone).
@@ -20,11 +21,16 @@ class DeviceRateLimiter:
     nothing about rate limits is worth a disk write per push.
     """
 
-    def __init__(self, per_minute: int) -> None:
-        self._capacity = float(per_minute)
+    def __init__(
+        self, per_minute: int, burst: int | None = None, structure: str = "device_rate_buckets"
+    ) -> None:
+        """`burst`: the bucket's size when it is not one minute's allowance (an Iris target's
+        budget is a burst of 20, then 10 a minute); `structure`: its name in
+        `sigil_push_memory_entries`."""
+        self._capacity = float(per_minute if burst is None else burst)
         self._per_ms = per_minute / 60_000.0
         self._buckets: dict[Hashable, tuple[float, int]] = {}
-        track("device_rate_buckets", self, lambda d: len(d._buckets))
+        track(structure, self, lambda d: len(d._buckets))
 
     def _level(self, device: Hashable, now_ms: int) -> float:
         tokens, at_ms = self._buckets.get(device, (self._capacity, now_ms))

@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 
-from sigil_push.config import STOP_GRACE_SECONDS, LimitsConfig, PushConfig
+from sigil_push.config import STOP_GRACE_SECONDS, IrisConfig, LimitsConfig, PushConfig
 from sigil_push.delivery.dispatch import Dispatcher, rows_window
 from sigil_push.delivery.plan import BATCH_SIZE, Planner, platform_policies
 from sigil_push.delivery.record import Recorder
@@ -53,6 +53,7 @@ class Delivery:
         push: PushConfig | None = None,
         limits: LimitsConfig | None = None,
         supervisor: Supervisor | None = None,
+        iris: IrisConfig | None = None,
     ) -> None:
         self._supervisor = supervisor if supervisor is not None else Supervisor()
         self._outbox = outbox
@@ -60,7 +61,10 @@ class Delivery:
         self._push = push or PushConfig()
         windows = {platform: rows_window(sender) for platform, sender in senders.items()}
         platforms = platform_policies(senders, windows)
-        self._planner = Planner(platforms, self._push, limits or LimitsConfig(), outbox.collapse_id)
+        self._planner = Planner(
+            platforms, self._push, limits or LimitsConfig(), outbox.collapse_id,
+            (iris or IrisConfig()).notification_url,
+        )
         self._recorder = Recorder(senders, observations, record_outcomes)
         self._settlement = Settlement(outbox, devices, self._push, self._recorder)
         per_host = frozenset(p for p, policy in platforms.items() if policy.host_cap is not None)
@@ -134,6 +138,9 @@ class Delivery:
             await self._settlement.give_up(plan.expired, "too old or too many attempts")
         if plan.unsendable:
             await self._settlement.give_up(plan.unsendable, "platform no longer enabled")
+        if plan.rate_limited:
+            self._recorder.rate_limited(plan.rate_limited, now_ms())
+            await self._outbox.complete([w.id for w in plan.rate_limited])
 
     async def _idle(self, has_room: bool) -> None:
         """Sleep until new wakeups, a freed slot, the next due wakeup or the poll interval."""

@@ -14,6 +14,11 @@ coalesced, and beyond the phone's rate budget the excess rides in its one opaque
 What a push carries is decided in one place, `Planner.message`: a new payload mode (or a
 per-push encrypted body) changes that method, and which wakeups may share a push is decided
 in `Planner._for_phone`.
+
+The targets of Iris subscriptions (payload 'iris') are not phones: each wakeup is its own push
+while the target's budget lasts (a burst of 20, then one per 6 s, as nostr-notification-server
+allows), and the excess is suppressed (`rate_limited`), not held or coalesced: an opaque push
+means nothing to Iris's service worker (`Planner._for_iris_target`).
 """
 
 from __future__ import annotations
@@ -23,13 +28,16 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 from urllib.parse import urlsplit
 
-from sigil_push.config import LimitsConfig, PushConfig
+import orjson
+
+from sigil_push.config import IrisConfig, LimitsConfig, PushConfig
 from sigil_push.delivery.device_rate import DeviceRateLimiter
 from sigil_push.hosts import registrable_domain
+from sigil_push.iris.payload import BODY_PLATFORMS, planned, provider_data
 from sigil_push.push import registry
 from sigil_push.push.base import Sender, WakeupMessage
 from sigil_push.push.payload import fallback, opaque_data, sealed_data, wakeup_data
-from sigil_push.store.records import Device, Wakeup, WebPushKeys
+from sigil_push.store.records import IRIS_PAYLOAD, Device, Wakeup, WebPushKeys
 
 BATCH_SIZE = 500
 """The most due rows one planning round takes (and one completion burst deletes at once)."""
@@ -51,6 +59,9 @@ keys the body is encrypted to (two registrations of one endpoint could give diff
 Host = tuple[str, str]
 """(platform, registrable domain of the endpoint) or (platform, "npub:" + pubkey) of a
 UnifiedPush push: what a per-destination cap counts."""
+IRIS_BURST = 20
+IRIS_PER_MINUTE = 10
+"""An Iris target's budget: a burst of 20 pushes, then one per 6 seconds (CONTRACT 3b)."""
 
 
 class Push(NamedTuple):
@@ -77,13 +88,15 @@ class Plan(NamedTuple):
     """What one due batch becomes. `held` maps a time to the rows due again then (a coalescing
     window, a spent rate budget, a host at its cap); `expired` rows are too old or out of
     attempts, `unsendable` ones name a platform that is no longer enabled; `coalesced` counts,
-    per provider, the wakeups that rode in another wakeup's push."""
+    per provider, the wakeups that rode in another wakeup's push; `rate_limited` are Iris
+    targets' wakeups past their target's budget, suppressed."""
 
     pushes: list[Push]
     held: dict[int, list[int]]
     expired: list[Wakeup]
     unsendable: list[Wakeup]
     coalesced: dict[str, int]
+    rate_limited: list[Wakeup]
 
 
 def platform_policies(senders: Mapping[str, Sender], windows: Mapping[str, int]) -> dict[str, PlatformPolicy]:
@@ -126,8 +139,12 @@ class Planner:
         push: PushConfig,
         limits: LimitsConfig,
         collapse_id: Callable[[int], str],
+        notification_url: str = IrisConfig.notification_url,
     ) -> None:
+        """`notification_url`: where an Iris push's link leads (`iris.notification_url`)."""
         self._platforms = dict(platforms)
+        self._notification_url = notification_url
+        self._iris_budget = DeviceRateLimiter(IRIS_PER_MINUTE, IRIS_BURST, "iris_target_buckets")
         self._push = push
         self._collapse_id = collapse_id
         self._coalesce_ms = limits.coalesce_window_ms
@@ -142,6 +159,7 @@ class Planner:
         by_push_key: dict[PushKey, list[Wakeup]] = defaultdict(list)
         expired: list[Wakeup] = []
         unsendable: list[Wakeup] = []
+        rate_limited: list[Wakeup] = []
         seen_after = now - self._push.max_wakeup_age_seconds * 1000
         max_attempts = self._push.max_attempts
         platforms = self._platforms
@@ -168,15 +186,34 @@ class Planner:
             ):
                 held[now + self._host_hold_ms].extend(w.id for w in wakeups)
                 continue
-            planned, waiting = self._for_phone(wakeups, now, coalesced)
-            for at_ms, ids in waiting.items():
-                held[at_ms].extend(ids)
+            if device.payload == IRIS_PAYLOAD:
+                going = self._for_iris_target(wakeups, now, rate_limited)
+            else:
+                going, waiting = self._for_phone(wakeups, now, coalesced)
+                for at_ms, ids in waiting.items():
+                    held[at_ms].extend(ids)
             if caps:
-                rows = sum(len(p.wakeups) for p in planned)
+                rows = sum(len(p.wakeups) for p in going)
                 for cap in caps:
                     planned_per_host[cap] += rows
-            pushes.extend(planned)
-        return Plan(pushes, held, expired, unsendable, coalesced)
+            pushes.extend(going)
+        return Plan(pushes, held, expired, unsendable, coalesced, rate_limited)
+
+    def _for_iris_target(
+        self, wakeups: list[Wakeup], now: int, rate_limited: list[Wakeup]
+    ) -> list[Push]:
+        """An Iris target's pushes: one per wakeup while its budget lasts, oldest first; the
+        rest go to `rate_limited` (suppressed, never sent later)."""
+        first = wakeups[0].device
+        target = first.platform, first.token
+        budget = self._iris_budget
+        allowed = budget.available(target, now)
+        if len(wakeups) > 1:
+            wakeups.sort(key=lambda w: w.id)
+        going, excess = wakeups[:allowed], wakeups[allowed:]
+        rate_limited.extend(excess)
+        budget.spend(target, now, len(going))
+        return [Push(w.device, (w,), self.message((w,), now)) for w in going]
 
     def _for_phone(
         self, wakeups: list[Wakeup], now: int, coalesced: dict[str, int]
@@ -246,6 +283,8 @@ class Planner:
         ttl = max(1, (self._push.max_wakeup_age_seconds * 1000 - (now - oldest_ms)) // 1000)
         if opaque:
             data = opaque_data()
+        elif device.payload == IRIS_PAYLOAD:
+            data = self._iris(device, first)
         elif device.device_key is not None and device.payload == "sealed":
             data = sealed_data(device.device_key, first.event_id, first.relay, first.event_json,
                                self._platforms[device.platform].fits)
@@ -264,8 +303,22 @@ class Planner:
             opaque=opaque,
         )
 
+    def _iris(self, device: Device, wakeup: Wakeup) -> dict[str, str]:
+        """An Iris target's data: for Web Push and webhooks the event and its relay (the
+        sender builds the body, with the author's name); for APNs and FCM the keys of
+        `iris.payload.provider_data`, without `event` when it would not fit."""
+        if device.platform in BODY_PLATFORMS:
+            return planned(wakeup.event_json, wakeup.relay)
+        if wakeup.event_json is None:  # a row queued without its event: nothing to name
+            return {"title": "Notification", "body": ""}
+        data = provider_data(orjson.loads(wakeup.event_json), self._notification_url)
+        if "event" in data and not self._platforms[device.platform].fits(data):
+            del data["event"]
+        return data
+
     def prune(self, now: int) -> None:
         """Forget rate budgets and coalescing windows that no longer hold anything back."""
         self._rate.prune(now)
+        self._iris_budget.prune(now)
         horizon = now - max(self._coalesce_ms, 1)
         self._last_push_ms = {d: t for d, t in self._last_push_ms.items() if t > horizon}

@@ -15,11 +15,16 @@ from sigil_push.observations import ObservationLog, PushRecord
 from sigil_push.push import metrics
 from sigil_push.push.base import Sender, Status
 from sigil_push.store.records import Wakeup
+from sigil_push.telemetry.suppressed import SUPPRESSED, SUPPRESSED_CLASS
 
 Answer = tuple[Push, str, str, int]
 """(push, provider, status, answered_ms): one provider answer to record."""
 
 _FAILED = Status.FAILED.value
+RATE_LIMITED = "rate_limited"
+IRIS_CLASS = "iris"
+"""The reason and the notification class of an Iris target's wakeup past its budget (the
+bridge's `choices.RATE_LIMITED` and `watches.IRIS`, which bind these label values)."""
 
 
 class Recorder:
@@ -68,6 +73,14 @@ class Recorder:
             metrics.LATENCY.observe_many(seconds, provider)
         if self._record_outcomes:
             self._observations.push_many(records, max(a[3] for a in answers))
+
+    def rate_limited(self, wakeups: Sequence[Wakeup], now: int) -> None:
+        """Iris targets' wakeups past their target's budget: counted and recorded as
+        `suppressed` (`rate_limited`), never sent."""
+        SUPPRESSED.labels(RATE_LIMITED).inc(len(wakeups))
+        SUPPRESSED_CLASS.labels(IRIS_CLASS, RATE_LIMITED).inc(len(wakeups))
+        for wakeup in wakeups:
+            self._observations.suppressed(now, wakeup.event_id, RATE_LIMITED, IRIS_CLASS)
 
     def gave_up(self, wakeups: Sequence[Wakeup], answered_ms: int) -> None:
         """Wakeups dropped unsent (stale, out of attempts, or without a provider): status

@@ -27,14 +27,13 @@ from sigil_push.http.iris_subscription import (
     FCM,
     MAX_BODY_BYTES,
     MAX_SUBSCRIPTIONS_PER_PUBKEY,
-    WEBHOOK,
-    WEBPUSH,
     Accepted,
     Subscription,
     check_subscription_id,
     parse_subscription,
 )
 from sigil_push.http.validation import parse_json_object
+from sigil_push.iris.payload import WEBHOOK, WEBPUSH
 from sigil_push.push import registry
 from sigil_push.push.endpoint_guard import UnsafeEndpoint, check_endpoint
 from sigil_push.service import Service

@@ -15,6 +15,7 @@ from typing import Any
 
 from sigil_push.errors import BadRequest
 from sigil_push.http.validation import parse_webpush_keys
+from sigil_push.iris.payload import WEBHOOK, WEBPUSH
 from sigil_push.push import registry
 from sigil_push.push.endpoint_guard import UnsafeEndpoint, parse_endpoint
 from sigil_push.store.records import WebPushKeys
@@ -40,7 +41,7 @@ _UUID = re.compile(r"[0-9A-Za-z][0-9A-Za-z_-]{0,63}")
 """A subscription id as a URL path segment: NNS makes UUIDs; POST /subscriptions/{id} creates an
 unknown id as given, so anything URL-safe of reasonable length is taken."""
 
-WEBPUSH, WEBHOOK, APNS, FCM = "webpush", "webhook", "ios", "android"
+APNS, FCM = "ios", "android"  # with WEBPUSH and WEBHOOK (iris.payload)
 """The platform of each kind of target (its row in `devices`, payload 'iris')."""
 
 

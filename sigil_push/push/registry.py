@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from sigil_push.config import Config, ConfigError, parse_table
 from sigil_push.errors import BadRequest
+from sigil_push.iris.payload import WEBHOOK, WEBPUSH
 from sigil_push.push import apns, dryrun, fcm, unifiedpush
 from sigil_push.push.provider import DeliveryPolicy, Provider
 
@@ -24,11 +25,18 @@ PROVIDERS: tuple[Provider[Any], ...] = (apns.PROVIDER, fcm.PROVIDER, unifiedpush
 PLATFORMS = tuple(provider.platform for provider in PROVIDERS)
 """Every registration platform: what dry-run accepts, and what observation records may name."""
 
-PROVIDER_NAMES = (*(provider.name for provider in PROVIDERS), dryrun.NAME)
+IRIS_SENDERS = (WEBPUSH, WEBHOOK)
+"""The senders of Iris subscriptions' browser and webhook targets (push/iris_senders.py): each
+is its own platform and `provider` label. Their endpoints are user-chosen hosts, as
+UnifiedPush's, and get the same per-host caps."""
+IRIS_POLICY = DeliveryPolicy(max_concurrency=unifiedpush.MAX_CONCURRENCY, per_host_caps=True)
+
+PROVIDER_NAMES = (*(provider.name for provider in PROVIDERS), *IRIS_SENDERS, dryrun.NAME)
 """Every `provider` metric label."""
 
 _BY_PLATFORM = {provider.platform: provider for provider in PROVIDERS}
 _POLICIES = {provider.name: provider.policy for provider in PROVIDERS}
+_POLICIES.update({name: IRIS_POLICY for name in IRIS_SENDERS})
 _POLICIES[dryrun.NAME] = dryrun.POLICY
 
 

@@ -63,7 +63,39 @@ def _outcome(status: int, retry_after: str | None) -> Outcome:
     return Outcome(Status.REJECTED, detail=f"http {status}")
 
 
-class UnifiedPushSender:
+class GuardedPoster:
+    """POSTs to user-chosen URLs: names resolved through `PublicResolver` (no internal
+    address, checked on every connection), no redirect followed, the answer mapped to an
+    Outcome (404 and 410: the endpoint is gone). Shared by UnifiedPush and the Iris targets'
+    senders (push/iris_senders.py)."""
+
+    def __init__(self, allow_private: bool, timeout_seconds: float) -> None:
+        self._allow_private = allow_private
+        connector = aiohttp.TCPConnector(resolver=None if allow_private else PublicResolver())
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(total=timeout_seconds),
+            trust_env=False,
+        )
+
+    async def _post(self, url: str, body: bytes, headers: dict[str, str]) -> Outcome:
+        try:
+            async with self._session.post(
+                url, data=body, headers=headers, allow_redirects=False
+            ) as response:
+                return _outcome(response.status, response.headers.get("Retry-After"))
+        except aiohttp.ClientConnectorError as exc:
+            if isinstance(exc.os_error, UnsafeResolution):
+                return Outcome(Status.REJECTED, detail="unsafe endpoint")
+            return Outcome(Status.RETRY, detail="connection failed")
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            return Outcome(Status.RETRY, detail="connection failed")
+
+    async def close(self) -> None:
+        await self._session.close()
+
+
+class UnifiedPushSender(GuardedPoster):
 
     def __init__(
         self,
@@ -74,18 +106,12 @@ class UnifiedPushSender:
     ) -> None:
         """`declared`: the provider's declaration, whose name, platform and limits the sender
         takes (handed over, so the sender imports nothing back)."""
+        super().__init__(allow_private, timeout_seconds)
         self.platform = declared.platform
         self.provider = declared.name
         self.max_concurrency = declared.policy.max_concurrency
         self._max_payload = declared.policy.max_payload_bytes
-        self._allow_private = allow_private
-        self._vapid = vapid
-        connector = aiohttp.TCPConnector(resolver=None if allow_private else PublicResolver())
-        self._session = aiohttp.ClientSession(
-            connector=connector,
-            timeout=aiohttp.ClientTimeout(total=timeout_seconds),
-            trust_env=False,
-        )
+        self.vapid = vapid
 
     def fits(self, data: dict[str, str]) -> bool:
         return unifiedpush_size(data) <= self._max_payload
@@ -95,7 +121,7 @@ class UnifiedPushSender:
         headers = {
             "TTL": str(message.ttl_seconds),
             "Urgency": "high",
-            "Authorization": self._vapid.authorization(device.token),
+            "Authorization": self.vapid.authorization(device.token),
         }
         if message.opaque:
             headers["Topic"] = OPAQUE_TOPIC
@@ -116,17 +142,4 @@ class UnifiedPushSender:
             return Outcome(Status.REJECTED, detail="unsafe endpoint")
         except (WebPushException, ValueError):
             return Outcome(Status.REJECTED, detail="invalid webpush keys")
-        try:
-            async with self._session.post(
-                device.token, data=body, headers=headers, allow_redirects=False
-            ) as response:
-                return _outcome(response.status, response.headers.get("Retry-After"))
-        except aiohttp.ClientConnectorError as exc:
-            if isinstance(exc.os_error, UnsafeResolution):
-                return Outcome(Status.REJECTED, detail="unsafe endpoint")
-            return Outcome(Status.RETRY, detail="connection failed")
-        except (aiohttp.ClientError, TimeoutError, OSError):
-            return Outcome(Status.RETRY, detail="connection failed")
-
-    async def close(self) -> None:
-        await self._session.close()
+        return await self._post(device.token, body, headers)

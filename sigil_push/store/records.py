@@ -20,7 +20,10 @@ if TYPE_CHECKING:
     from sigil_push.nostr.event import Event
 
 PAYLOAD_MODES = ("opaque", "sealed", "event_id", "event")
-FULL_EVENT_MODES = frozenset({"event", "sealed"})
+IRIS_PAYLOAD = "iris"
+"""The payload of Iris subscriptions' targets (never a registration's: not in PAYLOAD_MODES);
+their pushes are built from the event (iris/payload.py)."""
+FULL_EVENT_MODES = frozenset({"event", "sealed", IRIS_PAYLOAD})
 """Payload modes whose wakeups need the event itself in the outbox."""
 T = TypeVar("T")
 NO_RELAYS: tuple[str, ...] = ()

@@ -79,7 +79,7 @@ def test_every_platform_has_a_complete_declaration() -> None:
     names = [p.name for p in registry.PROVIDERS]
     assert len(set(names)) == len(names) and len(set(registry.PLATFORMS)) == len(registry.PLATFORMS)
     assert registry.PLATFORMS == tuple(p.platform for p in registry.PROVIDERS)
-    assert set(registry.PROVIDER_NAMES) == {*names, "dryrun"}
+    assert set(registry.PROVIDER_NAMES) == {*names, *registry.IRIS_SENDERS, "dryrun"}
     for provider in registry.PROVIDERS:
         assert dataclasses.is_dataclass(provider.table)
         assert provider.table.__dataclass_params__.frozen  # type: ignore[attr-defined]
@@ -168,13 +168,16 @@ async def test_the_factory_builds_each_configured_provider_from_its_entry(
     tmp_path: Path, credentials: Credentials, fake_apns: FakeApns, fake_fcm_server: tuple[FakeFcm, Path]
 ) -> None:
     """One sender per registry entry configured, keyed by its platform and carrying its name
-    and policy; dry-run builds a logging sender for every platform."""
+    and policy, plus the Iris browser targets' Web Push sender (with UnifiedPush's VAPID
+    identity; webhooks only with `[webhooks]`); dry-run builds a logging sender for every
+    platform and Iris's."""
     tables = provider_tables(credentials, fake_apns, fake_fcm_server)
     assert set(tables) == {p.name for p in registry.PROVIDERS}, "the fakes cover every provider"
     config = parse_config({"server": {"public_url": PUBLIC_URL}, **tables}, tmp_path / "relays.toml", TABLES)
     senders = await build_senders(config)
     try:
-        assert list(senders) == list(registry.PLATFORMS)
+        assert list(senders) == [*registry.PLATFORMS, "webpush"]
+        assert senders["webpush"].provider == "webpush"
         for provider in registry.PROVIDERS:
             sender = senders[provider.platform]
             assert (sender.platform, sender.provider) == (provider.platform, provider.name)
@@ -185,9 +188,11 @@ async def test_the_factory_builds_each_configured_provider_from_its_entry(
         for sender in senders.values():
             await sender.close()
 
-    dry = await build_senders(parse_config({}, tmp_path / "relays.toml"))
-    assert list(dry) == list(registry.PLATFORMS)
+    dry = await build_senders(parse_config({"webhooks": {}}, tmp_path / "relays.toml"))
+    assert list(dry) == [*registry.PLATFORMS, *registry.IRIS_SENDERS]
     assert {s.provider for s in dry.values()} == {"dryrun"}
+    without_iris = parse_config({"iris": {"enabled": False}}, tmp_path / "relays.toml")
+    assert list(await build_senders(without_iris)) == list(registry.PLATFORMS)
 
 
 CLIENT_LIBRARIES = {"apns": "aioapns", "fcm": "firebase_admin", "unifiedpush": "pywebpush"}
@@ -214,4 +219,5 @@ def test_a_providers_client_library_loads_only_when_its_table_is_configured(tmp_
         capture_output=True, text=True, timeout=scaled(COMMAND_SECONDS), check=False,
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == [str(len(registry.PLATFORMS))]
+    # dry-run: one logging sender per platform, and one for Iris's browser targets
+    assert result.stdout.split() == [str(len(registry.PLATFORMS) + 1)]
