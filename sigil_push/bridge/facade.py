@@ -129,16 +129,15 @@ class Bridge:
         self._pool = RelayPool(
             self._bridge, configured, BridgeKeySigner(key), observations, modes
         )
-        self._inboxes: UserInboxes | None = None
-        if delegated_auth is not None:
-            self._inboxes = UserInboxes(delegated_auth, observations, self._bridge)
-            delegated_auth.add_listener(self._inboxes.session_changed)
         pending = Pending()
         # the committer's transactions and the baseline reads take turns on the one connection
         turn = asyncio.Lock()
-        self._relays = RelayState(self._pool, pending, self._inboxes, turn)
+        # set when a relay turns gated or keys change: the per-user connections, built last (on
+        # the pool and the registry), reconcile then
+        inboxes_wake = asyncio.Event()
+        self._relays = RelayState(self._pool, pending, inboxes_wake, turn)
         self._registry = KeyRegistry(
-            self._insecure, self._pool, devices, self._relays, self._inboxes, link.state,
+            self._insecure, self._pool, devices, self._relays, inboxes_wake, link.state,
             self._lists,
         )
         self._ledger = CatchupLedger(self._bridge.catchup_seconds, link, turn)
@@ -157,13 +156,17 @@ class Bridge:
         self._committer.add_decided_listener(self._ledger.confirm)
         self._tasks: list[asyncio.Task[None]] = []
         self.port = BridgePort(
-            ingest=self._ingest, baselines=self._relays, keys=self._registry, flow=pending,
-            catchup=self._ledger,
+            ingest=self._ingest, baselines=self._relays, flow=pending, catchup=self._ledger
         )
         """The one way up from `relays/`: what the pool and the per-user connections call."""
         self._pool.attach(self.port)
-        if self._inboxes is not None:
-            self._inboxes.attach(self.port)
+        self._inboxes: UserInboxes | None = None
+        if delegated_auth is not None:
+            self._inboxes = UserInboxes(
+                delegated_auth, observations, self._bridge, self.port, self._pool,
+                self._registry, inboxes_wake,
+            )
+            delegated_auth.add_listener(self._inboxes.session_changed)
 
     @property
     def pool(self) -> RelayPool:

@@ -15,7 +15,6 @@ from sigil_push.bridge.relay_state import RelayState
 from sigil_push.bridge.watches import DEFAULT_MASK, DM_KINDS, mask_kinds
 from sigil_push.relays.discovery import RelayLists, normalize_relay_url
 from sigil_push.relays.pool import NO_RELAYS, RelayPool
-from sigil_push.relays.user_inbox import UserInboxes
 from sigil_push.shards import ShardSet
 from sigil_push.store.interface import DeviceStore, RelayStateStore
 from sigil_push.telemetry.memory_gauges import track
@@ -48,17 +47,18 @@ class KeyRegistry:
         pool: RelayPool,
         devices: DeviceStore,
         relays: RelayState,
-        inboxes: UserInboxes | None,
+        inboxes_wake: asyncio.Event,
         state: RelayStateStore,
         lists: RelayLists,
     ) -> None:
-        """`state` is the stored relay state (read when shards arrive), `lists` the users'
-        relay lists (a key's DM relays)."""
+        """`inboxes_wake` is set when the watched keys or their relays change (the per-user
+        connections reconcile); `state` is the stored relay state (read when shards arrive),
+        `lists` the users' relay lists (a key's DM relays)."""
         self._insecure = insecure
         self._pool = pool
         self._devices = devices
         self._relays = relays
-        self._inboxes = inboxes
+        self._inboxes_wake = inboxes_wake
         self.keys: set[str] = set()
         self.registration_relays: dict[str, tuple[str, ...]] = {}
         track("registration_relays", self, lambda k: len(k.registration_relays))
@@ -281,5 +281,4 @@ class KeyRegistry:
         if left:
             self._relays.forget_baselines(left)
         KEYS.set(len(self.keys))
-        if self._inboxes is not None:
-            self._inboxes.changed()
+        self._inboxes_wake.set()

@@ -19,7 +19,6 @@ from sigil_push.bridge.pending import (
 )
 from sigil_push.relays.discovery import RelayLists
 from sigil_push.relays.pool import RelayPool
-from sigil_push.relays.user_inbox import UserInboxes
 from sigil_push.store.interface import RelayStateStore
 
 BASELINE_PAGE = 10_000
@@ -61,21 +60,22 @@ async def _baseline_rows(
 
 class RelayState:
     """The pool's and the per-user connections' persistent bookkeeping (`baselined`,
-    `baselines_of`, `gated_relays`, `relay_gated`), loaded at start and saved as it changes."""
+    `relay_gated`), loaded at start and saved as it changes."""
 
     def __init__(
         self,
         pool: RelayPool,
         pending: Pending,
-        inboxes: UserInboxes | None,
+        inboxes_wake: asyncio.Event,
         turn: asyncio.Lock | None = None,
     ) -> None:
-        """`turn` is held by the committer for each of its transactions on the bridge's one
+        """`inboxes_wake` is set when a relay turns out gated (the per-user connections
+        reconcile). `turn` is held by the committer for each of its transactions on the bridge's one
         connection: the reads here take it too, so none lands inside (or, after a failed
         statement, in the aborted remains of) a committer's transaction."""
         self._pool = pool
         self._pending = pending
-        self._inboxes = inboxes
+        self._inboxes_wake = inboxes_wake
         self._state: RelayStateStore | None = None
         self._lists: RelayLists
         self._turn = turn if turn is not None else asyncio.Lock()
@@ -210,12 +210,5 @@ class RelayState:
         finally:
             self._pending.ready(rows)
 
-    def baselines_of(self, url: str) -> set[str]:
-        return self._pool.baselines_of(url)
-
-    def gated_relays(self) -> set[str]:
-        return set(self._pool.gated())
-
     def relay_gated(self, url: str) -> None:
-        if self._inboxes is not None:
-            self._inboxes.changed()
+        self._inboxes_wake.set()

@@ -78,6 +78,10 @@ class InboxManager(Protocol):
     @property
     def port(self) -> BridgePort: ...
 
+    def baselines_of(self, url: str) -> set[str]:
+        """The live set of keys baselined on `url`, shared with the pool's connection there."""
+        ...
+
     def mode(self, url: str) -> AuthMode: ...
 
     def learned(
@@ -317,7 +321,7 @@ class InboxConnection:
             member.eosed = True
             if member.fresh:
                 # stored after every event before this EOSE is committed (the bridge's rule)
-                self._port.baselines.baselines_of(self.url).add(pubkey)
+                self._manager.baselines_of(self.url).add(pubkey)
                 self._port.baselines.baselined(self.url, frozenset((pubkey,)))
             member.failed = False
             USER_AUTHS.labels(series_label(self.url), "authenticated").inc()
@@ -380,7 +384,7 @@ class InboxConnection:
 
     def _subscribe(self, member: _Member) -> str:
         """A new REQ for this user's DMs; the one it replaces is closed after it (no gap)."""
-        member.fresh = member.pubkey not in self._port.baselines.baselines_of(self.url)
+        member.fresh = member.pubkey not in self._manager.baselines_of(self.url)
         self._sub_seq += 1
         old, member.sub_id = member.sub_id, f"{SUB_PREFIX}{self._sub_seq}"
         self._subs[member.sub_id] = (member.pubkey, member.authed)

@@ -103,15 +103,12 @@ class FrameSink(Protocol):
 
 
 class Baselines(Protocol):
-    """The relay state the relay side reports to and reads: baselines and gated relays."""
+    """The relay state the relay side reports to: new baselines and gated relays (what it
+    reads of them, the live sets, is the pool's own)."""
 
     def baselined(self, url: str, keys: frozenset[str]) -> None: ...
 
-    def baselines_of(self, url: str) -> set[str]: ...
-
     def relay_gated(self, url: str) -> None: ...
-
-    def gated_relays(self) -> set[str]: ...
 
     async def stored_relay_state(
         self, url: str, keys: Sequence[str]
@@ -122,7 +119,8 @@ class Baselines(Protocol):
 
 
 class UserRelays(Protocol):
-    """A key's own relays (registration relays and its relay lists)."""
+    """A key's own relays (registration relays and its relay lists): the key registry, as the
+    per-user connections read it (they are built after it, with it)."""
 
     def user_relays(self, pubkey: str) -> frozenset[str]: ...
 
@@ -151,6 +149,5 @@ class BridgePort:
 
     ingest: FrameSink
     baselines: Baselines
-    keys: UserRelays
     flow: FlowControl
     catchup: CatchupItems

@@ -51,7 +51,7 @@ import contextlib
 import logging
 import time
 from collections import Counter as Tally
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from typing import Any, Protocol
 
 from prometheus_client import Counter, Gauge
@@ -60,7 +60,7 @@ from sigil_push.config import BridgeConfig
 from sigil_push.observations import ObservationLog
 from sigil_push.relays.connection import AuthSigner
 from sigil_push.relays.inbox_connection import USER_AUTHS, AuthMode, InboxConnection
-from sigil_push.relays.port import BridgePort
+from sigil_push.relays.port import BridgePort, UserRelays
 from sigil_push.store.auth_modes import LearnedAuthModes
 from sigil_push.store.errors import STORE_UNAVAILABLE
 from sigil_push.supervisor import BackgroundTasks
@@ -112,6 +112,14 @@ class SessionSource(Protocol):
     def learned_modes(self) -> LearnedAuthModes: ...
 
 
+class SharedRelays(Protocol):
+    """The relay pool's state the per-user connections share (`RelayPool`)."""
+
+    def baselines_of(self, url: str) -> set[str]: ...
+
+    def gated(self) -> Mapping[str, str]: ...
+
+
 class UserInboxes:
     """Opens, fills and closes the per-user connections so they always match their inputs."""
 
@@ -120,8 +128,18 @@ class UserInboxes:
         sessions: SessionSource,
         observations: ObservationLog,
         settings: BridgeConfig,
+        port: BridgePort,
+        shared: SharedRelays,
+        keys: UserRelays,
+        wake: asyncio.Event,
     ) -> None:
-        self.port: BridgePort
+        """`port`: where events, baselines and back-pressure go; `shared`: the pool, whose
+        gated relays these connections serve and whose baselines they share; `keys`: each
+        user's own relays; `wake` is set by whatever changes those (gating, relays,
+        registrations), and the connections are reconciled soon after (coalesced)."""
+        self.port = port
+        self._shared = shared
+        self._keys = keys
         self._sessions = sessions
         self._observations = observations
         self._settings = settings
@@ -133,7 +151,7 @@ class UserInboxes:
         self._gave_up: set[str] = set()
         self._waiting: Tally[str] = Tally()
         self._authenticated: Tally[str] = Tally()
-        self._wake = asyncio.Event()
+        self._wake = wake
         self._task: asyncio.Task[None] | None = None
         self._stopping = BackgroundTasks("user-inboxes")
         self._labelled: set[str] = set()
@@ -144,9 +162,8 @@ class UserInboxes:
         for mode in ("single", "multi"):
             MODES_LEARNED.labels(mode)
 
-    def attach(self, port: BridgePort) -> None:
-        """The bridge's port, before `start`: where events, baselines and back-pressure go."""
-        self.port = port
+    def baselines_of(self, url: str) -> set[str]:
+        return self._shared.baselines_of(url)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="user-inboxes")
@@ -251,7 +268,7 @@ class UserInboxes:
         if not gated:
             return []
         per_key = [
-            [(url, pubkey) for url in sorted(self.port.keys.user_relays(pubkey) & gated)]
+            [(url, pubkey) for url in sorted(self._keys.user_relays(pubkey) & gated)]
             for pubkey in sorted(self._sessions.active_pubkeys())
         ]
         return [
@@ -260,7 +277,7 @@ class UserInboxes:
         ]
 
     def _reconcile(self) -> None:
-        gated = self.port.baselines.gated_relays()
+        gated = set(self._shared.gated())
         GATED_RELAYS.set(len(gated))
         wanted = self._wanted(gated)
         wanted_set = set(wanted)
@@ -378,7 +395,7 @@ class UserInboxes:
         """Per gated relay: users reading, failed and waiting for the mode to be learned, the
         connections carrying them, and what the relay's answers taught (`auth_mode`)."""
         report: dict[str, dict[str, Any]] = {}
-        for url in set(self._by_url) | set(self._modes) | self.port.baselines.gated_relays():
+        for url in set(self._by_url) | set(self._modes) | set(self._shared.gated()):
             members = [m for c in self._by_url.get(url, []) for m in c.members.values()]
             report[url] = {
                 "users_authenticated": sum(m.authenticated for m in members),

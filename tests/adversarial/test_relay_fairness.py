@@ -7,13 +7,13 @@ connection ranking is tested through UserInboxes' own ordering function.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
 from sigil_push.config import BridgeConfig
 from sigil_push.observations import ObservationLog
 from sigil_push.relays.pool import MAX_RELAYS_PER_KEY, RelayPlan
-from sigil_push.relays.port import BridgePort
 from sigil_push.relays.user_inbox import UserInboxes
 
 CONFIGURED = ["wss://configured.example"]
@@ -79,8 +79,11 @@ class _Owner:
     def __init__(self, relays: dict[str, frozenset[str]]) -> None:
         self._relays = relays
 
-    def gated_relays(self) -> set[str]:
-        return set().union(*self._relays.values())
+    def gated(self) -> dict[str, str]:
+        return dict.fromkeys(set().union(*self._relays.values()), "maybe_gated")
+
+    def baselines_of(self, url: str) -> set[str]:
+        raise AssertionError("not used by the ranking")
 
     def user_relays(self, pubkey: str) -> frozenset[str]:
         return self._relays.get(pubkey, frozenset())
@@ -93,14 +96,14 @@ def test_per_user_connections_go_round_robin_over_keys(tmp_path: Path) -> None:
         "aaaa": frozenset(f"wss://gated{i}.example" for i in range(50)),
         "bbbb": frozenset({"wss://only.example"}),
     }
+    owner = _Owner(relays)
+    # the ranking reads only the pool's gated relays and the users' relays: no port
     inboxes = UserInboxes(
         _Sessions(set(relays)), ObservationLog(tmp_path),  # type: ignore[arg-type]
-        BridgeConfig(max_user_connections=10),
+        BridgeConfig(max_user_connections=10), None, owner, owner,  # type: ignore[arg-type]
+        asyncio.Event(),
     )
-    owner = _Owner(relays)
-    # the ranking reads only the gated relays and the users' relays through the port
-    inboxes.attach(BridgePort(None, owner, owner, None, None))  # type: ignore[arg-type]
-    wanted = inboxes._wanted(_Owner(relays).gated_relays())
+    wanted = inboxes._wanted(set(owner.gated()))
     keep = wanted[:10]
     assert ("wss://only.example", "bbbb") in keep
     assert wanted[:2] == [("wss://gated0.example", "aaaa"), ("wss://only.example", "bbbb")]

@@ -60,7 +60,7 @@ async def test_a_restart_holds_one_string_per_key_across_relays(
         canonical = {key: key for key in bridge._registry.keys}
         assert canonical.keys() == set(keys)
         for relay in RELAYS:
-            baselines = bridge.port.baselines.baselines_of(relay)
+            baselines = bridge.pool.baselines_of(relay)
             assert baselines == {*keys, orphan}
             assert all(canonical[key] is key for key in baselines if key != orphan)
 

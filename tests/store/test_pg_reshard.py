@@ -131,7 +131,7 @@ async def test_a_large_reshard_runs_in_chunks_the_loop_gets_between(
         await bridge.reshard(ShardSet(half, DEFAULT_SHARDS, frozenset()))
         released = list(seen)
         assert registry.keys == set(keys) - given
-        assert not given & bridge.port.baselines.baselines_of(RELAY), "released keys' baselines are let go"
+        assert not given & bridge.pool.baselines_of(RELAY), "released keys' baselines are let go"
 
         adopted_before = bridge._relays.rows_adopted
         seen.clear()
@@ -141,7 +141,7 @@ async def test_a_large_reshard_runs_in_chunks_the_loop_gets_between(
         await ticker
 
         assert registry.keys == set(keys)
-        assert given <= bridge.port.baselines.baselines_of(RELAY), "arriving keys take the stored baselines"
+        assert given <= bridge.pool.baselines_of(RELAY), "arriving keys take the stored baselines"
         assert bridge._relays.rows_adopted - adopted_before == len(given), (
             "only the arriving keys' baselines are read"
         )
@@ -205,7 +205,7 @@ async def test_a_restart_reads_only_its_shards_baselines(
             store.devices.narrow_to(held, DEFAULT_SHARDS)
             await bridge.reshard(ShardSet(held, DEFAULT_SHARDS, held))
             await bridge.start()
-            assert bridge.port.baselines.baselines_of(RELAY) == ours
+            assert bridge.pool.baselines_of(RELAY) == ours
             assert bridge._relays.rows_loaded == len(ours), "other shards' rows were read"
             subs = bridge._pool.subs.get(RELAY)
             assert set(subs.keys if subs is not None else ()) == ours
@@ -356,7 +356,7 @@ async def test_many_baselines_are_sorted_a_chunk_per_loop_turn(
     relay at once) is taken before it, so that key's deletion still comes after its insert."""
     monkeypatch.setattr("sigil_push.bridge.relay_state.SORT_CHUNK", CHUNK)
     pending = Pending()
-    state = RelayState(cast(RelayPool, None), pending, None)
+    state = RelayState(cast(RelayPool, None), pending, asyncio.Event())
     keys = frozenset(secrets.token_hex(32) for _ in range(5 * CHUNK))
     leaving = min(keys)
     state.baselined(RELAY, keys)
