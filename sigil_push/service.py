@@ -129,10 +129,12 @@ class Service:
         if announce is not None:
             delegated_auth.add_listener(announce)
         bridge = await Bridge.create(
-            config, devices, outbox, observations, key, delegated_auth, self.supervisor
+            config, devices, outbox, observations, key, delegated_auth, self.supervisor,
+            store.iris,
         )
         stack.push_async_callback(bridge.close)
         devices.add_listener(bridge.registration_changed)
+        store.iris.add_listener(bridge.iris_changed)
         canary = canary_from_config(config, key, observations)
         if canary is not None:
             bridge.add_probe(canary)

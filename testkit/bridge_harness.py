@@ -141,7 +141,7 @@ def assert_private(service: ServiceProcess, secrets_: list[str]) -> None:
             "relay": {"type", "ts", "relay", "state", "detail"},
             "push": {"type", "ts", "event_id", "platform", "status", "latency_ms"},
             "expect": {"type", "ts", "event_id", "relays"},
-            "suppressed": {"type", "ts", "event_id", "reason"},
+            "suppressed": {"type", "ts", "event_id", "reason", "class"},
             "canary": {
                 "type", "ts", "relay", "event_id", "published", "ok_message", "received_ms"
             },

@@ -17,19 +17,23 @@ lists: first without them (`lists=None`, answering `ASK` when a list could decid
 the committer has read the whole batch's lists in one go, with them. Everything else an event
 contributes is computed once per event (`Facts`).
 
-Seam with issue 33 (the Iris API): Iris targets are devices too, and use this same table
-with their own subset (`IRIS_RULES`: self, muted by kind 10000 `p`, crowded for `#p`
-matches, not_followed when `social_graph_filter`); `rate_limited` is decided by delivery and
-only named here so the metric's label set is one list.
+Iris targets (issue 33) are devices too, and use this same table with their own subset
+(`IRIS_RULES`: self, crowded for `#p` matches, muted by the subscriber's kind 10000 `p` tags,
+not_followed when the subscription has `social_graph_filter`); `rate_limited` is decided by
+delivery and only named here so the metric's label set is one list. The committer asks `judge`
+about an Iris target with `iris_facts` and `iris_device`, which leave nothing for the other
+rules to act on: `judge` then decides by exactly `IRIS_RULES` (what
+`judge(..., rules_in_play=IRIS_RULES)` would say), in the same batch list reads as every pair.
 """
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import NamedTuple
 
-from sigil_push.bridge.watches import CLASS_OF_KIND, FRESHNESS_KINDS, PUBLIC_KINDS
+from sigil_push.bridge.watches import CLASS_OF_KIND, FRESHNESS_KINDS, IRIS, PUBLIC_KINDS
 from sigil_push.store.preferences import Listed
 from sigil_push.store.records import Device, Rules, has_key
 
@@ -156,6 +160,32 @@ def facts_of(
         kind in FRESHNESS_KINDS and stale_after > 0 and created_at < now - stale_after,
         CLASS_OF_KIND.get(kind, "dm"),
     )
+
+
+def iris_facts(facts: Facts, by_p: bool, p_count: int, max_p_tags: int) -> Facts:
+    """An event's facts as the Iris rules read them, for a target matched through a `#p`
+    filter (`by_p`) or an `authors` one: crowded is any kind naming more than `max_p_tags`
+    keys, and only for a `#p` match (NNS's rule); no staleness, no thread or word mutes (the
+    subscriber's kind 10000 `p` tags only); class `iris`."""
+    return facts._replace(
+        crowded=by_p and max_p_tags > 0 and p_count > max_p_tags,
+        stale=False, threads=(), text=None, cls=IRIS,
+    )
+
+
+def iris_device(device: Device, follows_only: bool) -> Device:
+    """An Iris target as the rules see it for one subscription: its owner's stored lists
+    (the device row's flags), `senders: "follows"` when the subscription has
+    `social_graph_filter`, and none of a registration's own choices (no pause, presence,
+    quiet hours or private mute list: a subscription has none)."""
+    base = device.rules
+    mute_list = base is not None and base.mute_list
+    follows_known = base is not None and base.follows_known
+    if not mute_list and not (follows_only and follows_known):
+        return device if base is None else replace(device, rules=None)
+    rules = Rules(None, "follows" if follows_only else "anyone", None, 0, mute_list,
+                  follows_known)
+    return replace(device, rules=rules)
 
 
 def _reads_lists(rules: Rules, facts: Facts) -> bool:

@@ -23,6 +23,8 @@ from sigil_push.bridge.choices import (
     Facts,
     Rule,
     facts_of,
+    iris_device,
+    iris_facts,
     judge,
     strongest,
 )
@@ -40,7 +42,7 @@ from sigil_push.bridge.metrics import (
     RelayCounters,
 )
 from sigil_push.bridge.pending import Arrival, DbOp, Pending
-from sigil_push.bridge.watches import CLASS_OF_KIND, DEFAULT_MASK, DM_KINDS, wants_kind
+from sigil_push.bridge.watches import CLASS_OF_KIND, DEFAULT_MASK, DM_KINDS, IRIS, wants_kind
 from sigil_push.config import STOP_GRACE_SECONDS, BridgeConfig
 from sigil_push.observations import ObservationLog, SeenRecord
 from sigil_push.relays.discovery import RelayLists
@@ -171,6 +173,25 @@ def deferred_row(
     return (device.id, rule.reason, event_id, relay, author, due, created_at)
 
 
+def _with_iris(
+    kept: list[Device], rule: Rule | None, iris: list[Choice], answers: list[dict[int, Rule]]
+) -> tuple[list[Device], Rule | None]:
+    """The registrations' woken devices plus the Iris targets any of their matches woke (each
+    device once), and the rule that names the suppression when none woke."""
+    reasons = [rule] if rule is not None else []
+    woken = list(kept)
+    ids = {device.id for device in kept}
+    for choice in iris:
+        reason = choice.settle(answers)
+        if reason is not None:
+            reasons.append(reason)
+        for device in choice.kept:
+            if device.id not in ids:
+                ids.add(device.id)
+                woken.append(device)
+    return woken, strongest(reasons) if reasons else None
+
+
 class _Decision(NamedTuple):
     """One pass over a batch (`Committer._decide`)."""
 
@@ -259,6 +280,8 @@ class Committer:
         self._decided_listeners: list[Callable[[Iterable[str]], None]] = []
         self._device_cache: dict[str, list[Device]] = {}
         self._device_generation = 0
+        self._iris_devices: dict[int, Device | None] = {}
+        """Iris targets by device id (read by id: they are no registration's devices)."""
         self._stopping = False
         self._held: dict[str, list[str]] = {}
         self._held_records: list[SeenRecord] = []
@@ -286,6 +309,14 @@ class Committer:
         """The key's devices changed: read them again before its next wakeup."""
         self._device_cache.pop(pubkey, None)
         self._device_generation += 1
+        if self._iris_devices:
+            self._iris_devices = {
+                i: d for i, d in self._iris_devices.items() if d is not None and d.pubkey != pubkey
+            }
+
+    def iris_changed(self) -> None:
+        """Some Iris subscription changed: its targets are read again when next matched."""
+        self._iris_devices = {}
 
     def stop(self) -> None:
         """Finish what is pending, then let `run` return. While the database refuses writes,
@@ -548,6 +579,8 @@ class Committer:
             # a fresh key's history (woken only from its registration on) that woke nobody was
             # not handed to the outbox: no `expect` for it
             late = arrival.since_registration
+            if not arrival.push_to:
+                continue  # matched Iris watches only: nobody's DM inbox to expect it
             if not late or id(arrival) in written or any(r not in late for r in arrival.push_to):
                 self._expect(arrival)
         await self._lists.save()
@@ -567,8 +600,13 @@ class Committer:
     def _count_classes(writes: list[tuple[Arrival, list[Device]]]) -> None:
         """Pushed events by class, counted once per batch and class (a plain loop)."""
         counts: dict[str, int] = {}
-        for arrival, _ in writes:
-            cls = CLASS_OF_KIND.get(arrival.event.kind)
+        for arrival, targets in writes:
+            if arrival.iris:
+                cls = IRIS if all(d.payload == IRIS for d in targets) else CLASS_OF_KIND.get(
+                    arrival.event.kind
+                )
+            else:
+                cls = CLASS_OF_KIND.get(arrival.event.kind)
             if cls is not None:
                 counts[cls] = counts.get(cls, 0) + 1
         for cls, count in counts.items():
@@ -630,7 +668,7 @@ class Committer:
                 if is_new:
                     new_here[event_id] = (arrival.received_ms, created_at)
                     delivered.append(record)
-                    if arrival.push_to:
+                    if arrival.push_to or arrival.iris:
                         to_push.append(arrival)
                     else:
                         baselined += 1
@@ -698,7 +736,10 @@ class Committer:
         if not arrivals:
             return [], [], []
         by_key = await self._devices_of(dict.fromkeys(r for a in arrivals for r in a.push_to))
-        decided: list[tuple[Arrival, list[Device], Choice | None, Facts | None]] = []
+        iris_targets = await self._iris_targets(arrivals)
+        decided: list[
+            tuple[Arrival, list[Device], Choice | None, Facts | None, list[Choice] | None]
+        ] = []
         marks: list[Deferred] = []
         checks: list[AuthorCheck[Facts]] = []
         now = int(time.time())
@@ -717,12 +758,15 @@ class Committer:
                 )
             ]
             choice = facts = None
+            iris: list[Choice] | None = None
             # someone chose something, or the event is not a plain DM to others: the rare path
             if (kind not in DM_KINDS or _any_rules(targets)
-                    or event.pubkey in arrival.push_to):
+                    or event.pubkey in arrival.push_to or arrival.iris):
                 facts = self._facts(arrival, now)
                 choice = Choice(arrival, facts, targets, now, marks, checks)
-            decided.append((arrival, targets, choice, facts))
+                if arrival.iris:
+                    iris = self._iris_choices(arrival, facts, iris_targets, now, marks, checks)
+            decided.append((arrival, targets, choice, facts, iris))
         link = self._link
 
         def with_lists(facts: Facts, device: Device, listed: Listed) -> Rule | None:
@@ -732,12 +776,16 @@ class Committer:
         answers = await link.lists.blocked(checks, with_lists) if checks else []
         writes = []
         suppressed: list[Suppressed] = []
-        for arrival, targets, choice, facts in decided:
+        for arrival, targets, choice, facts, iris in decided:
             if choice is not None and facts is not None:
                 rule = choice.settle(answers)
                 targets = choice.kept
+                cls = facts.cls
+                if iris is not None:
+                    targets, rule = _with_iris(targets, rule, iris, answers)
+                    cls = facts.cls if arrival.push_to else IRIS
                 if not targets and rule is not None:
-                    suppressed.append((arrival.event.id, rule.reason, facts.cls))
+                    suppressed.append((arrival.event.id, rule.reason, cls))
                     continue
             if targets:
                 writes.append((arrival, targets))
@@ -748,6 +796,54 @@ class Committer:
                 if counters is not None:
                     counters.dropped["no_device"].inc()
         return writes, suppressed, marks
+
+    async def _iris_targets(self, arrivals: list[Arrival]) -> dict[int, Device]:
+        """The devices the batch's Iris matches name, from a cache subscription changes
+        clear (a target gone meanwhile is simply absent)."""
+        cache = self._iris_devices
+        found: dict[int, Device] = {}
+        for arrival in arrivals:
+            for watch in arrival.iris:
+                for device_id in watch.devices:
+                    if device_id in found:
+                        continue
+                    if device_id not in cache:
+                        cache[device_id] = await self._devices.by_id(device_id)
+                    device = cache[device_id]
+                    if device is not None:
+                        found[device_id] = device
+        return found
+
+    def _iris_choices(
+        self, arrival: Arrival, facts: Facts, devices: Mapping[int, Device], now: int,
+        marks: list[Deferred], checks: list[AuthorCheck[Facts]],
+    ) -> list[Choice]:
+        """The Iris targets of an event's matched watches, judged by the Iris rules: one
+        `Choice` per (matched through `#p` or not, follows-only or not), each target once per
+        such kind of match (one device in two subscriptions wakes if either lets it). A
+        target wakes only for events made since it was added (what a relay returns of the
+        time before is history, as a registration's baseline)."""
+        event = arrival.event
+        variants: dict[tuple[bool, bool], dict[int, Device]] = {}
+        for watch in arrival.iris:
+            slot = variants.setdefault((watch.index == "#p", watch.follows_only), {})
+            for device_id in watch.devices:
+                device = devices.get(device_id)
+                if (device is not None and device.registered_at <= event.created_at
+                        and device.registered_at * 1000 <= arrival.received_ms):
+                    slot[device_id] = device
+        p_count = 0
+        for tag in event.tags:
+            if len(tag) >= 2 and tag[0] == "p":
+                p_count += 1
+        return [
+            Choice(
+                arrival, iris_facts(facts, by_p, p_count, self._max_p_tags),
+                [iris_device(device, follows_only) for device in found.values()],
+                now, marks, checks,
+            )
+            for (by_p, follows_only), found in variants.items() if found
+        ]
 
     async def _devices_of(self, recipients: Iterable[str]) -> dict[str, list[Device]]:
         """Devices by recipient, from a cache that registration changes invalidate."""

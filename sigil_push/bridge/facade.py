@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from sigil_push.bridge.catchup_ledger import CatchupLedger
 from sigil_push.bridge.committer import CommitListener, Committer
 from sigil_push.bridge.ingest import Ingest
+from sigil_push.bridge.iris_watches import IrisWatches
 from sigil_push.bridge.keys import KeyRegistry
 from sigil_push.bridge.metrics import RelayCounters
 from sigil_push.bridge.pending import Pending
@@ -46,7 +47,12 @@ from sigil_push.relays.user_inbox import UserInboxes
 from sigil_push.shards import ShardSet
 from sigil_push.store.errors import TRANSIENT_ERRORS
 from sigil_push.store.factory import connect_bridge
-from sigil_push.store.interface import BridgeConnection, DeviceStore, OutboxStore
+from sigil_push.store.interface import (
+    BridgeConnection,
+    DeviceStore,
+    IrisSubscriptionStore,
+    OutboxStore,
+)
 from sigil_push.store.seen import SeenEvents
 from sigil_push.supervisor import Supervisor
 from sigil_push.telemetry.memory_gauges import track
@@ -86,11 +92,15 @@ class Bridge:
         key: SecretKey,
         delegated_auth: DelegatedAuth | None = None,
         supervisor: Supervisor | None = None,
+        iris: IrisSubscriptionStore | None = None,
     ) -> Bridge:
         """The bridge on a connection of its own (`store.factory.connect_bridge`), not started."""
         link = await connect_bridge(config)
         try:
-            return cls(config, link, devices, outbox, observations, key, delegated_auth, supervisor)
+            return cls(
+                config, link, devices, outbox, observations, key, delegated_auth, supervisor,
+                iris,
+            )
         except BaseException:
             await link.close()
             raise
@@ -105,7 +115,9 @@ class Bridge:
         key: SecretKey,
         delegated_auth: DelegatedAuth | None = None,
         supervisor: Supervisor | None = None,
+        iris: IrisSubscriptionStore | None = None,
     ) -> None:
+        """`iris`: the Iris subscriptions, whose filters the bridge watches (`IrisWatches`)."""
         self._bridge = config.bridge
         self.supervisor = supervisor if supervisor is not None else Supervisor()
         self._link = link
@@ -141,6 +153,7 @@ class Bridge:
             self._lists,
         )
         self._ledger = CatchupLedger(self._bridge.catchup_seconds, link, turn)
+        self._iris = IrisWatches(iris, self._pool.watch_plan, self._pool.watches_changed)
         # ingest's per-relay counters; the committer counts its own drops in them too
         counters: dict[str, RelayCounters] = {}
         self._committer = Committer(
@@ -151,7 +164,7 @@ class Bridge:
         self._ingest = Ingest(
             self._bridge, pending, self._seen, self._lists, counters, self._registry.keys,
             self._registry.lists_changed, self._ledger, self._committer.offer_list,
-            self._pool.plan.kinds,
+            self._pool.plan.kinds, self._iris,
         )
         self._committer.add_decided_listener(self._ledger.confirm)
         self._tasks: list[asyncio.Task[None]] = []
@@ -176,6 +189,7 @@ class Bridge:
     async def reshard(self, owns: ShardSet) -> None:
         """The service's coordination hands this worker its key shards (`KeyRegistry.reshard`)."""
         await self._registry.reshard(owns)
+        self._iris.holds(self._registry.holds)
 
     def add_commit_listener(self, listener: CommitListener) -> None:
         """Be told of every event whose wakeups reached the outbox (`Committer.add_listener`)."""
@@ -190,6 +204,7 @@ class Bridge:
             ("bridge-registrations", self._registry.run),
             ("bridge-housekeeping", self._housekeeping_loop),
             ("bridge-presence-lapses", self._lapse_loop),
+            ("bridge-iris-watches", self._iris.run),
         ):
             self._tasks.append(self.supervisor.spawn(name, loop, core=True))
         await self._registry.subscribe_loaded()
@@ -209,6 +224,8 @@ class Bridge:
                 self._link.state, self._lists, registry.holds, registry.held_pairs
             )
             await self._registry.load(baselined)
+        self._iris.holds(self._registry.holds)
+        await self._iris.load()
 
     async def stop(self) -> None:
         """Close relays first, then finish what was already received, so nothing is lost."""
@@ -250,6 +267,14 @@ class Bridge:
         subscriptions soon (coalesced)."""
         self._committer.devices_changed(pubkey)
         self._registry.registration_changed(pubkey)
+        if self._iris.owns(pubkey):
+            # an Iris target forgotten (its endpoint gone) may have taken a subscription
+            self.iris_changed(pubkey)
+
+    def iris_changed(self, pubkey: str) -> None:
+        """Iris store listener: `pubkey`'s subscriptions changed (on any worker)."""
+        self._committer.iris_changed()
+        self._iris.changed(pubkey)
 
     # housekeeping -----------------------------------------------------------------------
 

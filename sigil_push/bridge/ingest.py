@@ -21,11 +21,12 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from sigil_push.bridge.catchup_ledger import CatchupLedger
+from sigil_push.bridge.iris_watches import IrisWatches
 from sigil_push.bridge.metrics import ZAP_REQUESTS_BY, RelayCounters, remove_relay_series
 from sigil_push.bridge.pending import Arrival, Pending
 from sigil_push.bridge.user_lists import USER_LIST_KINDS_SET, user_list_of
 from sigil_push.bridge.verified import RecentlyVerified, Verified
-from sigil_push.bridge.watches import DM_KINDS, WATCHABLE_KINDS, ZAP_RECEIPT
+from sigil_push.bridge.watches import DM_KINDS, WATCHABLE_KINDS, ZAP_RECEIPT, Watch
 from sigil_push.config import BridgeConfig
 from sigil_push.nostr.event import Event, InvalidEvent, compute_id
 from sigil_push.nostr.nip57 import zap_request_author
@@ -37,6 +38,7 @@ from sigil_push.relays.discovery import (
     RelayLists,
 )
 from sigil_push.relays.port import Frame, Outcome, RelayFeed, Stored, Verdict
+from sigil_push.relays.watch_requests import WatchPlan
 from sigil_push.store.interface import SeenStore
 from sigil_push.store.preferences import UserList
 from sigil_push.telemetry.memory_gauges import track
@@ -108,12 +110,16 @@ class Ingest:
         ledger: CatchupLedger,
         user_list: Callable[[UserList], None],
         wants: Mapping[str, frozenset[int]] | None = None,
+        iris: IrisWatches | None = None,
     ) -> None:
         """`seen` and `lists` are the dedupe and the relay lists on the bridge's connection;
         `counters` the per-relay counters, by relay URL (the committer counts its own drops,
         duplicates and no device, in the same dict). `wants`: each watched key's public kinds
-        (the key registry's, kept current there; keys that want DMs only are absent)."""
+        (the key registry's, kept current there; keys that want DMs only are absent); `iris`:
+        the Iris subscriptions' watches (asked only while `iris.active`, so without
+        subscriptions no event pays for them)."""
         self._wants: Mapping[str, frozenset[int]] = wants if wants is not None else {}
+        self._iris = iris if iris is not None else IrisWatches(None, WatchPlan())
         self._bridge = settings
         self._ledger = ledger
         self._enqueue = pending.enqueue
@@ -212,7 +218,9 @@ class Ingest:
         counters = self.counters[url]
         self._count_received(url)
         subs = feed.subs
-        if subs.firehose and not _addressed(raw, subs.keys):
+        if subs.firehose and not _addressed(raw, subs.keys) and not (
+            self._iris.active and self._iris.maybe_raw(raw)
+        ):
             counters.dropped["unaddressed"].inc()
             self._ledger.note_unaddressed_event(url, raw)
             return _stored_anyway(frame.sub_id, raw)
@@ -238,6 +246,8 @@ class Ingest:
         subscribed = subs.keys
         event = entry.event
         zap_author: str | None = None
+        # Iris subscriptions' watches, whole filters on the verified event (none: one check)
+        iris = self._iris.matching(event) if self._iris.active else ()
         if event.kind in DM_KINDS:
             tagged = entry.tagged
             recipients: tuple[str, ...]
@@ -245,12 +255,12 @@ class Ingest:
                 recipients = tagged if tagged[0] in subscribed else ()
             else:
                 recipients = tuple(p for p in tagged if p in subscribed)
-            if not recipients:
+            if not recipients and not iris:
                 counters.invalid("unknown_recipient")
                 return Verdict.TAKEN
         elif event.kind in WATCHABLE_KINDS:
             recipients = self._wanting(event.kind, entry.tagged, subscribed)
-            if not recipients:
+            if not recipients and not iris:
                 counters.dropped["unaddressed"].inc()
                 if subs.answering(sub_id):
                     return Stored(sub_id, event.id, event.kind, event.created_at)
@@ -266,11 +276,13 @@ class Ingest:
                 self._lists_changed(event.pubkey)
             return Verdict.TAKEN
         elif event.kind in USER_LIST_KINDS_SET and feed.configured:
-            if event.pubkey not in subscribed:
+            if event.pubkey not in subscribed and not self._iris.owns(event.pubkey):
                 counters.dropped["unknown_recipient"].inc()
                 return Verdict.TAKEN
             self._user_list(user_list_of(event))
             return Verdict.TAKEN
+        elif iris:
+            recipients = ()
         else:
             counters.dropped["wrong_kind"].inc()
             return Verdict.TAKEN
@@ -296,7 +308,7 @@ class Ingest:
             since_registration = tuple(r for r in recipients if subs.catching_up(sub_id, r))
             self._hand_over(
                 counters, entry, url, received_ms, recipients, since_registration, charge,
-                zap_author,
+                zap_author, iris,
             )
             return stored
         # a key still fresh here is woken only for what was made after its registration (the
@@ -308,7 +320,9 @@ class Ingest:
             fresh = recipients if subs.is_baseline(sub_id, recipients[0]) else ()
         else:
             fresh = tuple(r for r in recipients if subs.is_baseline(sub_id, r))
-        self._hand_over(counters, entry, url, received_ms, recipients, fresh, charge, zap_author)
+        self._hand_over(
+            counters, entry, url, received_ms, recipients, fresh, charge, zap_author, iris
+        )
         return stored
 
     def _wanting(
@@ -416,6 +430,8 @@ class Ingest:
         for key, list_kind in _ADDRESSING.findall(frame):
             if list_kind or key in keys:
                 return False
+        if self._iris.active and self._iris.maybe_text(frame):
+            return False
         self._ledger.note_unaddressed(url, frame)
         self._unaddressed[url] = self._unaddressed.get(url, 0) + 1
         self._count_received(url)
@@ -480,12 +496,16 @@ class Ingest:
         kind = event.kind
         is_list = kind in SUBSCRIBED_LIST_KINDS_SET
         if kind not in DM_KINDS and not (is_list and lists):
+            # a public kind (or a kind only an Iris watch takes): its recipients before its
+            # signature (most of a firehose's notes, reactions and zaps name nobody here who
+            # wants them)
+            iris = self._iris
+            watched = iris.active and iris.maybe(kind, event.tags, event.pubkey)
             if kind not in WATCHABLE_KINDS:
-                counters.dropped["wrong_kind"].inc()
-                return Verdict.TAKEN
-            # a public kind: its recipients before its signature (most of a firehose's notes,
-            # reactions and zaps name nobody here who wants them)
-            if not self._addressed_public(event, keys):
+                if not watched:
+                    counters.dropped["wrong_kind"].inc()
+                    return Verdict.TAKEN
+            elif not watched and not self._addressed_public(event, keys):
                 counters.dropped["unaddressed"].inc()
                 return _stored_anyway(sub_id, raw)
         if not (self._in_window(counters, event, is_list) and self._verified(counters, event)):
@@ -540,23 +560,28 @@ class Ingest:
         since_registration: tuple[str, ...] = (),
         charge: bool = True,
         zap_author: str | None = None,
+        iris: tuple[Watch, ...] = (),
     ) -> None:
         """Queue for the committer. Recipients' quotas are spent once per event, not once per
         relay that delivers a copy (the committer pushes an event at most once anyway), and
         not for `since_registration` recipients nor for a catch-up's stored answer (`charge`
         False): history must not use up a quota (an event dropped for quota is not marked
-        seen, and would be pushed as new only by the next catch-up)."""
+        seen, and would be pushed as new only by the next catch-up). Iris subscribers whose
+        watches it matches (`iris`) are charged like recipients."""
         charged: tuple[str, ...] = ()
         if charge:
             charged = (
                 push_to if not since_registration
                 else tuple(r for r in push_to if r not in since_registration)
             )
+            if iris:
+                charged += tuple(dict.fromkeys(watch.owner for watch in iris))
         if charged and not entry.enqueued and not self._within_quota(counters, charged):
             return
         entry.enqueued = True
         arrival = entry.arrival = Arrival(
-            entry.event, url, received_ms, push_to, since_registration, zap_author=zap_author
+            entry.event, url, received_ms, push_to, since_registration, zap_author=zap_author,
+            iris=iris,
         )
         self._enqueue(arrival)
 

@@ -10,6 +10,7 @@ from operator import itemgetter
 from typing import Any
 
 from sigil_push.bridge.metrics import QUEUE
+from sigil_push.bridge.watches import Watch
 from sigil_push.nostr.event import Event
 from sigil_push.store.interface import BookkeepingOp
 
@@ -127,6 +128,9 @@ class Arrival:
     zap_author: str | None = None
     """A zap receipt's visible author: the pubkey of the verified kind 9734 in its
     `description` (None: anonymous, or not a zap)."""
+    iris: tuple[Watch, ...] = ()
+    """The Iris subscriptions' watches the verified event matches (whole filters): their
+    targets are woken too, under the Iris rules (`bridge.choices.IRIS_RULES`)."""
 
     def deliveries(self) -> list[tuple[str, int]]:
         """(relay, received ms) of every relay's delivery carried here, this one first."""

@@ -23,7 +23,7 @@ migration 0017): the device read of every event, the ingest's hot path, reads on
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sigil_push.nostr import kinds
@@ -98,6 +98,17 @@ class Watch:
     ids: frozenset[str] | None = None
     authors: frozenset[str] | None = None
     """A `#p`-indexed filter that also names `authors`: a constraint, not its index."""
+    targets: tuple[int, ...] = ()
+    """An Iris subscription's filter watches for every target of the subscription at once
+    (`subscription_watches`): one watch per filter, not one per (filter, target), so a
+    subscription's index entries do not multiply by its targets. Empty: just `target`."""
+    follows_only: bool = False
+    """The subscription's `social_graph_filter`: only authors its owner follows (kind 3)."""
+
+    @property
+    def devices(self) -> tuple[int, ...]:
+        """The device ids this watch may wake."""
+        return self.targets or (self.target,)
 
     def matches(self, kind: int, author: str, tags: Sequence[Sequence[str]], event_id: str) -> bool:
         """The whole filter, on a verified event's fields."""
@@ -165,6 +176,33 @@ def filter_watches(owner: str, target: int, nip01: Mapping[str, Any]) -> Watch:
     return Watch(owner, target, IRIS, kinds, "authors", authors, tags, ids)
 
 
+def subscription_watches(
+    owner: str, device_ids: Sequence[int], document: Mapping[str, Any]
+) -> list[Watch]:
+    """An Iris subscription as stored (its document as received, CONTRACT 3b) compiled into
+    one watch per filter (`filter` OR each of `filters`), each for all of its targets
+    (`device_ids`). The API validated the document; a filter that cannot be a watch anyway
+    (a document stored before a rule changed) is skipped, not fatal."""
+    if not device_ids:
+        return []
+    filters: list[Any] = [document.get("filter")]
+    extra = document.get("filters")
+    if isinstance(extra, list):
+        filters.extend(extra)
+    follows_only = document.get("social_graph_filter") is True
+    targets = tuple(sorted(device_ids))
+    watches: list[Watch] = []
+    for nip01 in filters:
+        if not isinstance(nip01, Mapping):
+            continue
+        try:
+            watch = filter_watches(owner, targets[0], nip01)
+        except InvalidFilter:
+            continue
+        watches.append(replace(watch, targets=targets, follows_only=follows_only))
+    return watches
+
+
 class WatchIndex:
     """`#p` key -> watches and author -> watches, for the watches that are not plain
     registrations (registrations are matched by the key registry's `keys` and each pair's
@@ -172,26 +210,50 @@ class WatchIndex:
 
     `candidates` is what ingest asks of a raw frame before verifying anything: the watches an
     event with these `p` tag values and this author could match (whole-filter checks follow
-    the signature check, `Watch.matches`)."""
+    the signature check, `Watch.matches`). Changes are per owner (`replace_owner`: an Iris
+    subscriber's watches, compiled again whenever one of their subscriptions changes) and
+    cost what that owner's watches cost, whatever the number of other owners."""
 
     def __init__(self) -> None:
         self._by_p: dict[str, list[Watch]] = {}
         self._by_author: dict[str, list[Watch]] = {}
+        self._of_owner: dict[str, list[Watch]] = {}
 
     def add(self, watch: Watch) -> None:
         table = self._by_author if watch.index == "authors" else self._by_p
         for key in watch.keys:
             table.setdefault(key, []).append(watch)
+        self._of_owner.setdefault(watch.owner, []).append(watch)
 
-    def remove_target(self, owner: str, target: int) -> None:
-        """Drop every watch of `owner`'s `target` (a subscription replaced or deleted)."""
-        for table in (self._by_p, self._by_author):
-            for key in [k for k, ws in table.items() if any(w.owner == owner for w in ws)]:
-                kept = [w for w in table[key] if not (w.owner == owner and w.target == target)]
+    def _drop(self, watches: Iterable[Watch]) -> None:
+        for watch in watches:
+            table = self._by_author if watch.index == "authors" else self._by_p
+            for key in watch.keys:
+                found = table.get(key)
+                if found is None:
+                    continue
+                kept = [w for w in found if w is not watch]
                 if kept:
                     table[key] = kept
                 else:
                     del table[key]
+
+    def replace_owner(self, owner: str, watches: Sequence[Watch]) -> None:
+        """`owner`'s watches are now `watches` (none: the owner has no subscription left)."""
+        self._drop(self._of_owner.pop(owner, ()))
+        for watch in watches:
+            self.add(watch)
+
+    def remove_target(self, owner: str, target: int) -> None:
+        """Drop every watch of `owner`'s `target` (a subscription replaced or deleted)."""
+        mine = self._of_owner.get(owner, [])
+        self.replace_owner(owner, [w for w in mine if w.target != target])
+
+    def owners(self) -> frozenset[str]:
+        return frozenset(self._of_owner)
+
+    def has_owner(self, owner: str) -> bool:
+        return owner in self._of_owner
 
     def p_keys(self) -> frozenset[str]:
         return frozenset(self._by_p)
@@ -222,6 +284,17 @@ class WatchIndex:
         if author is not None and self._by_author:
             found.extend(self._by_author.get(author, ()))
         return found
+
+    def watches_p(self, value: str) -> bool:
+        return value in self._by_p
+
+    def watches_author(self, value: str) -> bool:
+        return value in self._by_author
+
+    @property
+    def by_authors(self) -> bool:
+        """Some watch is indexed by author (a raw frame's `pubkey` must then be read too)."""
+        return bool(self._by_author)
 
     def __bool__(self) -> bool:
         return bool(self._by_p or self._by_author)

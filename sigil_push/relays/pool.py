@@ -37,6 +37,7 @@ from sigil_push.relays.labels import USER_RELAYS, configure_relays, series_label
 from sigil_push.relays.nip77 import NegentropyFailed, Reconciler
 from sigil_push.relays.port import BridgePort, Frame, RelayFeed, Stored, Verdict
 from sigil_push.relays.subscriptions import RelaySubscriptions, Request
+from sigil_push.relays.watch_requests import RelayWatches, WatchPlan
 from sigil_push.supervisor import BackgroundTasks
 from sigil_push.telemetry.memory_gauges import track
 
@@ -258,6 +259,9 @@ class RelayPool:
         self._reconcilers: dict[str, Reconciler] = {}
         self._reconcile_locks: dict[str, asyncio.Lock] = {}
         self._reconcile_tasks: dict[str, asyncio.Task[Any]] = {}
+        self.watch_plan = WatchPlan()
+        """Keys of indexed watches (Iris subscriptions), asked on every configured relay."""
+        self._watches: dict[str, RelayWatches] = {}
         track("relay_baselines", self, lambda p: sum(len(k) for k in p._baselines.values()))
         track("relay_cursors", self, lambda p: len(p.cursors))
         track("relay_plan_keys", self, lambda p: len(p.plan.own_relays))
@@ -392,6 +396,11 @@ class RelayPool:
             stale_after=self._settings.stale_after_seconds,
         )
         self.subs[url] = subs
+        if self.plan.is_configured(url):
+            self._watches[url] = RelayWatches(
+                self.watch_plan, self._settings.keys_per_filter,
+                self._settings.stale_after_seconds, self._settings.catchup_seconds,
+            )
         feed = self._feeds[url] = RelayFeed(url, self.plan.is_configured(url), subs)
         self._locks[url] = asyncio.Lock()
         connection = RelayConnection(
@@ -437,6 +446,7 @@ class RelayPool:
 
     def _drop(self, url: str) -> None:
         self.subs.pop(url, None)
+        self._watches.pop(url, None)
         self._feeds.pop(url, None)
         self._locks.pop(url, None)
         self._maybe_gated.discard(url)
@@ -490,9 +500,14 @@ class RelayPool:
                 return
             subs.negentropy = self._negentropy_allowed(url)
             reconcile = False
-            for request in subs.due(*self._since(url)):
+            since_full, since_caught_up = self._since(url)
+            for request in subs.due(since_full, since_caught_up):
                 await _send_request(connection, request)
                 reconcile = reconcile or request.reconcile
+            watches = self._watches.get(url)
+            if watches is not None:
+                for request in watches.due(since_caught_up, subs.firehose):
+                    await _send_request(connection, request)
             if self.plan.is_configured(url):
                 UNSUBSCRIBED.labels(series_label(url)).set(len(subs.overflow))
         if reconcile:
@@ -619,14 +634,25 @@ class RelayPool:
 
     # connection callbacks (synchronous, on the reader's task) ---------------------------
 
+    def watches_changed(self) -> None:
+        """The watch plan changed: bring every configured relay's watch REQs in line."""
+        for url in self._watches:
+            self._spawn(self._sync(url))
+
     def on_open(self, connection: RelayConnection) -> None:
         subs = self.subs.get(connection.url)
         if subs is not None and connection.limits is not None:
             subs.apply_limits(connection.limits)
+        watches = self._watches.get(connection.url)
+        if watches is not None and connection.limits is not None:
+            watches.apply_limits(connection.limits)
         self._spawn(self._sync(connection.url))
 
     def on_authenticated(self, connection: RelayConnection) -> None:
         subs = self.subs.get(connection.url)
+        watches = self._watches.get(connection.url)
+        if watches is not None:
+            watches.refresh()
         if subs is not None:
             subs.refresh()
             self._spawn(self._sync(connection.url))
@@ -641,6 +667,9 @@ class RelayPool:
             if subs.live:
                 self.cursors[connection.url] = int(time.time())
             subs.connection_lost()
+        watches = self._watches.get(connection.url)
+        if watches is not None:
+            watches.connection_lost()
 
     def on_gated(self, connection: RelayConnection) -> None:
         if connection.gated_reason:
@@ -740,7 +769,9 @@ class RelayPool:
                 "live": connection.connected and subs.live,
                 "gated": connection.gated_reason,
                 "configured": self.plan.is_configured(url),
-                "subscriptions": subs.subscription_count,
+                "subscriptions": subs.subscription_count + (
+                    watches.subscription_count if (watches := self._watches.get(url)) else 0
+                ),
                 "keys": len(subs.keys),
                 "unsubscribed": len(subs.overflow),
                 "maybe_gated": url in self._maybe_gated,

@@ -242,11 +242,13 @@ async def open_postgres(url: str, worker_id: str, claim_ms: int) -> PostgresStor
         await pool.close()
         raise
     meta = PostgresMeta(db)
+    iris = PostgresIrisSubscriptions(db, devices)
+    await iris.listen()
     return PostgresStore(
         url, db, pool, devices, PostgresOutbox(db, worker_id, claim_ms),
         UsedAuthIds(PostgresAuthIdRows(db)), meta, PostgresSignerSessions(db),
         PostgresAuthModes(db), WorkerCoordination(pool, devices, meta, worker_id),
-        worker_id, claim_ms, PostgresIrisSubscriptions(db),
+        worker_id, claim_ms, iris,
     )
 
 

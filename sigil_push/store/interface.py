@@ -327,6 +327,11 @@ class IrisSubscriptionStore(Protocol):
         """Every subscription (the bridge's watches are compiled from them)."""
         ...
 
+    def add_listener(self, listener: RegistrationListener) -> None:
+        """Call `listener(pubkey)` after a write to `pubkey`'s subscriptions, through this
+        worker or (PostgreSQL, over NOTIFY) any other: every bridge's watches follow."""
+        ...
+
 
 class AuthClaim(NamedTuple):
     """One auth event (`event_id`, `sig`) to be spent on `request` (store.auth_ids)."""

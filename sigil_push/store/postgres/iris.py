@@ -12,7 +12,8 @@ import asyncpg
 from sigil_push.store.errors import NotYours, TargetTaken, TooManySubscriptions
 from sigil_push.store.interface import IrisTarget, StoredSubscription
 from sigil_push.store.postgres.database import PostgresDatabase
-from sigil_push.store.records import LIST_FLAGS
+from sigil_push.store.postgres.devices import PostgresDevices
+from sigil_push.store.records import LIST_FLAGS, RegistrationListener
 
 _SELECT = (
     "SELECT s.id, s.pubkey, s.document,"
@@ -45,9 +46,35 @@ def _stored(row: asyncpg.Record) -> StoredSubscription:
     return StoredSubscription(str(row[0]), str(row[1]), str(row[2]), tuple(int(i) for i in row[3]))
 
 
+IRIS_CHANNEL = "sigil_push_iris"
+"""NOTIFY channel on which a worker announces a subscriber whose subscriptions it changed."""
+
+
 class PostgresIrisSubscriptions:
-    def __init__(self, db: PostgresDatabase) -> None:
+    """`devices` carries the announcements: its listening connection hears the other workers'
+    (`listen`), and `announce` tells them."""
+
+    def __init__(self, db: PostgresDatabase, devices: PostgresDevices | None = None) -> None:
         self._db = db
+        self._devices = devices
+        self._listeners: list[RegistrationListener] = []
+
+    def add_listener(self, listener: RegistrationListener) -> None:
+        self._listeners.append(listener)
+
+    async def listen(self) -> None:
+        """Hear the other workers' subscription changes."""
+        if self._devices is not None:
+            await self._devices.also_listen(IRIS_CHANNEL, self._tell)
+
+    def _tell(self, pubkey: str) -> None:
+        for listener in self._listeners:
+            listener(pubkey)
+
+    async def _changed(self, pubkey: str) -> None:
+        self._tell(pubkey)
+        if self._devices is not None:
+            await self._devices.announce(IRIS_CHANNEL, pubkey)
 
     async def _select(self, where: str, *args: object) -> list[StoredSubscription]:
         return [_stored(row) for row in await self._db.fetch(_SELECT.format(where=where), *args)]
@@ -104,6 +131,7 @@ class PostgresIrisSubscriptions:
                 "DELETE FROM iris_targets WHERE subscription_id = $1"
                 " AND NOT (device_id = ANY($2::bigint[]))", subscription_id, device_ids,
             )
+        await self._changed(pubkey)
         return owner is None
 
     async def delete(self, subscription_id: str, pubkey: str) -> bool:
@@ -111,4 +139,7 @@ class PostgresIrisSubscriptions:
             "DELETE FROM iris_subscriptions WHERE id = $1 AND pubkey = $2 RETURNING id",
             subscription_id, pubkey,
         )
-        return bool(deleted)
+        if not deleted:
+            return False
+        await self._changed(pubkey)
+        return True

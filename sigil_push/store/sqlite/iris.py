@@ -15,7 +15,7 @@ import aiosqlite
 
 from sigil_push.store.errors import NotYours, TargetTaken, TooManySubscriptions
 from sigil_push.store.interface import IrisTarget, StoredSubscription
-from sigil_push.store.records import LIST_FLAGS
+from sigil_push.store.records import LIST_FLAGS, RegistrationListener
 
 _SELECT = (
     "SELECT s.id, s.pubkey, s.document, group_concat(t.device_id) FROM iris_subscriptions s"
@@ -53,6 +53,14 @@ def _stored(row: Sequence[object]) -> StoredSubscription:
 class SqliteIrisSubscriptions:
     def __init__(self, db: aiosqlite.Connection) -> None:
         self._db = db
+        self._listeners: list[RegistrationListener] = []
+
+    def add_listener(self, listener: RegistrationListener) -> None:
+        self._listeners.append(listener)
+
+    def _changed(self, pubkey: str) -> None:
+        for listener in self._listeners:
+            listener(pubkey)
 
     async def _select(self, where: str, args: Sequence[object]) -> list[StoredSubscription]:
         rows = await self._db.execute_fetchall(_SELECT.format(where=where), args)
@@ -111,6 +119,7 @@ class SqliteIrisSubscriptions:
             f" AND device_id NOT IN ({','.join('?' * len(device_ids))})",
             (subscription_id, *device_ids),
         )
+        self._changed(pubkey)
         return owner is None
 
     async def delete(self, subscription_id: str, pubkey: str) -> bool:
@@ -118,4 +127,7 @@ class SqliteIrisSubscriptions:
             "DELETE FROM iris_subscriptions WHERE id = ? AND pubkey = ? RETURNING id",
             (subscription_id, pubkey),
         )
-        return bool(list(deleted))
+        if not list(deleted):
+            return False
+        self._changed(pubkey)
+        return True

@@ -1,0 +1,158 @@
+"""The REQs for indexed watches (issue 33's Iris subscriptions) on one relay.
+
+Registrations are asked for by key shards (`relays/subscriptions.py`); watches that are not
+registrations, today the filters of Iris subscriptions, are asked for here, apart, so a
+subscription that changes re-sends only these REQs. `WatchPlan` is what the bridge wants
+(each `#p` key and each author with the kinds its watches take, None: any kind), shared by
+every relay; `RelayWatches` turns it into one relay's REQs:
+
+- `{"kinds": K, "#p": [keys]}` and `{"kinds": K, "authors": [keys]}`, keys grouped by the
+  kinds they want and cut to `keys_per_filter` and to the relay's `max_message_length`, as
+  many filters per REQ as its `max_filters` allows (10 when it publishes none);
+- on a firehose relay, one `{"kinds": K}` per group instead (the events are matched locally,
+  as the firehose's DMs are), except for keys whose watches take any kind;
+- every REQ reaches back to the relay's cursor (a reconnect's catch-up; the committer's
+  de-duplication drops what was handled), mentions, reposts, reactions and zaps only
+  `stale_after` back (as for registrations), and no further than the catch-up window.
+
+A plan change replaces every REQ of the relay (the new ones first, then the old ones closed):
+subscriptions change at a person's pace, not a firehose's.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+
+from sigil_push.relays.nip11 import RelayLimits
+from sigil_push.relays.subscriptions import KEY_BYTES_IN_FILTER, REQ_OVERHEAD_BYTES, Request
+
+Kinds = frozenset[int] | None
+"""The kinds a key's watches take; None: some watch takes any kind."""
+DEFAULT_MAX_FILTERS = 10
+FRESHNESS_KINDS = frozenset({1, 6, 7, 16, 9735})
+"""Kinds asked for only `stale_after` back (the notification kinds of issue 32)."""
+SUB_PREFIX = "iw"
+
+
+class WatchPlan:
+    """What the bridge wants asked for, by index; `version` changes with every replacement."""
+
+    def __init__(self) -> None:
+        self.p: Mapping[str, Kinds] = {}
+        self.authors: Mapping[str, Kinds] = {}
+        self.version = 0
+
+    def replace(self, p: Mapping[str, Kinds], authors: Mapping[str, Kinds]) -> bool:
+        """The new keys; True (and a new version) when they differ from the current ones."""
+        if p == self.p and authors == self.authors:
+            return False
+        self.p, self.authors = dict(p), dict(authors)
+        self.version += 1
+        return True
+
+    def __bool__(self) -> bool:
+        return bool(self.p or self.authors)
+
+
+def _groups(keys: Mapping[str, Kinds]) -> dict[Kinds, list[str]]:
+    grouped: dict[Kinds, list[str]] = {}
+    for key, kinds in keys.items():
+        grouped.setdefault(kinds, []).append(key)
+    return grouped
+
+
+class RelayWatches:
+    """One relay's watch REQs: which are open, and what `due` must send to match the plan."""
+
+    def __init__(self, plan: WatchPlan, keys_per_filter: int, stale_after: int,
+                 window: int) -> None:
+        self._plan = plan
+        self._keys_per_filter = max(1, keys_per_filter)
+        self._stale_after = stale_after
+        self._window = window
+        self._max_filters = DEFAULT_MAX_FILTERS
+        self._length_cap = 1 << 30
+        self._sent_version: int | None = None
+        self._sent_firehose = False
+        self._open: list[str] = []
+        self._generation = 0
+
+    def apply_limits(self, limits: RelayLimits) -> None:
+        if limits.max_filters:
+            self._max_filters = limits.max_filters
+        if limits.max_message_length:
+            self._length_cap = max(
+                1, (limits.max_message_length - REQ_OVERHEAD_BYTES) // KEY_BYTES_IN_FILTER
+            )
+        self._sent_version = None
+
+    def connection_lost(self) -> None:
+        """The relay forgot every REQ: all are sent again once it is back."""
+        self._open = []
+        self._sent_version = None
+
+    def refresh(self) -> None:
+        """Send again (after AUTH: a REQ refused before it may be answered now)."""
+        self._sent_version = None
+
+    def owns(self, sub_id: str) -> bool:
+        return sub_id.startswith(SUB_PREFIX)
+
+    @property
+    def subscription_count(self) -> int:
+        return len(self._open)
+
+    def due(self, since: int, firehose: bool) -> list[Request]:
+        """The REQs (and CLOSEs) that bring the relay in line with the plan; none when it is."""
+        plan = self._plan
+        if self._sent_version == plan.version and self._sent_firehose == firehose:
+            return []
+        self._sent_version, self._sent_firehose = plan.version, firehose
+        filters = self._filters(since, firehose)
+        per_req = max(1, self._max_filters)
+        old = self._open
+        self._open = []
+        requests: list[Request] = []
+        for start in range(0, len(filters), per_req):
+            self._generation += 1
+            sub_id = f"{SUB_PREFIX}{start // per_req}.{self._generation}"
+            self._open.append(sub_id)
+            requests.append(Request(None, sub_id, filters[start : start + per_req], False))
+        requests.extend(Request(sub_id, None, [], False) for sub_id in old)
+        return requests
+
+    def _since(self, since: int, kinds: Kinds) -> int:
+        now = int(time.time())
+        since = max(since, now - self._window)
+        if kinds and kinds <= FRESHNESS_KINDS:
+            since = max(since, now - self._stale_after)
+        return since
+
+    def _filters(self, since: int, firehose: bool) -> list[dict[str, object]]:
+        plan = self._plan
+        filters: list[dict[str, object]] = []
+        per_filter = max(1, min(self._keys_per_filter, self._length_cap))
+        for index, keys in (("#p", plan.p), ("authors", plan.authors)):
+            for kinds, members in sorted(
+                _groups(keys).items(), key=lambda item: sorted(item[0] or ())
+            ):
+                if firehose and kinds:
+                    filters.append({"kinds": sorted(kinds), "since": self._since(since, kinds)})
+                    continue
+                members.sort()
+                for start in range(0, len(members), per_filter):
+                    query: dict[str, object] = {}
+                    if kinds:
+                        query["kinds"] = sorted(kinds)
+                    query[index] = members[start : start + per_filter]
+                    query["since"] = self._since(since, kinds)
+                    filters.append(query)
+        if firehose:
+            # one filter per distinct kind set is enough: the same kinds twice would only
+            # have the relay send each event twice
+            unique: dict[str, dict[str, object]] = {}
+            for query in filters:
+                unique.setdefault(repr(sorted(query.items())), query)
+            filters = list(unique.values())
+        return filters

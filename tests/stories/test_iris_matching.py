@@ -1,0 +1,173 @@
+"""Iris subscriptions wake their targets (issue 33, matching): a real `nostr-relay` process, a
+real `sigil-push serve` process in dry-run, subscriptions made through the Iris API the way
+Iris makes them (trailing slashes, `btoa` NIP-98 without `payload`), events signed by
+nostr-sdk. A target here is an FCM token in the subscription (`fcm_tokens`), which dry-run
+logs per push like any device: the matching, the Iris rules and the outbox rows are the same
+for every kind of target (Web Push delivery is the Iris sender's; see test_iris_story.py).
+
+Run on SQLite and PostgreSQL: subscriptions reach the bridge through the store's listeners
+(in-process on SQLite, NOTIFY on PostgreSQL).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import httpx
+import nostr_sdk
+import pytest
+
+from testkit.bridge_harness import (
+    assert_private,
+    eventually,
+    health,
+    metric,
+    new_token,
+    wakeups,
+)
+from testkit.deadlines import REQUEST_SECONDS, scaled
+from testkit.iris_client import IrisClient
+from testkit.nip98 import SdkUser
+from testkit.nostr_client import hex_of, publish
+from testkit.processes import FAST_RECONNECT
+from testkit.relay import RelayProcess
+from testkit.service import ServiceProcess
+from testkit.stores import Engine
+
+pytestmark = pytest.mark.slow  # starts its own processes
+
+
+def _event(author: nostr_sdk.Keys, kind: int, tags: Sequence[Sequence[str]] = (),
+           content: str = "") -> dict[str, Any]:
+    builder = nostr_sdk.EventBuilder(nostr_sdk.Kind(kind), content).tags(
+        [nostr_sdk.Tag.parse(list(tag)) for tag in tags]
+    )
+    return dict(json.loads(builder.finalize(author).as_json()))
+
+
+def _suppressed(service: ServiceProcess, event_id: str) -> tuple[str, str] | None:
+    for record in service.observation_records():
+        if record["type"] == "suppressed" and record["event_id"] == event_id:
+            return str(record["reason"]), str(record["class"])
+    return None
+
+
+def _watching(service: ServiceProcess, url: str) -> bool:
+    try:
+        state = health(service)["relays"].get(url)
+    except (httpx.HTTPError, ValueError, KeyError):
+        return False
+    return bool(state and state.get("connected") and state.get("subscriptions", 0) >= 1)
+
+
+@pytest.fixture
+def http_of() -> Iterator[Callable[[ServiceProcess], httpx.Client]]:
+    clients: list[httpx.Client] = []
+
+    def make(service: ServiceProcess) -> httpx.Client:
+        client = httpx.Client(base_url=service.url, timeout=scaled(REQUEST_SECONDS))
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        client.close()
+
+
+async def test_iris_subscriptions_wake_their_targets_once_under_the_iris_rules(
+    engine: Engine,
+    start_relay: Callable[..., RelayProcess],
+    start_service: Callable[..., ServiceProcess],
+    http_of: Callable[[ServiceProcess], httpx.Client],
+) -> None:
+    """Iris's two subscriptions on one target, plus a third naming it too: a mention, a kind
+    1060 by a session key, an event matching two subscriptions (one push), the subscriber's
+    own note (nothing), a hellthread (`crowded`), a muted author (kind 10000: `muted`), a
+    follows-only subscription (`not_followed`), a key rotation and a deletion."""
+    relay = start_relay("a")
+    service = start_service([relay.url], FAST_RECONNECT)
+    http = http_of(service)
+    me = SdkUser()
+    iris = IrisClient(http, me, service.url)
+    token, other_token = new_token(), new_token()
+    session, rotated = nostr_sdk.Keys.generate(), nostr_sdk.Keys.generate()
+    bob, carol, dave = (nostr_sdk.Keys.generate() for _ in range(3))
+
+    mentions = {"filter": {"#p": [me.hex], "kinds": [1, 6, 7, 9735]},
+                "fcm_tokens": [token], "web_push_subscriptions": [], "webhooks": []}
+    messages = {"filter": {"kinds": [1060], "authors": [hex_of(session)]},
+                "fcm_tokens": [token], "web_push_subscriptions": [], "webhooks": []}
+    response = iris.request("POST", "subscriptions", mentions)
+    assert response.status_code == 201, response.text
+    response = iris.request("POST", "subscriptions", messages)
+    assert response.status_code == 201, response.text
+    messages_id = response.json()["id"]
+    # a third subscription naming the same target, and one that is follows-only
+    from_bob = {"filter": {"kinds": [1], "authors": [hex_of(bob)]}, "fcm_tokens": [token]}
+    assert iris.request("POST", "subscriptions/", from_bob).status_code == 201
+    friends = {"filter": {"#p": [me.hex], "kinds": [7]}, "fcm_tokens": [other_token],
+               "social_graph_filter": True}
+    assert iris.request("POST", "subscriptions/", friends).status_code == 201
+    await eventually(lambda: _watching(service, relay.url), "the watch REQ sent")
+
+    # the subscriber's lists: carol muted, bob followed
+    await publish(relay.url,
+                  _event(me.keys, 10000, [["p", hex_of(carol)]]),
+                  _event(me.keys, 3, [["p", hex_of(bob)]]))
+    await eventually(
+        lambda: metric(service, "sigil_push_bridge_user_lists_total", outcome="stored") >= 2,
+        "the subscriber's mute and contact lists stored",
+    )
+
+    mention = _event(dave, 1, [["p", me.hex]], "hi")
+    message = _event(session, 1060, [["p", "ab" * 32]], "ciphertext")
+    both = _event(bob, 1, [["p", me.hex]], "matches two subscriptions")
+    await publish(relay.url, mention, message, both)
+    await eventually(
+        lambda: all(wakeups(service)[e["id"]] == 1 for e in (mention, message, both)),
+        "the mention, the session key's message and bob's note pushed",
+    )
+
+    own = _event(me.keys, 1, [["p", me.hex]], "note to self")
+    crowded = _event(dave, 1, [["p", me.hex]] + [["p", f"{i:064x}"] for i in range(1, 11)])
+    muted = _event(carol, 1, [["p", me.hex]], "muted")
+    stranger_reaction = _event(dave, 7, [["p", me.hex]], "+")
+    friend_reaction = _event(bob, 7, [["p", me.hex]], "+")
+    await publish(relay.url, own, crowded, muted, stranger_reaction, friend_reaction)
+    await eventually(lambda: wakeups(service)[friend_reaction["id"]] == 2,
+                     "a followed author's reaction pushed to both targets")
+    await eventually(lambda: _suppressed(service, muted["id"]) is not None, "muted recorded")
+    assert _suppressed(service, muted["id"]) == ("muted", "iris")
+    assert _suppressed(service, crowded["id"]) == ("crowded", "iris")
+    # a stranger's reaction wakes the target whose subscription is not follows-only only
+    assert wakeups(service)[stranger_reaction["id"]] == 1
+    assert wakeups(service)[own["id"]] == 0 and _suppressed(service, own["id"]) is None
+    assert wakeups(service)[crowded["id"]] == 0 and wakeups(service)[muted["id"]] == 0
+
+    # key rotation: Iris re-posts the subscription with its new session key
+    messages["filter"] = {"kinds": [1060], "authors": [hex_of(rotated)]}
+    response = iris.request("POST", f"subscriptions/{messages_id}", messages)
+    assert response.status_code == 200, response.text
+    old_key = _event(session, 1060, [["p", "ab" * 32]], "old session")
+    new_key = _event(rotated, 1060, [["p", "ab" * 32]], "new session")
+    await publish(relay.url, new_key)
+    await eventually(lambda: wakeups(service)[new_key["id"]] == 1, "the new key's message")
+    await publish(relay.url, old_key)
+    marker = _event(dave, 1, [["p", me.hex]], "marker")
+    await publish(relay.url, marker)
+    await eventually(lambda: wakeups(service)[marker["id"]] == 1, "a later mention pushed")
+    assert wakeups(service)[old_key["id"]] == 0
+
+    # deletion: nothing of that subscription wakes anyone any more
+    assert iris.request("DELETE", f"subscriptions/{messages_id}").status_code == 204
+    after = _event(rotated, 1060, [["p", "ab" * 32]], "after deletion")
+    await publish(relay.url, after)
+    marker = _event(dave, 1, [["p", me.hex]], "second marker")
+    await publish(relay.url, marker)
+    await eventually(lambda: wakeups(service)[marker["id"]] == 1, "a later mention pushed")
+    assert wakeups(service)[after["id"]] == 0
+
+    assert metric(service, "sigil_push_bridge_events_pushed_by_class_total", **{"class": "iris"}) >= 6
+    assert_private(service, [me.hex, hex_of(session), hex_of(rotated), token, other_token])
