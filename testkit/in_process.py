@@ -7,7 +7,7 @@ PostgresOutbox, PostgresDevices announcing registrations with NOTIFY, seen ids o
 PostgreSQL handle. One worker watches every key, as `serve` does on SQLite: key shards and
 their leases are the multi-worker tests' subject (tests/stories/test_pg_workers.py,
 tests/store/test_pg_leases.py), not these. The Bridge is wired as the service wires it (the devices
-notify it of registrations) and started; on exit it is stopped before the observation log and
+notify it of registrations, the Iris store of subscriptions) and started; on exit it is stopped before the observation log and
 the store close.
 """
 
@@ -86,10 +86,12 @@ async def in_process_bridge(
         await observations.start()
         stack.push_async_callback(observations.stop)
         running = await Bridge.create(
-            config, store.devices, store.outbox, observations, SecretKey.generate()
+            config, store.devices, store.outbox, observations, SecretKey.generate(),
+            iris=store.iris,
         )
         stack.push_async_callback(running.close)
         store.devices.add_listener(running.registration_changed)
+        store.iris.add_listener(running.iris_changed)
         await running.start()
         stack.push_async_callback(running.stop)
         yield InProcessBridge(store, observations, running)

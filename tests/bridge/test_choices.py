@@ -16,6 +16,7 @@ import pytest
 from sigil_push.bridge.choices import (
     ASK,
     CROWDED,
+    IRIS_RULES,
     MUTED,
     NOT_FOLLOWED,
     PAUSED,
@@ -27,6 +28,8 @@ from sigil_push.bridge.choices import (
     SUPPRESS_REASONS,
     Effect,
     facts_of,
+    iris_device,
+    iris_facts,
     judge,
     thread_ids,
 )
@@ -39,6 +42,7 @@ from sigil_push.bridge.watches import (
     mask_kinds,
     notify_mask,
     registration_watch,
+    subscription_watches,
     wants_kind,
 )
 from sigil_push.store.preferences import Listed
@@ -195,3 +199,79 @@ def test_watches_index_p_and_authors_before_anything_is_verified() -> None:
     for bad in ({"kinds": [1]}, {"#p": "x"}, {"kinds": ["1"], "#p": [ALICE]}, {"search": ["x"]}):
         with pytest.raises(InvalidFilter):
             filter_watches(ALICE, 4, bad)
+
+
+def iris_target(rules: Rules | None = None) -> Device:
+    return Device(7, OWNER, "webpush", "https://push.example/x", "iris", (), None, 0, None, rules)
+
+
+def test_iris_targets_are_judged_by_the_iris_subset_only() -> None:
+    """An Iris target: its own events never, a hellthread only through a `#p` match (any
+    kind), the subscriber's kind 10000 `p` tags, follows-only per subscription; nothing of a
+    registration's pause, presence, quiet hours, staleness or thread and word mutes."""
+    base = facts(kind=1, p_count=11, created_at=NOW - 86_400, content="spoiler",
+                 tags=(("e", ROOT, "", "root"),))
+    lists = Listed(mute_keys=pack_keys([ALICE]), mute_threads=pack_keys([ROOT]),
+                   mute_words=("spoiler",), follows=pack_keys([MALLORY]))
+    flags = rules(mute_list=True, follows_known=True, pause_until=NOW + 60,
+                  present_until=NOW + 60, quiet=QuietHours(0, 86_399, "UTC"))
+    crowded_by_p = iris_facts(base, True, 11, 10)
+    by_author = iris_facts(base, False, 11, 10)
+    assert crowded_by_p.cls == "iris" and not by_author.crowded and not by_author.stale
+    assert judge(crowded_by_p, iris_device(iris_target(flags), False), NOW, None) is CROWDED
+    # a hellthread of a kind registrations never call crowded (a 1060) is crowded for Iris
+    odd = iris_facts(facts(kind=1060, p_count=12), True, 12, 10)
+    assert judge(odd, iris_device(iris_target(), False), NOW, None) is CROWDED
+    target = iris_device(iris_target(flags), False)
+    assert target.rules is not None and target.rules.pause_until is None
+    assert judge(by_author, target, NOW, None) is ASK
+    assert judge(by_author, target, NOW, lists) is MUTED  # ALICE is in the kind 10000
+    stranger = iris_facts(facts(kind=1, author=ROOT, content="spoiler",
+                                tags=(("e", ROOT, "", "root"),)), False, 1, 10)
+    # no thread or word mutes, no presence or quiet hours: it wakes
+    assert judge(stranger, target, NOW, lists) is None
+    follows_only = iris_device(iris_target(flags), True)
+    assert judge(stranger, follows_only, NOW, lists) is NOT_FOLLOWED
+    friend = iris_facts(facts(kind=7, author=MALLORY), True, 1, 10)
+    assert judge(friend, follows_only, NOW, lists) is None
+    # no contact list stored: follows-only filters nothing (as `follows_known: false`)
+    assert iris_device(iris_target(), True).rules is None
+    own = iris_facts(facts(kind=1060, author=OWNER), False, 0, 10)
+    assert judge(own, iris_device(iris_target(flags), True), NOW, None) is SELF
+    # whatever the case, `judge` says what the Iris subset alone would say
+    for event_facts in (crowded_by_p, by_author, stranger, friend, own, odd):
+        for device in (target, follows_only, iris_device(iris_target(), False)):
+            for listed in (None, lists, Listed()):
+                assert judge(event_facts, device, NOW, listed) == judge(
+                    event_facts, device, NOW, listed, IRIS_RULES
+                )
+
+
+def test_a_subscription_compiles_to_one_watch_per_filter_for_all_its_targets() -> None:
+    document = {
+        "filter": {"#p": [OWNER], "kinds": [1, 6, 7, 9735], "since": 5},
+        "filters": [{"kinds": [1060], "authors": [MALLORY]}, {"kinds": [1]}, "junk"],
+        "social_graph_filter": True,
+    }
+    watches = subscription_watches(OWNER, [9, 4], document)
+    assert [(w.index, w.keys, w.devices, w.follows_only) for w in watches] == [
+        ("#p", {OWNER}, (4, 9), True), ("authors", {MALLORY}, (4, 9), True),
+    ]
+    assert subscription_watches(OWNER, [], document) == []
+
+
+def test_the_index_changes_per_owner_at_the_cost_of_that_owners_watches() -> None:
+    index = WatchIndex()
+    others = [filter_watches(f"{n:064x}", n, {"#p": [OWNER], "kinds": [1]}) for n in range(500)]
+    for watch in others:
+        index.add(watch)
+    mine = subscription_watches(ALICE, [1], {"filter": {"kinds": [1060], "authors": [MALLORY]}})
+    index.replace_owner(ALICE, mine)
+    assert index.candidates([], MALLORY) == mine and index.has_owner(ALICE)
+    rotated = subscription_watches(ALICE, [1], {"filter": {"kinds": [1060], "authors": [ROOT]}})
+    index.replace_owner(ALICE, rotated)
+    assert index.candidates([], MALLORY) == [] and index.candidates([], ROOT) == rotated
+    assert index.kinds_for("authors", ROOT) == {1060}
+    index.replace_owner(ALICE, [])
+    assert not index.has_owner(ALICE) and index.author_keys() == frozenset()
+    assert len(index.candidates([OWNER], None)) == 500

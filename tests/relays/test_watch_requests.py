@@ -1,0 +1,87 @@
+"""The REQs of indexed watches (Iris subscriptions) on one relay (`relays/watch_requests.py`),
+without a socket: keys grouped by the kinds they want, cut to the relay's limits, a firehose
+asking by kinds only, freshness kinds reaching back `stale_after` only, and a plan change
+replacing the relay's REQs (new ones first, then the old ones closed)."""
+
+from __future__ import annotations
+
+import time
+
+from sigil_push.relays.nip11 import RelayLimits
+from sigil_push.relays.watch_requests import RelayWatches, WatchPlan
+
+HOUR, WINDOW = 3600, 2 * 86_400
+ME, SESSION, OTHER = "aa" * 32, "bb" * 32, "cc" * 32
+MENTIONS = frozenset({1, 6, 7, 9735})
+MESSAGES = frozenset({1060})
+
+
+def keys(count: int, start: int = 1) -> list[str]:
+    return [f"{n:064x}" for n in range(start, start + count)]
+
+
+def test_keys_are_asked_by_index_and_kinds_with_their_own_reach_back() -> None:
+    plan = WatchPlan()
+    watches = RelayWatches(plan, 500, HOUR, WINDOW)
+    assert watches.due(0, False) == []  # nothing planned: no REQ at all
+    assert plan.replace({ME: MENTIONS}, {SESSION: MESSAGES, OTHER: None})
+    now = int(time.time())
+    [request] = watches.due(now - WINDOW - 100, False)
+    assert request.close is None and request.sub_id is not None and watches.owns(request.sub_id)
+    by_key = {next(k for k in f if k in ("#p", "authors")): f for f in request.filters}
+    assert set(by_key) == {"#p", "authors"}
+    mentions = next(f for f in request.filters if "#p" in f)
+    assert mentions["#p"] == [ME] and mentions["kinds"] == [1, 6, 7, 9735]
+    assert mentions["since"] >= now - HOUR  # mentions and the like: `stale_after` back only
+    authored = sorted((f for f in request.filters if "authors" in f), key=lambda f: "kinds" in f)
+    assert authored[0] == {"authors": [OTHER], "since": authored[0]["since"]}  # any kind
+    assert authored[1]["kinds"] == [1060] and authored[1]["authors"] == [SESSION]
+    assert now - WINDOW <= authored[1]["since"] < now - HOUR  # as far back as DMs
+    assert watches.due(now, False) == []  # in line with the plan: nothing to send
+
+
+def test_a_plan_change_replaces_the_relays_requests_new_first() -> None:
+    plan = WatchPlan()
+    watches = RelayWatches(plan, 500, HOUR, WINDOW)
+    plan.replace({ME: MENTIONS}, {})
+    [first] = watches.due(0, False)
+    assert not plan.replace({ME: MENTIONS}, {})  # the same keys: no new version
+    plan.replace({ME: MENTIONS}, {SESSION: MESSAGES})
+    opened, closed = watches.due(0, False)
+    assert opened.sub_id != first.sub_id and opened.close is None
+    assert closed.sub_id is None and closed.close == first.sub_id
+    plan.replace({}, {})
+    [gone] = watches.due(0, False)
+    assert gone.close == opened.sub_id and watches.subscription_count == 0
+    # a lost connection sends everything again once it is back
+    plan.replace({ME: MENTIONS}, {})
+    watches.due(0, False)
+    watches.connection_lost()
+    [again] = watches.due(0, False)
+    assert again.close is None and again.sub_id is not None
+
+
+def test_keys_are_cut_to_the_relays_limits() -> None:
+    plan = WatchPlan()
+    watches = RelayWatches(plan, 100, HOUR, WINDOW)
+    watches.apply_limits(RelayLimits(max_filters=2, max_message_length=512 + 67 * 30))
+    plan.replace({k: MENTIONS for k in keys(95)}, {k: MESSAGES for k in keys(10, 1000)})
+    requests = watches.due(0, False)
+    filters = [f for r in requests for f in r.filters]
+    assert all(len(r.filters) <= 2 for r in requests)
+    assert all(len(f.get("#p", f.get("authors", []))) <= 30 for f in filters)
+    assert sorted(k for f in filters for k in f.get("#p", [])) == keys(95)
+    assert sorted(k for f in filters for k in f.get("authors", [])) == keys(10, 1000)
+
+
+def test_a_firehose_asks_by_kinds_and_keeps_keys_only_for_any_kind() -> None:
+    plan = WatchPlan()
+    watches = RelayWatches(plan, 500, HOUR, WINDOW)
+    plan.replace({ME: MENTIONS, OTHER: MENTIONS}, {SESSION: MESSAGES, OTHER: None})
+    [request] = watches.due(0, True)
+    assert len(request.filters) == 3  # mentions once for both keys
+    assert {tuple(f.get("kinds", ())) for f in request.filters} == {(1, 6, 7, 9735), (1060,), ()}
+    assert [f["authors"] for f in request.filters if "kinds" not in f] == [[OTHER]]
+    assert not any("#p" in f for f in request.filters)
+    # switching mode re-sends
+    assert watches.due(0, False)
