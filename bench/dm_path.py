@@ -5,9 +5,9 @@ Each tree is a git revision (`43e4a27`, `main`, ...) checked out with `git workt
 included). Its `sigil-push serve` runs from there (PYTHONPATH = the tree; the check that the
 process imports that tree's package is made once per tree), on its own fresh SQLite database,
 with:
-- one relay: a routing relay written here (a `websockets` server in its own process, like
-  bench/scale.py's) that answers each REQ with EOSE and streams pre-signed kind 4 DMs to the
-  subscriptions whose `#p` names the recipient, as a real relay does;
+- one relay: bench/routing_relay.py (a `websockets` server in its own process) that answers
+  each REQ with EOSE and streams pre-signed kind 4 DMs to the subscriptions whose `#p` names
+  the recipient, as a real relay does;
 - `--users` users (500) registered through the API (NIP-98, iOS tokens, the configured relay);
 - APNs on: nginx answering HTTP/2 (bench/native_apns.py; `--apns python` for the tests' fake),
   with the default per-device push limits (a 2 s coalescing window, 30 pushes a minute), so
@@ -70,6 +70,7 @@ import api as api_bench
 from ingest import make_events, write_events
 from native_apns import NativeApns
 from push import start_fake
+from routing_relay import RoutingRelay
 
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.nostr.nip98 import make_http_auth
@@ -78,97 +79,6 @@ from testkit.service import ServiceProcess
 
 RESULTS = ROOT / "bench" / "results"
 POLL_SECONDS = 0.25
-
-
-# the routing relay ------------------------------------------------------------------------
-
-
-async def run_relay(port_file: Path) -> None:
-    """EOSE to every REQ; ["ROUTES"] answers how many keys some subscription names; ["LOAD",
-    path] parses a file of events ahead of the measurement; ["BENCH", path] streams them, each
-    to every subscription whose `#p` names its recipient."""
-    from websockets.asyncio.server import ServerConnection, serve
-    from websockets.exceptions import ConnectionClosed
-
-    routes: dict[str, dict[tuple[ServerConnection, str], None]] = {}
-    subs: dict[tuple[ServerConnection, str], list[str]] = {}
-    loaded: dict[str, list[tuple[str, str]]] = {}
-
-    def forget(key: tuple[ServerConnection, str]) -> None:
-        for pubkey in subs.pop(key, []):
-            holders = routes.get(pubkey)
-            if holders is not None:
-                holders.pop(key, None)
-                if not holders:
-                    del routes[pubkey]
-
-    async def stream(path: str) -> int:
-        sent = 0
-        for recipient, line in loaded.get(path, []):
-            for connection, sub_id in list(routes.get(recipient, ())):
-                await connection.send(f'["EVENT","{sub_id}",{line}]')
-                sent += 1
-        return sent
-
-    async def handler(ws: ServerConnection) -> None:
-        try:
-            async for text in ws:
-                message = json.loads(text)
-                if message[0] == "REQ":
-                    key = (ws, message[1])
-                    forget(key)
-                    subs[key] = [p for f in message[2:] for p in f.get("#p", [])]
-                    for pubkey in subs[key]:
-                        routes.setdefault(pubkey, {})[key] = None
-                    await ws.send(json.dumps(["EOSE", message[1]]))
-                elif message[0] == "CLOSE":
-                    forget((ws, message[1]))
-                elif message[0] == "ROUTES":
-                    await ws.send(json.dumps(["ROUTES", len(routes)]))
-                elif message[0] == "LOAD":
-                    if message[1] not in loaded:
-                        lines = Path(message[1]).read_text().splitlines()
-                        loaded[message[1]] = [(json.loads(line)["tags"][0][1], line)
-                                              for line in lines]
-                    await ws.send(json.dumps(["LOADED", len(loaded[message[1]])]))
-                elif message[0] == "BENCH":
-                    await ws.send(json.dumps(["DONE", await stream(message[1])]))
-        except ConnectionClosed:
-            pass
-        finally:
-            for key in [k for k in subs if k[0] is ws]:
-                forget(key)
-
-    # no keepalive pings: a service far behind on a burst reads a ping's frame only after
-    # everything sent before it, and a missed pong closed its connection mid-burst
-    async with serve(handler, "127.0.0.1", 0, max_size=None, compression=None,
-                     ping_interval=None) as server:
-        port_file.write_text(str(next(iter(server.sockets)).getsockname()[1]))
-        await asyncio.Future()
-
-
-class RoutingRelay:
-    def __init__(self, folder: Path) -> None:
-        port_file = folder / "relay.port"
-        self._process = subprocess.Popen(
-            [sys.executable, __file__, "--relay", str(port_file)], start_new_session=True)
-        deadline = time.monotonic() + 30
-        while not port_file.exists() or not port_file.read_text():
-            if time.monotonic() > deadline:
-                raise TimeoutError("routing relay did not start")
-            time.sleep(0.05)
-        self.url = f"ws://127.0.0.1:{port_file.read_text()}"
-
-    async def ask(self, *message: Any) -> Any:
-        from websockets.asyncio.client import connect
-
-        async with connect(self.url, proxy=None, max_size=None, ping_interval=None) as ws:
-            await ws.send(json.dumps(list(message)))
-            return json.loads(await ws.recv())[1]
-
-    def stop(self) -> None:
-        os.killpg(self._process.pid, signal.SIGTERM)
-        self._process.wait(10)
 
 
 # trees ------------------------------------------------------------------------------------
@@ -441,9 +351,9 @@ async def run_once(tree: Tree, folder: Path, relay: RoutingRelay, events_file: P
         await register_all(service, users)
         await wait_for(lambda: service.metric("sigil_push_bridge_watched_keys") >= len(users),
                        "every user watched", 120)
-        await wait_for(lambda: asyncio.run(relay.ask("ROUTES")) >= len(users),
+        await wait_for(lambda: asyncio.run(relay.routes()) >= len(users),
                        "every user's REQ at the relay", 120)
-        await relay.ask("LOAD", str(events_file))
+        await relay.load(events_file)
         await asyncio.sleep(1.0)  # registrations' follow-up work (list fetches) settles
         seen0, answered0 = records.poll()["seen"], records.counts["push"]
         spying = None
@@ -454,7 +364,7 @@ async def run_once(tree: Tree, folder: Path, relay: RoutingRelay, events_file: P
         requests0 = requests() if requests is not None else 0
         cpu0, threads0, switches0 = service.cpu_seconds(), service.thread_cpu(), service.switches()
         started = time.monotonic()
-        routed = await relay.ask("BENCH", str(events_file))
+        routed = await relay.stream(events_file)
         await wait_for(lambda: records.poll()["seen"] - seen0 >= dms, "every DM seen", timeout)
         seen_cpu, seen_seconds = service.cpu_seconds() - cpu0, time.monotonic() - started
         if await_answers:
@@ -611,7 +521,6 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--relay", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--trees", default="43e4a27,main",
                         help="revisions, comma-separated; `.` is this working tree")
     parser.add_argument("--rounds", type=int, default=3)
@@ -640,11 +549,6 @@ def main() -> None:
     parser.add_argument("--output", type=Path, help="the results file (default: by date and "
                         "this tree's commit in bench/results/)")
     args = parser.parse_args()
-    if args.relay:
-        import uvloop
-
-        uvloop.run(run_relay(args.relay))
-        return
     results = asyncio.run(main_async(args))
     for name, figures in results["per_tree"].items():
         print(f"{name} ({figures['commit'][:10]}): {figures['cpu_us_per_dm']} us CPU per DM, "

@@ -1,9 +1,8 @@
 """Benchmark of `sigil-push serve` scaled out on PostgreSQL: real worker processes, a real server.
 
 A PostgreSQL cluster is started from the machine's binaries (testkit.postgres), a local
-APNs answers the wakeups, and a routing relay written here (a
-`websockets` server, like bench/ingest.py's tiny relay) answers every REQ with EOSE and, on a
-control message, streams pre-signed kind 4 DMs to the subscription whose `#p` filter holds the
+APNs answers the wakeups, and bench/routing_relay.py answers every REQ with EOSE and, on a
+control message, streams pre-signed kind 4 DMs to the subscriptions whose `#p` filter holds the
 recipient, as a real relay does: each worker receives only the DMs of the keys it watches.
 
 Phases:
@@ -66,10 +65,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import api as api_bench
 import asyncpg
-import uvloop
 from ingest import make_events, write_events
 from native_apns import NativeApns, children_of
 from push import start_fake
+from routing_relay import RoutingRelay
 
 from sigil_push.shards import DEFAULT_SHARDS, fair_share, shard_of
 from sigil_push.store.postgres.migrate import migrate
@@ -80,119 +79,6 @@ from testkit.stores import on_database
 
 RESULTS = ROOT / "bench" / "results" / "scale.json"
 LEASE_SECONDS = 3.0
-
-
-# the routing relay ------------------------------------------------------------------------
-
-
-async def run_relay(port_file: Path) -> None:
-    """EOSE to every REQ; ["BENCH", path] streams the file's events, each to every
-    subscription whose `#p` filter names its recipient, as a real relay matches every open
-    subscription (events for no subscriber are dropped). While a key moves between workers both
-    may hold it for a moment: routing it to the latest REQ alone lost it when the giver's later
-    REQ, dropping the key, removed the route the taker had made."""
-    from websockets.asyncio.server import ServerConnection, serve
-    from websockets.exceptions import ConnectionClosed
-
-    routes: dict[str, dict[tuple[ServerConnection, str], None]] = {}
-    subs: dict[tuple[ServerConnection, str], list[str]] = {}
-
-    def forget(key: tuple[ServerConnection, str]) -> None:
-        for pubkey in subs.pop(key, []):
-            holders = routes.get(pubkey)
-            if holders is not None:
-                holders.pop(key, None)
-                if not holders:
-                    del routes[pubkey]
-
-    loaded: dict[str, list[tuple[str, str]]] = {}
-
-    def load(path: str) -> int:
-        """Read and parse a file of events ahead of the measurement: while streaming, the
-        relay then only looks up each recipient and sends (a cheap load generator)."""
-        if path not in loaded:
-            lines = Path(path).read_text().splitlines()
-            loaded[path] = [(json.loads(line)["tags"][0][1], line) for line in lines]
-        return len(loaded[path])
-
-    async def stream(path: str) -> int:
-        sent = 0
-        for recipient, line in loaded.pop(path) if path in loaded else []:
-            holders = routes.get(recipient)
-            if holders:
-                for connection, sub_id in list(holders):
-                    await connection.send(f'["EVENT","{sub_id}",{line}]')
-                sent += 1
-        return sent
-
-    async def handler(ws: ServerConnection) -> None:
-        try:
-            async for text in ws:
-                message = json.loads(text)
-                if message[0] == "REQ":
-                    key = (ws, message[1])
-                    forget(key)
-                    keys = [p for f in message[2:] for p in f.get("#p", [])]
-                    subs[key] = keys
-                    for pubkey in keys:
-                        routes.setdefault(pubkey, {})[key] = None
-                    await ws.send(json.dumps(["EOSE", message[1]]))
-                elif message[0] == "CLOSE":
-                    forget((ws, message[1]))
-                elif message[0] == "LOAD":
-                    await ws.send(json.dumps(["LOADED", load(message[1])]))
-                elif message[0] == "BENCH":
-                    sent = await stream(message[1])
-                    await ws.send(json.dumps(["DONE", sent]))
-        except ConnectionClosed:
-            pass  # a SIGKILLed worker
-        finally:
-            for key in [k for k in subs if k[0] is ws]:
-                forget(key)
-
-    async with serve(handler, "127.0.0.1", 0, max_size=None, compression=None) as server:
-        port = next(iter(server.sockets)).getsockname()[1]
-        port_file.write_text(str(port))
-        await asyncio.Future()
-
-
-class RoutingRelay:
-    def __init__(self, folder: Path) -> None:
-        port_file = folder / "relay.port"
-        self._process = subprocess.Popen(
-            [sys.executable, __file__, "--relay", str(port_file)], start_new_session=True
-        )
-        deadline = time.monotonic() + 20
-        while not port_file.exists() or not port_file.read_text():
-            if time.monotonic() > deadline:
-                raise TimeoutError("routing relay did not start")
-            time.sleep(0.05)
-        self.url = f"ws://127.0.0.1:{port_file.read_text()}"
-
-    async def stream(self, events_file: Path) -> int:
-        """Ask the relay to send the file; returns how many events had a subscriber."""
-        from websockets.asyncio.client import connect
-
-        await self.load(events_file)
-        async with connect(self.url, proxy=None, max_size=None) as ws:
-            await ws.send(json.dumps(["BENCH", str(events_file)]))
-            return int(json.loads(await ws.recv())[1])
-
-    async def load(self, events_file: Path) -> int:
-        """Have the relay read and parse the file now, outside any measured window."""
-        from websockets.asyncio.client import connect
-
-        async with connect(self.url, proxy=None, max_size=None) as ws:
-            await ws.send(json.dumps(["LOAD", str(events_file)]))
-            return int(json.loads(await ws.recv())[1])
-
-    @property
-    def pid(self) -> int:
-        return self._process.pid
-
-    def stop(self) -> None:
-        os.killpg(self._process.pid, signal.SIGTERM)
-        self._process.wait(10)
 
 
 # workers ----------------------------------------------------------------------------------
@@ -959,7 +845,6 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--relay", help=argparse.SUPPRESS)
     parser.add_argument("--keys", type=int, default=1_000_000)
     parser.add_argument("--events", type=int, default=20_000)
     parser.add_argument("--registrations", type=int, default=4_000)
@@ -980,9 +865,6 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smoke run: small sizes")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    if args.relay:
-        uvloop.run(run_relay(Path(args.relay)))
-        return
     if args.quick:
         args.keys, args.events, args.registrations = 5_000, 1_000, 200
     document = asyncio.run(main_async(args))
