@@ -4,22 +4,21 @@ validly signed answer of the signer's, replayed over and over, and copies with f
 a signature that does not match them (forgeries), two replays to one forgery, until the
 bridge closes the socket or `limit` frames are sent.
 
-It runs in a thread with its own event loop (`start`/`stop`), so a `sigil-push serve`
+It runs in a thread with its own event loop (`testkit.threaded_relay`), so a `sigil-push serve`
 process under test, or the test's own loop, pays for what it sends and the relay does not
 share that loop's time."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 from typing import Any
 
 import nostr_sdk
-from websockets.asyncio.server import ServerConnection, serve
+from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
 from sigil_push.nostr.event import compute_id
+from testkit.threaded_relay import ThreadedRelay
 
 
 def _answer(signer: nostr_sdk.Keys, client_hex: str) -> dict[str, Any]:
@@ -44,11 +43,12 @@ def _forgery(answer: dict[str, Any], n: int) -> dict[str, Any]:
     return {**answer, "id": event_id, "content": content}
 
 
-class FloodingBunker:
+class FloodingBunker(ThreadedRelay):
     def __init__(self, signer: nostr_sdk.Keys, limit: int = 60_000, replays: int = 2,
                  quiet_requests: int = 0) -> None:
         """`replays` replayed answers to each forgery (0: forgeries only); the first
         `quiet_requests` requests are left unanswered, so a link can gather keys first."""
+        super().__init__()
         self.signer = signer
         self.limit = limit
         self.replays = replays
@@ -60,41 +60,12 @@ class FloodingBunker:
         self.closed_by_peer = 0
         """Floods that ended because the bridge closed the socket, not at `limit`."""
         self.requests = 0
-        self.url = ""
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._stop: asyncio.Event | None = None
 
     @property
     def signer_hex(self) -> str:
         return str(self.signer.public_key().to_hex())
 
-    def start(self) -> FloodingBunker:
-        self._thread.start()
-        started = asyncio.run_coroutine_threadsafe(self._serve_until_stopped(), self._loop)
-        ready = asyncio.run_coroutine_threadsafe(self._wait_ready(), self._loop)
-        ready.result(10)
-        self._serving = started
-        return self
-
-    def stop(self) -> None:
-        if self._stop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set)
-        self._serving.result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
-
-    async def _wait_ready(self) -> None:
-        while not self.url:
-            await asyncio.sleep(0.01)
-
-    async def _serve_until_stopped(self) -> None:
-        self._stop = asyncio.Event()
-        async with serve(self._handle, "127.0.0.1", 0, compression=None, max_size=None) as server:
-            self.url = f"ws://127.0.0.1:{next(iter(server.sockets)).getsockname()[1]}"
-            await self._stop.wait()
-
-    async def _handle(self, ws: ServerConnection) -> None:
+    async def handle(self, ws: ServerConnection) -> None:
         self.connections += 1
         self.open_now += 1
         subscription = "nip46-0"

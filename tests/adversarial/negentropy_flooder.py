@@ -1,4 +1,5 @@
-"""A hostile NIP-77 relay (issue 34, item 1), in a thread with its own event loop: it answers
+"""A hostile NIP-77 relay (issue 34, item 1), in a thread with its own event loop
+(`testkit.threaded_relay`): it answers
 REQ with EOSE, as an ordinary relay with nothing stored would, and every NEG-OPEN and NEG-MSG
 with the message `payload()` builds, whatever it was sent, so the exchange goes on as long as
 the bridge answers. The bridge under test (a `sigil-push serve` process, or the test's own
@@ -8,15 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Self
 
-from websockets.asyncio.server import ServerConnection, serve
+from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
 from sigil_push.nostr.nip77 import INFINITY, PROTOCOL_VERSION, encode_varint
-from testkit.deadlines import STARTUP_SECONDS, STOP_SECONDS, scaled
+from testkit.threaded_relay import ThreadedRelay
 
 SKIP, FINGERPRINT = 0, 1
 
@@ -41,49 +41,26 @@ def mismatches(bounds: list[int]) -> bytes:
     return bytes(out)
 
 
-class NegentropyFlooder:
+class NegentropyFlooder(ThreadedRelay):
     def __init__(self, payload: Callable[[], bytes], drop_first: bool = False) -> None:
         """`drop_first`: close the first connection a second after its first EOSE (the key
         is baselined then), so the bridge reconnects and catches up with NIP-77."""
+        super().__init__()
         self.payload = payload
         self.drop_first = drop_first
         self.connections = 0
-        self.url = ""
         self.received: list[list[Any]] = []
         """Every frame the bridge sent (decoded)."""
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._stop: asyncio.Event | None = None
         self._message = ""
 
     def sent(self, verb: str) -> list[list[Any]]:
         return [frame for frame in list(self.received) if frame[:1] == [verb]]
 
-    def start(self) -> NegentropyFlooder:
+    def start(self) -> Self:
         self._message = self.payload().hex()
-        self._thread.start()
-        self._serving = asyncio.run_coroutine_threadsafe(self._serve(), self._loop)
-        asyncio.run_coroutine_threadsafe(self._ready(), self._loop).result(scaled(STARTUP_SECONDS))
-        return self
+        return super().start()
 
-    def stop(self) -> None:
-        if self._stop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set)
-        self._serving.result(scaled(STOP_SECONDS))
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=scaled(STOP_SECONDS))
-
-    async def _ready(self) -> None:
-        while not self.url:
-            await asyncio.sleep(0.01)
-
-    async def _serve(self) -> None:
-        self._stop = asyncio.Event()
-        async with serve(self._handle, "127.0.0.1", 0, compression=None, max_size=None) as server:
-            self.url = f"ws://127.0.0.1:{next(iter(server.sockets)).getsockname()[1]}"
-            await self._stop.wait()
-
-    async def _handle(self, ws: ServerConnection) -> None:
+    async def handle(self, ws: ServerConnection) -> None:
         self.connections += 1
         first = self.connections == 1
         try:
