@@ -1,11 +1,15 @@
 """The part every hand-written test relay shares: a websockets server on 127.0.0.1, run in the
-test's own event loop as an async context manager, with its `ws://` URL once started."""
+test's own event loop as an async context manager, with its `ws://` URL once started; and a
+proxy in front of a real relay, for tests that watch or bend what passes."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Self
 
+from websockets.asyncio.client import connect
 from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
 
 
 class LoopbackRelay:
@@ -31,3 +35,37 @@ class LoopbackRelay:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
+
+
+class ProxyRelay(LoopbackRelay):
+    """Forwards each client connection to the relay at `upstream`, frame by frame, both ways.
+    A subclass sees each frame the client sends (`client_frame`: it may answer it itself, or
+    hold it, and says whether it goes on) and each frame the relay sends (`relay_frame`)."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream
+
+    async def client_frame(self, ws: ServerConnection, frame: str | bytes) -> bool:
+        """True: pass `frame` on to the relay."""
+        return True
+
+    def relay_frame(self, frame: str | bytes) -> None:
+        """Sees a frame the relay sends, before the client gets it."""
+
+    async def _handle(self, ws: ServerConnection) -> None:
+        async with connect(self.upstream, proxy=None, max_size=None) as upstream:
+
+            async def downstream() -> None:
+                async for frame in upstream:
+                    self.relay_frame(frame)
+                    await ws.send(frame)
+
+            relaying = asyncio.create_task(downstream())
+            try:
+                async for frame in ws:
+                    if await self.client_frame(ws, frame):
+                        await upstream.send(frame)
+            except ConnectionClosed:
+                pass
+            finally:
+                relaying.cancel()

@@ -13,7 +13,6 @@ matching is checked on both engines in process).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import secrets
 import time
@@ -23,9 +22,7 @@ from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
-from websockets.asyncio.client import connect
 from websockets.asyncio.server import ServerConnection
-from websockets.exceptions import ConnectionClosed
 
 from sigil_push.bridge import committer
 from sigil_push.bridge.verified import RecentlyVerified
@@ -46,7 +43,7 @@ from testkit.bridge_harness import (
 from testkit.deadlines import COMMAND_SECONDS, scaled
 from testkit.fakes.harness import eventually as poll
 from testkit.in_process import InProcessBridge, in_process_bridge
-from testkit.loopback_relay import LoopbackRelay
+from testkit.loopback_relay import ProxyRelay
 from testkit.nostr_client import gift_wrap, hex_of, kind4_dm, npub_of, publish, user
 from testkit.relay import RelayProcess
 from testkit.service import ServiceProcess
@@ -55,33 +52,20 @@ from testkit.stores import Engine, seen_rows
 SQLITE = Engine("sqlite", None)
 
 
-class RecordingProxy(LoopbackRelay):
-    """Forwards each client connection to `upstream`, frame by frame, both ways, and keeps
-    every message the client sent (decoded)."""
+class RecordingProxy(ProxyRelay):
+    """Forwards each client connection to `upstream` and keeps every message the client sent
+    (decoded)."""
 
     def __init__(self, upstream: str) -> None:
-        self.upstream = upstream
+        super().__init__(upstream)
         self.sent: list[list[Any]] = []
 
     def _serve_options(self) -> dict[str, Any]:
         return {"max_size": None}
 
-    async def _handle(self, ws: ServerConnection) -> None:
-        async with connect(self.upstream, proxy=None, max_size=None) as upstream:
-
-            async def downstream() -> None:
-                async for frame in upstream:
-                    await ws.send(frame)
-
-            relaying = asyncio.create_task(downstream())
-            try:
-                async for frame in ws:
-                    self.sent.append(json.loads(frame))
-                    await upstream.send(frame)
-            except ConnectionClosed:
-                pass
-            finally:
-                relaying.cancel()
+    async def client_frame(self, ws: ServerConnection, frame: str | bytes) -> bool:
+        self.sent.append(json.loads(frame))
+        return True
 
     def requests(self) -> list[list[Any]]:
         return [message for message in self.sent if message[0] == "REQ"]

@@ -31,10 +31,8 @@ from typing import Any
 import nostr_sdk
 import pytest
 from prometheus_client import REGISTRY
-from websockets.asyncio.client import connect
 from websockets.asyncio.server import ServerConnection
 from websockets.datastructures import Headers
-from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from sigil_push.relays import nip77
@@ -42,7 +40,7 @@ from testkit.bridge_harness import eventually, new_token, register, relay_live, 
 from testkit.deadlines import scaled
 from testkit.fakes.harness import eventually as poll
 from testkit.in_process import InProcessBridge, in_process_bridge
-from testkit.loopback_relay import LoopbackRelay
+from testkit.loopback_relay import ProxyRelay
 from testkit.nostr_client import gift_wrap, hex_of, kind4_dm, user
 from testkit.paging_relay import PagingRelay
 from testkit.processes import FAST_RECONNECT, SHORT_LEASES
@@ -59,14 +57,14 @@ BRIDGE = {"seen_cache_size": 10}
 Publish = Callable[[list[dict[str, Any]]], Awaitable[None]]
 
 
-class NegentropyProxy(LoopbackRelay):
+class NegentropyProxy(ProxyRelay):
     """rust-nostr's relay behind a proxy that advertises NIP-77 in NIP-11 (and no limits).
     `refuse`: every NEG-OPEN gets NEG-ERR, as several public relays do. Otherwise the first
     NEG-OPEN sets `reconciling` and is held there until `release` (the test then cuts every
     connection or stops the bridge); later ones pass. Everything else passes frame by frame."""
 
     def __init__(self, upstream: str, refuse: bool = True) -> None:
-        self.upstream = upstream
+        super().__init__(upstream)
         self.refuse = refuse
         self.neg_opens = 0
         self.reconciling = asyncio.Event()
@@ -90,31 +88,22 @@ class NegentropyProxy(LoopbackRelay):
 
     async def _handle(self, ws: ServerConnection) -> None:
         self._sockets.add(ws)
-        async with connect(self.upstream, proxy=None, max_size=None) as upstream:
+        try:
+            await super()._handle(ws)
+        finally:
+            self._sockets.discard(ws)
 
-            async def downstream() -> None:
-                async for frame in upstream:
-                    await ws.send(frame)
-
-            relaying = asyncio.create_task(downstream())
-            try:
-                async for frame in ws:
-                    message = json.loads(frame)
-                    if message[0] == "NEG-OPEN":
-                        self.neg_opens += 1
-                        if self.refuse:
-                            await ws.send(json.dumps(["NEG-ERR", message[1], "blocked: no"]))
-                            continue
-                        if self.neg_opens == 1:
-                            self.reconciling.set()
-                            await self.release.wait()
-                    if not (self.refuse and message[0] == "NEG-CLOSE"):
-                        await upstream.send(frame)
-            except ConnectionClosed:
-                pass
-            finally:
-                relaying.cancel()
-                self._sockets.discard(ws)
+    async def client_frame(self, ws: ServerConnection, frame: str | bytes) -> bool:
+        message = json.loads(frame)
+        if message[0] == "NEG-OPEN":
+            self.neg_opens += 1
+            if self.refuse:
+                await ws.send(json.dumps(["NEG-ERR", message[1], "blocked: no"]))
+                return False
+            if self.neg_opens == 1:
+                self.reconciling.set()
+                await self.release.wait()
+        return not (self.refuse and message[0] == "NEG-CLOSE")
 
 
 @asynccontextmanager

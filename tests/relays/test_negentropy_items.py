@@ -10,7 +10,6 @@ window and counted in sigil_push_memory_entries."""
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import json
 import logging
@@ -22,16 +21,14 @@ import nostr_sdk
 import pytest
 from aiohttp import web
 from prometheus_client import REGISTRY
-from websockets.asyncio.client import connect
 from websockets.asyncio.server import ServerConnection
-from websockets.exceptions import ConnectionClosed
 
 from sigil_push.nostr.nip19 import encode_npub
 from sigil_push.nostr.nip77 import Reconciliation, SortedItems
 from sigil_push.nostr.nip77_snapshot import SnapshotItems, encode_snapshot
 from sigil_push.relays import nip77
 from sigil_push.relays.nip77 import NegentropyFailed, Reconciler
-from testkit.loopback_relay import LoopbackRelay
+from testkit.loopback_relay import ProxyRelay
 from testkit.nostr_client import hex_of, kind4_dm, sdk_dry_run_sync, user
 from testkit.rust_relay import RustRelay
 
@@ -183,31 +180,20 @@ async def test_a_relay_claiming_more_missing_ids_than_we_fetch_ends_the_reconcil
         assert not reconciler.open
 
 
-class _RecordingProxy(LoopbackRelay):
+class _RecordingProxy(ProxyRelay):
     """Passes frames to `upstream` and back, keeping every NEG-* frame in order, with
     whether the relay sent it."""
 
     def __init__(self, upstream: str) -> None:
-        self.upstream = upstream
+        super().__init__(upstream)
         self.frames: list[tuple[bool, list[Any]]] = []
 
-    async def _handle(self, ws: ServerConnection) -> None:
-        async with connect(self.upstream, proxy=None, max_size=None) as upstream:
+    async def client_frame(self, ws: ServerConnection, frame: str | bytes) -> bool:
+        self._keep(frame, from_relay=False)
+        return True
 
-            async def downstream() -> None:
-                async for frame in upstream:
-                    self._keep(frame, from_relay=True)
-                    await ws.send(frame)
-
-            relaying = asyncio.create_task(downstream())
-            try:
-                async for frame in ws:
-                    self._keep(frame, from_relay=False)
-                    await upstream.send(frame)
-            except ConnectionClosed:
-                pass
-            finally:
-                relaying.cancel()
+    def relay_frame(self, frame: str | bytes) -> None:
+        self._keep(frame, from_relay=True)
 
     def _keep(self, frame: str | bytes, from_relay: bool) -> None:
         message = json.loads(frame)
