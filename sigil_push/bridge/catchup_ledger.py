@@ -9,6 +9,10 @@ Memory is bounded like the table, by the window (pruned with it), and by MAX_KEP
 relay, past which that relay is read from the store as before; its size is the
 `catchup_items` series of sigil_push_memory_entries.
 
+A firehose relay's events that name nobody here (`note_unaddressed`) are kept in memory and in
+the snapshots only once the relay is held in memory (no row: on a firehose nearly every event
+is one, and its row was most of the cost of reading the relay).
+
 A firehose relay's items are also kept as a snapshot in the store (sorted records with their
 prefix sums, nostr/nip77_snapshot.py): written from memory when the items noted since the last
 one pass a sixteenth of it (off the event loop) and at a clean shutdown, so a restart reads
@@ -244,15 +248,11 @@ class CatchupLedger:
             del unconfirmed[event_id]
 
     def note_unaddressed(self, url: str, frame: str) -> None:
-        """A firehose relay's DM for nobody here, dropped before any parse: its id and time
+        """A firehose relay's event for nobody here, dropped before any parse: its id and time
         from the raw frame (unverified: it only ever spares fetching it from that relay)."""
         found, when = _EVENT_ID.search(frame), _CREATED_AT.search(frame)
         if found is not None and when is not None:
-            event_id, created_at = found.group(1), int(when.group(1))
-            self._rows.append((url, UNADDRESSED, event_id, created_at))
-            self._keep(url, UNADDRESSED, event_id, created_at)
-            if len(self._rows) >= MAX_PENDING_ROWS:
-                self._flush_soon()
+            self._note_unaddressed(url, found.group(1), int(when.group(1)))
 
     def note_unaddressed_event(self, url: str, raw: Any) -> None:
         """The same for a parsed frame (a firehose answer before its EOSE)."""
@@ -260,10 +260,26 @@ class CatchupLedger:
             return
         event_id, created_at = raw.get("id"), raw.get("created_at")
         if type(event_id) is str and len(event_id) == 64 and type(created_at) is int:
-            self._rows.append((url, UNADDRESSED, event_id, created_at))
-            self._keep(url, UNADDRESSED, event_id, created_at)
-            if len(self._rows) >= MAX_PENDING_ROWS:
-                self._flush_soon()
+            self._note_unaddressed(url, event_id, created_at)
+
+    def _note_unaddressed(self, url: str, event_id: str, created_at: int) -> None:
+        """Held in memory, and so in the relay's next snapshot, but no row, once the relay is
+        held here (its first reconciliation in this process loaded it): on a firehose of
+        public kinds nearly every event names nobody, and a `catchup_items` row each was most
+        of what reading the relay cost (bench/ingest.py --only public). What a crash loses of
+        them (noted since the last snapshot) a later reconciliation fetches again, and the
+        same scan drops again, unparsed. Before that first load, and for a relay too large to
+        hold, the row is written as for a DM."""
+        kept = self._kept.get(url)
+        if kept is not None:
+            kept.add(UNADDRESSED, event_id, created_at)
+            if kept.size > MAX_KEPT_ITEMS:
+                del self._kept[url]
+                self._too_large.add(url)
+            return
+        self._rows.append((url, UNADDRESSED, event_id, created_at))
+        if len(self._rows) >= MAX_PENDING_ROWS:
+            self._flush_soon()
 
     def _flush_soon(self) -> None:
         if self._flushing is None or self._flushing.done():

@@ -121,6 +121,35 @@ async def test_a_restart_reads_the_snapshot_and_only_the_rows_written_since(
         assert _loads("keyed") == keyed_before + 1
 
 
+async def test_unaddressed_items_are_kept_in_memory_and_the_snapshot_never_as_rows(
+    store: SqliteStore | PostgresStore, database: str, tmp_path: Path
+) -> None:
+    """A firehose event naming nobody here (`note_unaddressed`, read off the raw frame, or
+    `note_unaddressed_event`) spares the relay's next reconciliation and goes into its next
+    snapshot, but is no `catchup_items` row: on a firehose nearly every event is one, and
+    its row was most of the cost of reading the relay. Before the relay's first load in
+    this process, the row is written as before (the load then reads it back)."""
+    now = int(time.time())
+    frame = (f'["EVENT","live",{{"id":"{_id(7)}","pubkey":"{ALICE}","created_at":{now - 5},'
+             f'"kind":7,"tags":[["p","{BOB}"]],"content":"+","sig":"{"0" * 128}"}}]')
+    async with bridge_link(database, tmp_path) as link:
+        ledger = CatchupLedger(3600)
+        ledger.attach(link, asyncio.Lock())
+        ledger.note_unaddressed(RELAY, frame)
+        assert await ledger.held(RELAY, None, 0) == (None, {_id(7): now - 5})
+        assert await link.catchup.rows(RELAY, None, 0) == [(UNADDRESSED, _id(7), now - 5)]
+        ledger.note_unaddressed_event(RELAY, {"id": _id(8), "created_at": now - 4})
+        assert await ledger.items(RELAY, None, 0) == {_id(7): now - 5, _id(8): now - 4}
+        await ledger.flush()
+        assert await link.catchup.rows(RELAY, None, 0) == [(UNADDRESSED, _id(7), now - 5)]
+        await ledger.save_snapshots(final=True)
+        stored = await link.catchup.snapshot(RELAY, FIREHOSE_SCOPE)
+        assert stored is not None
+        assert {raw.hex(): at for at, raw in SnapshotItems(stored[1]).pairs(0)} == {
+            _id(7): now - 5, _id(8): now - 4
+        }
+
+
 async def test_a_new_snapshot_is_cut_once_the_rows_since_the_last_are_many(
     store: SqliteStore | PostgresStore, database: str, tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
