@@ -3,6 +3,8 @@
 It stores the events it is given, answers each REQ with at most `max_limit` of the newest
 matching ones (by `#p`, `since`, `until`) and EOSE, and serves its information document to
 plain HTTP requests. Enough of NIP-01 and NIP-11 to test paging; it runs in the test's loop.
+With `honours_since` False it serves stored events whatever a filter's `since`, as some relays
+do (a client cannot rely on a relay's filtering for freshness).
 """
 
 from __future__ import annotations
@@ -19,20 +21,23 @@ from websockets.http11 import Request, Response
 from testkit.loopback_relay import LoopbackRelay
 
 
-def _matches(event: dict[str, Any], query: dict[str, Any]) -> bool:
+def _matches(event: dict[str, Any], query: dict[str, Any], since: bool = True) -> bool:
     if "kinds" in query and event["kind"] not in query["kinds"]:
         return False
     if "#p" in query and not any(t[0] == "p" and t[1] in query["#p"] for t in event["tags"]):
         return False
-    if "since" in query and event["created_at"] < query["since"]:
+    if since and "since" in query and event["created_at"] < query["since"]:
         return False
     return not ("until" in query and event["created_at"] > query["until"])
 
 
 class PagingRelay(LoopbackRelay):
-    def __init__(self, events: list[dict[str, Any]], max_limit: int) -> None:
+    def __init__(
+        self, events: list[dict[str, Any]], max_limit: int, honours_since: bool = True
+    ) -> None:
         self.events = events
         self.max_limit = max_limit
+        self.honours_since = honours_since
         self.requests: list[list[dict[str, Any]]] = []
 
     def _serve_options(self) -> dict[str, Any]:
@@ -59,7 +64,7 @@ class PagingRelay(LoopbackRelay):
     ) -> None:
         self.requests.append(queries)
         for query in queries:
-            found = [e for e in self.events if _matches(e, query)]
+            found = [e for e in self.events if _matches(e, query, self.honours_since)]
             found.sort(key=lambda e: e["created_at"], reverse=True)
             for event in found[: self.max_limit]:
                 await ws.send(json.dumps(["EVENT", sub_id, event]))

@@ -26,6 +26,7 @@ from testkit.fakes.harness import eventually
 from testkit.in_process import InProcessService, in_process_service
 from testkit.nip98 import SdkUser
 from testkit.nostr_client import kind4_dm, publish
+from testkit.paging_relay import PagingRelay
 from testkit.relay import RelayProcess
 from testkit.stores import fetch
 from tests.stories.test_preferences_e2e import Phone
@@ -320,24 +321,31 @@ async def test_a_presence_lapse_after_a_later_pause_or_a_muted_sender_sends_noth
 
 
 async def test_stale_public_events_are_not_pushed_after_a_restart(
-    tmp_path: Path, apns_relay_config: dict[str, Any], module_relay: RelayProcess,
-    fake_apns: FakeApns,
+    tmp_path: Path, apns_relay_config: dict[str, Any], fake_apns: FakeApns,
 ) -> None:
     """While the service is down, a reaction from two hours ago and a fresh one reach the
-    relay; after the restart, the catch-up pushes the fresh one only."""
+    relay; after the restart, the catch-up pushes the fresh one only and records the old one
+    as suppressed for `stale`. The relay serves stored events whatever a filter's `since`, as
+    some relays do: the bridge's public-kinds filter reaches back only `stale_after`, so a
+    relay that honours it never sends the old one, and only the rule stands between a relay
+    that ignores it and yesterday's likes at 3 a.m."""
     apns_relay_config["server"]["observations"] = "observations"
     user = SdkUser()
-    async with in_process_service(tmp_path, apns_relay_config) as first:
-        alice = Phone(first, fake_apns, user)
-        await alice.register(notify=["reaction"])
-        await _watched(first, module_relay.url, 1)
-    bob = nostr_sdk.Keys.generate()
-    old = _event(bob, 7, [["p", _hex(alice)]], "+", created_at=int(time.time()) - 7200)
-    fresh = _event(bob, 7, [["p", _hex(alice)]], "🔥")
-    await publish(module_relay.url, old, fresh)
-    async with in_process_service(tmp_path, apns_relay_config) as second:
-        alice.instance = second
-        await eventually(lambda: alice.pushes() == 1, DEADLINE, "the fresh reaction caught up")
-        await _watched(second, module_relay.url, 1)
-        assert alice.pushes() == 1
-        assert old["id"] not in _pushed_ids(second)
+    async with PagingRelay([], max_limit=500, honours_since=False) as relay:
+        apns_relay_config["relay"] = [{"url": relay.url}]
+        async with in_process_service(tmp_path, apns_relay_config) as first:
+            alice = Phone(first, fake_apns, user)
+            await alice.register(notify=["reaction"])
+            await _watched(first, relay.url, 1)
+        bob = nostr_sdk.Keys.generate()
+        old = _event(bob, 7, [["p", _hex(alice)]], "+", created_at=int(time.time()) - 7200)
+        fresh = _event(bob, 7, [["p", _hex(alice)]], "🔥")
+        relay.events.extend([old, fresh])
+        async with in_process_service(tmp_path, apns_relay_config) as second:
+            alice.instance = second
+            await eventually(lambda: alice.pushes() == 1, DEADLINE, "the fresh reaction caught up")
+            await _held_back(second, old, "stale", "reaction")
+            await _watched(second, relay.url, 1)
+            await eventually(lambda: _pushed_ids(second) == [fresh["id"]], DEADLINE,
+                             "the push record of the fresh reaction")
+            assert alice.pushes() == 1
