@@ -10,8 +10,8 @@ relay, past which that relay is read from the store as before; its size is the
 `catchup_items` series of sigil_push_memory_entries.
 
 A firehose relay's events that name nobody here (`note_unaddressed`) are kept in memory and in
-the snapshots only once the relay is held in memory (no row: on a firehose nearly every event
-is one, and its row was most of the cost of reading the relay).
+the snapshots, not as rows (on a firehose nearly every event is one, and its row was most of
+the cost of reading the relay): a crash costs a refetch of those noted since the last snapshot.
 
 A firehose relay's items are also kept as a snapshot in the store (sorted records with their
 prefix sums, nostr/nip77_snapshot.py): written from memory when the items noted since the last
@@ -263,23 +263,25 @@ class CatchupLedger:
             self._note_unaddressed(url, event_id, created_at)
 
     def _note_unaddressed(self, url: str, event_id: str, created_at: int) -> None:
-        """Held in memory, and so in the relay's next snapshot, but no row, once the relay is
-        held here (its first reconciliation in this process loaded it): on a firehose of
+        """Held in memory (and so in the relay's next snapshot), not a row: on a firehose of
         public kinds nearly every event names nobody, and a `catchup_items` row each was most
-        of what reading the relay cost (bench/ingest.py --only public). What a crash loses of
-        them (noted since the last snapshot) a later reconciliation fetches again, and the
-        same scan drops again, unparsed. Before that first load, and for a relay too large to
-        hold, the row is written as for a DM."""
+        of what reading the relay cost (bench/ingest.py --only public). A relay not loaded
+        yet starts its `_Kept` here, which its first reconciliation fills with the rest; a
+        clean stop writes what such a relay holds as rows (`save_snapshots`). What a crash
+        loses (noted since the last snapshot) a later reconciliation fetches again, and the
+        same scan drops again, unparsed. A relay too large to hold gets rows, as before."""
         kept = self._kept.get(url)
-        if kept is not None:
-            kept.add(UNADDRESSED, event_id, created_at)
-            if kept.size > MAX_KEPT_ITEMS:
-                del self._kept[url]
-                self._too_large.add(url)
-            return
-        self._rows.append((url, UNADDRESSED, event_id, created_at))
-        if len(self._rows) >= MAX_PENDING_ROWS:
-            self._flush_soon()
+        if kept is None:
+            if url in self._too_large:
+                self._rows.append((url, UNADDRESSED, event_id, created_at))
+                if len(self._rows) >= MAX_PENDING_ROWS:
+                    self._flush_soon()
+                return
+            kept = self._kept[url] = _Kept()
+        kept.add(UNADDRESSED, event_id, created_at)
+        if kept.size > MAX_KEPT_ITEMS:
+            del self._kept[url]
+            self._too_large.add(url)
 
     def _flush_soon(self) -> None:
         if self._flushing is None or self._flushing.done():
@@ -387,7 +389,17 @@ class CatchupLedger:
 
     async def save_snapshots(self, final: bool = False) -> None:
         """Cut a new snapshot of each relay held whole whose items noted since the last one
-        are many enough (any, when `final`: at a clean shutdown)."""
+        are many enough (any, when `final`: at a clean shutdown, where a relay not loaded
+        in this process, which no snapshot can hold, has its unaddressed items written as
+        rows instead)."""
+        if final:
+            for url, kept in self._kept.items():
+                unaddressed = kept.by_key.get(UNADDRESSED) if not kept.all_loaded else None
+                if unaddressed:
+                    self._rows.extend(
+                        (url, UNADDRESSED, event_id, at) for event_id, at in unaddressed.items()
+                    )
+            await self.flush()
         for url, kept in list(self._kept.items()):
             if not kept.all_loaded or kept.recutting is not None:
                 continue

@@ -127,27 +127,38 @@ async def test_unaddressed_items_are_kept_in_memory_and_the_snapshot_never_as_ro
     """A firehose event naming nobody here (`note_unaddressed`, read off the raw frame, or
     `note_unaddressed_event`) spares the relay's next reconciliation and goes into its next
     snapshot, but is no `catchup_items` row: on a firehose nearly every event is one, and
-    its row was most of the cost of reading the relay. Before the relay's first load in
-    this process, the row is written as before (the load then reads it back)."""
+    its row was most of the cost of reading the relay. One noted before the relay's first
+    load is kept through it; a clean stop of a process that never loaded the relay (no
+    snapshot can hold it) writes what it kept as rows."""
     now = int(time.time())
     frame = (f'["EVENT","live",{{"id":"{_id(7)}","pubkey":"{ALICE}","created_at":{now - 5},'
              f'"kind":7,"tags":[["p","{BOB}"]],"content":"+","sig":"{"0" * 128}"}}]')
     async with bridge_link(database, tmp_path) as link:
+        async with link.transaction():
+            await link.catchup.add([(RELAY, ALICE, _id(1), now - 9)])
         ledger = CatchupLedger(3600)
         ledger.attach(link, asyncio.Lock())
         ledger.note_unaddressed(RELAY, frame)
-        assert await ledger.held(RELAY, None, 0) == (None, {_id(7): now - 5})
-        assert await link.catchup.rows(RELAY, None, 0) == [(UNADDRESSED, _id(7), now - 5)]
+        assert await ledger.held(RELAY, None, 0) == (None, {_id(1): now - 9, _id(7): now - 5})
         ledger.note_unaddressed_event(RELAY, {"id": _id(8), "created_at": now - 4})
-        assert await ledger.items(RELAY, None, 0) == {_id(7): now - 5, _id(8): now - 4}
+        window = {_id(1): now - 9, _id(7): now - 5, _id(8): now - 4}
+        assert await ledger.items(RELAY, None, 0) == window
         await ledger.flush()
-        assert await link.catchup.rows(RELAY, None, 0) == [(UNADDRESSED, _id(7), now - 5)]
+        assert await link.catchup.rows(RELAY, None, 0) == [(ALICE, _id(1), now - 9)]
         await ledger.save_snapshots(final=True)
         stored = await link.catchup.snapshot(RELAY, FIREHOSE_SCOPE)
         assert stored is not None
-        assert {raw.hex(): at for at, raw in SnapshotItems(stored[1]).pairs(0)} == {
-            _id(7): now - 5, _id(8): now - 4
-        }
+        assert {raw.hex(): at for at, raw in SnapshotItems(stored[1]).pairs(0)} == window
+        assert await link.catchup.rows(RELAY, None, 0) == [(ALICE, _id(1), now - 9)]
+
+        unloaded = CatchupLedger(3600)
+        unloaded.attach(link, asyncio.Lock())
+        unloaded.note_unaddressed_event(OTHER, {"id": _id(9), "created_at": now - 3})
+        await unloaded.flush()
+        assert await link.catchup.rows(OTHER, None, 0) == []
+        await unloaded.save_snapshots(final=True)
+        assert await link.catchup.rows(OTHER, None, 0) == [(UNADDRESSED, _id(9), now - 3)]
+        assert await link.catchup.snapshot(OTHER, FIREHOSE_SCOPE) is None
 
 
 async def test_a_new_snapshot_is_cut_once_the_rows_since_the_last_are_many(
