@@ -6,8 +6,11 @@ tarpits: `localhost`, not `127.0.0.1`), and 50 keys publishing a
 burst of DMs on the good relay (the ingest figure):
   quiet   — nothing else;
   hostile — plus one hostile relay (a websockets server here) that, on every REQ, streams
-            valid self-addressed DMs as fast as it can for 50 attacker keys, whose devices'
-            UnifiedPush endpoints are 50 tarpits (accept TCP, never answer);
+            valid DMs as fast as it can to 50 attacker keys, whose devices' UnifiedPush
+            endpoints are 50 tarpits (accept TCP, never answer); each DM is signed by one of
+            50 other, unregistered keys (the attacker's sock puppets): a DM to oneself wakes
+            nothing since issue 32 (own events never wake own pairs), so a self-addressed
+            flood would never reach the tarpits;
   forged  — the same relay streams well-formed DMs with correct ids and current times but
             signatures that do not verify (each costs a signature check);
   auth    — the same relay streams distinct 1 MiB NIP-42 challenges (an AUTH storm).
@@ -17,6 +20,7 @@ the service's reader has received all of it (publishing one event at a time to a
 bounds this figure as much as the service does). Loopback only; the machine may be shared: figures are noisy.
 
 Usage: python bench/hostile.py [--samples 30] [--burst 500] [--modes hostile,forged,auth]
+Writes bench/results/hostile-<date>-<commit>.json.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import json
 import multiprocessing
 import platform
 import secrets
+import subprocess
 import sys
 import tempfile
 import time
@@ -50,7 +55,7 @@ from testkit.relay import RelayProcess
 from testkit.service import ServiceProcess
 from testkit.tarpit import Tarpit
 
-RESULTS = ROOT / "bench" / "results" / "hostile.json"
+RESULTS = ROOT / "bench" / "results"
 TARPITS = 50
 
 
@@ -217,9 +222,10 @@ def flood_frames(mode: str, attackers: list[nostr_sdk.Keys]) -> FloodProcess:
             events=False,
         )
     frames = []
+    puppets = [user() for _ in attackers]
     for i in range(300):
-        for attacker in attackers:
-            event = kind4_dm(attacker, attacker, f"flood {i}")
+        for attacker, puppet in zip(attackers, puppets, strict=True):
+            event = kind4_dm(puppet, attacker, f"flood {i}")
             if mode == "forged":
                 event["sig"] = secrets.token_hex(64)
             frames.append(json.dumps(event, separators=(",", ":")))
@@ -281,6 +287,8 @@ async def run(folder: Path, mode: str, samples: int, burst: int) -> dict[str, An
                 "victim_p99_seconds": round(percentile(latencies, 0.99), 4),
                 "good_ingest_events_per_second": round(burst / ingest_seconds, 1),
             }
+            if mode == "hostile" and not sum(t.connections for t in tarpits):
+                raise RuntimeError("the flood woke no attacker device: nothing was measured")
             if hostile and flood is not None:
                 # the flood relay is a user relay: its series are the users' shared "user" ones
                 # (the only user relay here)
@@ -338,7 +346,12 @@ def main() -> None:
         print(f"{mode}: victim p50 {figures['victim_p50_seconds']} s, "
               f"p99 {figures['victim_p99_seconds']} s (target < 2 s), ingest "
               f"{figures['good_ingest_events_per_second']}/s, ratio {figures['ingest_ratio']}")
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=10", "HEAD"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    results["commit"] = commit
+    out = RESULTS / f"hostile-{time.strftime('%Y-%m-%d', time.gmtime())}-{commit}.json"
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"written to {out}")
 
 
 if __name__ == "__main__":
