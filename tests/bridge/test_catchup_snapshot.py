@@ -136,8 +136,7 @@ async def test_unaddressed_items_are_kept_in_memory_and_the_snapshot_never_as_ro
     async with bridge_link(database, tmp_path) as link:
         async with link.transaction():
             await link.catchup.add([(RELAY, ALICE, _id(1), now - 9)])
-        ledger = CatchupLedger(3600)
-        ledger.attach(link, asyncio.Lock())
+        ledger = CatchupLedger(3600, link, asyncio.Lock())
         ledger.note_unaddressed(RELAY, frame)
         assert await ledger.held(RELAY, None, 0) == (None, {_id(1): now - 9, _id(7): now - 5})
         ledger.note_unaddressed_event(RELAY, {"id": _id(8), "created_at": now - 4})
@@ -151,8 +150,7 @@ async def test_unaddressed_items_are_kept_in_memory_and_the_snapshot_never_as_ro
         assert {raw.hex(): at for at, raw in SnapshotItems(stored[1]).pairs(0)} == window
         assert await link.catchup.rows(RELAY, None, 0) == [(ALICE, _id(1), now - 9)]
 
-        unloaded = CatchupLedger(3600)
-        unloaded.attach(link, asyncio.Lock())
+        unloaded = CatchupLedger(3600, link, asyncio.Lock())
         unloaded.note_unaddressed_event(OTHER, {"id": _id(9), "created_at": now - 3})
         await unloaded.flush()
         assert await link.catchup.rows(OTHER, None, 0) == []
