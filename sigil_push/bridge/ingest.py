@@ -427,10 +427,11 @@ class Ingest:
         return self._event(Frame(feed, message[1], received_ms), message[2], looked_up)
 
     def _unaddressed_frame(self, url: str, frame: str, keys: Mapping[str, int]) -> bool:
-        for key, list_kind in _ADDRESSING.findall(frame):
+        found = _ADDRESSING.findall(frame)
+        for key, list_kind in found:
             if list_kind or key in keys:
                 return False
-        if self._iris.active and self._iris.maybe_text(frame):
+        if self._iris.active and self._iris.maybe_text(frame, [key for key, _ in found]):
             return False
         self._ledger.note_unaddressed(url, frame)
         self._unaddressed[url] = self._unaddressed.get(url, 0) + 1

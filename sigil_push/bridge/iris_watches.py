@@ -156,17 +156,19 @@ class IrisWatches:
             return False
         return self.maybe(kind, [t for t in tags if type(t) is list], author)
 
-    def maybe_text(self, frame: str) -> bool:
-        """On a raw EVENT frame's text (a streaming firehose's drop check): does a `p` tag or
-        the author name a watched key? Kinds are left to the parse that follows."""
+    def maybe_text(self, frame: str, p_keys: Sequence[str]) -> bool:
+        """On a raw EVENT frame's text (a streaming firehose's drop check), whose `p` tags'
+        keys the caller's scan found (`p_keys`): does one of them or the author name a
+        watched key? Kinds are left to the parse that follows."""
         index = self.index
-        for key in _P_TAG.findall(frame):
-            if index.watches_p(key):
+        for key in p_keys:
+            if key and index.watches_p(key):
                 return True
         if index.by_authors:
-            for key in _AUTHOR.findall(frame):
-                if index.watches_author(key):
-                    return True
+            # the event object's first `"pubkey":` (an object key: a tag's "pubkey" is followed
+            # by a comma); a frame with two is not an event any relay serialises
+            author = _AUTHOR.search(frame)
+            return author is not None and index.watches_author(author.group(1))
         return False
 
     def matching(self, event: Event) -> tuple[Watch, ...]:
@@ -180,7 +182,6 @@ class IrisWatches:
         return tuple(found.values())
 
 
-_P_TAG = re.compile(r'"p"\s*,\s*"([0-9a-f]{64})"')
 _AUTHOR = re.compile(r'"pubkey"\s*:\s*"([0-9a-f]{64})"')
 
 
