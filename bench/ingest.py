@@ -257,6 +257,7 @@ class Harness:
             config, devices, Outbox(self.db), self.observations, SecretKey.generate()
         )
         devices.add_listener(self.bridge.registration_changed)
+        devices.add_rules_listener(self.bridge.rules_changed)
         self.bridge.add_commit_listener(self._committed)
         started = time.perf_counter()
         await self.bridge.start()

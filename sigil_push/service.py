@@ -135,6 +135,7 @@ class Service:
         stack.push_async_callback(bridge.close)
         devices.add_listener(bridge.registration_changed)
         store.iris.add_listener(bridge.iris_changed)
+        devices.add_rules_listener(bridge.rules_changed)
         canary = canary_from_config(config, key, observations)
         if canary is not None:
             bridge.add_probe(canary)

@@ -92,6 +92,7 @@ async def in_process_bridge(
         stack.push_async_callback(running.close)
         store.devices.add_listener(running.registration_changed)
         store.iris.add_listener(running.iris_changed)
+        store.devices.add_rules_listener(running.rules_changed)
         await running.start()
         stack.push_async_callback(running.stop)
         yield InProcessBridge(store, observations, running)

@@ -276,6 +276,13 @@ class Bridge:
         self._committer.iris_changed()
         self._iris.changed(pubkey)
 
+    def rules_changed(self, pubkey: str) -> None:
+        """Devices rules listener (preferences, presence): re-read the key's devices for its
+        next wakeup and whether it is follows-only; its relays are as they were, so nothing is
+        re-planned (ranking every key's relays per call cost 0.6 s at 100,000 keys)."""
+        self._committer.devices_changed(pubkey)
+        self._registry.rules_changed(pubkey)
+
     # housekeeping -----------------------------------------------------------------------
 
     async def _housekeeping_loop(self) -> None:

@@ -7,7 +7,7 @@ line as registrations, relay lists and shards change."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from sigil_push.bridge.metrics import KEYS
@@ -17,6 +17,7 @@ from sigil_push.relays.discovery import RelayLists, normalize_relay_url
 from sigil_push.relays.pool import NO_RELAYS, RelayPool
 from sigil_push.shards import ShardSet
 from sigil_push.store.interface import DeviceStore, RelayStateStore
+from sigil_push.store.records import Device
 from sigil_push.telemetry.memory_gauges import track
 
 if TYPE_CHECKING:
@@ -25,6 +26,19 @@ if TYPE_CHECKING:
 
 RESHARD_CHUNK = 10_000
 """Keys a reshard handles between two turns of the event loop (tens of milliseconds)."""
+
+
+def _follows(devices: Iterable[Device]) -> bool:
+    """Some pair of the key takes kind 4 from its follows only: its kind 3 is read."""
+    return any(d.rules is not None and d.rules.senders == "follows" for d in devices)
+
+
+def _mask(devices: Iterable[Device]) -> int:
+    """The union of the pairs' `notify` masks: what the key's REQs ask for."""
+    mask = 0
+    for device in devices:
+        mask |= DEFAULT_MASK if device.rules is None else device.rules.notify
+    return mask
 
 
 def _every_key(_pubkey: str) -> bool:
@@ -65,6 +79,7 @@ class KeyRegistry:
         self._user_relays: dict[str, frozenset[str]] = {}
         self._dirty: set[str] = set()
         self._lists_dirty: set[str] = set()
+        self._rules_dirty: set[str] = set()
         self._dirty_event = asyncio.Event()
         self._owns: Callable[[str], bool] = _every_key
         self._probe: Canary | None = None
@@ -88,11 +103,24 @@ class KeyRegistry:
         for pubkey, mask in (await self._devices.notify_masks()).items():
             if pubkey in self.keys:
                 self._set_kinds(pubkey, mask)
+        self._follow(await self._devices.follows_only())
         self._loaded = True
 
-    def _set_kinds(self, pubkey: str, mask: int) -> None:
-        """The public kinds of the union of the key's pairs' `notify` masks."""
-        self._pool.plan.set_kinds(pubkey, mask_kinds(mask).difference(DM_KINDS))
+    def _set_kinds(self, pubkey: str, mask: int) -> bool:
+        """The public kinds of the union of the key's pairs' `notify` masks; whether they
+        changed."""
+        kinds = mask_kinds(mask).difference(DM_KINDS)
+        if kinds == self._pool.plan.kinds.get(pubkey, frozenset()):
+            return False
+        self._pool.plan.set_kinds(pubkey, kinds)
+        return True
+
+    def _follow(self, follows: Iterable[str]) -> None:
+        """Mark the watched keys among `follows` (keys with a follows-only pair), before their
+        REQs are made: only their kind 3 is asked for."""
+        for pubkey in follows:
+            if pubkey in self.keys:
+                self._pool.set_follows(pubkey, True)
 
     def held_pairs(self) -> list[str] | None:
         """`pubkey[6:8]` of every key `holds` may accept (the canary's included), for reading
@@ -115,6 +143,13 @@ class KeyRegistry:
     def registration_changed(self, pubkey: str) -> None:
         """Re-plan this key's subscriptions soon (coalesced)."""
         self._dirty.add(pubkey)
+        self._dirty_event.set()
+
+    def rules_changed(self, pubkey: str) -> None:
+        """A pair of this key changed what wakes it (preferences, presence), not its relays:
+        only what its REQs ask for is read again (coalesced): whether it is follows-only (its
+        kind 3) and its public kinds (`notify`). No relay is re-planned."""
+        self._rules_dirty.add(pubkey)
         self._dirty_event.set()
 
     def lists_changed(self, pubkey: str) -> None:
@@ -155,17 +190,28 @@ class KeyRegistry:
             self._dirty_event.clear()
             pubkeys, self._dirty = self._dirty, set()
             new_lists, self._lists_dirty = self._lists_dirty - pubkeys, set()
+            rules, self._rules_dirty = self._rules_dirty - pubkeys, set()
+            asking: set[str] = set()
+            for pubkey in rules:
+                if pubkey in self.keys:
+                    devices = await self._devices.of_pubkey(pubkey)
+                    self._pool.set_follows(pubkey, _follows(devices))
+                    if self._set_kinds(pubkey, _mask(devices)):
+                        asking.add(pubkey)
+            if asking:
+                # only the shards holding these keys, on the relays chosen last time: no
+                # relay is ranked, opened or closed
+                self._pool.apply(self.keys, asking, replan=False)
             removed: list[str] = []
             elsewhere: set[str] = set()
             for pubkey in pubkeys:
                 owned = self._owns(pubkey)
                 devices = await self._devices.of_pubkey(pubkey) if owned else []
                 if devices:
+                    # before the key's first REQ: its whole-list fetch then asks for its kind 3
+                    self._pool.set_follows(pubkey, _follows(devices))
                     self._set_key(pubkey, tuple(r for d in devices for r in d.relays))
-                    mask = 0
-                    for device in devices:
-                        mask |= DEFAULT_MASK if device.rules is None else device.rules.notify
-                    self._set_kinds(pubkey, mask)
+                    self._set_kinds(pubkey, _mask(devices))
                 else:
                     self._unwatch(pubkey)
                     if owned:
@@ -178,9 +224,11 @@ class KeyRegistry:
             pubkeys |= new_lists
             if removed:
                 self._relays.forget_keys(removed)
-            self.apply(pubkeys, elsewhere)
+            if pubkeys:
+                self.apply(pubkeys, elsewhere)
 
     def _unwatch(self, pubkey: str) -> None:
+        self._pool.set_follows(pubkey, False)
         self.keys.discard(pubkey)
         self._pool.plan.set_kinds(pubkey, frozenset())
         self.registration_relays.pop(pubkey, None)
@@ -221,6 +269,7 @@ class KeyRegistry:
             # from its database) must not need the database
             if owns.gained:
                 masks = await self._devices.notify_masks(owns.gained, owns.count)
+                follows = frozenset(await self._devices.follows_only())
                 async for chunk in self._devices.key_chunks(owns.gained, owns.count):
                     items = list(chunk.items())
                     del chunk
@@ -229,7 +278,9 @@ class KeyRegistry:
                         if mask is not None and owns(pubkey):
                             self._set_kinds(pubkey, mask)
                     for start in range(0, len(items), RESHARD_CHUNK):
-                        await self._take(state, owns, items[start : start + RESHARD_CHUNK])
+                        await self._take(
+                            state, owns, items[start : start + RESHARD_CHUNK], follows
+                        )
                         await asyncio.sleep(0)
             # once: relays wanted only by keys that left close, those of arriving keys open
             self.apply(set())
@@ -248,15 +299,21 @@ class KeyRegistry:
                 await asyncio.sleep(0)
 
     async def _take(
-        self, state: RelayStateStore, owns: Callable[[str], bool], chunk: list[tuple[str, tuple[str, ...]]]
+        self,
+        state: RelayStateStore,
+        owns: Callable[[str], bool],
+        chunk: list[tuple[str, tuple[str, ...]]],
+        follows: frozenset[str],
     ) -> None:
-        """Watch one chunk of arriving keys, with the baselines stored for them."""
+        """Watch one chunk of arriving keys, with the baselines stored for them (and which of
+        them are follows-only)."""
         arriving = [(p, relays) for p, relays in chunk if owns(p)]
         if not arriving:
             return
         await self._relays.adopt(state, [p for p, _ in arriving])
         for pubkey, relays in arriving:
             self._add_relays(pubkey, relays)
+        self._follow(p for p, _ in arriving if p in follows)
         self.apply({p for p, _ in arriving}, replan=False)
 
     def _add_relays(self, pubkey: str, relays: tuple[str, ...]) -> None:

@@ -14,6 +14,7 @@ from sigil_push.bridge.pending import (
     DELETE_BASELINE,
     DELETE_BASELINES_OF,
     DELETE_RELAY_LISTS,
+    DELETE_USER_LISTS,
     INSERT_BASELINES,
     Pending,
 )
@@ -127,12 +128,15 @@ class RelayState:
                 self._pool.baselines_of(str(relay)).add(canonical[pubkey])
 
     def forget_keys(self, removed: list[str]) -> None:
-        """Keys no longer registered anywhere: their lists and baselines go."""
+        """Keys no longer registered anywhere: their lists (relay lists, kind 10000 and 3: up
+        to 2 x 320 KB a key) and baselines go. A user list is kept if its key has a pair again
+        by the time this is written (registered meanwhile: its list is its own again)."""
         self._lists.forget(removed)
         self._pending.add_op(
             DELETE_BASELINES_OF, [(p,) for p in removed]
         )
         self._pending.add_op(DELETE_RELAY_LISTS, [(p,) for p in sorted(removed)])
+        self._pending.add_op(DELETE_USER_LISTS, [(p,) for p in sorted(removed)])
 
     def forget_baselines(self, left: Iterable[tuple[str, str]]) -> None:
         """(relay, key) pairs whose baseline is void: the key left that relay."""

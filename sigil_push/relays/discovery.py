@@ -13,14 +13,17 @@ from urllib.parse import urlsplit
 
 from sigil_push.hosts import InvalidHost, canonical_host, check_host
 from sigil_push.nostr.event import Event
-from sigil_push.nostr.kinds import DM_RELAY_LISTS, DM_RELAYS, RELAY_LIST, USER_LISTS
+from sigil_push.nostr.kinds import CONTACTS, DM_RELAY_LISTS, DM_RELAYS, MUTE_LIST, RELAY_LIST
 from sigil_push.store.interface import RelayStateStore
 from sigil_push.telemetry.memory_gauges import track
 
 LIST_KINDS_SET = frozenset(DM_RELAY_LISTS)
-SUBSCRIBED_LIST_KINDS = (*DM_RELAY_LISTS, *USER_LISTS)
+UNFILTERED_LIST_KINDS = (*DM_RELAY_LISTS, MUTE_LIST)
+"""The lists asked for of every key: its relay lists and its mute list."""
+SUBSCRIBED_LIST_KINDS = (*UNFILTERED_LIST_KINDS, CONTACTS)
 """What the bridge asks for by author: the relay lists, and the users' mute (NIP-51 kind 10000)
-and contact (kind 3) lists that decide what wakes them (issue 20)."""
+and contact (kind 3) lists that decide what wakes them (issue 20). The kind 3, often of
+thousands of keys, only of keys with a follows-only pair (the only rule that reads it)."""
 SUBSCRIBED_LIST_KINDS_SET = frozenset(SUBSCRIBED_LIST_KINDS)
 MAX_RELAYS_PER_LIST = 10
 MAX_URL_LENGTH = 256

@@ -262,6 +262,8 @@ class RelayPool:
         self.watch_plan = WatchPlan()
         """Keys of indexed watches (Iris subscriptions), asked on every configured relay."""
         self._watches: dict[str, RelayWatches] = {}
+        self.follows: set[str] = set()
+        """Watched keys with a follows-only pair: only their kind 3 is asked for (`set_follows`)."""
         track("relay_baselines", self, lambda p: sum(len(k) for k in p._baselines.values()))
         track("relay_cursors", self, lambda p: len(p.cursors))
         track("relay_plan_keys", self, lambda p: len(p.plan.own_relays))
@@ -360,6 +362,21 @@ class RelayPool:
         self._forget_unused()
         return left
 
+    def set_follows(self, pubkey: str, follows: bool) -> None:
+        """Whether `pubkey` has a follows-only pair (its kind 3 is read only then): the
+        configured relays that hold it re-ask its shard, and fetch its kind 3 if it just
+        turned follows-only. Nothing else is re-planned: no relay opens or closes."""
+        if follows == (pubkey in self.follows):
+            return
+        if follows:
+            self.follows.add(pubkey)
+        else:
+            self.follows.discard(pubkey)
+        for url in self.plan.configured:
+            subs = self.subs.get(url)
+            if subs is not None and subs.contacts_changed(pubkey, follows):
+                self._spawn(self._sync(url))
+
     def _forget_unused(self) -> None:
         """Baselines and cursors of relays not in use leave memory (at start every stored
         relay's are loaded; `adopt` brings others' keys on every relay). The store keeps them:
@@ -394,6 +411,7 @@ class RelayPool:
             baselined=self._baselines.setdefault(url, set()),
             wants=self.plan.kinds,
             stale_after=self._settings.stale_after_seconds,
+            follows=self.follows,
         )
         self.subs[url] = subs
         if self.plan.is_configured(url):
@@ -480,14 +498,18 @@ class RelayPool:
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         self._background.spawn(coroutine)
 
-    def _since(self, url: str) -> tuple[int, int]:
-        """(window for fresh keys, window for a catch-up of baselined keys)."""
+    def _since(self, url: str) -> tuple[int, int, int]:
+        """(window for fresh keys, window for a catch-up of baselined keys, the oldest list a
+        shard's REQ asks for). Lists carry no gift wrap's skewed time: the relay's cursor (the
+        time its REQs were last all live; now, before it has one) less the margin; a key's
+        older lists come in the whole-list fetch made when it is added."""
         now = int(time.time())
         full = now - self._settings.catchup_seconds
         cursor = self.cursors.get(url)
+        lists = min(now, now if cursor is None else cursor) - CURSOR_MARGIN_SECONDS
         if cursor is None:
-            return full, full
-        return full, max(full, cursor - GIFT_WRAP_SKEW_SECONDS - CURSOR_MARGIN_SECONDS)
+            return full, full, lists
+        return full, max(full, cursor - GIFT_WRAP_SKEW_SECONDS - CURSOR_MARGIN_SECONDS), lists
 
     async def _sync(self, url: str) -> None:
         """Send the REQ/CLOSE frames that bring the relay's shards up to date."""
@@ -500,8 +522,8 @@ class RelayPool:
                 return
             subs.negentropy = self._negentropy_allowed(url)
             reconcile = False
-            since_full, since_caught_up = self._since(url)
-            for request in subs.due(since_full, since_caught_up):
+            since_full, since_caught_up, lists_since = self._since(url)
+            for request in subs.due(since_full, since_caught_up, lists_since):
                 await _send_request(connection, request)
                 reconcile = reconcile or request.reconcile
             watches = self._watches.get(url)

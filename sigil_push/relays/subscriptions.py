@@ -21,6 +21,13 @@ who is registered. Keys join the baseline as soon as that REQ is past EOSE (even
 before its EOSE are checked against the recipient's registration time instead, by the bridge).
 Switching mode sends the new REQs before closing the old ones, from the relay's cursor, so the
 switch loses nothing and de-duplication absorbs the overlap.
+
+On a configured relay each shard's REQ also asks for its keys' lists (kinds 10050, 10002 and
+10000, and kind 3 only of the keys with a follows-only pair): a key's whole lists only in the
+first REQ that names it (`lists_new`, until that REQ's EOSE), the others' only from the relay's
+cursor (`lists_since`). Re-requesting a shard because one key joined it must not bring back
+every other key's lists, a kind 3 of 200 KB each. A key that turns follows-only has its whole
+kind 3 asked for so too.
 """
 
 from __future__ import annotations
@@ -31,8 +38,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sigil_push.nostr.kinds import DM_KINDS
-from sigil_push.relays.discovery import SUBSCRIBED_LIST_KINDS
+from sigil_push.nostr.kinds import CONTACTS, DM_KINDS
+from sigil_push.relays.discovery import SUBSCRIBED_LIST_KINDS, UNFILTERED_LIST_KINDS
 from sigil_push.relays.nip11 import RelayLimits
 
 KEY_BYTES_IN_FILTER = 67  # 64 hex digits, two quotes, one comma
@@ -113,6 +120,8 @@ class SentReq:
     method: str = "req"
     ids: list[str] | None = None
     """A fetch of the ids negentropy found missing, instead of a window."""
+    lists_new: frozenset[str] = frozenset()
+    """Keys whose whole lists this REQ asked for (known once it reaches EOSE)."""
 
     def count(self, event_id: str, kind: int, created_at: int) -> None:
         for cursor in self.cursors:
@@ -139,11 +148,18 @@ NO_KINDS: frozenset[int] = frozenset()
 
 class RelaySubscriptions:
     def __init__(
-        self, keys_per_filter: int, with_lists: bool, baselined: set[str] | None = None,
-        wants: Mapping[str, frozenset[int]] | None = None, stale_after: int = 3600,
+        self,
+        keys_per_filter: int,
+        with_lists: bool,
+        baselined: set[str] | None = None,
+        wants: Mapping[str, frozenset[int]] | None = None,
+        stale_after: int = 3600,
+        follows: set[str] | None = None,
     ) -> None:
         """`wants`: each key's public kinds (keys that want DMs only are absent), kept by the
-        key registry; `stale_after`: how far back the public kinds' filter reaches."""
+        key registry; `stale_after`: how far back the public kinds' filter reaches;
+        `follows`: the keys with a follows-only pair, whose kind 3 is asked for (the pool's
+        one set, shared by every relay and kept current through `contacts_changed`)."""
         self._wants: Mapping[str, frozenset[int]] = wants if wants is not None else {}
         self._stale_after = stale_after
         self._key_kinds: dict[str, frozenset[int]] = {}
@@ -156,6 +172,13 @@ class RelaySubscriptions:
         self._capacity = self._keys_per_filter
         self.with_lists = with_lists
         self.baselined: set[str] = baselined if baselined is not None else set()
+        self.follows: set[str] = follows if follows is not None else set()
+        self.lists_new: set[str] = set()
+        """Keys whose whole lists no REQ here has brought yet (most keys: none; not a set of
+        every key, which cost each key a slot per relay)."""
+        self.contacts_new: set[str] = set()
+        """Keys that turned follows-only, whose whole kind 3 is still to come."""
+        self._lists_since: int | None = None
         self.shard_of: dict[str, int] = {}
         self.shards: list[Shard] = []
         # no shard before this index has room: adding a key costs O(1), not a scan of every
@@ -187,12 +210,15 @@ class RelaySubscriptions:
     def keys(self) -> dict[str, int]:
         return self.shard_of
 
-    def add(self, key: str) -> None:
+    def add(self, key: str, new: bool = True) -> None:
         """Put a key into the first shard with room; past the relay's subscription limit, a
-        shard grows up to the message size limit, and beyond that the key waits unsubscribed."""
+        shard grows up to the message size limit, and beyond that the key waits unsubscribed.
+        A `new` key's whole lists are asked for (a key moved between shards keeps its state)."""
         if key in self.shard_of or key in self.overflow:
             return
         self._take_kinds(key)
+        if new and self.with_lists and not self.firehose:
+            self.lists_new.add(key)
         if self.firehose:
             self.shard_of[key] = 0
             if self._firehose_live() and key not in self.baselined:
@@ -288,13 +314,15 @@ class RelaySubscriptions:
         index = self.shard_of.pop(key, None)
         self.baselined.discard(key)
         self._newly_baselined.discard(key)
+        self.lists_new.discard(key)
+        self.contacts_new.discard(key)
         if index is not None and not self.firehose:
             shard = self.shards[index]
             shard.keys.discard(key)
             shard.dirty = True
             self._first_with_room = min(self._first_with_room, index)
             if self.overflow:
-                self.add(self.overflow.pop())
+                self.add(self.overflow.pop(), new=False)
 
     def apply_limits(self, limits: RelayLimits) -> None:
         """Fit shards to a relay's NIP-11 limits; re-packs every shard if the capacity changes.
@@ -323,7 +351,7 @@ class RelaySubscriptions:
         self.overflow.clear()
         self.shards = [Shard(i, sub_id=None) for i in range(len(old_subs))]
         for key in keys:
-            self.add(key)
+            self.add(key, new=False)
         for shard, sub_id in zip(self.shards, old_subs):
             shard.sub_id = sub_id
 
@@ -343,8 +371,23 @@ class RelaySubscriptions:
         self.overflow.clear()
         self.shards = [Shard(0)] if firehose else []
         self._first_with_room = 0
+        if firehose:  # its REQ names no key: lists come from its window only
+            self.lists_new.clear()
+            self.contacts_new.clear()
         for key in keys:
-            self.add(key)
+            self.add(key, new=False)
+        return True
+
+    def contacts_changed(self, key: str, follows: bool) -> bool:
+        """`key` got (or lost) a follows-only pair: its shard's REQ names it in the kind 3
+        filters (its whole kind 3 first) or no longer. True when there is a REQ to send."""
+        if not self.with_lists or self.firehose or key not in self.shard_of:
+            return False  # a firehose asks for every kind 3 of its window anyway
+        if follows:
+            self.contacts_new.add(key)
+        else:
+            self.contacts_new.discard(key)
+        self.shards[self.shard_of[key]].dirty = True
         return True
 
     def take_newly_baselined(self) -> frozenset[str]:
@@ -378,12 +421,16 @@ class RelaySubscriptions:
         for shard in self.shards:
             shard.dirty = True
 
-    def due(self, since_full: int, since_caught_up: int) -> list[Request]:
+    def due(
+        self, since_full: int, since_caught_up: int, lists_since: int | None = None
+    ) -> list[Request]:
         """Requests for every changed shard; marks them clean.
 
         A shard with fresh keys asks for the whole catch-up window (its pre-EOSE answer is the
-        baseline); one whose keys are all baselined may ask from the relay's cursor.
+        baseline); one whose keys are all baselined may ask from the relay's cursor. Its lists:
+        the new keys' whole lists, the others' from `lists_since` (None: all, as before).
         """
+        self._lists_since = lists_since
         requests = []
         for shard in self.shards:
             if not shard.dirty:
@@ -414,7 +461,8 @@ class RelaySubscriptions:
             since = since_full if fresh else since_caught_up
             keys = sorted(shard.keys)
             cursors = self._cursors(shard, since)
-            self._pending[sub_id] = SentReq(sub_id, shard.index, fresh, keys, since, cursors)
+            self._pending[sub_id] = SentReq(sub_id, shard.index, fresh, keys, since, cursors,
+                                            lists_new=self._lists_asked(keys))
             reconcile = self._reconcile(shard.index, sub_id, since, fresh)
             requests.append(Request(old, sub_id, self._filters(keys, since, cursors, reconcile),
                                     bool(fresh), reconcile=reconcile))
@@ -530,6 +578,41 @@ class RelaySubscriptions:
             cursors.append(PageCursor(public, since=self._public_since(since)))
         return cursors
 
+    def _lists_asked(self, keys: list[str]) -> frozenset[str]:
+        if not self.with_lists or not (self.lists_new or self.contacts_new):
+            return frozenset()
+        return frozenset(k for k in keys if k in self.lists_new or k in self.contacts_new)
+
+    def _list_filters(self, keys: list[str], room: int | None) -> list[dict[str, Any]]:
+        """Kinds 10050, 10002 and 10000 of every key, kind 3 of the follows-only ones: from
+        `lists_since` for keys whose lists came before, whole for the new ones. In one filter
+        (kind 3 of all, no `since` if a key is new) where `room` allows no more."""
+        since = self._lists_since
+        following = [k for k in keys if k in self.follows]
+        if since is None:  # every list whole, as before there was a cursor
+            new, known, contacts_new, contacts_known = keys, [], following, []
+        else:
+            new = [k for k in keys if k in self.lists_new]
+            known = [k for k in keys if k not in self.lists_new]
+            contacts_new = [k for k in following if k in self.lists_new or k in self.contacts_new]
+            contacts_known = [k for k in following
+                              if k not in self.lists_new and k not in self.contacts_new]
+        filters: list[dict[str, Any]] = []
+        window = {} if since is None else {"since": since}
+        if known:
+            filters.append({"kinds": list(UNFILTERED_LIST_KINDS), "authors": known, **window})
+        if new:
+            filters.append({"kinds": list(UNFILTERED_LIST_KINDS), "authors": new})
+        if contacts_known:
+            filters.append({"kinds": [CONTACTS], "authors": contacts_known, **window})
+        if contacts_new:
+            filters.append({"kinds": [CONTACTS], "authors": contacts_new})
+        if room is not None and len(filters) > room:
+            whole = {} if (new or contacts_new or since is None) else window
+            kinds = SUBSCRIBED_LIST_KINDS if following else UNFILTERED_LIST_KINDS
+            return [{"kinds": list(kinds), "authors": keys, **whole}]
+        return filters
+
     def _filters(
         self, keys: list[str], since: int, cursors: list[PageCursor], live_only: bool = False
     ) -> list[dict[str, Any]]:
@@ -549,7 +632,7 @@ class RelaySubscriptions:
             # no key in any filter; relay lists only from the window (they are matched by
             # author locally, like the DMs by recipient)
             return [*wanted, {"kinds": list(SUBSCRIBED_LIST_KINDS), "since": since}]
-        return [*wanted, {"kinds": list(SUBSCRIBED_LIST_KINDS), "authors": keys}]
+        return [*wanted, *self._list_filters(keys, room)]
 
     def _page_filters(self, sent: SentReq) -> list[dict[str, Any]]:
         """One filter per DM filter still paging, each from its own `until`: a relay caps
@@ -599,6 +682,9 @@ class RelaySubscriptions:
         sent = self._pending.pop(sub_id, None)
         if sent is None:
             return frozenset(), []
+        if sent.lists_new:
+            self.lists_new -= sent.lists_new
+            self.contacts_new -= sent.lists_new
         requests: list[Request] = []
         if sent.page:
             self._pages_in_flight.discard(sub_id)

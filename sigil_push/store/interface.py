@@ -55,6 +55,11 @@ class DeviceStore(Protocol):
 
     def add_listener(self, listener: RegistrationListener) -> None: ...
 
+    def add_rules_listener(self, listener: RegistrationListener) -> None:
+        """Be told which pubkey's pair changed what wakes it (`set_preferences`,
+        `set_presence`) and nothing else: no relay, no device came or went."""
+        ...
+
     async def register(
         self,
         pubkey: str,
@@ -95,6 +100,10 @@ class DeviceStore(Protocol):
     ) -> dict[str, int]: ...
 
     async def count(self) -> int: ...
+
+    async def follows_only(self) -> list[str]:
+        """The pubkeys with a pair whose `senders` is "follows" (their kind 3 is read)."""
+        ...
 
 
 class OutboxStore(Protocol):
@@ -215,6 +224,9 @@ class BookkeepingOp(enum.Enum):
     """(pubkey,): the key is no longer registered anywhere."""
     DELETE_RELAY_LISTS = "delete_relay_lists"
     """(pubkey,): ditto, its stored relay lists go too."""
+    DELETE_USER_LISTS = "delete_user_lists"
+    """(pubkey,): ditto, its kind 10000 and 3 (up to 2 x 320 KB), unless it has a pair again
+    by the time this is written (registered meanwhile: the lists are its own again)."""
 
 
 class RelayStateStore(Protocol):

@@ -125,12 +125,15 @@ class ListChecks(ABC):
 
     async def save(self, lists: Sequence[UserList]) -> list[UserList]:
         """Store each list unless the stored one of its (npub, kind) is newer (NIP-01: newest
-        `created_at`, then lowest id), in key order (workers overlapping on keys lock rows
-        alike); returns those that replaced the stored one. In the caller's transaction, the
-        `list_flags` of the npubs' pairs follow (those of every list seen, not only the new
-        ones: a list seen again mends flags a crash left behind)."""
+        `created_at`, then lowest id) or its npub has no pair (unregistered since it came), in
+        key order (workers overlapping on keys lock rows alike); returns those that replaced
+        the stored one. In the caller's transaction, the `list_flags` of those npubs' pairs
+        follow: only theirs (a list and its flags are written in one transaction, so a list
+        seen again has nothing to mend; rewriting every owner's pairs for each unchanged list
+        a relay re-sent made one registration rewrite a shard's pairs)."""
         taken = [item for item in sorted(lists) if await self._replace(item)]
-        await self._flag_pairs(sorted({item.pubkey for item in lists}))
+        if taken:
+            await self._flag_pairs(sorted({item.pubkey for item in taken}))
         return taken
 
     async def blocked(
@@ -171,8 +174,8 @@ class ListChecks(ABC):
 
     @abstractmethod
     async def _replace(self, item: UserList) -> bool:
-        """Upsert `item` unless the stored list of its (npub, kind) is newer; whether it
-        was stored."""
+        """Upsert `item` unless the stored list of its (npub, kind) is newer or the npub has
+        no pair; whether it was stored."""
 
     @abstractmethod
     async def _flag_pairs(self, owners: Sequence[str]) -> None:

@@ -198,14 +198,19 @@ def test_nip11_limits_shrink_shards_and_merge_filters() -> None:
     for key in KEYS:
         subs.add(key)
     subs.apply_limits(RelayLimits(max_message_length=512 + 3 * 67 * 2, max_filters=2))
-    requests = subs.due(100, 200)
-    assert len(requests) == 4
-    assert all(len(r.filters) == 2 for r in requests)
-    assert requests[0].filters[0]["kinds"] == [4, 1059]
-    assert requests[0].filters[1] == {
+    subs.follows.add(KEYS[0])
+    requests = subs.due(100, 200, 300)
+    shards = requests
+    assert len(shards) == 4
+    assert all(len(r.filters) == 2 for r in shards)
+    assert shards[0].filters[0]["kinds"] == [4, 1059]
+    # one room for lists: one filter, with kind 3 since a key of the shard is follows-only,
+    # whole since its keys are new here
+    assert shards[0].filters[1] == {
         "kinds": [10050, 10002, 10000, 3],
-        "authors": requests[0].filters[0]["#p"],
+        "authors": shards[0].filters[0]["#p"],
     }
+    assert shards[1].filters[1]["kinds"] == [10050, 10002, 10000]
 
 
 def test_a_relays_subscription_limit_grows_shards_then_leaves_keys_out() -> None:

@@ -64,6 +64,10 @@ async def test_the_author_checks_read_the_kinds_asked_for(
     kind 3 returns those two lists and nothing else; the verdicts follow the rules."""
     mutes, follows = SecretKey.generate(), SecretKey.generate()
     muted, friend = _key(), _key()
+    quiet = (await store.devices.register(mutes.public_key_hex, "ios", _key(), "opaque", (),
+                                          None, 0)).device
+    picky = (await store.devices.register(follows.public_key_hex, "ios", _key(), "opaque",
+                                          (), None, 0)).device
     link = await _link(tmp_path, database)
     try:
         now = int(time.time())
@@ -77,10 +81,6 @@ async def test_the_author_checks_read_the_kinds_asked_for(
             [mutes.public_key_hex], [follows.public_key_hex]
         )
         assert sorted(read) == sorted([(mutes.public_key_hex, 10000), (follows.public_key_hex, 3)])
-        quiet = (await store.devices.register(mutes.public_key_hex, "ios", _key(), "opaque", (),
-                                              None, 0)).device
-        picky = (await store.devices.register(follows.public_key_hex, "ios", _key(), "opaque",
-                                              (), None, 0)).device
         await store.devices.set_preferences(follows.public_key_hex, picky.token,
                                             PreferenceChange(senders="follows"))
         [quiet] = await store.devices.of_pubkey(mutes.public_key_hex)

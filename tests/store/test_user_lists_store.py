@@ -18,7 +18,7 @@ from sigil_push.config import parse_config
 from sigil_push.nostr.event import Event, sign_event
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.store.factory import PostgresStore, SqliteStore, connect_bridge
-from sigil_push.store.interface import BridgeConnection
+from sigil_push.store.interface import BookkeepingOp, BridgeConnection
 from sigil_push.store.preferences import MAX_DEFERRED_PER_PAIR, UserList
 from sigil_push.store.records import Device, PreferenceChange, pack_keys
 from testkit.rules import dm_checks, reason_of
@@ -64,6 +64,7 @@ async def test_the_newest_list_wins_then_the_lowest_id(
     store: SqliteStore | PostgresStore, database: str, tmp_path: Path
 ) -> None:
     owner = SecretKey.generate()
+    await store.devices.register(owner.public_key_hex, "ios", _key(), "opaque", (), None, 0)
     link = await _link(tmp_path, database)
     lists = link.lists
     try:
@@ -79,6 +80,59 @@ async def test_the_newest_list_wins_then_the_lowest_id(
                        (owner.public_key_hex,))
         assert stored == [(lowest.event_id, lowest.entry_count)]
         assert (lowest in taken) == (lowest is not first)
+    finally:
+        await link.close()
+
+
+async def test_a_list_of_a_key_without_a_pair_is_not_stored(
+    store: SqliteStore | PostgresStore, database: str, tmp_path: Path
+) -> None:
+    """A list that arrives after its key's last pair left (in flight while it unregistered)
+    is not stored: nothing would ever delete it (issue 34, item 6)."""
+    owner = SecretKey.generate()
+    link = await _link(tmp_path, database)
+    try:
+        gone = user_list_of(_list(owner, 3, [_key()], int(time.time())))
+        assert await link.lists.save([gone]) == []
+        assert fetch(database, "SELECT kind FROM user_lists WHERE pubkey = ?",
+                     (owner.public_key_hex,)) == []
+    finally:
+        await link.close()
+
+
+async def test_a_keys_lists_are_deleted_with_its_last_pair_but_not_once_it_has_one_again(
+    store: SqliteStore | PostgresStore, database: str, tmp_path: Path
+) -> None:
+    """Issue 34, item 6: the bridge's `DELETE_USER_LISTS` for a key that left deletes its
+    kind 3 and 10000; the same write for a key registered again meanwhile (the bookkeeping is
+    queued behind the batch) keeps them, and other keys' lists are never touched."""
+    gone, back, other = SecretKey.generate(), SecretKey.generate(), SecretKey.generate()
+    tokens = {}
+    for owner in (gone, back, other):
+        tokens[owner.public_key_hex] = _key()
+        await store.devices.register(owner.public_key_hex, "ios", tokens[owner.public_key_hex],
+                                     "opaque", (), None, 0)
+    link = await _link(tmp_path, database)
+    try:
+        now = int(time.time())
+        async with link.transaction():
+            await link.lists.save([user_list_of(_list(owner, kind, [_key()], now))
+                                   for owner in (gone, back, other) for kind in (3, 10000)])
+        for owner in (gone, back):
+            await store.devices.unregister(owner.public_key_hex, tokens[owner.public_key_hex])
+        await store.devices.register(back.public_key_hex, "ios", _key(), "opaque", (), None, 0)
+        async with link.transaction():
+            await link.state.apply(BookkeepingOp.DELETE_USER_LISTS,
+                                   [(gone.public_key_hex,), (back.public_key_hex,)])
+
+        def kinds(owner: SecretKey) -> list[int]:
+            return sorted(row[0] for row in fetch(
+                database, "SELECT kind FROM user_lists WHERE pubkey = ?", (owner.public_key_hex,)
+            ))
+
+        assert kinds(gone) == []
+        assert kinds(back) == [3, 10000]
+        assert kinds(other) == [3, 10000]
     finally:
         await link.close()
 

@@ -331,3 +331,90 @@ async def test_preference_and_presence_calls_share_the_per_npub_rate_limit(tmp_p
         assert limited.json()["error"] == "rate_limited"
     for reason in ("paused", "present", "muted", "not_followed"):
         assert REGISTRY.get_sample_value("sigil_push_suppressed_total", {"reason": reason}) is not None
+
+
+async def test_a_users_lists_leave_with_the_last_pair(
+    instance: InProcessService, module_relay: RelayProcess, fake_apns: FakeApns
+) -> None:
+    """Issue 34, item 6: after `DELETE /unregister` of the npub's last pair, its stored kind
+    3 and kind 10000 (up to 2 x 320 KB) go with its other state; while one pair is left they
+    stay."""
+    alice = Phone(instance, fake_apns, SdkUser())
+    tablet = Phone(instance, fake_apns, alice.user)
+    await alice.register(senders="follows")
+    await tablet.register()
+    await _watched(instance, module_relay.url, 1)
+    now = int(time.time())
+    contacts = _list_event(alice.keys, 3, [_hex(nostr_sdk.Keys.generate())], now)
+    mutes = _list_event(alice.keys, 10000, [_hex(nostr_sdk.Keys.generate())], now)
+    await publish(module_relay.url, contacts, mutes)
+    await _list_stored(instance, alice, contacts)
+    await _list_stored(instance, alice, mutes)
+
+    async def unregister(phone: Phone) -> None:
+        response = await instance.call(phone.user, "DELETE", "/unregister",
+                                       {"device_token": phone.token})
+        assert response.json() == {"removed": 1}, response.text
+
+    await unregister(tablet)
+    await _watched(instance, module_relay.url, 1)
+    assert _stored_list_id(instance, alice, 3) == contacts["id"]
+    await unregister(alice)
+    await eventually(lambda: _stored_list_id(instance, alice, 3) is None
+                     and _stored_list_id(instance, alice, 10000) is None,
+                     DEADLINE, "the lists deleted with the last pair")
+
+
+async def test_presence_and_preferences_do_not_replan_relays(
+    instance: InProcessService, module_relay: RelayProcess, fake_apns: FakeApns
+) -> None:
+    """Issue 34, item 5: `/presence` and `/preferences` change what wakes a pair, never its
+    relays. They must take effect (the DM is held back, follows-only reads the kind 3 it now
+    needs) without ranking every key's relays again (0.6 s a call at 100,000 keys); a
+    registration still does."""
+    alice, bob = Phone(instance, fake_apns, SdkUser()), nostr_sdk.Keys.generate()
+    friend = nostr_sdk.Keys.generate()
+    contacts = _list_event(alice.keys, 3, [_hex(friend)], int(time.time()))
+    await publish(module_relay.url, contacts)
+    await alice.register()
+    await _watched(instance, module_relay.url, 1)
+    # the kind 3 is read only for a follows-only npub
+    assert _stored_list_id(instance, alice, 3) is None
+    plan = instance.service.components.bridge.pool.plan
+    chosen: list[int] = []
+    choose = plan.choose
+
+    def counted() -> list[str]:
+        chosen.append(1)
+        return choose()
+
+    plan.choose = counted  # type: ignore[method-assign]
+    try:
+        await alice.presence(300)
+        held = kind4_dm(bob, alice.keys, "while present")
+        await publish(module_relay.url, held)
+        await _held_back(instance, held, "present")
+        await alice.presence(0)
+        await alice.preferences(pause_until=int(time.time()) + 60, muted=[_hex(bob)])
+        await alice.preferences(pause_until=None, muted=[], senders="follows")
+        await _list_stored(instance, alice, contacts)
+        async def known() -> bool:
+            return bool((await alice.device())["follows_known"])
+
+        await eventually(known, DEADLINE, "follows_known")
+        held = kind4_dm(bob, alice.keys, "not followed")
+        await publish(module_relay.url, held)
+        await _held_back(instance, held, "not_followed")
+        # a new `notify` kind reaches the relay's REQ (its shard re-asked) without a re-plan
+        await alice.preferences(senders="anyone", notify=["dm", "mention"])
+        before = alice.pushes()
+        mention = nostr_sdk.EventBuilder(nostr_sdk.Kind(1), "a mention").tags(
+            [nostr_sdk.Tag.parse(["p", _hex(alice.keys)])]
+        ).finalize(bob)
+        await publish(module_relay.url, dict(json.loads(mention.as_json())))
+        await eventually(lambda: alice.pushes() == before + 1, DEADLINE, "the mention pushed")
+        assert chosen == [], "a preference or presence call re-planned the relays"
+        await Phone(instance, fake_apns, SdkUser()).register()
+        await eventually(lambda: chosen, DEADLINE, "a registration re-plans")
+    finally:
+        plan.choose = choose  # type: ignore[method-assign]

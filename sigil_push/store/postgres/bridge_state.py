@@ -36,6 +36,10 @@ _DELETES = {
     BookkeepingOp.DELETE_BASELINE: "DELETE FROM relay_baselines WHERE relay = $1 AND pubkey = $2",
     BookkeepingOp.DELETE_BASELINES_OF: "DELETE FROM relay_baselines WHERE pubkey = $1",
     BookkeepingOp.DELETE_RELAY_LISTS: "DELETE FROM relay_lists WHERE pubkey = $1",
+    BookkeepingOp.DELETE_USER_LISTS: (
+        "DELETE FROM user_lists WHERE pubkey = $1 AND NOT EXISTS"
+        " (SELECT 1 FROM devices WHERE devices.pubkey = $1 AND devices.payload <> 'iris')"
+    ),
 }
 
 

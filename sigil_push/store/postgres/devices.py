@@ -52,6 +52,8 @@ def _device(row: asyncpg.Record) -> Device:
 
 
 CHANNEL = "sigil_push_devices"
+RULES_CHANNEL = "sigil_push_rules"
+"""A pair's preferences or presence changed (`add_rules_listener`), nothing else."""
 KEY_CHUNK = 10_000
 """Rows per round trip when `watched_keys` reads the registered keys."""
 SHARD_GROUP = 16
@@ -83,15 +85,30 @@ class PostgresDevices:
         self._db = database
         self._worker = worker_id
         self._listeners: list[RegistrationListener] = []
+        self._rules_listeners: list[RegistrationListener] = []
         self._listening: asyncpg.Connection | None = None
         self._url = ""
         self._relisten: asyncio.Task[None] | None = None
-        self._channels: dict[str, Heard] = {CHANNEL: self._tell_one}
+        self._channels: dict[str, Heard] = {
+            CHANNEL: self._tell_one, RULES_CHANNEL: self._tell_rules,
+        }
         self._missed: list[Callable[[], None]] = []
         self._shards: tuple[list[int], int] | None = None
 
     def add_listener(self, listener: RegistrationListener) -> None:
         self._listeners.append(listener)
+
+    def add_rules_listener(self, listener: RegistrationListener) -> None:
+        self._rules_listeners.append(listener)
+
+    def _tell_rules(self, pubkey: str) -> None:
+        for listener in self._rules_listeners:
+            listener(pubkey)
+
+    async def _rules_changed(self, pubkey: str) -> None:
+        """Told here and, by NOTIFY, on every other worker."""
+        self._tell_rules(pubkey)
+        await self.announce(RULES_CHANNEL, pubkey)
 
     async def listen(self, url: str) -> None:
         """Hear the other workers' registration changes (on a connection of its own, opened
@@ -273,7 +290,7 @@ class PostgresDevices:
         )
         if not rows:
             return None
-        await self._changed([pubkey])
+        await self._rules_changed(pubkey)
         return _device(rows[0])
 
     async def set_presence(self, pubkey: str, token: str, until: int | None) -> bool:
@@ -291,7 +308,7 @@ class PostgresDevices:
                 "DELETE FROM deferred_wakeups WHERE device_id = $1 AND reason = 'present'",
                 int(rows[0][0]),
             )
-        await self._changed([pubkey])
+        await self._rules_changed(pubkey)
         return True
 
     async def of_pubkey(self, pubkey: str) -> list[Device]:
@@ -328,6 +345,12 @@ class PostgresDevices:
             for pubkey, relays in chunk.items():
                 add_device_relays_tuple(watched, pubkey, relays)
         return watched
+
+    async def follows_only(self) -> list[str]:
+        rows = await self._db.fetch(
+            "SELECT DISTINCT pubkey FROM devices WHERE senders = 'follows' AND payload <> 'iris'"
+        )
+        return [str(row[0]) for row in rows]
 
     async def key_chunks(
         self, shards: Collection[int] | None = None, count: int = DEFAULT_SHARDS

@@ -29,7 +29,10 @@ class PostgresUserLists(ListChecks):
     async def _replace(self, item: UserList) -> bool:
         rows = await self._db.fetch(
             "INSERT INTO user_lists (pubkey, kind, created_at, event_id, entries, entry_count,"
-            " truncated, threads, words) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+            " truncated, threads, words) SELECT $1::text, $2::integer, $3::bigint, $4::text,"
+            " $5::bytea, $6::integer, $7::integer, $8::bytea, $9::text"
+            " WHERE EXISTS (SELECT 1 FROM devices WHERE devices.pubkey = $1::text"
+            " AND devices.payload <> 'iris')"
             " ON CONFLICT (pubkey, kind) DO UPDATE SET"
             " created_at = excluded.created_at, event_id = excluded.event_id,"
             " entries = excluded.entries, entry_count = excluded.entry_count,"

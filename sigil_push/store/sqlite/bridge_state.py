@@ -37,6 +37,10 @@ BOOKKEEPING_SQL = {
     BookkeepingOp.DELETE_BASELINE: "DELETE FROM relay_baselines WHERE relay = ? AND pubkey = ?",
     BookkeepingOp.DELETE_BASELINES_OF: "DELETE FROM relay_baselines WHERE pubkey = ?",
     BookkeepingOp.DELETE_RELAY_LISTS: "DELETE FROM relay_lists WHERE pubkey = ?",
+    BookkeepingOp.DELETE_USER_LISTS: (
+        "DELETE FROM user_lists WHERE pubkey = ?1 AND NOT EXISTS"
+        " (SELECT 1 FROM devices WHERE devices.pubkey = ?1 AND devices.payload <> 'iris')"
+    ),
 }
 
 

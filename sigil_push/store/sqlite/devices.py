@@ -87,14 +87,22 @@ class Devices:
     def __init__(self, connection: aiosqlite.Connection) -> None:
         self._db = connection
         self._listeners: list[RegistrationListener] = []
+        self._rules_listeners: list[RegistrationListener] = []
 
     def add_listener(self, listener: RegistrationListener) -> None:
         self._listeners.append(listener)
+
+    def add_rules_listener(self, listener: RegistrationListener) -> None:
+        self._rules_listeners.append(listener)
 
     def _changed(self, pubkeys: Iterable[str | None]) -> None:
         for pubkey in {p for p in pubkeys if p}:
             for listener in self._listeners:
                 listener(pubkey)
+
+    def _rules_changed(self, pubkey: str) -> None:
+        for listener in self._rules_listeners:
+            listener(pubkey)
 
     async def register(
         self,
@@ -204,7 +212,7 @@ class Devices:
         )
         if not rows:
             return None
-        self._changed([pubkey])
+        self._rules_changed(pubkey)
         return Device.from_row(next(iter(rows)))
 
     async def set_presence(self, pubkey: str, token: str, until: int | None) -> bool:
@@ -222,7 +230,7 @@ class Devices:
                 "DELETE FROM deferred_wakeups WHERE device_id = ? AND reason = 'present'",
                 (int(next(iter(rows))[0]),),
             )
-        self._changed([pubkey])
+        self._rules_changed(pubkey)
         return True
 
     async def of_pubkey(self, pubkey: str) -> list[Device]:
@@ -292,3 +300,9 @@ class Devices:
     async def count(self) -> int:
         [(count,)] = await self._db.execute_fetchall("SELECT COUNT(*) FROM devices")
         return int(count)
+
+    async def follows_only(self) -> list[str]:
+        rows = await self._db.execute_fetchall(
+            "SELECT DISTINCT pubkey FROM devices WHERE senders = 'follows' AND payload <> 'iris'"
+        )
+        return [str(pubkey) for (pubkey,) in rows]

@@ -17,7 +17,7 @@ from sigil_push.store.preferences import (
     StoredList,
     UserList,
 )
-from sigil_push.store.records import LIST_FLAGS
+from sigil_push.store.records import LIST_FLAGS, in_chunks
 
 
 class SqliteUserLists(ListChecks):
@@ -27,7 +27,9 @@ class SqliteUserLists(ListChecks):
     async def _replace(self, item: UserList) -> bool:
         rows = await self._db.execute_fetchall(
             "INSERT INTO user_lists (pubkey, kind, created_at, event_id, entries, entry_count,"
-            " truncated, threads, words) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            " truncated, threads, words) SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9"
+            " WHERE EXISTS (SELECT 1 FROM devices WHERE devices.pubkey = ?1"
+            " AND devices.payload <> 'iris')"
             " ON CONFLICT (pubkey, kind) DO UPDATE SET"
             " created_at = excluded.created_at, event_id = excluded.event_id,"
             " entries = excluded.entries, entry_count = excluded.entry_count,"
@@ -50,12 +52,15 @@ class SqliteUserLists(ListChecks):
         )
 
     async def _private_lists(self, wanted: Sequence[int]) -> dict[int, bytes]:
-        rows = await self._db.execute_fetchall(
-            f"SELECT id, muted FROM devices WHERE id IN ({','.join('?' * len(wanted))})"
-            " AND muted IS NOT NULL",
-            wanted,
-        )
-        return {int(device_id): bytes(muted) for device_id, muted in rows}
+        found: dict[int, bytes] = {}
+        for chunk in in_chunks(wanted):
+            rows = await self._db.execute_fetchall(
+                f"SELECT id, muted FROM devices WHERE id IN ({','.join('?' * len(chunk))})"
+                " AND muted IS NOT NULL",
+                chunk,
+            )
+            found.update((int(device_id), bytes(muted)) for device_id, muted in rows)
+        return found
 
     async def _lists_of(
         self, muting: Sequence[str], following: Sequence[str]
