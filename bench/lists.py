@@ -14,7 +14,8 @@ asked for: a REQ re-sent for a whole shard without `since` brings back every lis
 500 keys (one more registration after 60 cost a relay 13.5 MB before this fix).
 
 Usage: python bench/lists.py [--keys 1000] [--more 100] [--follows 2800]
-Writes bench/results/lists.json (with the date and the commit measured).
+Adds its run to bench/results/lists.json under "runs", keyed by the date and the commit
+measured.
 """
 
 from __future__ import annotations
@@ -235,7 +236,9 @@ def main() -> None:
     parser.add_argument("--follows", type=int, default=2800)
     args = parser.parse_args()
     result = asyncio.run(run(args.keys, args.more, args.follows))
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    recorded = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"runs": {}}
+    recorded["runs"][f"{datetime.now(UTC):%Y-%m-%d} {result['commit']}"] = result
+    RESULTS.write_text(json.dumps(recorded, indent=2) + "\n")
     window = next(k for k in result if k.startswith("first_"))
     last = next(k for k in result if k.startswith("last_"))
     print(f"per registration, {window}: {result[window]}; {last}: {result[last]}")
