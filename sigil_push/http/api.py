@@ -6,11 +6,9 @@ failure is a typed exception mapped to the contract's JSON error in one place, `
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -26,6 +24,7 @@ from sigil_push import __version__
 from sigil_push.bridge.watches import mask_classes
 from sigil_push.errors import ApiError, BadRequest, RateLimited
 from sigil_push.http.cors import CorsMiddleware
+from sigil_push.http.deadline import store_deadline
 from sigil_push.http.iris import IrisRoutes
 from sigil_push.http.metrics import MetricsMiddleware
 from sigil_push.http.ratelimit import client_address, rate_limit_key, trusted_networks
@@ -62,37 +61,6 @@ MAX_MUTE_BODY_BYTES = 80 * 1024
 """/preferences only: a private mute list of 1,000 npubs is about 66 KiB, past the 8 KiB of
 every other route (/register keeps 8 KiB: a longer list is sent with /preferences)."""
 UNLIMITED_ROUTES = ("/health", "/metrics")
-STORE_DEADLINE_SECONDS = 8.0
-"""The most a route that reads or writes the store may take before it answers `503
-unavailable`: within 10 s whatever the database does. A statement waits at most 5 s for a lock
-(SQLite's busy timeout, PostgreSQL's lock_timeout), but a request runs several, and on SQLite
-each queues on the shared connection behind the background loops' statements, each waiting
-out its own busy timeout while another connection holds the file's lock (9-14 s, and more)."""
-
-Handler = Callable[[Request], Awaitable[Response]]
-
-
-def store_deadline(handler: Handler) -> Handler:
-    """`handler` answering `503 unavailable` once it has run STORE_DEADLINE_SECONDS. What it
-    had sent the store may still be applied (as after a client's own timeout): every route it
-    wraps is safe to retry with the same auth event (CONTRACT 3, idempotent retries)."""
-
-    @functools.wraps(handler)
-    async def bounded(request: Request) -> Response:
-        try:
-            async with asyncio.timeout(STORE_DEADLINE_SECONDS) as deadline:
-                return await handler(request)
-        except TimeoutError:
-            if not deadline.expired():
-                raise
-            raise ApiError(
-                503, "unavailable", "storage did not answer in time; retry shortly",
-                {"Retry-After": "1"},
-            ) from None
-
-    return bounded
-
-
 class Api:
     """Request handling bound to one running Service."""
 

@@ -22,6 +22,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from sigil_push.errors import ApiError, BadRequest
+from sigil_push.http.deadline import store_deadline
 from sigil_push.http.iris_subscription import (
     APNS,
     FCM,
@@ -183,12 +184,13 @@ class IrisRoutes:
         return Response(status_code=204)
 
     def routes(self) -> list[Route]:
+        """Every route reads or writes the store: each answers 503 within 10 s, as the API's."""
         return [
-            Route("/subscriptions", self.list_all, methods=["GET"]),
-            Route("/subscriptions/", self.list_all, methods=["GET"]),
-            Route("/subscriptions", self.create, methods=["POST"]),
-            Route("/subscriptions/", self.create, methods=["POST"]),
-            Route("/subscriptions/{id}", self.get, methods=["GET"]),
-            Route("/subscriptions/{id}", self.update, methods=["POST"]),
-            Route("/subscriptions/{id}", self.delete, methods=["DELETE"]),
+            Route("/subscriptions", store_deadline(self.list_all), methods=["GET"]),
+            Route("/subscriptions/", store_deadline(self.list_all), methods=["GET"]),
+            Route("/subscriptions", store_deadline(self.create), methods=["POST"]),
+            Route("/subscriptions/", store_deadline(self.create), methods=["POST"]),
+            Route("/subscriptions/{id}", store_deadline(self.get), methods=["GET"]),
+            Route("/subscriptions/{id}", store_deadline(self.update), methods=["POST"]),
+            Route("/subscriptions/{id}", store_deadline(self.delete), methods=["DELETE"]),
         ]

@@ -6,9 +6,13 @@ import re
 from pathlib import Path
 
 import httpx
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from sigil_push.config import load_config
 from sigil_push.http.api import create_app
+from sigil_push.http.deadline import store_deadline
 from sigil_push.http.metrics import route_label
 from sigil_push.push.registry import TABLES
 from sigil_push.service import Service
@@ -86,3 +90,27 @@ def test_every_api_route_has_its_own_metrics_label(tmp_path: Path) -> None:
     assert {"/preferences", "/presence", "/register"} <= paths
     assert sorted(path for path in paths if route_label(path) != path) == []
     assert route_label("/subscriptions/0b1c") == "/subscriptions/{id}"
+
+
+STORELESS_ROUTES = {"/health", "/metrics", "/info"}
+
+
+def test_every_route_that_touches_the_store_answers_by_the_deadline(tmp_path: Path) -> None:
+    """Issue 34, item 9: a database outage gives `503 unavailable` within 10 s on every route
+    that reads or writes the store, never a hang: each public route but /health, /metrics and
+    /info (no store) runs inside `store_deadline` (the Iris routes once did not)."""
+    config_file = tmp_path / "relays.toml"
+    config_file.write_text("[iris]\nenabled = true\n")
+    app = create_app(Service(load_config(config_file, TABLES)))
+
+    async def handler(request: Request) -> Response:
+        return Response()
+
+    bounded = store_deadline(handler).__code__
+    routes = [route for route in app.routes if isinstance(route, Route)]
+    unbounded = sorted(
+        f"{sorted(route.methods or ())} {route.path}" for route in routes
+        if route.path not in STORELESS_ROUTES and route.endpoint.__code__ is not bounded
+    )
+    assert any(route.path.startswith("/subscriptions") for route in routes)
+    assert unbounded == []

@@ -4,10 +4,13 @@ back, ownership, and every validation limit with its error code."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
+import asyncpg
 import httpx
 import pytest
 
@@ -27,6 +30,8 @@ vapid_subject = "mailto:ops@example.org"
 allow_private_endpoints = true
 """
 ENDPOINT = "http://127.0.0.1:9/push/"
+API_ANSWER_SECONDS = 10.0
+"""The most a route may take to answer while the database is locked or gone (issue 34)."""
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
@@ -264,3 +269,51 @@ def test_webhooks_need_the_webhooks_table(api: ApiCaller) -> None:
     body = {"filter": {"#p": [client.user.hex]}, "webhooks": ["https://hooks.example/x"]}
     assert_error(client.request("POST", "subscriptions", body), 400, "platform_disabled")
     assert json.loads(client.request("GET", "subscriptions/").content) == {}
+
+
+@pytest.mark.slow  # waits out the real busy and lock timeouts (5 s)
+def test_a_locked_store_answers_503_unavailable_within_10_s_on_every_iris_route(
+    http: httpx.Client, iris_service: ServiceProcess
+) -> None:
+    """Issue 34, item 9: while another connection holds the database's lock (SQLite: the
+    file's; PostgreSQL: the tables these routes write), each Iris route answers `503
+    unavailable` with `Retry-After` within 10 s, never a 500 or a hang; then it works again."""
+    client = iris(http, iris_service)
+    keys = BrowserKeys()
+    created = client.request("POST", "subscriptions", subscription(client.user, keys))
+    assert created.status_code == 201, created.text
+    path = f"subscriptions/{created.json()['id']}"
+    calls = [("GET", "subscriptions", None), ("POST", "subscriptions/",
+             subscription(client.user, keys)), ("DELETE", path, None)]
+
+    def each_call_unavailable() -> None:
+        for method, route, body in calls:
+            started = time.monotonic()
+            response = client.request(method, route, body)
+            took = time.monotonic() - started
+            assert_error(response, 503, "unavailable")
+            assert response.headers["retry-after"] == "1"
+            assert took < API_ANSWER_SECONDS, f"{method} /{route} took {took:.1f} s"
+
+    if iris_service.database.startswith("postgresql://"):
+        asyncio.run(_with_postgres_tables_locked(iris_service.database, each_call_unavailable))
+    else:
+        locker = sqlite3.connect(iris_service.database, timeout=scaled(REQUEST_SECONDS),
+                                 isolation_level=None)
+        try:
+            locker.execute("BEGIN EXCLUSIVE")
+            each_call_unavailable()
+        finally:
+            locker.execute("ROLLBACK")
+            locker.close()
+    assert client.request("DELETE", path).status_code == 204
+
+
+async def _with_postgres_tables_locked(database: str, act: Callable[[], None]) -> None:
+    locker = await asyncpg.connect(database)
+    try:
+        async with locker.transaction():
+            await locker.execute("LOCK TABLE nip98_used, iris_subscriptions IN ACCESS EXCLUSIVE MODE")
+            await asyncio.to_thread(act)
+    finally:
+        await locker.close()
