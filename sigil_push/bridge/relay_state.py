@@ -129,8 +129,9 @@ class RelayState:
 
     def forget_keys(self, removed: list[str]) -> None:
         """Keys no longer registered anywhere: their lists (relay lists, kind 10000 and 3: up
-        to 2 x 320 KB a key) and baselines go. A user list is kept if its key has a pair again
-        by the time this is written (registered meanwhile: its list is its own again)."""
+        to 2 x 320 KB a key) and baselines go. A user list is kept if its key has a device row
+        by the time this is written (registered again meanwhile, or an Iris subscription's
+        target, whose rules read it too)."""
         self._lists.forget(removed)
         self._pending.add_op(
             DELETE_BASELINES_OF, [(p,) for p in removed]

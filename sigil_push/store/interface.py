@@ -225,8 +225,9 @@ class BookkeepingOp(enum.Enum):
     DELETE_RELAY_LISTS = "delete_relay_lists"
     """(pubkey,): ditto, its stored relay lists go too."""
     DELETE_USER_LISTS = "delete_user_lists"
-    """(pubkey,): ditto, its kind 10000 and 3 (up to 2 x 320 KB), unless it has a pair again
-    by the time this is written (registered meanwhile: the lists are its own again)."""
+    """(pubkey,): ditto, its kind 10000 and 3 (up to 2 x 320 KB), unless it has a device row
+    by the time this is written (registered again meanwhile, or an Iris subscription's target,
+    whose rules read the lists too)."""
 
 
 class RelayStateStore(Protocol):

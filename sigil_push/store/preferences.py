@@ -125,7 +125,8 @@ class ListChecks(ABC):
 
     async def save(self, lists: Sequence[UserList]) -> list[UserList]:
         """Store each list unless the stored one of its (npub, kind) is newer (NIP-01: newest
-        `created_at`, then lowest id) or its npub has no pair (unregistered since it came), in
+        `created_at`, then lowest id) or its npub has no device row (no pair, unregistered since
+        it came, and no Iris subscription's target, whose rules read its lists too), in
         key order (workers overlapping on keys lock rows alike); returns those that replaced
         the stored one. In the caller's transaction, the `list_flags` of those npubs' pairs
         follow: only theirs (a list and its flags are written in one transaction, so a list
@@ -175,7 +176,7 @@ class ListChecks(ABC):
     @abstractmethod
     async def _replace(self, item: UserList) -> bool:
         """Upsert `item` unless the stored list of its (npub, kind) is newer or the npub has
-        no pair; whether it was stored."""
+        no device row; whether it was stored."""
 
     @abstractmethod
     async def _flag_pairs(self, owners: Sequence[str]) -> None:

@@ -18,7 +18,7 @@ from sigil_push.config import parse_config
 from sigil_push.nostr.event import Event, sign_event
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.store.factory import PostgresStore, SqliteStore, connect_bridge
-from sigil_push.store.interface import BookkeepingOp, BridgeConnection
+from sigil_push.store.interface import BookkeepingOp, BridgeConnection, IrisTarget
 from sigil_push.store.preferences import MAX_DEFERRED_PER_PAIR, UserList
 from sigil_push.store.records import Device, PreferenceChange, pack_keys
 from testkit.rules import dm_checks, reason_of
@@ -105,25 +105,32 @@ async def test_a_keys_lists_are_deleted_with_its_last_pair_but_not_once_it_has_o
 ) -> None:
     """Issue 34, item 6: the bridge's `DELETE_USER_LISTS` for a key that left deletes its
     kind 3 and 10000; the same write for a key registered again meanwhile (the bookkeeping is
-    queued behind the batch) keeps them, and other keys' lists are never touched."""
+    queued behind the batch) keeps them, as for a key whose Iris subscription's target reads
+    them (no pair, but a device row), and other keys' lists are never touched."""
     gone, back, other = SecretKey.generate(), SecretKey.generate(), SecretKey.generate()
+    subscriber = SecretKey.generate()
     tokens = {}
     for owner in (gone, back, other):
         tokens[owner.public_key_hex] = _key()
         await store.devices.register(owner.public_key_hex, "ios", tokens[owner.public_key_hex],
                                      "opaque", (), None, 0)
+    target = IrisTarget("webpush", "https://push.example/lists", "BKEY", "AUTH")
+    await store.iris.put("lists", subscriber.public_key_hex, "{}", [target], 10)
+    owners = (gone, back, other, subscriber)
     link = await _link(tmp_path, database)
     try:
         now = int(time.time())
         async with link.transaction():
-            await link.lists.save([user_list_of(_list(owner, kind, [_key()], now))
-                                   for owner in (gone, back, other) for kind in (3, 10000)])
+            saved = await link.lists.save([user_list_of(_list(owner, kind, [_key()], now))
+                                           for owner in owners for kind in (3, 10000)])
+        assert len(saved) == 2 * len(owners)
         for owner in (gone, back):
             await store.devices.unregister(owner.public_key_hex, tokens[owner.public_key_hex])
         await store.devices.register(back.public_key_hex, "ios", _key(), "opaque", (), None, 0)
         async with link.transaction():
-            await link.state.apply(BookkeepingOp.DELETE_USER_LISTS,
-                                   [(gone.public_key_hex,), (back.public_key_hex,)])
+            await link.state.apply(BookkeepingOp.DELETE_USER_LISTS, [
+                (gone.public_key_hex,), (back.public_key_hex,), (subscriber.public_key_hex,)
+            ])
 
         def kinds(owner: SecretKey) -> list[int]:
             return sorted(row[0] for row in fetch(
@@ -133,6 +140,7 @@ async def test_a_keys_lists_are_deleted_with_its_last_pair_but_not_once_it_has_o
         assert kinds(gone) == []
         assert kinds(back) == [3, 10000]
         assert kinds(other) == [3, 10000]
+        assert kinds(subscriber) == [3, 10000]
     finally:
         await link.close()
 

@@ -39,7 +39,7 @@ BOOKKEEPING_SQL = {
     BookkeepingOp.DELETE_RELAY_LISTS: "DELETE FROM relay_lists WHERE pubkey = ?",
     BookkeepingOp.DELETE_USER_LISTS: (
         "DELETE FROM user_lists WHERE pubkey = ?1 AND NOT EXISTS"
-        " (SELECT 1 FROM devices WHERE devices.pubkey = ?1 AND devices.payload <> 'iris')"
+        " (SELECT 1 FROM devices WHERE devices.pubkey = ?1)"
     ),
 }
 

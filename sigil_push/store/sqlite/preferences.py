@@ -28,8 +28,7 @@ class SqliteUserLists(ListChecks):
         rows = await self._db.execute_fetchall(
             "INSERT INTO user_lists (pubkey, kind, created_at, event_id, entries, entry_count,"
             " truncated, threads, words) SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9"
-            " WHERE EXISTS (SELECT 1 FROM devices WHERE devices.pubkey = ?1"
-            " AND devices.payload <> 'iris')"
+            " WHERE EXISTS (SELECT 1 FROM devices WHERE devices.pubkey = ?1)"
             " ON CONFLICT (pubkey, kind) DO UPDATE SET"
             " created_at = excluded.created_at, event_id = excluded.event_id,"
             " entries = excluded.entries, entry_count = excluded.entry_count,"
