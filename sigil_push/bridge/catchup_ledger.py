@@ -389,16 +389,27 @@ class CatchupLedger:
 
     async def save_snapshots(self, final: bool = False) -> None:
         """Cut a new snapshot of each relay held whole whose items noted since the last one
-        are many enough (any, when `final`: at a clean shutdown, where a relay not loaded
-        in this process, which no snapshot can hold, has its unaddressed items written as
-        rows instead)."""
+        are many enough (any, when `final`: at a clean shutdown).
+
+        A firehose relay held since its first unaddressed event but not loaded in this
+        process (no reconciliation yet: a first start, a connection that never dropped) is
+        loaded here once it holds RECUT_MIN_ITEMS, so its unaddressed items go into its
+        snapshots like a reconciled relay's; at a clean shutdown, one still not loaded (no
+        snapshot can hold it) has them written as rows instead."""
+        for url, kept in list(self._kept.items()):
+            unaddressed = kept.by_key.get(UNADDRESSED) if not kept.all_loaded else None
+            if not unaddressed:
+                continue
+            if final:
+                self._rows.extend(
+                    (url, UNADDRESSED, event_id, at) for event_id, at in unaddressed.items()
+                )
+            elif kept.size >= RECUT_MIN_ITEMS and kept.recutting is None:
+                try:
+                    await self.held(url, None, int(time.time()))
+                except STORE_UNAVAILABLE as error:
+                    log.warning("catch-up items not loaded: %s", type(error).__name__)
         if final:
-            for url, kept in self._kept.items():
-                unaddressed = kept.by_key.get(UNADDRESSED) if not kept.all_loaded else None
-                if unaddressed:
-                    self._rows.extend(
-                        (url, UNADDRESSED, event_id, at) for event_id, at in unaddressed.items()
-                    )
             await self.flush()
         for url, kept in list(self._kept.items()):
             if not kept.all_loaded or kept.recutting is not None:

@@ -122,13 +122,15 @@ async def test_a_restart_reads_the_snapshot_and_only_the_rows_written_since(
 
 
 async def test_unaddressed_items_are_kept_in_memory_and_the_snapshot_never_as_rows(
-    store: SqliteStore | PostgresStore, database: str, tmp_path: Path
+    store: SqliteStore | PostgresStore, database: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A firehose event naming nobody here (`note_unaddressed`, read off the raw frame, or
     `note_unaddressed_event`) spares the relay's next reconciliation and goes into its next
     snapshot, but is no `catchup_items` row: on a firehose nearly every event is one, and
     its row was most of the cost of reading the relay. One noted before the relay's first
-    load is kept through it; a clean stop of a process that never loaded the relay (no
+    load is kept through it; a relay never reconciled is loaded by the housekeeping once it
+    holds enough for a snapshot; a clean stop of a process that never loaded the relay (no
     snapshot can hold it) writes what it kept as rows."""
     now = int(time.time())
     frame = (f'["EVENT","live",{{"id":"{_id(7)}","pubkey":"{ALICE}","created_at":{now - 5},'
@@ -157,6 +159,21 @@ async def test_unaddressed_items_are_kept_in_memory_and_the_snapshot_never_as_ro
         await unloaded.save_snapshots(final=True)
         assert await link.catchup.rows(OTHER, None, 0) == [(UNADDRESSED, _id(9), now - 3)]
         assert await link.catchup.snapshot(OTHER, FIREHOSE_SCOPE) is None
+
+        # never reconciled, but holding enough for a snapshot: loaded by the housekeeping's
+        # pass, then cut like any relay's
+        monkeypatch.setattr(catchup_ledger, "RECUT_MIN_ITEMS", 2)
+        third = "wss://c.example"
+        busy = CatchupLedger(3600, link, asyncio.Lock())
+        busy.note_unaddressed_event(third, {"id": _id(10), "created_at": now - 2})
+        await busy.save_snapshots()
+        assert await link.catchup.snapshot(third, FIREHOSE_SCOPE) is None, "one is not enough"
+        busy.note_unaddressed_event(third, {"id": _id(11), "created_at": now - 1})
+        await busy.save_snapshots()
+        stored = await link.catchup.snapshot(third, FIREHOSE_SCOPE)
+        assert stored is not None
+        assert {raw.hex() for _, raw in SnapshotItems(stored[1]).pairs(0)} == {_id(10), _id(11)}
+        assert await link.catchup.rows(third, None, 0) == []
 
 
 async def test_a_new_snapshot_is_cut_once_the_rows_since_the_last_are_many(
