@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
+from functools import lru_cache
 from typing import NamedTuple
 from urllib.parse import urlsplit
 
@@ -33,7 +34,7 @@ import orjson
 from sigil_push.config import IrisConfig, LimitsConfig, PushConfig
 from sigil_push.delivery.device_rate import DeviceRateLimiter
 from sigil_push.hosts import registrable_domain
-from sigil_push.iris.payload import BODY_PLATFORMS, planned, provider_data
+from sigil_push.iris.payload import BODY_PLATFORMS, WEBPUSH, planned, provider_data
 from sigil_push.push import registry
 from sigil_push.push.base import Sender, WakeupMessage
 from sigil_push.push.payload import fallback, opaque_data, sealed_data, wakeup_data
@@ -126,8 +127,27 @@ def endpoint_host(device: Device) -> Host:
 
 def endpoint_caps(device: Device) -> tuple[Host, ...]:
     """Every cap a UnifiedPush push counts against: its endpoint's registrable domain, and its
-    npub (one npub's endpoints on many domains hold one share, not one per domain)."""
-    return endpoint_host(device), (device.platform, "npub:" + device.pubkey)
+    npub (one npub's endpoints on many domains hold one share, not one per domain). A browser's
+    Web Push to one of the big push services (`registry.is_browser_push_service`) counts
+    against its npub's share only."""
+    return _caps(device.platform, device.token, device.pubkey)
+
+
+@lru_cache(maxsize=16_384)
+def _caps(platform: str, token: str, pubkey: str) -> tuple[Host, ...]:
+    """`endpoint_caps`, remembered: asked three times per push (planning, queueing, the
+    answer), and parsing the URL and finding its registrable domain is pure."""
+    npub = platform, "npub:" + pubkey
+    try:
+        hostname = urlsplit(token).hostname or ""
+    except ValueError:
+        hostname = ""
+    if platform == WEBPUSH and registry.is_browser_push_service(hostname):
+        return (npub,)
+    try:
+        return (platform, registrable_domain(hostname)), npub
+    except ValueError:
+        return (platform, ""), npub
 
 
 class Planner:

@@ -31,6 +31,22 @@ is its own platform and `provider` label. Their endpoints are user-chosen hosts,
 UnifiedPush's, and get the same per-host caps."""
 IRIS_POLICY = DeliveryPolicy(max_concurrency=unifiedpush.MAX_CONCURRENCY, per_host_caps=True)
 
+BROWSER_PUSH_SERVICES = frozenset({
+    "fcm.googleapis.com", "updates.push.services.mozilla.com", "web.push.apple.com",
+})
+"""The push services of Chrome (and Edge, Brave, Opera), Firefox and Safari: where nearly every
+browser's Web Push endpoint is. Operated services, like APNs and FCM themselves, not
+user-chosen hosts that could hang: a Web Push to one of them is not held to one host's share
+of the window (which would cap every Chrome user's pushes at a few dozen in flight)."""
+_WINDOWS_PUSH = ".notify.windows.com"
+"""Edge on Windows may use WNS, whose endpoints are regional subdomains."""
+
+
+def is_browser_push_service(host: str) -> bool:
+    """Whether `host` (an endpoint's hostname, lowercase) is a big browser push service."""
+    return host in BROWSER_PUSH_SERVICES or host.endswith(_WINDOWS_PUSH)
+
+
 PROVIDER_NAMES = (*(provider.name for provider in PROVIDERS), *IRIS_SENDERS, dryrun.NAME)
 """Every `provider` metric label."""
 

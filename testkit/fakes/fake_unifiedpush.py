@@ -17,12 +17,14 @@ records whether it was hit).
 
 from __future__ import annotations
 
+import argparse
 import base64
 import json
 import time
 from dataclasses import dataclass, field
 
 import jwt
+import uvicorn
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from testkit.fakes.http_server import Receive, Scope, Send, ServerThread, read_body, respond
@@ -46,6 +48,8 @@ class Script:
     require_vapid: bool = False
     restricted: dict[str, str] = field(default_factory=dict)
     """Resource name → the base64url VAPID public key its subscription was created with."""
+    vapid_key: str | None = None
+    """The key every other resource is bound to (a benchmark's endpoints), if any."""
 
 
 class Refused(Exception):
@@ -96,15 +100,17 @@ def verify_vapid(header: str | None, audience: str, bound_key: str | None) -> di
 
 
 class FakeUnifiedPush:
-    def __init__(self) -> None:
+    def __init__(self, record: bool = True) -> None:
+        self.record = record
         self.script = Script()
         self.requests: list[PushRequest] = []
         self._thread: ServerThread | None = None
 
+    port = 0
+
     @property
     def origin(self) -> str:
-        assert self._thread is not None
-        return f"http://127.0.0.1:{self._thread.port}"
+        return f"http://127.0.0.1:{self._thread.port if self._thread else self.port}"
 
     def endpoint(self, name: str) -> str:
         return f"{self.origin}/up/{name}"
@@ -116,8 +122,9 @@ class FakeUnifiedPush:
             raise Refused(400, 111, "Missing TTL header")
         if len(body) > MAX_BODY_BYTES:
             raise Refused(413, 104, "Message payload too large")
-        if self.script.require_vapid or name in self.script.restricted:
-            verify_vapid(headers.get("authorization"), self.origin, self.script.restricted.get(name))
+        bound = self.script.restricted.get(name, self.script.vapid_key)
+        if self.script.require_vapid or bound is not None:
+            verify_vapid(headers.get("authorization"), self.origin, bound)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         body = await read_body(receive)
@@ -140,7 +147,8 @@ class FakeUnifiedPush:
             await respond(send, 307, headers={"location": self.endpoint(self.script.redirects[name])})
             return
         status, retry_after = self.script.answers.get(name, (201, None))
-        self.requests.append(PushRequest(name, headers, body, status))
+        if self.record:
+            self.requests.append(PushRequest(name, headers, body, status))
         extra = {"retry-after": retry_after} if retry_after else {}
         location = {"location": f"/message/{len(self.requests)}"} if status == 201 else {}
         await respond(send, status, headers={**extra, **location})
@@ -155,3 +163,21 @@ class FakeUnifiedPush:
     def stop(self) -> None:
         if self._thread is not None:
             self._thread.stop()
+
+
+def main() -> None:
+    """`python -m testkit.fakes.fake_unifiedpush --port P [--vapid-key K]`: serve until killed,
+    checking every push's VAPID against K (benchmark)."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--vapid-key")
+    args = parser.parse_args()
+    fake = FakeUnifiedPush(record=False)
+    fake.port = args.port
+    fake.script.vapid_key = args.vapid_key
+    uvicorn.run(fake, host="127.0.0.1", port=args.port, log_level="warning", access_log=False,
+                lifespan="off")
+
+
+if __name__ == "__main__":
+    main()

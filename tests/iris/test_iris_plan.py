@@ -91,3 +91,28 @@ def test_a_target_gets_a_burst_of_20_then_one_push_per_6_seconds_and_the_rest_is
     planner_.prune(NOW + 6_000 + 20 * 6_000)
     refilled = planner_.plan(burst[:20], NOW + 6_000 + 20 * 6_000, {})
     assert len(refilled.pushes) == 20 and refilled.rate_limited == []
+
+
+def test_a_browser_push_service_is_not_held_to_one_hosts_share() -> None:
+    """Every Chrome user's endpoint is on fcm.googleapis.com: a per-host cap there would hold
+    all of them to a few pushes in flight. Those endpoints count against their npub's share
+    only; any other Web Push host (user-chosen, perhaps a tarpit) keeps its cap."""
+    policies = {"webpush": PlatformPolicy("webpush", lambda d: True, 2)}
+    planner_ = Planner(policies, PushConfig(), LimitsConfig(), lambda n: f"c{n}", URL)
+    note = event(1, "hello")
+
+    def to(endpoint: str, number: int, owner: str) -> Wakeup:
+        device = Device(number, owner, "webpush", endpoint, "iris", (),
+                        WebPushKeys("B" * 87, "A" * 22), 0)
+        return Wakeup(number, device, json.loads(note)["id"], RELAY, note, NOW, 0)
+
+    chrome = to("https://fcm.googleapis.com/fcm/send/abc", 1, "a" * 64)
+    firefox = to("https://updates.push.services.mozilla.com/wpush/v2/x", 2, "b" * 64)
+    tarpit = to("https://push.example.org/up/x", 3, "c" * 64)
+    busy = {("webpush", "googleapis.com"): 2, ("webpush", "mozilla.com"): 2,
+            ("webpush", "example.org"): 2}
+    result = planner_.plan([chrome, firefox, tarpit], NOW, busy)
+    assert [p.wakeups[0].id for p in result.pushes] == [1, 2]
+    assert list(result.held.values()) == [[3]]
+    full_npub = {("webpush", "npub:" + "a" * 64): 2}
+    assert planner_.plan([to(chrome.device.token, 4, "a" * 64)], NOW, full_npub).pushes == []
