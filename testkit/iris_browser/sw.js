@@ -32,13 +32,18 @@ async function handlePush(data) {
     return;
   }
   const options = { data: { url: ownOrigin(data.url || "/") }, tag: String(data.event.id || "") };
-  if (data.event.kind === 1060) {
-    await self.registration.showNotification("New private message", options);
-    return;
+  let title = "New private message";
+  if (data.event.kind !== 1060) {
+    title = data.title || "New notification";
+    if (data.body) options.body = data.body;
+    if (data.icon) options.icon = data.icon;
   }
-  if (data.body) options.body = data.body;
-  if (data.icon) options.icon = data.icon;
-  await self.registration.showNotification(data.title || "New notification", options);
+  try {
+    await self.registration.showNotification(title, options);
+    self.shown = (self.shown || 0) + 1;
+  } catch (error) {
+    self.failed = String(error);
+  }
 }
 
 self.addEventListener("push", (event) => {

@@ -158,8 +158,12 @@ def test_the_worker_shows_iris_pushes_decrypted_from_our_web_push(
                 ), "no visible window of the origin")
                 for data in (no_event, plaintexts[1], plaintexts[2]):
                     deliver(data)
-                shown = wait_until(lambda: len(notifications(current(context))) == 2 and
-                                   notifications(current(context)), "two notifications")
+                wait_until(lambda: current(context).evaluate(
+                    "(self.shown || 0) + (self.failed ? 1 : 0) >= 2"
+                ), "two notifications shown")
+                assert current(context).evaluate("self.failed || null") is None, state(context)
+                shown = notifications(current(context))
+                assert len(shown) == 2, state(context)
                 assert current(context).evaluate("self.dropped || 0") == 1
             finally:
                 browser.close()
@@ -170,6 +174,15 @@ def test_the_worker_shows_iris_pushes_decrypted_from_our_web_push(
     assert by_title["Mention"]["body"] == "gm, are you there?"
     assert by_title["Mention"]["url"] == origin + "/" + encode_note(mention["id"])
     assert "double ratchet" not in json.dumps(shown)
+
+
+def state(context: Any) -> str:
+    """What the worker saw, for a failure's message."""
+    return str(current(context).evaluate(
+        "JSON.stringify({ignored: self.ignored || 0, dropped: self.dropped || 0,"
+        " shown: self.shown || 0, failed: self.failed || null,"
+        " last: self.lastPush ? Object.keys(self.lastPush) : null})"
+    ))
 
 
 def current(context: Any) -> Worker:
