@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import socket
 import time
 from dataclasses import dataclass, field
 
@@ -100,8 +101,9 @@ def verify_vapid(header: str | None, audience: str, bound_key: str | None) -> di
 
 
 class FakeUnifiedPush:
-    def __init__(self, record: bool = True) -> None:
+    def __init__(self, record: bool = True, hosts: int = 0) -> None:
         self.record = record
+        self.hosts = hosts
         self.script = Script()
         self.requests: list[PushRequest] = []
         self._thread: ServerThread | None = None
@@ -124,7 +126,10 @@ class FakeUnifiedPush:
             raise Refused(413, 104, "Message payload too large")
         bound = self.script.restricted.get(name, self.script.vapid_key)
         if self.script.require_vapid or bound is not None:
-            verify_vapid(headers.get("authorization"), self.origin, bound)
+            # listening on several loopback addresses (a benchmark's many push hosts), the
+            # audience is the origin the request was sent to
+            audience = f"http://{headers['host']}" if self.hosts else self.origin
+            verify_vapid(headers.get("authorization"), audience, bound)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         body = await read_body(receive)
@@ -165,18 +170,33 @@ class FakeUnifiedPush:
             self._thread.stop()
 
 
+def loopback_host(number: int) -> str:
+    """The `number`th (from 0) of the loopback addresses `--hosts` listens on: 127.0.1.1, ...
+    Each is its own endpoint host (registrable domain) to the service."""
+    return f"127.0.{1 + number // 250}.{1 + number % 250}"
+
+
 def main() -> None:
-    """`python -m testkit.fakes.fake_unifiedpush --port P [--vapid-key K]`: serve until killed,
-    checking every push's VAPID against K (benchmark)."""
+    """`python -m testkit.fakes.fake_unifiedpush --port P [--vapid-key K] [--hosts N]`: serve
+    until killed, checking every push's VAPID against K (benchmarks). With N, listen on P of N
+    loopback addresses (`loopback_host`) besides 127.0.0.1, as N push hosts."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--vapid-key")
+    parser.add_argument("--hosts", type=int, default=0)
     args = parser.parse_args()
-    fake = FakeUnifiedPush(record=False)
+    fake = FakeUnifiedPush(record=False, hosts=args.hosts)
     fake.port = args.port
     fake.script.vapid_key = args.vapid_key
-    uvicorn.run(fake, host="127.0.0.1", port=args.port, log_level="warning", access_log=False,
-                lifespan="off")
+    config = uvicorn.Config(fake, log_level="warning", access_log=False, lifespan="off")
+    sockets = []
+    for address in ["127.0.0.1", *(loopback_host(number) for number in range(args.hosts))]:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((address, args.port))
+        sock.listen(1024)
+        sockets.append(sock)
+    uvicorn.Server(config).run(sockets=sockets)
 
 
 if __name__ == "__main__":
