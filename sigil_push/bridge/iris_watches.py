@@ -154,6 +154,8 @@ class IrisWatches:
         kind, tags, author = raw.get("kind"), raw.get("tags"), raw.get("pubkey")
         if type(kind) is not int or type(tags) is not list or type(author) is not str:
             return False
+        if kind in USER_LISTS_SET and self.owns(author):
+            return True  # a subscriber's own mute or contact list
         return self.maybe(kind, [t for t in tags if type(t) is list], author)
 
     def maybe_text(self, frame: str, p_keys: Sequence[str]) -> bool:

@@ -36,6 +36,12 @@ def invalid(reason: str) -> float:
     return dropped(reason)
 
 
+def stored_lists() -> float:
+    return REGISTRY.get_sample_value(
+        "sigil_push_bridge_user_lists_total", {"outcome": "stored"}
+    ) or 0.0
+
+
 def frame(event: dict[str, Any]) -> str:
     return json.dumps(["EVENT", "iw0.1", event], separators=(",", ":"))
 
@@ -72,6 +78,11 @@ async def test_only_events_a_watch_may_match_are_verified_and_each_target_wakes_
                    and parts.bridge.pool.watch_plan.authors.keys() >= {session.public_key_hex},
                    what="the subscriptions watched")
         assert parts.bridge.pool.watch_plan.authors[me] == {3, 10000}  # its own lists
+        # ... which a firehose relay delivers unasked, and which are kept for the Iris rules
+        lists_before = stored_lists()
+        mute_list = sign_event(owner, 10000, "", [["p", "dd" * 32]]).to_json()
+        assert parts.bridge.pool.deliver_text(RELAY, frame(mute_list), 0)
+        await poll(lambda: stored_lists() == lists_before + 1, what="the mute list stored")
 
         nobody = sign_event(stranger, 1, "hi", [["p", "ee" * 32]]).to_json()
         odd = sign_event(stranger, 30078, "app data", []).to_json()

@@ -93,3 +93,36 @@ async def test_ownership_the_limit_and_registration_tokens_are_enforced(
     with pytest.raises(TargetTaken):
         await store.devices.register(ALICE, "unifiedpush", ONE.token, "opaque", [], None, 10)
     assert [s.id for s in await iris.of_pubkey(BOB)] == []
+
+
+async def test_every_write_is_told_to_listeners_here_and_on_other_workers(
+    store: SqliteStore | PostgresStore,
+) -> None:
+    """A created, replaced or deleted subscription is told to this store's listeners (the
+    bridge of this process) and, on PostgreSQL, to every other worker's (NOTIFY): each
+    worker's bridge then reads the subscriber's subscriptions again. A refused write and a
+    deletion of nothing tell no one."""
+    from testkit.bridge_harness import eventually
+    from testkit.stores import open_test_store
+
+    heard: list[str] = []
+    store.iris.add_listener(heard.append)
+    other = None
+    elsewhere: list[str] = []
+    if isinstance(store, PostgresStore):
+        other = await open_test_store(store.url, "w2")
+        other.iris.add_listener(elsewhere.append)
+    try:
+        assert await store.iris.put("s1", ALICE, "{}", [ONE], 20)
+        assert not await store.iris.put("s1", ALICE, '{"v":2}', [ONE], 20)
+        with pytest.raises(NotYours):
+            await store.iris.put("s1", BOB, "{}", [TWO], 20)
+        assert not await store.iris.delete("s1", BOB)
+        assert await store.iris.delete("s1", ALICE)
+        assert heard == [ALICE, ALICE, ALICE]
+        if other is not None:
+            await eventually(lambda: len(elsewhere) == 3, "the other worker heard every write")
+            assert elsewhere == [ALICE, ALICE, ALICE]
+    finally:
+        if other is not None:
+            await other.close()
