@@ -31,6 +31,8 @@ from testkit.bridge_harness import eventually, eventually_async
 from testkit.fakes.credentials import WebPushSubscriber
 from testkit.fakes.fake_unifiedpush import FakeUnifiedPush
 from testkit.fakes.http_server import Receive, Scope, Send, ServerThread, read_body, respond
+from testkit.nostr_client import publish
+from testkit.relay import RelayProcess
 
 NOTIFICATION_URL = "https://iris.example/"
 RELAY = "ws://127.0.0.1:9"  # nothing listens: no author's name, the push goes without it
@@ -146,3 +148,32 @@ async def test_a_target_past_its_burst_has_the_excess_suppressed(
 
 async def _empty(store: Any) -> bool:
     return await store.outbox.depth() == 0
+
+
+@pytest.mark.slow  # starts a relay
+async def test_the_push_names_its_author_from_the_relay_the_event_came_from(
+    store: Any, tmp_path: Path, fake_push: FakeUnifiedPush
+) -> None:
+    """The whole send path with a real relay (nostr-relay) holding the author's kind 0: the
+    Web Push's title names them and its icon is their picture; a DM's never do."""
+    subscriber, author = SecretKey.generate(), SecretKey.generate()
+    profile = sign_event(author, 0, json.dumps({"name": "alice", "picture": "https://p.example/a.png"}), [])
+    browser = WebPushSubscriber.generate()
+    target = IrisTarget("webpush", fake_push.endpoint("named"), browser.p256dh, browser.auth)
+    await store.iris.put("s", subscriber.public_key_hex, "{}", [target], 20)
+    [device] = await target_devices(store, "s")
+    with RelayProcess(tmp_path / "relay") as relay:
+        await publish(relay.url, profile.to_json())
+        reply = sign_event(author, 1, "indeed", [["e", "e" * 64, "", "reply"], ["p", subscriber.public_key_hex]])
+        dm = sign_event(author, 4, "ciphertext?iv=abc", [["p", subscriber.public_key_hex]])
+        await store.outbox.enqueue(reply, relay.url, now_ms(), [device])
+        await store.outbox.enqueue(dm, relay.url, now_ms(), [device])
+        delivery = await start_delivery(store, tmp_path)
+        try:
+            await eventually(lambda: len(fake_push.received("named")) == 2, what="both pushes")
+        finally:
+            await delivery.stop()
+    shown = {json.loads(browser.decrypt(r.body))["event"]["kind"]: json.loads(browser.decrypt(r.body))
+             for r in fake_push.received("named")}
+    assert shown[1]["title"] == "Reply from alice" and shown[1]["icon"] == "https://p.example/a.png"
+    assert (shown[4]["title"], shown[4]["body"]) == ("DM", "") and "icon" not in shown[4]

@@ -12,8 +12,7 @@ from typing import Any
 import nostr_sdk
 import pytest
 
-from sigil_push.iris.payload import UNKNOWN_PROFILE, Profile, event_url, planned
-from sigil_push.iris.profiles import Profiles
+from sigil_push.iris.payload import event_url, planned
 from sigil_push.push.base import Status, WakeupMessage
 from sigil_push.push.iris_senders import IrisBodies, IrisWebPushSender, WebhookSender
 from sigil_push.push.vapid import VapidSigner, load_or_create_key
@@ -56,18 +55,6 @@ def vapid(tmp_path: Path) -> VapidSigner:
     return VapidSigner(load_or_create_key(tmp_path / "vapid.pem"), SUBJECT)
 
 
-class KnownNames(Profiles):
-    """Profiles that know one author without asking a relay (the relay path is tested with a
-    real relay in tests/iris/test_iris_profiles.py)."""
-
-    def __init__(self, author: str, profile: Profile) -> None:
-        super().__init__()
-        self._known = author, profile
-
-    async def lookup(self, author: str, relay: str) -> Profile:
-        return self._known[1] if author == self._known[0] else UNKNOWN_PROFILE
-
-
 async def test_a_web_push_is_vapid_signed_and_decrypts_to_the_iris_json(
     tmp_path: Path, fake_push: FakeUnifiedPush
 ) -> None:
@@ -75,9 +62,8 @@ async def test_a_web_push_is_vapid_signed_and_decrypts_to_the_iris_json(
     fake_push.script.restricted["browser"] = signer.public_key
     browser = WebPushSubscriber.generate()
     author = nostr_sdk.Keys.generate()
-    profile = Profile("alice", "https://p.example/a.png")
-    bodies = IrisBodies(URL, KnownNames(author.public_key().to_hex(), profile))
-    sender = IrisWebPushSender(True, 10, signer, bodies)
+    # authors' names come from their relay (tests/iris/test_iris_delivery.py): none here
+    sender = IrisWebPushSender(True, 10, signer, IrisBodies(URL, None))
     note = signed(1, "hello there", author, [["p", "b" * 64]])
     dm = signed(1060, "ciphertext", author)
     try:
@@ -94,11 +80,11 @@ async def test_a_web_push_is_vapid_signed_and_decrypts_to_the_iris_json(
     assert first.headers["ttl"] == "3600" and first.headers["content-encoding"] == "aes128gcm"
     assert first.headers["topic"] != second.headers["topic"] and len(first.headers["topic"]) <= 32
     shown = json.loads(browser.decrypt(first.body))
-    assert shown == {"event": note, "title": "Mention from alice", "body": "hello there",
-                     "icon": "https://p.example/a.png", "url": event_url(URL, note["id"])}
+    assert shown == {"event": note, "title": "Mention", "body": "hello there",
+                     "url": event_url(URL, note["id"])}
     private = json.loads(browser.decrypt(second.body))
     assert private == {"event": dm, "title": "DM", "body": "", "url": event_url(URL, dm["id"])}
-    assert b"hello there" not in first.body and b"alice" not in first.body
+    assert b"hello there" not in first.body and note["pubkey"].encode() not in first.body
 
 
 async def test_dead_endpoints_are_unregistered_and_refusals_rejected(
