@@ -51,7 +51,7 @@ from sigil_push.relays.pool import RelayPool
 from sigil_push.store.errors import TRANSIENT_ERRORS, transient
 from sigil_push.store.interface import BridgeConnection, DeviceStore, OutboxStore, SeenStore
 from sigil_push.store.lock_order import NewEvent, in_lock_order
-from sigil_push.store.preferences import AuthorCheck, Deferred, Listed, UserList
+from sigil_push.store.preferences import AuthorCheck, Deferred, Listed
 from sigil_push.store.records import Device
 
 log = logging.getLogger(__name__)
@@ -275,7 +275,6 @@ class Committer:
         self._link = link
         self._seen = seen
         self._lists = lists
-        self._lists_waiting: dict[tuple[str, int], UserList] = {}
         self._listeners: list[CommitListener] = []
         self._decided_listeners: list[Callable[[Iterable[str]], None]] = []
         self._device_cache: dict[str, list[Device]] = {}
@@ -286,15 +285,6 @@ class Committer:
         self._held: dict[str, list[str]] = {}
         self._held_records: list[SeenRecord] = []
         self._held_since = 0.0
-
-    def offer_list(self, item: UserList) -> None:
-        """Ingest verified a kind 10000 or 3 of a watched key: store it soon (the newest of
-        each (key, kind) waiting here wins; the store keeps it only if newer than its own)."""
-        slot = (item.pubkey, item.kind)
-        waiting = self._lists_waiting.get(slot)
-        if waiting is None or (item.created_at, waiting.event_id) > (waiting.created_at, item.event_id):
-            self._lists_waiting[slot] = item
-        self._pending.work.set()
 
     def add_listener(self, listener: CommitListener) -> None:
         """Be told (event id, frame received ms) of every event whose wakeups reached the outbox."""
@@ -356,7 +346,7 @@ class Committer:
             work.clear()
             while self._pending:
                 await self._commit_pending()
-            if self._lists_waiting:
+            if self._pending.lists_waiting:
                 await self._save_user_lists()
             if self._held and (self._stopping or self._hold_expired()):
                 # no batch came to carry the held deliveries: a commit of their own
@@ -365,9 +355,10 @@ class Committer:
                 return
 
     async def _save_user_lists(self) -> None:
-        """Store the users' lists taken since the last time; the keys whose list replaced the
-        stored one have their devices (and the flags read with them) read again."""
-        waiting, self._lists_waiting = self._lists_waiting, {}
+        """Store the users' lists offered since the last time (`Pending.offer_list`); the keys
+        whose list replaced the stored one have their devices (and the flags read with them)
+        read again."""
+        waiting = self._pending.take_lists()
         link = self._link
         try:
             async with self._turn, link.transaction():
@@ -376,7 +367,7 @@ class Committer:
             if transient(exc):
                 log.warning("storing %d user lists failed (%s); kept for the next turn",
                             len(waiting), type(exc).__name__)
-                self._lists_waiting = waiting | self._lists_waiting
+                self._pending.return_lists(waiting)
             else:  # the lists' own fault: kept, they would fail every turn
                 POISON.inc()
                 log.error("storing %d user lists failed (%s); dropped", len(waiting),

@@ -163,7 +163,7 @@ class Bridge:
         )
         self._ingest = Ingest(
             self._bridge, pending, self._seen, self._lists, counters, self._registry.keys,
-            self._registry.lists_changed, self._ledger, self._committer.offer_list,
+            self._registry.lists_changed, self._ledger,
             self._pool.plan.kinds, self._iris,
         )
         self._committer.add_decided_listener(self._ledger.confirm)

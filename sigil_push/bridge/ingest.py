@@ -40,7 +40,6 @@ from sigil_push.relays.discovery import (
 from sigil_push.relays.port import Frame, Outcome, RelayFeed, Stored, Verdict
 from sigil_push.relays.watch_requests import WatchPlan
 from sigil_push.store.interface import SeenStore
-from sigil_push.store.preferences import UserList
 from sigil_push.telemetry.memory_gauges import track
 from sigil_push.token_bucket import refill
 
@@ -94,8 +93,8 @@ class Ingest:
     (`user_event`), dropped with a counted reason or queued as an `Arrival`.
 
     `keys` is the key registry's set of watched keys (the same set, kept current there);
-    `lists_changed` tells the registry that a key's relay list was replaced; `user_list`
-    hands a watched key's verified mute or contact list to the committer, which stores it.
+    `lists_changed` tells the registry that a key's relay list was replaced; a watched key's
+    verified mute or contact list goes to the committer through `pending`, which stores it.
     """
 
     def __init__(
@@ -108,7 +107,6 @@ class Ingest:
         keys: set[str],
         lists_changed: Callable[[str], None],
         ledger: CatchupLedger,
-        user_list: Callable[[UserList], None],
         wants: Mapping[str, frozenset[int]] | None = None,
         iris: IrisWatches | None = None,
     ) -> None:
@@ -126,7 +124,7 @@ class Ingest:
         self._fold = pending.fold
         self._keys = keys
         self._lists_changed = lists_changed
-        self._user_list = user_list
+        self._offer_list = pending.offer_list
         self._recent = RecentlyVerified(RECENTLY_VERIFIED)
         self._unaddressed: dict[str, int] = {}
         self._received: dict[str, int] = {}
@@ -279,7 +277,7 @@ class Ingest:
             if event.pubkey not in subscribed and not self._iris.owns(event.pubkey):
                 counters.dropped["unknown_recipient"].inc()
                 return Verdict.TAKEN
-            self._user_list(user_list_of(event))
+            self._offer_list(user_list_of(event))
             return Verdict.TAKEN
         elif iris:
             recipients = ()

@@ -13,6 +13,7 @@ from sigil_push.bridge.metrics import QUEUE
 from sigil_push.bridge.watches import Watch
 from sigil_push.nostr.event import Event
 from sigil_push.store.interface import BookkeepingOp
+from sigil_push.store.preferences import UserList
 
 COMMIT_BATCH = 2000
 CONGESTED_AT = 20_000
@@ -140,7 +141,8 @@ class Arrival:
 
 
 class Pending:
-    """What waits for the committer. `work` is set whenever there is something to commit."""
+    """What waits for the committer: arrivals, bookkeeping, the users' lists. `work` is set
+    whenever there is something to commit."""
 
     def __init__(self) -> None:
         self._arrivals: list[Arrival] = []
@@ -149,6 +151,7 @@ class Pending:
         self._unready: list[list[tuple[Any, ...]]] = []  # rows of `reserve`d ops being filled
         self._taken = 0
         """Batches taken so far: an arrival queued since the last take is still queued."""
+        self._lists: dict[tuple[str, int], UserList] = {}
         self.work = asyncio.Event()
         self._drained = asyncio.Event()
 
@@ -170,6 +173,29 @@ class Pending:
         else:
             arrival.copies.append((relay, received_ms))
         return True
+
+    def offer_list(self, item: UserList) -> None:
+        """Ingest verified a kind 10000 or 3 of a watched key: store it soon (the newest of
+        each (key, kind) waiting here wins; the store keeps it only if newer than its own)."""
+        slot = (item.pubkey, item.kind)
+        waiting = self._lists.get(slot)
+        if waiting is None or (item.created_at, waiting.event_id) > (waiting.created_at, item.event_id):
+            self._lists[slot] = item
+        self.work.set()
+
+    @property
+    def lists_waiting(self) -> bool:
+        return bool(self._lists)
+
+    def take_lists(self) -> dict[tuple[str, int], UserList]:
+        """The users' lists offered since the last take, by (key, kind)."""
+        taken, self._lists = self._lists, {}
+        return taken
+
+    def return_lists(self, taken: dict[tuple[str, int], UserList]) -> None:
+        """Lists taken but not stored (the database refused them): kept for the next turn,
+        unless a newer one of the same (key, kind) came meanwhile."""
+        self._lists = taken | self._lists
 
     def add_op(self, op: BookkeepingOp, rows: list[tuple[Any, ...]]) -> None:
         self._ops.append((op, rows))
