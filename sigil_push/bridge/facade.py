@@ -147,10 +147,9 @@ class Bridge:
         # set when a relay turns gated or keys change: the per-user connections, built last (on
         # the pool and the registry), reconcile then
         inboxes_wake = asyncio.Event()
-        self._relays = RelayState(self._pool, pending, inboxes_wake, turn)
+        self._relays = RelayState(link.state, self._lists, pending, inboxes_wake, turn)
         self._registry = KeyRegistry(
-            self._insecure, self._pool, devices, self._relays, inboxes_wake, link.state,
-            self._lists,
+            self._insecure, self._pool, devices, self._relays, inboxes_wake, self._lists
         )
         self._ledger = CatchupLedger(self._bridge.catchup_seconds, link, turn)
         self._iris = IrisWatches(iris, self._pool.watch_plan, self._pool.watches_changed)
@@ -220,10 +219,9 @@ class Bridge:
         await self._lists.load()
         async with self._registry.changing:  # a reshard meanwhile waits for the whole load
             registry = self._registry
-            baselined = await self._relays.load(
-                self._link.state, self._lists, registry.holds, registry.held_pairs
-            )
-            await self._registry.load(baselined)
+            loaded = await self._relays.load(registry.holds, registry.held_pairs)
+            self._pool.load(loaded.baselines, loaded.cursors)
+            await self._registry.load(loaded.keys)
         self._iris.holds(self._registry.holds)
         await self._iris.load()
 
@@ -245,7 +243,7 @@ class Bridge:
         try:
             await self._ledger.flush()
             await self._ledger.save_snapshots(final=True)
-            await self._relays.save_cursors()
+            await self.save_cursors()
         except TRANSIENT_ERRORS as exc:
             # the database still refuses writes (the committer gave up too): the next start
             # reads the cursors saved before, so its catch-up reaches further back, not less
@@ -255,6 +253,10 @@ class Bridge:
     async def close(self) -> None:
         """Close the bridge's connection (after `stop`, or instead of `start`)."""
         await self._link.close()
+
+    async def save_cursors(self) -> None:
+        """Store how far each relay was read (housekeeping, stop)."""
+        await self._relays.save_cursors(self._pool.cursors_to_save())
 
     def add_probe(self, probe: Canary) -> None:
         """Watch the canary key on its relays (before `start`). Events addressed to it alone are
@@ -290,7 +292,7 @@ class Bridge:
         while True:
             await asyncio.sleep(HOUSEKEEPING_SECONDS)
             self._pool.note_live()
-            await self._relays.save_cursors()
+            await self.save_cursors()
             self._ingest.forget_full_buckets()
             await self._ledger.flush()
             await self._ledger.save_snapshots()

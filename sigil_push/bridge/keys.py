@@ -16,7 +16,7 @@ from sigil_push.bridge.watches import DEFAULT_MASK, DM_KINDS, mask_kinds
 from sigil_push.relays.discovery import RelayLists, normalize_relay_url
 from sigil_push.relays.pool import NO_RELAYS, RelayPool
 from sigil_push.shards import ShardSet
-from sigil_push.store.interface import DeviceStore, RelayStateStore
+from sigil_push.store.interface import DeviceStore
 from sigil_push.store.records import Device
 from sigil_push.telemetry.memory_gauges import track
 
@@ -62,12 +62,10 @@ class KeyRegistry:
         devices: DeviceStore,
         relays: RelayState,
         inboxes_wake: asyncio.Event,
-        state: RelayStateStore,
         lists: RelayLists,
     ) -> None:
         """`inboxes_wake` is set when the watched keys or their relays change (the per-user
-        connections reconcile); `state` is the stored relay state (read when shards arrive),
-        `lists` the users' relay lists (a key's DM relays)."""
+        connections reconcile); `lists` are the users' relay lists (a key's DM relays)."""
         self._insecure = insecure
         self._pool = pool
         self._devices = devices
@@ -83,7 +81,6 @@ class KeyRegistry:
         self._dirty_event = asyncio.Event()
         self._owns: Callable[[str], bool] = _every_key
         self._probe: Canary | None = None
-        self._state = state
         self._lists = lists
         self._loaded = False
         """Set by `load`: from then on `reshard` acts (before, `load` reads only what the
@@ -260,7 +257,6 @@ class KeyRegistry:
         only the arriving keys' baselines are read.
         """
         self._owns = owns
-        state = self._state
         async with self.changing:
             if not self._loaded:  # not started yet: `load` watches only what `owns` accepts
                 return
@@ -278,9 +274,7 @@ class KeyRegistry:
                         if mask is not None and owns(pubkey):
                             self._set_kinds(pubkey, mask)
                     for start in range(0, len(items), RESHARD_CHUNK):
-                        await self._take(
-                            state, owns, items[start : start + RESHARD_CHUNK], follows
-                        )
+                        await self._take(owns, items[start : start + RESHARD_CHUNK], follows)
                         await asyncio.sleep(0)
             # once: relays wanted only by keys that left close, those of arriving keys open
             self.apply(set())
@@ -300,7 +294,6 @@ class KeyRegistry:
 
     async def _take(
         self,
-        state: RelayStateStore,
         owns: Callable[[str], bool],
         chunk: list[tuple[str, tuple[str, ...]]],
         follows: frozenset[str],
@@ -310,7 +303,7 @@ class KeyRegistry:
         arriving = [(p, relays) for p, relays in chunk if owns(p)]
         if not arriving:
             return
-        await self._relays.adopt(state, [p for p, _ in arriving])
+        await self._relays.adopt([p for p, _ in arriving], self._pool.baselines_of)
         for pubkey, relays in arriving:
             self._add_relays(pubkey, relays)
         self._follow(p for p, _ in arriving if p in follows)

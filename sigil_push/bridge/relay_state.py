@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass
 
 from sigil_push.bridge.pending import (
     DELETE_BASELINE,
@@ -19,7 +20,6 @@ from sigil_push.bridge.pending import (
     Pending,
 )
 from sigil_push.relays.discovery import RelayLists
-from sigil_push.relays.pool import RelayPool
 from sigil_push.store.interface import RelayStateStore
 
 BASELINE_PAGE = 10_000
@@ -59,26 +59,42 @@ async def _baseline_rows(
         after = rows[-1]
 
 
+@dataclass
+class Loaded:
+    """What a start reads of the relay state (`RelayState.load`)."""
+
+    keys: dict[str, str]
+    """Each baselined key's string, for the key registry to use as its own: a key is one
+    string shared by its baselines on every relay and the registry, not a copy per row (a
+    restart with a million baselines on each of R relays held R million more)."""
+    baselines: dict[str, set[str]]
+    """Per relay, the keys baselined there (the pool's live sets from then on)."""
+    cursors: dict[str, int]
+    """Per relay, the time up to which it was read."""
+
+
 class RelayState:
     """The pool's and the per-user connections' persistent bookkeeping (`baselined`,
-    `relay_gated`), loaded at start and saved as it changes."""
+    `relay_gated`), read at start and saved as it changes. The live sets are the pool's: this
+    reads and writes their rows."""
 
     def __init__(
         self,
-        pool: RelayPool,
+        state: RelayStateStore,
+        lists: RelayLists,
         pending: Pending,
         inboxes_wake: asyncio.Event,
         turn: asyncio.Lock | None = None,
     ) -> None:
-        """`inboxes_wake` is set when a relay turns out gated (the per-user connections
-        reconcile). `turn` is held by the committer for each of its transactions on the bridge's one
+        """`state` is the stored relay state, `lists` the users' relay lists (forgotten with
+        their keys). `inboxes_wake` is set when a relay turns out gated (the per-user
+        connections reconcile). `turn` is held by the committer for each of its transactions on the bridge's one
         connection: the reads here take it too, so none lands inside (or, after a failed
         statement, in the aborted remains of) a committer's transaction."""
-        self._pool = pool
         self._pending = pending
         self._inboxes_wake = inboxes_wake
-        self._state: RelayStateStore | None = None
-        self._lists: RelayLists
+        self._state = state
+        self._lists = lists
         self._turn = turn if turn is not None else asyncio.Lock()
         self.rows_adopted = 0
         """Baseline rows read by `adopt` (what a reshard costs the database)."""
@@ -88,19 +104,13 @@ class RelayState:
 
     async def load(
         self,
-        state: RelayStateStore,
-        lists: RelayLists,
         held: Callable[[str], bool],
         held_pairs: Callable[[], Sequence[str] | None] = lambda: None,
-    ) -> dict[str, str]:
+    ) -> Loaded:
         """The stored baselines of the keys `held` accepts (read narrowed to the keys whose
         `pubkey[6:8]` is in `held_pairs()`, unless None: see `KeyRegistry.held_pairs`), and
-        every relay's cursor.
-
-        Returns each baselined key's string, for the key registry to use as its own: a key is
-        one string shared by its baselines on every relay and the registry, not a copy per
-        row (a restart with a million baselines on each of R relays held R million more)."""
-        self._state, self._lists = state, lists
+        every relay's cursor."""
+        state = self._state
         canonical: dict[str, str] = {}
         baselines: dict[str, set[str]] = {}
         async for relay, pubkey in _baseline_rows(state, self._turn, held_pairs):
@@ -110,22 +120,24 @@ class RelayState:
                 baselines.setdefault(relay, set()).add(canonical.setdefault(pubkey, pubkey))
         async with self._turn:
             cursors = await state.cursors()
-        self._pool.load(baselines, cursors)
-        return canonical
+        return Loaded(canonical, baselines, cursors)
 
-    async def adopt(self, state: RelayStateStore, arriving: Collection[str]) -> None:
+    async def adopt(
+        self, arriving: Collection[str], baselines_of: Callable[[str], set[str]]
+    ) -> None:
         """Keys another worker watched until now: take the baselines it stored for them (as
-        the very strings of `arriving`), reading those keys' rows only (by the pubkey index),
-        ADOPT_BATCH keys per query."""
+        the very strings of `arriving`) into the live sets `baselines_of` gives per relay (the
+        pool's), reading those keys' rows only (by the pubkey index), ADOPT_BATCH keys per
+        query."""
         keys = list(arriving)
         for start in range(0, len(keys), ADOPT_BATCH):
             batch = keys[start : start + ADOPT_BATCH]
             canonical = {key: key for key in batch}
             async with self._turn:
-                rows = await state.baselines_of_keys(batch)
+                rows = await self._state.baselines_of_keys(batch)
             self.rows_adopted += len(rows)
             for relay, pubkey in rows:
-                self._pool.baselines_of(str(relay)).add(canonical[pubkey])
+                baselines_of(str(relay)).add(canonical[pubkey])
 
     def forget_keys(self, removed: list[str]) -> None:
         """Keys no longer registered anywhere: their lists (relay lists, kind 10000 and 3: up
@@ -143,11 +155,11 @@ class RelayState:
         """(relay, key) pairs whose baseline is void: the key left that relay."""
         self._pending.add_op(DELETE_BASELINE, list(left))
 
-    async def save_cursors(self) -> None:
-        """In relay order: every worker saves the cursors of the same relays, and in the
-        order each connected them two could each lock a row the other waits for."""
-        rows = self._pool.cursors_to_save()
-        if rows and self._state is not None:
+    async def save_cursors(self, rows: list[tuple[str, int]]) -> None:
+        """The pool's cursors (`RelayPool.cursors_to_save`), in relay order: every worker
+        saves the cursors of the same relays, and in the order each connected them two could
+        each lock a row the other waits for."""
+        if rows:
             await self._state.save_cursors(rows)
 
     async def stored_relay_state(
@@ -155,8 +167,6 @@ class RelayState:
     ) -> tuple[set[str], int | None]:
         """What the store holds for a relay the pool opens again (its state was freed when it
         was dropped): which of `keys` are baselined there, and its cursor."""
-        if self._state is None:
-            return set(), None
         baselined: set[str] = set()
         for start in range(0, len(keys), ADOPT_BATCH):
             async with self._turn:

@@ -57,7 +57,7 @@ async def test_dropped_relays_free_their_state_and_catch_up_when_they_return(
                 and entries("relay_cursors") >= level[1] + RELAYS,
                 "the key baselined on every relay, each with a cursor", timeout=60.0,
             )
-            await parts.bridge._relays.save_cursors()
+            await parts.bridge.save_cursors()
             for url in urls:  # the committer has stored the baselines
                 deadline = asyncio.get_running_loop().time() + scaled(60.0)
                 while not await _stored(parts, url, key):

@@ -243,7 +243,7 @@ async def test_overlapping_workers_save_relay_cursors_without_deadlock(
         held: list[Hold] = [("INSERT INTO relay_cursors (relay, live_until) VALUES ($1, 1)",
                              (relay,)) for relay in (p, q)]
         saved = await _race(postgres_url, held, (
-            workers[0].bridge._relays.save_cursors, workers[1].bridge._relays.save_cursors))
+            workers[0].bridge.save_cursors, workers[1].bridge.save_cursors))
         assert saved == [None, None]
         rows = await workers[0].db.execute_fetchall("SELECT relay FROM relay_cursors")
         assert sorted(r[0] for r in rows) == sorted((x, p, q, y))

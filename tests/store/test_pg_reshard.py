@@ -36,10 +36,10 @@ from sigil_push.bridge.relay_state import RelayState
 from sigil_push.config import Config, parse_config
 from sigil_push.nostr.keys import SecretKey
 from sigil_push.observations import ObservationLog
-from sigil_push.relays.pool import RelayPool
+from sigil_push.relays.discovery import RelayLists
 from sigil_push.shards import DEFAULT_SHARDS, ShardSet, shard_of
 from sigil_push.store.factory import open_store
-from sigil_push.store.interface import Store
+from sigil_push.store.interface import RelayStateStore, Store
 from sigil_push.store.postgres.migrate import migrate
 from sigil_push.store.sqlite.bridge_state import BOOKKEEPING_SQL
 from testkit.deadlines import scaled
@@ -356,7 +356,9 @@ async def test_many_baselines_are_sorted_a_chunk_per_loop_turn(
     relay at once) is taken before it, so that key's deletion still comes after its insert."""
     monkeypatch.setattr("sigil_push.bridge.relay_state.SORT_CHUNK", CHUNK)
     pending = Pending()
-    state = RelayState(cast(RelayPool, None), pending, asyncio.Event())
+    state = RelayState(
+        cast(RelayStateStore, None), cast(RelayLists, None), pending, asyncio.Event()
+    )
     keys = frozenset(secrets.token_hex(32) for _ in range(5 * CHUNK))
     leaving = min(keys)
     state.baselined(RELAY, keys)
