@@ -15,9 +15,14 @@ from `store.factory.connect_bridge`) carries the outbox writer, the seen rows an
 state (`RelayStateStore`), and the committer's `transaction()`; none of these modules holds SQL.
 
 The pool and the per-user connections are handed one `relays.port.BridgePort` naming the parts
-that answer them (ingest, relay state, key registry, the pending queue's flow control), so a
-frame costs no call through this class and every call up from `relays/` reads as the part it
-reaches. `relays/` never imports this package: the port's Protocols are defined there.
+that answer them (ingest, relay state, the pending queue's flow control, the catch-up ledger),
+so a frame costs no call through this class and every call up from `relays/` reads as the part
+it reaches. `relays/` never imports this package: the port's Protocols are defined there.
+
+Every part is built once, with all it needs (`Bridge.create`, then `__init__` in dependency
+order): the port's parts come before the pool, what drives the pool (the key registry, the
+committer) after it. Where a part driven later must hear of a change made earlier, it listens:
+the registry to `RelayLists` (a key's DM relays changed), the pool to the `WatchPlan`.
 """
 
 from __future__ import annotations
@@ -41,9 +46,10 @@ from sigil_push.nostr.keys import SecretKey
 from sigil_push.observations import ObservationLog
 from sigil_push.relays.connection import BridgeKeySigner
 from sigil_push.relays.discovery import RelayLists, normalize_relay_url
-from sigil_push.relays.pool import RelayPool
+from sigil_push.relays.pool import RelayPlan, RelayPool
 from sigil_push.relays.port import BridgePort
 from sigil_push.relays.user_inbox import UserInboxes
+from sigil_push.relays.watch_requests import WatchPlan
 from sigil_push.shards import ShardSet
 from sigil_push.store.errors import TRANSIENT_ERRORS
 from sigil_push.store.factory import connect_bridge
@@ -138,40 +144,45 @@ class Bridge:
             for url, relay in ((normalize_relay_url(r.url, True), r) for r in config.relays)
             if url is not None
         }
-        self._pool = RelayPool(
-            self._bridge, configured, BridgeKeySigner(key), observations, modes
-        )
         pending = Pending()
         # the committer's transactions and the baseline reads take turns on the one connection
         turn = asyncio.Lock()
         # set when a relay turns gated or keys change: the per-user connections, built last (on
         # the pool and the registry), reconcile then
         inboxes_wake = asyncio.Event()
-        self._relays = RelayState(link.state, self._lists, pending, inboxes_wake, turn)
-        self._registry = KeyRegistry(
-            self._insecure, self._pool, devices, self._relays, inboxes_wake, self._lists
-        )
-        self._ledger = CatchupLedger(self._bridge.catchup_seconds, link, turn)
-        self._iris = IrisWatches(iris, self._pool.watch_plan, self._pool.watches_changed)
+        # the tables the key registry and the Iris watches keep, read by ingest before the
+        # pool (which they drive) exists
+        keys: set[str] = set()
+        plan = RelayPlan(configured, self._bridge.max_relays)
+        watch_plan = WatchPlan()
         # ingest's per-relay counters; the committer counts its own drops in them too
         counters: dict[str, RelayCounters] = {}
+        # the port's parts, then the port, then the pool on it
+        self._relays = RelayState(link.state, self._lists, pending, inboxes_wake, turn)
+        self._ledger = CatchupLedger(self._bridge.catchup_seconds, link, turn)
+        self._iris = IrisWatches(iris, watch_plan)
+        self._ingest = Ingest(
+            self._bridge, pending, self._seen, self._lists, counters, keys, self._ledger,
+            plan.kinds, self._iris,
+        )
+        self.port = BridgePort(
+            ingest=self._ingest, baselines=self._relays, flow=pending, catchup=self._ledger
+        )
+        """The one way up from `relays/`: what the pool and the per-user connections call."""
+        self._pool = RelayPool(
+            self._bridge, plan, watch_plan, BridgeKeySigner(key), observations, self.port, modes
+        )
+        # what drives the pool and reads its state
+        self._registry = KeyRegistry(
+            self._insecure, self._pool, devices, self._relays, inboxes_wake, self._lists, keys
+        )
         self._committer = Committer(
             link, self._seen, self._lists, pending, devices, outbox, observations, self._pool,
             counters, self._registry.registration_relays, self._insecure, turn,
             lambda reason: self.supervisor.impaired("bridge-commit", reason), self._bridge,
         )
-        self._ingest = Ingest(
-            self._bridge, pending, self._seen, self._lists, counters, self._registry.keys,
-            self._registry.lists_changed, self._ledger,
-            self._pool.plan.kinds, self._iris,
-        )
         self._committer.add_decided_listener(self._ledger.confirm)
         self._tasks: list[asyncio.Task[None]] = []
-        self.port = BridgePort(
-            ingest=self._ingest, baselines=self._relays, flow=pending, catchup=self._ledger
-        )
-        """The one way up from `relays/`: what the pool and the per-user connections call."""
-        self._pool.attach(self.port)
         self._inboxes: UserInboxes | None = None
         if delegated_auth is not None:
             self._inboxes = UserInboxes(

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Callable, Container, Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -92,8 +92,8 @@ class Ingest:
     shared connections (`text`, `event`) and from users' own connections to gated relays
     (`user_event`), dropped with a counted reason or queued as an `Arrival`.
 
-    `keys` is the key registry's set of watched keys (the same set, kept current there);
-    `lists_changed` tells the registry that a key's relay list was replaced; a watched key's
+    `keys` is the key registry's set of watched keys (the same set, kept current there); a
+    key's newer relay list goes to `lists` (which tells the registry); a watched key's
     verified mute or contact list goes to the committer through `pending`, which stores it.
     """
 
@@ -105,7 +105,6 @@ class Ingest:
         lists: RelayLists,
         counters: dict[str, RelayCounters],
         keys: set[str],
-        lists_changed: Callable[[str], None],
         ledger: CatchupLedger,
         wants: Mapping[str, frozenset[int]] | None = None,
         iris: IrisWatches | None = None,
@@ -123,7 +122,6 @@ class Ingest:
         self._enqueue = pending.enqueue
         self._fold = pending.fold
         self._keys = keys
-        self._lists_changed = lists_changed
         self._offer_list = pending.offer_list
         self._recent = RecentlyVerified(RECENTLY_VERIFIED)
         self._unaddressed: dict[str, int] = {}
@@ -270,8 +268,7 @@ class Ingest:
             if event.pubkey not in subscribed:
                 counters.invalid("unknown_recipient")
                 return Verdict.TAKEN
-            if self._lists.offer(event):
-                self._lists_changed(event.pubkey)
+            self._lists.offer(event)  # the key registry is told when its DM relays changed
             return Verdict.TAKEN
         elif event.kind in USER_LIST_KINDS_SET and feed.configured:
             if event.pubkey not in subscribed and not self._iris.owns(event.pubkey):

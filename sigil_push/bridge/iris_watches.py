@@ -57,15 +57,11 @@ class IrisWatches:
     """The Iris subscriptions' watches of this worker (`index`), kept current (`run`), and the
     relay plan they make (`plan`)."""
 
-    def __init__(
-        self, store: IrisSubscriptionStore | None, plan: WatchPlan,
-        plan_changed: Callable[[], None] | None = None,
-    ) -> None:
-        """`plan_changed` is told when the relays must be asked for other keys or kinds."""
+    def __init__(self, store: IrisSubscriptionStore | None, plan: WatchPlan) -> None:
+        """`plan` is what relays are asked for (its listeners, the pool, are told of changes)."""
         self.index = WatchIndex()
         self._store = store
         self._plan = plan
-        self._plan_changed = plan_changed
         self._holds: Callable[[str], bool] = _every_key
         self._dirty: set[str] = set()
         self._wake = asyncio.Event()
@@ -128,11 +124,9 @@ class IrisWatches:
             if holds(owner):
                 kinds = authors.get(owner, frozenset())
                 authors[owner] = None if kinds is None else kinds | USER_LISTS_SET
-        changed = self._plan.replace(
+        self._plan.replace(
             {key: index.kinds_for("#p", key) for key in index.p_keys() if holds(key)}, authors
         )
-        if changed and self._plan_changed is not None:
-            self._plan_changed()
 
     def owns(self, pubkey: str) -> bool:
         """Whether `pubkey` has a subscription (its mute and contact lists are wanted)."""

@@ -63,15 +63,18 @@ class KeyRegistry:
         relays: RelayState,
         inboxes_wake: asyncio.Event,
         lists: RelayLists,
+        keys: set[str],
     ) -> None:
         """`inboxes_wake` is set when the watched keys or their relays change (the per-user
-        connections reconcile); `lists` are the users' relay lists (a key's DM relays)."""
+        connections reconcile); `lists` are the users' relay lists (a key's DM relays: a newer
+        one re-plans its key); `keys` is the set of watched keys this registry keeps (ingest,
+        built before the pool this registry drives, reads the same set)."""
         self._insecure = insecure
         self._pool = pool
         self._devices = devices
         self._relays = relays
         self._inboxes_wake = inboxes_wake
-        self.keys: set[str] = set()
+        self.keys = keys
         self.registration_relays: dict[str, tuple[str, ...]] = {}
         track("registration_relays", self, lambda k: len(k.registration_relays))
         self._user_relays: dict[str, frozenset[str]] = {}
@@ -82,6 +85,7 @@ class KeyRegistry:
         self._owns: Callable[[str], bool] = _every_key
         self._probe: Canary | None = None
         self._lists = lists
+        lists.add_listener(self.lists_changed)
         self._loaded = False
         """Set by `load`: from then on `reshard` acts (before, `load` reads only what the
         shards then held accept)."""
@@ -150,7 +154,8 @@ class KeyRegistry:
         self._dirty_event.set()
 
     def lists_changed(self, pubkey: str) -> None:
-        """Ingest stored a newer relay list of this key: re-plan it soon (coalesced)."""
+        """A newer relay list of this key changed its DM relays (`RelayLists` listener):
+        re-plan it soon (coalesced)."""
         self._lists_dirty.add(pubkey)
         self._dirty_event.set()
 

@@ -8,7 +8,7 @@ the database so a restart subscribes to the right relays before any list is fetc
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from urllib.parse import urlsplit
 
 from sigil_push.hosts import InvalidHost, canonical_host, check_host
@@ -93,6 +93,11 @@ class RelayLists:
         self._lists: dict[tuple[str, int], tuple[int, tuple[str, ...]]] = {}
         track("relay_lists", self, lambda r: len(r._lists))
         self._unsaved: dict[tuple[str, int], tuple[int, tuple[str, ...]]] = {}
+        self._listeners: list[Callable[[str], None]] = []
+
+    def add_listener(self, listener: Callable[[str], None]) -> None:
+        """Be told the key whose DM relays a newer list changed (`offer`)."""
+        self._listeners.append(listener)
 
     async def load(self) -> None:
         for pubkey, kind, created_at, relays in await self._state.relay_lists():
@@ -107,7 +112,8 @@ class RelayLists:
         return general[1] if general is not None else ()
 
     def offer(self, event: Event) -> bool:
-        """Take a verified list event; True when the key's DM relays changed."""
+        """Take a verified list event; True (and the listeners told) when the key's DM relays
+        changed."""
         slot = (event.pubkey, event.kind)
         current = self._lists.get(slot)
         if current is not None and current[0] >= event.created_at:
@@ -116,7 +122,11 @@ class RelayLists:
         entry = (event.created_at, relays_in_list(event, self._allow_insecure))
         self._lists[slot] = entry
         self._unsaved[slot] = entry
-        return self.relays_of(event.pubkey) != before
+        if self.relays_of(event.pubkey) == before:
+            return False
+        for listener in self._listeners:
+            listener(event.pubkey)
+        return True
 
     def forget(self, pubkeys: Iterable[str]) -> list[str]:
         gone = [

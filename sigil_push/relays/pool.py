@@ -225,21 +225,27 @@ class RelayPool:
     It is every connection's handler: it (re)sends REQs when a connection opens, after AUTH and
     when keys change, pages and baselines at EOSE, and hands each EVENT frame to ingest as a
     `Frame` carrying its relay's `RelayFeed`, applying the verdict it gets back. What it reports
-    goes through the bridge's port (`attach`), the one way up.
+    goes through the bridge's port, the one way up.
     """
 
     def __init__(
         self,
         settings: BridgeConfig,
-        configured: Sequence[str],
+        plan: RelayPlan,
+        watch_plan: WatchPlan,
         signer: AuthSigner,
         observations: ObservationLog,
+        port: BridgePort,
         modes: dict[str, str] | None = None,
     ) -> None:
+        """`plan` is which relays carry which keys (the key registry keeps it), `watch_plan`
+        what the configured relays are asked for beside the keys' shards (the Iris watches keep
+        it; the pool re-asks when it changes); `port` is where frames, baselines, gated relays
+        and back-pressure go, and where catch-up items come from."""
         self._settings = settings
         self._modes = modes or {}
-        self.plan = RelayPlan(configured, settings.max_relays)
-        self._port: BridgePort
+        self.plan = plan
+        self._port = port
         self._signer = signer
         self._observations = observations
         self.subs: dict[str, RelaySubscriptions] = {}
@@ -259,8 +265,9 @@ class RelayPool:
         self._reconcilers: dict[str, Reconciler] = {}
         self._reconcile_locks: dict[str, asyncio.Lock] = {}
         self._reconcile_tasks: dict[str, asyncio.Task[Any]] = {}
-        self.watch_plan = WatchPlan()
+        self.watch_plan = watch_plan
         """Keys of indexed watches (Iris subscriptions), asked on every configured relay."""
+        watch_plan.add_listener(self.watches_changed)
         self._watches: dict[str, RelayWatches] = {}
         self.follows: set[str] = set()
         """Watched keys with a follows-only pair: only their kind 3 is asked for (`set_follows`)."""
@@ -306,10 +313,6 @@ class RelayPool:
             over_user_relays(lambda p, u: float(len(p.subs[u].overflow))))
         catchup_metrics.PAGES_WAITING.labels(USER_RELAYS).set_function(
             over_user_relays(lambda p, u: float(p.subs[u].pages_waiting)))
-
-    def attach(self, port: BridgePort) -> None:
-        """The bridge's port, before any relay is opened."""
-        self._port = port
 
     def load(self, baselines: dict[str, set[str]], cursors: dict[str, int]) -> None:
         self._baselines = baselines

@@ -22,7 +22,7 @@ subscriptions change at a person's pace, not a firehose's.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from sigil_push.relays.nip11 import RelayLimits
 from sigil_push.relays.subscriptions import KEY_BYTES_IN_FILTER, REQ_OVERHEAD_BYTES, Request
@@ -42,13 +42,21 @@ class WatchPlan:
         self.p: Mapping[str, Kinds] = {}
         self.authors: Mapping[str, Kinds] = {}
         self.version = 0
+        self._listeners: list[Callable[[], None]] = []
+
+    def add_listener(self, listener: Callable[[], None]) -> None:
+        """Be told when the relays must be asked for other keys or kinds (`replace`)."""
+        self._listeners.append(listener)
 
     def replace(self, p: Mapping[str, Kinds], authors: Mapping[str, Kinds]) -> bool:
-        """The new keys; True (and a new version) when they differ from the current ones."""
+        """The new keys; True (a new version, the listeners told) when they differ from the
+        current ones."""
         if p == self.p and authors == self.authors:
             return False
         self.p, self.authors = dict(p), dict(authors)
         self.version += 1
+        for listener in self._listeners:
+            listener()
         return True
 
     def __bool__(self) -> bool:
