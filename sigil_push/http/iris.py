@@ -14,7 +14,6 @@ import asyncio
 import json
 import logging
 import uuid
-from collections.abc import Callable
 from typing import Any, Protocol
 
 from starlette.requests import Request
@@ -73,12 +72,11 @@ def _shown(stored: StoredSubscription) -> dict[str, Any]:
 
 
 class IrisRoutes:
-    """The handlers, bound to the API's plumbing (auth, limits, bodies) and its store.
-    `changed(pubkey)` is called after every write (the bridge's watches follow)."""
+    """The handlers, bound to the API's plumbing (auth, limits, bodies) and its store. The
+    store tells its listeners of every write (the bridges' watches follow, on every worker)."""
 
-    def __init__(self, api: ApiEdge, changed: Callable[[str], None] | None = None) -> None:
+    def __init__(self, api: ApiEdge) -> None:
         self._api = api
-        self._changed = changed or (lambda pubkey: None)
 
     @property
     def _store(self) -> IrisSubscriptionStore:
@@ -144,7 +142,6 @@ class IrisRoutes:
             raise _not_found() from None
         except TooManySubscriptions as exc:
             raise BadRequest("invalid_filter", str(exc)) from None
-        self._changed(pubkey)
         return created
 
     # -- routes ----------------------------------------------------------------------------
@@ -180,7 +177,6 @@ class IrisRoutes:
         pubkey = await self._caller(request, await self._api._read_body(request))
         if not await self._store.delete(subscription_id, pubkey):
             raise _not_found()
-        self._changed(pubkey)
         return Response(status_code=204)
 
     def routes(self) -> list[Route]:
