@@ -34,7 +34,7 @@ from testkit.nostr_client import hex_of, publish
 from testkit.processes import FAST_RECONNECT
 from testkit.relay import RelayProcess
 from testkit.service import ServiceProcess
-from testkit.stores import Engine
+from testkit.stores import Engine, fetch
 
 pytestmark = pytest.mark.slow  # starts its own processes
 
@@ -171,3 +171,40 @@ async def test_iris_subscriptions_wake_their_targets_once_under_the_iris_rules(
 
     assert metric(service, "sigil_push_bridge_events_pushed_by_class_total", **{"class": "iris"}) >= 6
     assert_private(service, [me.hex, hex_of(session), hex_of(rotated), token, other_token])
+
+
+async def test_what_matched_while_the_service_was_down_is_pushed_once_after_it_returns(
+    start_relay: Callable[..., RelayProcess],
+    start_service: Callable[..., ServiceProcess],
+    http_of: Callable[[ServiceProcess], httpx.Client],
+) -> None:
+    """Catch-up and de-duplication as for DMs: a mention and a session key's message sent
+    while the service is stopped are pushed once when it returns (the watch REQs reach back
+    to the relay's stored cursor); what was pushed before the stop is not pushed again."""
+    relay = start_relay("r")
+    service = start_service([relay.url], FAST_RECONNECT)
+    me = SdkUser()
+    iris = IrisClient(http_of(service), me, service.url)
+    token, session, bob = new_token(), nostr_sdk.Keys.generate(), nostr_sdk.Keys.generate()
+    for subscription in ({"filter": {"#p": [me.hex], "kinds": [1, 7]}, "fcm_tokens": [token]},
+                         {"filter": {"kinds": [1060], "authors": [hex_of(session)]},
+                          "fcm_tokens": [token]}):
+        assert iris.request("POST", "subscriptions/", subscription).status_code == 201
+    await eventually(lambda: _watching(service, relay.url), "the watch REQ sent")
+    before = _event(bob, 1, [["p", me.hex]], "before")
+    await publish(relay.url, before)
+    await eventually(lambda: wakeups(service)[before["id"]] == 1, "pushed before the stop")
+    await eventually(lambda: not fetch(service.database, "SELECT 1 FROM outbox"), "outbox empty")
+
+    service.stop()
+    while_down = [_event(bob, 7, [["p", me.hex]], "+"),
+                  _event(session, 1060, [["p", "ab" * 32]], "while down")]
+    await publish(relay.url, *while_down)
+    service.start()
+    await eventually(lambda: all(wakeups(service)[e["id"]] == 1 for e in while_down),
+                     "what matched while down pushed")
+    after = _event(bob, 1, [["p", me.hex]], "after")
+    await publish(relay.url, after)
+    await eventually(lambda: wakeups(service)[after["id"]] == 1, "live again")
+    assert wakeups(service)[before["id"]] == 1
+    assert all(wakeups(service)[e["id"]] == 1 for e in while_down)
