@@ -379,6 +379,20 @@ class Committer:
             self.devices_changed(item.pubkey)
 
     async def claim_deferred(self) -> int:
+        """`_claim_deferred`, each second: a write transaction even when nothing is due, so a
+        database that refuses writes (SQLite locked by another connection) is reported to
+        `/health` within seconds even while no event arrives to commit, and cleared once a
+        claim goes through again."""
+        try:
+            claimed = await self._claim_deferred()
+        except TRANSIENT_ERRORS as exc:
+            if transient(exc):
+                self._refused(exc, "the deferred wakeups' claim")
+            raise
+        self._accepted()
+        return claimed
+
+    async def _claim_deferred(self) -> int:
         """Deferred wakeups now due (a quiet window ended, a presence lapsed by time): claimed,
         judged again and written in one transaction (see `UserListStore.claim_deferred`). A
         pair gets one wakeup, for the newest of its held events that would wake it now (not
@@ -494,7 +508,7 @@ class Committer:
             except TRANSIENT_ERRORS as exc:
                 if not transient(exc):
                     raise  # the batch's own fault ("too many SQL variables"): the poison path
-                self._refused(exc, len(batch))
+                self._refused(exc, f"a batch of {len(batch)} events")
                 if self._stopping:
                     remaining = self._stop_deadline - time.monotonic()
                     if remaining <= 0:
@@ -510,7 +524,7 @@ class Committer:
                 self._accepted()
                 return
 
-    def _refused(self, exc: BaseException, events: int) -> None:
+    def _refused(self, exc: BaseException, what: str) -> None:
         """The database refused a write: counted each time, logged and reported once."""
         COMMIT_RETRIES.inc()
         if self._outage is not None:
@@ -520,8 +534,8 @@ class Committer:
         self._outage = (time.monotonic(), 1)
         # the exception's type only: its message may name a row's values
         reason = f"database unavailable ({type(exc).__name__}); commits retried"
-        log.error("bridge commits refused by the database (%s); retrying a batch of %d events"
-                  " until it takes them", type(exc).__name__, events)
+        log.error("bridge commits refused by the database (%s); retrying %s until it takes"
+                  " them", type(exc).__name__, what)
         if self._report is not None:
             self._report(reason)
 

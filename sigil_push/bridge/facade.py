@@ -51,7 +51,7 @@ from sigil_push.relays.port import BridgePort
 from sigil_push.relays.user_inbox import UserInboxes
 from sigil_push.relays.watch_requests import WatchPlan
 from sigil_push.shards import ShardSet
-from sigil_push.store.errors import TRANSIENT_ERRORS
+from sigil_push.store.errors import TRANSIENT_ERRORS, transient
 from sigil_push.store.factory import connect_bridge
 from sigil_push.store.interface import (
     BridgeConnection,
@@ -322,7 +322,8 @@ class Bridge:
             try:
                 await self._committer.claim_deferred()
             except TRANSIENT_ERRORS as exc:
-                log.warning("deferred wakeup claim failed (%s); retried", type(exc).__name__)
+                if not transient(exc):  # a busy or lost database: the committer says so, once
+                    log.warning("deferred wakeup claim failed (%s); retried", type(exc).__name__)
 
     def health(self) -> dict[str, dict[str, Any]]:
         """Per relay: the contract's `connected`/`last_event_at` plus the bridge's own detail,

@@ -11,6 +11,8 @@ during and after the outage; pushes are the dry-run sender's log lines of every 
   them again: 614 of 1,200 DMs lost in bench/db_outage.py.
 - SQLite: another connection holds an exclusive lock on the file; the API answers 503 within
   10 s (it used to wait 10 s and more) and every DM is pushed exactly once.
+- SQLite locked while no event arrives: `/health` turns 503 within seconds all the same (the
+  deferred wakeups' claim, a write each second, meets the lock).
 - A worker that has held no shard for longer than a lease (here: every free shard locked by
   another transaction, the database otherwise fine) says so in `/health`, with a 503.
 """
@@ -251,6 +253,35 @@ async def test_sqlite_locked_by_another_connection_answers_503_in_time_and_loses
         stop.set()
         await stream
         await _every_dm_pushed_once([service], tokens, sent)
+
+
+async def test_sqlite_locked_while_no_event_arrives_turns_health_503_within_seconds(
+    tmp_path: Path, start_relay: Callable[..., RelayProcess],
+) -> None:
+    """With nothing to commit, the committer used to learn of a locked file only from the
+    next event's batch: `/health` said 200 for as long as no event arrived. The deferred
+    wakeups' claim, a write each second, now tells it too: 503 naming `bridge-commit` within
+    the busy timeout and a claim, and 200 again once the lock goes."""
+    relay = start_relay("relay")
+    with ServiceProcess(tmp_path / "service", [relay.url], FAST_RECONNECT) as service:
+        register(service, user(), new_token())
+        await eventually(lambda: _status(service) == 200, "/health 200", 60)
+        lock = sqlite3.connect(
+            service.database, isolation_level=None, timeout=scaled(CONDITION_SECONDS)
+        )
+        try:
+            lock.execute("BEGIN EXCLUSIVE")
+            started = time.monotonic()
+            await eventually(
+                lambda: "bridge-commit" in _reasons(service), "/health names the store", 60
+            )
+            took = time.monotonic() - started
+            assert _status(service) == 503
+            assert took < scaled(API_ANSWER_SECONDS), f"/health took {took:.1f} s to say so"
+        finally:
+            lock.execute("ROLLBACK")
+            lock.close()
+        await eventually(lambda: _status(service) == 200, "/health 200 again", 60)
 
 
 async def test_a_worker_holding_no_shard_for_longer_than_a_lease_says_so(
