@@ -21,7 +21,7 @@ from testkit.slow_marks import slow_reason
 # servers). Listed before the modules that import them, so pytest rewrites their asserts.
 pytest_plugins = (
     "testkit.postgres", "testkit.stores", "testkit.processes",
-    "testkit.fakes.harness", "testkit.xdist_groups",
+    "testkit.fakes.harness", "testkit.phones", "testkit.xdist_groups",
 )
 
 settings.register_profile(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -27,20 +27,9 @@ from testkit.in_process import InProcessService, in_process_service
 from testkit.nip98 import SdkUser
 from testkit.nostr_client import kind4_dm, publish
 from testkit.paging_relay import PagingRelay
+from testkit.phones import DEADLINE, Phone, claim_turns, held_back, suppressed, watched
 from testkit.relay import RelayProcess
 from testkit.stores import fetch
-from tests.stories.test_preferences_e2e import Phone
-
-DEADLINE = 60.0
-
-
-@pytest.fixture
-async def instance(
-    tmp_path: Path, apns_relay_config: dict[str, Any]
-) -> AsyncIterator[InProcessService]:
-    apns_relay_config["server"]["observations"] = "observations"
-    async with in_process_service(tmp_path, apns_relay_config) as running:
-        yield running
 
 
 def _event(author: nostr_sdk.Keys, kind: int, tags: Sequence[Sequence[str]] = (),
@@ -69,29 +58,6 @@ def _zap(zapper: nostr_sdk.Keys, recipient: Phone, description: str | None = Non
                   [["p", _hex(recipient)], ["bolt11", "lnbc210n1"], ["description", description]])
 
 
-async def _watched(instance: InProcessService, url: str, keys: int) -> None:
-    def live() -> bool:
-        state = instance.service.relay_health().get(url)
-        return bool(state and state.get("live") and state.get("keys") == keys)
-
-    await eventually(live, DEADLINE, f"{keys} keys live on the relay")
-
-
-def _suppressed(instance: InProcessService, event_id: str) -> tuple[str, str] | None:
-    for record in instance.observation_records():
-        if record["type"] == "suppressed" and record["event_id"] == event_id:
-            assert set(record) == {"type", "ts", "event_id", "reason", "class"}, record
-            return str(record["reason"]), str(record["class"])
-    return None
-
-
-async def _held_back(instance: InProcessService, event: dict[str, Any], reason: str,
-                     cls: str) -> None:
-    await eventually(lambda: _suppressed(instance, event["id"]), DEADLINE,
-                     f"a suppressed record ({reason})")
-    assert _suppressed(instance, event["id"]) == (reason, cls)
-
-
 def _push_counts(instance: InProcessService) -> dict[str, int]:
     """Push records by event id: one per device the event woke."""
     return dict(Counter(_pushed_ids(instance)))
@@ -99,23 +65,6 @@ def _push_counts(instance: InProcessService) -> dict[str, int]:
 
 def _pushed_ids(instance: InProcessService) -> list[str]:
     return [str(r["event_id"]) for r in instance.observation_records() if r["type"] == "push"]
-
-
-async def _claim_turns(instance: InProcessService, turns: int = 3) -> None:
-    """Wait until the deferred wakeup claim has run `turns` more times."""
-    committer = instance.service.components.bridge._committer
-    runs: list[int] = []
-    original = committer.claim_deferred
-
-    async def counted() -> int:
-        runs.append(1)
-        return await original()
-
-    committer.claim_deferred = counted  # type: ignore[method-assign]
-    try:
-        await eventually(lambda: len(runs) >= turns, DEADLINE, f"{turns} deferred claims")
-    finally:
-        committer.claim_deferred = original  # type: ignore[method-assign]
 
 
 async def test_each_kind_wakes_only_the_pairs_that_asked_for_it_and_never_its_author(
@@ -132,7 +81,7 @@ async def test_each_kind_wakes_only_the_pairs_that_asked_for_it_and_never_its_au
     await social.register(notify=["repost", "reaction", "zap"])
     await everything.register(notify=["dm", "mention", "repost", "reaction", "zap"])
     phones = [dms, mentions, social, everything]
-    await _watched(instance, module_relay.url, 4)
+    await watched(instance, module_relay.url, 4)
     bob = nostr_sdk.Keys.generate()
     named = [["p", _hex(phone)] for phone in phones]
     note = _event(bob, 1, named, "hello all")
@@ -156,7 +105,7 @@ async def test_each_kind_wakes_only_the_pairs_that_asked_for_it_and_never_its_au
     await publish(module_relay.url, later)
     await eventually(lambda: mentions.pushes() == 2, DEADLINE, "the later mention pushed")
     await eventually(lambda: later["id"] in _push_counts(instance), DEADLINE, "its record")
-    assert _suppressed(instance, own["id"]) is None and own["id"] not in _pushed_ids(instance)
+    assert suppressed(instance, own["id"]) is None and own["id"] not in _pushed_ids(instance)
     assert dms.pushes() == 1
     # an opaque wakeup says nothing about the kind that woke it
     bodies = {json.dumps(r.body, sort_keys=True) for r in fake_apns.requests
@@ -169,12 +118,12 @@ async def test_a_hellthread_wakes_no_one(
 ) -> None:
     alice = Phone(instance, fake_apns, SdkUser())
     await alice.register(notify=["mention", "reaction"])
-    await _watched(instance, module_relay.url, 1)
+    await watched(instance, module_relay.url, 1)
     bob = nostr_sdk.Keys.generate()
     crowd = [["p", _hex(nostr_sdk.Keys.generate())] for _ in range(10)]
     hellthread = _event(bob, 1, [*crowd, ["p", _hex(alice)]], "everyone look")
     await publish(module_relay.url, hellthread)
-    await _held_back(instance, hellthread, "crowded", "mention")
+    await held_back(instance, hellthread, "crowded", "mention")
     ten = _event(bob, 7, [*crowd[:9], ["p", _hex(alice)]], "+")
     await publish(module_relay.url, ten)
     await eventually(lambda: alice.pushes() == 1, DEADLINE, "ten keys are not a crowd")
@@ -189,7 +138,7 @@ async def test_mute_by_key_thread_and_word_and_a_muted_zapper(
     mallory, zapper, bob = (nostr_sdk.Keys.generate() for _ in range(3))
     root = _event(bob, 1, [], "the thread")
     await alice.register(notify=["mention", "zap"], muted=[_hex(zapper)])
-    await _watched(instance, module_relay.url, 1)
+    await watched(instance, module_relay.url, 1)
     mute_list = _event(alice.keys, 10000, [["p", _hex(mallory)], ["e", root["id"]],
                                            ["word", "shitcoin"]])
     await publish(module_relay.url, mute_list)
@@ -202,7 +151,7 @@ async def test_mute_by_key_thread_and_word_and_a_muted_zapper(
     await publish(module_relay.url, by_key, in_thread, worded, zapped)
     for event, cls in ((by_key, "mention"), (in_thread, "mention"), (worded, "mention"),
                        (zapped, "zap")):
-        await _held_back(instance, event, "muted", cls)
+        await held_back(instance, event, "muted", cls)
     anonymous = _zap(zapper, alice, description="{not json")
     plain = _event(bob, 1, [["p", _hex(alice)]], "a fine note")
     await publish(module_relay.url, anonymous, plain)
@@ -229,14 +178,14 @@ async def test_follows_only_on_a_reaction(
     alice = Phone(instance, fake_apns, SdkUser())
     friend, stranger = nostr_sdk.Keys.generate(), nostr_sdk.Keys.generate()
     await alice.register(notify=["reaction"], senders="follows")
-    await _watched(instance, module_relay.url, 1)
+    await watched(instance, module_relay.url, 1)
     await publish(module_relay.url, _event(alice.keys, 3, [["p", _hex(friend)]]))
     await eventually(lambda: _list_flags(instance, alice) & 2, DEADLINE,
                      "the contact list stored")
     from_stranger = _event(stranger, 7, [["p", _hex(alice)]], "+")
     from_friend = _event(friend, 7, [["p", _hex(alice)]], "🤙")
     await publish(module_relay.url, from_stranger, from_friend)
-    await _held_back(instance, from_stranger, "not_followed", "reaction")
+    await held_back(instance, from_stranger, "not_followed", "reaction")
     await eventually(lambda: alice.pushes() == 1, DEADLINE, "the friend's reaction pushed")
     await eventually(lambda: _pushed_ids(instance) == [from_friend["id"]], DEADLINE,
                      "its push record")
@@ -262,7 +211,7 @@ async def test_quiet_hours_hold_back_and_send_one_wakeup_at_their_end(
     for what it held, unless the pair was paused meanwhile."""
     alice = Phone(instance, fake_apns, SdkUser())
     await alice.register(notify=["dm", "mention"])
-    await _watched(instance, module_relay.url, 1)
+    await watched(instance, module_relay.url, 1)
     quiet, ends_at = _window_around_now("Asia/Kathmandu", 12)
     shown = await alice.preferences(quiet=quiet)
     assert shown["quiet"]["tz"] == "Asia/Kathmandu"
@@ -270,19 +219,19 @@ async def test_quiet_hours_hold_back_and_send_one_wakeup_at_their_end(
     mention = _event(bob, 1, [["p", _hex(alice)]], "psst")
     dm = kind4_dm(bob, alice.keys, "late night")
     await publish(module_relay.url, mention, dm)
-    await _held_back(instance, mention, "quiet", "mention")
-    await _held_back(instance, dm, "quiet", "dm")
+    await held_back(instance, mention, "quiet", "mention")
+    await held_back(instance, dm, "quiet", "dm")
     assert time.time() < ends_at, "the window must still be on: the story needs a longer one"
     assert alice.pushes() == 0
     if paused_meanwhile:
         await alice.preferences(pause_until=int(time.time()) + 3600)
         await eventually(lambda: time.time() > ends_at + 1, DEADLINE, "the window's end")
-        await _claim_turns(instance)
+        await claim_turns(instance)
         assert alice.pushes() == 0
     else:
         await eventually(lambda: alice.pushes() == 1, DEADLINE, "the wakeup at the window's end")
         assert time.time() >= ends_at
-        await _claim_turns(instance)
+        await claim_turns(instance)
         assert alice.pushes() == 1
         await eventually(lambda: _pushed_ids(instance) in ([mention["id"]], [dm["id"]]),
                          DEADLINE, "the wakeup's push record, for one of the held events")
@@ -300,7 +249,7 @@ async def test_a_presence_lapse_after_a_later_pause_or_a_muted_sender_sends_noth
     mallory, friend = nostr_sdk.Keys.generate(), nostr_sdk.Keys.generate()
     await paused.register()
     await open_.register(muted=[_hex(mallory)])
-    await _watched(instance, module_relay.url, 2)
+    await watched(instance, module_relay.url, 2)
     await paused.presence(8)
     await open_.presence(8)
     lapse_at = time.time() + 8
@@ -308,13 +257,13 @@ async def test_a_presence_lapse_after_a_later_pause_or_a_muted_sender_sends_noth
     muted = kind4_dm(mallory, open_.keys, "muted")
     kept = kind4_dm(friend, open_.keys, "friendly")
     await publish(module_relay.url, held, muted, kept)
-    await _held_back(instance, held, "present", "dm")
-    await _held_back(instance, muted, "muted", "dm")
-    await _held_back(instance, kept, "present", "dm")
+    await held_back(instance, held, "present", "dm")
+    await held_back(instance, muted, "muted", "dm")
+    await held_back(instance, kept, "present", "dm")
     await paused.preferences(pause_until=int(time.time()) + 3600)
     await eventually(lambda: open_.pushes() == 1, DEADLINE, "the lapse wakeup")
     await eventually(lambda: time.time() > lapse_at + 1, DEADLINE, "both presences lapsed")
-    await _claim_turns(instance)
+    await claim_turns(instance)
     assert (paused.pushes(), open_.pushes()) == (0, 1)
     await eventually(lambda: _pushed_ids(instance) == [kept["id"]], DEADLINE,
                      "the wakeup's push record, for the friend's DM")
@@ -336,7 +285,7 @@ async def test_stale_public_events_are_not_pushed_after_a_restart(
         async with in_process_service(tmp_path, apns_relay_config) as first:
             alice = Phone(first, fake_apns, user)
             await alice.register(notify=["reaction"])
-            await _watched(first, relay.url, 1)
+            await watched(first, relay.url, 1)
         bob = nostr_sdk.Keys.generate()
         old = _event(bob, 7, [["p", _hex(alice)]], "+", created_at=int(time.time()) - 7200)
         fresh = _event(bob, 7, [["p", _hex(alice)]], "🔥")
@@ -344,8 +293,8 @@ async def test_stale_public_events_are_not_pushed_after_a_restart(
         async with in_process_service(tmp_path, apns_relay_config) as second:
             alice.instance = second
             await eventually(lambda: alice.pushes() == 1, DEADLINE, "the fresh reaction caught up")
-            await _held_back(second, old, "stale", "reaction")
-            await _watched(second, relay.url, 1)
+            await held_back(second, old, "stale", "reaction")
+            await watched(second, relay.url, 1)
             await eventually(lambda: _pushed_ids(second) == [fresh["id"]], DEADLINE,
                              "the push record of the fresh reaction")
             assert alice.pushes() == 1

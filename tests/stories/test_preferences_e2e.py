@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import nostr_sdk
-import pytest
 from prometheus_client import REGISTRY
 
 from testkit.fakes.fake_apns import FakeApns
@@ -24,80 +22,9 @@ from testkit.fakes.harness import apns_token, eventually
 from testkit.in_process import InProcessService, in_process_service
 from testkit.nip98 import SdkUser
 from testkit.nostr_client import gift_wrap, kind4_dm, publish
+from testkit.phones import DEADLINE, Phone, claim_turns, held_back, watched
 from testkit.relay import RelayProcess
 from testkit.stores import fetch
-
-DEADLINE = 60.0
-
-
-@pytest.fixture
-async def instance(
-    tmp_path: Path, apns_relay_config: dict[str, Any]
-) -> AsyncIterator[InProcessService]:
-    apns_relay_config["server"]["observations"] = "observations"
-    async with in_process_service(tmp_path, apns_relay_config) as running:
-        yield running
-
-
-class Phone:
-    """One (npub, token) pair: a user whose app registered an APNs token."""
-
-    def __init__(self, instance: InProcessService, fake_apns: FakeApns, user: SdkUser,
-                 token: str | None = None) -> None:
-        self.instance, self.apns, self.user = instance, fake_apns, user
-        self.token = token or apns_token()
-
-    @property
-    def keys(self) -> nostr_sdk.Keys:
-        return self.user.keys
-
-    async def register(self, **fields: Any) -> None:
-        body = {"npub": self.user.npub, "platform": "ios", "device_token": self.token, **fields}
-        response = await self.instance.call(self.user, "POST", "/register", body)
-        assert response.status_code in (200, 201), response.text
-
-    async def preferences(self, **fields: Any) -> dict[str, Any]:
-        response = await self.instance.call(
-            self.user, "POST", "/preferences", {"device_token": self.token, **fields}
-        )
-        assert response.status_code == 200, response.text
-        return dict(response.json())
-
-    async def presence(self, seconds: int) -> None:
-        response = await self.instance.call(
-            self.user, "POST", "/presence", {"device_token": self.token, "seconds": seconds}
-        )
-        assert response.status_code == 200, response.text
-
-    async def device(self) -> dict[str, Any]:
-        answer = (await self.instance.call(self.user, "GET", "/registrations")).json()
-        [device] = [d for d in answer["devices"] if d["token_suffix"] == self.token[-6:]]
-        return dict(device)
-
-    def pushes(self) -> int:
-        return sum(1 for request in self.apns.requests if request.token == self.token)
-
-
-async def _watched(instance: InProcessService, url: str, keys: int) -> None:
-    def live() -> bool:
-        state = instance.service.relay_health().get(url)
-        return bool(state and state.get("live") and state.get("keys") == keys)
-
-    await eventually(live, DEADLINE, f"{keys} keys live on the relay")
-
-
-def _suppressed(instance: InProcessService, event_id: str) -> str | None:
-    for record in instance.observation_records():
-        if record["type"] == "suppressed" and record["event_id"] == event_id:
-            assert set(record) == {"type", "ts", "event_id", "reason", "class"}, record
-            return str(record["reason"])
-    return None
-
-
-async def _held_back(instance: InProcessService, event: dict[str, Any], reason: str) -> None:
-    await eventually(lambda: _suppressed(instance, event["id"]), DEADLINE,
-                     f"a suppressed record for the DM ({reason})")
-    assert _suppressed(instance, event["id"]) == reason
 
 
 def _suppressed_total(reason: str) -> float:
@@ -120,11 +47,11 @@ async def test_a_paused_pair_is_not_woken_until_the_pause_is_cleared(
 ) -> None:
     alice, bob = Phone(instance, fake_apns, SdkUser()), nostr_sdk.Keys.generate()
     await alice.register(pause_until=int(time.time()) + 3600)
-    await _watched(instance, module_relay.url, 1)
+    await watched(instance, module_relay.url, 1)
     paused_before = _suppressed_total("paused")
     held = kind4_dm(bob, alice.keys, "while paused")
     await publish(module_relay.url, held)
-    await _held_back(instance, held, "paused")
+    await held_back(instance, held, "paused")
     assert _suppressed_total("paused") == paused_before + 1
     await alice.preferences(pause_until=None)
     await publish(module_relay.url, gift_wrap(bob, alice.keys, "after the pause"))
@@ -137,35 +64,18 @@ async def test_presence_ended_by_the_app_sends_no_lapse_wakeup(
 ) -> None:
     alice, bob = Phone(instance, fake_apns, SdkUser()), nostr_sdk.Keys.generate()
     await alice.register()
-    await _watched(instance, module_relay.url, 1)
+    await watched(instance, module_relay.url, 1)
     await alice.presence(300)
     held = gift_wrap(bob, alice.keys, "read in the app")
     await publish(module_relay.url, held)
-    await _held_back(instance, held, "present")
+    await held_back(instance, held, "present")
     await alice.presence(0)
     after = kind4_dm(bob, alice.keys, "app closed")
     await publish(module_relay.url, after)
     await eventually(lambda: alice.pushes() == 1, DEADLINE, "the DM after the presence pushed")
     # the claim loop runs every second: give it several turns to (wrongly) send a lapse wakeup
-    await _turns_of_the_lapse_claim(instance)
+    await claim_turns(instance)
     assert alice.pushes() == 1
-
-
-async def _turns_of_the_lapse_claim(instance: InProcessService) -> None:
-    """Wait until the bridge's lapse claim has run at least three more times."""
-    committer = instance.service.components.bridge._committer
-    runs: list[int] = []
-    original = committer.claim_deferred
-
-    async def counted() -> int:
-        runs.append(1)
-        return await original()
-
-    committer.claim_deferred = counted  # type: ignore[method-assign]
-    try:
-        await eventually(lambda: len(runs) >= 3, DEADLINE, "three lapse claims")
-    finally:
-        committer.claim_deferred = original  # type: ignore[method-assign]
 
 
 async def test_a_presence_that_lapses_sends_exactly_one_wakeup(
@@ -175,15 +85,15 @@ async def test_a_presence_that_lapses_sends_exactly_one_wakeup(
     when the presence lapses, and nothing more."""
     alice, bob = Phone(instance, fake_apns, SdkUser()), nostr_sdk.Keys.generate()
     await alice.register()
-    await _watched(instance, module_relay.url, 1)
+    await watched(instance, module_relay.url, 1)
     await alice.presence(8)
     first, second = kind4_dm(bob, alice.keys, "one"), kind4_dm(bob, alice.keys, "two")
     await publish(module_relay.url, first, second)
-    await _held_back(instance, first, "present")
-    await _held_back(instance, second, "present")
+    await held_back(instance, first, "present")
+    await held_back(instance, second, "present")
     assert alice.pushes() == 0
     await eventually(lambda: alice.pushes() == 1, DEADLINE, "the lapse wakeup")
-    await _turns_of_the_lapse_claim(instance)
+    await claim_turns(instance)
     assert alice.pushes() == 1
     # its record names the last DM the presence held back
     await eventually(lambda: [r for r in instance.observation_records() if r["type"] == "push"],
@@ -201,14 +111,14 @@ async def test_the_kind_10000_mute_list_applies_and_its_update_too(
     alice = Phone(instance, fake_apns, SdkUser())
     spammer, friend = nostr_sdk.Keys.generate(), nostr_sdk.Keys.generate()
     await alice.register()
-    await _watched(instance, module_relay.url, 1)
+    await watched(instance, module_relay.url, 1)
     now = int(time.time())
     first = _list_event(alice.keys, 10000, [_hex(spammer)], now - 10)
     await publish(module_relay.url, first)
     await _list_stored(instance, alice, first)
     muted = kind4_dm(spammer, alice.keys, "buy now")
     await publish(module_relay.url, muted)
-    await _held_back(instance, muted, "muted")
+    await held_back(instance, muted, "muted")
     await publish(module_relay.url, kind4_dm(friend, alice.keys, "hi"))
     await eventually(lambda: alice.pushes() == 1, DEADLINE, "the friend's DM pushed")
     # the spammer's gift wraps pass: their author is hidden
@@ -247,11 +157,11 @@ async def test_the_private_mute_list_holds_back_kind_4_only(
 ) -> None:
     alice, spammer = Phone(instance, fake_apns, SdkUser()), nostr_sdk.Keys.generate()
     await alice.register(muted=[str(spammer.public_key().to_bech32())])
-    await _watched(instance, module_relay.url, 1)
+    await watched(instance, module_relay.url, 1)
     assert (await alice.device())["muted_count"] == 1
     muted = kind4_dm(spammer, alice.keys, "buy now")
     await publish(module_relay.url, muted)
-    await _held_back(instance, muted, "muted")
+    await held_back(instance, muted, "muted")
     await publish(module_relay.url, gift_wrap(spammer, alice.keys, "wrapped"))
     await eventually(lambda: alice.pushes() == 1, DEADLINE, "the gift wrap pushed")
     await alice.preferences(muted=[])
@@ -265,7 +175,7 @@ async def test_follows_only_fails_open_until_a_contact_list_is_known(
     alice = Phone(instance, fake_apns, SdkUser())
     stranger, friend = nostr_sdk.Keys.generate(), nostr_sdk.Keys.generate()
     await alice.register(senders="follows")
-    await _watched(instance, module_relay.url, 1)
+    await watched(instance, module_relay.url, 1)
     device = await alice.device()
     assert (device["senders"], device["follows_known"]) == ("follows", False)
     await publish(module_relay.url, kind4_dm(stranger, alice.keys, "no kind 3 yet"))
@@ -278,7 +188,7 @@ async def test_follows_only_fails_open_until_a_contact_list_is_known(
     await eventually(known, DEADLINE, "follows_known")
     held = kind4_dm(stranger, alice.keys, "not followed")
     await publish(module_relay.url, held)
-    await _held_back(instance, held, "not_followed")
+    await held_back(instance, held, "not_followed")
     await publish(module_relay.url, kind4_dm(friend, alice.keys, "followed"))
     await eventually(lambda: alice.pushes() == 2, DEADLINE, "the friend's DM pushed")
     await publish(module_relay.url, gift_wrap(stranger, alice.keys, "wrapped"))
@@ -298,7 +208,7 @@ async def test_an_attacker_on_the_victims_token_cannot_silence_the_victim(
     await attacker.preferences(pause_until=int(time.time()) + 3600, muted=[_hex(sender)],
                                senders="follows")
     await attacker.presence(300)
-    await _watched(instance, module_relay.url, 2)
+    await watched(instance, module_relay.url, 2)
     await publish(module_relay.url, kind4_dm(sender, victim.keys, "for the victim"))
     await eventually(lambda: victim.pushes() == 1, DEADLINE, "the victim's wakeup")
     assert (await victim.device())["pause_until"] is None
@@ -343,7 +253,7 @@ async def test_a_users_lists_leave_with_the_last_pair(
     tablet = Phone(instance, fake_apns, alice.user)
     await alice.register(senders="follows")
     await tablet.register()
-    await _watched(instance, module_relay.url, 1)
+    await watched(instance, module_relay.url, 1)
     now = int(time.time())
     contacts = _list_event(alice.keys, 3, [_hex(nostr_sdk.Keys.generate())], now)
     mutes = _list_event(alice.keys, 10000, [_hex(nostr_sdk.Keys.generate())], now)
@@ -357,7 +267,7 @@ async def test_a_users_lists_leave_with_the_last_pair(
         assert response.json() == {"removed": 1}, response.text
 
     await unregister(tablet)
-    await _watched(instance, module_relay.url, 1)
+    await watched(instance, module_relay.url, 1)
     assert _stored_list_id(instance, alice, 3) == contacts["id"]
     await unregister(alice)
     await eventually(lambda: _stored_list_id(instance, alice, 3) is None
@@ -377,7 +287,7 @@ async def test_presence_and_preferences_do_not_replan_relays(
     contacts = _list_event(alice.keys, 3, [_hex(friend)], int(time.time()))
     await publish(module_relay.url, contacts)
     await alice.register()
-    await _watched(instance, module_relay.url, 1)
+    await watched(instance, module_relay.url, 1)
     # the kind 3 is read only for a follows-only npub
     assert _stored_list_id(instance, alice, 3) is None
     plan = instance.service.components.bridge.pool.plan
@@ -393,7 +303,7 @@ async def test_presence_and_preferences_do_not_replan_relays(
         await alice.presence(300)
         held = kind4_dm(bob, alice.keys, "while present")
         await publish(module_relay.url, held)
-        await _held_back(instance, held, "present")
+        await held_back(instance, held, "present")
         await alice.presence(0)
         await alice.preferences(pause_until=int(time.time()) + 60, muted=[_hex(bob)])
         await alice.preferences(pause_until=None, muted=[], senders="follows")
@@ -404,7 +314,7 @@ async def test_presence_and_preferences_do_not_replan_relays(
         await eventually(known, DEADLINE, "follows_known")
         held = kind4_dm(bob, alice.keys, "not followed")
         await publish(module_relay.url, held)
-        await _held_back(instance, held, "not_followed")
+        await held_back(instance, held, "not_followed")
         # a new `notify` kind reaches the relay's REQ (its shard re-asked) without a re-plan
         await alice.preferences(senders="anyone", notify=["dm", "mention"])
         before = alice.pushes()
