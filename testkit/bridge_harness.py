@@ -117,6 +117,16 @@ def relay_live(service: ServiceProcess, url: str, keys: int | None = None) -> bo
     return bool(state and state.get("live") and (keys is None or state.get("keys") == keys))
 
 
+def relay_subscribed(service: ServiceProcess, url: str) -> bool:
+    """The relay is connected with at least one REQ sent (a watch REQ counts: it names no
+    registered key, so `relay_live`'s keys say nothing of it)."""
+    try:
+        state = health(service)["relays"].get(url)
+    except (httpx.HTTPError, ValueError, KeyError):
+        return False
+    return bool(state and state.get("connected") and state.get("subscriptions", 0) >= 1)
+
+
 def seen_count(service: ServiceProcess, event_id: str) -> int:
     return sum(
         1

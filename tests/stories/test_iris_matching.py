@@ -22,9 +22,9 @@ import pytest
 from testkit.bridge_harness import (
     assert_private,
     eventually,
-    health,
     metric,
     new_token,
+    relay_subscribed,
     wakeups,
 )
 from testkit.deadlines import REQUEST_SECONDS, scaled
@@ -52,14 +52,6 @@ def _suppressed(service: ServiceProcess, event_id: str) -> tuple[str, str] | Non
         if record["type"] == "suppressed" and record["event_id"] == event_id:
             return str(record["reason"]), str(record["class"])
     return None
-
-
-def _watching(service: ServiceProcess, url: str) -> bool:
-    try:
-        state = health(service)["relays"].get(url)
-    except (httpx.HTTPError, ValueError, KeyError):
-        return False
-    return bool(state and state.get("connected") and state.get("subscriptions", 0) >= 1)
 
 
 @pytest.fixture
@@ -110,7 +102,7 @@ async def test_iris_subscriptions_wake_their_targets_once_under_the_iris_rules(
     friends = {"filter": {"#p": [me.hex], "kinds": [7]}, "fcm_tokens": [other_token],
                "social_graph_filter": True}
     assert iris.request("POST", "subscriptions/", friends).status_code == 201
-    await eventually(lambda: _watching(service, relay.url), "the watch REQ sent")
+    await eventually(lambda: relay_subscribed(service, relay.url), "the watch REQ sent")
 
     # the subscriber's lists: carol muted, bob followed
     await publish(relay.url,

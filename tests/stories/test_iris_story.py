@@ -28,7 +28,7 @@ import httpx
 import nostr_sdk
 import pytest
 
-from testkit.bridge_harness import assert_private, eventually, health
+from testkit.bridge_harness import assert_private, eventually, relay_subscribed
 from testkit.deadlines import REQUEST_SECONDS, scaled
 from testkit.fakes.fake_unifiedpush import FakeUnifiedPush, PushRequest, parse_vapid
 from testkit.iris_client import BrowserKeys, IrisClient
@@ -99,14 +99,6 @@ def push_service() -> Iterator[FakeUnifiedPush]:
     fake.stop()
 
 
-def _watching(service: ServiceProcess, url: str) -> bool:
-    try:
-        state = health(service)["relays"].get(url)
-    except (httpx.HTTPError, ValueError, KeyError):
-        return False
-    return bool(state and state.get("connected") and state.get("subscriptions", 0) >= 1)
-
-
 async def test_iris_client_in_its_own_order_gets_decryptable_vapid_signed_pushes(
     start_relay: Callable[..., RelayProcess],
     start_service: Callable[..., ServiceProcess],
@@ -142,7 +134,7 @@ async def test_iris_client_in_its_own_order_gets_decryptable_vapid_signed_pushes
                 for k, s in stored.items()} == {
             created[0].json()["id"]: mentions, created[1].json()["id"]: messages,
         }
-        await eventually(lambda: _watching(service, relay.url), "the watch REQ sent")
+        await eventually(lambda: relay_subscribed(service, relay.url), "the watch REQ sent")
 
         # 4. a mention, and a message by the session key: one push each, decrypted
         mention = _event(bob, 1, [["p", me.hex]], "gm iris")
