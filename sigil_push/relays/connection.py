@@ -131,8 +131,11 @@ BACKOFF = Gauge(
     ["relay"],
 )
 # frames dispatched before the reader gives the event loop a turn (aiohttp hands out buffered
-# frames without suspending, so a flooding relay would otherwise run on for a whole buffer)
-FRAMES_PER_TURN = 16
+# frames without suspending, so a flooding relay would otherwise run on for a whole buffer).
+# 64, not 16: at each turn the committer takes what is queued, so 16 made commit batches of
+# about 16-26 DMs and two to three times 43e4a27's thread hand-overs per DM (docs/performance.md,
+# the DM path); a turn of 64 DMs is a few ms of the loop
+FRAMES_PER_TURN = 64
 AUTH_REFUSED = Counter(
     "sigil_push_relay_auth_refused_total",
     f"NIP-42 challenges refused unanswered: longer than {MAX_CHALLENGE_BYTES} bytes",
