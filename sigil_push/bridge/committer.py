@@ -44,10 +44,11 @@ from sigil_push.bridge.metrics import (
 from sigil_push.bridge.pending import Arrival, DbOp, Pending
 from sigil_push.bridge.watches import CLASS_OF_KIND, DEFAULT_MASK, DM_KINDS, IRIS, wants_kind
 from sigil_push.config import STOP_GRACE_SECONDS, BridgeConfig
+from sigil_push.nostr.kinds import GIFT_WRAP
 from sigil_push.observations import ObservationLog, SeenRecord
 from sigil_push.relays.discovery import RelayLists
 from sigil_push.relays.inbox import connected_inboxes
-from sigil_push.relays.pool import RelayPool
+from sigil_push.relays.pool import GIFT_WRAP_SKEW_SECONDS, RelayPool
 from sigil_push.store.errors import TRANSIENT_ERRORS, transient
 from sigil_push.store.interface import BridgeConnection, DeviceStore, OutboxStore, SeenStore
 from sigil_push.store.lock_order import NewEvent, in_lock_order
@@ -827,14 +828,17 @@ class Committer:
         `Choice` per (matched through `#p` or not, follows-only or not), each target once per
         such kind of match (one device in two subscriptions wakes if either lets it). A
         target wakes only for events made since it was added (what a relay returns of the
-        time before is history, as a registration's baseline)."""
+        time before is history, as a registration's baseline); a gift wrap, whose `created_at`
+        NIP-59 lets lag up to two days, counts as made since then when it is dated at most two
+        days before (and arrived after it was added)."""
         event = arrival.event
+        made = event.created_at + (GIFT_WRAP_SKEW_SECONDS if event.kind == GIFT_WRAP else 0)
         variants: dict[tuple[bool, bool], dict[int, Device]] = {}
         for watch in arrival.iris:
             slot = variants.setdefault((watch.index == "#p", watch.follows_only), {})
             for device_id in watch.devices:
                 device = devices.get(device_id)
-                if (device is not None and device.registered_at <= event.created_at
+                if (device is not None and device.registered_at <= made
                         and device.registered_at * 1000 <= arrival.received_ms):
                     slot[device_id] = device
         p_count = 0

@@ -12,6 +12,7 @@ Run on SQLite and PostgreSQL: subscriptions reach the bridge through the store's
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -40,10 +41,12 @@ pytestmark = pytest.mark.slow  # starts its own processes
 
 
 def _event(author: nostr_sdk.Keys, kind: int, tags: Sequence[Sequence[str]] = (),
-           content: str = "") -> dict[str, Any]:
+           content: str = "", created_at: int | None = None) -> dict[str, Any]:
     builder = nostr_sdk.EventBuilder(nostr_sdk.Kind(kind), content).tags(
         [nostr_sdk.Tag.parse(list(tag)) for tag in tags]
     )
+    if created_at is not None:
+        builder = builder.custom_created_at(nostr_sdk.Timestamp.from_secs(created_at))
     return dict(json.loads(builder.finalize(author).as_json()))
 
 
@@ -200,3 +203,35 @@ async def test_what_matched_while_the_service_was_down_is_pushed_once_after_it_r
     await eventually(lambda: wakeups(service)[after["id"]] == 1, "live again")
     assert wakeups(service)[before["id"]] == 1
     assert all(wakeups(service)[e["id"]] == 1 for e in while_down)
+
+
+async def test_a_gift_wrap_dated_up_to_two_days_before_its_target_was_added_wakes_it(
+    start_relay: Callable[..., RelayProcess],
+    start_service: Callable[..., ServiceProcess],
+    http_of: Callable[[ServiceProcess], httpx.Client],
+) -> None:
+    """NIP-59 dates a gift wrap up to two days in the past: a kind 1059 sent after the
+    subscription was made but dated a day before it wakes the target, as a DM does a
+    registration's device; one dated three days back does not (history, as before), and a
+    kind 1 dated a day back is history too (only wraps get the allowance)."""
+    relay = start_relay("g")
+    service = start_service([relay.url], FAST_RECONNECT)
+    me = SdkUser()
+    iris = IrisClient(http_of(service), me, service.url)
+    token, bob = new_token(), nostr_sdk.Keys.generate()
+    subscription = {"filter": {"#p": [me.hex], "kinds": [1, 1059]}, "fcm_tokens": [token]}
+    assert iris.request("POST", "subscriptions/", subscription).status_code == 201
+    await eventually(lambda: _watching(service, relay.url), "the watch REQ sent")
+    now = int(time.time())
+    day = 24 * 3600
+    wrap = _event(bob, 1059, [["p", me.hex]], "wrap", created_at=now - day)
+    old_wrap = _event(bob, 1059, [["p", me.hex]], "old wrap", created_at=now - 3 * day + 600)
+    old_note = _event(bob, 1, [["p", me.hex]], "old note", created_at=now - day)
+    await publish(relay.url, old_wrap, old_note, wrap)
+    marker = _event(bob, 1, [["p", me.hex]], "marker")
+    await publish(relay.url, marker)
+    await eventually(lambda: wakeups(service)[marker["id"]] == 1, "a later mention pushed")
+    await eventually(lambda: wakeups(service)[wrap["id"]] == 1, "the backdated wrap pushed")
+    assert wakeups(service)[old_wrap["id"]] == 0
+    assert wakeups(service)[old_note["id"]] == 0
+    assert_private(service, [me.hex, token])
