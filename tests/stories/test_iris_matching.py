@@ -185,7 +185,7 @@ async def test_what_matched_while_the_service_was_down_is_pushed_once_after_it_r
                          {"filter": {"kinds": [1060], "authors": [hex_of(session)]},
                           "fcm_tokens": [token]}):
         assert iris.request("POST", "subscriptions/", subscription).status_code == 201
-    await eventually(lambda: _watching(service, relay.url), "the watch REQ sent")
+    await eventually(lambda: relay_subscribed(service, relay.url), "the watch REQ sent")
     before = _event(bob, 1, [["p", me.hex]], "before")
     await publish(relay.url, before)
     await eventually(lambda: wakeups(service)[before["id"]] == 1, "pushed before the stop")
@@ -221,7 +221,7 @@ async def test_a_gift_wrap_dated_up_to_two_days_before_its_target_was_added_wake
     token, bob = new_token(), nostr_sdk.Keys.generate()
     subscription = {"filter": {"#p": [me.hex], "kinds": [1, 1059]}, "fcm_tokens": [token]}
     assert iris.request("POST", "subscriptions/", subscription).status_code == 201
-    await eventually(lambda: _watching(service, relay.url), "the watch REQ sent")
+    await eventually(lambda: relay_subscribed(service, relay.url), "the watch REQ sent")
     now = int(time.time())
     day = 24 * 3600
     wrap = _event(bob, 1059, [["p", me.hex]], "wrap", created_at=now - day)
