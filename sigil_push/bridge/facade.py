@@ -160,7 +160,7 @@ class Bridge:
         # the port's parts, then the port, then the pool on it
         self._relays = RelayState(link.state, self._lists, pending, inboxes_wake, turn)
         self._ledger = CatchupLedger(self._bridge.catchup_seconds, link, turn)
-        self._iris = IrisWatches(iris, watch_plan)
+        self._iris = IrisWatches(iris, watch_plan, self._relays.forget_user_lists)
         self._ingest = Ingest(
             self._bridge, pending, self._seen, self._lists, counters, keys, self._ledger,
             plan.kinds, self._iris,

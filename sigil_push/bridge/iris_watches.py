@@ -12,6 +12,8 @@ A subscription created, replaced or deleted through any worker's API reaches eve
 bridge as a call to `changed(owner)` (the Iris store's listeners: in-process on SQLite,
 NOTIFY on PostgreSQL); the owner's subscriptions are read again and their watches replace the
 old ones (`WatchIndex.replace_owner`: the cost of that owner's watches, not of everyone's).
+An owner left without subscriptions has its mute and contact lists forgotten (`forget`: the
+store deletes them only if the key has no device row left, a registration's pair included).
 Every change re-publishes what the relays are asked for (`relays.watch_requests.WatchPlan`):
 for each indexed key this worker holds (its shards), the kinds its watches want.
 """
@@ -53,15 +55,22 @@ def _every_key(_key: str) -> bool:
     return True
 
 
+def _keep(_keys: list[str]) -> None:
+    """No store: nothing to forget."""
+
+
 class IrisWatches:
     """The Iris subscriptions' watches of this worker (`index`), kept current (`run`), and the
     relay plan they make (`plan`)."""
 
-    def __init__(self, store: IrisSubscriptionStore | None, plan: WatchPlan) -> None:
-        """`plan` is what relays are asked for (its listeners, the pool, are told of changes)."""
+    def __init__(self, store: IrisSubscriptionStore | None, plan: WatchPlan,
+                 forget: Callable[[list[str]], None] = _keep) -> None:
+        """`plan` is what relays are asked for (its listeners, the pool, are told of changes);
+        `forget` is given this worker's subscribers left without subscriptions."""
         self.index = WatchIndex()
         self._store = store
         self._plan = plan
+        self._forget = forget
         self._holds: Callable[[str], bool] = _every_key
         self._dirty: set[str] = set()
         self._wake = asyncio.Event()
@@ -109,6 +118,9 @@ class IrisWatches:
                 continue
             for owner, stored in fresh.items():
                 self.index.replace_owner(owner, [w for s in stored for w in _compiled(s)])
+            gone = [owner for owner, stored in fresh.items() if not stored and self._holds(owner)]
+            if gone:
+                self._forget(gone)
             self.publish()
 
     def publish(self) -> None:

@@ -151,6 +151,11 @@ class RelayState:
         self._pending.add_op(DELETE_RELAY_LISTS, [(p,) for p in sorted(removed)])
         self._pending.add_op(DELETE_USER_LISTS, [(p,) for p in sorted(removed)])
 
+    def forget_user_lists(self, keys: list[str]) -> None:
+        """Iris subscribers left without subscriptions: their kind 10000 and 3 go unless the
+        key still has a device row when this is written (a registration's pair)."""
+        self._pending.add_op(DELETE_USER_LISTS, [(p,) for p in sorted(keys)])
+
     def forget_baselines(self, left: Iterable[tuple[str, str]]) -> None:
         """(relay, key) pairs whose baseline is void: the key left that relay."""
         self._pending.add_op(DELETE_BASELINE, list(left))

@@ -100,13 +100,14 @@ async def test_a_list_of_a_key_without_a_pair_is_not_stored(
         await link.close()
 
 
-async def test_a_keys_lists_are_deleted_with_its_last_pair_but_not_once_it_has_one_again(
+async def test_a_keys_lists_are_deleted_with_its_last_device_row_but_not_once_it_has_one_again(
     store: SqliteStore | PostgresStore, database: str, tmp_path: Path
 ) -> None:
     """Issue 34, item 6: the bridge's `DELETE_USER_LISTS` for a key that left deletes its
     kind 3 and 10000; the same write for a key registered again meanwhile (the bookkeeping is
     queued behind the batch) keeps them, as for a key whose Iris subscription's target reads
-    them (no pair, but a device row), and other keys' lists are never touched."""
+    them (no pair, but a device row) until its last subscription is deleted, and other keys'
+    lists are never touched."""
     gone, back, other = SecretKey.generate(), SecretKey.generate(), SecretKey.generate()
     subscriber = SecretKey.generate()
     tokens = {}
@@ -141,6 +142,15 @@ async def test_a_keys_lists_are_deleted_with_its_last_pair_but_not_once_it_has_o
         assert kinds(back) == [3, 10000]
         assert kinds(other) == [3, 10000]
         assert kinds(subscriber) == [3, 10000]
+
+        # the subscriber's last subscription deleted: its target's device row goes with it
+        # (0018's trigger), and the same write then deletes its lists
+        assert await store.iris.delete("lists", subscriber.public_key_hex)
+        async with link.transaction():
+            await link.state.apply(BookkeepingOp.DELETE_USER_LISTS,
+                                   [(subscriber.public_key_hex,), (back.public_key_hex,)])
+        assert kinds(subscriber) == []
+        assert kinds(back) == [3, 10000]
     finally:
         await link.close()
 

@@ -167,6 +167,16 @@ async def test_iris_subscriptions_wake_their_targets_once_under_the_iris_rules(
     assert metric(service, "sigil_push_bridge_events_pushed_by_class_total", **{"class": "iris"}) >= 6
     assert_private(service, [me.hex, hex_of(session), hex_of(rotated), token, other_token])
 
+    # the subscriber has no registration: its lists leave with its last subscription
+    lists = "SELECT kind FROM user_lists WHERE pubkey = ?"
+    assert sorted(row[0] for row in fetch(service.database, lists, (me.hex,))) == [3, 10000]
+    listed = iris.request("GET", "subscriptions")
+    assert listed.status_code == 200, listed.text
+    for subscription_id in listed.json():
+        assert iris.request("DELETE", f"subscriptions/{subscription_id}").status_code == 204
+    await eventually(lambda: not fetch(service.database, lists, (me.hex,)),
+                     "the subscriber's mute and contact lists deleted")
+
 
 async def test_what_matched_while_the_service_was_down_is_pushed_once_after_it_returns(
     start_relay: Callable[..., RelayProcess],
