@@ -27,7 +27,7 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from prometheus_client import Gauge
+from prometheus_client import Counter, Gauge
 
 from sigil_push.config import BridgeConfig
 from sigil_push.observations import ObservationLog
@@ -53,6 +53,10 @@ NO_RELAYS: frozenset[str] = frozenset()
 
 SKIPPED = Gauge("sigil_push_relay_skipped_relays", "User relays not watched because of max_relays")
 WATCHED = Gauge("sigil_push_relay_watched_relays", "Relays the bridge keeps a connection to")
+REPLANS = Counter(
+    "sigil_push_relay_replans_total",
+    "Times the relays to watch were chosen again, every key's relays ranked",
+)
 UNSUBSCRIBED = Gauge(
     "sigil_push_relay_unsubscribed_keys",
     "Keys left out on a relay because its NIP-11 limits leave no room for them",
@@ -189,6 +193,7 @@ class RelayPlan:
         room = max(0, self._max_relays - len(self.configured))
         ranked = self._ranked()
         chosen = list(self.configured) + ranked[:room]
+        REPLANS.inc()
         self.skipped = {url: len(self.demand[url]) for url in ranked[room:]}
         SKIPPED.set(len(self.skipped))
         WATCHED.set(len(chosen))
