@@ -130,14 +130,12 @@ class IrisWatches:
         authors = {
             key: index.kinds_for("authors", key) for key in index.author_keys() if holds(key)
         }
-        # the subscribers' own mute and contact lists (the Iris rules read them), like a
-        # registered key's
-        for owner in index.owners():
-            if holds(owner):
-                kinds = authors.get(owner, frozenset())
-                authors[owner] = None if kinds is None else kinds | USER_LISTS_SET
+        # the subscribers' own mute lists, and contact lists of follows-only ones (the Iris
+        # rules read them), like a registered key's
+        lists = {owner: index.follows_only(owner) for owner in index.owners() if holds(owner)}
         self._plan.replace(
-            {key: index.kinds_for("#p", key) for key in index.p_keys() if holds(key)}, authors
+            {key: index.kinds_for("#p", key) for key in index.p_keys() if holds(key)}, authors,
+            lists,
         )
 
     def owns(self, pubkey: str) -> bool:

@@ -255,6 +255,10 @@ class WatchIndex:
     def has_owner(self, owner: str) -> bool:
         return owner in self._of_owner
 
+    def follows_only(self, owner: str) -> bool:
+        """Some subscription of `owner` is follows-only: its kind 3 is read."""
+        return any(watch.follows_only for watch in self._of_owner.get(owner, ()))
+
     def p_keys(self) -> frozenset[str]:
         return frozenset(self._by_p)
 

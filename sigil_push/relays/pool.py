@@ -536,7 +536,7 @@ class RelayPool:
                 reconcile = reconcile or request.reconcile
             watches = self._watches.get(url)
             if watches is not None:
-                for request in watches.due(since_caught_up, subs.firehose):
+                for request in watches.due(since_caught_up, subs.firehose, lists_since):
                     await _send_request(connection, request)
             if self.plan.is_configured(url):
                 UNSUBSCRIBED.labels(series_label(url)).set(len(subs.overflow))

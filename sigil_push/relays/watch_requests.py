@@ -11,7 +11,11 @@ every relay; `RelayWatches` turns it into one relay's REQs:
   many filters per REQ as its `max_filters` allows (10 when it publishes none);
 - on a firehose relay, one `{"kinds": K}` per group instead (the events are matched locally,
   as the firehose's DMs are), except for keys whose watches take any kind;
-- every REQ reaches back to the relay's cursor (a reconnect's catch-up; the committer's
+- the subscribers' own mute lists (kind 10000) and, for those with a `social_graph_filter`,
+  contact lists (kind 3), by author on every relay: a subscriber new on the relay whole, once,
+  the others only since the relay's cursor (`lists_since`), so a subscription change does not
+  bring back every subscriber's lists (a kind 3 can weigh 200 KB), as for registrations;
+- every other REQ reaches back to the relay's cursor (a reconnect's catch-up; the committer's
   de-duplication drops what was handled), mentions, reposts, reactions and zaps only
   `stale_after` back (as for registrations), and no further than the catch-up window.
 
@@ -24,6 +28,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 
+from sigil_push.nostr.kinds import CONTACTS, MUTE_LIST
 from sigil_push.relays.nip11 import RelayLimits
 from sigil_push.relays.subscriptions import KEY_BYTES_IN_FILTER, REQ_OVERHEAD_BYTES, Request
 
@@ -41,6 +46,9 @@ class WatchPlan:
     def __init__(self) -> None:
         self.p: Mapping[str, Kinds] = {}
         self.authors: Mapping[str, Kinds] = {}
+        self.lists: Mapping[str, bool] = {}
+        """Subscribers whose own lists are wanted, each with whether its kind 3 is (follows-only
+        subscriptions); its kind 10000 always is."""
         self.version = 0
         self._listeners: list[Callable[[], None]] = []
 
@@ -48,19 +56,21 @@ class WatchPlan:
         """Be told when the relays must be asked for other keys or kinds (`replace`)."""
         self._listeners.append(listener)
 
-    def replace(self, p: Mapping[str, Kinds], authors: Mapping[str, Kinds]) -> bool:
+    def replace(self, p: Mapping[str, Kinds], authors: Mapping[str, Kinds],
+                lists: Mapping[str, bool] | None = None) -> bool:
         """The new keys; True (a new version, the listeners told) when they differ from the
         current ones."""
-        if p == self.p and authors == self.authors:
+        lists = {} if lists is None else lists
+        if p == self.p and authors == self.authors and lists == self.lists:
             return False
-        self.p, self.authors = dict(p), dict(authors)
+        self.p, self.authors, self.lists = dict(p), dict(authors), dict(lists)
         self.version += 1
         for listener in self._listeners:
             listener()
         return True
 
     def __bool__(self) -> bool:
-        return bool(self.p or self.authors)
+        return bool(self.p or self.authors or self.lists)
 
 
 def _groups(keys: Mapping[str, Kinds]) -> dict[Kinds, list[str]]:
@@ -85,6 +95,11 @@ class RelayWatches:
         self._sent_firehose = False
         self._open: list[str] = []
         self._generation = 0
+        # subscribers whose whole lists (kind 10000; kind 3) this relay was asked for, and
+        # those asked in the last REQs (asked again if those are lost or refused)
+        self._listed: set[str] = set()
+        self._contacts_listed: set[str] = set()
+        self._just_listed: tuple[set[str], set[str]] = (set(), set())
 
     def apply_limits(self, limits: RelayLimits) -> None:
         if limits.max_filters:
@@ -99,10 +114,19 @@ class RelayWatches:
         """The relay forgot every REQ: all are sent again once it is back."""
         self._open = []
         self._sent_version = None
+        self._unlist()
 
     def refresh(self) -> None:
         """Send again (after AUTH: a REQ refused before it may be answered now)."""
         self._sent_version = None
+        self._unlist()
+
+    def _unlist(self) -> None:
+        """The last REQs' whole lists may not have come: ask for them whole again."""
+        lists, contacts = self._just_listed
+        self._listed -= lists
+        self._contacts_listed -= contacts
+        self._just_listed = (set(), set())
 
     def owns(self, sub_id: str) -> bool:
         return sub_id.startswith(SUB_PREFIX)
@@ -111,13 +135,14 @@ class RelayWatches:
     def subscription_count(self) -> int:
         return len(self._open)
 
-    def due(self, since: int, firehose: bool) -> list[Request]:
-        """The REQs (and CLOSEs) that bring the relay in line with the plan; none when it is."""
+    def due(self, since: int, firehose: bool, lists_since: int | None = None) -> list[Request]:
+        """The REQs (and CLOSEs) that bring the relay in line with the plan; none when it is.
+        Subscribers' lists known here are asked from `lists_since` (None: every list whole)."""
         plan = self._plan
         if self._sent_version == plan.version and self._sent_firehose == firehose:
             return []
         self._sent_version, self._sent_firehose = plan.version, firehose
-        filters = self._filters(since, firehose)
+        filters = self._filters(since, firehose) + self._list_filters(lists_since)
         per_req = max(1, self._max_filters)
         old = self._open
         self._open = []
@@ -136,6 +161,29 @@ class RelayWatches:
         if kinds and kinds <= FRESHNESS_KINDS:
             since = max(since, now - self._stale_after)
         return since
+
+    def _list_filters(self, lists_since: int | None) -> list[dict[str, object]]:
+        """Kind 10000 of every subscriber, kind 3 of the follows-only ones: whole for those
+        new here (or every one without `lists_since`), the others from `lists_since`."""
+        wanted = self._plan.lists
+        following = {key for key, contacts in wanted.items() if contacts}
+        if lists_since is None:
+            self._listed.clear()
+            self._contacts_listed.clear()
+        new = set(wanted) - self._listed
+        contacts_new = following - self._contacts_listed
+        self._listed, self._contacts_listed = set(wanted), following
+        self._just_listed = (new, contacts_new)
+        window: dict[str, object] = {} if lists_since is None else {"since": lists_since}
+        per_filter = max(1, min(self._keys_per_filter, self._length_cap))
+        filters: list[dict[str, object]] = []
+        for kind, keys, asked in ((MUTE_LIST, set(wanted), new),
+                                  (CONTACTS, following, contacts_new)):
+            for members, reach in ((sorted(keys - asked), window), (sorted(asked), {})):
+                for start in range(0, len(members), per_filter):
+                    filters.append({"kinds": [kind],
+                                    "authors": members[start : start + per_filter], **reach})
+        return filters
 
     def _filters(self, since: int, firehose: bool) -> list[dict[str, object]]:
         plan = self._plan

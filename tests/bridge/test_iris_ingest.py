@@ -77,7 +77,8 @@ async def test_only_events_a_watch_may_match_are_verified_and_each_target_wakes_
         await poll(lambda: watches.index.has_owner(me) and len(watches.index.p_keys()) == 1
                    and parts.bridge.pool.watch_plan.authors.keys() >= {session.public_key_hex},
                    what="the subscriptions watched")
-        assert parts.bridge.pool.watch_plan.authors[me] == {3, 10000}  # its own lists
+        # its own mute list (no follows-only subscription: not its kind 3)
+        assert parts.bridge.pool.watch_plan.lists == {me: False} and me not in parts.bridge.pool.watch_plan.authors
         # ... which a firehose relay delivers unasked, and which are kept for the Iris rules
         lists_before = stored_lists()
         mute_list = sign_event(owner, 10000, "", [["p", "dd" * 32]]).to_json()

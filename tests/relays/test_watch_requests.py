@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 
 from sigil_push.relays.nip11 import RelayLimits
+from sigil_push.relays.subscriptions import Request
 from sigil_push.relays.watch_requests import RelayWatches, WatchPlan
 
 HOUR, WINDOW = 3600, 2 * 86_400
@@ -85,3 +86,35 @@ def test_a_firehose_asks_by_kinds_and_keeps_keys_only_for_any_kind() -> None:
     assert not any("#p" in f for f in request.filters)
     # switching mode re-sends
     assert watches.due(0, False)
+
+
+def _lists(requests: list[Request]) -> list[dict[str, object]]:
+    return [f for r in requests for f in r.filters if f.get("kinds") in ([3], [10000])]
+
+
+def test_subscribers_lists_are_asked_whole_once_then_since_the_cursor() -> None:
+    """Issue 33 with issue 34's item 2: a subscriber new on the relay has its whole kind 10000
+    (and kind 3 if follows-only) asked once; every later plan change asks the known ones
+    only since the relay's cursor, and a REQ lost with the connection asks them whole again."""
+    plan, cursor = WatchPlan(), int(time.time()) - HOUR
+    watches = RelayWatches(plan, 500, HOUR, WINDOW)
+    plan.replace({ME: MENTIONS}, {}, {ME: False})
+    assert _lists(watches.due(0, False, cursor)) == [{"kinds": [10000], "authors": [ME]}]
+    plan.replace({ME: MENTIONS, OTHER: MENTIONS}, {}, {ME: True, OTHER: False})
+    assert sorted(_lists(watches.due(0, False, cursor)), key=repr) == sorted([
+        {"kinds": [10000], "authors": [ME], "since": cursor},
+        {"kinds": [10000], "authors": [OTHER]},
+        {"kinds": [3], "authors": [ME]},  # turned follows-only: its kind 3 whole, once
+    ], key=repr)
+    plan.replace({ME: MENTIONS}, {}, {ME: True})
+    assert sorted(_lists(watches.due(0, False, cursor)), key=repr) == sorted([
+        {"kinds": [10000], "authors": [ME], "since": cursor},
+        {"kinds": [3], "authors": [ME], "since": cursor},
+    ], key=repr)
+    plan.replace({ME: MENTIONS, OTHER: MENTIONS}, {}, {ME: True, SESSION: False})
+    watches.connection_lost()  # SESSION's whole list may not have come
+    requests = watches.due(0, False, cursor)
+    assert {"kinds": [10000], "authors": [SESSION]} in _lists(requests)
+    assert {"kinds": [10000], "authors": [ME], "since": cursor} in _lists(requests)
+    plan.replace({}, {}, {})
+    assert _lists(watches.due(0, False, cursor)) == []
