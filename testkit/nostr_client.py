@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import nostr_sdk
@@ -33,18 +34,28 @@ def secret_hex_of(keys: nostr_sdk.Keys) -> str:
     return str(keys.secret_key().to_hex())
 
 
+def signed_event(
+    author: nostr_sdk.Keys,
+    kind: int,
+    tags: Sequence[Sequence[str]] = (),
+    content: str = "",
+    created_at: int | None = None,
+) -> dict[str, Any]:
+    """An event of any kind signed by its author, as a relay frame's JSON object."""
+    builder = nostr_sdk.EventBuilder(nostr_sdk.Kind(kind), content).tags(
+        [nostr_sdk.Tag.parse(list(tag)) for tag in tags]
+    )
+    if created_at is not None:
+        builder = builder.custom_created_at(nostr_sdk.Timestamp.from_secs(created_at))
+    return dict(json.loads(builder.finalize(author).as_json()))
+
+
 def kind4_dm(
     sender: nostr_sdk.Keys, recipient: nostr_sdk.Keys, text: str, created_at: int | None = None
 ) -> dict[str, Any]:
     """A NIP-04 direct message, encrypted for the recipient and `p`-tagged to them."""
     content = nostr_sdk.nip04_encrypt(sender.secret_key(), recipient.public_key(), text)
-    builder = nostr_sdk.EventBuilder(nostr_sdk.Kind(4), content).tags(
-        [nostr_sdk.Tag.public_key(recipient.public_key())]
-    )
-    if created_at is not None:
-        builder = builder.custom_created_at(nostr_sdk.Timestamp.from_secs(created_at))
-    event = builder.finalize(sender)
-    return dict(json.loads(event.as_json()))
+    return signed_event(sender, 4, [["p", recipient.public_key().to_hex()]], content, created_at)
 
 
 def gift_wrap(sender: nostr_sdk.Keys, recipient: nostr_sdk.Keys, text: str) -> dict[str, Any]:
@@ -58,12 +69,7 @@ def relay_list(
 ) -> dict[str, Any]:
     """A kind 10050 (`relay` tags) or kind 10002 (`r` tags) list signed by its owner."""
     tag_name = "relay" if kind == 10050 else "r"
-    tags = [nostr_sdk.Tag.parse([tag_name, url]) for url in urls]
-    builder = nostr_sdk.EventBuilder(nostr_sdk.Kind(kind), "").tags(tags)
-    if created_at is not None:
-        builder = builder.custom_created_at(nostr_sdk.Timestamp.from_secs(created_at))
-    event = builder.finalize(owner)
-    return dict(json.loads(event.as_json()))
+    return signed_event(owner, kind, [[tag_name, url] for url in urls], created_at=created_at)
 
 
 async def publish(relay_url: str, *events: dict[str, Any]) -> None:

@@ -11,10 +11,8 @@ Run on SQLite and PostgreSQL: subscriptions reach the bridge through the store's
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator
 
 import httpx
 import nostr_sdk
@@ -31,7 +29,7 @@ from testkit.bridge_harness import (
 from testkit.deadlines import REQUEST_SECONDS, scaled
 from testkit.iris_client import IrisClient
 from testkit.nip98 import SdkUser
-from testkit.nostr_client import hex_of, publish
+from testkit.nostr_client import hex_of, publish, signed_event
 from testkit.processes import FAST_RECONNECT
 from testkit.relay import RelayProcess
 from testkit.service import ServiceProcess
@@ -39,15 +37,6 @@ from testkit.stores import Engine, fetch
 
 pytestmark = pytest.mark.slow  # starts its own processes
 
-
-def _event(author: nostr_sdk.Keys, kind: int, tags: Sequence[Sequence[str]] = (),
-           content: str = "", created_at: int | None = None) -> dict[str, Any]:
-    builder = nostr_sdk.EventBuilder(nostr_sdk.Kind(kind), content).tags(
-        [nostr_sdk.Tag.parse(list(tag)) for tag in tags]
-    )
-    if created_at is not None:
-        builder = builder.custom_created_at(nostr_sdk.Timestamp.from_secs(created_at))
-    return dict(json.loads(builder.finalize(author).as_json()))
 
 
 def _suppressed(service: ServiceProcess, event_id: str) -> tuple[str, str] | None:
@@ -109,27 +98,27 @@ async def test_iris_subscriptions_wake_their_targets_once_under_the_iris_rules(
 
     # the subscriber's lists: carol muted, bob followed
     await publish(relay.url,
-                  _event(me.keys, 10000, [["p", hex_of(carol)]]),
-                  _event(me.keys, 3, [["p", hex_of(bob)]]))
+                  signed_event(me.keys, 10000, [["p", hex_of(carol)]]),
+                  signed_event(me.keys, 3, [["p", hex_of(bob)]]))
     await eventually(
         lambda: metric(service, "sigil_push_bridge_user_lists_total", outcome="stored") >= 2,
         "the subscriber's mute and contact lists stored",
     )
 
-    mention = _event(dave, 1, [["p", me.hex]], "hi")
-    message = _event(session, 1060, [["p", "ab" * 32]], "ciphertext")
-    both = _event(bob, 1, [["p", me.hex]], "matches two subscriptions")
+    mention = signed_event(dave, 1, [["p", me.hex]], "hi")
+    message = signed_event(session, 1060, [["p", "ab" * 32]], "ciphertext")
+    both = signed_event(bob, 1, [["p", me.hex]], "matches two subscriptions")
     await publish(relay.url, mention, message, both)
     await eventually(
         lambda: all(wakeups(service)[e["id"]] == 1 for e in (mention, message, both)),
         "the mention, the session key's message and bob's note pushed",
     )
 
-    own = _event(me.keys, 1, [["p", me.hex]], "note to self")
-    crowded = _event(dave, 1, [["p", me.hex]] + [["p", f"{i:064x}"] for i in range(1, 11)])
-    muted = _event(carol, 1, [["p", me.hex]], "muted")
-    stranger_reaction = _event(dave, 7, [["p", me.hex]], "+")
-    friend_reaction = _event(bob, 7, [["p", me.hex]], "+")
+    own = signed_event(me.keys, 1, [["p", me.hex]], "note to self")
+    crowded = signed_event(dave, 1, [["p", me.hex]] + [["p", f"{i:064x}"] for i in range(1, 11)])
+    muted = signed_event(carol, 1, [["p", me.hex]], "muted")
+    stranger_reaction = signed_event(dave, 7, [["p", me.hex]], "+")
+    friend_reaction = signed_event(bob, 7, [["p", me.hex]], "+")
     await publish(relay.url, own, crowded, muted, stranger_reaction, friend_reaction)
     await eventually(lambda: wakeups(service)[friend_reaction["id"]] == 2,
                      "a followed author's reaction pushed to both targets")
@@ -145,21 +134,21 @@ async def test_iris_subscriptions_wake_their_targets_once_under_the_iris_rules(
     messages["filter"] = {"kinds": [1060], "authors": [hex_of(rotated)]}
     response = iris.request("POST", f"subscriptions/{messages_id}", messages)
     assert response.status_code == 200, response.text
-    old_key = _event(session, 1060, [["p", "ab" * 32]], "old session")
-    new_key = _event(rotated, 1060, [["p", "ab" * 32]], "new session")
+    old_key = signed_event(session, 1060, [["p", "ab" * 32]], "old session")
+    new_key = signed_event(rotated, 1060, [["p", "ab" * 32]], "new session")
     await publish(relay.url, new_key)
     await eventually(lambda: wakeups(service)[new_key["id"]] == 1, "the new key's message")
     await publish(relay.url, old_key)
-    marker = _event(dave, 1, [["p", me.hex]], "marker")
+    marker = signed_event(dave, 1, [["p", me.hex]], "marker")
     await publish(relay.url, marker)
     await eventually(lambda: wakeups(service)[marker["id"]] == 1, "a later mention pushed")
     assert wakeups(service)[old_key["id"]] == 0
 
     # deletion: nothing of that subscription wakes anyone any more
     assert iris.request("DELETE", f"subscriptions/{messages_id}").status_code == 204
-    after = _event(rotated, 1060, [["p", "ab" * 32]], "after deletion")
+    after = signed_event(rotated, 1060, [["p", "ab" * 32]], "after deletion")
     await publish(relay.url, after)
-    marker = _event(dave, 1, [["p", me.hex]], "second marker")
+    marker = signed_event(dave, 1, [["p", me.hex]], "second marker")
     await publish(relay.url, marker)
     await eventually(lambda: wakeups(service)[marker["id"]] == 1, "a later mention pushed")
     assert wakeups(service)[after["id"]] == 0
@@ -196,19 +185,19 @@ async def test_what_matched_while_the_service_was_down_is_pushed_once_after_it_r
                           "fcm_tokens": [token]}):
         assert iris.request("POST", "subscriptions/", subscription).status_code == 201
     await eventually(lambda: relay_subscribed(service, relay.url), "the watch REQ sent")
-    before = _event(bob, 1, [["p", me.hex]], "before")
+    before = signed_event(bob, 1, [["p", me.hex]], "before")
     await publish(relay.url, before)
     await eventually(lambda: wakeups(service)[before["id"]] == 1, "pushed before the stop")
     await eventually(lambda: not fetch(service.database, "SELECT 1 FROM outbox"), "outbox empty")
 
     service.stop()
-    while_down = [_event(bob, 7, [["p", me.hex]], "+"),
-                  _event(session, 1060, [["p", "ab" * 32]], "while down")]
+    while_down = [signed_event(bob, 7, [["p", me.hex]], "+"),
+                  signed_event(session, 1060, [["p", "ab" * 32]], "while down")]
     await publish(relay.url, *while_down)
     service.start()
     await eventually(lambda: all(wakeups(service)[e["id"]] == 1 for e in while_down),
                      "what matched while down pushed")
-    after = _event(bob, 1, [["p", me.hex]], "after")
+    after = signed_event(bob, 1, [["p", me.hex]], "after")
     await publish(relay.url, after)
     await eventually(lambda: wakeups(service)[after["id"]] == 1, "live again")
     assert wakeups(service)[before["id"]] == 1
@@ -234,11 +223,11 @@ async def test_a_gift_wrap_dated_up_to_two_days_before_its_target_was_added_wake
     await eventually(lambda: relay_subscribed(service, relay.url), "the watch REQ sent")
     now = int(time.time())
     day = 24 * 3600
-    wrap = _event(bob, 1059, [["p", me.hex]], "wrap", created_at=now - day)
-    old_wrap = _event(bob, 1059, [["p", me.hex]], "old wrap", created_at=now - 3 * day + 600)
-    old_note = _event(bob, 1, [["p", me.hex]], "old note", created_at=now - day)
+    wrap = signed_event(bob, 1059, [["p", me.hex]], "wrap", created_at=now - day)
+    old_wrap = signed_event(bob, 1059, [["p", me.hex]], "old wrap", created_at=now - 3 * day + 600)
+    old_note = signed_event(bob, 1, [["p", me.hex]], "old note", created_at=now - day)
     await publish(relay.url, old_wrap, old_note, wrap)
-    marker = _event(bob, 1, [["p", me.hex]], "marker")
+    marker = signed_event(bob, 1, [["p", me.hex]], "marker")
     await publish(relay.url, marker)
     await eventually(lambda: wakeups(service)[marker["id"]] == 1, "a later mention pushed")
     await eventually(lambda: wakeups(service)[wrap["id"]] == 1, "the backdated wrap pushed")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import base64
 import json
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import http_ece
@@ -33,7 +33,7 @@ from testkit.deadlines import REQUEST_SECONDS, scaled
 from testkit.fakes.fake_unifiedpush import FakeUnifiedPush, PushRequest, parse_vapid
 from testkit.iris_client import BrowserKeys, IrisClient
 from testkit.nip98 import SdkUser
-from testkit.nostr_client import hex_of, publish
+from testkit.nostr_client import hex_of, publish, signed_event
 from testkit.processes import FAST_RECONNECT
 from testkit.relay import RelayProcess
 from testkit.service import ServiceProcess
@@ -52,13 +52,6 @@ notification_url = "{NOTIFICATION_URL}"
 """
 BROWSER = "browser"
 
-
-def _event(author: nostr_sdk.Keys, kind: int, tags: Sequence[Sequence[str]] = (),
-           content: str = "") -> dict[str, Any]:
-    builder = nostr_sdk.EventBuilder(nostr_sdk.Kind(kind), content).tags(
-        [nostr_sdk.Tag.parse(list(tag)) for tag in tags]
-    )
-    return dict(json.loads(builder.finalize(author).as_json()))
 
 
 def _claims(request: PushRequest) -> tuple[dict[str, Any], str]:
@@ -137,8 +130,8 @@ async def test_iris_client_in_its_own_order_gets_decryptable_vapid_signed_pushes
         await eventually(lambda: relay_subscribed(service, relay.url), "the watch REQ sent")
 
         # 4. a mention, and a message by the session key: one push each, decrypted
-        mention = _event(bob, 1, [["p", me.hex]], "gm iris")
-        message = _event(session, 1060, [["p", "ab" * 32]], "double-ratchet ciphertext")
+        mention = signed_event(bob, 1, [["p", me.hex]], "gm iris")
+        message = signed_event(session, 1060, [["p", "ab" * 32]], "double-ratchet ciphertext")
         await publish(relay.url, mention, message)
         await eventually(lambda: browser.pushed(mention) == 1 and browser.pushed(message) == 1,
                          "the mention and the message pushed to the browser")
@@ -155,11 +148,11 @@ async def test_iris_client_in_its_own_order_gets_decryptable_vapid_signed_pushes
         dm_sub["filter"] = {"kinds": [1060], "authors": [hex_of(rotated)]}
         updated = iris.request("POST", f"subscriptions/{dm_id}", dm_sub)
         assert updated.status_code == 200 and updated.json() == {"status": "Updated"}
-        new_key = _event(rotated, 1060, [["p", "ab" * 32]], "after rotation")
+        new_key = signed_event(rotated, 1060, [["p", "ab" * 32]], "after rotation")
         await publish(relay.url, new_key)
         await eventually(lambda: browser.pushed(new_key) == 1, "the new session key's message")
-        old_key = _event(session, 1060, [["p", "ab" * 32]], "old session")
-        marker = _event(dave, 7, [["p", me.hex]], "+")
+        old_key = signed_event(session, 1060, [["p", "ab" * 32]], "old session")
+        marker = signed_event(dave, 7, [["p", me.hex]], "+")
         await publish(relay.url, old_key, marker)
         await eventually(lambda: browser.pushed(marker) == 1, "a later reaction pushed")
         assert browser.pushed(old_key) == 0
@@ -167,8 +160,8 @@ async def test_iris_client_in_its_own_order_gets_decryptable_vapid_signed_pushes
         # 6. deletion: the messages subscription is gone, the mentions one still works
         assert iris.request("DELETE", f"subscriptions/{dm_id}").status_code == 204
         assert set(iris.subscriptions()) == {created[0].json()["id"]}
-        gone = _event(rotated, 1060, [["p", "ab" * 32]], "after deletion")
-        marker = _event(dave, 1, [["p", me.hex]], "still there?")
+        gone = signed_event(rotated, 1060, [["p", "ab" * 32]], "after deletion")
+        marker = signed_event(dave, 1, [["p", me.hex]], "still there?")
         await publish(relay.url, gone, marker)
         await eventually(lambda: browser.pushed(marker) == 1, "a later mention pushed")
         assert browser.pushed(gone) == 0

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -25,21 +24,11 @@ from testkit.fakes.fake_apns import FakeApns
 from testkit.fakes.harness import eventually
 from testkit.in_process import InProcessService, in_process_service
 from testkit.nip98 import SdkUser
-from testkit.nostr_client import kind4_dm, publish
+from testkit.nostr_client import kind4_dm, publish, signed_event
 from testkit.paging_relay import PagingRelay
 from testkit.phones import DEADLINE, Phone, claim_turns, held_back, suppressed, watched
 from testkit.relay import RelayProcess
 from testkit.stores import fetch
-
-
-def _event(author: nostr_sdk.Keys, kind: int, tags: Sequence[Sequence[str]] = (),
-           content: str = "", created_at: int | None = None) -> dict[str, Any]:
-    builder = nostr_sdk.EventBuilder(nostr_sdk.Kind(kind), content).tags(
-        [nostr_sdk.Tag.parse(list(tag)) for tag in tags]
-    )
-    if created_at is not None:
-        builder = builder.custom_created_at(nostr_sdk.Timestamp.from_secs(created_at))
-    return dict(json.loads(builder.finalize(author).as_json()))
 
 
 def _hex(keys: nostr_sdk.Keys | Phone) -> str:
@@ -52,9 +41,9 @@ def _zap(zapper: nostr_sdk.Keys, recipient: Phone, description: str | None = Non
     """A zap receipt signed by an LNURL server's key, its `description` the zapper's signed
     kind 9734 (or the text given)."""
     if description is None:
-        request = _event(zapper, 9734, [["p", _hex(recipient)], ["amount", "21000"]], "gm")
+        request = signed_event(zapper, 9734, [["p", _hex(recipient)], ["amount", "21000"]], "gm")
         description = json.dumps(request)
-    return _event(nostr_sdk.Keys.generate(), 9735,
+    return signed_event(nostr_sdk.Keys.generate(), 9735,
                   [["p", _hex(recipient)], ["bolt11", "lnbc210n1"], ["description", description]])
 
 
@@ -84,11 +73,11 @@ async def test_each_kind_wakes_only_the_pairs_that_asked_for_it_and_never_its_au
     await watched(instance, module_relay.url, 4)
     bob = nostr_sdk.Keys.generate()
     named = [["p", _hex(phone)] for phone in phones]
-    note = _event(bob, 1, named, "hello all")
+    note = signed_event(bob, 1, named, "hello all")
     await publish(module_relay.url, note)
     await eventually(lambda: mentions.pushes() == 1 and everything.pushes() == 1, DEADLINE,
                      "the mention pushed to the pairs that asked")
-    shared = [_event(bob, kind, named, "+") for kind in (6, 16, 7)]
+    shared = [signed_event(bob, kind, named, "+") for kind in (6, 16, 7)]
     zaps = [_zap(bob, social), _zap(bob, everything)]
     await publish(module_relay.url, *shared, *zaps)
     # wakeups due together for one phone go out as one push: count the events' records
@@ -99,9 +88,9 @@ async def test_each_kind_wakes_only_the_pairs_that_asked_for_it_and_never_its_au
     await publish(module_relay.url, kind4_dm(bob, dms.keys, "a DM"))
     await eventually(lambda: dms.pushes() == 1, DEADLINE, "the DM pushed")
     # the author's own note, naming themself: nothing, not even a record
-    own = _event(mentions.keys, 1, [["p", _hex(mentions)]], "note to self")
+    own = signed_event(mentions.keys, 1, [["p", _hex(mentions)]], "note to self")
     await publish(module_relay.url, own)
-    later = _event(bob, 1, [["p", _hex(mentions)]], "after")
+    later = signed_event(bob, 1, [["p", _hex(mentions)]], "after")
     await publish(module_relay.url, later)
     await eventually(lambda: mentions.pushes() == 2, DEADLINE, "the later mention pushed")
     await eventually(lambda: later["id"] in _push_counts(instance), DEADLINE, "its record")
@@ -121,10 +110,10 @@ async def test_a_hellthread_wakes_no_one(
     await watched(instance, module_relay.url, 1)
     bob = nostr_sdk.Keys.generate()
     crowd = [["p", _hex(nostr_sdk.Keys.generate())] for _ in range(10)]
-    hellthread = _event(bob, 1, [*crowd, ["p", _hex(alice)]], "everyone look")
+    hellthread = signed_event(bob, 1, [*crowd, ["p", _hex(alice)]], "everyone look")
     await publish(module_relay.url, hellthread)
     await held_back(instance, hellthread, "crowded", "mention")
-    ten = _event(bob, 7, [*crowd[:9], ["p", _hex(alice)]], "+")
+    ten = signed_event(bob, 7, [*crowd[:9], ["p", _hex(alice)]], "+")
     await publish(module_relay.url, ten)
     await eventually(lambda: alice.pushes() == 1, DEADLINE, "ten keys are not a crowd")
 
@@ -136,24 +125,24 @@ async def test_mute_by_key_thread_and_word_and_a_muted_zapper(
     A zap whose request does not verify is anonymous: mutes cannot apply, it wakes."""
     alice = Phone(instance, fake_apns, SdkUser())
     mallory, zapper, bob = (nostr_sdk.Keys.generate() for _ in range(3))
-    root = _event(bob, 1, [], "the thread")
+    root = signed_event(bob, 1, [], "the thread")
     await alice.register(notify=["mention", "zap"], muted=[_hex(zapper)])
     await watched(instance, module_relay.url, 1)
-    mute_list = _event(alice.keys, 10000, [["p", _hex(mallory)], ["e", root["id"]],
+    mute_list = signed_event(alice.keys, 10000, [["p", _hex(mallory)], ["e", root["id"]],
                                            ["word", "shitcoin"]])
     await publish(module_relay.url, mute_list)
     await eventually(lambda: _list_flags(instance, alice) & 1, DEADLINE, "the mute list stored")
-    by_key = _event(mallory, 1, [["p", _hex(alice)]], "hi")
-    in_thread = _event(bob, 1, [["e", root["id"], "", "root"], ["e", "ab" * 32, "", "reply"],
+    by_key = signed_event(mallory, 1, [["p", _hex(alice)]], "hi")
+    in_thread = signed_event(bob, 1, [["e", root["id"], "", "root"], ["e", "ab" * 32, "", "reply"],
                                 ["p", _hex(alice)]], "deep reply")
-    worded = _event(bob, 1, [["p", _hex(alice)]], "Buy my SHITCOIN")
+    worded = signed_event(bob, 1, [["p", _hex(alice)]], "Buy my SHITCOIN")
     zapped = _zap(zapper, alice)
     await publish(module_relay.url, by_key, in_thread, worded, zapped)
     for event, cls in ((by_key, "mention"), (in_thread, "mention"), (worded, "mention"),
                        (zapped, "zap")):
         await held_back(instance, event, "muted", cls)
     anonymous = _zap(zapper, alice, description="{not json")
-    plain = _event(bob, 1, [["p", _hex(alice)]], "a fine note")
+    plain = signed_event(bob, 1, [["p", _hex(alice)]], "a fine note")
     await publish(module_relay.url, anonymous, plain)
     await eventually(lambda: sorted(_pushed_ids(instance)) == sorted([anonymous["id"], plain["id"]]),
                      DEADLINE, "the anonymous zap and the note pushed")
@@ -179,11 +168,11 @@ async def test_follows_only_on_a_reaction(
     friend, stranger = nostr_sdk.Keys.generate(), nostr_sdk.Keys.generate()
     await alice.register(notify=["reaction"], senders="follows")
     await watched(instance, module_relay.url, 1)
-    await publish(module_relay.url, _event(alice.keys, 3, [["p", _hex(friend)]]))
+    await publish(module_relay.url, signed_event(alice.keys, 3, [["p", _hex(friend)]]))
     await eventually(lambda: _list_flags(instance, alice) & 2, DEADLINE,
                      "the contact list stored")
-    from_stranger = _event(stranger, 7, [["p", _hex(alice)]], "+")
-    from_friend = _event(friend, 7, [["p", _hex(alice)]], "🤙")
+    from_stranger = signed_event(stranger, 7, [["p", _hex(alice)]], "+")
+    from_friend = signed_event(friend, 7, [["p", _hex(alice)]], "🤙")
     await publish(module_relay.url, from_stranger, from_friend)
     await held_back(instance, from_stranger, "not_followed", "reaction")
     await eventually(lambda: alice.pushes() == 1, DEADLINE, "the friend's reaction pushed")
@@ -216,7 +205,7 @@ async def test_quiet_hours_hold_back_and_send_one_wakeup_at_their_end(
     shown = await alice.preferences(quiet=quiet)
     assert shown["quiet"]["tz"] == "Asia/Kathmandu"
     bob = nostr_sdk.Keys.generate()
-    mention = _event(bob, 1, [["p", _hex(alice)]], "psst")
+    mention = signed_event(bob, 1, [["p", _hex(alice)]], "psst")
     dm = kind4_dm(bob, alice.keys, "late night")
     await publish(module_relay.url, mention, dm)
     await held_back(instance, mention, "quiet", "mention")
@@ -287,8 +276,8 @@ async def test_stale_public_events_are_not_pushed_after_a_restart(
             await alice.register(notify=["reaction"])
             await watched(first, relay.url, 1)
         bob = nostr_sdk.Keys.generate()
-        old = _event(bob, 7, [["p", _hex(alice)]], "+", created_at=int(time.time()) - 7200)
-        fresh = _event(bob, 7, [["p", _hex(alice)]], "🔥")
+        old = signed_event(bob, 7, [["p", _hex(alice)]], "+", created_at=int(time.time()) - 7200)
+        fresh = signed_event(bob, 7, [["p", _hex(alice)]], "🔥")
         relay.events.extend([old, fresh])
         async with in_process_service(tmp_path, apns_relay_config) as second:
             alice.instance = second
