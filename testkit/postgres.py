@@ -153,17 +153,23 @@ def postgres_required() -> bool:
     return os.environ.get(REQUIRE_VARIABLE, "") not in ("", "0")
 
 
-@pytest.fixture(scope="session")
-def postgres_server() -> Iterator[PostgresServer]:
-    """One real PostgreSQL cluster for the whole test session. Without binaries its tests are
-    skipped (a developer machine without PostgreSQL), or fail when PostgreSQL is required."""
+def _binaries_or_skip() -> Path:
+    """The PostgreSQL binaries, else the test is skipped (a developer machine without
+    PostgreSQL) or fails (PostgreSQL required, as in CI)."""
     binaries = find_binaries()
     if binaries is None:
         missing = "PostgreSQL binaries (initdb, pg_ctl) not found on PATH or /usr/lib/postgresql"
         if postgres_required():
             pytest.fail(f"{missing}, and {REQUIRE_VARIABLE} is set", pytrace=False)
         pytest.skip(missing)
-    with PostgresServer(binaries) as server:
+    return binaries
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """One real PostgreSQL cluster for the whole test session. Without binaries its tests are
+    skipped (a developer machine without PostgreSQL), or fail when PostgreSQL is required."""
+    with PostgresServer(_binaries_or_skip()) as server:
         yield server
 
 
@@ -177,11 +183,5 @@ def postgres_url(postgres_server: PostgresServer) -> str:
 def own_postgres_server() -> Iterator[PostgresServer]:
     """A PostgreSQL cluster of the test's own, which it may stop and start again (`halt`,
     `resume`) without taking the session's server from other tests."""
-    binaries = find_binaries()
-    if binaries is None:
-        missing = "PostgreSQL binaries (initdb, pg_ctl) not found on PATH or /usr/lib/postgresql"
-        if postgres_required():
-            pytest.fail(f"{missing}, and {REQUIRE_VARIABLE} is set", pytrace=False)
-        pytest.skip(missing)
-    with PostgresServer(binaries) as server:
+    with PostgresServer(_binaries_or_skip()) as server:
         yield server
