@@ -24,7 +24,7 @@ import asyncio
 import os
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import TypeVar, overload
 
 SCALE_VARIABLE = "SIGIL_PUSH_TEST_DEADLINE_SCALE"
 DEFAULT_SCALE = 4.0
@@ -91,6 +91,20 @@ def wait_until(
         time.sleep(every)
 
 
+@overload
+async def eventually(
+    check: Callable[[], Awaitable[T]],
+    what: str = ...,
+    seconds: float = ...,
+    every: float = ...,
+) -> T: ...
+@overload
+async def eventually(
+    check: Callable[[], T],
+    what: str = ...,
+    seconds: float = ...,
+    every: float = ...,
+) -> T: ...
 async def eventually(
     check: Callable[[], T | Awaitable[T]],
     what: str = "condition",

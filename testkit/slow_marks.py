@@ -125,10 +125,10 @@ def analyse_source(source: str) -> dict[str, str]:
         for name, (called, _) in direct.items():
             if name in slow:
                 continue
-            cls = name.split(".", 1)[0] if "." in name else None
+            owner = name.split(".", 1)[0] if "." in name else None
             for callee in called:
                 target = callee.rsplit(".", 1)[-1] if callee.startswith("self.") else callee
-                candidates = [target] + ([f"{cls}.{target}"] if cls else [])
+                candidates = [target] + ([f"{owner}.{target}"] if owner else [])
                 hit = next((c for c in candidates if c in slow and c != name), None)
                 if hit is not None:
                     slow[name] = f"{slow[hit]} (via {hit})"

@@ -49,6 +49,11 @@ class Script:
     silent: bool = False
 
 
+def _text(field: str | bytes) -> str:
+    """A header field as text: h2 decodes them (header_encoding) but types them as either."""
+    return field.decode() if isinstance(field, bytes) else field
+
+
 class _Connection(asyncio.Protocol):
     def __init__(self, server: FakeApns) -> None:
         self.server = server
@@ -83,7 +88,8 @@ class _Connection(asyncio.Protocol):
             return
         for event in events:
             if isinstance(event, RequestReceived):
-                self.streams[event.stream_id] = (dict(event.headers), bytearray())
+                headers = {_text(name): _text(value) for name, value in event.headers or ()}
+                self.streams[event.stream_id] = (headers, bytearray())
             elif isinstance(event, DataReceived):
                 self.streams[event.stream_id][1].extend(event.data)
                 self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
