@@ -178,11 +178,17 @@ def provider_data(event: dict[str, Any], notification_url: str) -> dict[str, str
     """The keys an APNs or FCM target gets, as strings (FCM data values are strings): `event`
     (its JSON) only for ciphertext kinds, a generic title, an empty body, the url; nothing
     readable about a public event's content or author. The planner drops `event` when the
-    push would not fit the provider."""
+    push would not fit the provider.
+
+    A public event's `url` is `notification_url` alone: its `note1…` id would find the event
+    (author, content and the keys it names, the recipient among them) on any relay, which is
+    all the push withholds. A ciphertext event's url names it (the push carries it anyway)."""
     data = {"title": kind_title(event, generic=True), "body": ""}
     if event.get("kind") in ENCRYPTED_KINDS:
         data["event"] = orjson.dumps(event).decode()
-    data["url"] = event_url(notification_url, str(event["id"]))
+        data["url"] = event_url(notification_url, str(event["id"]))
+    else:
+        data["url"] = notification_url
     return data
 
 

@@ -97,10 +97,11 @@ def test_an_event_whose_record_would_pass_4096_bytes_becomes_a_pointer() -> None
 def test_apns_and_fcm_keys_carry_an_event_only_for_ciphertext_kinds() -> None:
     note = signed(1, "public words", [["p", "b" * 64]])
     data = provider_data(note, URL)
-    assert data == {"title": "Mention", "body": "", "url": event_url(URL, note["id"])}
+    assert data == {"title": "Mention", "body": "", "url": URL}, "no id that finds the note"
     assert "public words" not in json.dumps(data) and note["pubkey"] not in json.dumps(data)
     dm = signed(1059, "wrapped")
     assert json.loads(provider_data(dm, URL)["event"]) == dm
+    assert provider_data(dm, URL)["url"] == event_url(URL, dm["id"])
     assert provider_data(zap([["amount", "21000"]], "lnbc1"), URL)["title"] == "Zap"
     assert all(isinstance(value, str) for value in provider_data(dm, URL).values())
 
