@@ -5,7 +5,7 @@ subscriptions) to the same local push service, a separate process that is not me
 (testkit.fakes.fake_unifiedpush, which checks every VAPID header as autopush does). The
 endpoints are spread over HOSTS loopback addresses (127.0.1.x), each a push host to the
 service, none reaching its per-host share of the window: as Chrome's endpoints on
-fcm.googleapis.com, which are exempt from that share (push.registry.is_browser_push_service).
+fcm.googleapis.com, which are exempt from that share (`iris.browser_push_services`).
 Both sides sign the VAPID JWT once per host.
 
 - `bare`: what any Web Push sender must do, with the same libraries and nothing else: parse

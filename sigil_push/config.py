@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import os
+import re
 import tomllib
 import types
 import typing
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit
 
+from sigil_push.hosts import is_public_suffix
 from sigil_push.nostr.nip19 import InvalidKey, parse_secret_key
 
 DEFAULT_CONFIG = "relays.toml"
@@ -212,6 +214,17 @@ class CanaryConfig:
     key_file: str = "canary.key"
 
 
+DEFAULT_BROWSER_PUSH_SERVICES = (
+    "fcm.googleapis.com", "updates.push.services.mozilla.com", "web.push.apple.com",
+    "*.notify.windows.com",
+)
+"""The push services of Chrome (and Edge, Brave, Opera), Firefox, Safari and Edge on Windows
+(WNS, regional subdomains): where nearly every browser's Web Push endpoint is."""
+MAX_BROWSER_PUSH_SERVICES = 100
+_HOST_LABEL = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
+MAX_HOST_NAME = 253
+
+
 @dataclass(frozen=True)
 class IrisConfig:
     """The Iris-compatible API (CONTRACT 3b, sigil_push/http/iris.py). On unless `enabled = false`."""
@@ -219,6 +232,9 @@ class IrisConfig:
     enabled: bool = True
     # a push's "url": this, then the event's note1 id (the page Iris opens on a click)
     notification_url: str = "https://iris.to/"
+    # Web Push hosts exempt from the per-host share of in flight pushes: operated services,
+    # not user-chosen hosts that could hang ("*.domain": any name under it, not it)
+    browser_push_services: tuple[str, ...] = DEFAULT_BROWSER_PUSH_SERVICES
 
 
 @dataclass(frozen=True)
@@ -341,9 +357,32 @@ NO_PROVIDERS: ProviderTables = _NoProviders()
 """A config without provider tables (dry-run): what the store and bridge tools parse."""
 
 
+def _check_push_service(entry: str) -> None:
+    """A browser push service: a lowercase host name (A-labels, two labels or more, not an
+    address), or `*.` and one that is not a public suffix (which would exempt every host
+    anyone may register under it, a tarpit included)."""
+    key = "iris.browser_push_services"
+    name = entry.removeprefix("*.")
+    labels = name.split(".")
+    if len(name) > MAX_HOST_NAME or not all(_HOST_LABEL.fullmatch(label) for label in labels):
+        raise ConfigError(key, f"{entry[:80]!r} is not a lowercase host name or '*.' and one")
+    if entry.startswith("*.") and is_public_suffix(name):
+        raise ConfigError(key, f"{entry!r} would exempt every host under a public suffix")
+    if len(labels) < 2:
+        raise ConfigError(key, f"{entry!r} is not a lowercase host name or '*.' and one")
+    if labels[-1].isdigit():
+        raise ConfigError(key, f"{entry!r} is an address, not a push service's name")
+
+
 def _iris(raw: Any) -> IrisConfig:
     iris = parse_table(raw, "iris", IrisConfig)
     check_http_url("iris.notification_url", iris.notification_url)
+    if len(iris.browser_push_services) > MAX_BROWSER_PUSH_SERVICES:
+        raise ConfigError(
+            "iris.browser_push_services", f"at most {MAX_BROWSER_PUSH_SERVICES} hosts"
+        )
+    for entry in iris.browser_push_services:
+        _check_push_service(entry)
     return iris
 
 

@@ -35,7 +35,10 @@ for _reason in REFUSAL_REASONS:
     REFUSED.labels(_reason)
 
 
-__all__ = ["InvalidHost", "ascii_name", "canonical_host", "check_host", "registrable_domain"]
+__all__ = [
+    "InvalidHost", "ascii_name", "canonical_host", "check_host", "is_public_suffix",
+    "registrable_domain",
+]
 
 
 class InvalidHost(ValueError):
@@ -94,3 +97,10 @@ def registrable_domain(host: str) -> str:
     except InvalidHost:
         return name
     return _PUBLIC_SUFFIXES.privatesuffix(name) or name
+
+
+def is_public_suffix(name: str) -> bool:
+    """Whether `name` (lowercase A-labels) is a suffix under which anyone may register names
+    (`com`, `co.uk`, `googleapis.com`), by the Public Suffix List: no one party controls what
+    lies under it."""
+    return bool(_PUBLIC_SUFFIXES.is_public(name))

@@ -19,7 +19,7 @@ import logging
 from collections import defaultdict, deque
 from collections.abc import Mapping, Sequence
 
-from sigil_push.delivery.plan import BATCH_SIZE, Host, Push, endpoint_caps
+from sigil_push.delivery.plan import BATCH_SIZE, EndpointCaps, Host, Push, endpoint_caps
 from sigil_push.delivery.settle import Settlement
 from sigil_push.push.base import Outcome, Sender, Status
 from sigil_push.store.interface import OutboxStore
@@ -50,7 +50,10 @@ class Dispatcher:
         windows: Mapping[str, int],
         per_host: frozenset[str],
         settlement: Settlement,
+        caps: EndpointCaps = endpoint_caps,
     ) -> None:
+        """`caps`: the per-destination caps a push counts against (the planner's)."""
+        self._caps = caps
         self._outbox = outbox
         self._senders = senders
         self._window = dict(windows)
@@ -84,7 +87,7 @@ class Dispatcher:
             platform = push.device.platform
             self._rows_in_flight[platform] += len(push.wakeups)
             if platform in per_host:
-                for cap in endpoint_caps(push.device):
+                for cap in self._caps(push.device):
                     self.host_rows[cap] += len(push.wakeups)
             self._queues[platform].append(push)
         for platform in self._queues:
@@ -138,7 +141,7 @@ class Dispatcher:
             else:
                 self.live_ids.difference_update(w.id for w in wakeups)
             if platform in self._per_host:
-                for cap in endpoint_caps(push.device):
+                for cap in self._caps(push.device):
                     self.host_rows[cap] -= len(wakeups)
                     if not self.host_rows[cap]:
                         del self.host_rows[cap]

@@ -23,11 +23,12 @@ import logging
 
 from sigil_push.config import STOP_GRACE_SECONDS, IrisConfig, LimitsConfig, PushConfig
 from sigil_push.delivery.dispatch import Dispatcher, rows_window
-from sigil_push.delivery.plan import BATCH_SIZE, Planner, platform_policies
+from sigil_push.delivery.plan import BATCH_SIZE, EndpointCaps, Planner, platform_policies
 from sigil_push.delivery.record import Recorder
 from sigil_push.delivery.settle import ERROR_PAUSE_SECONDS, Settlement
 from sigil_push.observations import ObservationLog, now_ms
 from sigil_push.push.base import Sender
+from sigil_push.push.registry import BrowserPushServices
 from sigil_push.store.interface import DeviceStore, OutboxStore
 from sigil_push.store.records import Wakeup
 from sigil_push.supervisor import Supervisor
@@ -61,14 +62,16 @@ class Delivery:
         self._push = push or PushConfig()
         windows = {platform: rows_window(sender) for platform, sender in senders.items()}
         platforms = platform_policies(senders, windows)
+        iris = iris or IrisConfig()
+        caps = EndpointCaps(BrowserPushServices.of(iris.browser_push_services))
         self._planner = Planner(
             platforms, self._push, limits or LimitsConfig(), outbox.collapse_id,
-            (iris or IrisConfig()).notification_url,
+            iris.notification_url, caps,
         )
         self._recorder = Recorder(senders, observations, record_outcomes)
         self._settlement = Settlement(outbox, devices, self._push, self._recorder)
         per_host = frozenset(p for p, policy in platforms.items() if policy.host_cap is not None)
-        self._dispatcher = Dispatcher(outbox, senders, windows, per_host, self._settlement)
+        self._dispatcher = Dispatcher(outbox, senders, windows, per_host, self._settlement, caps)
         self._loop_task: asyncio.Task[None] | None = None
         self._completer_task: asyncio.Task[None] | None = None
         self._housekeeping_at = 0.0

@@ -125,29 +125,37 @@ def endpoint_host(device: Device) -> Host:
         return device.platform, ""
 
 
-def endpoint_caps(device: Device) -> tuple[Host, ...]:
-    """Every cap a UnifiedPush push counts against: its endpoint's registrable domain, and its
-    npub (one npub's endpoints on many domains hold one share, not one per domain). A browser's
-    Web Push to one of the big push services (`registry.is_browser_push_service`) counts
-    against its npub's share only."""
-    return _caps(device.platform, device.token, device.pubkey)
+class EndpointCaps:
+    """Every cap a UnifiedPush or Web Push push counts against: its endpoint's registrable
+    domain, and its npub (one npub's endpoints on many domains hold one share, not one per
+    domain). A browser's Web Push to one of `browser_services` (`iris.browser_push_services`)
+    counts against its npub's share only. Planning and dispatch share one instance."""
+
+    def __init__(self, browser_services: registry.BrowserPushServices) -> None:
+        self._browser_services = browser_services
+        # asked three times per push (planning, queueing, the answer), and parsing the URL
+        # and finding its registrable domain is pure: remembered per instance
+        self._remembered = lru_cache(maxsize=16_384)(self._caps)
+
+    def __call__(self, device: Device) -> tuple[Host, ...]:
+        return self._remembered(device.platform, device.token, device.pubkey)
+
+    def _caps(self, platform: str, token: str, pubkey: str) -> tuple[Host, ...]:
+        npub = platform, "npub:" + pubkey
+        try:
+            hostname = urlsplit(token).hostname or ""
+        except ValueError:
+            hostname = ""
+        if platform == WEBPUSH and hostname in self._browser_services:
+            return (npub,)
+        try:
+            return (platform, registrable_domain(hostname)), npub
+        except ValueError:
+            return (platform, ""), npub
 
 
-@lru_cache(maxsize=16_384)
-def _caps(platform: str, token: str, pubkey: str) -> tuple[Host, ...]:
-    """`endpoint_caps`, remembered: asked three times per push (planning, queueing, the
-    answer), and parsing the URL and finding its registrable domain is pure."""
-    npub = platform, "npub:" + pubkey
-    try:
-        hostname = urlsplit(token).hostname or ""
-    except ValueError:
-        hostname = ""
-    if platform == WEBPUSH and registry.is_browser_push_service(hostname):
-        return (npub,)
-    try:
-        return (platform, registrable_domain(hostname)), npub
-    except ValueError:
-        return (platform, ""), npub
+endpoint_caps = EndpointCaps(registry.DEFAULT_BROWSER_PUSH_SERVICES)
+"""The caps with the default browser push services (`iris.browser_push_services` unset)."""
 
 
 class Planner:
@@ -160,9 +168,12 @@ class Planner:
         limits: LimitsConfig,
         collapse_id: Callable[[int], str],
         notification_url: str = IrisConfig.notification_url,
+        caps: EndpointCaps = endpoint_caps,
     ) -> None:
-        """`notification_url`: where an Iris push's link leads (`iris.notification_url`)."""
+        """`notification_url`: where an Iris push's link leads (`iris.notification_url`);
+        `caps`: the per-destination caps a push counts against (shared with dispatch)."""
         self._platforms = dict(platforms)
+        self._caps = caps
         self._notification_url = notification_url
         self._iris_budget = DeviceRateLimiter(IRIS_PER_MINUTE, IRIS_BURST, "iris_target_buckets")
         self._push = push
@@ -198,7 +209,7 @@ class Planner:
         for wakeups in by_push_key.values():
             device = wakeups[0].device
             host_cap = platforms[device.platform].host_cap
-            caps = endpoint_caps(device) if host_cap is not None else ()
+            caps = self._caps(device) if host_cap is not None else ()
             if host_cap is not None and any(
                 (busy := host_rows.get(cap, 0) + planned_per_host[cap])
                 and busy + len(wakeups) > host_cap

@@ -9,11 +9,12 @@ Every module listed is a cheap declaration; a provider's client library is impor
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sigil_push.config import Config, ConfigError, parse_table
+from sigil_push.config import Config, ConfigError, IrisConfig, parse_table
 from sigil_push.errors import BadRequest
 from sigil_push.iris.payload import WEBHOOK, WEBPUSH
 from sigil_push.push import apns, dryrun, fcm, unifiedpush
@@ -31,20 +32,32 @@ is its own platform and `provider` label. Their endpoints are user-chosen hosts,
 UnifiedPush's, and get the same per-host caps."""
 IRIS_POLICY = DeliveryPolicy(max_concurrency=unifiedpush.MAX_CONCURRENCY, per_host_caps=True)
 
-BROWSER_PUSH_SERVICES = frozenset({
-    "fcm.googleapis.com", "updates.push.services.mozilla.com", "web.push.apple.com",
-})
-"""The push services of Chrome (and Edge, Brave, Opera), Firefox and Safari: where nearly every
-browser's Web Push endpoint is. Operated services, like APNs and FCM themselves, not
-user-chosen hosts that could hang: a Web Push to one of them is not held to one host's share
-of the window (which would cap every Chrome user's pushes at a few dozen in flight)."""
-_WINDOWS_PUSH = ".notify.windows.com"
-"""Edge on Windows may use WNS, whose endpoints are regional subdomains."""
+@dataclass(frozen=True, slots=True)
+class BrowserPushServices:
+    """The browsers' push services (`iris.browser_push_services`): operated services, like
+    APNs and FCM themselves, not user-chosen hosts that could hang, so a Web Push to one of
+    them is not held to one host's share of the window (which would cap every Chrome user's
+    pushes at a few dozen in flight). `hosts` match exactly, `suffixes` (from `*.name`) any
+    host under them."""
+
+    hosts: frozenset[str]
+    suffixes: tuple[str, ...]
+
+    @classmethod
+    def of(cls, entries: Iterable[str]) -> BrowserPushServices:
+        """From the config's entries (validated there: lowercase names, `*.` wildcards)."""
+        listed = tuple(entries)
+        return cls(
+            frozenset(entry for entry in listed if not entry.startswith("*.")),
+            tuple(entry[1:] for entry in listed if entry.startswith("*.")),
+        )
+
+    def __contains__(self, host: object) -> bool:
+        """Whether `host` (an endpoint's hostname, lowercase) is one of them."""
+        return isinstance(host, str) and (host in self.hosts or host.endswith(self.suffixes))
 
 
-def is_browser_push_service(host: str) -> bool:
-    """Whether `host` (an endpoint's hostname, lowercase) is a big browser push service."""
-    return host in BROWSER_PUSH_SERVICES or host.endswith(_WINDOWS_PUSH)
+DEFAULT_BROWSER_PUSH_SERVICES = BrowserPushServices.of(IrisConfig.browser_push_services)
 
 
 PROVIDER_NAMES = (*(provider.name for provider in PROVIDERS), *IRIS_SENDERS, dryrun.NAME)
