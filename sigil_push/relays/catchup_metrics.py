@@ -13,6 +13,7 @@ from prometheus_client import Counter, Gauge
 
 METHODS = ("negentropy", "req")
 FALLBACK_REASONS = ("neg_err", "refused", "timeout", "error", "violation", "budget")
+UNANSWERED_REASONS = ("no_eose", "closed")
 
 RUNS = Counter(
     "sigil_push_catchup_runs_total",
@@ -56,6 +57,13 @@ FALLBACKS = Counter(
     ["relay", "reason"],
 )
 
+WATCHES_UNANSWERED = Counter(
+    "sigil_push_catchup_watches_unanswered_total",
+    "Iris watch REQs given up on: no EOSE (or still refused) within the EOSE timeout, so they"
+    " stopped holding the relay's cursor, by reason",
+    ["relay", "reason"],
+)
+
 
 def bind(url: str) -> None:
     """Create the relay's series at zero, so they exist before the first catch-up."""
@@ -69,6 +77,8 @@ def bind(url: str) -> None:
     PAGE_CAP.labels(url)
     for reason in FALLBACK_REASONS:
         FALLBACKS.labels(url, reason)
+    for reason in UNANSWERED_REASONS:
+        WATCHES_UNANSWERED.labels(url, reason)
 
 
 def unbind(url: str) -> None:
@@ -83,3 +93,6 @@ def unbind(url: str) -> None:
     for reason in FALLBACK_REASONS:
         with contextlib.suppress(KeyError):
             FALLBACKS.remove(url, reason)
+    for reason in UNANSWERED_REASONS:
+        with contextlib.suppress(KeyError):
+            WATCHES_UNANSWERED.remove(url, reason)

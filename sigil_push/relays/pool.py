@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import re
 import time
 import weakref
@@ -40,6 +41,8 @@ from sigil_push.relays.subscriptions import RelaySubscriptions, Request
 from sigil_push.relays.watch_requests import RelayWatches, WatchPlan
 from sigil_push.supervisor import BackgroundTasks
 from sigil_push.telemetry.memory_gauges import track
+
+log = logging.getLogger(__name__)
 
 _SUB_ID = re.compile(r'\["EVENT"\s*,\s*"([^"\\]{1,64})"')
 GIFT_WRAP_SKEW_SECONDS = 2 * 24 * 3600
@@ -607,7 +610,7 @@ class RelayPool:
             catchup_metrics.BYTES.labels(series_label(url), "negentropy").inc(reconciler.count.bytes - before)
         if follow_ups:
             await self._send(url, follow_ups)
-        elif subs.live:
+        elif self._live(url, subs):
             self.cursors[url] = int(time.time())
 
     async def _send(self, url: str, requests: list[Request]) -> None:
@@ -659,8 +662,21 @@ class RelayPool:
         now = int(time.time())
         for url, subs in self.subs.items():
             connection = self._connections.get(url)
-            if connection is not None and connection.connected and subs.live:
+            if connection is not None and connection.connected and self._live(url, subs):
                 self.cursors[url] = now
+
+    def _live(self, url: str, subs: RelaySubscriptions) -> bool:
+        """Every REQ on `url` answered in full: the shards' and the watches' (those given up
+        on after their EOSE timeout counted and logged here), so the cursor may move on."""
+        watches = self._watches.get(url)
+        if watches is not None:
+            for reason in watches.expire():
+                catchup_metrics.WATCHES_UNANSWERED.labels(series_label(url), reason).inc()
+                log.warning("relay %s left a watch REQ unanswered (%s): no longer waited for",
+                            series_label(url), reason)
+            if not watches.live:
+                return False
+        return subs.live
 
     # connection callbacks (synchronous, on the reader's task) ---------------------------
 
@@ -694,7 +710,7 @@ class RelayPool:
             reconciling.cancel()
         subs = self.subs.get(connection.url)
         if subs is not None:
-            if subs.live:
+            if self._live(connection.url, subs):
                 self.cursors[connection.url] = int(time.time())
             subs.connection_lost()
         watches = self._watches.get(connection.url)
@@ -710,6 +726,10 @@ class RelayPool:
         """The bridge's own key always signs; nothing to do."""
 
     def on_closed(self, connection: RelayConnection, sub_id: str) -> None:
+        watches = self._watches.get(connection.url)
+        if watches is not None and watches.owns(sub_id):
+            watches.closed(sub_id)
+            return
         subs = self.subs.get(connection.url)
         if subs is not None:
             follow_ups = subs.closed(sub_id)
@@ -721,13 +741,17 @@ class RelayPool:
         subs = self.subs.get(url)
         if subs is None:
             return
-        newly, follow_ups = subs.eose(sub_id)
-        if follow_ups:
-            self._spawn(self._send(url, follow_ups))
-        self._catchup_counts(url, subs)
-        if newly:
-            self._port.baselines.baselined(url, newly)
-        if subs.live:
+        watches = self._watches.get(url)
+        if watches is not None and watches.owns(sub_id):
+            watches.eose(sub_id)
+        else:
+            newly, follow_ups = subs.eose(sub_id)
+            if follow_ups:
+                self._spawn(self._send(url, follow_ups))
+            self._catchup_counts(url, subs)
+            if newly:
+                self._port.baselines.baselined(url, newly)
+        if self._live(url, subs):
             self.cursors[url] = int(time.time())
             self._note_maybe_gated(url, self._maybe_gated_now(url, connection, subs))
 
@@ -796,7 +820,7 @@ class RelayPool:
                 "connected": connection.connected,
                 "last_event_at": connection.last_event_at,
                 "state": connection.state.value,
-                "live": connection.connected and subs.live,
+                "live": connection.connected and self._live(url, subs),
                 "gated": connection.gated_reason,
                 "configured": self.plan.is_configured(url),
                 "subscriptions": subs.subscription_count + (

@@ -21,12 +21,22 @@ every relay; `RelayWatches` turns it into one relay's REQs:
 
 A plan change replaces every REQ of the relay (the new ones first, then the old ones closed):
 subscriptions change at a person's pace, not a firehose's.
+
+The relay's cursor (what the next REQs reach back to) must not pass a window some REQ has not
+answered in full: until a watch REQ's EOSE, the relay is not `live` here (`RelayPool` asks
+before it moves the cursor), and a subscriber's whole list counts as fetched only at the EOSE
+of the REQ that asked for it (a REQ replaced, refused or lost before then asks it whole again).
+A REQ the relay refuses (CLOSED) holds the cursor as an unanswered one does, until it is sent
+again (after AUTH, a plan change, a reconnect). A relay that never answers must not hold the
+cursor for ever: a REQ unanswered after EOSE_TIMEOUT_SECONDS stops holding it, and is counted
+(`expire`).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from sigil_push.nostr.kinds import CONTACTS, MUTE_LIST
 from sigil_push.relays.nip11 import RelayLimits
@@ -38,6 +48,21 @@ DEFAULT_MAX_FILTERS = 10
 FRESHNESS_KINDS = frozenset({1, 6, 7, 16, 9735})
 """Kinds asked for only `stale_after` back (the notification kinds of issue 32)."""
 SUB_PREFIX = "iw"
+EOSE_TIMEOUT_SECONDS = 120.0
+"""How long a watch REQ may go without EOSE (or stay refused) before it stops holding the
+relay's cursor: a relay that never answers would otherwise make every later catch-up reach
+back to the same old cursor, for everyone on that relay."""
+
+
+@dataclass(slots=True)
+class WatchReq:
+    """A watch REQ sent and not yet answered in full: when (monotonic), which subscribers'
+    whole lists it asked for (kind 10000; kind 3), and whether the relay refused it."""
+
+    sent_at: float
+    lists: frozenset[str] = frozenset()
+    contacts: frozenset[str] = frozenset()
+    refused: bool = False
 
 
 class WatchPlan:
@@ -73,6 +98,17 @@ class WatchPlan:
         return bool(self.p or self.authors or self.lists)
 
 
+def _whole(filters: list[dict[str, object]], kind: int, asked: set[str]) -> frozenset[str]:
+    """The authors whose whole list of `kind` (no `since`) these filters ask for."""
+    found: set[str] = set()
+    for query in filters:
+        if query.get("kinds") == [kind] and "since" not in query:
+            authors = query.get("authors")
+            if isinstance(authors, list):
+                found.update(key for key in authors if key in asked)
+    return frozenset(found)
+
+
 def _groups(keys: Mapping[str, Kinds]) -> dict[Kinds, list[str]]:
     grouped: dict[Kinds, list[str]] = {}
     for key, kinds in keys.items():
@@ -95,11 +131,11 @@ class RelayWatches:
         self._sent_firehose = False
         self._open: list[str] = []
         self._generation = 0
-        # subscribers whose whole lists (kind 10000; kind 3) this relay was asked for, and
-        # those asked in the last REQs (asked again if those are lost or refused)
+        self._unanswered: dict[str, WatchReq] = {}
+        """REQs sent here and not answered in full yet (no EOSE): they hold the cursor."""
+        # subscribers whose whole lists (kind 10000; kind 3) this relay answered in full
         self._listed: set[str] = set()
         self._contacts_listed: set[str] = set()
-        self._just_listed: tuple[set[str], set[str]] = (set(), set())
 
     def apply_limits(self, limits: RelayLimits) -> None:
         if limits.max_filters:
@@ -111,25 +147,50 @@ class RelayWatches:
         self._sent_version = None
 
     def connection_lost(self) -> None:
-        """The relay forgot every REQ: all are sent again once it is back."""
+        """The relay forgot every REQ: all are sent again once it is back (a whole list not
+        answered in full yet is asked whole again)."""
         self._open = []
+        self._unanswered.clear()
         self._sent_version = None
-        self._unlist()
 
     def refresh(self) -> None:
         """Send again (after AUTH: a REQ refused before it may be answered now)."""
         self._sent_version = None
-        self._unlist()
-
-    def _unlist(self) -> None:
-        """The last REQs' whole lists may not have come: ask for them whole again."""
-        lists, contacts = self._just_listed
-        self._listed -= lists
-        self._contacts_listed -= contacts
-        self._just_listed = (set(), set())
 
     def owns(self, sub_id: str) -> bool:
         return sub_id.startswith(SUB_PREFIX)
+
+    def eose(self, sub_id: str) -> bool:
+        """The relay answered `sub_id` in full: it no longer holds the cursor, and the whole
+        lists it asked for count as fetched. False when it was not one of the open REQs."""
+        sent = self._unanswered.pop(sub_id, None)
+        if sent is None:
+            return False
+        wanted = self._plan.lists
+        self._listed |= {key for key in sent.lists if key in wanted}
+        self._contacts_listed |= {key for key in sent.contacts if wanted.get(key)}
+        return True
+
+    def closed(self, sub_id: str) -> None:
+        """The relay ended `sub_id` without EOSE (refused it): it holds the cursor until it is
+        sent again or times out; its whole lists stay to be asked."""
+        sent = self._unanswered.get(sub_id)
+        if sent is not None:
+            sent.refused = True
+
+    def expire(self, now: float | None = None) -> list[str]:
+        """Stop waiting for REQs sent more than EOSE_TIMEOUT_SECONDS ago (monotonic `now`):
+        the reason of each (`no_eose`, `closed`), for the caller to count and log."""
+        now = time.monotonic() if now is None else now
+        expired = [sub_id for sub_id, sent in self._unanswered.items()
+                   if now - sent.sent_at >= EOSE_TIMEOUT_SECONDS]
+        return ["closed" if self._unanswered.pop(sub_id).refused else "no_eose"
+                for sub_id in expired]
+
+    @property
+    def live(self) -> bool:
+        """Every watch REQ sent here was answered in full (or has given up: `expire`)."""
+        return not self._unanswered
 
     @property
     def subscription_count(self) -> int:
@@ -142,16 +203,26 @@ class RelayWatches:
         if self._sent_version == plan.version and self._sent_firehose == firehose:
             return []
         self._sent_version, self._sent_firehose = plan.version, firehose
-        filters = self._filters(since, firehose) + self._list_filters(lists_since)
+        lists, contacts = self._new_lists(lists_since)
+        filters = self._filters(since, firehose) + self._list_filters(lists_since, lists,
+                                                                      contacts)
         per_req = max(1, self._max_filters)
         old = self._open
         self._open = []
+        for sub_id in old:
+            # replaced: what it has not answered, its successor asks for again
+            self._unanswered.pop(sub_id, None)
         requests: list[Request] = []
+        sent_at = time.monotonic()
         for start in range(0, len(filters), per_req):
             self._generation += 1
             sub_id = f"{SUB_PREFIX}{start // per_req}.{self._generation}"
             self._open.append(sub_id)
-            requests.append(Request(None, sub_id, filters[start : start + per_req], False))
+            chunk = filters[start : start + per_req]
+            self._unanswered[sub_id] = WatchReq(
+                sent_at, _whole(chunk, MUTE_LIST, lists), _whole(chunk, CONTACTS, contacts)
+            )
+            requests.append(Request(None, sub_id, chunk, False))
         requests.extend(Request(sub_id, None, [], False) for sub_id in old)
         return requests
 
@@ -162,18 +233,25 @@ class RelayWatches:
             since = max(since, now - self._stale_after)
         return since
 
-    def _list_filters(self, lists_since: int | None) -> list[dict[str, object]]:
-        """Kind 10000 of every subscriber, kind 3 of the follows-only ones: whole for those
-        new here (or every one without `lists_since`), the others from `lists_since`."""
+    def _new_lists(self, lists_since: int | None) -> tuple[set[str], set[str]]:
+        """The subscribers whose kind 10000, and the follows-only ones whose kind 3, no REQ
+        here has answered in full (every one without `lists_since`): asked whole. Those no
+        longer wanted are forgotten."""
         wanted = self._plan.lists
         following = {key for key, contacts in wanted.items() if contacts}
         if lists_since is None:
             self._listed.clear()
             self._contacts_listed.clear()
-        new = set(wanted) - self._listed
-        contacts_new = following - self._contacts_listed
-        self._listed, self._contacts_listed = set(wanted), following
-        self._just_listed = (new, contacts_new)
+        self._listed &= wanted.keys()
+        self._contacts_listed &= following
+        return set(wanted) - self._listed, following - self._contacts_listed
+
+    def _list_filters(self, lists_since: int | None, new: set[str],
+                      contacts_new: set[str]) -> list[dict[str, object]]:
+        """Kind 10000 of every subscriber, kind 3 of the follows-only ones: whole for `new`
+        (`contacts_new`), the others from `lists_since`."""
+        wanted = self._plan.lists
+        following = {key for key, contacts in wanted.items() if contacts}
         window: dict[str, object] = {} if lists_since is None else {"since": lists_since}
         per_filter = max(1, min(self._keys_per_filter, self._length_cap))
         filters: list[dict[str, object]] = []

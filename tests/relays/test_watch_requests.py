@@ -9,7 +9,7 @@ import time
 
 from sigil_push.relays.nip11 import RelayLimits
 from sigil_push.relays.subscriptions import Request
-from sigil_push.relays.watch_requests import RelayWatches, WatchPlan
+from sigil_push.relays.watch_requests import EOSE_TIMEOUT_SECONDS, RelayWatches, WatchPlan
 
 HOUR, WINDOW = 3600, 2 * 86_400
 ME, SESSION, OTHER = "aa" * 32, "bb" * 32, "cc" * 32
@@ -92,6 +92,13 @@ def _lists(requests: list[Request]) -> list[dict[str, object]]:
     return [f for r in requests for f in r.filters if f.get("kinds") in ([3], [10000])]
 
 
+def _answer(watches: RelayWatches, requests: list[Request]) -> None:
+    """The relay answers every REQ among `requests` in full (EOSE)."""
+    for request in requests:
+        if request.sub_id is not None:
+            assert watches.eose(request.sub_id)
+
+
 def test_subscribers_lists_are_asked_whole_once_then_since_the_cursor() -> None:
     """Issue 33 with issue 34's item 2: a subscriber new on the relay has its whole kind 10000
     (and kind 3 if follows-only) asked once; every later plan change asks the known ones
@@ -99,22 +106,98 @@ def test_subscribers_lists_are_asked_whole_once_then_since_the_cursor() -> None:
     plan, cursor = WatchPlan(), int(time.time()) - HOUR
     watches = RelayWatches(plan, 500, HOUR, WINDOW)
     plan.replace({ME: MENTIONS}, {}, {ME: False})
-    assert _lists(watches.due(0, False, cursor)) == [{"kinds": [10000], "authors": [ME]}]
+    requests = watches.due(0, False, cursor)
+    assert _lists(requests) == [{"kinds": [10000], "authors": [ME]}]
+    _answer(watches, requests)
     plan.replace({ME: MENTIONS, OTHER: MENTIONS}, {}, {ME: True, OTHER: False})
-    assert sorted(_lists(watches.due(0, False, cursor)), key=repr) == sorted([
+    requests = watches.due(0, False, cursor)
+    assert sorted(_lists(requests), key=repr) == sorted([
         {"kinds": [10000], "authors": [ME], "since": cursor},
         {"kinds": [10000], "authors": [OTHER]},
         {"kinds": [3], "authors": [ME]},  # turned follows-only: its kind 3 whole, once
     ], key=repr)
+    _answer(watches, requests)
     plan.replace({ME: MENTIONS}, {}, {ME: True})
-    assert sorted(_lists(watches.due(0, False, cursor)), key=repr) == sorted([
+    requests = watches.due(0, False, cursor)
+    assert sorted(_lists(requests), key=repr) == sorted([
         {"kinds": [10000], "authors": [ME], "since": cursor},
         {"kinds": [3], "authors": [ME], "since": cursor},
     ], key=repr)
+    _answer(watches, requests)
     plan.replace({ME: MENTIONS, OTHER: MENTIONS}, {}, {ME: True, SESSION: False})
+    watches.due(0, False, cursor)
     watches.connection_lost()  # SESSION's whole list may not have come
     requests = watches.due(0, False, cursor)
     assert {"kinds": [10000], "authors": [SESSION]} in _lists(requests)
     assert {"kinds": [10000], "authors": [ME], "since": cursor} in _lists(requests)
     plan.replace({}, {}, {})
     assert _lists(watches.due(0, False, cursor)) == []
+
+
+def test_a_whole_list_counts_as_fetched_only_at_the_eose_of_its_req() -> None:
+    """Issue 33 item 3: a whole kind 10000 asked in a REQ that is replaced, or refused, before
+    its EOSE is asked whole again; once a REQ asking it reaches EOSE, only since the cursor."""
+    plan, cursor = WatchPlan(), int(time.time()) - HOUR
+    watches = RelayWatches(plan, 500, HOUR, WINDOW)
+    plan.replace({ME: MENTIONS}, {}, {ME: False})
+    [first] = watches.due(0, False, cursor)
+    plan.replace({ME: MESSAGES}, {}, {ME: False})  # replaced before its EOSE
+    second, closing = watches.due(0, False, cursor)
+    assert closing.close == first.sub_id
+    assert _lists([second]) == [{"kinds": [10000], "authors": [ME]}], "asked whole again"
+    assert not watches.eose(str(first.sub_id)), "a replaced REQ's late EOSE confirms nothing"
+    assert second.sub_id is not None
+    watches.closed(second.sub_id)  # refused: nothing came
+    watches.refresh()  # AUTH answered: sent again
+    third, _ = watches.due(0, False, cursor)
+    assert _lists([third]) == [{"kinds": [10000], "authors": [ME]}], "asked whole again"
+    assert third.sub_id is not None and watches.eose(third.sub_id)
+    watches.refresh()
+    fourth, _ = watches.due(0, False, cursor)
+    assert _lists([fourth]) == [{"kinds": [10000], "authors": [ME], "since": cursor}]
+
+
+def test_the_relay_is_live_for_watches_only_once_every_req_has_answered() -> None:
+    """Issue 33 item 1: the relay's cursor may move on only when every watch REQ reached EOSE;
+    a refused REQ holds it like an unanswered one until it is sent again."""
+    plan = WatchPlan()
+    watches = RelayWatches(plan, 500, HOUR, WINDOW)
+    watches.apply_limits(RelayLimits(max_filters=1))
+    assert watches.live  # nothing asked
+    plan.replace({ME: MENTIONS}, {SESSION: MESSAGES})
+    one, two = watches.due(0, False)
+    assert one.sub_id is not None and two.sub_id is not None
+    assert not watches.live
+    assert watches.eose(one.sub_id) and not watches.live, "one of two answered"
+    watches.closed(two.sub_id)
+    assert not watches.live, "a refused REQ holds the cursor too"
+    watches.refresh()
+    again = [r.sub_id for r in watches.due(0, False) if r.sub_id is not None]
+    assert not watches.live
+    for sub_id in again:
+        watches.eose(sub_id)
+    assert watches.live
+    plan.replace({ME: MENTIONS, OTHER: MENTIONS}, {SESSION: MESSAGES})
+    watches.due(0, False)
+    assert not watches.live, "a plan change's new REQs hold it until answered"
+    watches.connection_lost()
+    assert watches.live, "nothing is open on a lost connection (the reconnect asks again)"
+
+
+def test_a_relay_that_never_answers_holds_the_cursor_for_a_bounded_time() -> None:
+    """Attacker mindset: a relay that never sends EOSE (or keeps a REQ refused) must not
+    freeze the cursor for ever; after EOSE_TIMEOUT_SECONDS the REQ is given up on, with its
+    reason for the metric, and the lists it asked stay to be asked whole."""
+    plan, cursor = WatchPlan(), int(time.time()) - HOUR
+    watches = RelayWatches(plan, 500, HOUR, WINDOW)
+    watches.apply_limits(RelayLimits(max_filters=1))
+    plan.replace({ME: MENTIONS}, {}, {ME: False})
+    silent, refused = watches.due(0, False, cursor)
+    assert refused.sub_id is not None
+    watches.closed(refused.sub_id)
+    start = time.monotonic()
+    assert watches.expire(start + EOSE_TIMEOUT_SECONDS / 2) == [] and not watches.live
+    assert sorted(watches.expire(start + EOSE_TIMEOUT_SECONDS + 1)) == ["closed", "no_eose"]
+    assert watches.live
+    plan.replace({ME: MESSAGES}, {}, {ME: False})
+    assert {"kinds": [10000], "authors": [ME]} in _lists(watches.due(0, False, cursor))
