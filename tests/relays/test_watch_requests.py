@@ -192,7 +192,7 @@ def test_a_relay_that_never_answers_holds_the_cursor_for_a_bounded_time() -> Non
     watches = RelayWatches(plan, 500, HOUR, WINDOW)
     watches.apply_limits(RelayLimits(max_filters=1))
     plan.replace({ME: MENTIONS}, {}, {ME: False})
-    silent, refused = watches.due(0, False, cursor)
+    _silent, refused = watches.due(0, False, cursor)
     assert refused.sub_id is not None
     watches.closed(refused.sub_id)
     start = time.monotonic()
