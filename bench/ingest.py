@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -73,7 +74,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import uvloop
+from prometheus_client import REGISTRY
 
+from sigil_push.bridge.catchup_ledger import CatchupLedger
 from sigil_push.http.server import tune_gc
 from sigil_push.nostr.event import Event, sign_event
 from sigil_push.nostr.keys import SecretKey
@@ -572,6 +575,23 @@ def make_public_events(
     return events, addressed
 
 
+SAVE_EVERY_SECONDS = 0.25
+"""How often `phase_public` runs the housekeeping's snapshot save during a stream (the service
+runs it every minute; a stream here lasts seconds, a minute of a busy firehose)."""
+
+
+async def _saving_snapshots(ledger: CatchupLedger) -> None:
+    while True:
+        await asyncio.sleep(SAVE_EVERY_SECONDS)
+        await ledger.save_snapshots()
+
+
+def _snapshot_writes() -> float:
+    return REGISTRY.get_sample_value(
+        "sigil_push_catchup_snapshot_writes_total", {"outcome": "written"}
+    ) or 0.0
+
+
 async def phase_public(folder: Path, count: int, keys: int) -> dict[str, Any]:
     """Issue 32's firehose: one relay read as a firehose sends `count` events of kinds 1, 6, 7
     and 9735, 1% of them naming one of `keys` registered keys. Two streams through the same
@@ -579,18 +599,27 @@ async def phase_public(folder: Path, count: int, keys: int) -> dict[str, Any]:
     only events that name nobody registered (`unmatched_*`: the cost of handling
     an event that wakes no one), then the mixed stream (`mixed_*`: what the 1,000 against
     100,000 keys comparison uses). Each from the first frame sent until every frame is counted
-    received and the bridge has written what it took (the catch-up ledger flushed; the mixed
-    stream's end stops the bridge, which commits and flushes the rest). Against bare id and signature verification of the same
-    events, in this process, just before and after (`Event.verify`, CPU per event): the
+    received and the bridge has written what it took: the catch-up ledger flushed and the
+    relay's NIP-77 snapshot saved with the stream's items (the mixed stream's end stops the
+    bridge, which commits, flushes and saves the rest), so each stream pays for its own
+    snapshot parts. The relay is in the steady state of a long run: before the streams, a
+    warm-up stream of `count` more events (not measured) has the ledger load the relay and
+    save a snapshot of them, and during each stream the snapshot is saved as the housekeeping
+    saves it (`save_snapshots` every SAVE_EVERY_SECONDS, a part once the items noted since
+    pass a sixteenth of it). Against bare id and signature verification of the same events,
+    in this process, just before and after (`Event.verify`, CPU per event): the
     `*_cpu_ratio` figures are bare verification's CPU per event over the bridge's."""
     pin(BRIDGE_CORE)
     recipients = make_keys(keys)
     mixed, addressed = make_public_events(recipients, count, 100)
     unmatched, _ = make_public_events(recipients, count, count + 1, seed=8)
+    warm_up, _ = make_public_events(recipients, count, count + 1, seed=9)
     registered = set(recipients)
     unmatched = [e for e in unmatched if registered.isdisjoint(e.tag_values("p"))]
+    warm_up = [e for e in warm_up if registered.isdisjoint(e.tag_values("p"))]
     write_events(mixed, folder / "mixed.jsonl")
     write_events(unmatched, folder / "unmatched.jsonl")
+    write_events(warm_up, folder / "warm_up.jsonl")
     _, bare_before = bare_verification(mixed)
     relay = TinyRelay(folder)
     try:
@@ -599,24 +628,37 @@ async def phase_public(folder: Path, count: int, keys: int) -> dict[str, Any]:
         assert harness.bridge.health()[relay.url]["mode"] == "firehose"
         figures: dict[str, Any] = {}
         received = harness.received()
+        ledger = harness.bridge._ledger
+        await relay.stream(folder / "warm_up.jsonl", 0)
+        received += len(warm_up)
+        await harness.until(lambda: harness.received() >= received, poll=0.05)
+        await ledger.flush()
+        await ledger.save_snapshots()  # loads the relay (held since its first event), saves
         for name, events in (("unmatched", unmatched), ("mixed", mixed)):
             await settled()
             load = os.getloadavg()[0]
+            writes_before = _snapshot_writes()
             cpu_before, main_before = time.process_time(), main_thread_cpu()
+            saving = asyncio.get_running_loop().create_task(_saving_snapshots(ledger))
             await relay.stream(folder / f"{name}.jsonl", 0)
             target = received + len(events)
             # every 50 ms, not 5: the count moves every 0.5 s (the bulk counts' flush), and
             # a poll (a registry walk) every 5 ms was a sixth of the reader's samples
             await harness.until(lambda target=target: harness.received() >= target, poll=0.05)
             received = target
+            saving.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await saving
             if name == "mixed":
                 await harness.stop()
             else:
-                # what the stream left to write (the catch-up ledger's rows of the events it
-                # dropped) is written in its window, not the next one's
-                await harness.bridge._ledger.flush()
+                # what the stream left to write (the catch-up ledger's rows and the snapshot
+                # part of the events it took) is written in its window, not the next one's
+                await ledger.flush()
+                await ledger.save_snapshots(final=True)
             cpu = time.process_time() - cpu_before
-            figures[name] = (cpu, main_thread_cpu() - main_before, len(events), load)
+            figures[name] = (cpu, main_thread_cpu() - main_before, len(events), load,
+                             _snapshot_writes() - writes_before)
     finally:
         relay.stop()
     _, bare_after = bare_verification(mixed)
@@ -627,8 +669,10 @@ async def phase_public(folder: Path, count: int, keys: int) -> dict[str, Any]:
         "registrations_notify": "every class" if harness.notify_all else "dm only (no notify)",
         "bare_verify_cpu_us_per_event": [round(bare_before * 1e6, 1), round(bare_after * 1e6, 1)],
     }
-    for name, (cpu, loop_cpu, events, load) in figures.items():
+    result["snapshot_items_after"] = ledger.kept_items()
+    for name, (cpu, loop_cpu, events, load, writes) in figures.items():
         result[f"{name}_events"] = events
+        result[f"{name}_snapshot_saves"] = writes
         result[f"{name}_cpu_us_per_event"] = round(cpu / events * 1e6, 2)
         result[f"{name}_event_loop_cpu_us_per_event"] = round(loop_cpu / events * 1e6, 2)
         result[f"{name}_cpu_ratio"] = round(bare / (cpu / events), 2)

@@ -14,12 +14,17 @@ the snapshots, not as rows (on a firehose nearly every event is one, and its row
 the cost of reading the relay): a crash costs a refetch of those noted since the last snapshot.
 
 A firehose relay's items are also kept as a snapshot in the store (sorted records with their
-prefix sums, nostr/nip77_snapshot.py): written from memory when the items noted since the last
-one pass a sixteenth of it (off the event loop) and at a clean shutdown, so a restart reads
-the snapshot as bytes and only the rows written since its cut (`noted_at`, in milliseconds), and the
-reconciliation reads both as one set: a restart's CPU follows what is new, not the window. A
-snapshot that is missing, corrupt, too large or cut before the window falls back to reading
-the window's rows, counted in sigil_push_catchup_snapshot_loads_total by outcome.
+prefix sums, nostr/nip77_snapshot.py), in parts: when the items noted since the last part pass
+a sixteenth of the snapshot (off the event loop) and at a clean shutdown, those newer than the
+snapshot's sorted run are appended to it as a new part (encoded once, the run's bytes copied,
+never re-encoded), and the few that sort before its end (late, or dated ahead of now) go into
+a late part of their own; the whole is rewritten as one part only once the late ones pass a
+quarter of the run (or the parts MAX_PARTS), so an item costs about one encoding, not the
+sixteen a whole re-cut per sixteenth cost. A restart reads the parts as bytes and only the
+rows written since the newest part's cut (`noted_at`, in milliseconds), and the reconciliation
+reads both as one set: a restart's CPU follows what is new, not the window. A snapshot that is
+missing, corrupt, too large or cut before the window falls back to reading the window's rows,
+counted in sigil_push_catchup_snapshot_loads_total by outcome.
 
 Noting costs a tuple append per delivery; the rows reach the store with the housekeeping (or
 as soon as MAX_PENDING_ROWS wait), never in the committer's transaction, and only once the
@@ -34,21 +39,25 @@ bounded by the window.
 from __future__ import annotations
 
 import asyncio
-import heapq
 import logging
 import re
 import time
-from collections.abc import Iterable, Iterator
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import Counter
 
 from sigil_push.nostr.nip77_snapshot import (
     DIGEST_SIZE,
+    HEADER_SIZE,
     RECORD_SIZE,
     SnapshotInvalid,
     SnapshotItems,
-    encode_snapshot,
+    SnapshotPart,
+    encode_keys,
+    seal_part,
 )
 from sigil_push.store.errors import STORE_UNAVAILABLE
 from sigil_push.store.interface import UNADDRESSED, BridgeConnection
@@ -70,8 +79,13 @@ MAX_SNAPSHOT_ITEMS = 500_000
 larger window is read from the store's rows, as before snapshots."""
 RECUT_MIN_ITEMS = 2_000
 RECUT_FRACTION = 16
-"""A new snapshot is cut once the items noted since the last pass a sixteenth of it (and
-RECUT_MIN_ITEMS): a restart then reads at most about that many rows beyond the snapshot."""
+"""A new part is written once the items noted since the last pass a sixteenth of the snapshot
+(and RECUT_MIN_ITEMS): a crash then loses at most about that many (fetched again), and a
+restart reads at most about that many rows beyond the snapshot."""
+LATE_FRACTION = 4
+"""The snapshot is rewritten as one part once its late items pass a quarter of its run."""
+MAX_PARTS = 64
+"""... or once it has this many parts."""
 SNAPSHOT_LOADS = Counter(
     "sigil_push_catchup_snapshot_loads_total",
     "Restarts' first catch-up item reads of a firehose relay, by how its stored snapshot"
@@ -92,27 +106,97 @@ _EVENT_ID = re.compile(r'"id"\s*:\s*"([0-9a-f]{64})"')
 _CREATED_AT = re.compile(r'"created_at"\s*:\s*(\d{1,12})\b')
 
 
-def _recut(
-    base: SnapshotItems | None, groups: list[dict[str, int]], since: int,
+@dataclass
+class _Cut:
+    """A snapshot's new parts, and what memory holds of it once they are saved."""
+
+    parts: list[tuple[int, int, bytes]]
+    """(part number, newest created_at, bytes)"""
+    drop: list[int]
+    """Part numbers the new parts replace."""
+    replace: bool
+    """The new parts replace all the others."""
+    base: SnapshotItems
+    run_parts: list[tuple[int, int]]
+    late: dict[str, int]
+    next_part: int
+
+
+def _newest(keys: list[bytes]) -> int:
+    return int.from_bytes(keys[-1][:8], "big") if keys else 0
+
+
+def _late_part(number: int, keys: list[bytes]) -> list[tuple[int, int, bytes]]:
+    if not keys:
+        return []
+    return [(number, _newest(keys), seal_part(encode_keys(keys)[0], 0, late=True))]
+
+
+def _cut(
+    base: SnapshotItems | None, run_parts: list[tuple[int, int]], late: dict[str, int],
+    next_part: int, groups: list[dict[str, int]], since: int, now: int,
     undecided: frozenset[str],
-) -> bytes:
-    """A new snapshot: `base`'s items and those of `groups` (id → created_at) since `since`,
-    but for the `undecided` (not committed yet: a crash must not leave them looking had)."""
+) -> _Cut:
+    """The parts that save `groups`' items (id → created_at) since `since` but for the
+    `undecided` (not committed yet: a crash must not leave them looking had) on top of `base`
+    (the run, stored as `run_parts`: (part number, items) in order) and `late` (the late
+    parts' items). Those that sort after the run's last few parts (together at most twice as
+    many items as the new ones) and are not dated after `now` go into one new run part with
+    those parts' items, replacing them; the rest into a late part. When the late items are
+    many (or the parts), everything is written as one part, replacing the others."""
     fresh: dict[str, int] = {}
     for ids in groups:
         fresh.update(ids)
-    new = sorted((at, bytes.fromhex(event_id)) for event_id, at in fresh.items()
+    new = sorted(at.to_bytes(8, "big") + bytes.fromhex(event_id) for event_id, at in fresh.items()
                  if at >= since and event_id not in undecided)
-    old = base.pairs(since) if base is not None else []
-
-    def unique(pairs: Iterable[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:
-        previous = None
-        for pair in pairs:
-            if pair != previous:
-                yield pair
-            previous = pair
-
-    return encode_snapshot(unique(heapq.merge(old, new)))
+    ahead = bisect_left(new, (now + 1).to_bytes(8, "big"))
+    if base is not None and next_part + 2 <= MAX_PARTS:
+        first = base.position(since)
+        tail_parts = tail = 0
+        while (tail_parts < len(run_parts)
+               and tail + run_parts[-1 - tail_parts][1] <= 2 * ahead):
+            tail += run_parts[-1 - tail_parts][1]
+            tail_parts += 1
+        start = max(len(base) - tail, first)
+        behind = bisect_right(new, base.raw[start - 1]) if start > 0 else 0
+        late_new = new[:behind] + new[ahead:]
+        if len(late) + len(late_new) <= max(RECUT_MIN_ITEMS, (len(base) - first) // LATE_FRACTION):
+            moving = new[behind:ahead]
+            if start < len(base):  # two sorted runs: merged by the sort, repeats dropped
+                moving = list(dict.fromkeys(sorted(base.keys_from(start) + moving)))
+            start_sum = base.sum_before(start)
+            records, _ = encode_keys(moving, start_sum)
+            parts = [(next_part, _newest(moving), seal_part(records, start_sum))] if moving else []
+            parts += _late_part(next_part + len(parts), late_new)
+            drop = [number for number, _ in run_parts[len(run_parts) - tail_parts :]]
+            kept_parts = list(run_parts[: len(run_parts) - tail_parts])
+            dropped = first
+            while kept_parts and dropped >= kept_parts[0][1]:  # left the window (in memory)
+                dropped -= kept_parts.pop(0)[1]
+            if kept_parts:
+                kept_parts[0] = (kept_parts[0][0], kept_parts[0][1] - dropped)
+            if moving:
+                kept_parts.append((next_part, len(moving)))
+            kept_late = dict(late)  # what left the window goes with the prune
+            kept_late.update((key[8:].hex(), int.from_bytes(key[:8], "big")) for key in late_new)
+            joined = SnapshotItems.of_records(
+                b"".join((base.records_from(first)[: (start - first) * RECORD_SIZE], records)),
+                base.sum_before(first),
+            )
+            return _Cut(parts, drop, False, joined, kept_parts, kept_late, next_part + len(parts))
+    everything = set(new)
+    if base is not None:
+        everything.update(base.keys_from(base.position(since)))
+    everything.update(at.to_bytes(8, "big") + bytes.fromhex(event_id)
+                      for event_id, at in late.items() if at >= since)
+    ordered = sorted(everything)
+    ahead = bisect_left(ordered, (now + 1).to_bytes(8, "big"))
+    run = ordered[:ahead]
+    records, _ = encode_keys(run)
+    parts = [(0, _newest(run), seal_part(records, 0)), *_late_part(1, ordered[ahead:])]
+    kept_late = {key[8:].hex(): int.from_bytes(key[:8], "big") for key in ordered[ahead:]}
+    return _Cut(parts, [], True, SnapshotItems.of_records(records, 0), [(0, len(run))],
+                kept_late, len(parts))
 
 
 class _Kept:
@@ -125,8 +209,14 @@ class _Kept:
         self.loaded_keys: set[str] = set()
         self.all_loaded = False
         self.base: SnapshotItems | None = None
+        """The stored snapshot's run."""
+        self.run_parts: list[tuple[int, int]] = []
+        """The stored parts of `base`, in order: (part number, its items in `base`)."""
+        self.late: dict[str, int] = {}
+        """Its late parts' items (not in `base`)."""
+        self.next_part = 0
         self.recutting: dict[str, dict[str, int]] | None = None
-        """What a snapshot being cut takes in (still read until it is saved)."""
+        """What a snapshot part being cut takes in (still read until it is saved)."""
 
     def unloaded(self, keys: list[str] | None) -> list[str] | None:
         """Which of `keys` still need reading from the store ([] none; None all of them)."""
@@ -151,6 +241,8 @@ class _Kept:
         groups = [ids for layer in layers for ids in (
             layer.values() if keys is None else (layer[key] for key in keys if key in layer)
         )]
+        if keys is None:
+            groups.append(self.late)
         for ids in groups:
             for event_id, created_at in ids.items():
                 if created_at >= since:
@@ -166,6 +258,7 @@ class _Kept:
             self.size -= len(stale)
             if not ids:
                 del self.by_key[recipient]
+        self.late = {event_id: at for event_id, at in self.late.items() if at >= cutoff}
 
 
 def _flushed(task: asyncio.Task[None]) -> None:
@@ -197,7 +290,7 @@ class CatchupLedger:
         track("catchup_items", self, CatchupLedger.kept_items)
 
     def kept_items(self) -> int:
-        return sum(kept.size + (len(kept.base) if kept.base is not None else 0)
+        return sum(kept.size + len(kept.late) + (len(kept.base) if kept.base is not None else 0)
                    for kept in self._kept.values())
 
     def _keep(self, url: str, recipient: str, event_id: str, created_at: int) -> None:
@@ -364,31 +457,39 @@ class CatchupLedger:
         return kept.base, kept.items(keys, since)
 
     async def _load_whole(self, url: str, kept: _Kept) -> list[tuple[str, str, int]]:
-        """A relay's rows for the whole window: those written since its snapshot, when the
-        snapshot serves (`kept.base`), else all of them."""
+        """A relay's rows for the whole window: those written since its snapshot's newest
+        part, when the snapshot serves (`kept.base`), else all of them."""
         cutoff = self._cutoff(0)
         async with self._turn:
             stored = await self._link.catchup.snapshot(url, FIREHOSE_SCOPE)
         outcome = "none"
-        if stored is not None:
-            cut, data = stored
+        cut = max((part_cut for _, part_cut, _ in stored), default=0)
+        if stored:
             outcome = "stale" if cut < cutoff * 1000 else "loaded"
-            if len(data) > MAX_SNAPSHOT_ITEMS * RECORD_SIZE + 12 + DIGEST_SIZE:
+            most = MAX_SNAPSHOT_ITEMS * RECORD_SIZE + len(stored) * (HEADER_SIZE + DIGEST_SIZE)
+            if sum(len(data) for _, _, data in stored) > most:
                 outcome = "oversized"
             elif outcome == "loaded":
                 try:
-                    kept.base = SnapshotItems(data)
+                    parts = [SnapshotPart(data) for _, _, data in stored]
+                    kept.base = SnapshotItems.of_run([part for part in parts if not part.late])
+                    kept.run_parts = [(number, part.count) for (number, _, _), part
+                                      in zip(stored, parts, strict=True) if not part.late]
                 except SnapshotInvalid as error:
                     log.warning("catch-up snapshot refused: %s", error)
                     outcome = "corrupt"
+                else:
+                    kept.late = {raw.hex(): at for part in parts if part.late for at, raw in
+                                 SnapshotItems.of_records(bytes(part.records), 0).pairs(cutoff)}
+                    kept.next_part = stored[-1][0] + 1
         SNAPSHOT_LOADS.labels(outcome).inc()
         async with self._turn:
-            if stored is not None and kept.base is not None:
-                return await self._link.catchup.noted_since(url, stored[0], cutoff)
+            if stored and kept.base is not None:
+                return await self._link.catchup.noted_since(url, cut, cutoff)
             return await self._link.catchup.rows(url, None, cutoff)
 
     async def save_snapshots(self, final: bool = False) -> None:
-        """Cut a new snapshot of each relay held whole whose items noted since the last one
+        """Save a new snapshot part of each relay held whole whose items noted since the last
         are many enough (any, when `final`: at a clean shutdown).
 
         A firehose relay held since its first unaddressed event but not loaded in this
@@ -415,7 +516,7 @@ class CatchupLedger:
             if not kept.all_loaded or kept.recutting is not None:
                 continue
             base_size = len(kept.base) if kept.base is not None else 0
-            if base_size + kept.size > MAX_SNAPSHOT_ITEMS or not kept.size:
+            if base_size + len(kept.late) + kept.size > MAX_SNAPSHOT_ITEMS or not kept.size:
                 continue
             if final or kept.size >= max(RECUT_MIN_ITEMS, base_size // RECUT_FRACTION):
                 await self._save_snapshot(url, kept)
@@ -423,19 +524,21 @@ class CatchupLedger:
     async def _save_snapshot(self, url: str, kept: _Kept) -> None:
         link, turn = self._link, self._turn
         await self.flush()
-        # every row written before `cut` is in memory now and goes into this snapshot; a
-        # row not in it is noted after, so written after (the store's add takes the time)
+        # every row written before `cut` is in memory now and goes into this part; a row not
+        # in it is noted after, so written after (the store's add takes the time)
         cut = int(time.time() * 1000)
         captured = kept.recutting = kept.by_key
         kept.by_key, kept.size = {}, 0
         undecided = frozenset(self._unconfirmed)
         try:
-            data = await asyncio.to_thread(
-                _recut, kept.base, list(captured.values()), self._cutoff(0), undecided
+            cutting = await asyncio.to_thread(
+                _cut, kept.base, kept.run_parts, kept.late, kept.next_part,
+                list(captured.values()), self._cutoff(0), cut // 1000, undecided,
             )
             async with turn, link.transaction():
-                await link.catchup.save_snapshot(url, FIREHOSE_SCOPE, cut, data)
-            base = SnapshotItems(data)
+                await link.catchup.save_snapshot(
+                    url, FIREHOSE_SCOPE, cut, cutting.parts, cutting.drop, cutting.replace
+                )
         except STORE_UNAVAILABLE as error:
             SNAPSHOT_WRITES.labels("failed").inc()
             log.warning("catch-up snapshot not saved: %s", type(error).__name__)
@@ -444,7 +547,8 @@ class CatchupLedger:
                     kept.add(recipient, event_id, created_at)
         else:
             SNAPSHOT_WRITES.labels("written").inc()
-            kept.base = base
+            kept.base, kept.run_parts = cutting.base, cutting.run_parts
+            kept.late, kept.next_part = cutting.late, cutting.next_part
             for recipient, ids in captured.items():  # still in memory, above the snapshot
                 for event_id, created_at in ids.items():
                     if event_id in undecided:

@@ -8,10 +8,18 @@ are additive, so a range's fingerprint over the snapshot and the items noted sin
 (`LayeredItems`: the snapshot beneath a `SortedItems`) is the snapshot's sum of the range plus
 the overlay's, and the merged order is found by binary search, never materialized.
 
-Layout: MAGIC, the record count (8 bytes, big-endian), the records, then a BLAKE2b digest of
-everything before it. A record is created_at (8 bytes, big-endian), the id (32 bytes), and the
-sum of the ids up to and including this record mod 2^256 (32 bytes, little-endian).
-Everything is checked before use (`SnapshotInvalid`): magic, length, digest, order.
+A snapshot is stored in parts (bridge/catchup_ledger.py): the parts of one sorted run, each
+starting its prefix sums where the one before ended (`start_sum`), so items newer than the run
+are appended as a new part without re-encoding the run, and parts of items that came out of
+the run's order (`late`), each sorted on its own. Only differences of prefix sums are ever
+read, so the run's leading parts may be pruned away.
+
+Layout: MAGIC (NEG2 for a run's part, NEGL for a late part), the record count (8 bytes,
+big-endian), the sum before the first record (32 bytes, little-endian), the records, then a
+BLAKE2b digest of everything before it. A record is created_at (8 bytes, big-endian), the id
+(32 bytes), and the sum of the ids up to and including this record, plus the start sum, mod
+2^256 (32 bytes, little-endian). The first layout (NEG1: no start sum, read as 0) is still
+read. Everything is checked before use (`SnapshotInvalid`): magic, length, digest, order.
 """
 
 from __future__ import annotations
@@ -20,14 +28,18 @@ import hashlib
 from abc import abstractmethod
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
+from itertools import pairwise
 from typing import TypeVar, overload
 
 from sigil_push.nostr.nip77 import ID_SIZE, INFINITY, Bound, Key, SortedItems, fingerprint
 
-MAGIC = b"NEG1"
+MAGIC = b"NEG2"
+LATE_MAGIC = b"NEGL"
+FIRST_MAGIC = b"NEG1"
 RECORD_SIZE = 8 + ID_SIZE + ID_SIZE
 DIGEST_SIZE = 16
-_HEADER_SIZE = len(MAGIC) + 8
+HEADER_SIZE = len(MAGIC) + 8 + ID_SIZE
+_FIRST_HEADER_SIZE = len(FIRST_MAGIC) + 8
 _KEY_SIZE = 8 + ID_SIZE
 _MASK = (1 << 256) - 1
 _Item = TypeVar("_Item")
@@ -41,15 +53,79 @@ def _digest(payload: bytes | memoryview) -> bytes:
     return hashlib.blake2b(payload, digest_size=DIGEST_SIZE).digest()
 
 
-def encode_snapshot(items: Iterable[tuple[int, bytes]]) -> bytes:
-    """The snapshot of (created_at, id bytes) items given in (created_at, id) order."""
+def encode_records(items: Iterable[tuple[int, bytes]], start_sum: int = 0) -> tuple[bytes, int]:
+    """The records of (created_at, id bytes) items given in (created_at, id) order, their
+    prefix sums starting after `start_sum`; and the sum after the last."""
     records = []
-    total = 0
+    total = start_sum
+    from_bytes = int.from_bytes
     for created_at, raw in items:
-        total = (total + int.from_bytes(raw, "little")) & _MASK
+        total = (total + from_bytes(raw, "little")) & _MASK
         records.append(created_at.to_bytes(8, "big") + raw + total.to_bytes(ID_SIZE, "little"))
-    body = MAGIC + len(records).to_bytes(8, "big") + b"".join(records)
+    return b"".join(records), total
+
+
+def encode_keys(keys: Sequence[bytes], start_sum: int = 0) -> tuple[bytes, int]:
+    """`encode_records` for items given as sorted raw keys (`raw_key`: 40 bytes each)."""
+    records = []
+    total = start_sum
+    from_bytes = int.from_bytes
+    for key in keys:
+        total = (total + from_bytes(key[8:], "little")) & _MASK
+        records.append(key + total.to_bytes(ID_SIZE, "little"))
+    return b"".join(records), total
+
+
+def encode_snapshot(
+    items: Iterable[tuple[int, bytes]], start_sum: int = 0, late: bool = False
+) -> bytes:
+    """The stored snapshot (or part: see the module's doc) of (created_at, id bytes) items
+    given in (created_at, id) order."""
+    records, _ = encode_records(items, start_sum)
+    return seal_part(records, start_sum, late)
+
+
+def seal_part(records: bytes | memoryview, start_sum: int, late: bool = False) -> bytes:
+    """Encoded records as a stored part: header and digest."""
+    body = b"".join((LATE_MAGIC if late else MAGIC, (len(records) // RECORD_SIZE).to_bytes(8, "big"),
+                     start_sum.to_bytes(ID_SIZE, "little"), records))
     return body + _digest(body)
+
+
+class SnapshotPart:
+    """One stored part, checked (`SnapshotInvalid`): a run's or a late one, its sum before
+    the first record, and the records."""
+
+    __slots__ = ("count", "late", "records", "start_sum")
+
+    def __init__(self, data: bytes) -> None:
+        magic = data[: len(MAGIC)]
+        header = _FIRST_HEADER_SIZE if magic == FIRST_MAGIC else HEADER_SIZE
+        if len(data) < header + DIGEST_SIZE or magic not in (MAGIC, LATE_MAGIC, FIRST_MAGIC):
+            raise SnapshotInvalid("not a snapshot")
+        count = int.from_bytes(data[len(MAGIC) : len(MAGIC) + 8], "big")
+        if len(data) != header + count * RECORD_SIZE + DIGEST_SIZE:
+            raise SnapshotInvalid("length does not match the record count")
+        if _digest(memoryview(data)[:-DIGEST_SIZE]) != data[-DIGEST_SIZE:]:
+            raise SnapshotInvalid("digest does not match")
+        self.late = magic == LATE_MAGIC
+        self.count = count
+        self.start_sum = int.from_bytes(data[len(MAGIC) + 8 : header], "little")
+        self.records = memoryview(data)[header : header + count * RECORD_SIZE]
+        if count > 1 and self.first_key() > self.last_key():
+            raise SnapshotInvalid("records out of order")
+
+    def first_key(self) -> bytes:
+        return bytes(self.records[:_KEY_SIZE])
+
+    def last_key(self) -> bytes:
+        start = (self.count - 1) * RECORD_SIZE
+        return bytes(self.records[start : start + _KEY_SIZE])
+
+    def end_sum(self) -> int:
+        if not self.count:
+            return self.start_sum
+        return int.from_bytes(self.records[-ID_SIZE:], "little")
 
 
 class _Records(Sequence[_Item]):
@@ -58,6 +134,7 @@ class _Records(Sequence[_Item]):
     __slots__ = ("_count", "_data")
 
     def __init__(self, data: bytes, count: int) -> None:
+        """`data`: the records, one after the other, and nothing else."""
         self._data, self._count = data, count
 
     def __len__(self) -> int:
@@ -74,7 +151,7 @@ class _Records(Sequence[_Item]):
             return [self[i] for i in range(*index.indices(self._count))]
         if not 0 <= index < self._count:
             raise IndexError(index)
-        return self._record(_HEADER_SIZE + index * RECORD_SIZE)
+        return self._record(index * RECORD_SIZE)
 
     @abstractmethod
     def _record(self, start: int) -> _Item:
@@ -101,22 +178,53 @@ class SnapshotItems(_Records[Key]):
     searches compare raw bytes, and the sum of the first i ids is one record's field, so a
     range's id sum is two reads."""
 
-    __slots__ = ("raw",)
+    __slots__ = ("raw", "start_sum")
 
     def __init__(self, data: bytes) -> None:
-        """Checks the bytes whole (length, digest: C speed, no per-item Python work)."""
-        if len(data) < _HEADER_SIZE + DIGEST_SIZE or data[: len(MAGIC)] != MAGIC:
-            raise SnapshotInvalid("not a snapshot")
-        count = int.from_bytes(data[len(MAGIC) : _HEADER_SIZE], "big")
-        if len(data) != _HEADER_SIZE + count * RECORD_SIZE + DIGEST_SIZE:
-            raise SnapshotInvalid("length does not match the record count")
-        body = memoryview(data)[:-DIGEST_SIZE]
-        if _digest(body) != data[-DIGEST_SIZE:]:
-            raise SnapshotInvalid("digest does not match")
-        super().__init__(data, count)
-        self.raw = _RawKeys(data, count)
-        if count > 1 and self.raw[0] > self.raw[count - 1]:
-            raise SnapshotInvalid("records out of order")
+        """Stored bytes (one part), checked whole (length, digest: C speed, no per-item
+        Python work)."""
+        part = SnapshotPart(data)
+        self._set(bytes(part.records), part.count, part.start_sum)
+
+    def _set(self, records: bytes, count: int, start_sum: int) -> None:
+        super().__init__(records, count)
+        self.start_sum = start_sum
+        self.raw = _RawKeys(records, count)
+
+    @classmethod
+    def of_records(cls, records: bytes, start_sum: int) -> SnapshotItems:
+        """Records this process made or checked (`SnapshotPart`), joined: not checked again."""
+        items = cls.__new__(cls)
+        items._set(records, len(records) // RECORD_SIZE, start_sum)
+        return items
+
+    @classmethod
+    def of_run(cls, parts: Sequence[SnapshotPart]) -> SnapshotItems:
+        """A run's parts, in order, as one: each must start its sums where the one before
+        ended, and its items after the other's."""
+        for before, after in pairwise(parts):
+            if after.start_sum != before.end_sum():
+                raise SnapshotInvalid("a part's sums do not follow the part before")
+            if before.count and after.count and after.first_key() <= before.last_key():
+                raise SnapshotInvalid("parts out of order")
+        start = parts[0].start_sum if parts else 0
+        return cls.of_records(b"".join(part.records for part in parts), start)
+
+    def records_from(self, index: int) -> memoryview:
+        """The records from item `index` on, as stored."""
+        return memoryview(self._data)[index * RECORD_SIZE :]
+
+    def end_sum(self) -> int:
+        return self.sum_before(self._count)
+
+    def keys_from(self, index: int) -> list[bytes]:
+        """The raw keys (`raw_key`) of the items from `index` on."""
+        data = self._data
+        return [data[start : start + _KEY_SIZE]
+                for start in range(index * RECORD_SIZE, self._count * RECORD_SIZE, RECORD_SIZE)]
+
+    def last_key(self) -> bytes | None:
+        return self.raw[self._count - 1] if self._count else None
 
     def _record(self, start: int) -> Key:
         raw = self._data[start + 8 : start + _KEY_SIZE]
@@ -125,13 +233,14 @@ class SnapshotItems(_Records[Key]):
 
     @property
     def data(self) -> bytes:
-        return self._data
+        """As stored: one run part."""
+        return seal_part(self._data, self.start_sum)
 
     def sum_before(self, index: int) -> int:
-        """The first `index` ids added up, mod 2^256."""
+        """The first `index` ids added up, mod 2^256, plus the start sum."""
         if index <= 0:
-            return 0
-        end = _HEADER_SIZE + index * RECORD_SIZE
+            return self.start_sum
+        end = index * RECORD_SIZE
         return int.from_bytes(self._data[end - ID_SIZE : end], "little")
 
     def bisect_raw(self, key: bytes) -> int:
@@ -148,17 +257,17 @@ class SnapshotItems(_Records[Key]):
 
     def ids(self, lower: int, upper: int) -> set[bytes]:
         """The ids of items [lower, upper), as bytes."""
-        data, first = self._data, _HEADER_SIZE + 8
+        data = self._data
         return {data[start : start + ID_SIZE] for start in range(
-            first + lower * RECORD_SIZE, first + upper * RECORD_SIZE, RECORD_SIZE
+            8 + lower * RECORD_SIZE, 8 + upper * RECORD_SIZE, RECORD_SIZE
         )}
 
     def pairs(self, since: int) -> list[tuple[int, bytes]]:
         """(created_at, id) of every item not older than `since`, in order (for a re-cut)."""
         data = self._data
         return [(int.from_bytes(data[start : start + 8], "big"), data[start + 8 : start + _KEY_SIZE])
-                for start in range(_HEADER_SIZE + self.position(since) * RECORD_SIZE,
-                                   _HEADER_SIZE + self._count * RECORD_SIZE, RECORD_SIZE)]
+                for start in range(self.position(since) * RECORD_SIZE,
+                                   self._count * RECORD_SIZE, RECORD_SIZE)]
 
 
 class _MergedKeys(Sequence[Key]):

@@ -527,19 +527,24 @@ class CatchupItemsStore(Protocol):
         restart adds on top of the relay's snapshot."""
         ...
 
-    async def snapshot(self, relay: str, scope: str) -> tuple[int, bytes] | None:
-        """(cut in unix milliseconds, bytes) of the relay's NIP-77 snapshot for `scope`."""
+    async def snapshot(self, relay: str, scope: str) -> list[tuple[int, int, bytes]]:
+        """(part number, cut in unix milliseconds, bytes) of each part of the relay's NIP-77
+        snapshot for `scope` (nostr/nip77_snapshot.py), in part order; [] when none."""
         ...
 
-    async def save_snapshot(self, relay: str, scope: str, cut: int, data: bytes) -> None:
-        """Keep `data` as the relay's snapshot for `scope` (replacing the one before): it
-        holds every item whose row was written before `cut` (unix milliseconds)."""
+    async def save_snapshot(
+        self, relay: str, scope: str, cut: int, parts: Sequence[tuple[int, int, bytes]],
+        drop: Sequence[int] = (), replace: bool = False,
+    ) -> None:
+        """Keep `parts` ((part number, newest created_at, bytes)) in the relay's snapshot for
+        `scope` (a part's number already there is replaced), instead of the parts numbered in
+        `drop`, or of all its parts when `replace`: with the parts before, it holds every item whose row was written before
+        `cut` (unix milliseconds)."""
         ...
 
     async def prune(self, cutoff: int) -> int:
-        """Forget deliveries whose created_at is before `cutoff`, and snapshots cut before
-        it (their overlay would be the whole window); how many rows went (one per recipient
-        and DM, whatever its relays)."""
+        """Forget deliveries whose created_at is before `cutoff`, and snapshot parts whose
+        newest item is; how many rows went (one per recipient and DM, whatever its relays)."""
         ...
 
 

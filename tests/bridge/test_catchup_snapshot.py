@@ -1,9 +1,10 @@
-"""A firehose relay's catch-up items as a stored NIP-77 snapshot (migration 0013,
-`catchup_snapshots` and `catchup_items.noted_at`), on both engines: the store keeps one per
-relay and scope and prunes it with the window; the ledger writes one from memory and, in the
-next process, serves the window as that snapshot plus only the rows written since its cut;
-a snapshot that is corrupt, too large or cut before the window is refused, counted, and the
-window's rows are read instead."""
+"""A firehose relay's catch-up items as a stored NIP-77 snapshot (migrations 0013 and 0021,
+`catchup_snapshot_parts` and `catchup_items.noted_at`), on both engines: the store keeps its
+parts per relay and scope and prunes them with the window; the ledger writes them from memory
+(appending new parts, rewriting the whole only now and then) and, in the next process, serves
+the window as that snapshot plus only the rows written since its newest cut; a snapshot that is
+corrupt, too large or cut before the window is refused, counted, and the window's rows are read
+instead."""
 
 from __future__ import annotations
 
@@ -16,7 +17,13 @@ from prometheus_client import REGISTRY
 
 from sigil_push.bridge import catchup_ledger
 from sigil_push.bridge.catchup_ledger import FIREHOSE_SCOPE, CatchupLedger
-from sigil_push.nostr.nip77_snapshot import SnapshotItems, encode_snapshot
+from sigil_push.nostr.nip77 import SortedItems
+from sigil_push.nostr.nip77_snapshot import (
+    LayeredItems,
+    SnapshotItems,
+    SnapshotPart,
+    encode_snapshot,
+)
 from sigil_push.store.factory import PostgresStore, SqliteStore
 from sigil_push.store.interface import UNADDRESSED, BridgeConnection
 from testkit.stores import sql_of
@@ -29,6 +36,16 @@ def _loads(outcome: str) -> float:
     ) or 0.0
 
 
+async def _stored(link: BridgeConnection, relay: str) -> dict[str, int]:
+    """Every item the relay's stored snapshot parts hold (event id → created_at)."""
+    found: dict[str, int] = {}
+    for _, _, data in await link.catchup.snapshot(relay, FIREHOSE_SCOPE):
+        part = SnapshotPart(data)
+        found.update((raw.hex(), at)
+                     for at, raw in SnapshotItems.of_records(bytes(part.records), 0).pairs(0))
+    return found
+
+
 async def _age_rows(store: SqliteStore | PostgresStore, seconds: int) -> None:
     """Date every catch-up row's write back (so a cut now lies after all of them)."""
     await sql_of(store).execute(
@@ -36,20 +53,29 @@ async def _age_rows(store: SqliteStore | PostgresStore, seconds: int) -> None:
     )
 
 
-async def test_the_store_keeps_one_snapshot_per_relay_and_scope_and_prunes_it(
+async def test_the_store_keeps_snapshot_parts_per_relay_and_scope_and_prunes_them(
     store: SqliteStore | PostgresStore, database: str, tmp_path: Path
 ) -> None:
+    """Parts are added (a part number again replaces it) or replace all the parts before;
+    they are read in part order, and a part goes with the prune once its newest item left
+    the window."""
     now = int(time.time())
     ms = now * 1000
     async with bridge_link(database, tmp_path) as link:
         catchup = link.catchup
-        assert await catchup.snapshot(RELAY, FIREHOSE_SCOPE) is None
+        assert await catchup.snapshot(RELAY, FIREHOSE_SCOPE) == []
         async with link.transaction():
-            await catchup.save_snapshot(RELAY, FIREHOSE_SCOPE, ms - 10_000, b"first")
-            await catchup.save_snapshot(RELAY, FIREHOSE_SCOPE, ms - 5_000, b"second")
-            await catchup.save_snapshot(OTHER, FIREHOSE_SCOPE, ms - 7_200_000, b"old")
-        assert await catchup.snapshot(RELAY, FIREHOSE_SCOPE) == (ms - 5_000, b"second")
-        assert await catchup.snapshot(RELAY, "shard") is None
+            await catchup.save_snapshot(RELAY, FIREHOSE_SCOPE, ms - 10_000, [(0, now - 10, b"zero")])
+            await catchup.save_snapshot(
+                RELAY, FIREHOSE_SCOPE, ms - 5_000, [(2, now - 5, b"two"), (1, now - 4000, b"one")]
+            )
+            await catchup.save_snapshot(OTHER, FIREHOSE_SCOPE, ms - 9_000, [(0, now - 1, b"x")])
+            await catchup.save_snapshot(OTHER, FIREHOSE_SCOPE, ms - 8_000, [(0, now - 2, b"y")])
+        assert await catchup.snapshot(RELAY, FIREHOSE_SCOPE) == [
+            (0, ms - 10_000, b"zero"), (1, ms - 5_000, b"one"), (2, ms - 5_000, b"two")
+        ]
+        assert await catchup.snapshot(OTHER, FIREHOSE_SCOPE) == [(0, ms - 8_000, b"y")]
+        assert await catchup.snapshot(RELAY, "shard") == []
 
         async with link.transaction():
             await catchup.add([(RELAY, ALICE, _id(1), now - 100), (RELAY, BOB, _id(2), now - 50)])
@@ -62,8 +88,17 @@ async def test_the_store_keeps_one_snapshot_per_relay_and_scope_and_prunes_it(
 
         async with link.transaction():
             await catchup.prune(now - 3600)
-        assert await catchup.snapshot(OTHER, FIREHOSE_SCOPE) is None, "cut before the window"
-        assert await catchup.snapshot(RELAY, FIREHOSE_SCOPE) == (ms - 5_000, b"second")
+        assert [part for part, _, _ in await catchup.snapshot(RELAY, FIREHOSE_SCOPE)] == [0, 2]
+        async with link.transaction():
+            await catchup.save_snapshot(
+                RELAY, FIREHOSE_SCOPE, ms, [(3, now, b"three")], drop=[0]
+            )
+        assert [part for part, _, _ in await catchup.snapshot(RELAY, FIREHOSE_SCOPE)] == [2, 3]
+        async with link.transaction():
+            await catchup.save_snapshot(
+                RELAY, FIREHOSE_SCOPE, ms, [(0, now, b"all")], replace=True
+            )
+        assert await catchup.snapshot(RELAY, FIREHOSE_SCOPE) == [(0, ms, b"all")]
 
 
 async def _noted_window(link: BridgeConnection, now: int, count: int) -> dict[str, int]:
@@ -95,8 +130,8 @@ async def test_a_restart_reads_the_snapshot_and_only_the_rows_written_since(
         await first.flush()
         await first.save_snapshots(final=True)
         stored = await link.catchup.snapshot(RELAY, FIREHOSE_SCOPE)
-        assert stored is not None and now * 1000 <= stored[0] <= time.time() * 1000
-        assert len(SnapshotItems(stored[1])) == 301
+        assert len(stored) == 1 and now * 1000 <= stored[0][1] <= time.time() * 1000
+        assert len(await _stored(link, RELAY)) == 301
 
         await _age_rows(store, 20)
         async with link.transaction():
@@ -147,9 +182,7 @@ async def test_unaddressed_items_are_kept_in_memory_and_the_snapshot_never_as_ro
         await ledger.flush()
         assert await link.catchup.rows(RELAY, None, 0) == [(ALICE, _id(1), now - 9)]
         await ledger.save_snapshots(final=True)
-        stored = await link.catchup.snapshot(RELAY, FIREHOSE_SCOPE)
-        assert stored is not None
-        assert {raw.hex(): at for at, raw in SnapshotItems(stored[1]).pairs(0)} == window
+        assert await _stored(link, RELAY) == window
         assert await link.catchup.rows(RELAY, None, 0) == [(ALICE, _id(1), now - 9)]
 
         unloaded = CatchupLedger(3600, link, asyncio.Lock())
@@ -158,7 +191,7 @@ async def test_unaddressed_items_are_kept_in_memory_and_the_snapshot_never_as_ro
         assert await link.catchup.rows(OTHER, None, 0) == []
         await unloaded.save_snapshots(final=True)
         assert await link.catchup.rows(OTHER, None, 0) == [(UNADDRESSED, _id(9), now - 3)]
-        assert await link.catchup.snapshot(OTHER, FIREHOSE_SCOPE) is None
+        assert await link.catchup.snapshot(OTHER, FIREHOSE_SCOPE) == []
 
         # never reconciled, but holding enough for a snapshot: loaded by the housekeeping's
         # pass, then cut like any relay's
@@ -167,12 +200,10 @@ async def test_unaddressed_items_are_kept_in_memory_and_the_snapshot_never_as_ro
         busy = CatchupLedger(3600, link, asyncio.Lock())
         busy.note_unaddressed_event(third, {"id": _id(10), "created_at": now - 2})
         await busy.save_snapshots()
-        assert await link.catchup.snapshot(third, FIREHOSE_SCOPE) is None, "one is not enough"
+        assert await link.catchup.snapshot(third, FIREHOSE_SCOPE) == [], "one is not enough"
         busy.note_unaddressed_event(third, {"id": _id(11), "created_at": now - 1})
         await busy.save_snapshots()
-        stored = await link.catchup.snapshot(third, FIREHOSE_SCOPE)
-        assert stored is not None
-        assert {raw.hex() for _, raw in SnapshotItems(stored[1]).pairs(0)} == {_id(10), _id(11)}
+        assert set(await _stored(link, third)) == {_id(10), _id(11)}
         assert await link.catchup.rows(third, None, 0) == []
 
 
@@ -191,7 +222,7 @@ async def test_a_new_snapshot_is_cut_once_the_rows_since_the_last_are_many(
         await ledger.held(RELAY, None, 0)
         await ledger.save_snapshots()
         first = await link.catchup.snapshot(RELAY, FIREHOSE_SCOPE)
-        assert first is not None and len(SnapshotItems(first[1])) == 40
+        assert len(first) == 1 and len(await _stored(link, RELAY)) == 40
         for n in range(5):
             ledger.note(RELAY, _id(100 + n), now - 500 - n, (ALICE,))
         ledger.confirm(_id(100 + n) for n in range(12))
@@ -202,7 +233,8 @@ async def test_a_new_snapshot_is_cut_once_the_rows_since_the_last_are_many(
         ledger.confirm(_id(100 + n) for n in range(5, 12))
         await ledger.save_snapshots()
         second = await link.catchup.snapshot(RELAY, FIREHOSE_SCOPE)
-        assert second is not None and len(SnapshotItems(second[1])) == 52
+        assert len(second) == 2 and second[0] == first[0], "a part added, the first kept"
+        assert len(await _stored(link, RELAY)) == 52
         window.update({_id(100 + n): now - 500 - n for n in range(12)})
         base, items = await ledger.held(RELAY, None, 0)
         assert base is not None and len(base) == 52 and items == {}
@@ -227,7 +259,7 @@ async def test_a_snapshot_that_cannot_serve_falls_back_to_reading_the_window(
         else:
             cut = (now - 7200) * 1000
         async with link.transaction():
-            await link.catchup.save_snapshot(RELAY, FIREHOSE_SCOPE, cut, data)
+            await link.catchup.save_snapshot(RELAY, FIREHOSE_SCOPE, cut, [(0, now, data)])
         ledger = CatchupLedger(3600, link, asyncio.Lock())
         before = _loads(damage)
         base, items = await ledger.held(RELAY, None, 0)
@@ -256,9 +288,7 @@ async def test_rows_of_a_dm_not_yet_committed_are_not_written_nor_snapshotted(
         await ledger.flush()
         await ledger.save_snapshots(final=True)
         assert _id(900) not in await link.catchup.items(RELAY, None, 0)
-        stored = await link.catchup.snapshot(RELAY, FIREHOSE_SCOPE)
-        assert stored is not None
-        assert {raw.hex() for _, raw in SnapshotItems(stored[1]).pairs(0)} == set(window)
+        assert set(await _stored(link, RELAY)) == set(window)
         base, items = await ledger.held(RELAY, None, 0)
         assert base is not None and items == {_id(900): now - 5, _id(901): now - 6}
 
@@ -270,3 +300,77 @@ async def test_rows_of_a_dm_not_yet_committed_are_not_written_nor_snapshotted(
         ledger.confirm([_id(901)])  # too late: let go
         await ledger.flush()
         assert _id(901) not in await link.catchup.items(RELAY, None, 0)
+
+
+async def test_new_items_are_appended_as_parts_and_late_ones_kept_apart_until_a_rewrite(
+    store: SqliteStore | PostgresStore, database: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Items newer than the snapshot's run are a new part of it (the parts before are not
+    written again, its sums follow theirs); items among its last part's are merged with it
+    into a new part replacing it; items that sort before that, or are dated
+    ahead of now, are a late part; a restart reads the run and the late parts as the same
+    window, its fingerprints those of one sorted set; once the late items pass a quarter of
+    the run, everything is rewritten as one part (and what is dated ahead, a late one)."""
+    monkeypatch.setattr(catchup_ledger, "RECUT_MIN_ITEMS", 2)
+    now = int(time.time())
+    async with bridge_link(database, tmp_path) as link:
+        window = await _noted_window(link, now, 40)
+        ledger = CatchupLedger(3600, link, asyncio.Lock())
+        await ledger.held(RELAY, None, 0)
+        await ledger.save_snapshots()
+        [first] = await link.catchup.snapshot(RELAY, FIREHOSE_SCOPE)
+
+        newer = {_id(200 + n): now - 100 + n for n in range(10)}
+        for event_id, at in newer.items():
+            ledger.note_unaddressed_event(RELAY, {"id": event_id, "created_at": at})
+        await ledger.save_snapshots()
+        parts = await link.catchup.snapshot(RELAY, FIREHOSE_SCOPE)
+        assert [part for part, _, _ in parts] == [0, 1] and parts[0] == first
+        appended = SnapshotPart(parts[1][2])
+        assert not appended.late and appended.count == 10
+        assert appended.start_sum == SnapshotPart(first[2]).end_sum()
+
+        # a little out of order: merged with the last part (no more than twice their number)
+        jittered = {_id(250 + n): now - 96 + n for n in range(6)}
+        for event_id, at in jittered.items():
+            ledger.note_unaddressed_event(RELAY, {"id": event_id, "created_at": at})
+        await ledger.save_snapshots()
+        parts = await link.catchup.snapshot(RELAY, FIREHOSE_SCOPE)
+        assert [part for part, _, _ in parts] == [0, 2] and parts[0] == first
+        assert not SnapshotPart(parts[1][2]).late and SnapshotPart(parts[1][2]).count == 16
+
+        late = {_id(300): now - 2000, _id(301): now - 1500, _id(302): now + 600}
+        for event_id, at in late.items():
+            ledger.note_unaddressed_event(RELAY, {"id": event_id, "created_at": at})
+        await ledger.save_snapshots()
+        parts = await link.catchup.snapshot(RELAY, FIREHOSE_SCOPE)
+        assert [part for part, _, _ in parts] == [0, 2, 3]
+        assert SnapshotPart(parts[2][2]).late and SnapshotPart(parts[2][2]).count == 3
+        window.update(newer)
+        window.update(jittered)
+        window.update(late)
+        assert await _stored(link, RELAY) == window
+        assert await ledger.items(RELAY, None, 0) == window
+
+        restarted = CatchupLedger(3600, link, asyncio.Lock())
+        base, items = await restarted.held(RELAY, None, 0)
+        assert base is not None and len(base) == 56 and items == late
+        run = SortedItems()
+        run.add({event_id: at for event_id, at in window.items() if event_id not in late})
+        assert LayeredItems(base, SortedItems()).fingerprint(0, 56) == run.fingerprint(0, 56)
+        assert LayeredItems(base, SortedItems()).fingerprint(7, 51) == run.fingerprint(7, 51)
+
+        more_late = {_id(400 + n): now - 1900 + n for n in range(12)}
+        for event_id, at in more_late.items():
+            restarted.note_unaddressed_event(RELAY, {"id": event_id, "created_at": at})
+        await restarted.save_snapshots()
+        window.update(more_late)
+        parts = await link.catchup.snapshot(RELAY, FIREHOSE_SCOPE)
+        assert [part for part, _, _ in parts] == [0, 1], "rewritten: the run, what is ahead"
+        assert SnapshotPart(parts[1][2]).late and SnapshotPart(parts[1][2]).count == 1
+        assert await _stored(link, RELAY) == window
+        assert await restarted.items(RELAY, None, 0) == window
+        base, items = await CatchupLedger(3600, link, asyncio.Lock()).held(RELAY, None, 0)
+        assert base is not None and len(base) == len(window) - 1
+        assert items == {_id(302): now + 600}

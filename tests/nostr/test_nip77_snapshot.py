@@ -1,4 +1,4 @@
-"""A stored snapshot beneath the in-memory NIP-77 items (sigil_push/nostr/nip77_snapshot.py):
+"""A stored snapshot (in parts) beneath the in-memory NIP-77 items (sigil_push/nostr/nip77_snapshot.py):
 its bytes round-trip, every range of snapshot + overlay has the fingerprint, bounds and id
 list of one `SortedItems` over the union, so our messages are the same bytes (and those are
 nostr-sdk's, by tests/nostr/test_nip77.py), and bytes that are not a snapshot are refused."""
@@ -12,10 +12,13 @@ import pytest
 
 from sigil_push.nostr.nip77 import Reconciliation, SortedItems, encode_varint, fingerprint
 from sigil_push.nostr.nip77_snapshot import (
+    DIGEST_SIZE,
+    FIRST_MAGIC,
     RECORD_SIZE,
     LayeredItems,
     SnapshotInvalid,
     SnapshotItems,
+    SnapshotPart,
     encode_snapshot,
 )
 from tests.nostr.test_nip77 import _nostr_sdk_opening
@@ -132,3 +135,34 @@ def test_a_snapshots_sums_wrap_mod_2_256() -> None:
     assert snapshot.sum_before(2) == 1
     layered = LayeredItems(snapshot, SortedItems())
     assert layered.fingerprint(0, 2) == fingerprint(1, 2)
+
+
+def test_a_runs_parts_read_as_one_snapshot_and_the_first_layout_still_reads() -> None:
+    """A run stored in parts (each starting its sums where the one before ended) reads as the
+    snapshot of all its items: same keys, same fingerprints over any range, with its leading
+    part gone too (only differences of sums are read). Parts whose sums or order do not
+    follow are refused; a snapshot in the first layout (NEG1, no start sum) reads as before."""
+    pairs = sorted((at, bytes.fromhex(i)) for i, at in _items(300, 21, spread=100_000).items())
+    plain = SortedItems()
+    plain.add({raw.hex(): at for at, raw in pairs})
+    first = encode_snapshot(pairs[:100])
+    second = encode_snapshot(pairs[100:250], SnapshotPart(first).end_sum())
+    third = encode_snapshot(pairs[250:], SnapshotPart(second).end_sum())
+    run = SnapshotItems.of_run([SnapshotPart(data) for data in (first, second, third)])
+    assert list(run) == plain.keys
+    layered = LayeredItems(run, SortedItems())
+    for lower, upper in ((0, 300), (5, 120), (99, 101), (250, 300)):
+        assert layered.fingerprint(lower, upper) == plain.fingerprint(lower, upper)
+    tail = LayeredItems(SnapshotItems.of_run([SnapshotPart(second), SnapshotPart(third)]),
+                        SortedItems())
+    assert tail.fingerprint(10, 200) == plain.fingerprint(110, 300)
+    for bad in ([SnapshotPart(first), SnapshotPart(third)],
+                [SnapshotPart(second), SnapshotPart(encode_snapshot(pairs[:100]))]):
+        with pytest.raises(SnapshotInvalid):
+            SnapshotItems.of_run(bad)
+    records = SnapshotPart(first).records
+    body = FIRST_MAGIC + (100).to_bytes(8, "big") + bytes(records)
+    old = SnapshotItems(body + hashlib.blake2b(body, digest_size=DIGEST_SIZE).digest())
+    assert list(old) == plain.keys[:100] and old.sum_before(0) == 0
+    late = SnapshotPart(encode_snapshot(pairs[:5], late=True))
+    assert late.late and late.count == 5

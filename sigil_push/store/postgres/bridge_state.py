@@ -235,21 +235,36 @@ class PostgresCatchupItems:
         )
         return catchup_rows(rows, relay)
 
-    async def snapshot(self, relay: str, scope: str) -> tuple[int, bytes] | None:
+    async def snapshot(self, relay: str, scope: str) -> list[tuple[int, int, bytes]]:
         rows = await self._db.fetch(
-            "SELECT cut, data FROM catchup_snapshots WHERE relay = $1 AND scope = $2",
+            "SELECT part, cut, data FROM catchup_snapshot_parts WHERE relay = $1 AND scope = $2"
+            " ORDER BY part",
             relay, scope,
         )
-        return (int(rows[0]["cut"]), bytes(rows[0]["data"])) if rows else None
+        return [(int(row["part"]), int(row["cut"]), bytes(row["data"])) for row in rows]
 
-    async def save_snapshot(self, relay: str, scope: str, cut: int, data: bytes) -> None:
-        await self._db.run(
-            "INSERT INTO catchup_snapshots (relay, scope, cut, data) VALUES ($1, $2, $3, $4)"
-            " ON CONFLICT (relay, scope) DO UPDATE SET cut = excluded.cut, data = excluded.data",
-            relay, scope, cut, data,
-        )
+    async def save_snapshot(
+        self, relay: str, scope: str, cut: int, parts: Sequence[tuple[int, int, bytes]],
+        drop: Sequence[int] = (), replace: bool = False,
+    ) -> None:
+        if replace:
+            await self._db.run(
+                "DELETE FROM catchup_snapshot_parts WHERE relay = $1 AND scope = $2", relay, scope
+            )
+        if drop:
+            await self._db.run(
+                "DELETE FROM catchup_snapshot_parts WHERE relay = $1 AND scope = $2"
+                " AND part = ANY($3::int[])", relay, scope, list(drop),
+            )
+        for part, newest, data in parts:
+            await self._db.run(
+                "INSERT INTO catchup_snapshot_parts (relay, scope, part, cut, newest, data)"
+                " VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (relay, scope, part) DO UPDATE SET"
+                " cut = excluded.cut, newest = excluded.newest, data = excluded.data",
+                relay, scope, part, cut, newest, data,
+            )
 
     async def prune(self, cutoff: int) -> int:
         removed = await self._db.run("DELETE FROM catchup_items WHERE created_at < $1", cutoff)
-        await self._db.run("DELETE FROM catchup_snapshots WHERE cut < $1", cutoff * 1000)
+        await self._db.run("DELETE FROM catchup_snapshot_parts WHERE newest < $1", cutoff)
         return removed

@@ -245,18 +245,31 @@ class SqliteCatchupItems:
         )
         return catchup_rows(rows, relay)
 
-    async def snapshot(self, relay: str, scope: str) -> tuple[int, bytes] | None:
-        rows = list(await self._db.execute_fetchall(
-            "SELECT cut, data FROM catchup_snapshots WHERE relay = ? AND scope = ?",
+    async def snapshot(self, relay: str, scope: str) -> list[tuple[int, int, bytes]]:
+        rows = await self._db.execute_fetchall(
+            "SELECT part, cut, data FROM catchup_snapshot_parts WHERE relay = ? AND scope = ?"
+            " ORDER BY part",
             (relay, scope),
-        ))
-        return (int(rows[0][0]), bytes(rows[0][1])) if rows else None
+        )
+        return [(int(row[0]), int(row[1]), bytes(row[2])) for row in rows]
 
-    async def save_snapshot(self, relay: str, scope: str, cut: int, data: bytes) -> None:
-        await self._db.execute(
-            "INSERT INTO catchup_snapshots (relay, scope, cut, data) VALUES (?, ?, ?, ?)"
-            " ON CONFLICT (relay, scope) DO UPDATE SET cut = excluded.cut, data = excluded.data",
-            (relay, scope, cut, data),
+    async def save_snapshot(
+        self, relay: str, scope: str, cut: int, parts: Sequence[tuple[int, int, bytes]],
+        drop: Sequence[int] = (), replace: bool = False,
+    ) -> None:
+        if replace:
+            await self._db.execute(
+                "DELETE FROM catchup_snapshot_parts WHERE relay = ? AND scope = ?", (relay, scope)
+            )
+        await self._db.executemany(
+            "DELETE FROM catchup_snapshot_parts WHERE relay = ? AND scope = ? AND part = ?",
+            [(relay, scope, part) for part in drop],
+        )
+        await self._db.executemany(
+            "INSERT INTO catchup_snapshot_parts (relay, scope, part, cut, newest, data)"
+            " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (relay, scope, part) DO UPDATE SET"
+            " cut = excluded.cut, newest = excluded.newest, data = excluded.data",
+            [(relay, scope, part, cut, newest, data) for part, newest, data in parts],
         )
 
     async def prune(self, cutoff: int) -> int:
@@ -265,5 +278,5 @@ class SqliteCatchupItems:
         )
         removed = int(cursor.rowcount)
         await cursor.close()
-        await self._db.execute("DELETE FROM catchup_snapshots WHERE cut < ?", (cutoff * 1000,))
+        await self._db.execute("DELETE FROM catchup_snapshot_parts WHERE newest < ?", (cutoff,))
         return removed
