@@ -36,7 +36,10 @@ Phases, each in a fresh process so memory figures are not mixed:
              name nobody must cost at most a third of bare id+signature verification (CPU per
              event, same run), and 1,000 against 100,000 keys within 15% in CPU per event
              (`--only public --public-keys 1000,100000`: the two in turns, `--repeat` each;
-             written to bench/results/ingest_public-<date>-<commit>.json);
+             written to bench/results/ingest_public-<date>-<commit>.json); the streams are
+             dated in arrival order, as a live firehose sends them (`--public-order live`), or
+             over the same ten minutes in turns (`sawtooth`, a catch-up dump's order: the
+             worst case of the snapshot's parts, `-sawtooth` in the file name);
   sdk      — for the websockets-vs-nostr-sdk decision: nostr-sdk's own pool receiving the same
              burst (it verifies in Rust), events/s.
 Loopback only. Prints the figures and writes bench/results/ingest.json (the plain100k and
@@ -547,7 +550,8 @@ def public_event(
 
 
 def make_public_events(
-    registered: list[str], count: int, addressed_every: int, seed: int = 7
+    registered: list[str], count: int, addressed_every: int, seed: int = 7,
+    live_from: int | None = None,
 ) -> tuple[list[Event], int]:
     """`count` public events (PUBLIC_KINDS_MIX); every `addressed_every`-th names one of
     `registered` (the last event is one), the others only strangers, or nobody (a kind 1 note
@@ -570,7 +574,11 @@ def make_public_events(
             to = [os.urandom(32).hex() for _ in range(rng.randint(1, 3))]
             if hit:
                 to[rng.randrange(len(to))] = rng.choice(registered)
-        events.append(public_event(authors[i % len(authors)], kind, to, now - i % 600,
+        # dated as a live firehose sends them (in order, give or take a few seconds, over
+        # LIVE_SPAN_SECONDS from `live_from`), or over the last ten minutes in turns
+        at = (now - i % 600 if live_from is None
+              else live_from + i * LIVE_SPAN_SECONDS // count + rng.randint(-5, 5))
+        events.append(public_event(authors[i % len(authors)], kind, to, at,
                                    zappers[i % len(zappers)]))
     return events, addressed
 
@@ -592,7 +600,11 @@ def _snapshot_writes() -> float:
     ) or 0.0
 
 
-async def phase_public(folder: Path, count: int, keys: int) -> dict[str, Any]:
+LIVE_SPAN_SECONDS = 300
+"""The time one stream of `phase_public --public-order live` covers (its events' created_at)."""
+
+
+async def phase_public(folder: Path, count: int, keys: int, order: str = "live") -> dict[str, Any]:
     """Issue 32's firehose: one relay read as a firehose sends `count` events of kinds 1, 6, 7
     and 9735, 1% of them naming one of `keys` registered keys. Two streams through the same
     bridge (every registration asking for every class, where the schema has `notify`): first
@@ -611,9 +623,12 @@ async def phase_public(folder: Path, count: int, keys: int) -> dict[str, Any]:
     `*_cpu_ratio` figures are bare verification's CPU per event over the bridge's."""
     pin(BRIDGE_CORE)
     recipients = make_keys(keys)
-    mixed, addressed = make_public_events(recipients, count, 100)
-    unmatched, _ = make_public_events(recipients, count, count + 1, seed=8)
-    warm_up, _ = make_public_events(recipients, count, count + 1, seed=9)
+    # live: the warm-up, then the unmatched, then the mixed stream, one after the other
+    start = int(time.time()) - 3 * LIVE_SPAN_SECONDS
+    live = [None] * 3 if order == "sawtooth" else [start + n * LIVE_SPAN_SECONDS for n in range(3)]
+    warm_up, _ = make_public_events(recipients, count, count + 1, seed=9, live_from=live[0])
+    unmatched, _ = make_public_events(recipients, count, count + 1, seed=8, live_from=live[1])
+    mixed, addressed = make_public_events(recipients, count, 100, live_from=live[2])
     registered = set(recipients)
     unmatched = [e for e in unmatched if registered.isdisjoint(e.tag_values("p"))]
     warm_up = [e for e in warm_up if registered.isdisjoint(e.tag_values("p"))]
@@ -665,7 +680,8 @@ async def phase_public(folder: Path, count: int, keys: int) -> dict[str, Any]:
     bare = (bare_before + bare_after) / 2
     result: dict[str, Any] = {
         "events": count, "registered_keys": keys, "addressed": addressed,
-        "kinds_mix_percent": dict(PUBLIC_KINDS_MIX), "wakeups_enqueued": harness.enqueued,
+        "kinds_mix_percent": dict(PUBLIC_KINDS_MIX), "order": order,
+        "wakeups_enqueued": harness.enqueued,
         "registrations_notify": "every class" if harness.notify_all else "dm only (no notify)",
         "bare_verify_cpu_us_per_event": [round(bare_before * 1e6, 1), round(bare_after * 1e6, 1)],
     }
@@ -882,7 +898,10 @@ def run_public(args: argparse.Namespace) -> None:
         "summary": summary, "targets_met": targets,
         "runs": {str(keys): made for keys, made in runs.items()},
     }
-    out = RESULTS.parent / f"ingest_public-{time.strftime('%Y-%m-%d', time.gmtime())}-{commit}.json"
+    suffix = "" if args.public_order == "live" else f"-{args.public_order}"
+    out = RESULTS.parent / (
+        f"ingest_public-{time.strftime('%Y-%m-%d', time.gmtime())}-{commit}{suffix}.json"
+    )
     out.write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps({"summary": summary, "targets_met": targets}, indent=2))
     print(f"written to {out}")
@@ -895,6 +914,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--keys", type=int, default=100_000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--public-order", choices=["live", "sawtooth"], default="live",
+                        help="public streams dated in arrival order (a live firehose) or over"
+                             " the same ten minutes in turns (a catch-up's dump: the snapshot's"
+                             " worst case)")
     parser.add_argument("--public-keys", default="1000,100000",
                         help="registered key counts compared by --only public")
     parser.add_argument("--only", default=",".join(PHASES), help="comma-separated phases")
@@ -916,7 +939,8 @@ def main() -> None:
                 "keys": lambda: phase_keys(Path(folder), args.keys),
                 "sdk": lambda: phase_sdk(Path(folder), args.events),
                 "plain100k": lambda: phase_ingest(Path(folder), args.events, keys=args.keys),
-                "public": lambda: phase_public(Path(folder), args.events, args.keys),
+                "public": lambda: phase_public(Path(folder), args.events, args.keys,
+                                               args.public_order),
                 "preferences": lambda: phase_ingest(
                     Path(folder), args.events, keys=args.keys, preferences=True
                 ),

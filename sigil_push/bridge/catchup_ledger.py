@@ -140,10 +140,11 @@ def _cut(
     """The parts that save `groups`' items (id → created_at) since `since` but for the
     `undecided` (not committed yet: a crash must not leave them looking had) on top of `base`
     (the run, stored as `run_parts`: (part number, items) in order) and `late` (the late
-    parts' items). Those that sort after the run's last few parts (together at most twice as
-    many items as the new ones) and are not dated after `now` go into one new run part with
-    those parts' items, replacing them; the rest into a late part. When the late items are
-    many (or the parts), everything is written as one part, replacing the others."""
+    parts' items). Those not dated after `now` that sort after all but the run's last items
+    (at most twice as many as the new ones) go into the run: the part holding the first of
+    them is replaced by one part with its items before it as they were, then the rest merged
+    with the new ones; the others go into a late part. When the late items are many (or the
+    parts), everything is written as one part, replacing the others."""
     fresh: dict[str, int] = {}
     for ids in groups:
         fresh.update(ids)
@@ -152,31 +153,44 @@ def _cut(
     ahead = bisect_left(new, (now + 1).to_bytes(8, "big"))
     if base is not None and next_part + 2 <= MAX_PARTS:
         first = base.position(since)
-        tail_parts = tail = 0
-        while (tail_parts < len(run_parts)
-               and tail + run_parts[-1 - tail_parts][1] <= 2 * ahead):
-            tail += run_parts[-1 - tail_parts][1]
-            tail_parts += 1
-        start = max(len(base) - tail, first)
-        behind = bisect_right(new, base.raw[start - 1]) if start > 0 else 0
+        # the run's items from `start` on are encoded again with the new ones that sort among
+        # them: from the first new one, but never more than twice as many as there are new
+        limit = max(first, len(base) - 2 * ahead)
+        behind = bisect_right(new, base.raw[limit - 1]) if limit > 0 else 0
+        start = len(base)
+        if behind < ahead:
+            start = max(limit, min(start, base.bisect_raw(new[behind])))
         late_new = new[:behind] + new[ahead:]
         if len(late) + len(late_new) <= max(RECUT_MIN_ITEMS, (len(base) - first) // LATE_FRACTION):
+            # the parts from the one holding `start` on are replaced by one part: that part's
+            # items before `start` as they are (bytes, not encoded), then the rest, encoded
+            kept_parts, drop = list(run_parts), []
+            part_first = len(base)
+            while start < part_first and kept_parts:
+                number, count = kept_parts.pop()
+                drop.append(number)
+                part_first -= count
+            if part_first < first:  # the parts before it left the window: they go too
+                drop += [number for number, _ in kept_parts]
+                kept_parts, part_first = [], first
             moving = new[behind:ahead]
             if start < len(base):  # two sorted runs: merged by the sort, repeats dropped
                 moving = list(dict.fromkeys(sorted(base.keys_from(start) + moving)))
-            start_sum = base.sum_before(start)
-            records, _ = encode_keys(moving, start_sum)
-            parts = [(next_part, _newest(moving), seal_part(records, start_sum))] if moving else []
+            records, _ = encode_keys(moving, base.sum_before(start))
+            body = b"".join((base.records_from(part_first)[: (start - part_first) * RECORD_SIZE],
+                             records))
+            parts = []
+            if body:
+                parts.append((next_part, _newest(moving),
+                              seal_part(body, base.sum_before(part_first))))
             parts += _late_part(next_part + len(parts), late_new)
-            drop = [number for number, _ in run_parts[len(run_parts) - tail_parts :]]
-            kept_parts = list(run_parts[: len(run_parts) - tail_parts])
             dropped = first
             while kept_parts and dropped >= kept_parts[0][1]:  # left the window (in memory)
                 dropped -= kept_parts.pop(0)[1]
             if kept_parts:
                 kept_parts[0] = (kept_parts[0][0], kept_parts[0][1] - dropped)
-            if moving:
-                kept_parts.append((next_part, len(moving)))
+            if body:
+                kept_parts.append((next_part, len(body) // RECORD_SIZE))
             kept_late = dict(late)  # what left the window goes with the prune
             kept_late.update((key[8:].hex(), int.from_bytes(key[:8], "big")) for key in late_new)
             joined = SnapshotItems.of_records(
