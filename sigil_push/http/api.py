@@ -61,6 +61,14 @@ MAX_MUTE_BODY_BYTES = 80 * 1024
 """/preferences only: a private mute list of 1,000 npubs is about 66 KiB, past the 8 KiB of
 every other route (/register keeps 8 KiB: a longer list is sent with /preferences)."""
 UNLIMITED_ROUTES = ("/health", "/metrics")
+def _path_as_sent(request: Request) -> str:
+    """The request's path as the client sent it, percent-escapes and all: what a NIP-98 `u`
+    tag names ("the absolute request URL"), so `/subscriptions/a%20b` is signed as that, not as
+    the decoded `/subscriptions/a b` no client would write."""
+    raw = request.scope.get("raw_path")
+    return raw.decode("latin-1") if isinstance(raw, bytes) else request.url.path
+
+
 class Api:
     """Request handling bound to one running Service."""
 
@@ -109,7 +117,7 @@ class Api:
     async def _authenticate(self, request: Request, body: bytes, lenient: bool = False) -> str:
         """Verify NIP-98 for this exact request and spend the auth event; returns its pubkey.
         `lenient`: the Iris routes' NIP-98 (sigil_push/nostr/nip98.py)."""
-        url = self.service.config.server.public_url + request.url.path
+        url = self.service.config.server.public_url + _path_as_sent(request)
         event = verify_http_auth(
             request.headers.get("authorization"), url, request.method, body, time.time(), lenient
         )

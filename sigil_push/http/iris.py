@@ -65,6 +65,16 @@ def _not_found() -> ApiError:
     return ApiError(404, "not_found", "no subscription with this id is yours")
 
 
+def _existing_id(request: Request) -> str:
+    """The path's subscription id for a GET or DELETE: one that no subscription could have
+    (over 64 characters, or not URL-safe) is simply not the caller's (`404`, as the contract
+    says), not a malformed request."""
+    try:
+        return check_subscription_id(request.path_params["id"])
+    except BadRequest:
+        raise _not_found() from None
+
+
 def _shown(stored: StoredSubscription) -> dict[str, Any]:
     """The document as stored, plus its `subscriber` (Iris copies it into its updates)."""
     document: dict[str, Any] = json.loads(stored.document)
@@ -159,9 +169,8 @@ class IrisRoutes:
         return JSONResponse({"id": subscription_id, "status": "Created"}, status_code=201)
 
     async def get(self, request: Request) -> Response:
-        subscription_id = check_subscription_id(request.path_params["id"])
         pubkey = await self._caller(request, await self._api._read_body(request))
-        stored = await self._store.get(subscription_id)
+        stored = await self._store.get(_existing_id(request))
         if stored is None or stored.pubkey != pubkey:
             raise _not_found()
         return JSONResponse(_shown(stored))
@@ -173,9 +182,8 @@ class IrisRoutes:
         return JSONResponse({"status": "Updated"})
 
     async def delete(self, request: Request) -> Response:
-        subscription_id = check_subscription_id(request.path_params["id"])
         pubkey = await self._caller(request, await self._api._read_body(request))
-        if not await self._store.delete(subscription_id, pubkey):
+        if not await self._store.delete(_existing_id(request), pubkey):
             raise _not_found()
         return Response(status_code=204)
 

@@ -61,8 +61,15 @@ class RegisterRequest:
 
 
 def parse_json_object(body: bytes) -> dict[str, Any]:
+    """The body's JSON object. A `\\u` escape of half a surrogate pair is refused: Python
+    reads it into a string that no UTF-8 encoder takes (the store's, the answer's), so it
+    would fail far from here, as a 500, after the request was accepted."""
     try:
         value = json.loads(body)
+        if b"\\u" in body:  # only an escape can make a lone surrogate
+            json.dumps(value, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        raise BadRequest("invalid_json", "body holds an unpaired UTF-16 surrogate escape") from None
     except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: deep nesting
         raise BadRequest("invalid_json", "body is not valid JSON") from None
     if not isinstance(value, dict):

@@ -176,6 +176,12 @@ def test_another_users_subscription_is_not_found_for_every_method(
     assert deleted.status_code == 204 and deleted.content == b""
     assert owner.subscriptions() == {}
     assert_error(owner.request("GET", f"subscriptions/{subscription_id}"), 404, "not_found")
+    # an id no subscription could have is not the caller's either (after auth, as any other)
+    for unusable in ("x" * 65, "a%20b", "%C3%A9"):
+        assert_error(owner.request("GET", f"subscriptions/{unusable}"), 404, "not_found")
+        assert_error(owner.request("DELETE", f"subscriptions/{unusable}"), 404, "not_found")
+    unsigned = http.get(f"subscriptions/{'x' * 65}")
+    assert_error(unsigned, 401, "auth_missing")
 
 
 def _filters(count: int, user: SdkUser) -> list[dict[str, object]]:
@@ -202,6 +208,9 @@ def _filters(count: int, user: SdkUser) -> list[dict[str, object]]:
     ({"webhooks": ["not a url"]}, 400, "invalid_device_token"),
     ({"fcm_tokens": ["token"]}, 400, "platform_disabled"),
     ({"apns_tokens": ["ab" * 32]}, 400, "platform_disabled"),
+    # half a surrogate pair (a `\\ud800` escape): no UTF-8 store or answer could hold it
+    ({"filter": {"#p": ["a" * 64], "#t": ["\ud800"]}}, 400, "invalid_json"),
+    ({"webhooks": ["http://127.0.0.1:9/hook\udc00"]}, 400, "invalid_json"),
 ])
 def test_invalid_subscriptions_are_refused_with_their_code(
     http: httpx.Client, iris_service: ServiceProcess, change: dict[str, object], status: int,
