@@ -65,6 +65,21 @@ def _not_found() -> ApiError:
     return ApiError(404, "not_found", "no subscription with this id is yours")
 
 
+_CREATED_IDS = uuid.UUID("5b0e7f64-4c1e-4d0b-9a53-2f6c1f0e9a11")
+"""The namespace of `_created_id`'s UUIDs (any fixed one: they only need to differ by header)."""
+
+
+def _created_id(request: Request) -> str:
+    """A new subscription's id, from its request's `Authorization` header (a UUID, as NNS
+    makes). The very same auth event is accepted again only for the very same request (an
+    idempotent retry, CONTRACT 3): such a retry then replaces the subscription it created
+    with the same document, under the same id, instead of making a duplicate. Two requests
+    signed apart differ in their signatures (BIP-340 draws fresh randomness), so in their ids,
+    even within one second, as Iris's two syncs are."""
+    header = request.headers.get("authorization", "")
+    return str(uuid.uuid5(_CREATED_IDS, header))
+
+
 def _existing_id(request: Request) -> str:
     """The path's subscription id for a GET or DELETE: one that no subscription could have
     (over 64 characters, or not URL-safe) is simply not the caller's (`404`, as the contract
@@ -163,7 +178,7 @@ class IrisRoutes:
 
     async def create(self, request: Request) -> Response:
         pubkey, subscription = await self._subscription(request)
-        subscription_id = str(uuid.uuid4())
+        subscription_id = _created_id(request)
         await self._put(subscription_id, pubkey, subscription)
         log.info("Iris subscription created (%d targets)", len(subscription.targets))
         return JSONResponse({"id": subscription_id, "status": "Created"}, status_code=201)

@@ -118,6 +118,8 @@ def test_the_same_auth_event_for_another_body_is_replayed_and_for_the_same_body_
     assert_error(client.request("POST", "subscriptions/", other, header=header), 401, "auth_replayed")
     again = client.request("POST", "subscriptions/", subscription(client.user, keys), header=header)
     assert again.status_code == 201, "an idempotent retry of the very same request"
+    assert again.json() == first.json(), "the retry names the subscription it made"
+    assert list(client.subscriptions()) == [first.json()["id"]], "and makes no duplicate"
 
 
 def test_url_safe_unpadded_auth_and_a_payload_tag_when_present_is_checked(
