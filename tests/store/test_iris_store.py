@@ -4,11 +4,14 @@ whichever side goes first (migration 0018's trigger)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from sigil_push.store.errors import NotYours, TargetTaken, TooManySubscriptions
 from sigil_push.store.factory import PostgresStore, SqliteStore
 from sigil_push.store.interface import IrisTarget
+from testkit.stores import sql_of
 
 ALICE, BOB = "a" * 64, "b" * 64
 ONE = IrisTarget("webpush", "https://push.example/one", "BKEY1", "AUTH1")
@@ -126,3 +129,32 @@ async def test_every_write_is_told_to_listeners_here_and_on_other_workers(
     finally:
         if other is not None:
             await other.close()
+
+
+async def test_targets_unlinked_at_once_leave_no_subscription_or_device_behind(
+    store: SqliteStore | PostgresStore,
+) -> None:
+    """Two unlinks at once, each the other's last companion: APNs and FCM both calling a
+    subscription's tokens dead (two forgets, on two connections on PostgreSQL), or Iris
+    deleting its two subscriptions of one endpoint together. Each unlink's check for what is
+    left must see the other's, or the subscription (the device) outlives its last target (its
+    last subscription): a subscription pushing nowhere yet counting against its owner's 20."""
+    iris = store.iris
+    for attempt in range(12):
+        apns = IrisTarget("ios", f"{attempt:064x}", None, None)
+        fcm = IrisTarget("android", f"fcm-token-{attempt:040d}", None, None)
+        assert await iris.put(f"s{attempt}", ALICE, "{}", [apns, fcm], 20)
+        assert await iris.put(f"t{attempt}", ALICE, "{}", [fcm, apns], 20)
+        stored = await iris.get(f"s{attempt}")
+        assert stored is not None and len(stored.device_ids) == 2
+        await asyncio.gather(*(store.devices.forget(i) for i in stored.device_ids))
+        assert await iris.of_pubkey(ALICE) == [], f"attempt {attempt}: a subscription left"
+
+        shared = IrisTarget("webpush", f"https://push.example/{attempt}", "BKEY", "AUTH")
+        assert await iris.put(f"u{attempt}", ALICE, "{}", [shared], 20)
+        assert await iris.put(f"v{attempt}", ALICE, "{}", [shared], 20)
+        await asyncio.gather(iris.delete(f"u{attempt}", ALICE), iris.delete(f"v{attempt}", ALICE))
+        assert await _device_tokens(store) == []
+        rows = await sql_of(store).execute_fetchall(
+            "SELECT COUNT(*) FROM devices WHERE payload = 'iris'")
+        assert rows[0][0] == 0, f"attempt {attempt}: a device left without subscriptions"
