@@ -23,6 +23,7 @@ from sigil_push.delivery.plan import BATCH_SIZE, EndpointCaps, Host, Push, endpo
 from sigil_push.delivery.settle import Settlement
 from sigil_push.push.base import Outcome, Sender, Status
 from sigil_push.store.interface import OutboxStore
+from sigil_push.store.records import IRIS_PAYLOAD
 from sigil_push.telemetry.tracebacks import withheld
 
 log = logging.getLogger(__name__)
@@ -86,7 +87,7 @@ class Dispatcher:
         for push in pushes:
             platform = push.device.platform
             self._rows_in_flight[platform] += len(push.wakeups)
-            if platform in per_host:
+            if platform in per_host or push.device.payload == IRIS_PAYLOAD:
                 for cap in self._caps(push.device):
                     self.host_rows[cap] += len(push.wakeups)
             self._queues[platform].append(push)
@@ -140,7 +141,7 @@ class Dispatcher:
                 self.live_ids.discard(wakeups[0].id)
             else:
                 self.live_ids.difference_update(w.id for w in wakeups)
-            if platform in self._per_host:
+            if platform in self._per_host or push.device.payload == IRIS_PAYLOAD:
                 for cap in self._caps(push.device):
                     self.host_rows[cap] -= len(wakeups)
                     if not self.host_rows[cap]:

@@ -83,6 +83,10 @@ class PlatformPolicy(NamedTuple):
     provider: str
     fits: Callable[[dict[str, str]], bool]
     host_cap: int | None
+    iris_cap: int | None = None
+    """On a platform without per-host caps (APNs, FCM): the most rows one subscriber's Iris
+    targets may have in flight, so one user's 200 tokens (20 subscriptions of 10) can't fill
+    the window everyone's phones share (None: their npub is not capped)."""
 
 
 class Plan(NamedTuple):
@@ -104,16 +108,21 @@ def platform_policies(senders: Mapping[str, Sender], windows: Mapping[str, int])
     """Each platform's policy; `windows` are the platforms' rows-in-flight windows. A provider
     whose registry policy has per-host caps (UnifiedPush: endpoints are user-chosen hosts) lets
     each host hold only a share of its platform's window."""
-    return {
-        platform: PlatformPolicy(
-            sender.provider,
-            sender.fits,
-            max(1, windows[platform] // HOST_SHARE)
-            if registry.policy(sender.provider).per_host_caps
-            else None,
+    policies = {}
+    for platform, sender in senders.items():
+        share = max(1, windows[platform] // HOST_SHARE)
+        per_host = registry.policy(sender.provider).per_host_caps
+        policies[platform] = PlatformPolicy(
+            sender.provider, sender.fits, share if per_host else None, None if per_host else share
         )
-        for platform, sender in senders.items()
-    }
+    return policies
+
+
+SUBSCRIBER_ONLY_PLATFORMS = frozenset(
+    provider.platform for provider in registry.PROVIDERS if not provider.policy.per_host_caps
+)
+"""Platforms whose tokens lead to one operated service (APNs, FCM): an Iris target there
+counts against its subscriber's share only (`PlatformPolicy.iris_cap`)."""
 
 
 def endpoint_host(device: Device) -> Host:
@@ -138,6 +147,8 @@ class EndpointCaps:
         self._remembered = lru_cache(maxsize=16_384)(self._caps)
 
     def __call__(self, device: Device) -> tuple[Host, ...]:
+        if device.platform in SUBSCRIBER_ONLY_PLATFORMS:  # an Iris APNs or FCM target
+            return ((device.platform, "npub:" + device.pubkey),)
         return self._remembered(device.platform, device.token, device.pubkey)
 
     def _caps(self, platform: str, token: str, pubkey: str) -> tuple[Host, ...]:
@@ -208,7 +219,10 @@ class Planner:
         planned_per_host: dict[Host, int] = defaultdict(int)
         for wakeups in by_push_key.values():
             device = wakeups[0].device
-            host_cap = platforms[device.platform].host_cap
+            policy = platforms[device.platform]
+            host_cap = policy.host_cap
+            if host_cap is None and device.payload == IRIS_PAYLOAD:
+                host_cap = policy.iris_cap
             caps = self._caps(device) if host_cap is not None else ()
             if host_cap is not None and any(
                 (busy := host_rows.get(cap, 0) + planned_per_host[cap])

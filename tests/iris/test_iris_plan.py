@@ -11,7 +11,7 @@ import json
 import nostr_sdk
 
 from sigil_push.config import LimitsConfig, PushConfig
-from sigil_push.delivery.plan import Planner, PlatformPolicy
+from sigil_push.delivery.plan import Planner, PlatformPolicy, endpoint_caps, platform_policies
 from sigil_push.push.apns_sender import apns_size
 from sigil_push.push.fcm_sender import fcm_size
 from sigil_push.push.payload import MAX_PAYLOAD_BYTES
@@ -116,3 +116,41 @@ def test_a_browser_push_service_is_not_held_to_one_hosts_share() -> None:
     assert list(result.held.values()) == [[3]]
     full_npub = {("webpush", "npub:" + "a" * 64): 2}
     assert planner_.plan([to(chrome.device.token, 4, "a" * 64)], NOW, full_npub).pushes == []
+
+
+def test_one_subscribers_apns_and_fcm_targets_hold_only_their_share_of_the_window() -> None:
+    """20 subscriptions of 10 tokens are 200 targets of one key, each with a burst of 20:
+    enough to fill the FCM window every phone shares. An Iris target on APNs or FCM counts
+    against its subscriber's share (as Web Push endpoints do); phones on the same provider,
+    and another subscriber's targets, are not held by it."""
+    policies = platform_policies(
+        {"android": _Sender("fcm"), "ios": _Sender("apns"), "webpush": _Sender("webpush")},
+        {"android": 16, "ios": 16, "webpush": 16},
+    )
+    assert policies["android"].iris_cap == 2 and policies["android"].host_cap is None
+    assert policies["webpush"].iris_cap is None and policies["webpush"].host_cap == 2
+    planner_ = Planner(policies, PushConfig(), LimitsConfig(wakeups_per_minute_per_device=0,
+                       coalesce_window_ms=0), lambda n: f"c{n}", URL)
+    note = event(1, "hello")
+
+    def to(number: int, owner: str, payload: str = "iris") -> Wakeup:
+        device = Device(number, owner, "android", f"fcm-token-{number}", payload, (), None, 0)
+        return Wakeup(number, device, json.loads(note)["id"], RELAY, note, NOW, 0)
+
+    mine, theirs, phone = to(1, "a" * 64), to(2, "b" * 64), to(3, "a" * 64, "opaque")
+    assert endpoint_caps(mine.device) == (("android", "npub:" + "a" * 64),)
+    busy = {("android", "npub:" + "a" * 64): 2}
+    result = planner_.plan([mine, theirs, phone], NOW, busy)
+    assert sorted(p.wakeups[0].id for p in result.pushes) == [2, 3]
+    assert [ids for ids in result.held.values()] == [[1]]
+    assert len(planner_.plan([to(4, "a" * 64)], NOW, {}).pushes) == 1, "below the share: sent"
+
+
+class _Sender:
+    """What `platform_policies` reads of a sender."""
+
+    def __init__(self, provider: str) -> None:
+        self.provider = provider
+
+    def fits(self, data: dict[str, str]) -> bool:
+        return True
