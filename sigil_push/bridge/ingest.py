@@ -243,7 +243,7 @@ class Ingest:
         event = entry.event
         zap_author: str | None = None
         # Iris subscriptions' watches, whole filters on the verified event (none: one check)
-        iris = self._iris.matching(event) if self._iris.active else ()
+        iris = self._iris.matching(event, entry.tagged) if self._iris.active else ()
         if event.kind in DM_KINDS:
             tagged = entry.tagged
             recipients: tuple[str, ...]

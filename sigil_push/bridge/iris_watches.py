@@ -177,10 +177,12 @@ class IrisWatches:
             return author is not None and index.watches_author(author.group(1))
         return False
 
-    def matching(self, event: Event) -> tuple[Watch, ...]:
-        """The watches a verified event matches, whole filters checked (each once)."""
+    def matching(self, event: Event, p_values: Sequence[str] | None = None) -> tuple[Watch, ...]:
+        """The watches a verified event matches, whole filters checked (each once); `p_values`:
+        its `p` tags' values when the caller has them already (ingest's `Verified.tagged`)."""
         found: dict[int, Watch] = {}
-        for watch in self.index.candidates(_p_values(event.tags), event.pubkey):
+        tagged = _p_values(event.tags) if p_values is None else p_values
+        for watch in self.index.candidates(tagged, event.pubkey):
             if id(watch) not in found and watch.matches(
                 event.kind, event.pubkey, event.tags, event.id
             ):
