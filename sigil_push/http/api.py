@@ -402,7 +402,9 @@ def _error_response(request: Request, exc: Exception) -> Response:
         message = str(exc.detail)
     else:
         log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=withheld(exc))
-        status, code, message, headers = 500, "internal", "internal error", {}
+        # Starlette answers a 500 from its outermost layer, outside CorsMiddleware: the header
+        # is added here, or a browser app could not read why its call failed
+        status, code, message, headers = 500, "internal", "internal error", {"Access-Control-Allow-Origin": "*"}
     return JSONResponse({"error": code, "message": message}, status_code=status, headers=headers)
 
 

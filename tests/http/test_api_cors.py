@@ -3,8 +3,18 @@ call the API, preflights included, and read the JSON of its errors."""
 
 from __future__ import annotations
 
-import pytest
+from pathlib import Path
 
+import httpx
+import pytest
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from sigil_push.config import parse_config
+from sigil_push.http.api import create_app
+from sigil_push.push.registry import TABLES
+from sigil_push.service import Service
 from testkit.nip98 import SdkUser
 from tests.conftest import ApiCaller
 
@@ -44,3 +54,21 @@ def test_real_answers_carry_the_allow_origin_header_errors_included(api: ApiCall
     missing = api.http.get("/nowhere", headers=origin)
     assert missing.status_code == 404
     assert missing.headers["access-control-allow-origin"] == "*"
+
+
+async def test_an_unexpected_failure_is_a_json_500_a_browser_can_read(tmp_path: Path) -> None:
+    """Starlette answers unhandled errors outside every middleware, CORS included."""
+    config = parse_config({"server": {"database": str(tmp_path / "push.db")}},
+                          tmp_path / "relays.toml", TABLES)
+    app = create_app(Service(config))
+
+    async def fail(request: Request) -> Response:
+        raise RuntimeError("a bug")
+
+    app.router.routes.append(Route("/fail", fail))
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
+        response = await http.get("/fail", headers={"origin": "https://iris.to"})
+    assert response.status_code == 500
+    assert response.json() == {"error": "internal", "message": "internal error"}
+    assert response.headers.get_list("access-control-allow-origin") == ["*"]
