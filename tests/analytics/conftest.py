@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import pytest
 from _pytest.mark.expression import Expression
 
+from testkit.spark_jvm import use_quick_jvms
 from tests.analytics.observation_logs import ObservationLog
 
 if TYPE_CHECKING:
@@ -21,6 +22,8 @@ SPARK_MODULE = "pytestmark = pytest.mark.spark"
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "spark: needs a local SparkSession (PySpark and Java 17)")
+    # Every JVM these tests start (the session's, the CLI's, a cluster's) inherits it.
+    use_quick_jvms()
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
@@ -53,7 +56,12 @@ def _marked_slow(other: bool) -> Callable[..., bool]:
 def spark() -> Iterator[SparkSession]:
     """One ``local[2]`` session for every test: starting Spark costs 5-8 s each time.
 
-    The jobs reuse an active session, so ``run_all`` runs in this one too.
+    The jobs reuse an active session, so ``run_all`` runs in this one too. The logs here
+    are tiny, so what costs is Spark's per-query machinery, not data: adaptive execution
+    splits each query into a job per stage (a `run_all` made 110 jobs with it, 49 without)
+    and whole-stage code generation compiles Java source for every new plan. Both change
+    how a plan runs, never its result; `sigil-push analytics` keeps Spark's defaults, and
+    tests/analytics/test_cli.py and test_cluster.py run the jobs that way.
     """
     from pyspark.sql import SparkSession  # here: only runs that keep Spark tests pay for it
 
@@ -64,7 +72,10 @@ def spark() -> Iterator[SparkSession]:
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")  # one per core of local[2]
+        .config("spark.default.parallelism", "2")
         .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.adaptive.enabled", "false")
+        .config("spark.sql.codegen.wholeStage", "false")
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
