@@ -89,7 +89,9 @@ def test_a_flood_of_lists_without_a_pair_costs_what_empty_ones_cost(
     # measured again once the victim's list is stored: its decoding is the instance's CPU
     # too, and on a loaded machine it lasted into the next flood
     full = min(floods + [_flood(api, service, NPUBS) for _ in range(2)])
-    # a CPU-clock tick of slack on each side, and twice the empty flood's cost: the list is
-    # still received and JSON-parsed (67 KB a request), never decoded
+    # a CPU-clock tick of slack on each side, and four times the empty flood's cost: the
+    # list is still received and JSON-parsed (67 KB a request), never decoded. Decoding it
+    # cost 25 times the empty flood; twice, the bound was within reach of the service's own
+    # background work on a loaded machine (it failed once beside three other test runs)
     tick = 1 / os.sysconf("SC_CLK_TCK")
-    assert full <= 2 * (empty + tick) + tick, (full, empty)
+    assert full <= 4 * (empty + tick) + tick, (full, empty)
