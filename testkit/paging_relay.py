@@ -1,8 +1,9 @@
 """A relay that publishes a small NIP-11 `max_limit` and honours it, like strfry's 500.
 
-It stores the events it is given, answers each REQ with at most `max_limit` of the newest
-matching ones (by `#p`, `since`, `until`) and EOSE, and serves its information document to
-plain HTTP requests. Enough of NIP-01 and NIP-11 to test paging; it runs in the test's loop.
+It stores the events it is given, answers each filter of a REQ with at most `max_limit` of
+the newest matching ones (by `kinds`, `#p`, `authors`, `since`, `until`; fewer when the
+filter's own `limit` is smaller, though a `limit` of 0 is ignored, as nostr-relay ignores it)
+and then EOSE, and serves its information document to plain HTTP requests. Enough of NIP-01 and NIP-11 to test paging; it runs in the test's loop.
 With `honours_since` False it serves stored events whatever a filter's `since`, as some relays
 do (a client cannot rely on a relay's filtering for freshness).
 """
@@ -25,6 +26,8 @@ def _matches(event: dict[str, Any], query: dict[str, Any], since: bool = True) -
     if "kinds" in query and event["kind"] not in query["kinds"]:
         return False
     if "#p" in query and not any(t[0] == "p" and t[1] in query["#p"] for t in event["tags"]):
+        return False
+    if "authors" in query and event["pubkey"] not in query["authors"]:
         return False
     if since and "since" in query and event["created_at"] < query["since"]:
         return False
@@ -66,6 +69,10 @@ class PagingRelay(LoopbackRelay):
         for query in queries:
             found = [e for e in self.events if _matches(e, query, self.honours_since)]
             found.sort(key=lambda e: e["created_at"], reverse=True)
-            for event in found[: self.max_limit]:
+            limit = query.get("limit")
+            cap = min(limit, self.max_limit) if isinstance(limit, int) and limit > 0 else (
+                self.max_limit
+            )
+            for event in found[:cap]:
                 await ws.send(json.dumps(["EVENT", sub_id, event]))
         await ws.send(json.dumps(["EOSE", sub_id]))

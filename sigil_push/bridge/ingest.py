@@ -280,6 +280,8 @@ class Ingest:
             recipients = ()
         else:
             counters.dropped["wrong_kind"].inc()
+            if subs.answering(sub_id):  # an Iris watch's page: a place in its answer
+                return Stored(sub_id, event.id, event.kind, event.created_at)
             return Verdict.TAKEN
         # a place in a REQ's answer only counts while that REQ is answering (a catch-up's
         # page): a live DM, nearly every frame, is no page's, and the pool has nothing to count
@@ -383,7 +385,7 @@ class Ingest:
         event = entry.event
         if self._seen.delivered_by(event.id, url):
             counters.duplicates.inc()
-            if event.kind in WATCHABLE_KINDS and subs.answering(sub_id):
+            if subs.answering(sub_id):
                 return Stored(sub_id, event.id, event.kind, event.created_at)
             return Verdict.TAKEN
         return self._route(counters, feed, sub_id, entry, received_ms)
@@ -398,10 +400,9 @@ class Ingest:
             return None
         self._count_received(url)
         self.counters[url].duplicates.inc()
-        number = int(kind.group(1))
-        if number not in WATCHABLE_KINDS:
-            return Verdict.TAKEN
-        return Stored(sub_id, event_id, number, int(created_at.group(1)))
+        # any kind: an Iris watch's catch-up page asks for kinds no shard does (the pool
+        # counts a place only for a REQ still answering)
+        return Stored(sub_id, event_id, int(kind.group(1)), int(created_at.group(1)))
 
     def _parsed_event(
         self, feed: RelayFeed, frame: str, received_ms: int, looked_up: LookedUp | None
@@ -500,7 +501,7 @@ class Ingest:
             if kind not in WATCHABLE_KINDS:
                 if not watched:
                     counters.dropped["wrong_kind"].inc()
-                    return Verdict.TAKEN
+                    return _stored_anyway(sub_id, raw)
             elif not watched and not self._addressed_public(event, keys):
                 counters.dropped["unaddressed"].inc()
                 return _stored_anyway(sub_id, raw)
@@ -638,14 +639,15 @@ _COPY_HEAD = re.compile(r'\["EVENT","([^"\\]{1,64})",\{"id":"([0-9a-f]{64})"')
 
 
 def _stored_anyway(sub_id: str, raw: Any) -> Outcome:
-    """A DM this relay already delivered (or one naming nobody here) still took a place in its
-    answer to a REQ: count it, or a page that the relay's limit cut short looks complete
+    """An event this relay already delivered (or one naming nobody here) still took a place
+    in its answer to a REQ: count it, or a page that the relay's limit cut short looks complete
     whenever the committer has already marked the copy from the previous page (they overlap
-    at `until`)."""
+    at `until`). Any kind: an Iris watch's page asks for kinds no shard does (the pool counts
+    a place only for a REQ still answering)."""
     if not isinstance(raw, dict):
         return Verdict.TAKEN
     created_at, kind, event_id = raw.get("created_at"), raw.get("kind"), raw.get("id")
-    if type(created_at) is int and kind in WATCHABLE_KINDS and type(event_id) is str:
+    if type(created_at) is int and type(kind) is int and type(event_id) is str:
         return Stored(sub_id, event_id, kind, created_at)
     return Verdict.TAKEN
 

@@ -22,7 +22,7 @@ RUNS = Counter(
 )
 EVENTS = Counter(
     "sigil_push_catchup_events_fetched_total",
-    "Stored DMs a catch-up fetched from the relay, by method",
+    "Stored DMs (and Iris watch filters' events) a catch-up fetched from the relay, by method",
     ["relay", "method"],
 )
 BYTES = Counter(
@@ -42,7 +42,7 @@ PAGES_WAITING = Gauge(
 )
 PAGE_CAP = Counter(
     "sigil_push_catchup_page_cap_total",
-    "Catch-ups that stopped paging at the per-shard page cap",
+    "Catch-ups that stopped paging at the page cap (per shard; per Iris watch filter)",
     ["relay"],
 )
 NEGENTROPY_WORK = Counter(

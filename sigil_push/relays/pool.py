@@ -426,10 +426,11 @@ class RelayPool:
         )
         self.subs[url] = subs
         if self.plan.is_configured(url):
-            self._watches[url] = RelayWatches(
+            watches = self._watches[url] = RelayWatches(
                 self.watch_plan, self._settings.keys_per_filter,
                 self._settings.stale_after_seconds, self._settings.catchup_seconds,
             )
+            subs.watch_pages = watches.pages
         feed = self._feeds[url] = RelayFeed(url, self.plan.is_configured(url), subs)
         self._locks[url] = asyncio.Lock()
         connection = RelayConnection(
@@ -539,8 +540,12 @@ class RelayPool:
                 reconcile = reconcile or request.reconcile
             watches = self._watches.get(url)
             if watches is not None:
-                for request in watches.due(since_caught_up, subs.firehose, lists_since):
+                requests = watches.due(since_caught_up, subs.firehose, lists_since)
+                for request in requests:
                     await _send_request(connection, request)
+                pages = sum(1 for request in requests if request.page)
+                if pages:
+                    catchup_metrics.PAGES.labels(series_label(url)).inc(pages)
             if self.plan.is_configured(url):
                 UNSUBSCRIBED.labels(series_label(url)).set(len(subs.overflow))
         if reconcile:
@@ -638,6 +643,15 @@ class RelayPool:
         if self.plan.is_configured(url):
             catchup_metrics.PAGES_WAITING.labels(series_label(url)).set(subs.pages_waiting)
 
+    def _watch_counts(self, url: str, watches: RelayWatches) -> None:
+        """Hand the watch catch-up's counts to the metrics (method `req`: paged REQ)."""
+        fetched = watches.take_fetched()
+        if fetched:
+            catchup_metrics.EVENTS.labels(series_label(url), "req").inc(fetched)
+        capped = watches.take_capped()
+        if capped:
+            catchup_metrics.PAGE_CAP.labels(series_label(url)).inc(capped)
+
     def connected(self, url: str) -> bool:
         """Whether the shared connection to `url` is open right now."""
         connection = self._connections.get(url)
@@ -670,10 +684,13 @@ class RelayPool:
         on after their EOSE timeout counted and logged here), so the cursor may move on."""
         watches = self._watches.get(url)
         if watches is not None:
-            for reason in watches.expire():
+            reasons, follow_ups = watches.expire()
+            for reason in reasons:
                 catchup_metrics.WATCHES_UNANSWERED.labels(series_label(url), reason).inc()
                 log.warning("relay %s left a watch REQ unanswered (%s): no longer waited for",
                             series_label(url), reason)
+            if follow_ups:
+                self._spawn(self._send(url, follow_ups))
             if not watches.live:
                 return False
         return subs.live
@@ -728,7 +745,9 @@ class RelayPool:
     def on_closed(self, connection: RelayConnection, sub_id: str) -> None:
         watches = self._watches.get(connection.url)
         if watches is not None and watches.owns(sub_id):
-            watches.closed(sub_id)
+            follow_ups = watches.closed(sub_id)
+            if follow_ups:
+                self._spawn(self._send(connection.url, follow_ups))
             return
         subs = self.subs.get(connection.url)
         if subs is not None:
@@ -743,7 +762,10 @@ class RelayPool:
             return
         watches = self._watches.get(url)
         if watches is not None and watches.owns(sub_id):
-            watches.eose(sub_id)
+            follow_ups = watches.eose(sub_id)
+            if follow_ups:
+                self._spawn(self._send(url, follow_ups))
+            self._watch_counts(url, watches)
         else:
             newly, follow_ups = subs.eose(sub_id)
             if follow_ups:
@@ -801,7 +823,12 @@ class RelayPool:
         if type(outcome) is Stored:
             subs = self.subs.get(url)
             if subs is not None:
-                subs.stored(outcome.sub_id, outcome.event_id, outcome.kind, outcome.created_at)
+                if subs.watch_pages and outcome.sub_id in subs.watch_pages:
+                    self._watches[url].stored(outcome.sub_id, outcome.event_id,
+                                              outcome.created_at)
+                else:
+                    subs.stored(outcome.sub_id, outcome.event_id, outcome.kind,
+                                outcome.created_at)
 
     def congested(self, connection: RelayConnection) -> bool:
         return self._port.flow.congested(connection.url)

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,11 +123,13 @@ class SentReq:
     lists_new: frozenset[str] = frozenset()
     """Keys whose whole lists this REQ asked for (known once it reaches EOSE)."""
 
-    def count(self, event_id: str, kind: int, created_at: int) -> None:
+    def count(self, event_id: str, kind: int, created_at: int) -> bool:
+        """Count the event towards the filter of its kind; False when no filter asks it."""
         for cursor in self.cursors:
             if kind in cursor.kinds:
                 cursor.count(event_id, created_at)
-                return
+                return True
+        return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,6 +207,9 @@ class RelaySubscriptions:
         self.negentropy = False
         """Whether to try NIP-77 for shards whose keys are all baselined (set by the pool)."""
         self._reconciling: dict[int, tuple[str, int]] = {}
+        self.watch_pages: Collection[str] = frozenset()
+        """The relay's watch catch-up pages in flight (`RelayWatches.pages`, set by the pool):
+        they answer with stored events too (`answering`), counted there."""
 
     @property
     def keys(self) -> dict[str, int]:
@@ -656,13 +661,13 @@ class RelaySubscriptions:
     def stored(self, sub_id: str, event_id: str, kind: int, created_at: int) -> None:
         """Count a DM a REQ returned before its EOSE, towards the page of its filter."""
         sent = self._pending.get(sub_id)
-        if sent is not None:
+        if sent is not None and (sent.count(event_id, kind, created_at) or sent.ids is not None):
             self.fetched[sent.method] += 1
-            sent.count(event_id, kind, created_at)
 
     def answering(self, sub_id: str) -> bool:
-        """Whether `sub_id` is still returning stored events (before its EOSE): a catch-up."""
-        return sub_id in self._pending
+        """Whether `sub_id` is still returning stored events (before its EOSE): a catch-up
+        (a shard's, or a watch filter's page)."""
+        return sub_id in self._pending or sub_id in self.watch_pages
 
     def answering_method(self, sub_id: str) -> str | None:
         """The catch-up method of a REQ still returning stored events (`req`, `negentropy`)."""
@@ -753,7 +758,7 @@ class RelaySubscriptions:
     @property
     def answering_any(self) -> bool:
         """Some REQ is still returning stored events (cheap: checked for every frame)."""
-        return bool(self._pending)
+        return bool(self._pending) or bool(self.watch_pages)
 
     def closed(self, sub_id: str) -> list[Request]:
         """The relay ended a REQ without EOSE; its fresh keys stay fresh. A refused page frees
@@ -778,7 +783,8 @@ class RelaySubscriptions:
     def streaming(self) -> bool:
         """A firehose with no REQ awaiting EOSE: every event is live, none needs counting
         towards a page of stored events."""
-        return self.firehose and not self._pending and not self._pages_waiting
+        return (self.firehose and not self._pending and not self._pages_waiting
+                and not self.watch_pages)
 
     def catching_up(self, sub_id: str, recipient: str) -> bool:
         """Firehose: whether an event for `recipient` may predate its registration (it came

@@ -15,15 +15,24 @@ every relay; `RelayWatches` turns it into one relay's REQs:
   contact lists (kind 3), by author on every relay: a subscriber new on the relay whole, once,
   the others only since the relay's cursor (`lists_since`), so a subscription change does not
   bring back every subscriber's lists (a kind 3 can weigh 200 KB), as for registrations;
-- every other REQ reaches back to the relay's cursor (a reconnect's catch-up; the committer's
-  de-duplication drops what was handled), mentions, reposts, reactions and zaps only
-  `stale_after` back (as for registrations), and no further than the catch-up window.
+- every other filter reaches back to the relay's cursor (a reconnect's catch-up; the
+  committer's de-duplication drops what was handled), mentions, reposts, reactions and zaps
+  only `stale_after` back (as for registrations), and no further than the catch-up window.
+  The live REQ asks it with `limit` 0 (new events only), and its window is caught up by page
+  REQs of that one filter (`WatchPage`), as a shard's DMs are: `until` = the oldest
+  `created_at` so far, until a page adds nothing new or reaches `since`, whatever the relay's
+  NIP-11 says (relays cap each filter's answer, often silently). One filter per page REQ
+  tells whose answer each event is; at most PAGES_IN_FLIGHT are open at once, a filter's next
+  page goes to the back of the queue (every filter gets its turn), and a filter pages at most
+  MAX_PAGES_PER_FILTER times. The lists' filters are not paged (replaceable events: at most
+  one per author and kind, within `keys_per_filter`).
 
 A plan change replaces every REQ of the relay (the new ones first, then the old ones closed):
 subscriptions change at a person's pace, not a firehose's.
 
 The relay's cursor (what the next REQs reach back to) must not pass a window some REQ has not
-answered in full: until a watch REQ's EOSE, the relay is not `live` here (`RelayPool` asks
+answered in full: until a watch REQ's EOSE and every page of the catch-up, the relay is not
+`live` here (`RelayPool` asks
 before it moves the cursor), and a subscriber's whole list counts as fetched only at the EOSE
 of the REQ that asked for it (a REQ replaced, refused or lost before then asks it whole again).
 A REQ the relay refuses (CLOSED) holds the cursor as an unanswered one does, until it is sent
@@ -40,7 +49,12 @@ from dataclasses import dataclass
 
 from sigil_push.nostr.kinds import CONTACTS, MUTE_LIST
 from sigil_push.relays.nip11 import RelayLimits
-from sigil_push.relays.subscriptions import KEY_BYTES_IN_FILTER, REQ_OVERHEAD_BYTES, Request
+from sigil_push.relays.subscriptions import (
+    KEY_BYTES_IN_FILTER,
+    REQ_OVERHEAD_BYTES,
+    PageCursor,
+    Request,
+)
 
 Kinds = frozenset[int] | None
 """The kinds a key's watches take; None: some watch takes any kind."""
@@ -53,16 +67,39 @@ EOSE_TIMEOUT_SECONDS = 120.0
 relay's cursor: a relay that never answers would otherwise make every later catch-up reach
 back to the same old cursor, for everyone on that relay."""
 
+PAGES_IN_FLIGHT = 2
+"""Catch-up page REQs of watches open at once on one relay (1 when it publishes
+`max_subscriptions`); the other filters' pages wait their turn."""
+MAX_PAGES_PER_FILTER = 100
+"""Pages one filter's catch-up may ask for (50,000 events at a relay's usual 500 a page); past
+it the filter stops paging, counted (`take_capped`), so one subscriber's filter matching a
+flood of events costs the relay's other watches one turn in the queue per page, and no more
+than this."""
+
+
+@dataclass(slots=True)
+class WatchPage:
+    """One watch filter's catch-up: the filter as the live REQ asks it (its own `since`),
+    where its paging stands (`PageCursor`: the `until` of the next page, the events the last
+    one added) and how many pages it has asked."""
+
+    query: dict[str, object]
+    since: int
+    cursor: PageCursor
+    number: int = 1
+
 
 @dataclass(slots=True)
 class WatchReq:
     """A watch REQ sent and not yet answered in full: when (monotonic), which subscribers'
-    whole lists it asked for (kind 10000; kind 3), and whether the relay refused it."""
+    whole lists it asked for (kind 10000; kind 3), whether the relay refused it, and the
+    catch-up page it is (None: a live REQ)."""
 
     sent_at: float
     lists: frozenset[str] = frozenset()
     contacts: frozenset[str] = frozenset()
     refused: bool = False
+    page: WatchPage | None = None
 
 
 class WatchPlan:
@@ -109,6 +146,12 @@ def _whole(filters: list[dict[str, object]], kind: int, asked: set[str]) -> froz
     return frozenset(found)
 
 
+def _since_of(query: dict[str, object]) -> int:
+    since = query["since"]
+    assert isinstance(since, int)
+    return since
+
+
 def _groups(keys: Mapping[str, Kinds]) -> dict[Kinds, list[str]]:
     grouped: dict[Kinds, list[str]] = {}
     for key, kinds in keys.items():
@@ -126,6 +169,8 @@ class RelayWatches:
         self._stale_after = stale_after
         self._window = window
         self._max_filters = DEFAULT_MAX_FILTERS
+        self._max_limit: int | None = None
+        self._page_room = PAGES_IN_FLIGHT
         self._length_cap = 1 << 30
         self._sent_version: int | None = None
         self._sent_firehose = False
@@ -136,10 +181,20 @@ class RelayWatches:
         # subscribers whose whole lists (kind 10000; kind 3) this relay answered in full
         self._listed: set[str] = set()
         self._contacts_listed: set[str] = set()
+        self.pages: dict[str, WatchPage] = {}
+        """Catch-up pages in flight, by subscription id: the REQs whose stored events count
+        towards a page (ingest asks through `RelaySubscriptions.answering`). Never replaced,
+        only changed: the relay's subscriptions hold this very dict."""
+        self._pages_waiting: list[WatchPage] = []
+        self._capped = 0
+        self.fetched = 0
+        """Stored events the pages returned, for metrics (`take_fetched`)."""
 
     def apply_limits(self, limits: RelayLimits) -> None:
         if limits.max_filters:
             self._max_filters = limits.max_filters
+        self._max_limit = limits.max_limit
+        self._page_room = 1 if limits.max_subscriptions else PAGES_IN_FLIGHT
         if limits.max_message_length:
             self._length_cap = max(
                 1, (limits.max_message_length - REQ_OVERHEAD_BYTES) // KEY_BYTES_IN_FILTER
@@ -151,6 +206,8 @@ class RelayWatches:
         answered in full yet is asked whole again)."""
         self._open = []
         self._unanswered.clear()
+        self.pages.clear()
+        self._pages_waiting.clear()
         self._sent_version = None
 
     def refresh(self) -> None:
@@ -160,41 +217,109 @@ class RelayWatches:
     def owns(self, sub_id: str) -> bool:
         return sub_id.startswith(SUB_PREFIX)
 
-    def eose(self, sub_id: str) -> bool:
+    def eose(self, sub_id: str) -> list[Request]:
         """The relay answered `sub_id` in full: it no longer holds the cursor, and the whole
-        lists it asked for count as fetched. False when it was not one of the open REQs."""
+        lists it asked for count as fetched. A page is closed and its filter's next page
+        queued (when it added something new and has not reached `since`); returns what to send
+        next (the close, waiting pages that now have room)."""
         sent = self._unanswered.pop(sub_id, None)
         if sent is None:
-            return False
+            return []
         wanted = self._plan.lists
         self._listed |= {key for key in sent.lists if key in wanted}
         self._contacts_listed |= {key for key in sent.contacts if wanted.get(key)}
-        return True
+        page = sent.page
+        if page is None:
+            return []
+        self.pages.pop(sub_id, None)
+        if page.cursor.wants_more(page.since):
+            if page.number >= MAX_PAGES_PER_FILTER:
+                self._capped += 1
+            else:
+                page.cursor.next_page()
+                page.number += 1
+                self._pages_waiting.append(page)
+        return [Request(sub_id, None, [], False), *self._pages_ready()]
 
-    def closed(self, sub_id: str) -> None:
+    def closed(self, sub_id: str) -> list[Request]:
         """The relay ended `sub_id` without EOSE (refused it): it holds the cursor until it is
-        sent again or times out; its whole lists stay to be asked."""
+        sent again or times out, and its whole lists stay to be asked; a refused page frees
+        its room for a waiting one (returned, to be sent)."""
         sent = self._unanswered.get(sub_id)
-        if sent is not None:
-            sent.refused = True
+        if sent is None:
+            return []
+        sent.refused = True
+        if sent.page is not None and self.pages.pop(sub_id, None) is not None:
+            return self._pages_ready()
+        return []
 
-    def expire(self, now: float | None = None) -> list[str]:
+    def stored(self, sub_id: str, event_id: str, created_at: int) -> None:
+        """A stored event a page returned before its EOSE, counted towards that page."""
+        page = self.pages.get(sub_id)
+        if page is not None:
+            self.fetched += 1
+            page.cursor.count(event_id, created_at)
+
+    def expire(self, now: float | None = None) -> tuple[list[str], list[Request]]:
         """Stop waiting for REQs sent more than EOSE_TIMEOUT_SECONDS ago (monotonic `now`):
-        the reason of each (`no_eose`, `closed`), for the caller to count and log."""
+        the reason of each (`no_eose`, `closed`), for the caller to count and log, and what
+        to send (an expired page is closed, its filter's catch-up ended, its room taken by a
+        waiting page)."""
         now = time.monotonic() if now is None else now
         expired = [sub_id for sub_id, sent in self._unanswered.items()
                    if now - sent.sent_at >= EOSE_TIMEOUT_SECONDS]
-        return ["closed" if self._unanswered.pop(sub_id).refused else "no_eose"
-                for sub_id in expired]
+        reasons: list[str] = []
+        requests: list[Request] = []
+        for sub_id in expired:
+            sent = self._unanswered.pop(sub_id)
+            reasons.append("closed" if sent.refused else "no_eose")
+            if sent.page is not None:
+                self.pages.pop(sub_id, None)
+                requests.append(Request(sub_id, None, [], False))
+        if requests:
+            requests.extend(self._pages_ready())
+        return reasons, requests
+
+    def take_capped(self) -> int:
+        """Filters whose catch-up stopped at MAX_PAGES_PER_FILTER since the last call."""
+        capped, self._capped = self._capped, 0
+        return capped
+
+    def take_fetched(self) -> int:
+        """Stored events the pages returned since the last call."""
+        fetched, self.fetched = self.fetched, 0
+        return fetched
 
     @property
     def live(self) -> bool:
-        """Every watch REQ sent here was answered in full (or has given up: `expire`)."""
-        return not self._unanswered
+        """Every watch REQ sent here was answered in full (or has given up: `expire`), and
+        no catch-up page waits to be sent."""
+        return not self._unanswered and not self._pages_waiting
+
+    def _pages_ready(self) -> list[Request]:
+        """Waiting pages that fit in the room for pages in flight, oldest first: one filter
+        each, from its own `until`, sized by a published `max_limit`."""
+        room = self._page_room - len(self.pages)
+        ready, self._pages_waiting = (self._pages_waiting[: max(0, room)],
+                                      self._pages_waiting[max(0, room):])
+        requests: list[Request] = []
+        sent_at = time.monotonic()
+        for page in ready:
+            self._generation += 1
+            sub_id = f"{SUB_PREFIX}p.{self._generation}"
+            query = dict(page.query)
+            if page.cursor.until is not None:
+                query["until"] = page.cursor.until
+            if self._max_limit:
+                query["limit"] = self._max_limit
+            self.pages[sub_id] = page
+            self._unanswered[sub_id] = WatchReq(sent_at, page=page)
+            requests.append(Request(None, sub_id, [query], False, page=True))
+        return requests
 
     @property
     def subscription_count(self) -> int:
-        return len(self._open)
+        return len(self._open) + len(self.pages)
 
     def due(self, since: int, firehose: bool, lists_since: int | None = None) -> list[Request]:
         """The REQs (and CLOSEs) that bring the relay in line with the plan; none when it is.
@@ -204,14 +329,23 @@ class RelayWatches:
             return []
         self._sent_version, self._sent_firehose = plan.version, firehose
         lists, contacts = self._new_lists(lists_since)
-        filters = self._filters(since, firehose) + self._list_filters(lists_since, lists,
-                                                                      contacts)
+        watched = self._filters(since, firehose)
+        filters = [{**query, "limit": 0} for query in watched] + self._list_filters(
+            lists_since, lists, contacts
+        )
         per_req = max(1, self._max_filters)
-        old = self._open
+        old = [*self._open, *self.pages]
         self._open = []
         for sub_id in old:
             # replaced: what it has not answered, its successor asks for again
             self._unanswered.pop(sub_id, None)
+        # the new REQs' windows are caught up anew: the old catch-up's pages are moot
+        self.pages.clear()
+        self._pages_waiting = [
+            WatchPage(query, since_of, PageCursor((), since=since_of))
+            for query in watched
+            for since_of in (_since_of(query),)
+        ]
         requests: list[Request] = []
         sent_at = time.monotonic()
         for start in range(0, len(filters), per_req):
@@ -224,7 +358,7 @@ class RelayWatches:
             )
             requests.append(Request(None, sub_id, chunk, False))
         requests.extend(Request(sub_id, None, [], False) for sub_id in old)
-        return requests
+        return requests + self._pages_ready()
 
     def _since(self, since: int, kinds: Kinds) -> int:
         now = int(time.time())

@@ -1,10 +1,11 @@
 """Iris watches' catch-up (issue 33): what an Iris subscription's REQs ask for after a restart
 reaches back to where the relay was last read in full, and no further forward, however slowly
-the relay answers those REQs.
+the relay answers those REQs; and a relay that caps its answers is paged, filter by filter.
 
 A real `nostr-relay` process behind a thin layer (testkit.holding_relay) that can leave the
-Iris watch REQs (`iw…`) unanswered, a real `sigil-push serve` in dry-run on SQLite and on
-PostgreSQL, a subscription made through the Iris API as Iris makes it, events signed by
+Iris watch REQs (`iw…`) unanswered, or a relay that caps each filter's answer and says so in
+NIP-11 (testkit.paging_relay); a real `sigil-push serve` in dry-run on SQLite and on
+PostgreSQL, subscriptions made through the Iris API as Iris makes them, events signed by
 nostr-sdk.
 """
 
@@ -32,6 +33,7 @@ from testkit.holding_relay import HoldingRelay
 from testkit.iris_client import IrisClient
 from testkit.nip98 import SdkUser
 from testkit.nostr_client import hex_of, publish, signed_event
+from testkit.paging_relay import PagingRelay
 from testkit.processes import FAST_RECONNECT
 from testkit.relay import RelayProcess
 from testkit.service import ServiceProcess
@@ -134,3 +136,55 @@ async def test_a_restart_while_a_watch_req_is_unanswered_skips_nothing(
         cursor = _stored_cursor(service, proxy.url)
         assert cursor is not None and cursor >= now, "the cursor moves on once all are answered"
         assert wakeups(service)[message["id"]] == 1
+
+
+async def test_a_long_outage_behind_a_capping_relay_is_paged_filter_by_filter(
+    engine: Engine,
+    start_service: Callable[..., ServiceProcess],
+    http_of: Callable[[ServiceProcess], httpx.Client],
+) -> None:
+    """A relay answering at most 5 events per filter (NIP-11 `max_limit`, as strfry's 500):
+    during an outage a session key sends 18 kind 1060 and strangers 18 kind 4 DMs `#p`-tagged
+    to the subscriber, spread over the last hour (the subscriptions were made two hours
+    before: their targets' registration time set back). After the restart every one of the 36
+    is pushed exactly once: each filter is paged on its own (`until` = its oldest so far, one
+    filter per page), where one REQ's answer used to stop at the newest 5 of each."""
+    async with PagingRelay([], max_limit=5) as relay:
+        service = await asyncio.to_thread(start_service, [relay.url])
+        me = SdkUser()
+        iris = IrisClient(http_of(service), me, service.url)
+        session = nostr_sdk.Keys.generate()
+        for subscription in (
+            {"filter": {"kinds": [1060], "authors": [hex_of(session)]}, "fcm_tokens": [new_token()]},
+            {"filter": {"kinds": [4], "#p": [me.hex]}, "fcm_tokens": [new_token()]},
+        ):
+            assert iris.request("POST", "subscriptions/", subscription).status_code == 201
+        await eventually(lambda: len(relay.requests) >= 1, "the watch REQ sent")
+        await eventually(lambda: relay_live(service, relay.url), "the watch REQs answered")
+        await asyncio.to_thread(service.stop)
+
+        now = int(time.time())
+        fetch(service.database, "UPDATE devices SET registered_at = ? WHERE pubkey = ?",
+              (now - 7200, me.hex))
+        messages = [signed_event(session, 1060, [["p", "ab" * 32]], f"message {n}",
+                                 created_at=now - 3500 + n * 190) for n in range(18)]
+        strangers = [nostr_sdk.Keys.generate() for _ in range(3)]
+        dms = [signed_event(strangers[n % 3], 4, [["p", me.hex]], f"dm {n}",
+                            created_at=now - 3400 + n * 180) for n in range(18)]
+        relay.events.extend(messages + dms)
+        asked = len(relay.requests)
+
+        await asyncio.to_thread(service.start)
+        await eventually(
+            lambda: all(wakeups(service)[e["id"]] >= 1 for e in messages + dms),
+            "every event of the outage pushed",
+        )
+        await eventually(lambda: relay_live(service, relay.url), "the catch-up finished")
+        pushed = wakeups(service)
+        assert all(pushed[e["id"]] == 1 for e in messages + dms)
+        pages = [filters for filters in relay.requests[asked:]
+                 if len(filters) == 1 and "until" in filters[0]]
+        assert any("authors" in f[0] for f in pages) and any("#p" in f[0] for f in pages), (
+            "each filter paged on its own"
+        )
+        assert metric(service, "sigil_push_catchup_pages_total") >= 6
