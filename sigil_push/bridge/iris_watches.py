@@ -27,6 +27,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from sigil_push.bridge.metrics import IRIS_WATCHES
 from sigil_push.bridge.watches import Watch, WatchIndex, subscription_watches
 from sigil_push.nostr.event import Event
 from sigil_push.nostr.kinds import USER_LISTS
@@ -127,6 +128,7 @@ class IrisWatches:
         """Hand the relays the keys to ask for, each with its watches' kinds."""
         index, holds = self.index, self._holds
         self.active = bool(index)
+        IRIS_WATCHES.set(len(index))
         authors = {
             key: index.kinds_for("authors", key) for key in index.author_keys() if holds(key)
         }

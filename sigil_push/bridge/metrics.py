@@ -39,6 +39,10 @@ LATENCY = BatchHistogram(
     (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0),
 )
 KEYS = Gauge("sigil_push_bridge_watched_keys", "Registered keys the bridge subscribes for")
+IRIS_WATCHES = Gauge(
+    "sigil_push_bridge_iris_watches",
+    "Iris subscription filters the bridge matches events against (changes applied)",
+)
 COMMIT_RETRIES = Counter(
     "sigil_push_bridge_commit_retries_total",
     "Bridge commits the database refused (busy, locked, unreachable), each retried",

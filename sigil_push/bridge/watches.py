@@ -302,3 +302,6 @@ class WatchIndex:
 
     def __bool__(self) -> bool:
         return bool(self._by_p or self._by_author)
+
+    def __len__(self) -> int:
+        return sum(len(watches) for watches in self._of_owner.values())
