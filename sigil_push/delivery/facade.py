@@ -29,6 +29,7 @@ from sigil_push.delivery.settle import ERROR_PAUSE_SECONDS, Settlement
 from sigil_push.observations import ObservationLog, now_ms
 from sigil_push.push.base import Sender
 from sigil_push.push.registry import BrowserPushServices
+from sigil_push.store.errors import STORE_UNAVAILABLE
 from sigil_push.store.interface import DeviceStore, OutboxStore
 from sigil_push.store.records import Wakeup
 from sigil_push.supervisor import Supervisor
@@ -106,6 +107,11 @@ class Delivery:
         while True:
             try:
                 await self._step()
+            except STORE_UNAVAILABLE as exc:
+                # a locked or unreachable database is its state, not a bug: no traceback
+                log.warning("delivery paused: storage busy (%s); retrying in %.0f s",
+                            type(exc).__name__, ERROR_PAUSE_SECONDS)
+                await asyncio.sleep(ERROR_PAUSE_SECONDS)
             except Exception as exc:
                 log.error(
                     "delivery loop error; retrying in %.0f s", ERROR_PAUSE_SECONDS, exc_info=withheld(exc)

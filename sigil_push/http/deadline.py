@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 from collections.abc import Awaitable, Callable
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from sigil_push.errors import ApiError
+
+log = logging.getLogger(__name__)
 
 STORE_DEADLINE_SECONDS = 8.0
 """The most a route that reads or writes the store may take before it answers `503
@@ -25,10 +28,10 @@ Handler = Callable[[Request], Awaitable[Response]]
 
 def store_deadline(handler: Handler) -> Handler:
     """`handler` answering `503 unavailable` once it has run STORE_DEADLINE_SECONDS. What it
-    had sent the store may still be applied (as after a client's own timeout): the API's own
-    routes are safe to retry with the same auth event (CONTRACT 3, idempotent retries); an
-    Iris `POST /subscriptions` retried may leave a second subscription, as after any timeout
-    (Iris's own server names each one anew too)."""
+    had sent the store may still be applied (as after a client's own timeout): every route is
+    safe to retry with the same auth event (CONTRACT 3, idempotent retries; a retried Iris
+    `POST /subscriptions` answers the id the first one created). Logged like the store's own
+    busy errors (api._error_response): which of the two answers first depends on the load."""
 
     @functools.wraps(handler)
     async def bounded(request: Request) -> Response:
@@ -38,6 +41,8 @@ def store_deadline(handler: Handler) -> Handler:
         except TimeoutError:
             if not deadline.expired():
                 raise
+            log.warning("storage busy on %s %s: no answer in %.0f s",
+                        request.method, request.url.path, STORE_DEADLINE_SECONDS)
             raise ApiError(
                 503, "unavailable", "storage did not answer in time; retry shortly",
                 {"Retry-After": "1"},
