@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import httpx
 import nostr_sdk
@@ -28,7 +28,6 @@ from testkit.bridge_harness import (
     relay_live,
     wakeups,
 )
-from testkit.deadlines import REQUEST_SECONDS, scaled
 from testkit.holding_relay import HoldingRelay
 from testkit.iris_client import IrisClient
 from testkit.nip98 import SdkUser
@@ -45,20 +44,6 @@ DAY = 24 * 3600
 CURSOR = "SELECT live_until FROM relay_cursors WHERE relay = ?"
 PAGED_ONLY = FAST_RECONNECT + "negentropy = false\n"
 """The registration's shard is caught up by REQ alone: its EOSE is its catch-up's end."""
-
-
-@pytest.fixture
-def http_of() -> Iterator[Callable[[ServiceProcess], httpx.Client]]:
-    clients: list[httpx.Client] = []
-
-    def make(service: ServiceProcess) -> httpx.Client:
-        client = httpx.Client(base_url=service.url, timeout=scaled(REQUEST_SECONDS))
-        clients.append(client)
-        return client
-
-    yield make
-    for client in clients:
-        client.close()
 
 
 def _stored_cursor(service: ServiceProcess, url: str) -> int | None:

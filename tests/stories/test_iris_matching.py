@@ -12,7 +12,7 @@ Run on SQLite and PostgreSQL: subscriptions reach the bridge through the store's
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import httpx
 import nostr_sdk
@@ -26,7 +26,6 @@ from testkit.bridge_harness import (
     relay_subscribed,
     wakeups,
 )
-from testkit.deadlines import REQUEST_SECONDS, scaled
 from testkit.iris_client import IrisClient
 from testkit.nip98 import SdkUser
 from testkit.nostr_client import hex_of, publish, signed_event
@@ -44,20 +43,6 @@ def _suppressed(service: ServiceProcess, event_id: str) -> tuple[str, str] | Non
         if record["type"] == "suppressed" and record["event_id"] == event_id:
             return str(record["reason"]), str(record["class"])
     return None
-
-
-@pytest.fixture
-def http_of() -> Iterator[Callable[[ServiceProcess], httpx.Client]]:
-    clients: list[httpx.Client] = []
-
-    def make(service: ServiceProcess) -> httpx.Client:
-        client = httpx.Client(base_url=service.url, timeout=scaled(REQUEST_SECONDS))
-        clients.append(client)
-        return client
-
-    yield make
-    for client in clients:
-        client.close()
 
 
 async def test_iris_subscriptions_wake_their_targets_once_under_the_iris_rules(
