@@ -68,6 +68,8 @@ FURTHER_HOLD_SECONDS = 1.0
 """How long a further relay's delivery of an already committed event waits, so the copies of
 one event that land in several batches are appended to its `seen_events` row in one update."""
 FURTHER_HOLD_EVENTS = 10_000
+BATCH_WRITER = "batch"
+CLAIM_WRITER = "claim"
 
 CommitListener = Callable[[Sequence[tuple[str, int]]], None]
 Suppressed = tuple[str, str, str]
@@ -265,6 +267,10 @@ class Committer:
         self._stop_requested = asyncio.Event()
         self._outage: tuple[float, int] | None = None
         """(monotonic start, retries) of the current outage; None while writes succeed."""
+        self._refusing: set[str] = set()
+        """The writers the database refuses now (`BATCH_WRITER`, `CLAIM_WRITER`): on
+        PostgreSQL one table can be locked while others take writes, so the outage ends only
+        when each writer it refused has written again."""
         self._turn = turn if turn is not None else asyncio.Lock()
         self._devices = devices
         self._outbox = outbox
@@ -388,9 +394,9 @@ class Committer:
             claimed = await self._claim_deferred()
         except TRANSIENT_ERRORS as exc:
             if transient(exc):
-                self._refused(exc, "the deferred wakeups' claim")
+                self._refused(exc, "the deferred wakeups' claim", CLAIM_WRITER)
             raise
-        self._accepted()
+        self._accepted(CLAIM_WRITER)
         return claimed
 
     async def _claim_deferred(self) -> int:
@@ -508,8 +514,11 @@ class Committer:
                 await self._commit(batch, ops)
             except TRANSIENT_ERRORS as exc:
                 if not transient(exc):
-                    raise  # the batch's own fault ("too many SQL variables"): the poison path
-                self._refused(exc, f"a batch of {len(batch)} events")
+                    # the batch's own fault ("too many SQL variables"): the poison path; the
+                    # database answered, so it no longer refuses this writer
+                    self._accepted(BATCH_WRITER)
+                    raise
+                self._refused(exc, f"a batch of {len(batch)} events", BATCH_WRITER)
                 if self._stopping:
                     remaining = self._stop_deadline - time.monotonic()
                     if remaining <= 0:
@@ -522,12 +531,13 @@ class Committer:
                             await self._stop_requested.wait()
                 delay = min(self.retry_max_seconds, delay * 2)
             else:
-                self._accepted()
+                self._accepted(BATCH_WRITER)
                 return
 
-    def _refused(self, exc: BaseException, what: str) -> None:
+    def _refused(self, exc: BaseException, what: str, writer: str) -> None:
         """The database refused a write: counted each time, logged and reported once."""
         COMMIT_RETRIES.inc()
+        self._refusing.add(writer)
         if self._outage is not None:
             started, retries = self._outage
             self._outage = (started, retries + 1)
@@ -540,9 +550,12 @@ class Committer:
         if self._report is not None:
             self._report(reason)
 
-    def _accepted(self) -> None:
-        """A commit succeeded: the end of an outage, if there was one."""
-        if self._outage is None:
+    def _accepted(self, writer: str) -> None:
+        """A writer's commit succeeded: the end of an outage, if there was one and no other
+        writer is still refused (the deferred wakeups' claim goes through each second while a
+        lock on `seen_events` holds the batch back)."""
+        self._refusing.discard(writer)
+        if self._outage is None or self._refusing:
             return
         started, retries = self._outage
         self._outage = None
