@@ -6,7 +6,9 @@ stop into death by signal; `_Server` keeps the graceful part and exits normally.
 With `server.admin_listen` a second uvicorn listener in the same process and event loop serves
 the operator surface (`/metrics`, `/health` with per-relay detail); the public listener then
 answers `/metrics` with 404 and `/health` with the status alone. The public server owns the
-signals and the service's lifespan, and stops the admin listener with it.
+signals and the service's lifespan, and stops the admin listener with it. Both listening
+sockets are bound before the event loop starts: a port another process holds ends the start
+at once with exit code 1, before the service opens its store or dials a relay.
 
 Every file the process creates (database, WAL/SHM, observation log, keys) is private to the
 service user: the umask is 077 before anything is opened.
@@ -20,6 +22,7 @@ import gc
 import logging
 import os
 import signal
+import socket
 from collections.abc import Iterator
 from types import FrameType
 from typing import Literal
@@ -91,13 +94,33 @@ def _uvicorn_config(app: object, listen: str, lifespan: Literal["on", "off"]) ->
     )
 
 
-async def _serve(server: _Server, admin: _AdminServer | None) -> None:
-    if admin is None:
-        await server.serve()
-        return
-    admin_task = asyncio.create_task(admin.serve(), name="admin listener")
+def _bind(listener: uvicorn.Config) -> socket.socket:
+    """The listener's socket, bound (`OSError` when the address is taken or not ours).
+
+    Bound here rather than by uvicorn inside the running loop: there the admin listener's
+    failed bind ended its task with `SystemExit` while the public server was still starting
+    the service, and the process sometimes stayed up without its admin listener."""
+    family = socket.AF_INET6 if ":" in listener.host else socket.AF_INET
+    bound = socket.socket(family, socket.SOCK_STREAM)
     try:
-        await server.serve()
+        bound.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        bound.bind((listener.host, listener.port))
+    except OSError:
+        bound.close()
+        raise
+    return bound
+
+
+async def _serve(
+    server: _Server, admin: _AdminServer | None, sockets: list[socket.socket]
+) -> None:
+    public_socket, *admin_socket = sockets
+    if admin is None:
+        await server.serve(sockets=[public_socket])
+        return
+    admin_task = asyncio.create_task(admin.serve(sockets=admin_socket), name="admin listener")
+    try:
+        await server.serve(sockets=[public_socket])
     finally:
         admin.should_exit = True
         await admin_task
@@ -124,10 +147,28 @@ def run_server(config: Config) -> int:
         server.admin = _AdminServer(
             _uvicorn_config(create_admin_app(service), config.server.admin_listen, "off")
         )
-        log.info("admin listener (metrics, relay detail) on %s", config.server.admin_listen)
     warn_if_trusting_everyone(config.server.trusted_proxies)
+    listeners = [server.config] + ([server.admin.config] if server.admin is not None else [])
+    sockets: list[socket.socket] = []
+    try:
+        for listener in listeners:
+            sockets.append(_bind(listener))
+    except OSError as exc:
+        for bound in sockets:
+            bound.close()
+        log.error("sigil-push cannot listen on %s:%d (%s)", listener.host, listener.port,
+                  exc.strerror or type(exc).__name__)
+        return 1
     log.info("sigil-push listening on %s (public URL %s)", config.server.listen, config.server.public_url)
-    asyncio_run(_serve(server, server.admin), loop_factory=server.config.get_loop_factory())
+    if config.server.admin_listen:
+        log.info("admin listener (metrics, relay detail) on %s", config.server.admin_listen)
+    try:
+        asyncio_run(
+            _serve(server, server.admin, sockets), loop_factory=server.config.get_loop_factory()
+        )
+    finally:
+        for bound in sockets:
+            bound.close()
     if not server.started:
         log.error("sigil-push did not start")
         return 1
