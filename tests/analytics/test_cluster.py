@@ -1,5 +1,7 @@
 """`sigil-push analytics --master spark://…` on a real standalone cluster gives the same
-outputs, byte for byte, as the ``local[2]`` run on the same log.
+outputs, byte for byte, as the ``local[2]`` run on the same log, and the command says what it
+read as a user sees it (this is also the test of the command's whole run: one driver JVM fewer
+in the suite than a separate local run of the command).
 
 It takes no `spark` fixture, so it stays out of the xdist group of the tests sharing that one
 session: its cluster and its own local session run beside that group instead of adding the
@@ -18,7 +20,7 @@ from analytics.run import run_all
 from analytics.session import analytics_session
 from testkit.deadlines import JVM_SECONDS, scaled
 from testkit.spark_cluster import StandaloneCluster
-from tests.analytics.observation_logs import CONTRACT_COLUMNS, ObservationLog, network_log
+from tests.analytics.observation_logs import CONTRACT_COLUMNS, T0, ObservationLog, network_log
 
 pytestmark = pytest.mark.spark
 
@@ -33,6 +35,7 @@ def test_standalone_cluster_matches_local(tmp_path: Path) -> None:
 def _cluster_matches_local(spark: SparkSession, tmp_path: Path) -> None:
     log = ObservationLog(tmp_path / "observations")
     network_log(log, relays=12, dms=150, hours=2)
+    log.write(T0.strftime("%Y%m%dT%H"), ["{not json"])
     local_out, cluster_out = tmp_path / "local", tmp_path / "cluster"
 
     # As an operator would tune a small cluster: spark-defaults.conf in SPARK_CONF_DIR.
@@ -59,12 +62,13 @@ def _cluster_matches_local(spark: SparkSession, tmp_path: Path) -> None:
             cluster.wait_for_worker()
             # Meanwhile, the reference run in this process's local[2] session.
             run_all(log.path, str(local_out))
-            _, stderr = driver.communicate(timeout=scaled(2 * JVM_SECONDS))
+            stdout, stderr = driver.communicate(timeout=scaled(2 * JVM_SECONDS))
         finally:
             if driver.poll() is None:
                 driver.kill()
                 driver.wait()
         assert driver.returncode == 0, stderr[-3000:]
+        assert "(1 corrupt lines," in stdout, stdout
         # The work really ran on the worker: it launched an executor for the application.
         assert list((tmp_path / "spark" / "work").glob("app-*/*/stderr"))
     finally:
@@ -74,6 +78,7 @@ def _cluster_matches_local(spark: SparkSession, tmp_path: Path) -> None:
     cluster_files = sorted(p.name for p in cluster_out.iterdir() if p.suffix in (".csv", ".html"))
     assert local_files == cluster_files
     assert set(CONTRACT_COLUMNS) <= set(local_files)
+    assert (cluster_out / "report.html").read_text().count("<table") >= 3
     for name in local_files:
         assert (cluster_out / name).read_bytes() == (local_out / name).read_bytes(), name
     canary_rows = (local_out / "canary.csv").read_text().splitlines()
