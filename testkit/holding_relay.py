@@ -3,8 +3,8 @@
 While `holding` is set, a client's REQ whose subscription id starts with `prefix` is swallowed:
 the relay never sees it, so it gets no stored events, no EOSE and no CLOSED, as from a relay
 still working through a large answer or one that never sends EOSE at all. Its id joins `held`.
-Every other frame passes both ways (testkit.loopback_relay.ProxyRelay). `cut` drops every
-client connection (a network blip; the relay keeps running).
+Every other frame passes both ways, and `cut` drops every client connection
+(testkit.loopback_relay.ProxyRelay).
 """
 
 from __future__ import annotations
@@ -26,21 +26,9 @@ class HoldingRelay(ProxyRelay):
         """Subscription ids of the REQs swallowed, in order."""
         self.passed: list[str] = []
         """Subscription ids of the REQs with `prefix` handed on to the relay, in order."""
-        self._sockets: set[ServerConnection] = set()
 
     def _serve_options(self) -> dict[str, Any]:
         return {"max_size": None}
-
-    async def _handle(self, ws: ServerConnection) -> None:
-        self._sockets.add(ws)
-        try:
-            await super()._handle(ws)
-        finally:
-            self._sockets.discard(ws)
-
-    async def cut(self) -> None:
-        for ws in list(self._sockets):
-            await ws.close()
 
     async def client_frame(self, ws: ServerConnection, frame: str | bytes) -> bool:
         message = json.loads(frame)

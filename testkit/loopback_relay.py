@@ -40,10 +40,16 @@ class LoopbackRelay:
 class ProxyRelay(LoopbackRelay):
     """Forwards each client connection to the relay at `upstream`, frame by frame, both ways.
     A subclass sees each frame the client sends (`client_frame`: it may answer it itself, or
-    hold it, and says whether it goes on) and each frame the relay sends (`relay_frame`)."""
+    hold it, and says whether it goes on) and each frame the relay sends (`relay_frame`).
+    `cut` drops every client connection (a network blip: the relay itself keeps running)."""
 
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream
+        self._sockets: set[ServerConnection] = set()
+
+    async def cut(self) -> None:
+        for ws in list(self._sockets):
+            await ws.close()
 
     async def client_frame(self, ws: ServerConnection, frame: str | bytes) -> bool:
         """True: pass `frame` on to the relay."""
@@ -53,6 +59,13 @@ class ProxyRelay(LoopbackRelay):
         """Sees a frame the relay sends, before the client gets it."""
 
     async def _handle(self, ws: ServerConnection) -> None:
+        self._sockets.add(ws)
+        try:
+            await self._relay(ws)
+        finally:
+            self._sockets.discard(ws)
+
+    async def _relay(self, ws: ServerConnection) -> None:
         async with connect(self.upstream, proxy=None, max_size=None) as upstream:
 
             async def downstream() -> None:

@@ -69,12 +69,6 @@ class NegentropyProxy(ProxyRelay):
         self.neg_opens = 0
         self.reconciling = asyncio.Event()
         self.release = asyncio.Event()
-        self._sockets: set[ServerConnection] = set()
-
-    async def cut(self) -> None:
-        """Drop every client connection (a network blip: the relay itself keeps running)."""
-        for ws in list(self._sockets):
-            await ws.close()
 
     def _serve_options(self) -> dict[str, Any]:
         def nip11(connection: ServerConnection, request: Request) -> Response | None:
@@ -85,13 +79,6 @@ class NegentropyProxy(ProxyRelay):
                             body.encode())
 
         return {"max_size": None, "process_request": nip11}
-
-    async def _handle(self, ws: ServerConnection) -> None:
-        self._sockets.add(ws)
-        try:
-            await super()._handle(ws)
-        finally:
-            self._sockets.discard(ws)
 
     async def client_frame(self, ws: ServerConnection, frame: str | bytes) -> bool:
         message = json.loads(frame)
