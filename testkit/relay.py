@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import itertools
+import json
 import os
 import random
 import shutil
@@ -13,10 +14,11 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from contextlib import closing
 from pathlib import Path
-from typing import BinaryIO, Self
+from typing import BinaryIO, Protocol, Self
 
 from testkit.deadlines import STARTUP_SECONDS, STOP_SECONDS, scaled
 
@@ -110,7 +112,69 @@ def start_listening(
     return process
 
 
-def stop_group(process: subprocess.Popen[bytes]) -> None:
+class Stoppable(Protocol):
+    """What `stop_group` needs of a process: `subprocess.Popen`, or a relay forked by
+    testkit.relay_forkserver (`ForkedRelay`)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+class ForkedRelay:
+    """A relay process forked by testkit.relay_forkserver: not this process's child (the fork
+    server's, which lets the kernel reap it), so it is waited for until its pid is gone."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                os.kill(self.pid, 0)
+            except ProcessLookupError:
+                return 0  # the exit code went to the fork server, which dropped it
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout or 0.0)
+            time.sleep(0.02)
+
+
+_fork_lock = threading.Lock()
+_fork_server: subprocess.Popen[str] | None = None
+"""This process's testkit.relay_forkserver, started on first use (one per xdist worker)."""
+
+
+def start_forked_relay(args: list[str], log_path: Path, port: int, cwd: Path) -> ForkedRelay:
+    """`nostr-relay ARGS` forked from the pre-imported fork server, its output appended to
+    `log_path`, once it listens on `port`; stopped again if it never does."""
+    global _fork_server
+    request = json.dumps({"args": args, "log": str(log_path), "cwd": str(cwd)})
+    with _fork_lock:
+        server = _fork_server
+        if server is None or server.poll() is not None:
+            server = _fork_server = subprocess.Popen(
+                [sys.executable, "-m", "testkit.relay_forkserver"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                text=True, cwd=Path(__file__).resolve().parents[1],
+            )
+        assert server.stdin is not None and server.stdout is not None
+        server.stdin.write(request + "\n")
+        server.stdin.flush()
+        answer = server.stdout.readline()
+    if not answer:
+        raise RuntimeError("the relay fork server exited")
+    process = ForkedRelay(int(answer))
+    try:
+        wait_for_port(port)
+    except TimeoutError:
+        stop_group(process)
+        raise
+    return process
+
+
+def stop_group(process: Stoppable) -> None:
     """SIGTERM to the process group of `process` (SIGKILL after the stop deadline); gone
     already is fine."""
     try:
@@ -150,7 +214,7 @@ class RelayProcess:
         self.port = port or free_port()
         self.url = f"ws://127.0.0.1:{self.port}"
         self.config_path = folder / "relay.yaml"
-        self._process: subprocess.Popen[bytes] | None = None
+        self._process: ForkedRelay | None = None
         self._write_config(verify_signatures, auth_actions)
 
     def _write_config(self, verify_signatures: bool, auth_actions: dict[str, str] | None) -> None:
@@ -178,8 +242,8 @@ class RelayProcess:
 
     def start(self) -> Self:
         self._start_in_wal_mode()
-        self._process = start_listening(
-            [*_relay_command(), "-c", str(self.config_path), "serve", "--use-uvicorn"],
+        self._process = start_forked_relay(
+            ["-c", str(self.config_path), "serve", "--use-uvicorn"],
             self.folder / "relay.log", self.port, cwd=self.folder,
         )
         return self

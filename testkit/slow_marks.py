@@ -28,6 +28,8 @@ PROCESS_STARTERS = frozenset({
     "RustRelayProcess",  # rust-nostr's relay in a helper process
     "StandaloneCluster",  # a Spark master and workers
     "start_listening",  # any listening helper process (testkit/relay.py)
+    "start_forked_relay",  # a `nostr-relay` forked by testkit/relay_forkserver.py
+    "serve_forks",  # testkit/relay_forkserver.py's loop, forking each relay
     "run_cli",  # `python -m sigil_push ...` (testkit/cli.py)
     "assert_config_refused",  # run_cli("migrate", ...)
 })
