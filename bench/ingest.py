@@ -100,24 +100,35 @@ def pin(core: int) -> None:
 async def run_relay(port_file: Path) -> None:
     """Answer every REQ with EOSE; on a control message, stream a file of events to the others.
 
-    Control: ["BENCH", path, rate] (rate 0: as fast as possible). Events are sent with the
-    subscription id of the latest REQ of each client, which is all the bridge needs.
+    Control: ["BENCH", path, rate] (rate 0: as fast as possible), answered ["DONE", lost]
+    once sent, `lost` counting the bridge's connections that closed meanwhile (their rest of
+    the file unsent: the run is then invalid, and says so rather than waiting forever). Events
+    are sent with the subscription id of the latest REQ of each client, which is all the
+    bridge needs.
     """
     from websockets.asyncio.server import ServerConnection, serve
+    from websockets.exceptions import ConnectionClosed
 
     clients: dict[ServerConnection, str] = {}
 
-    async def stream(path: str, rate: float) -> None:
+    async def stream(path: str, rate: float) -> int:
         lines = Path(path).read_text().splitlines()
         targets = list(clients.items())
+        lost = 0
         start = time.perf_counter()
         for n, line in enumerate(lines):
             if rate:
                 delay = start + n / rate - time.perf_counter()
                 if delay > 0:
                     await asyncio.sleep(delay)
-            for ws, sub_id in targets:
-                await ws.send(f'["EVENT","{sub_id}",{line}]')
+            for target in list(targets):
+                ws, sub_id = target
+                try:
+                    await ws.send(f'["EVENT","{sub_id}",{line}]')
+                except ConnectionClosed:
+                    targets.remove(target)
+                    lost += 1
+        return lost
 
     async def handler(ws: ServerConnection) -> None:
         # every URL path is one "relay" for the bridge: /r0 ... /r3 deliver copies
@@ -127,8 +138,8 @@ async def run_relay(port_file: Path) -> None:
                 clients[ws] = message[1]
                 await ws.send(json.dumps(["EOSE", message[1]]))
             elif message[0] == "BENCH":
-                await stream(message[1], float(message[2]))
-                await ws.send('["DONE"]')
+                lost = await stream(message[1], float(message[2]))
+                await ws.send(json.dumps(["DONE", lost]))
         clients.pop(ws, None)
 
     async with serve(handler, "127.0.0.1", 0, max_size=None, compression=None) as server:
@@ -159,7 +170,9 @@ class TinyRelay:
 
         async with connect(self.url, proxy=None, max_size=None) as ws:
             await ws.send(json.dumps(["BENCH", str(events_file), rate]))
-            await ws.recv()
+            _, lost = json.loads(await ws.recv())
+        if lost:
+            raise RuntimeError(f"{lost} of the bridge's connections closed during the stream")
 
     def stop(self) -> None:
         self._process.terminate()
@@ -801,12 +814,24 @@ MAIN_FIGURE = {
 }
 
 
+PHASE_SECONDS = 900
+"""A phase's run ends by then (a few minutes at most): a run that hangs is a failed run, with
+its output shown, not a benchmark that waits forever."""
+
+
 def run_phase(name: str, args: argparse.Namespace) -> dict[str, Any]:
     command = [
         sys.executable, __file__, "--phase", name, "--events", str(args.events),
         "--rate", str(args.rate), "--seconds", str(args.seconds), "--keys", str(args.keys),
     ]
-    output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    try:
+        output = subprocess.run(
+            command, check=True, capture_output=True, text=True, timeout=PHASE_SECONDS
+        ).stdout
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as failed:
+        stderr = failed.stderr if isinstance(failed.stderr, str) else (failed.stderr or b"").decode()
+        print(f"{name} run failed ({failed}):\n{stderr[-3000:]}", file=sys.stderr, flush=True)
+        raise
     return dict(json.loads(output.strip().splitlines()[-1]))
 
 
