@@ -586,8 +586,13 @@ async def test_a_reconnect_while_one_signer_signs_asks_nobody_else_for_the_old_c
             sent = "sigil_push_delegated_auth_signer_requests_total"
             return metric(service, sent, method="sign_event") == count
 
-        await eventually(lambda: on_one_connection() and asked(1), "the first user asked", 60)
-        # a held signer records a request when it takes it up: only the first one so far
+        # the service counts a request as it sends it, the held signer records it as it takes
+        # it up, through the relay a moment later: wait for both
+        await eventually(
+            lambda: on_one_connection() and asked(1) and sum(map(sign_requests, signers)) == 1,
+            "the first user asked", 60,
+        )
+        # only the first one so far
         first, second = sorted(signers, key=sign_requests, reverse=True)
         assert (sign_requests(first), sign_requests(second)) == (1, 0)
         for restart in (2, 3):
