@@ -18,7 +18,7 @@ import threading
 import time
 from contextlib import closing
 from pathlib import Path
-from typing import BinaryIO, Protocol, Self
+from typing import BinaryIO, Protocol, Self, TypeVar
 
 from testkit.deadlines import STARTUP_SECONDS, STOP_SECONDS, scaled
 
@@ -104,6 +104,14 @@ def start_listening(
         process = subprocess.Popen(
             command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=cwd
         )
+    return _once_listening(process, port)
+
+
+Started = TypeVar("Started", bound="Stoppable")
+
+
+def _once_listening(process: Started, port: int) -> Started:
+    """`process` once it listens on `port`; stopped again if it never does."""
     try:
         wait_for_port(port)
     except TimeoutError:
@@ -165,13 +173,7 @@ def start_forked_relay(args: list[str], log_path: Path, port: int, cwd: Path) ->
         answer = server.stdout.readline()
     if not answer:
         raise RuntimeError("the relay fork server exited")
-    process = ForkedRelay(int(answer))
-    try:
-        wait_for_port(port)
-    except TimeoutError:
-        stop_group(process)
-        raise
-    return process
+    return _once_listening(ForkedRelay(int(answer)), port)
 
 
 def stop_group(process: Stoppable) -> None:
