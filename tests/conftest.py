@@ -19,8 +19,9 @@ from testkit.slow_marks import slow_reason
 # fixtures for every test module: the PostgreSQL server, the engine-parametrised stores and
 # services, relay and service processes, the provider fakes (fake APNs, FCM and UnifiedPush
 # servers). Listed before the modules that import them, so pytest rewrites their asserts.
+# First, the bytecode caches every process of the run reads (testkit/bytecode.py).
 pytest_plugins = (
-    "testkit.postgres", "testkit.stores", "testkit.processes",
+    "testkit.bytecode", "testkit.postgres", "testkit.stores", "testkit.processes",
     "testkit.fakes.harness", "testkit.phones", "testkit.xdist_groups",
 )
 
