@@ -54,25 +54,27 @@ def _marked_slow(other: bool) -> Callable[..., bool]:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
-    """One ``local[2]`` session for every test: starting Spark costs 5-8 s each time.
+    """One ``local[1]`` session for every test: starting Spark costs 5-8 s each time.
 
     The jobs reuse an active session, so ``run_all`` runs in this one too. The logs here
     are tiny, so what costs is Spark's per-query machinery, not data: adaptive execution
-    splits each query into a job per stage (a `run_all` made 110 jobs with it, 49 without)
-    and whole-stage code generation compiles Java source for every new plan. Both change
-    how a plan runs, never its result; `sigil-push analytics` keeps Spark's defaults, and
-    tests/analytics/test_cli.py and test_cluster.py run the jobs that way.
+    splits each query into a job per stage (a `run_all` made 110 jobs with it, 49 without),
+    whole-stage code generation compiles Java source for every new plan, and each partition
+    of a stage is a task of its own (one partition instead of two took the group's JVM from
+    128 to 91 CPU-seconds). None of that changes a result; `sigil-push analytics` keeps
+    Spark's defaults, and tests/analytics/test_cluster.py checks that a cluster's four
+    shuffle partitions give the same bytes as a ``local[2]`` run.
     """
     from pyspark.sql import SparkSession  # here: only runs that keep Spark tests pay for it
 
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     session = (
-        SparkSession.builder.master("local[2]")
+        SparkSession.builder.master("local[1]")
         .appName("sigil-push analytics tests")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")  # one per core of local[2]
-        .config("spark.default.parallelism", "2")
+        .config("spark.sql.shuffle.partitions", "1")
+        .config("spark.default.parallelism", "1")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.adaptive.enabled", "false")
         .config("spark.sql.codegen.wholeStage", "false")
