@@ -132,6 +132,17 @@ def _late_part(number: int, keys: list[bytes]) -> list[tuple[int, int, bytes]]:
     return [(number, _newest(keys), seal_part(encode_keys(keys)[0], 0, late=True))]
 
 
+def _items_from(run_parts: list[tuple[int, int]], run_size: int, start: int) -> int:
+    """How many of the run's items are in the parts from the one holding item `start` on
+    (what replacing those parts writes again)."""
+    part_first = run_size
+    for _, count in reversed(run_parts):
+        if part_first <= start:
+            break
+        part_first -= count
+    return run_size - min(part_first, start)
+
+
 def _cut(
     base: SnapshotItems | None, run_parts: list[tuple[int, int]], late: dict[str, int],
     next_part: int, groups: list[dict[str, int]], since: int, now: int,
@@ -143,8 +154,12 @@ def _cut(
     parts' items). Those not dated after `now` that sort after all but the run's last items
     (at most twice as many as the new ones) go into the run: the part holding the first of
     them is replaced by one part with its items before it as they were, then the rest merged
-    with the new ones; the others go into a late part. When the late items are many (or the
-    parts), everything is written as one part, replacing the others."""
+    with the new ones; the others go into a late part. The parts replaced are written again
+    whole, so when they hold more than LATE_FRACTION times as many items as the new ones
+    that sort among them, those go into the late part instead (a late item costs about
+    LATE_FRACTION writes, in the rewrite it brings closer), and the rest is a new part. When
+    the late items are many (or the parts), everything is written as one part, replacing
+    the others."""
     fresh: dict[str, int] = {}
     for ids in groups:
         fresh.update(ids)
@@ -160,7 +175,16 @@ def _cut(
         start = len(base)
         if behind < ahead:
             start = max(limit, min(start, base.bisect_raw(new[behind])))
-        late_new = new[:behind] + new[ahead:]
+        if start < len(base):
+            among = bisect_right(new, base.raw[len(base) - 1], behind, ahead)
+            if _items_from(run_parts, len(base), start) > LATE_FRACTION * (among - behind):
+                # the parts holding the few new items that sort among the run's last ones
+                # are large: those items go into the late part rather than have those parts
+                # written again whole (on a live firehose, each new part was rewritten with
+                # the next one's items: the same items saved again and again)
+                behind, start = among, len(base)
+        # what the run already holds (noted again: a relay's replay) is not late
+        late_new = [key for key in new[:behind] if not base.holds_raw(key)] + new[ahead:]
         if len(late) + len(late_new) <= max(RECUT_MIN_ITEMS, (len(base) - first) // LATE_FRACTION):
             # the parts from the one holding `start` on are replaced by one part: that part's
             # items before `start` as they are (bytes, not encoded), then the rest, encoded

@@ -251,7 +251,10 @@ class SnapshotItems(_Records[Key]):
         return self.bisect_raw(created_at.to_bytes(8, "big"))
 
     def holds(self, created_at: int, raw: bytes) -> bool:
-        key = raw_key(created_at, raw)
+        return self.holds_raw(raw_key(created_at, raw))
+
+    def holds_raw(self, key: bytes) -> bool:
+        """Whether the item `key` (see `raw_key`) is one of these."""
         at = self.bisect_raw(key)
         return at < self._count and self.raw[at] == key
 

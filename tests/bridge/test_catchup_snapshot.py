@@ -374,3 +374,57 @@ async def test_new_items_are_appended_as_parts_and_late_ones_kept_apart_until_a_
         base, items = await CatchupLedger(3600, link, asyncio.Lock()).held(RELAY, None, 0)
         assert base is not None and len(base) == len(window) - 1
         assert items == {_id(302): now + 600}
+
+
+async def test_a_few_items_among_a_large_last_part_are_late_and_the_part_is_not_written_again(
+    store: SqliteStore | PostgresStore, database: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a live firehose each save's new items mostly follow the run, a few sort among its
+    last part's (events of the same second, or a little late). Merging those few would write
+    that whole part again, and the part grows with every save: instead they are a late part
+    (an item the run already holds, noted again, is not one of them), the new part follows the
+    run unchanged, and a restart serves the same window."""
+    monkeypatch.setattr(catchup_ledger, "RECUT_MIN_ITEMS", 2)
+    now = int(time.time())
+    async with bridge_link(database, tmp_path) as link:
+        window = await _noted_window(link, now, 40)
+        ledger = CatchupLedger(3600, link, asyncio.Lock())
+        await ledger.held(RELAY, None, 0)
+        await ledger.save_snapshots()
+        newer = {_id(200 + n): now - 100 + n for n in range(30)}
+        for event_id, at in newer.items():
+            ledger.note_unaddressed_event(RELAY, {"id": event_id, "created_at": at})
+        await ledger.save_snapshots()
+        before = await link.catchup.snapshot(RELAY, FIREHOSE_SCOPE)
+        assert [part for part, _, _ in before] == [0, 1]
+
+        among = {_id(260): now - 95, _id(261): now - 80}
+        following = {_id(270 + n): now - 60 + n for n in range(5)}
+        again = {_id(210): newer[_id(210)]}
+        for event_id, at in (among | following | again).items():
+            ledger.note_unaddressed_event(RELAY, {"id": event_id, "created_at": at})
+        await ledger.save_snapshots()
+        parts = await link.catchup.snapshot(RELAY, FIREHOSE_SCOPE)
+        assert [part for part, _, _ in parts] == [0, 1, 2, 3]
+        assert parts[:2] == before, "the run's parts are not written again"
+        appended, late = SnapshotPart(parts[2][2]), SnapshotPart(parts[3][2])
+        assert not appended.late and appended.count == len(following)
+        assert appended.start_sum == SnapshotPart(parts[1][2]).end_sum()
+        assert late.late and late.count == len(among)
+        window.update(newer)
+        window.update(among)
+        window.update(following)
+        assert await _stored(link, RELAY) == window
+        assert sum(SnapshotPart(data).count for _, _, data in parts) == len(window)
+        assert await ledger.items(RELAY, None, 0) == window
+
+        restarted = CatchupLedger(3600, link, asyncio.Lock())
+        base, items = await restarted.held(RELAY, None, 0)
+        assert base is not None and items == among
+        run = SortedItems()
+        run.add({event_id: at for event_id, at in window.items() if event_id not in among})
+        assert len(base) == len(window) - len(among)
+        assert LayeredItems(base, SortedItems()).fingerprint(0, len(base)) == run.fingerprint(
+            0, len(base)
+        )
