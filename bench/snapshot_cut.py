@@ -6,8 +6,11 @@ items, encode what is new, seal the parts) directly, off any event loop or store
 `--items` items, then `--saves` saves of a sixteenth of that each, every save `--interval`
 seconds of created_at later, the window sixteen intervals (so the run stays about as large), the new items dated up to `--jitter` seconds before their save (a live
 firehose: a few seconds; a relay dumping old events: more than the interval). Printed and
-written to bench/results/snapshot_cut-<date>-<commit>.json: CPU µs per new item, how many
-saves rewrote the whole snapshot, and the parts and late items left.
+written to bench/results/snapshot_cut-<date>-<commit>.json: CPU µs per new item, the items
+the saves' parts hold per new item (what the store writes: 1 when nothing is written twice),
+how many saves rewrote the whole snapshot, and the parts and late items left. With a save
+interval shorter than the jitter (`--interval 5`: a busy firehose saves every few seconds),
+each save's items sort among the last save's.
 
 Usage: python bench/snapshot_cut.py [--items 200000] [--saves 40] [--jitter 0,30,600]
 """
@@ -28,6 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from sigil_push.bridge.catchup_ledger import RECUT_FRACTION, RECUT_MIN_ITEMS, _cut
+from sigil_push.nostr.nip77_snapshot import SnapshotPart
 
 
 def run(items: int, saves: int, jitter: int, interval: int) -> dict[str, Any]:
@@ -39,7 +43,7 @@ def run(items: int, saves: int, jitter: int, interval: int) -> dict[str, Any]:
 
     cut = _cut(None, [], {}, 0, [batch(items, now)], 0, now, frozenset())
     cpu = 0.0
-    noted = rewrites = 0
+    noted = rewrites = written = 0
     for _ in range(saves):
         now += interval
         new = batch(max(RECUT_MIN_ITEMS, items // RECUT_FRACTION), now)
@@ -49,8 +53,10 @@ def run(items: int, saves: int, jitter: int, interval: int) -> dict[str, Any]:
         cpu += time.process_time() - before
         noted += len(new)
         rewrites += cut.replace
+        written += sum(SnapshotPart(data).count for _, _, data in cut.parts)
     return {"items": items, "saves": saves, "jitter_s": jitter, "interval_s": interval,
-            "cpu_us_per_new_item": round(cpu / noted * 1e6, 2), "whole_rewrites": rewrites,
+            "cpu_us_per_new_item": round(cpu / noted * 1e6, 2),
+            "items_written_per_new_item": round(written / noted, 2), "whole_rewrites": rewrites,
             "run_items_after": len(cut.base), "run_parts_after": len(cut.run_parts),
             "late_items_after": len(cut.late)}
 
@@ -69,7 +75,8 @@ def main() -> None:
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=10", "HEAD"],
                             check=False, capture_output=True, text=True).stdout.strip()
     out = ROOT / "bench" / "results" / (
-        f"snapshot_cut-{time.strftime('%Y-%m-%d', time.gmtime())}-{commit}.json")
+        f"snapshot_cut-{time.strftime('%Y-%m-%d', time.gmtime())}-{commit}"
+        f"{'' if args.interval == 60 else f'-interval{args.interval}'}.json")
     out.write_text(json.dumps({
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": commit,
         "command": " ".join(["python", "bench/snapshot_cut.py", *sys.argv[1:]]),
