@@ -108,6 +108,21 @@ async def _noted_window(link: BridgeConnection, now: int, count: int) -> dict[st
     return {event_id: created_at for _, _, event_id, created_at in rows}
 
 
+async def _snapshotted(link: BridgeConnection, now: int) -> tuple[dict[str, int], CatchupLedger]:
+    """A window of 40 noted items, and a ledger that loaded the relay and saved them as its
+    snapshot's first part."""
+    window = await _noted_window(link, now, 40)
+    ledger = CatchupLedger(3600, link, asyncio.Lock())
+    await ledger.held(RELAY, None, 0)
+    await ledger.save_snapshots()
+    return window, ledger
+
+
+def _note_unaddressed(ledger: CatchupLedger, items: dict[str, int]) -> None:
+    for event_id, at in items.items():
+        ledger.note_unaddressed_event(RELAY, {"id": event_id, "created_at": at})
+
+
 async def test_a_restart_reads_the_snapshot_and_only_the_rows_written_since(
     store: SqliteStore | PostgresStore, database: str, tmp_path: Path
 ) -> None:
@@ -217,10 +232,7 @@ async def test_a_new_snapshot_is_cut_once_the_rows_since_the_last_are_many(
     monkeypatch.setattr(catchup_ledger, "RECUT_MIN_ITEMS", 10)
     now = int(time.time())
     async with bridge_link(database, tmp_path) as link:
-        window = await _noted_window(link, now, 40)
-        ledger = CatchupLedger(3600, link, asyncio.Lock())
-        await ledger.held(RELAY, None, 0)
-        await ledger.save_snapshots()
+        window, ledger = await _snapshotted(link, now)
         first = await link.catchup.snapshot(RELAY, FIREHOSE_SCOPE)
         assert len(first) == 1 and len(await _stored(link, RELAY)) == 40
         for n in range(5):
@@ -315,15 +327,11 @@ async def test_new_items_are_appended_as_parts_and_late_ones_kept_apart_until_a_
     monkeypatch.setattr(catchup_ledger, "RECUT_MIN_ITEMS", 2)
     now = int(time.time())
     async with bridge_link(database, tmp_path) as link:
-        window = await _noted_window(link, now, 40)
-        ledger = CatchupLedger(3600, link, asyncio.Lock())
-        await ledger.held(RELAY, None, 0)
-        await ledger.save_snapshots()
+        window, ledger = await _snapshotted(link, now)
         [first] = await link.catchup.snapshot(RELAY, FIREHOSE_SCOPE)
 
         newer = {_id(200 + n): now - 100 + n for n in range(10)}
-        for event_id, at in newer.items():
-            ledger.note_unaddressed_event(RELAY, {"id": event_id, "created_at": at})
+        _note_unaddressed(ledger, newer)
         await ledger.save_snapshots()
         parts = await link.catchup.snapshot(RELAY, FIREHOSE_SCOPE)
         assert [part for part, _, _ in parts] == [0, 1] and parts[0] == first
@@ -333,16 +341,14 @@ async def test_new_items_are_appended_as_parts_and_late_ones_kept_apart_until_a_
 
         # a little out of order: merged with the last part (no more than twice their number)
         jittered = {_id(250 + n): now - 96 + n for n in range(6)}
-        for event_id, at in jittered.items():
-            ledger.note_unaddressed_event(RELAY, {"id": event_id, "created_at": at})
+        _note_unaddressed(ledger, jittered)
         await ledger.save_snapshots()
         parts = await link.catchup.snapshot(RELAY, FIREHOSE_SCOPE)
         assert [part for part, _, _ in parts] == [0, 2] and parts[0] == first
         assert not SnapshotPart(parts[1][2]).late and SnapshotPart(parts[1][2]).count == 16
 
         late = {_id(300): now - 2000, _id(301): now - 1500, _id(302): now + 600}
-        for event_id, at in late.items():
-            ledger.note_unaddressed_event(RELAY, {"id": event_id, "created_at": at})
+        _note_unaddressed(ledger, late)
         await ledger.save_snapshots()
         parts = await link.catchup.snapshot(RELAY, FIREHOSE_SCOPE)
         assert [part for part, _, _ in parts] == [0, 2, 3]
@@ -362,8 +368,7 @@ async def test_new_items_are_appended_as_parts_and_late_ones_kept_apart_until_a_
         assert LayeredItems(base, SortedItems()).fingerprint(7, 51) == run.fingerprint(7, 51)
 
         more_late = {_id(400 + n): now - 1900 + n for n in range(12)}
-        for event_id, at in more_late.items():
-            restarted.note_unaddressed_event(RELAY, {"id": event_id, "created_at": at})
+        _note_unaddressed(restarted, more_late)
         await restarted.save_snapshots()
         window.update(more_late)
         parts = await link.catchup.snapshot(RELAY, FIREHOSE_SCOPE)
@@ -388,13 +393,9 @@ async def test_a_few_items_among_a_large_last_part_are_late_and_the_part_is_not_
     monkeypatch.setattr(catchup_ledger, "RECUT_MIN_ITEMS", 2)
     now = int(time.time())
     async with bridge_link(database, tmp_path) as link:
-        window = await _noted_window(link, now, 40)
-        ledger = CatchupLedger(3600, link, asyncio.Lock())
-        await ledger.held(RELAY, None, 0)
-        await ledger.save_snapshots()
+        window, ledger = await _snapshotted(link, now)
         newer = {_id(200 + n): now - 100 + n for n in range(30)}
-        for event_id, at in newer.items():
-            ledger.note_unaddressed_event(RELAY, {"id": event_id, "created_at": at})
+        _note_unaddressed(ledger, newer)
         await ledger.save_snapshots()
         before = await link.catchup.snapshot(RELAY, FIREHOSE_SCOPE)
         assert [part for part, _, _ in before] == [0, 1]
@@ -402,8 +403,7 @@ async def test_a_few_items_among_a_large_last_part_are_late_and_the_part_is_not_
         among = {_id(260): now - 95, _id(261): now - 80}
         following = {_id(270 + n): now - 60 + n for n in range(5)}
         again = {_id(210): newer[_id(210)]}
-        for event_id, at in (among | following | again).items():
-            ledger.note_unaddressed_event(RELAY, {"id": event_id, "created_at": at})
+        _note_unaddressed(ledger, among | following | again)
         await ledger.save_snapshots()
         parts = await link.catchup.snapshot(RELAY, FIREHOSE_SCOPE)
         assert [part for part, _, _ in parts] == [0, 1, 2, 3]
