@@ -49,7 +49,7 @@ from sigil_push.observations import ObservationLog, SeenRecord
 from sigil_push.relays.discovery import RelayLists
 from sigil_push.relays.inbox import connected_inboxes
 from sigil_push.relays.pool import GIFT_WRAP_SKEW_SECONDS, RelayPool
-from sigil_push.store.errors import TRANSIENT_ERRORS, transient
+from sigil_push.store.errors import TRANSIENT_ERRORS, error_name, transient
 from sigil_push.store.interface import BridgeConnection, DeviceStore, OutboxStore, SeenStore
 from sigil_push.store.lock_order import NewEvent, in_lock_order
 from sigil_push.store.preferences import AuthorCheck, Deferred, Listed
@@ -480,7 +480,7 @@ class Committer:
                     raise
                 except Exception as exc:  # noqa: BLE001 - a poison input: find and skip it
                     log.warning("bridge commit of %d events failed (%s), attempt %d",
-                                len(batch), type(exc).__name__, attempt + 1)
+                                len(batch), error_name(exc), attempt + 1)
             for arrival in batch:
                 await self._commit_alone(arrival)
             if ops:
@@ -490,19 +490,20 @@ class Committer:
             raise
 
     async def _commit_alone(self, arrival: Arrival) -> None:
+        failure = ""
         for _ in range(POISON_ATTEMPTS):
             try:
                 await self._commit_retrying([arrival], [])
                 return
             except DatabaseUnavailable:
                 raise
-            except Exception:  # noqa: BLE001, S112 - counted below once it failed twice
-                continue
+            except Exception as exc:  # noqa: BLE001 - counted below once it failed twice
+                failure = error_name(exc)
         POISON.inc()
         counters = self.counters.get(arrival.relay)
         if counters is not None:  # None: the relay left the plan meanwhile (no series now)
             counters.dropped["poison"].inc()
-        log.error("skipped an event that failed to commit %d times", POISON_ATTEMPTS)
+        log.error("skipped an event that failed to commit %d times (%s)", POISON_ATTEMPTS, failure)
 
     async def _commit_retrying(self, batch: list[Arrival], ops: list[DbOp]) -> None:
         """`_commit`, retried with capped exponential backoff for as long as the database is

@@ -71,6 +71,14 @@ def transient(exc: BaseException) -> bool:
     return isinstance(exc, TRANSIENT_ERRORS)
 
 
+def error_name(exc: BaseException) -> str:
+    """`exc`'s type for a log line, with SQLite's own name of the error when it has one
+    (`OperationalError SQLITE_IOERR_WRITE`): which fault it was, and no message, which may
+    quote the statement's values."""
+    name = getattr(exc, "sqlite_errorname", None)
+    return type(exc).__name__ if name is None else f"{type(exc).__name__} {name}"
+
+
 class TooManyDevices(Exception):
     """The npub already has the maximum number of devices."""
 

@@ -20,7 +20,7 @@ from prometheus_client import REGISTRY
 
 from sigil_push.nostr.event import sign_event
 from sigil_push.nostr.keys import SecretKey
-from sigil_push.store.errors import transient
+from sigil_push.store.errors import error_name, transient
 from sigil_push.store.records import IN_LIST_CHUNK
 from testkit.fakes.harness import eventually
 from testkit.in_process import in_process_bridge
@@ -102,3 +102,15 @@ def test_busy_and_locked_are_transient_and_statement_faults_are_not() -> None:
     locked.sqlite_errorcode = sqlite3.SQLITE_LOCKED_SHAREDCACHE  # type: ignore[attr-defined]
     assert transient(locked)
     assert transient(ConnectionResetError())
+
+
+def test_a_failures_log_name_is_sqlites_own_and_never_its_message() -> None:
+    """The committer's log lines name a failure by its type and SQLite's error name (which
+    fault: a statement's, a disk's, a lock's), never by its message, which can quote values."""
+    with sqlite3.connect(":memory:") as connection:
+        try:
+            connection.execute("SELECT * FROM no_such_table WHERE key = 'npub1secret'")
+        except sqlite3.OperationalError as exc:
+            missing = exc
+    assert error_name(missing) == "OperationalError SQLITE_ERROR"
+    assert error_name(ValueError("npub1secret")) == "ValueError"
