@@ -16,12 +16,15 @@ from sigil_push.errors import ApiError
 
 log = logging.getLogger(__name__)
 
-STORE_DEADLINE_SECONDS = 8.0
+STORE_DEADLINE_SECONDS = 6.0
 """The most a route that reads or writes the store may take before it answers `503
 unavailable`: within 10 s whatever the database does. A statement waits at most 5 s for a lock
 (SQLite's busy timeout, PostgreSQL's lock_timeout), but a request runs several, and on SQLite
 each queues on the shared connection behind the background loops' statements, each waiting
-out its own busy timeout while another connection holds the file's lock (9-14 s, and more)."""
+out its own busy timeout while another connection holds the file's lock (9-14 s, and more).
+The other 4 s are for what the deadline doesn't cover (accepting the connection, reading the
+request, writing the answer), which a busy host slows: with 8 s a locked SQLite's 503 took
+10.3 s on a 2-core machine running two test suites."""
 
 Handler = Callable[[Request], Awaitable[Response]]
 
