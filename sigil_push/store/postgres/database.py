@@ -99,11 +99,13 @@ class PostgresDatabase:
         """One unit of work on the owned connection: `BEGIN` ... `COMMIT`, or `ROLLBACK` on
         any exception (itself allowed to fail on a broken connection). Each statement takes
         its turn on the connection, as before; the caller's own lock keeps other users of the
-        connection out of the transaction (the bridge's `turn`)."""
+        connection out of the transaction (the bridge's `turn`). A `BEGIN` whose wait was
+        cancelled may have reached the server all the same, so the rollback covers it too
+        (PostgreSQL only warns of a `ROLLBACK` outside a transaction)."""
         if self._owned is None:
             raise RuntimeError("a transaction needs a handle that owns its connection")
-        await self.run("BEGIN")
         try:
+            await self.run("BEGIN")
             yield
             await self.run("COMMIT")
         except BaseException:

@@ -47,14 +47,22 @@ BOOKKEEPING_SQL = {
 @contextlib.asynccontextmanager
 async def transaction(db: aiosqlite.Connection) -> AsyncIterator[None]:
     """`BEGIN IMMEDIATE` (the write lock up front: no upgrade deadlock with the API's writes)
-    ... `COMMIT`, or `ROLLBACK` on any exception (itself allowed to fail on a broken file)."""
-    await db.execute("BEGIN IMMEDIATE")
+    ... `COMMIT`, or a rollback on any exception (itself allowed to fail on a broken file).
+
+    A cancelled `await` leaves its statement to run on aiosqlite's thread all the same: a
+    `BEGIN` cancelled while it waits for another connection's lock opens its transaction later,
+    and a cancelled `COMMIT` still commits. So the rollback covers the `BEGIN` too, and is
+    sqlite3's own, which is queued behind them and does nothing when no transaction is open
+    (an explicit `ROLLBACK` would fail then, hiding the cancellation). An open transaction
+    left behind would fail every later `BEGIN` on the connection, a fault no retry mends
+    (tests/store/test_sqlite_transaction.py)."""
     try:
+        await db.execute("BEGIN IMMEDIATE")
         yield
         await db.execute("COMMIT")
     except BaseException:
         with contextlib.suppress(*TRANSIENT_ERRORS):
-            await db.execute("ROLLBACK")
+            await db.rollback()
         raise
 
 
