@@ -10,7 +10,9 @@ as a paired run's catch-up story saw when its bridge, stopped mid-catch-up, fail
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiosqlite
@@ -33,13 +35,30 @@ async def _cursors(db: aiosqlite.Connection) -> list[str]:
     return [relay for (relay,) in rows]
 
 
+@contextlib.asynccontextmanager
+async def _with_another_connection(
+    path: Path, busy_seconds: float
+) -> AsyncIterator[tuple[aiosqlite.Connection, sqlite3.Connection]]:
+    """The store's connection to a new database at `path`, waiting up to `busy_seconds` for
+    a lock, and a plain second connection to take the file's lock with."""
+    db = await open_database(path)
+    other = sqlite3.connect(path, isolation_level=None, timeout=scaled(CONDITION_SECONDS))
+    try:
+        await db.execute(f"PRAGMA busy_timeout={int(busy_seconds * 1000)}")
+        yield db, other
+    finally:
+        other.close()
+        await db.close()
+
+
 async def test_a_transaction_cancelled_while_it_waits_for_the_lock_leaves_none_open(
     tmp_path: Path,
 ) -> None:
-    path = tmp_path / "push.db"
-    db = await open_database(path)
-    holder = sqlite3.connect(path, isolation_level=None, timeout=scaled(CONDITION_SECONDS))
-    try:
+    # the BEGIN waits out the other connection's lock however slow this machine is, so it
+    # does open its transaction after the cancellation
+    async with _with_another_connection(
+        tmp_path / "push.db", scaled(CONDITION_SECONDS)
+    ) as (db, holder):
         loop = asyncio.get_running_loop()
         waiting = asyncio.Event()
 
@@ -62,9 +81,6 @@ async def test_a_transaction_cancelled_while_it_waits_for_the_lock_leaves_none_o
         # and the file's write lock is free for the other connections
         holder.execute("BEGIN IMMEDIATE")
         holder.execute("ROLLBACK")
-    finally:
-        holder.close()
-        await db.close()
 
 
 async def test_a_transaction_cancelled_in_its_body_is_rolled_back_and_stays_cancelled(
@@ -96,11 +112,7 @@ async def test_a_transaction_cancelled_in_its_body_is_rolled_back_and_stays_canc
 async def test_a_failed_begin_raises_its_own_error_and_leaves_no_transaction(
     tmp_path: Path,
 ) -> None:
-    path = tmp_path / "push.db"
-    db = await open_database(path)
-    holder = sqlite3.connect(path, isolation_level=None)
-    try:
-        await db.execute("PRAGMA busy_timeout=0")
+    async with _with_another_connection(tmp_path / "push.db", 0) as (db, holder):
         holder.execute("BEGIN EXCLUSIVE")
         with pytest.raises(sqlite3.OperationalError) as refused:
             await _write_cursor(db, "wss://refused")
@@ -109,6 +121,3 @@ async def test_a_failed_begin_raises_its_own_error_and_leaves_no_transaction(
         assert not db.in_transaction
         await _write_cursor(db, "wss://next")
         assert await _cursors(db) == ["wss://next"]
-    finally:
-        holder.close()
-        await db.close()
