@@ -18,21 +18,18 @@ from pathlib import Path
 import aiosqlite
 import pytest
 
-from sigil_push.store.sqlite.bridge_state import transaction
+from sigil_push.store.sqlite.bridge_state import SqliteRelayState, transaction
 from sigil_push.store.sqlite.database import open_database
 from testkit.deadlines import CONDITION_SECONDS, scaled
 
 
 async def _write_cursor(db: aiosqlite.Connection, relay: str) -> None:
     async with transaction(db):
-        await db.execute(
-            "INSERT INTO relay_cursors (relay, live_until) VALUES (?, 1)", (relay,)
-        )
+        await SqliteRelayState(db).save_cursors([(relay, 1)])
 
 
 async def _cursors(db: aiosqlite.Connection) -> list[str]:
-    rows = await db.execute_fetchall("SELECT relay FROM relay_cursors ORDER BY relay")
-    return [relay for (relay,) in rows]
+    return sorted(await SqliteRelayState(db).cursors())
 
 
 @contextlib.asynccontextmanager
@@ -92,9 +89,7 @@ async def test_a_transaction_cancelled_in_its_body_is_rolled_back_and_stays_canc
 
         async def write_then_wait() -> None:
             async with transaction(db):
-                await db.execute(
-                    "INSERT INTO relay_cursors (relay, live_until) VALUES ('wss://rolled', 1)"
-                )
+                await SqliteRelayState(db).save_cursors([("wss://rolled", 1)])
                 inside.set()
                 await asyncio.Event().wait()
 
